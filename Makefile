@@ -1,0 +1,41 @@
+# Two commands do all the set-up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test test-fast lint format migrations-check clean serve
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) on PATH"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e '.[server,dev]'
+	touch $(STAMP)
+
+demo: install
+	$(PY) -m haru.demo
+
+serve: install
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py serve
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: install
+	$(PY) -m pytest -m "not e2e and not browser" $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+format: install
+	$(VENV)/bin/ruff format .
+
+migrations-check: install
+	$(PY) manage.py makemigrations --check --dry-run
+
+clean:
+	rm -rf $(VENV) var .pytest_cache

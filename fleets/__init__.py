@@ -1,0 +1,1 @@
+"""The control plane: fleets, domains, slots, operations and everything that moves them."""

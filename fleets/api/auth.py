@@ -1,0 +1,69 @@
+"""Bearer-token authentication for every /v1/ route.
+
+HARU_API_TOKEN set: a request needs `Authorization: Bearer <token>` (constant-time comparison) or
+a logged-in staff session (so operators can use the browsable docs and the dashboard's calls).
+Unset: the server binds loopback only (see `manage.py serve`) and the API is open.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from django.conf import settings
+from rest_framework import authentication, exceptions, permissions
+
+
+class _Token:
+    """The identity of a request that presented the API token."""
+
+    is_authenticated = True
+    is_staff = True
+    username = "api-token"
+
+    def __str__(self) -> str:
+        return self.username
+
+
+def token_matches(header: str | None) -> bool:
+    """Return whether an Authorization header carries the configured API token."""
+    expected = settings.HARU["api_token"]
+    if not expected or not header:
+        return False
+    scheme, _, presented = header.partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(presented.strip().encode(), expected.encode())
+
+
+class BearerTokenAuthentication(authentication.BaseAuthentication):
+    def authenticate(self, request):
+        if not settings.HARU["api_token"]:
+            return None
+        header = request.META.get("HTTP_AUTHORIZATION")
+        if header is None:
+            return None  # maybe a session; the permission decides
+        if not token_matches(header):
+            raise exceptions.AuthenticationFailed("invalid bearer token")
+        return (_Token(), "token")
+
+    def authenticate_header(self, request) -> str:
+        # Makes DRF answer 401 (not 403) and tell the client which scheme to use.
+        return 'Bearer realm="haru"'
+
+
+class StaffSessionAuthentication(authentication.SessionAuthentication):
+    """A logged-in staff user's session, with CSRF enforced on unsafe methods."""
+
+    def authenticate(self, request):
+        user = getattr(request._request, "user", None)
+        if not user or not user.is_active or not user.is_staff:
+            return None
+        self.enforce_csrf(request)
+        return (user, None)
+
+
+class HasApiToken(permissions.BasePermission):
+    def has_permission(self, request, view) -> bool:
+        if not settings.HARU["api_token"]:
+            return True
+        return bool(request.user and getattr(request.user, "is_authenticated", False))

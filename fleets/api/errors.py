@@ -1,0 +1,90 @@
+"""Every API error in one envelope: `{"error": {"code": "...", "message": "..."}}`."""
+
+from __future__ import annotations
+
+from django.core.exceptions import RequestDataTooBig
+from django.http import Http404, JsonResponse
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+
+from fleets.services.errors import ServiceError
+
+_CODES = {
+    exceptions.NotAuthenticated: "unauthorized",
+    exceptions.AuthenticationFailed: "unauthorized",
+    exceptions.PermissionDenied: "forbidden",
+    exceptions.NotFound: "not_found",
+    exceptions.MethodNotAllowed: "method_not_allowed",
+    exceptions.NotAcceptable: "not_acceptable",
+    exceptions.UnsupportedMediaType: "unsupported_media_type",
+    exceptions.ParseError: "invalid_request",
+    exceptions.ValidationError: "invalid_request",
+    exceptions.Throttled: "rate_limited",
+}
+
+
+class PayloadTooLarge(exceptions.APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_detail = "request body too large"
+    default_code = "payload_too_large"
+
+
+def envelope(code: str, message: str, status_code: int, **extra) -> Response:
+    return Response({"error": {"code": code, "message": message, **extra}}, status=status_code)
+
+
+def _flatten(detail, prefix: str = "") -> list[str]:
+    """Turn DRF's nested validation detail into `field: message` lines."""
+    if isinstance(detail, dict):
+        out = []
+        for key, value in detail.items():
+            name = "body" if key == "non_field_errors" else f"{prefix}{key}"
+            out += (
+                _flatten(value, f"{name}.")
+                if isinstance(value, dict)
+                else [f"{name}: {msg}" for msg in (value if isinstance(value, list) else [value])]
+            )
+        return out
+    if isinstance(detail, list):
+        return [str(d) for d in detail]
+    return [str(detail)]
+
+
+def envelope_exception_handler(exc, context):
+    """DRF exception handler: map every error, DRF's own included, to the envelope."""
+    if isinstance(exc, ServiceError):
+        response = envelope(exc.code, exc.message, exc.status)
+        operation = getattr(exc, "operation", None)
+        if operation is not None:
+            from fleets.selectors import operation_json
+
+            response.data["error"]["operation"] = operation_json(operation)
+        return response
+    if isinstance(exc, RequestDataTooBig):
+        return envelope("payload_too_large", "request body too large", 413)
+    if isinstance(exc, Http404):
+        return envelope("not_found", str(exc) or "not found", 404)
+    if isinstance(exc, exceptions.APIException):
+        code = _CODES.get(type(exc)) or getattr(exc, "default_code", "error")
+        if isinstance(exc, exceptions.ValidationError):
+            message = "; ".join(_flatten(exc.detail))
+        else:
+            message = str(exc.detail)
+        response = envelope(code, message, exc.status_code)
+        if isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
+            response["WWW-Authenticate"] = 'Bearer realm="haru"'
+        return response
+    return None  # unexpected: Django logs it and the 500 handler renders the envelope
+
+
+def json_not_found(request, exception=None):
+    """handler404 for the whole site: JSON envelope for API paths."""
+    return JsonResponse(
+        {"error": {"code": "not_found", "message": f"no route for {request.path}"}}, status=404
+    )
+
+
+def json_server_error(request):
+    return JsonResponse(
+        {"error": {"code": "internal_error", "message": "internal server error"}}, status=500
+    )

@@ -1,0 +1,146 @@
+"""Request and response shapes; they validate input and feed the OpenAPI schema."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+
+class StrictSerializer(serializers.Serializer):
+    """Refuse fields the contract does not name (the original API is strict)."""
+
+    def validate(self, attrs):
+        unknown = (
+            sorted(set(self.initial_data) - set(self.fields))
+            if isinstance(self.initial_data, dict)
+            else []
+        )
+        if unknown:
+            raise serializers.ValidationError({name: ["unknown field"] for name in unknown})
+        return attrs
+
+
+class TargetRequest(StrictSerializer):
+    targetDomainId = serializers.CharField(  # noqa: N815 - the public contract is camelCase
+        max_length=100, help_text="The target domain's UUID or slug."
+    )
+
+
+class ErrorBody(serializers.Serializer):
+    code = serializers.CharField()
+    message = serializers.CharField()
+
+
+class ErrorEnvelope(serializers.Serializer):
+    error = ErrorBody()
+
+
+class OperationOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    fleetId = serializers.UUIDField()  # noqa: N815
+    kind = serializers.ChoiceField(["promote", "demote"])
+    state = serializers.ChoiceField(["pending", "running", "succeeded", "failed", "cancelled"])
+    targetDomainId = serializers.UUIDField()  # noqa: N815
+    sourceDomainId = serializers.UUIDField(allow_null=True)  # noqa: N815
+    currentStep = serializers.CharField(allow_null=True)  # noqa: N815
+    stepStartedAt = serializers.DateTimeField(allow_null=True)  # noqa: N815
+    routingCommitted = serializers.BooleanField()  # noqa: N815
+    error = ErrorBody(allow_null=True)
+    reason = serializers.CharField()
+    requestedBy = serializers.CharField()  # noqa: N815
+    createdAt = serializers.DateTimeField()  # noqa: N815
+    startedAt = serializers.DateTimeField(allow_null=True)  # noqa: N815
+    finishedAt = serializers.DateTimeField(allow_null=True)  # noqa: N815
+
+
+class AcceptedOut(serializers.Serializer):
+    status = serializers.ChoiceField(["accepted"])
+    operation = OperationOut()
+
+
+class AlreadyActiveOut(serializers.Serializer):
+    status = serializers.ChoiceField(["already_active"])
+    routeRevision = serializers.IntegerField()  # noqa: N815
+
+
+class ModelOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    name = serializers.CharField()
+    servingUrl = serializers.URLField()  # noqa: N815
+    profile = serializers.DictField(allow_null=True)
+
+
+class SlotOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    gpuIndex = serializers.IntegerField()  # noqa: N815
+    kind = serializers.ChoiceField(["inference", "training"])
+    state = serializers.CharField()
+    stateUpdatedAt = serializers.DateTimeField()  # noqa: N815
+    spec = serializers.DictField()
+    models = ModelOut(many=True, required=False)
+    pids = serializers.ListField(child=serializers.IntegerField(), required=False)
+
+
+class DomainOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    slug = serializers.CharField()
+    displayName = serializers.CharField()  # noqa: N815
+    role = serializers.ChoiceField(["active", "standby"])
+    provider = serializers.ChoiceField(["static", "skypilot", "skyserve"])
+    placement = serializers.DictField()
+    priority = serializers.IntegerField()
+    supervisorUrl = serializers.URLField(allow_null=True)  # noqa: N815
+    servingBaseUrl = serializers.URLField(allow_null=True)  # noqa: N815
+    state = serializers.ChoiceField(
+        ["provisioning", "ready", "degraded", "failed", "stopping", "stopped"]
+    )
+    lastSeenAt = serializers.DateTimeField(allow_null=True)  # noqa: N815
+    stateUpdatedAt = serializers.DateTimeField()  # noqa: N815
+    slots = SlotOut(many=True)
+
+
+class FleetSummaryOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    slug = serializers.CharField()
+    displayName = serializers.CharField()  # noqa: N815
+    activeDomainId = serializers.UUIDField(allow_null=True)  # noqa: N815
+    routeRevision = serializers.IntegerField()  # noqa: N815
+
+
+class FleetListOut(serializers.Serializer):
+    fleets = FleetSummaryOut(many=True)
+
+
+class FleetOut(FleetSummaryOut):
+    policy = serializers.DictField()
+    domains = DomainOut(many=True)
+    operation = OperationOut(allow_null=True)
+    createdAt = serializers.DateTimeField()  # noqa: N815
+    updatedAt = serializers.DateTimeField()  # noqa: N815
+
+
+class RouteModelOut(serializers.Serializer):
+    name = serializers.CharField()
+    servingUrl = serializers.URLField()  # noqa: N815
+    eligible = serializers.BooleanField()
+
+
+class RouteTargetOut(serializers.Serializer):
+    domainId = serializers.UUIDField()  # noqa: N815
+    domainSlug = serializers.CharField()  # noqa: N815
+    endpointUrl = serializers.URLField(allow_null=True)  # noqa: N815
+    eligible = serializers.BooleanField()
+    weight = serializers.IntegerField()
+    models = RouteModelOut(many=True)
+
+
+class RouteIntentOut(serializers.Serializer):
+    fleetId = serializers.UUIDField()  # noqa: N815
+    fleetSlug = serializers.CharField()  # noqa: N815
+    revision = serializers.IntegerField()
+    generatedAt = serializers.DateTimeField()  # noqa: N815
+    active = RouteTargetOut(allow_null=True)
+    standbys = RouteTargetOut(many=True)
+
+
+class OperationListOut(serializers.Serializer):
+    operations = OperationOut(many=True)

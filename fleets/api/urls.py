@@ -1,0 +1,22 @@
+from django.urls import path
+from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
+
+from fleets.api import views
+
+urlpatterns = [
+    path("fleets", views.FleetListView.as_view(), name="fleet-list"),
+    path("fleets/<str:ref>", views.FleetDetailView.as_view(), name="fleet-detail"),
+    path("fleets/<str:ref>/route-intent", views.RouteIntentView.as_view(), name="route-intent"),
+    path("fleets/<str:ref>/promote", views.PromoteView.as_view(), name="fleet-promote"),
+    path("fleets/<str:ref>/demote", views.DemoteView.as_view(), name="fleet-demote"),
+    path(
+        "fleets/<str:ref>/operations", views.FleetOperationsView.as_view(), name="fleet-operations"
+    ),
+    path(
+        "operations/<str:operation_id>",
+        views.OperationDetailView.as_view(),
+        name="operation-detail",
+    ),
+    path("openapi.json", SpectacularJSONAPIView.as_view(), name="openapi-schema"),
+    path("docs", SpectacularSwaggerView.as_view(url_name="openapi-schema"), name="api-docs"),
+]

@@ -1,0 +1,148 @@
+"""API views: parse, call one service or selector, render. No business logic here."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from fleets import clock, selectors
+from fleets.api import serializers as s
+from fleets.api.errors import PayloadTooLarge
+from fleets.core.route_intent import build_route_intent
+from fleets.core.states import OperationKind
+from fleets.models import Operation
+from fleets.services.errors import InvalidTarget
+from fleets.services.operations import operation_request
+
+# Control bodies are a few bytes; refuse anything large before parsing it.
+MAX_CONTROL_BODY = 64 * 1024
+
+ERRORS = {
+    code: OpenApiResponse(s.ErrorEnvelope, description=desc)
+    for code, desc in {
+        400: "invalid_request",
+        401: "unauthorized",
+        404: "fleet_not_found",
+        409: "operation_conflict",
+        413: "payload_too_large",
+        422: "invalid_target",
+    }.items()
+}
+
+
+def _errors(*codes: int) -> dict:
+    return {c: ERRORS[c] for c in codes}
+
+
+class HaruAPIView(APIView):
+    def initial(self, request: Request, *args, **kwargs):
+        try:
+            length = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            length = 0
+        if length > MAX_CONTROL_BODY:
+            raise PayloadTooLarge(f"request body of {length} bytes exceeds {MAX_CONTROL_BODY}")
+        super().initial(request, *args, **kwargs)
+
+    @staticmethod
+    def actor(request: Request) -> str:
+        user = request.user
+        return f"api:{user}" if user is not None and str(user) else "api"
+
+
+class FleetListView(HaruAPIView):
+    @extend_schema(responses={200: s.FleetListOut, **_errors(401)}, operation_id="listFleets")
+    def get(self, request):
+        from fleets.models import Fleet
+
+        return Response({"fleets": [selectors.fleet_summary(f) for f in Fleet.objects.all()]})
+
+
+class FleetDetailView(HaruAPIView):
+    @extend_schema(responses={200: s.FleetOut, **_errors(401, 404)}, operation_id="getFleet")
+    def get(self, request, ref: str):
+        return Response(selectors.fleet_snapshot(selectors.fleet_get(ref)))
+
+
+class RouteIntentView(HaruAPIView):
+    @extend_schema(
+        responses={200: s.RouteIntentOut, **_errors(401, 404)}, operation_id="getRouteIntent"
+    )
+    def get(self, request, ref: str):
+        view = selectors.fleet_view(selectors.fleet_get(ref))
+        return Response(build_route_intent(view, clock.now()))
+
+
+class _OperationRequestView(HaruAPIView):
+    kind: str
+
+    def post(self, request, ref: str):
+        fleet = selectors.fleet_get(ref)
+        body = s.TargetRequest(data=request.data)
+        body.is_valid(raise_exception=True)
+        domain = selectors.domain_in_fleet(fleet, body.validated_data["targetDomainId"])
+        if domain is None:
+            raise InvalidTarget(
+                f"domain {body.validated_data['targetDomainId']!r} is not in fleet {fleet.slug}"
+            )
+        result = operation_request(
+            fleet=fleet, kind=self.kind, target_domain_id=domain.id, actor=self.actor(request)
+        )
+        if result.status == "already_active":
+            return Response({"status": "already_active", "routeRevision": result.route_revision})
+        return Response(
+            {"status": "accepted", "operation": selectors.operation_json(result.operation)},
+            status=202,
+        )
+
+
+class PromoteView(_OperationRequestView):
+    kind = OperationKind.PROMOTE
+
+    @extend_schema(
+        request=s.TargetRequest,
+        operation_id="promoteDomain",
+        responses={
+            200: s.AlreadyActiveOut,
+            202: s.AcceptedOut,
+            **_errors(400, 401, 404, 409, 413, 422),
+        },
+    )
+    def post(self, request, ref: str):
+        return super().post(request, ref)
+
+
+class DemoteView(_OperationRequestView):
+    kind = OperationKind.DEMOTE
+
+    @extend_schema(
+        request=s.TargetRequest,
+        operation_id="demoteDomain",
+        responses={202: s.AcceptedOut, **_errors(400, 401, 404, 409, 413, 422)},
+    )
+    def post(self, request, ref: str):
+        return super().post(request, ref)
+
+
+class FleetOperationsView(HaruAPIView):
+    @extend_schema(
+        responses={200: s.OperationListOut, **_errors(401, 404)}, operation_id="listFleetOperations"
+    )
+    def get(self, request, ref: str):
+        fleet = selectors.fleet_get(ref)
+        try:
+            limit = max(1, min(int(request.query_params.get("limit", 50)), 500))
+        except ValueError:
+            limit = 50
+        ops = Operation.objects.filter(fleet=fleet).order_by("-created_at")[:limit]
+        return Response({"operations": [selectors.operation_json(op) for op in ops]})
+
+
+class OperationDetailView(HaruAPIView):
+    @extend_schema(
+        responses={200: s.OperationOut, **_errors(401, 404)}, operation_id="getOperation"
+    )
+    def get(self, request, operation_id: str):
+        return Response(selectors.operation_json(selectors.operation_get(operation_id)))

@@ -1,0 +1,11 @@
+from django.apps import AppConfig
+
+
+class FleetsConfig(AppConfig):
+    name = "fleets"
+    default_auto_field = "django.db.models.BigAutoField"
+    verbose_name = "Fleets"
+
+    def ready(self) -> None:
+        # Registers the OpenAPI auth-scheme extensions with drf-spectacular.
+        from fleets.api import schema  # noqa: F401

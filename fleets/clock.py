@@ -1,0 +1,55 @@
+"""The one injectable clock that every time budget and timestamp uses.
+
+Never the database's now(): budgets computed by the app and timestamps it writes must agree,
+and tests script time by swapping the clock.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+
+
+class Clock:
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+
+class FakeClock(Clock):
+    """A clock that moves only when told to; for tests."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self._now = start or datetime(2026, 1, 1, tzinfo=UTC)
+        self._mono = 0.0
+
+    def now(self) -> datetime:
+        return self._now
+
+    def monotonic(self) -> float:
+        return self._mono
+
+    def advance(self, *, ms: float = 0, seconds: float = 0) -> None:
+        delta = seconds + ms / 1000
+        self._now += timedelta(seconds=delta)
+        self._mono += delta
+
+
+_clock: Clock = Clock()
+
+
+def get_clock() -> Clock:
+    return _clock
+
+
+def set_clock(clock: Clock) -> Clock:
+    """Install `clock` and return the previous one (tests restore it)."""
+    global _clock
+    previous, _clock = _clock, clock
+    return previous
+
+
+def now() -> datetime:
+    return _clock.now()

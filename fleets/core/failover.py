@@ -1,0 +1,121 @@
+"""Failover: when the active is lost, which standby takes over, and when to escalate.
+
+Pure: the caller supplies the clock (`now`, timezone-aware) and re-checks "nothing in flight"
+in the database, where the decision is acted on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from fleets.core.policy import Policy
+from fleets.core.states import PROMOTABLE_DOMAIN_STATES, DomainState
+from fleets.core.views import DomainView, FleetView
+
+ACTIVE_FAILED = "active_failed"
+ACTIVE_STALE = "active_stale"
+NO_VIABLE_STANDBY = "no_viable_standby"
+
+_STATE_RANK = {DomainState.READY: 0, DomainState.DEGRADED: 1}
+
+
+def _age_ms(seen: datetime, now: datetime) -> float:
+    return (now - seen).total_seconds() * 1000
+
+
+def is_stale(domain: DomainView, policy: Policy, now: datetime) -> bool:
+    """Tell whether the domain's last heartbeat is older than `heartbeat_stale_ms`.
+
+    A never-seen domain is not stale: a freshly seeded fleet must not fail over before the
+    first heartbeat had a chance to run.
+    """
+    return domain.last_seen_at is not None and (
+        _age_ms(domain.last_seen_at, now) > policy.heartbeat_stale_ms
+    )
+
+
+def is_viable_standby(domain: DomainView, policy: Policy, now: datetime) -> bool:
+    """Tell whether the domain could plausibly complete a promotion right now."""
+    return (
+        domain.state == DomainState.READY
+        and bool(domain.supervisor_url)  # something must drive the steps
+        and domain.has_bindings  # something must be woken, probed and routed to
+        and domain.last_seen_at is not None
+        and not is_stale(domain, policy, now)
+        and not domain.has_failed_inference_slot
+    )
+
+
+def rank_standbys(fleet: FleetView, now: datetime | None = None) -> list[DomainView]:
+    """Order the non-active domains by promotion preference.
+
+    Ready before degraded before anything else, then priority (lower first), then the freshest
+    heartbeat (never-seen last), then slug. Failover and route intent share this order; the
+    slug tiebreak compares code points so every replica ranks the same.
+    """
+    del now  # part of the signature so a future freshness window needs no call-site change
+
+    def key(d: DomainView) -> tuple[int, int, int, float, str]:
+        seen = (0, -d.last_seen_at.timestamp()) if d.last_seen_at else (1, 0.0)
+        return (_STATE_RANK.get(d.state, 2), d.priority, *seen, d.slug)
+
+    return sorted(fleet.standbys, key=key)
+
+
+@dataclass(frozen=True)
+class FailoverDecision:
+    """Promote `target_id` because of `reason`; `target_id` None means nobody can take over."""
+
+    target_id: str | None
+    reason: str
+
+
+def detect_failover(fleet: FleetView, now: datetime) -> FailoverDecision | None:
+    """Decide whether the reconciler should promote a standby on its own, and which one.
+
+    Return None when there is nothing to do: autoFailover off, no routing pointer, or an
+    active that is neither failed nor stale.
+    """
+    policy, active = fleet.policy, fleet.active
+    if not policy.auto_failover or active is None:
+        return None
+    if active.state == DomainState.FAILED:
+        reason = ACTIVE_FAILED
+    elif is_stale(active, policy, now):
+        reason = ACTIVE_STALE
+    else:
+        return None
+    ranked = rank_standbys(fleet, now)
+    target = next((d for d in ranked if is_viable_standby(d, policy, now)), None)
+    if target is None:
+        # The active already serves nothing, so a long shot beats certain downtime: any
+        # promotable standby with a supervisor and bindings; the probe still guards routing.
+        target = next(
+            (
+                d
+                for d in ranked
+                if d.state in PROMOTABLE_DOMAIN_STATES and d.supervisor_url and d.has_bindings
+            ),
+            None,
+        )
+    if target is None:
+        return FailoverDecision(None, NO_VIABLE_STANDBY)
+    return FailoverDecision(target.id, reason)
+
+
+def should_escalate(fleet: FleetView, now: datetime, degraded_since: datetime | None) -> bool:
+    """Tell whether the degraded active has outlasted its grace and should become failed.
+
+    `degraded_since` is the active's state_updated_at. Escalating throws away the active's
+    still-healthy models, so it happens only when a viable standby can take over. Standbys are
+    never escalated: failed would cost them their promotability.
+    """
+    policy, active = fleet.policy, fleet.active
+    if not policy.auto_failover or active is None or degraded_since is None:
+        return False
+    if active.state != DomainState.DEGRADED:
+        return False
+    if _age_ms(degraded_since, now) <= policy.degraded_grace_ms:
+        return False
+    return any(is_viable_standby(d, policy, now) for d in fleet.standbys)

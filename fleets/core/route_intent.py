@@ -1,0 +1,61 @@
+"""Route intent: the provider-neutral answer to "where should traffic go now".
+
+External routers and Haru's own chat proxy read the same document, so they agree on who serves.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from fleets.core.failover import rank_standbys
+from fleets.core.states import PROMOTABLE_DOMAIN_STATES, InferenceState
+from fleets.core.views import DomainView, FleetView, ModelView
+
+
+def format_timestamp(moment: datetime) -> str:
+    """Format an aware datetime as ISO 8601 UTC with milliseconds and a `Z` suffix."""
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        # A naive time is ambiguous; guessing the zone could mislabel the document by hours.
+        raise ValueError("generated_at must be timezone-aware")
+    utc = moment.astimezone(UTC)
+    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+
+
+def is_model_routable(domain: DomainView, model: ModelView) -> bool:
+    """Tell whether a model may take traffic: its domain is ready/degraded and its slot serves."""
+    return domain.state in PROMOTABLE_DOMAIN_STATES and model.slot_state == InferenceState.SERVING
+
+
+def _target(domain: DomainView, *, active: bool) -> dict[str, Any]:
+    # Only the active routes: a just-demoted standby can still report serving slots until its
+    # sleep lands, and those must not attract traffic.
+    models = [
+        {
+            "name": m.name,
+            "servingUrl": m.serving_url,
+            "eligible": active and is_model_routable(domain, m),
+        }
+        for m in sorted(domain.models, key=lambda m: m.name)
+    ]
+    return {
+        "domainId": domain.id,
+        "domainSlug": domain.slug,
+        "endpointUrl": domain.serving_base_url,
+        "eligible": active and bool(domain.serving_base_url) and any(m["eligible"] for m in models),
+        "weight": 1 if active else 0,
+        "models": models,
+    }
+
+
+def build_route_intent(fleet: FleetView, generated_at: datetime) -> dict[str, Any]:
+    """Build the route intent document of a fleet at `generated_at`."""
+    active = fleet.active
+    return {
+        "fleetId": fleet.id,
+        "fleetSlug": fleet.slug,
+        "revision": fleet.route_revision,
+        "generatedAt": format_timestamp(generated_at),
+        "active": _target(active, active=True) if active is not None else None,
+        "standbys": [_target(d, active=False) for d in rank_standbys(fleet, generated_at)],
+    }

@@ -1,0 +1,171 @@
+"""State tables: every allowed (from, to) pair for domains, slots and operations.
+
+The services check each conditional UPDATE against these tables before writing, so a refused
+pair raises and never reaches the database.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class DomainState(StrEnum):
+    PROVISIONING = "provisioning"
+    READY = "ready"
+    DEGRADED = "degraded"
+    FAILED = "failed"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+class InferenceState(StrEnum):
+    STARTING = "starting"
+    SERVING = "serving"
+    SLEEPING = "sleeping"
+    WAKING = "waking"
+    PROBING = "probing"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+class TrainingState(StrEnum):
+    IDLE = "idle"
+    TRAINING = "training"
+    STOPPING = "stopping"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+class SlotKind(StrEnum):
+    INFERENCE = "inference"
+    TRAINING = "training"
+
+
+class OperationKind(StrEnum):
+    PROMOTE = "promote"
+    DEMOTE = "demote"
+
+
+class OperationState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class Provider(StrEnum):
+    STATIC = "static"
+    SKYPILOT = "skypilot"
+    SKYSERVE = "skyserve"
+
+
+D, I, T, O = DomainState, InferenceState, TrainingState, OperationState  # noqa: E741
+
+# Domain lifecycle. stopping is reachable from every "up" state; stopped only leads back to
+# provisioning, so a stopped machine is re-provisioned before it can serve again.
+_DOMAIN_UP = (D.PROVISIONING, D.READY, D.DEGRADED, D.FAILED)
+DOMAIN_TRANSITIONS: dict[DomainState, frozenset[DomainState]] = {
+    D.PROVISIONING: frozenset({D.READY, D.DEGRADED, D.FAILED, D.STOPPING}),
+    D.READY: frozenset({D.DEGRADED, D.FAILED, D.STOPPING}),
+    D.DEGRADED: frozenset({D.READY, D.FAILED, D.STOPPING}),
+    D.FAILED: frozenset({D.PROVISIONING, D.DEGRADED, D.STOPPING}),
+    D.STOPPING: frozenset({D.STOPPED}),
+    D.STOPPED: frozenset({D.PROVISIONING}),
+}
+
+# Inference slots. Every live state may also fail or stop; failed recovers to whichever posture
+# the heartbeat proves (serving on the active, sleeping on a standby) or is retried by a wake.
+_INFERENCE_LIVE = (I.STARTING, I.SERVING, I.SLEEPING, I.WAKING, I.PROBING)
+INFERENCE_TRANSITIONS: dict[InferenceState, frozenset[InferenceState]] = {
+    I.STARTING: frozenset({I.SERVING, I.SLEEPING, I.FAILED, I.STOPPED}),
+    I.SERVING: frozenset({I.SLEEPING, I.FAILED, I.STOPPED}),
+    I.SLEEPING: frozenset({I.WAKING, I.FAILED, I.STOPPED}),
+    I.WAKING: frozenset({I.PROBING, I.SLEEPING, I.FAILED, I.STOPPED}),
+    I.PROBING: frozenset({I.SERVING, I.SLEEPING, I.FAILED, I.STOPPED}),
+    I.FAILED: frozenset({I.SERVING, I.SLEEPING, I.WAKING, I.STARTING, I.STOPPED}),
+    I.STOPPED: frozenset({I.STARTING}),
+}
+
+TRAINING_TRANSITIONS: dict[TrainingState, frozenset[TrainingState]] = {
+    T.IDLE: frozenset({T.TRAINING, T.FAILED, T.STOPPED}),
+    T.TRAINING: frozenset({T.STOPPING, T.IDLE, T.FAILED, T.STOPPED}),
+    T.STOPPING: frozenset({T.IDLE, T.TRAINING, T.FAILED, T.STOPPED}),
+    # A failed trainer may be retired for good as well as reset, like a failed inference slot.
+    T.FAILED: frozenset({T.IDLE, T.STOPPED}),
+    T.STOPPED: frozenset({T.IDLE}),
+}
+
+OPERATION_TRANSITIONS: dict[OperationState, frozenset[OperationState]] = {
+    O.PENDING: frozenset({O.RUNNING, O.FAILED, O.CANCELLED}),
+    O.RUNNING: frozenset({O.SUCCEEDED, O.FAILED, O.CANCELLED}),
+    O.SUCCEEDED: frozenset(),
+    O.FAILED: frozenset(),
+    O.CANCELLED: frozenset(),
+}
+
+TABLES = {
+    "domain": DOMAIN_TRANSITIONS,
+    "inference": INFERENCE_TRANSITIONS,
+    "training": TRAINING_TRANSITIONS,
+    "operation": OPERATION_TRANSITIONS,
+}
+
+PROMOTABLE_DOMAIN_STATES = frozenset({D.READY, D.DEGRADED})
+IN_FLIGHT_OPERATION_STATES = frozenset({O.PENDING, O.RUNNING})
+TERMINAL_OPERATION_STATES = frozenset({O.SUCCEEDED, O.FAILED, O.CANCELLED})
+
+PROMOTE_STEPS = (
+    "stop_training",
+    "verify_gpu",
+    "wake",
+    "probe",
+    "switch_route",
+    "demote_old_sleep",
+    "demote_old_train",
+)
+DEMOTE_STEPS = ("sleep", "start_training")
+# Steps after the pointer moved: they act on the old active and never fail the operation.
+BEST_EFFORT_STEPS = frozenset({"demote_old_sleep", "demote_old_train"})
+
+
+def steps_for(kind: str) -> tuple[str, ...]:
+    """Return the ordered steps of an operation kind."""
+    if kind == OperationKind.PROMOTE:
+        return PROMOTE_STEPS
+    if kind == OperationKind.DEMOTE:
+        return DEMOTE_STEPS
+    # A typo must not silently run the demote plan.
+    raise ValueError(f"unknown operation kind {kind!r}")
+
+
+class InvalidTransition(Exception):
+    """A (from, to) pair that the state table refuses."""
+
+    def __init__(self, table: str, from_state: str, to_state: str) -> None:
+        super().__init__(f"{table}: {from_state} -> {to_state} is not an allowed transition")
+        self.table = table
+        self.from_state = from_state
+        self.to_state = to_state
+
+
+def allowed_sources(table: str, to_state: str) -> frozenset[str]:
+    """Return every state from which `to_state` may be reached in `table`."""
+    return frozenset(src for src, dsts in TABLES[table].items() if to_state in dsts)
+
+
+def check_transition(table: str, from_state: str, to_state: str) -> None:
+    """Raise InvalidTransition unless `table` allows from_state -> to_state."""
+    if table not in TABLES:
+        raise ValueError(f"unknown state table {table!r}")
+    allowed = TABLES[table].get(from_state)  # type: ignore[call-overload]
+    if allowed is None or to_state not in allowed:
+        raise InvalidTransition(table, from_state, to_state)
+
+
+def check_sources(
+    table: str, from_states: frozenset[str] | set[str] | tuple[str, ...], to_state: str
+) -> None:
+    """Raise unless every pair (s, to_state) for s in from_states is allowed."""
+    for s in from_states:
+        check_transition(table, s, to_state)

@@ -1,0 +1,71 @@
+"""Read-only views of persisted state that the pure core decides on.
+
+The selectors build these from the database; the core never sees a Django model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from fleets.core.policy import Policy
+
+
+@dataclass(frozen=True)
+class ModelView:
+    name: str
+    serving_url: str
+    slot_id: str
+    gpu_index: int
+    slot_state: str  # the inference slot's state
+
+
+@dataclass(frozen=True)
+class SlotView:
+    id: str
+    gpu_index: int
+    kind: str
+    state: str
+
+
+@dataclass(frozen=True)
+class DomainView:
+    id: str
+    slug: str
+    state: str
+    provider: str = "static"
+    priority: int = 0
+    supervisor_url: str | None = None
+    serving_base_url: str | None = None
+    last_seen_at: datetime | None = None
+    slots: tuple[SlotView, ...] = ()
+    models: tuple[ModelView, ...] = ()
+
+    @property
+    def has_bindings(self) -> bool:
+        return bool(self.models)
+
+    @property
+    def has_failed_inference_slot(self) -> bool:
+        return any(s.kind == "inference" and s.state == "failed" for s in self.slots)
+
+
+@dataclass(frozen=True)
+class FleetView:
+    id: str
+    slug: str
+    active_domain_id: str | None
+    route_revision: int
+    policy: Policy
+    domains: tuple[DomainView, ...] = field(default_factory=tuple)
+
+    def domain(self, domain_id: str) -> DomainView | None:
+        return next((d for d in self.domains if d.id == domain_id), None)
+
+    @property
+    def active(self) -> DomainView | None:
+        return self.domain(self.active_domain_id) if self.active_domain_id else None
+
+    @property
+    def standbys(self) -> tuple[DomainView, ...]:
+        return tuple(d for d in self.domains if d.id != self.active_domain_id)

@@ -1,0 +1,1 @@
+"""Declarative fleet layouts: parse, validate (JSON Schema plus semantic rules), export."""

@@ -1,0 +1,219 @@
+"""Parse and validate a layout file into plain, normalized values.
+
+Structure is checked by the shipped JSON Schema (jsonschema); the rules a schema cannot say
+(uniqueness inside a domain, the declared active being in the fleet, policy limits) are checked
+here. Every error is `path: rule`, e.g. `domains[1].slots[0].models[2].name: must be lowercase`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jsonschema import Draft202012Validator
+
+from fleets.core.policy import PolicyError, validate_policy
+from fleets.services.errors import LayoutError
+
+SCHEMA_PATH = Path(__file__).with_name("schema.json")
+
+
+@dataclass
+class ModelSpec:
+    name: str
+    serving_url: str
+    profile: dict[str, Any]
+
+
+@dataclass
+class SlotSpec:
+    kind: str
+    gpu_index: int
+    spec: dict[str, Any]
+    models: list[ModelSpec] = field(default_factory=list)
+
+
+@dataclass
+class DomainSpec:
+    slug: str
+    display_name: str
+    provider: str
+    priority: int
+    placement: dict[str, Any]
+    supervisor_url: str
+    serving_base_url: str
+    slots: list[SlotSpec]
+
+
+@dataclass
+class Layout:
+    slug: str
+    display_name: str
+    policy: dict[str, Any]
+    active_domain_slug: str | None
+    domains: list[DomainSpec]
+
+
+@cache
+def _validator() -> Draft202012Validator:
+    schema = json.loads(SCHEMA_PATH.read_text())
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema)
+
+
+def _path(parts) -> str:
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(root)"
+
+
+def _rule(error) -> str:
+    """Turn a jsonschema error into the rule it broke, in the layout's own words."""
+    kind = error.validator
+    if kind == "additionalProperties":
+        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+        return f"unknown field {', '.join(repr(e) for e in extra)}"
+    if kind == "required":
+        return error.message.replace(" is a required property", " is required")
+    custom = error.schema.get("x-rule") if isinstance(error.schema, dict) else None
+    if custom and kind in {"pattern", "enum", "const", "maxLength"}:
+        return custom
+    if kind == "type":
+        return f"must be of type {error.validator_value}"
+    if kind in {"minimum", "maximum"}:
+        word = "at least" if kind == "minimum" else "at most"
+        return f"must be {word} {error.validator_value}"
+    if kind == "minItems":
+        return f"must have at least {error.validator_value} item(s)"
+    return error.message
+
+
+def _leaf_errors(errors):
+    """Flatten if/then and $ref wrappers so each message points at the field that is wrong."""
+    for error in errors:
+        if error.context:
+            yield from _leaf_errors(error.context)
+        else:
+            yield error
+
+
+def read_layout_file(path: str | Path) -> Any:
+    """Read a JSON or YAML layout file; raise LayoutError naming the file when unreadable."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise LayoutError([f"{p}: cannot read layout file ({exc.strerror})"]) from None
+    try:
+        if p.suffix in {".yaml", ".yml"}:
+            return yaml.safe_load(text)
+        return json.loads(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise LayoutError([f"{p}: not valid {p.suffix.lstrip('.') or 'JSON'} ({exc})"]) from None
+
+
+def parse_layout(data: Any) -> Layout:
+    """Validate `data` and return the normalized Layout; raise LayoutError listing every error."""
+    errors = sorted(
+        {
+            f"{_path(e.absolute_path)}: {_rule(e)}"
+            for e in _leaf_errors(_validator().iter_errors(data))
+        }
+    )
+    if errors:
+        raise LayoutError(errors)
+    errors = []
+    try:
+        policy = validate_policy(data.get("policy", {}), path="policy")
+    except PolicyError as exc:
+        errors.append(str(exc))
+        policy = {}
+
+    domains: list[DomainSpec] = []
+    seen_domains: dict[str, int] = {}
+    for di, d in enumerate(data["domains"]):
+        dpath = f"domains[{di}]"
+        if d["slug"] in seen_domains:
+            errors.append(
+                f"{dpath}.slug: duplicate domain {d['slug']!r} "
+                f"(also domains[{seen_domains[d['slug']]}])"
+            )
+        seen_domains.setdefault(d["slug"], di)
+        base_url = d.get("servingBaseUrl", "")
+        slots: list[SlotSpec] = []
+        seen_slots: dict[tuple[int, str], int] = {}
+        seen_models: dict[str, str] = {}
+        for si, s in enumerate(d.get("slots", [])):
+            spath = f"{dpath}.slots[{si}]"
+            key = (s["gpuIndex"], s["kind"])
+            if key in seen_slots:
+                errors.append(
+                    f"{spath}.gpuIndex: a {s['kind']} slot on GPU {s['gpuIndex']} "
+                    f"already exists ({dpath}.slots[{seen_slots[key]}])"
+                )
+            seen_slots.setdefault(key, si)
+            if s["kind"] == "training":
+                slots.append(
+                    SlotSpec(
+                        "training",
+                        s["gpuIndex"],
+                        {"command": list(s["command"]), "checkpointDir": s["checkpointDir"]},
+                    )
+                )
+                continue
+            models = []
+            for mi, m in enumerate(s["models"]):
+                mpath = f"{spath}.models[{mi}]"
+                if m["name"] in seen_models:
+                    errors.append(
+                        f"{mpath}.name: duplicate model {m['name']!r} in domain "
+                        f"{d['slug']!r} (also {seen_models[m['name']]})"
+                    )
+                seen_models.setdefault(m["name"], mpath)
+                serving_url = m.get("servingUrl") or base_url
+                if not serving_url:
+                    errors.append(
+                        f"{mpath}.servingUrl: required when the domain has no servingBaseUrl"
+                    )
+                models.append(ModelSpec(m["name"], serving_url, dict(m.get("profile", {}))))
+            slots.append(
+                SlotSpec("inference", s["gpuIndex"], {"sleepLevel": s.get("sleepLevel", 1)}, models)
+            )
+        domains.append(
+            DomainSpec(
+                slug=d["slug"],
+                display_name=d.get("displayName", ""),
+                provider=d.get("provider", "static"),
+                priority=d.get("priority", 100),
+                placement=dict(d.get("placement", {})),
+                supervisor_url=d.get("supervisorUrl", ""),
+                serving_base_url=base_url,
+                slots=slots,
+            )
+        )
+
+    active = data.get("activeDomainSlug")
+    if active is not None and active not in seen_domains:
+        errors.append(
+            f"activeDomainSlug: {active!r} is not a domain of this fleet "
+            f"(domains: {', '.join(seen_domains)})"
+        )
+    if errors:
+        raise LayoutError(errors)
+    return Layout(
+        slug=data["slug"],
+        display_name=data.get("displayName", ""),
+        policy=policy,
+        active_domain_slug=active,
+        domains=domains,
+    )
+
+
+def load_layout(path: str | Path) -> Layout:
+    """Read and validate a layout file."""
+    return parse_layout(read_layout_file(path))

@@ -1,0 +1,63 @@
+"""Seed or re-apply a fleet layout: `python manage.py seed_layout [--config FILE] [--dry-run]`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from fleets.layouts.loader import load_layout
+from fleets.services.errors import LayoutError
+from fleets.services.layouts import layout_apply
+
+DEFAULT_LAYOUT = Path(settings.BASE_DIR) / "examples" / "fleet.two-domain.json"
+
+
+class Command(BaseCommand):
+    help = "Create or update a fleet from a layout file (JSON or YAML). One transaction."
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--config", help="layout file (default: HARU_FLEET_LAYOUT, else the two-domain example)"
+        )
+        parser.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="validate and report the difference; write nothing",
+        )
+        parser.add_argument(
+            "--prune",
+            action="store_true",
+            help="delete domains, slots and models that the file no longer names",
+        )
+        parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    def handle(self, *args, **opts):
+        path = opts["config"] or settings.HARU["fleet_layout"] or DEFAULT_LAYOUT
+        try:
+            layout = load_layout(path)
+            report = layout_apply(layout=layout, prune=opts["prune"], dry_run=opts["dry_run"])
+        except LayoutError as exc:
+            raise CommandError(
+                f"layout {path} refused, nothing written:\n  " + "\n  ".join(exc.errors)
+            ) from None
+        if opts["json"]:
+            self.stdout.write(
+                json.dumps(
+                    {"layout": str(path), "fleet": layout.slug, **report.as_dict()}, indent=2
+                )
+            )
+            return
+        verb = "would apply" if opts["dry_run"] else "applied"
+        self.stdout.write(f"{verb} layout {path} (fleet {layout.slug})")
+        for title, items in (
+            ("created", report.created),
+            ("updated", report.updated),
+            ("in the database, not in the file", report.extra),
+            ("pruned", report.pruned),
+        ):
+            for item in items:
+                self.stdout.write(f"  {title}: {item}")
+        self.stdout.write(f"  unchanged: {len(report.unchanged)} row(s)")

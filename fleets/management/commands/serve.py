@@ -1,0 +1,73 @@
+"""Run the ASGI server: `python manage.py serve [--host H] [--port P] [--workers N]`.
+
+Without HARU_API_TOKEN the API is open, so it binds loopback only and warns loudly; asked to bind
+elsewhere without a token it refuses to start.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+log = logging.getLogger("haru.serve")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Command(BaseCommand):
+    help = "Serve the Haru API, chat proxy and dashboard over ASGI (uvicorn)."
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--host",
+            default=None,
+            help="bind address (default 0.0.0.0 with a token, else 127.0.0.1)",
+        )
+        parser.add_argument("--port", type=int, default=None, help="default: PORT, else 8700")
+        parser.add_argument("--workers", type=int, default=1)
+        parser.add_argument(
+            "--no-reconcile-loop",
+            action="store_true",
+            help="do not run the in-process reconcile loop",
+        )
+
+    def handle(self, *args, **opts):
+        import uvicorn
+
+        token = settings.HARU["api_token"]
+        host = opts["host"] or ("0.0.0.0" if token else "127.0.0.1")
+        port = opts["port"] or settings.HARU["port"]
+        if not token:
+            if not is_loopback(host):
+                raise CommandError(
+                    f"refusing to bind {host} without HARU_API_TOKEN: the API would be open to "
+                    f"the network. Set HARU_API_TOKEN or bind 127.0.0.1."
+                )
+            log.warning(
+                "!!! HARU_API_TOKEN is not set: the API is UNAUTHENTICATED and bound to "
+                "%s only. Set HARU_API_TOKEN before exposing this server. !!!",
+                host,
+            )
+        if opts["no_reconcile_loop"]:
+            os.environ["HARU_RECONCILE_INTERVAL_MS"] = ""  # workers re-read settings
+        self.stdout.write(f"haru serving on http://{host}:{port}")
+        uvicorn.run(
+            "haru.asgi:application",
+            host=host,
+            port=port,
+            workers=opts["workers"],
+            log_level="info",
+            lifespan="off",
+            proxy_headers=False,
+        )

@@ -1,0 +1,240 @@
+"""The durable state: fleets, domains, slots, model bindings, operations and events.
+
+State fields (`state`, `active_domain`, `route_revision`, `routing_committed`, ...) are moved
+only by the compare-and-swap services in `fleets.services`; nothing calls save() on them and
+admin shows them read-only. Invariants live in the database as constraints.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+
+from fleets.core.states import (
+    DomainState,
+    InferenceState,
+    OperationKind,
+    OperationState,
+    Provider,
+    SlotKind,
+    TrainingState,
+)
+
+# At most 63 characters (a DNS label), lowercase alphanumerics separated by single hyphens.
+SLUG_REGEX = r"^(?=.{1,63}$)[a-z0-9]+(-[a-z0-9]+)*$"
+
+
+def _choices(enum) -> list[tuple[str, str]]:
+    return [(member.value, member.value) for member in enum]
+
+
+class Fleet(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    slug = models.CharField(max_length=63, unique=True)
+    display_name = models.CharField(max_length=200, blank=True, default="")
+    # Operator-set policy keys only; defaults are resolved on read (fleets.core.policy).
+    policy = models.JSONField(default=dict, blank=True)
+    # The routing pointer: the single source of truth for who serves. Moved only by
+    # services.routing.route_switch, in one statement with route_revision.
+    active_domain = models.ForeignKey(
+        "Domain",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        editable=False,
+    )
+    route_revision = models.BigIntegerField(default=1, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["slug"]
+        constraints = [
+            models.CheckConstraint(condition=Q(slug__regex=SLUG_REGEX), name="fleet_slug_valid"),
+            models.CheckConstraint(
+                condition=Q(route_revision__gt=0), name="fleet_route_revision_positive"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Domain(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    fleet = models.ForeignKey(Fleet, on_delete=models.CASCADE, related_name="domains")
+    slug = models.CharField(max_length=63)
+    display_name = models.CharField(max_length=200, blank=True, default="")
+    provider = models.CharField(max_length=16, choices=_choices(Provider), default="static")
+    # {cloud, region, accelerator, acceleratorCount, useSpot}
+    placement = models.JSONField(default=dict, blank=True)
+    supervisor_url = models.URLField(max_length=500, blank=True, default="")
+    serving_base_url = models.URLField(max_length=500, blank=True, default="")
+    # Lower is preferred when ranking standbys of a fleet with more than two domains.
+    priority = models.PositiveIntegerField(default=100)
+    state = models.CharField(
+        max_length=16,
+        choices=_choices(DomainState),
+        default=DomainState.PROVISIONING,
+        editable=False,
+    )
+    last_seen_at = models.DateTimeField(null=True, blank=True, editable=False)
+    state_updated_at = models.DateTimeField(editable=False)
+    # Last heartbeat body as reported by the supervisor (GPU memory, fingerprints), for display.
+    last_report = models.JSONField(default=dict, blank=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["fleet", "priority", "slug"]
+        constraints = [
+            models.UniqueConstraint(fields=["fleet", "slug"], name="domain_slug_unique_in_fleet"),
+            models.CheckConstraint(condition=Q(slug__regex=SLUG_REGEX), name="domain_slug_valid"),
+            models.CheckConstraint(
+                condition=Q(state__in=[s.value for s in DomainState]), name="domain_state_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(provider__in=[p.value for p in Provider]), name="domain_provider_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.fleet.slug}/{self.slug}" if self.fleet_id else self.slug
+
+
+class Slot(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    domain = models.ForeignKey(Domain, on_delete=models.CASCADE, related_name="slots")
+    gpu_index = models.IntegerField()
+    kind = models.CharField(max_length=16, choices=_choices(SlotKind))
+    state = models.CharField(max_length=16, editable=False)
+    # inference: {sleepLevel}; training: {command, checkpointDir}
+    spec = models.JSONField(default=dict, blank=True)
+    # Last PIDs the supervisor reported for a training slot (a running trainer has one).
+    pids = models.JSONField(default=list, blank=True, editable=False)
+    state_updated_at = models.DateTimeField(editable=False)
+
+    class Meta:
+        ordering = ["domain", "gpu_index", "kind"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["domain", "gpu_index", "kind"], name="slot_unique_gpu_kind"
+            ),
+            models.CheckConstraint(condition=Q(gpu_index__gte=0), name="slot_gpu_index_nonneg"),
+            # A slot's state must belong to its kind's table.
+            models.CheckConstraint(
+                condition=(
+                    Q(kind=SlotKind.INFERENCE, state__in=[s.value for s in InferenceState])
+                    | Q(kind=SlotKind.TRAINING, state__in=[s.value for s in TrainingState])
+                ),
+                name="slot_kind_state_valid",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.domain} gpu{self.gpu_index} {self.kind}"
+
+
+class ModelBinding(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    domain = models.ForeignKey(Domain, on_delete=models.CASCADE, related_name="bindings")
+    slot = models.ForeignKey(Slot, on_delete=models.CASCADE, related_name="bindings")
+    # The routing key: the lowercase served model name clients send as `model`.
+    name = models.CharField(max_length=200)
+    serving_url = models.URLField(max_length=500)
+    # Engine profile (engine, model path, parallelism, ...) whose fingerprint the supervisor
+    # reports, so a running server that no longer matches the layout is flagged.
+    profile = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["domain", "name"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["domain", "name"], name="binding_name_unique_in_domain"
+            ),
+            models.CheckConstraint(
+                condition=Q(name__regex=r"^[^A-Z\s]+$"), name="binding_name_lowercase"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Operation(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    fleet = models.ForeignKey(Fleet, on_delete=models.CASCADE, related_name="operations")
+    kind = models.CharField(max_length=16, choices=_choices(OperationKind))
+    state = models.CharField(
+        max_length=16, choices=_choices(OperationState), default=OperationState.PENDING
+    )
+    target_domain = models.ForeignKey(Domain, on_delete=models.CASCADE, related_name="+")
+    # The routing pointer captured when the operation was created: the domain a promotion
+    # demotes afterwards, whatever the pointer says by then.
+    source_domain = models.ForeignKey(
+        Domain, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    current_step = models.CharField(max_length=32, blank=True, default="")
+    step_started_at = models.DateTimeField(null=True, blank=True)
+    routing_committed = models.BooleanField(default=False)
+    # {step, code, message} when the operation failed.
+    error = models.JSONField(null=True, blank=True)
+    reason = models.CharField(max_length=64, blank=True, default="manual")
+    requested_by = models.CharField(max_length=150, blank=True, default="")
+    # When the failure that triggered an automatic promotion was detected, for failover timing.
+    detected_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            # At most one pending/running operation per fleet; serves the in-flight lookup
+            # `Operation.objects.filter(fleet=..., state__in=[pending, running])`.
+            models.UniqueConstraint(
+                fields=["fleet"],
+                condition=Q(state__in=[OperationState.PENDING, OperationState.RUNNING]),
+                name="uq_operation_one_inflight_per_fleet",
+            ),
+            models.CheckConstraint(
+                condition=Q(state__in=[s.value for s in OperationState]),
+                name="operation_state_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(kind__in=[k.value for k in OperationKind]), name="operation_kind_valid"
+            ),
+        ]
+        indexes = [models.Index(fields=["fleet", "-created_at"], name="operation_fleet_recent")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.id} ({self.state})"
+
+
+class Event(models.Model):
+    """An append-only audit row written after every successful transition."""
+
+    id = models.BigAutoField(primary_key=True)
+    fleet = models.ForeignKey(Fleet, on_delete=models.CASCADE, related_name="events")
+    domain = models.ForeignKey(
+        Domain, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    operation = models.ForeignKey(
+        Operation, null=True, blank=True, on_delete=models.SET_NULL, related_name="events"
+    )
+    kind = models.CharField(max_length=64)
+    actor = models.CharField(max_length=150, blank=True, default="")
+    step = models.CharField(max_length=32, blank=True, default="")
+    duration_ms = models.IntegerField(null=True, blank=True)
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-id"]
+        # Serves the dashboard timeline: newest events of one fleet.
+        indexes = [models.Index(fields=["fleet", "-id"], name="event_fleet_recent")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} @ {self.created_at:%Y-%m-%d %H:%M:%S}"

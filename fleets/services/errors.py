@@ -1,0 +1,49 @@
+"""Errors the services raise; each carries the API error code and HTTP status it maps to."""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    code = "internal_error"
+    status = 500
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code:
+            self.code = code
+
+
+class FleetNotFound(ServiceError):
+    code = "fleet_not_found"
+    status = 404
+
+
+class OperationNotFound(ServiceError):
+    code = "operation_not_found"
+    status = 404
+
+
+class InvalidTarget(ServiceError):
+    code = "invalid_target"
+    status = 422
+
+
+class OperationConflict(ServiceError):
+    code = "operation_conflict"
+    status = 409
+
+    def __init__(self, message: str, *, operation=None) -> None:
+        super().__init__(message)
+        self.operation = operation
+
+
+class LayoutError(ServiceError):
+    """A layout that fails validation; `errors` lists every `path: rule` found."""
+
+    code = "invalid_layout"
+    status = 422
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__("; ".join(errors))
+        self.errors = errors

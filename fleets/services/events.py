@@ -1,0 +1,40 @@
+"""Append the audit trail and announce it to the live layer after commit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+
+from fleets import clock
+from fleets.models import Event
+
+
+def event_record(
+    *,
+    fleet_id,
+    kind: str,
+    actor: str = "system",
+    domain_id=None,
+    operation_id=None,
+    step: str = "",
+    duration_ms: int | None = None,
+    data: dict[str, Any] | None = None,
+) -> Event:
+    """Write one Event row and broadcast it to the fleet's group once the transaction commits."""
+    event = Event.objects.create(
+        fleet_id=fleet_id,
+        kind=kind,
+        actor=actor,
+        domain_id=domain_id,
+        operation_id=operation_id,
+        step=step,
+        duration_ms=duration_ms,
+        data=data or {},
+        created_at=clock.now(),
+    )
+    # Broadcasting is a side effect: only after commit, so nobody sees a rolled-back change.
+    from fleets import broadcast
+
+    transaction.on_commit(lambda: broadcast.publish_event(event))
+    return event

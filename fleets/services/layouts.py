@@ -1,0 +1,255 @@
+"""Apply a validated layout to the database in one transaction, and report the difference.
+
+Re-applying updates policy, names, URLs and slot specs of existing rows and adds new ones; rows
+the file no longer names are reported and removed only with prune. The routing pointer is set
+only when a fleet is created (revision 1) and never moved here: only operations move it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from django.db import transaction
+
+from fleets import clock
+from fleets.core.states import (
+    IN_FLIGHT_OPERATION_STATES,
+    DomainState,
+    InferenceState,
+    Provider,
+    SlotKind,
+    TrainingState,
+)
+from fleets.layouts.loader import Layout
+from fleets.models import Domain, Fleet, ModelBinding, Operation, Slot
+from fleets.services.errors import LayoutError
+from fleets.services.events import event_record
+
+
+@dataclass
+class LayoutReport:
+    created: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)  # in the database, not in the file
+    pruned: list[str] = field(default_factory=list)
+    dry_run: bool = False
+
+    def as_dict(self) -> dict:
+        return {
+            k: getattr(self, k)
+            for k in ("created", "updated", "unchanged", "extra", "pruned", "dry_run")
+        }
+
+
+class _DryRun(Exception):
+    """Raised to roll back a dry run after the report is complete."""
+
+
+def _sync(obj, values: dict, label: str, report: LayoutReport) -> None:
+    """Set changed fields on an existing row (never state fields) and record the outcome."""
+    changed = [k for k, v in values.items() if getattr(obj, k) != v]
+    if changed:
+        for k in changed:
+            setattr(obj, k, values[k])
+        obj.save(update_fields=changed)
+        report.updated.append(f"{label} ({', '.join(changed)})")
+    else:
+        report.unchanged.append(label)
+
+
+def layout_apply(
+    *, layout: Layout, prune: bool = False, dry_run: bool = False, actor: str = "seed_layout"
+) -> LayoutReport:
+    """Create or update the fleet described by `layout`; return what changed."""
+    report = LayoutReport(dry_run=dry_run)
+    try:
+        with transaction.atomic():
+            _apply(layout, prune, report, actor)
+            if dry_run:
+                raise _DryRun
+    except _DryRun:
+        pass
+    return report
+
+
+def _apply(layout: Layout, prune: bool, report: LayoutReport, actor: str) -> None:
+    now = clock.now()
+    fleet = Fleet.objects.filter(slug=layout.slug).first()
+    new_fleet = fleet is None
+    if new_fleet:
+        fleet = Fleet.objects.create(
+            slug=layout.slug, display_name=layout.display_name, policy=layout.policy
+        )
+        report.created.append(f"fleet {layout.slug}")
+    else:
+        _sync(
+            fleet,
+            {"display_name": layout.display_name, "policy": layout.policy},
+            f"fleet {layout.slug}",
+            report,
+        )
+
+    # The posture new inference slots start in follows the live pointer, or for a new fleet the
+    # declared active domain; the next heartbeats correct it from what supervisors report.
+    live_active_slug = (
+        None
+        if new_fleet or fleet.active_domain_id is None
+        else Domain.objects.get(pk=fleet.active_domain_id).slug
+    )
+    serving_slug = layout.active_domain_slug if new_fleet else live_active_slug
+
+    kept_domains, kept_slots, kept_bindings = set(), set(), set()
+    for d in layout.domains:
+        label = f"domain {layout.slug}/{d.slug}"
+        values = {
+            "display_name": d.display_name,
+            "provider": d.provider,
+            "priority": d.priority,
+            "placement": d.placement,
+            "supervisor_url": d.supervisor_url,
+            "serving_base_url": d.serving_base_url,
+        }
+        domain = Domain.objects.filter(fleet=fleet, slug=d.slug).first()
+        if domain is None:
+            # Static hosts exist already; driver-backed ones must be provisioned first.
+            state = DomainState.READY if d.provider == Provider.STATIC else DomainState.PROVISIONING
+            domain = Domain.objects.create(
+                fleet=fleet, slug=d.slug, state=state, state_updated_at=now, **values
+            )
+            report.created.append(label)
+        else:
+            _sync(domain, values, label, report)
+        kept_domains.add(domain.id)
+
+        for s in d.slots:
+            slabel = f"slot {layout.slug}/{d.slug}/gpu{s.gpu_index}/{s.kind}"
+            slot = Slot.objects.filter(domain=domain, gpu_index=s.gpu_index, kind=s.kind).first()
+            if slot is None:
+                if s.kind == SlotKind.TRAINING:
+                    state = TrainingState.IDLE
+                elif d.slug == serving_slug:
+                    state = InferenceState.SERVING
+                else:
+                    state = InferenceState.SLEEPING
+                slot = Slot.objects.create(
+                    domain=domain,
+                    gpu_index=s.gpu_index,
+                    kind=s.kind,
+                    state=state,
+                    spec=s.spec,
+                    state_updated_at=now,
+                )
+                report.created.append(slabel)
+            else:
+                _sync(slot, {"spec": s.spec}, slabel, report)
+            kept_slots.add(slot.id)
+
+            for m in s.models:
+                mlabel = f"model {layout.slug}/{d.slug}/{m.name}"
+                binding = ModelBinding.objects.filter(domain=domain, name=m.name).first()
+                bvalues = {"slot_id": slot.id, "serving_url": m.serving_url, "profile": m.profile}
+                if binding is None:
+                    binding = ModelBinding.objects.create(domain=domain, name=m.name, **bvalues)
+                    report.created.append(mlabel)
+                else:
+                    _sync(binding, bvalues, mlabel, report)
+                kept_bindings.add(binding.id)
+
+    if new_fleet and layout.active_domain_slug:
+        active = Domain.objects.get(fleet=fleet, slug=layout.active_domain_slug)
+        # Setting the pointer of a fleet created in this very transaction; revision stays 1.
+        Fleet.objects.filter(pk=fleet.pk, active_domain__isnull=True).update(active_domain=active)
+
+    _report_extras(fleet, kept_domains, kept_slots, kept_bindings, prune, report)
+    event_record(
+        fleet_id=fleet.id,
+        kind="layout.applied",
+        actor=actor,
+        data={
+            "created": len(report.created),
+            "updated": len(report.updated),
+            "extra": len(report.extra),
+            "pruned": len(report.pruned),
+        },
+    )
+
+
+def _report_extras(fleet, kept_domains, kept_slots, kept_bindings, prune, report) -> None:
+    extra_bindings = (
+        ModelBinding.objects.filter(domain__fleet=fleet)
+        .exclude(id__in=kept_bindings)
+        .select_related("domain")
+    )
+    extra_slots = (
+        Slot.objects.filter(domain__fleet=fleet).exclude(id__in=kept_slots).select_related("domain")
+    )
+    extra_domains = Domain.objects.filter(fleet=fleet).exclude(id__in=kept_domains)
+    for b in extra_bindings:
+        report.extra.append(f"model {fleet.slug}/{b.domain.slug}/{b.name}")
+    for s in extra_slots:
+        report.extra.append(f"slot {fleet.slug}/{s.domain.slug}/gpu{s.gpu_index}/{s.kind}")
+    for d in extra_domains:
+        report.extra.append(f"domain {fleet.slug}/{d.slug}")
+    if not prune:
+        return
+    fleet.refresh_from_db(fields=["active_domain"])
+    blocked = [d.slug for d in extra_domains if d.id == fleet.active_domain_id]
+    if blocked:
+        raise LayoutError(
+            [
+                f"domains: cannot prune {blocked[0]!r}: it is the active domain; "
+                f"promote another domain first"
+            ]
+        )
+    if Operation.objects.filter(fleet=fleet, state__in=IN_FLIGHT_OPERATION_STATES).exists():
+        raise LayoutError(["domains: cannot prune while an operation is in flight"])
+    report.pruned = list(report.extra)
+    extra_bindings.delete()
+    extra_slots.delete()
+    extra_domains.delete()
+
+
+def layout_export(fleet: Fleet) -> dict:
+    """Return the fleet as a layout document that layout_apply accepts unchanged."""
+    doc: dict = {"slug": fleet.slug}
+    if fleet.display_name:
+        doc["displayName"] = fleet.display_name
+    if fleet.active_domain_id:
+        doc["activeDomainSlug"] = Domain.objects.get(pk=fleet.active_domain_id).slug
+    if fleet.policy:
+        doc["policy"] = fleet.policy
+    doc["domains"] = []
+    for d in Domain.objects.filter(fleet=fleet).order_by("priority", "slug"):
+        dd: dict = {"slug": d.slug}
+        if d.display_name:
+            dd["displayName"] = d.display_name
+        dd["provider"] = d.provider
+        dd["priority"] = d.priority
+        if d.placement:
+            dd["placement"] = d.placement
+        if d.supervisor_url:
+            dd["supervisorUrl"] = d.supervisor_url
+        if d.serving_base_url:
+            dd["servingBaseUrl"] = d.serving_base_url
+        dd["slots"] = []
+        for s in Slot.objects.filter(domain=d).order_by("gpu_index", "kind"):
+            if s.kind == SlotKind.TRAINING:
+                dd["slots"].append({"kind": "training", "gpuIndex": s.gpu_index, **s.spec})
+                continue
+            models = []
+            for b in ModelBinding.objects.filter(slot=s).order_by("name"):
+                m: dict = {"name": b.name, "servingUrl": b.serving_url}
+                if b.profile:
+                    m["profile"] = b.profile
+                models.append(m)
+            dd["slots"].append(
+                {
+                    "kind": "inference",
+                    "gpuIndex": s.gpu_index,
+                    "sleepLevel": s.spec.get("sleepLevel", 1),
+                    "models": models,
+                }
+            )
+        doc["domains"].append(dd)
+    return doc

@@ -1,0 +1,117 @@
+"""The routing-pointer move: one compare-and-swap, guarded by the running operation."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import connection, transaction
+from django.db.models import F
+
+from fleets import clock
+from fleets.core.states import OperationKind, OperationState
+from fleets.models import Domain, Fleet, Operation
+from fleets.services.events import event_record
+
+# Postgres does it in one statement: the CTE locks the operation row (so a concurrent fail
+# waits for us, or we see it failed), moves the pointer only where pointer and revision are what
+# the caller read, and sets routing_committed in the same statement.
+_SWITCH_SQL = """
+WITH op AS (
+    SELECT id FROM fleets_operation
+    WHERE id = %(op)s AND fleet_id = %(fleet)s AND target_domain_id = %(target)s
+      AND kind = 'promote' AND state = 'running'
+    FOR UPDATE
+), moved AS (
+    UPDATE fleets_fleet f
+    SET active_domain_id = %(target)s, route_revision = f.route_revision + 1,
+        updated_at = %(now)s
+    WHERE f.id = %(fleet)s AND f.route_revision = %(revision)s
+      AND f.active_domain_id IS NOT DISTINCT FROM %(expected)s
+      AND EXISTS (SELECT 1 FROM op)
+      AND EXISTS (SELECT 1 FROM fleets_domain d WHERE d.id = %(target)s AND d.fleet_id = %(fleet)s)
+    RETURNING f.route_revision
+)
+UPDATE fleets_operation o SET routing_committed = TRUE
+FROM moved WHERE o.id = %(op)s
+RETURNING moved.route_revision
+"""
+
+
+def _as_uuid(value) -> uuid.UUID | None:
+    return value if value is None or isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+
+
+def route_switch(
+    *,
+    fleet_id,
+    operation_id,
+    target_domain_id,
+    expected_active_id,
+    expected_revision: int,
+    actor: str = "reconciler",
+) -> int | None:
+    """Point the fleet at `target_domain_id`; return the new revision, or None if the CAS lost.
+
+    Wins only where the pointer and revision are still what the caller read, the target is in the
+    fleet, and the driving promotion is still running; it sets that operation's
+    `routing_committed` atomically with the move.
+    """
+    params = {
+        "op": _as_uuid(operation_id),
+        "fleet": _as_uuid(fleet_id),
+        "target": _as_uuid(target_domain_id),
+        "expected": _as_uuid(expected_active_id),
+        "revision": expected_revision,
+        "now": clock.now(),
+    }
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute(_SWITCH_SQL, params)
+                row = cursor.fetchone()
+            new_revision = row[0] if row else None
+        else:
+            new_revision = _switch_serialized(params)
+        if new_revision is not None:
+            event_record(
+                fleet_id=fleet_id,
+                operation_id=operation_id,
+                domain_id=target_domain_id,
+                kind="fleet.route.switched",
+                actor=actor,
+                data={
+                    "fromDomainId": str(expected_active_id) if expected_active_id else None,
+                    "toDomainId": str(target_domain_id),
+                    "revision": new_revision,
+                },
+            )
+    return new_revision
+
+
+def _switch_serialized(p: dict) -> int | None:
+    """Do the same move on SQLite, where DML in a CTE is not supported.
+
+    Safe as two statements: the settings open every transaction IMMEDIATE, so SQLite holds its
+    single write lock from BEGIN and no other writer can interleave between them.
+    """
+    running = Operation.objects.filter(
+        pk=p["op"],
+        fleet_id=p["fleet"],
+        target_domain_id=p["target"],
+        kind=OperationKind.PROMOTE,
+        state=OperationState.RUNNING,
+    ).exists()
+    in_fleet = Domain.objects.filter(pk=p["target"], fleet_id=p["fleet"]).exists()
+    if not (running and in_fleet):
+        return None
+    moved = Fleet.objects.filter(
+        pk=p["fleet"],
+        route_revision=p["revision"],
+        active_domain_id=p["expected"],
+    ).update(
+        active_domain_id=p["target"], route_revision=F("route_revision") + 1, updated_at=p["now"]
+    )
+    if not moved:
+        return None
+    Operation.objects.filter(pk=p["op"]).update(routing_committed=True)
+    return p["revision"] + 1

@@ -1,0 +1,124 @@
+"""Compare-and-swap state transitions for domains and slots.
+
+Each transition is one conditional UPDATE (`filter(pk=..., state=<what we read>).update(...)`)
+whose row count says whether we won; the (from, to) pair is checked against the state tables in
+`fleets.core.states` first, so a refused pair raises InvalidTransition and never writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import transaction
+
+from fleets import clock
+from fleets.core.states import allowed_sources, check_transition
+from fleets.models import Domain, Slot
+from fleets.services.events import event_record
+
+
+def domain_transition(
+    *,
+    domain_id,
+    to_state: str,
+    from_states: Iterable[str] | None = None,
+    actor: str = "system",
+    reason: str = "",
+    operation_id=None,
+) -> bool:
+    """Move a domain to `to_state` if it is in one of `from_states`; return whether it moved."""
+    sources = (
+        frozenset(from_states) if from_states is not None else allowed_sources("domain", to_state)
+    )
+    row = Domain.objects.filter(pk=domain_id).values("state", "fleet_id").first()
+    if row is None or row["state"] not in sources or row["state"] == to_state:
+        return False
+    check_transition("domain", row["state"], to_state)
+    now = clock.now()
+    with transaction.atomic():
+        # Guarded by the state we read: a concurrent writer that moved it first wins.
+        moved = Domain.objects.filter(pk=domain_id, state=row["state"]).update(
+            state=to_state, state_updated_at=now
+        )
+        if moved:
+            event_record(
+                fleet_id=row["fleet_id"],
+                domain_id=domain_id,
+                operation_id=operation_id,
+                kind=f"domain.{to_state}",
+                actor=actor,
+                data={"from": row["state"], "to": to_state, "reason": reason},
+            )
+    return bool(moved)
+
+
+def slot_transition(
+    *,
+    slot_id,
+    to_state: str,
+    from_states: Iterable[str] | None = None,
+    actor: str = "system",
+    reason: str = "",
+    operation_id=None,
+    extra: dict[str, Any] | None = None,
+) -> bool:
+    """Move one slot to `to_state` if it is in one of `from_states`; return whether it moved."""
+    row = (
+        Slot.objects.filter(pk=slot_id)
+        .values("state", "kind", "domain_id", "domain__fleet_id")
+        .first()
+    )
+    if row is None:
+        return False
+    sources = (
+        frozenset(from_states)
+        if from_states is not None
+        else allowed_sources(row["kind"], to_state)
+    )
+    if row["state"] not in sources or row["state"] == to_state:
+        return False
+    check_transition(row["kind"], row["state"], to_state)
+    with transaction.atomic():
+        moved = Slot.objects.filter(pk=slot_id, state=row["state"]).update(
+            state=to_state, state_updated_at=clock.now(), **(extra or {})
+        )
+        if moved:
+            event_record(
+                fleet_id=row["domain__fleet_id"],
+                domain_id=row["domain_id"],
+                operation_id=operation_id,
+                kind=f"slot.{row['kind']}.{to_state}",
+                actor=actor,
+                data={
+                    "slotId": str(slot_id),
+                    "from": row["state"],
+                    "to": to_state,
+                    "reason": reason,
+                },
+            )
+    return bool(moved)
+
+
+def slots_transition(
+    *,
+    slot_ids: Iterable,
+    to_state: str,
+    from_states: Iterable[str] | None = None,
+    actor: str = "system",
+    reason: str = "",
+    operation_id=None,
+) -> int:
+    """Move each slot with its own CAS; return how many moved."""
+    from_set = frozenset(from_states) if from_states is not None else None
+    return sum(
+        slot_transition(
+            slot_id=sid,
+            to_state=to_state,
+            from_states=from_set,
+            actor=actor,
+            reason=reason,
+            operation_id=operation_id,
+        )
+        for sid in slot_ids
+    )

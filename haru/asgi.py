@@ -1,0 +1,31 @@
+"""ASGI entry point: Django for HTTP, Channels for the dashboard's WebSocket."""
+
+import os
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "haru.settings")
+
+from django.core.asgi import get_asgi_application  # noqa: E402
+
+django_asgi = get_asgi_application()
+
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+
+
+def _websocket_routes():
+    try:
+        from fleets.live.routing import websocket_urlpatterns
+    except ImportError:  # the live layer is optional until the dashboard is installed
+        return []
+    return websocket_urlpatterns
+
+
+application = ProtocolTypeRouter(
+    {
+        "http": django_asgi,
+        "websocket": AllowedHostsOriginValidator(
+            AuthMiddlewareStack(URLRouter(_websocket_routes()))
+        ),
+    }
+)

@@ -1,0 +1,89 @@
+"""Read and validate configuration from environment variables.
+
+Every reader names the variable in its error, so a malformed value stops start-up with a message
+an operator can act on. A blank value counts as unset, as in the original server.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+
+
+class ConfigError(Exception):
+    """A malformed environment variable."""
+
+
+def raw(name: str, env: Mapping[str, str] | None = None) -> str | None:
+    """Return the stripped value of `name`, or None when unset or blank."""
+    value = (env if env is not None else os.environ).get(name)
+    if value is None or not value.strip():
+        return None
+    return value.strip()
+
+
+def integer(
+    name: str,
+    default: int | None,
+    *,
+    minimum: int = 0,
+    maximum: int = 2**31 - 1,
+    env: Mapping[str, str] | None = None,
+) -> int | None:
+    """Return `name` as an integer in [minimum, maximum], or `default` when unset."""
+    value = raw(name, env)
+    if value is None:
+        return default
+    try:
+        number = int(value, 10)
+    except ValueError:
+        raise ConfigError(f"{name}: must be an integer, got {value!r}") from None
+    if not minimum <= number <= maximum:
+        raise ConfigError(f"{name}: must be between {minimum} and {maximum}, got {number}")
+    return number
+
+
+def boolean(name: str, default: bool, env: Mapping[str, str] | None = None) -> bool:
+    """Return `name` as a boolean (1/0, true/false, yes/no, on/off)."""
+    value = raw(name, env)
+    if value is None:
+        return default
+    lowered = value.lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off"}:
+        return False
+    raise ConfigError(f"{name}: must be a boolean (true/false), got {value!r}")
+
+
+def url(name: str, schemes: tuple[str, ...], env: Mapping[str, str] | None = None) -> str | None:
+    """Return `name` when it is a URL with one of `schemes` and a host (or a path for sqlite)."""
+    value = raw(name, env)
+    if value is None:
+        return None
+    parts = urlsplit(value)
+    if parts.scheme not in schemes:
+        raise ConfigError(
+            f"{name}: scheme must be one of {', '.join(schemes)}, got {parts.scheme or 'none'!r}"
+        )
+    if not parts.scheme.startswith("sqlite") and not parts.hostname:
+        raise ConfigError(f"{name}: must name a host")
+    return value
+
+
+def csv(name: str, env: Mapping[str, str] | None = None) -> list[str]:
+    """Return `name` as a list of non-empty comma-separated items."""
+    value = raw(name, env)
+    if value is None:
+        return []
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def redact_url(value: str) -> str:
+    """Return `value` with any password replaced, fit for a log line."""
+    parts = urlsplit(value)
+    if parts.password is None:
+        return value
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return parts._replace(netloc=netloc).geturl()

@@ -1,0 +1,206 @@
+"""Django settings, read from environment variables only (DESIGN.md section 6).
+
+Unset DATABASE_URL means the embedded default (a SQLite file under var/, WAL mode); unset
+REDIS_URL means the in-memory channel layer and no Celery broker. A malformed value stops
+start-up with ImproperlyConfigured naming the variable.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from haru import env
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env.raw("HARU_VAR_DIR") or BASE_DIR / "var")
+
+
+def _load() -> dict:
+    """Read every variable once, so all validation errors surface at start-up."""
+    try:
+        return {
+            "database_url": env.url("DATABASE_URL", ("postgres", "postgresql", "sqlite")),
+            "redis_url": env.url("REDIS_URL", ("redis", "rediss")),
+            "port": env.integer("PORT", 8700, minimum=1, maximum=65535),
+            "api_token": env.raw("HARU_API_TOKEN"),
+            "supervisor_token": env.raw("HARU_SUPERVISOR_TOKEN"),
+            "default_fleet": env.raw("HARU_DEFAULT_FLEET"),
+            "chat_header_timeout_ms": env.integer("HARU_CHAT_HEADER_TIMEOUT_MS", 30000, minimum=1),
+            "snapshot_cache_ttl_ms": env.integer("HARU_SNAPSHOT_CACHE_TTL_MS", 2000, minimum=0),
+            "chat_max_body_bytes": env.integer(
+                "HARU_CHAT_MAX_BODY_BYTES", 32 * 1024 * 1024, minimum=1, maximum=2**40
+            ),
+            "reconcile_interval_ms": env.integer("HARU_RECONCILE_INTERVAL_MS", None, minimum=100),
+            "reconcile_fleets": env.csv("HARU_RECONCILE_FLEETS"),
+            "fleet_layout": env.raw("HARU_FLEET_LAYOUT"),
+            "debug": env.boolean("HARU_DEBUG", False),
+            "allowed_hosts": env.csv("HARU_ALLOWED_HOSTS") or ["*"],
+            "secret_key": env.raw("HARU_SECRET_KEY"),
+        }
+    except env.ConfigError as exc:
+        raise ImproperlyConfigured(str(exc)) from None
+
+
+HARU = _load()
+
+
+def _secret_key() -> str:
+    """Return HARU_SECRET_KEY, or a per-install random key kept under var/ (mode 0600)."""
+    if HARU["secret_key"]:
+        return HARU["secret_key"]
+    path = VAR_DIR / "secret_key"
+    if path.exists():
+        return path.read_text().strip()
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_urlsafe(50)
+    path.touch(mode=0o600)
+    path.write_text(key)
+    return key
+
+
+SECRET_KEY = _secret_key()
+DEBUG = HARU["debug"]
+ALLOWED_HOSTS = HARU["allowed_hosts"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "channels",
+    "fleets",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "haru.urls"
+ASGI_APPLICATION = "haru.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+if HARU["database_url"]:
+    DATABASES = {
+        "default": dj_database_url.parse(
+            HARU["database_url"], conn_max_age=60, conn_health_checks=True
+        )
+    }
+else:
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": VAR_DIR / "haru.sqlite3",
+            "OPTIONS": {
+                # WAL lets the proxy read while the reconciler writes; IMMEDIATE takes the write
+                # lock at BEGIN so two writers queue instead of failing on lock upgrade.
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 20,
+            },
+        }
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "static"] if (BASE_DIR / "static").exists() else []
+STATIC_ROOT = VAR_DIR / "static"
+# Serve assets straight from the finders: no collectstatic step, no CDN (closed networks).
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+
+if HARU["redis_url"]:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [HARU["redis_url"]], "prefix": "haru"},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+CELERY_BROKER_URL = HARU["redis_url"]
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_ALWAYS_EAGER = False
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "fleets.api.auth.BearerTokenAuthentication",
+        "fleets.api.auth.StaffSessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["fleets.api.auth.HasApiToken"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "EXCEPTION_HANDLER": "fleets.api.errors.envelope_exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Haru control plane API",
+    "DESCRIPTION": "Fleet state, promote and demote, route intent, the OpenAI-compatible proxy.",
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+    # Swagger UI assets from the sidecar package: no CDN, the portal runs in closed networks.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+# Bodies of control requests are tiny; the chat proxy reads its own body with its own limit.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": "INFO"},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,73 @@
+"""Shared fixtures: the seeded example fleet, an API client, markers for real services."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE_LAYOUT = ROOT / "examples" / "fleet.two-domain.json"
+
+
+def pytest_collection_modifyitems(config, items):
+    on_postgres = (os.environ.get("DATABASE_URL") or "").startswith("postgres")
+    has_redis = bool(os.environ.get("REDIS_URL"))
+    skip_pg = pytest.mark.skip(reason="needs DATABASE_URL pointing at PostgreSQL")
+    skip_redis = pytest.mark.skip(reason="needs REDIS_URL")
+    for item in items:
+        if "postgres" in item.keywords and not on_postgres:
+            item.add_marker(skip_pg)
+        if "redis" in item.keywords and not has_redis:
+            item.add_marker(skip_redis)
+
+
+@pytest.fixture
+def layout_data():
+    """Return the two-domain example layout as a fresh dict."""
+    import json
+
+    return json.loads(EXAMPLE_LAYOUT.read_text())
+
+
+@pytest.fixture
+def seeded_fleet(db, layout_data):
+    """Apply the two-domain example layout and return the Fleet."""
+    from fleets.layouts.loader import parse_layout
+    from fleets.models import Fleet
+    from fleets.services.layouts import layout_apply
+
+    layout_apply(layout=parse_layout(layout_data))
+    return Fleet.objects.get(slug=layout_data["slug"])
+
+
+@pytest.fixture
+def api_client():
+    from rest_framework.test import APIClient
+
+    return APIClient()
+
+
+@pytest.fixture
+def api_token(settings):
+    """Configure HARU_API_TOKEN for the test and return it."""
+    token = "test-token-7f3a"
+    settings.HARU = {**settings.HARU, "api_token": token}
+    return token
+
+
+@pytest.fixture
+def fake_clock():
+    from fleets import clock
+
+    fake = clock.FakeClock()
+    previous = clock.set_clock(fake)
+    yield fake
+    clock.set_clock(previous)
+
+
+@pytest.fixture
+def vendor():
+    return connection.vendor

@@ -1,0 +1,210 @@
+"""Policy defaults, strict validation with JSON paths, resolution and step budgets."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from fleets.core.policy import DEFAULTS, Policy, PolicyError, validate_policy
+from fleets.core.states import DEMOTE_STEPS, PROMOTE_STEPS
+
+TIMEOUT_KEYS = [
+    "heartbeatStaleMs",
+    "degradedGraceMs",
+    "trainingStopGraceMs",
+    "stopTrainingTimeoutMs",
+    "verifyGpuTimeoutMs",
+    "wakeTimeoutMs",
+    "probeTimeoutMs",
+    "switchActiveTimeoutMs",
+    "sleepTimeoutMs",
+    "startTrainingTimeoutMs",
+]
+
+
+def _refused(raw, expected_path, rule_part, **kwargs):
+    with pytest.raises(PolicyError) as err:
+        validate_policy(raw, **kwargs)
+    assert err.value.path == expected_path
+    assert rule_part in err.value.rule
+    assert str(err.value) == f"{expected_path}: {err.value.rule}"
+    assert isinstance(err.value, ValueError)
+
+
+def test_defaults_match_the_design():
+    assert DEFAULTS == {
+        "autoFailover": False,
+        "heartbeatStaleMs": 30000,
+        "degradedGraceMs": 60000,
+        "trainingStopGraceMs": 30000,
+        "stopTrainingTimeoutMs": 90000,
+        "verifyGpuTimeoutMs": 30000,
+        "wakeTimeoutMs": 120000,
+        "probeTimeoutMs": 60000,
+        "switchActiveTimeoutMs": 10000,
+        "sleepTimeoutMs": 60000,
+        "startTrainingTimeoutMs": 30000,
+        "verifyGpuMaxUsedRatio": 0.25,
+        "probe": {"prompt": "ping", "maxTokens": 4},
+    }
+
+
+def test_empty_policy_stores_nothing_and_resolves_to_defaults():
+    assert validate_policy({}) == {}
+    assert Policy.resolve({}) == Policy() == Policy.resolve(None)
+    assert Policy().to_json() == DEFAULTS
+
+
+def test_validation_returns_only_the_keys_the_operator_set():
+    raw = {"autoFailover": True, "wakeTimeoutMs": 5000, "probe": {"maxTokens": 8}}
+    assert validate_policy(raw) == raw
+
+
+def test_partial_probe_keeps_the_other_probe_default():
+    policy = Policy.resolve({"probe": {"maxTokens": 16}})
+    assert (policy.probe_prompt, policy.probe_max_tokens) == ("ping", 16)
+    assert Policy.resolve({"probe": {"prompt": "hi"}}).probe_max_tokens == 4
+
+
+def test_resolve_maps_every_camel_case_key_to_its_field():
+    raw = {
+        "autoFailover": True,
+        **{key: 1000 + i for i, key in enumerate(TIMEOUT_KEYS)},
+        "verifyGpuMaxUsedRatio": 0.5,
+        "probe": {"prompt": "hello", "maxTokens": 32},
+    }
+    policy = Policy.resolve(raw)
+    assert policy.to_json() == raw
+    assert policy.heartbeat_stale_ms == 1000
+    assert policy.start_training_timeout_ms == 1009
+    assert policy.verify_gpu_max_used_ratio == 0.5
+
+
+def test_to_json_is_a_fresh_copy_and_never_aliases_defaults():
+    snapshot = copy.deepcopy(DEFAULTS)
+    Policy().to_json()["probe"]["prompt"] = "changed"
+    assert snapshot == DEFAULTS
+
+
+def test_policy_is_frozen():
+    with pytest.raises(AttributeError):
+        Policy().auto_failover = True  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("raw", [None, [], "x", 3, True])
+def test_policy_must_be_an_object(raw):
+    _refused(raw, "policy", "must be an object")
+
+
+def test_unknown_key_is_refused_with_its_path():
+    _refused({"autoFailver": True}, "policy.autoFailver", "unknown field")
+
+
+def test_error_path_uses_the_given_prefix():
+    _refused({"wakeTimeoutMs": 0}, "layout.policy.wakeTimeoutMs", "between", path="layout.policy")
+
+
+@pytest.mark.parametrize("value", [1, "true", 0, None])
+def test_auto_failover_must_be_a_boolean(value):
+    _refused({"autoFailover": value}, "policy.autoFailover", "true or false")
+
+
+@pytest.mark.parametrize("key", TIMEOUT_KEYS)
+@pytest.mark.parametrize(
+    ("value", "rule"),
+    [
+        (0, "between 1 and 2147483647"),
+        (-5, "between"),
+        (2**31, "between"),
+        (1.5, "integer"),
+        (1000.0, "integer"),
+        (True, "integer"),
+        ("1000", "integer"),
+        (None, "integer"),
+    ],
+)
+def test_timeouts_must_be_integers_in_range(key, value, rule):
+    _refused({key: value}, f"policy.{key}", rule)
+
+
+@pytest.mark.parametrize("key", TIMEOUT_KEYS)
+def test_timeout_bounds_are_inclusive(key):
+    assert validate_policy({key: 1}) == {key: 1}
+    assert validate_policy({key: 2**31 - 1}) == {key: 2**31 - 1}
+
+
+@pytest.mark.parametrize("value", [0, 0.0, -0.1, 1.01, float("nan"), float("inf"), True, "0.5"])
+def test_verify_gpu_ratio_must_be_in_zero_one(value):
+    _refused({"verifyGpuMaxUsedRatio": value}, "policy.verifyGpuMaxUsedRatio", "")
+
+
+def test_verify_gpu_ratio_accepts_one_and_normalizes_to_float():
+    assert validate_policy({"verifyGpuMaxUsedRatio": 1}) == {"verifyGpuMaxUsedRatio": 1.0}
+    assert isinstance(validate_policy({"verifyGpuMaxUsedRatio": 1})["verifyGpuMaxUsedRatio"], float)
+
+
+def test_probe_must_be_an_object_without_unknown_keys():
+    _refused({"probe": "ping"}, "policy.probe", "must be an object")
+    _refused({"probe": {"promt": "x"}}, "policy.probe.promt", "unknown field")
+
+
+@pytest.mark.parametrize("value", ["", "x" * 8193, 5, None])
+def test_probe_prompt_must_be_a_string_of_1_to_8192_code_points(value):
+    _refused({"probe": {"prompt": value}}, "policy.probe.prompt", "")
+
+
+def test_probe_prompt_counts_code_points_not_bytes():
+    prompt = "\U0001f600" * 8192  # 4 bytes each in UTF-8, one code point each
+    assert validate_policy({"probe": {"prompt": prompt}}) == {"probe": {"prompt": prompt}}
+
+
+@pytest.mark.parametrize(("value", "rule"), [("a\x00b", "NUL"), ("a\ud800", "surrogate")])
+def test_probe_prompt_refuses_what_the_database_cannot_store(value, rule):
+    _refused({"probe": {"prompt": value}}, "policy.probe.prompt", rule)
+
+
+@pytest.mark.parametrize("value", [0, 257, 4.0, True, "4", None])
+def test_probe_max_tokens_must_be_an_integer_1_to_256(value):
+    _refused({"probe": {"maxTokens": value}}, "policy.probe.maxTokens", "between 1 and 256")
+
+
+def test_probe_max_tokens_bounds_are_inclusive():
+    assert validate_policy({"probe": {"maxTokens": 1}})["probe"] == {"maxTokens": 1}
+    assert validate_policy({"probe": {"maxTokens": 256}})["probe"] == {"maxTokens": 256}
+
+
+def test_resolve_refuses_a_bad_stored_policy():
+    with pytest.raises(PolicyError, match="policy.heartbeatStaleMs"):
+        Policy.resolve({"heartbeatStaleMs": "soon"})
+
+
+def test_every_operation_step_has_its_budget():
+    policy = Policy.resolve(
+        {
+            "stopTrainingTimeoutMs": 1,
+            "verifyGpuTimeoutMs": 2,
+            "wakeTimeoutMs": 3,
+            "probeTimeoutMs": 4,
+            "switchActiveTimeoutMs": 5,
+            "sleepTimeoutMs": 6,
+            "startTrainingTimeoutMs": 7,
+        }
+    )
+    budgets = {step: policy.step_timeout_ms(step) for step in PROMOTE_STEPS + DEMOTE_STEPS}
+    assert budgets == {
+        "stop_training": 1,
+        "verify_gpu": 2,
+        "wake": 3,
+        "probe": 4,
+        "switch_route": 5,
+        "demote_old_sleep": 6,
+        "sleep": 6,
+        "demote_old_train": 7,
+        "start_training": 7,
+    }
+
+
+def test_unknown_step_has_no_budget():
+    with pytest.raises(ValueError, match="unknown step"):
+        Policy().step_timeout_ms("wake_vllm")
