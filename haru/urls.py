@@ -2,6 +2,8 @@ from django.contrib import admin
 from django.http import JsonResponse
 from django.urls import include, path
 
+from fleets.metrics import metrics_view
+
 
 def healthz(request):
     """Answer liveness without touching the database, so an outage never fails it."""
@@ -10,6 +12,7 @@ def healthz(request):
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
+    path("metrics", metrics_view, name="metrics"),
     path("v1/", include("fleets.api.urls")),
     path("admin/", admin.site.urls),
 ]
