@@ -1,0 +1,221 @@
+"""The supervisor's HTTP API: thin routes over `Host`, every error in one envelope."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from supervisor.auth import BearerAuth
+from supervisor.errors import ApiError, error_body
+from supervisor.gpu.facts import GpuQueryFailed, GpuUnavailable
+from supervisor.host import Host, InvalidTarget, ModelFailures, ShuttingDown
+from supervisor.strict_json import ObjectReader
+from supervisor.training import SpawnFailed, TrainingBusy
+
+log = logging.getLogger(__name__)
+
+# Control requests are a few fields; anything bigger is a mistake or an attack.
+MAX_BODY_BYTES = 64 * 1024
+MAX_MS = 2**31 - 1
+# The same limits the control plane's probe policy enforces.
+MAX_PROBE_PROMPT_CHARS = 8192
+MAX_PROBE_TOKENS = 256
+
+
+async def read_object(request: Request) -> ObjectReader:
+    """Parse an optional JSON object body; an empty body reads as `{}`."""
+    body = await request.body()
+    if len(body) > MAX_BODY_BYTES:
+        raise ApiError(413, "payload_too_large", f"request body exceeds {MAX_BODY_BYTES} bytes")
+    data: Any = {}
+    if body.strip():
+        try:
+            data = json.loads(body)
+        except ValueError as exc:
+            raise ApiError(400, "invalid_request", f"body is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ApiError(400, "invalid_request", "body must be a JSON object")
+    return ObjectReader(data, "", [])
+
+
+def finish_reading(reader: ObjectReader) -> None:
+    """Refuse unknown fields and any type or range error, all in one message."""
+    reader.finish()
+    if reader.errors:
+        raise ApiError(400, "invalid_request", "; ".join(reader.errors))
+
+
+def host_of(request: Request) -> Host:
+    return request.app.state.host
+
+
+async def healthz(request: Request) -> JSONResponse:
+    return JSONResponse({"ok": True})
+
+
+async def status(request: Request) -> JSONResponse:
+    return JSONResponse(await host_of(request).status())
+
+
+async def ready(request: Request) -> JSONResponse:
+    is_ready, reasons = await host_of(request).readiness()
+    if is_ready:
+        return JSONResponse({"ready": True})
+    body = error_body("not_ready", "; ".join(reasons))
+    return JSONResponse({"ready": False, "reasons": reasons, **body}, status_code=503)
+
+
+async def _gpu_target(request: Request) -> int | None:
+    reader = await read_object(request)
+    gpu_index = reader.int("gpuIndex", minimum=0, allow_null=True)
+    finish_reading(reader)
+    return gpu_index
+
+
+async def vllm_sleep(request: Request) -> JSONResponse:
+    gpu_index = await _gpu_target(request)
+    return JSONResponse(await host_of(request).sleep(gpu_index))
+
+
+async def vllm_wake(request: Request) -> JSONResponse:
+    gpu_index = await _gpu_target(request)
+    return JSONResponse(await host_of(request).wake(gpu_index))
+
+
+async def training_start(request: Request) -> JSONResponse:
+    finish_reading(await read_object(request))
+    slots = await host_of(request).training_start()
+    return JSONResponse({"slots": slots}, status_code=202)
+
+
+async def training_stop(request: Request) -> JSONResponse:
+    reader = await read_object(request)
+    grace_ms = reader.int("graceMs", minimum=0, maximum=MAX_MS, allow_null=True)
+    finish_reading(reader)
+    return JSONResponse({"slots": host_of(request).training_stop(grace_ms)}, status_code=202)
+
+
+async def training_status(request: Request) -> JSONResponse:
+    return JSONResponse({"slots": host_of(request).training_status()})
+
+
+async def gpu_memory(request: Request) -> JSONResponse:
+    return JSONResponse(await host_of(request).gpu_memory())
+
+
+async def probe(request: Request) -> JSONResponse:
+    reader = await read_object(request)
+    prompt = reader.str("prompt", default="ping")
+    max_tokens = reader.int("maxTokens", default=4, minimum=1, maximum=MAX_PROBE_TOKENS)
+    timeout_ms = reader.int("timeoutMs", default=60_000, minimum=1, maximum=MAX_MS)
+    models = reader.str_list("models")
+    finish_reading(reader)
+    if prompt is not None and len(prompt) > MAX_PROBE_PROMPT_CHARS:
+        raise ApiError(
+            400, "invalid_request", f"prompt exceeds {MAX_PROBE_PROMPT_CHARS} characters"
+        )
+    result = await host_of(request).probe(
+        prompt=prompt or "ping",
+        max_tokens=max_tokens or 4,
+        timeout_ms=timeout_ms or 60_000,
+        models=models,
+    )
+    return JSONResponse(result)
+
+
+async def _api_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    codes = {404: "not_found", 405: "method_not_allowed"}
+    code = codes.get(exc.status_code, "http_error")
+    message = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed here"}
+    return JSONResponse(
+        error_body(code, message.get(exc.status_code, str(exc.detail))),
+        status_code=exc.status_code,
+        headers=exc.headers,
+    )
+
+
+async def _domain_error(request: Request, exc: Exception) -> JSONResponse:
+    """Map the host's exceptions to statuses and codes."""
+    if isinstance(exc, InvalidTarget):
+        err = ApiError(404, "invalid_target", str(exc))
+    elif isinstance(exc, ModelFailures):
+        err = ApiError(502, f"{exc.action}_failed", str(exc), details={"failures": exc.failures})
+    elif isinstance(exc, ShuttingDown):
+        err = ApiError(503, "shutting_down", str(exc))
+    elif isinstance(exc, TrainingBusy):
+        err = ApiError(409, "training_stopping", str(exc))
+    elif isinstance(exc, SpawnFailed):
+        err = ApiError(500, "spawn_failed", str(exc))
+    elif isinstance(exc, GpuUnavailable):
+        err = ApiError(501, "gpu_unavailable", str(exc))
+    elif isinstance(exc, GpuQueryFailed):
+        err = ApiError(502, "gpu_query_failed", str(exc))
+    else:
+        log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        err = ApiError(500, "internal_error", "internal error; see the supervisor log")
+    return JSONResponse(err.body(), status_code=err.status)
+
+
+ROUTES = [
+    Route("/healthz", healthz, methods=["GET"]),
+    Route("/v1/status", status, methods=["GET"]),
+    Route("/v1/ready", ready, methods=["GET"]),
+    Route("/v1/vllm/sleep", vllm_sleep, methods=["POST"]),
+    Route("/v1/vllm/wake", vllm_wake, methods=["POST"]),
+    Route("/v1/training/start", training_start, methods=["POST"]),
+    Route("/v1/training/stop", training_stop, methods=["POST"]),
+    Route("/v1/training/status", training_status, methods=["GET"]),
+    Route("/v1/gpu/memory", gpu_memory, methods=["GET"]),
+    Route("/v1/probe", probe, methods=["POST"]),
+]
+
+
+def create_app(host: Host, *, token: str | None, manage_host: bool = True) -> Starlette:
+    """Build the ASGI app; with `manage_host` its lifespan starts and stops the host."""
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if manage_host:
+            await host.start()
+        try:
+            yield
+        finally:
+            if manage_host:
+                await host.shutdown()
+
+    handlers: dict[Any, Any] = {
+        ApiError: _api_error,
+        HTTPException: _http_error,
+        InvalidTarget: _domain_error,
+        ModelFailures: _domain_error,
+        ShuttingDown: _domain_error,
+        TrainingBusy: _domain_error,
+        SpawnFailed: _domain_error,
+        GpuUnavailable: _domain_error,
+        GpuQueryFailed: _domain_error,
+        Exception: _domain_error,
+    }
+    app = Starlette(
+        routes=ROUTES,
+        middleware=[Middleware(BearerAuth, token=token)],
+        exception_handlers=handlers,
+        lifespan=lifespan,
+    )
+    app.state.host = host
+    return app

@@ -1,0 +1,186 @@
+"""How the supervisor puts each kind of model server to sleep and wakes it: the capabilities.
+
+All calls go to 127.0.0.1:<port>; these endpoints are unauthenticated and must never be
+reachable from outside the host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httpx
+
+from supervisor.engines.launch import LOOPBACK
+
+# vLLM's sleep and wake move weights between GPU and CPU memory; large models take seconds.
+SLEEP_WAKE_TIMEOUT_S = 120.0
+# A status read is a cheap flag lookup; anything slower means the server is in trouble.
+STATUS_TIMEOUT_S = 5.0
+
+
+class ControlError(Exception):
+    """A sleep, wake or status call failed; the message says how, for the 502 body."""
+
+
+@dataclass(frozen=True)
+class SleepCapability:
+    """What an engine can do about standby, declared so status can report it."""
+
+    # "vllm": HTTP sleep/wake with a status endpoint; "sglang": release/resume memory, no
+    # status endpoint; "stop": no sleep at all, so standby stops the process.
+    mode: str
+    levels: tuple[int, ...]
+    sleep: str
+    wake: str
+    status: str | None
+    # "warm": weights come back from CPU memory; "cold-start": the server loads from scratch.
+    wake_kind: str
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "levels": list(self.levels),
+            "sleep": self.sleep,
+            "wake": self.wake,
+            "status": self.status,
+            "wakeKind": self.wake_kind,
+        }
+
+
+class ServerControl(Protocol):
+    """Sleep, wake and read the sleep flag of a server on 127.0.0.1:port."""
+
+    capability: SleepCapability
+
+    async def sleep(self, http: httpx.AsyncClient, port: int) -> None: ...
+
+    async def wake(self, http: httpx.AsyncClient, port: int) -> None: ...
+
+    async def is_sleeping(self, http: httpx.AsyncClient, port: int) -> bool | None: ...
+
+
+def base_url(port: int) -> str:
+    return f"http://{LOOPBACK}:{port}"
+
+
+async def _post(http: httpx.AsyncClient, url: str, *, what: str, **kwargs: Any) -> None:
+    try:
+        response = await asyncio.wait_for(
+            http.post(url, timeout=SLEEP_WAKE_TIMEOUT_S, **kwargs), SLEEP_WAKE_TIMEOUT_S
+        )
+    except (TimeoutError, httpx.TimeoutException) as exc:
+        raise ControlError(f"{what} timed out after {SLEEP_WAKE_TIMEOUT_S:.0f}s") from exc
+    except httpx.HTTPError as exc:
+        raise ControlError(f"{what} failed: {describe_http_error(exc)}") from exc
+    if response.status_code >= 300:
+        raise ControlError(f"{what} returned HTTP {response.status_code}: {snippet(response)}")
+
+
+class VllmControl:
+    """vLLM's dev-mode endpoints: POST /sleep?level=1, POST /wake_up, GET /is_sleeping."""
+
+    capability = SleepCapability(
+        mode="vllm",
+        levels=(1,),
+        sleep="POST /sleep?level=1",
+        wake="POST /wake_up",
+        status="GET /is_sleeping",
+        wake_kind="warm",
+    )
+
+    async def sleep(self, http: httpx.AsyncClient, port: int) -> None:
+        # Level 1 only: level 2 drops the weights, and waking then needs a reload that some
+        # releases skip silently, serving garbage.
+        await _post(http, f"{base_url(port)}/sleep", what="sleep", params={"level": "1"})
+
+    async def wake(self, http: httpx.AsyncClient, port: int) -> None:
+        await _post(http, f"{base_url(port)}/wake_up", what="wake")
+
+    async def is_sleeping(self, http: httpx.AsyncClient, port: int) -> bool | None:
+        try:
+            response = await asyncio.wait_for(
+                http.get(f"{base_url(port)}/is_sleeping", timeout=STATUS_TIMEOUT_S),
+                STATUS_TIMEOUT_S,
+            )
+        except TimeoutError as exc:
+            raise ControlError(f"is_sleeping timed out after {STATUS_TIMEOUT_S:.0f}s") from exc
+        except httpx.HTTPError as exc:
+            raise ControlError(f"is_sleeping failed: {describe_http_error(exc)}") from exc
+        if response.status_code != 200:
+            raise ControlError(f"is_sleeping returned HTTP {response.status_code}")
+        try:
+            value = response.json().get("is_sleeping")
+        except (ValueError, AttributeError):
+            return None
+        # Anything but a real boolean is unknown: "false" or 0 must not read as awake.
+        return value if isinstance(value, bool) else None
+
+
+class SglangControl:
+    """SGLang's memory occupation endpoints; there is no endpoint that reports the state."""
+
+    capability = SleepCapability(
+        mode="sglang",
+        levels=(1,),
+        sleep="POST /release_memory_occupation",
+        wake="POST /resume_memory_occupation",
+        status=None,
+        wake_kind="warm",
+    )
+
+    async def sleep(self, http: httpx.AsyncClient, port: int) -> None:
+        await _post(http, f"{base_url(port)}/release_memory_occupation", what="sleep", json={})
+
+    async def wake(self, http: httpx.AsyncClient, port: int) -> None:
+        await _post(http, f"{base_url(port)}/resume_memory_occupation", what="wake", json={})
+
+    async def is_sleeping(self, http: httpx.AsyncClient, port: int) -> bool | None:
+        return None
+
+
+class StopControl:
+    """Engines without sleep: standby stops the process and wake is a cold start.
+
+    The model server layer does the stopping and starting; these methods only exist so the
+    protocol is uniform, and refuse to act on a server the supervisor does not manage.
+    """
+
+    capability = SleepCapability(
+        mode="stop",
+        levels=(),
+        sleep="stop the server process",
+        wake="start the server process (cold start)",
+        status=None,
+        wake_kind="cold-start",
+    )
+
+    async def sleep(self, http: httpx.AsyncClient, port: int) -> None:
+        raise ControlError("this engine cannot sleep; only a managed server can be stopped")
+
+    async def wake(self, http: httpx.AsyncClient, port: int) -> None:
+        raise ControlError("this engine cannot wake; only a managed server can be started")
+
+    async def is_sleeping(self, http: httpx.AsyncClient, port: int) -> bool | None:
+        return None
+
+
+def describe_http_error(exc: httpx.HTTPError) -> str:
+    """Name a transport failure briefly (connection refused, timeout...)."""
+    if isinstance(exc, httpx.ConnectError):
+        return "connection refused (is the server running?)"
+    if isinstance(exc, httpx.TimeoutException):
+        return "timed out"
+    text = str(exc) or type(exc).__name__
+    return text[:200]
+
+
+def snippet(response: httpx.Response, limit: int = 200) -> str:
+    """Quote the start of an error body; enough to diagnose, too short to flood a log."""
+    try:
+        text = response.text
+    except Exception:  # a body that is not text is still worth a status line
+        return "(unreadable body)"
+    text = " ".join(text.split())
+    return text[:limit] if text else "(empty body)"

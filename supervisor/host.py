@@ -1,0 +1,360 @@
+"""The host: every slot, model server and trainer of this GPU machine, and what can be done.
+
+This is the service layer behind the HTTP API. Routes parse, call one method here and render;
+failures are raised as the domain exceptions below and mapped to HTTP in `api.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from supervisor.clock import Clock, SystemClock
+from supervisor.config import InferenceSlotConfig, SupervisorConfig, servers_per_gpu
+from supervisor.engines.control import ControlError
+from supervisor.engines.launch import LaunchContext
+from supervisor.engines.registry import EngineRegistry, default_registry
+from supervisor.gpu.facts import GpuBackend
+from supervisor.gpu.sim_state import ENV_VAR as SIM_STATE_ENV
+from supervisor.managed import ManagedProcess, tcp_port_in_use
+from supervisor.model_servers import ModelServer, SleepReading
+from supervisor.probe import probe_model
+from supervisor.processes import AsyncioSpawner, Spawner
+from supervisor.training import TrainingSlot
+
+log = logging.getLogger(__name__)
+
+# On its own SIGTERM the supervisor gives trainers at most this long, whatever their config says:
+# the host is going away, and the 40 s hard exit must still leave time to kill them.
+SHUTDOWN_TRAINING_GRACE_MS = 30_000
+SHUTDOWN_SERVER_GRACE_S = 10.0
+
+
+class InvalidTarget(Exception):
+    """The request names a GPU this host has no such slot on."""
+
+
+class ShuttingDown(Exception):
+    """The supervisor is exiting and refuses to start anything."""
+
+
+class ModelFailures(Exception):
+    """Some model servers failed a sleep or wake; one entry per failed model."""
+
+    def __init__(self, action: str, failures: list[dict[str, Any]]) -> None:
+        self.action = action
+        self.failures = failures
+        names = ", ".join(f"{f['model']} ({f['error']})" for f in failures)
+        super().__init__(f"{action} failed for {len(failures)} model(s): {names}")
+
+
+@dataclass
+class HostDeps:
+    """The host's I/O, injectable so tests can script every boundary."""
+
+    gpu: GpuBackend
+    spawner: Spawner = field(default_factory=AsyncioSpawner)
+    clock: Clock = field(default_factory=SystemClock)
+    registry: EngineRegistry = field(default_factory=default_registry)
+    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    http_factory: Callable[[], httpx.AsyncClient] | None = None
+    port_in_use: Callable[[int], Awaitable[bool]] = tcp_port_in_use
+
+
+def default_http_client() -> httpx.AsyncClient:
+    # trust_env=False: an HTTP(S)_PROXY in the environment must never capture loopback calls.
+    return httpx.AsyncClient(trust_env=False, timeout=10.0)
+
+
+class Host:
+    """Own this machine's model servers and trainers."""
+
+    def __init__(self, config: SupervisorConfig, deps: HostDeps) -> None:
+        self.config = config
+        self.deps = deps
+        self.clock = deps.clock
+        self.gpu = deps.gpu
+        self.shutting_down = False
+        self._http: httpx.AsyncClient | None = None
+        self._shutdown_task: asyncio.Task[None] | None = None
+        self.host_env = self._host_env()
+        self.models = self._build_models()
+        self.training = [
+            TrainingSlot(
+                slot,
+                spawner=deps.spawner,
+                clock=deps.clock,
+                environ=deps.environ,
+                host_env=self.host_env,
+            )
+            for slot in config.training_slots
+        ]
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        if self._http is None:
+            self._http = (self.deps.http_factory or default_http_client)()
+        return self._http
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start every managed model server."""
+        for model in self.models:
+            if model.managed is not None:
+                model.managed.start()
+
+    def begin_shutdown(self) -> None:
+        """Refuse new work and start stopping trainers and managed servers (idempotent)."""
+        if self._shutdown_task is not None:
+            return
+        self.shutting_down = True
+        log.warning("supervisor shutting down: stopping trainers and managed servers")
+        self._shutdown_task = asyncio.get_running_loop().create_task(self._stop_children())
+
+    async def shutdown(self) -> None:
+        """Stop everything this host started and release its clients."""
+        self.begin_shutdown()
+        assert self._shutdown_task is not None
+        await self._shutdown_task
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+        close = getattr(self.gpu, "close", None)
+        if close is not None:
+            close()
+
+    def kill_now(self) -> None:
+        """SIGKILL every child group at once; the hard-exit path when a graceful stop overran."""
+        for slot in self.training:
+            slot.kill_now()
+        for model in self.models:
+            if model.managed is not None:
+                model.managed.kill_now()
+
+    async def _stop_children(self) -> None:
+        for slot in self.training:
+            slot.stop(min(slot.config.grace_ms, SHUTDOWN_TRAINING_GRACE_MS))
+        waits: list[Awaitable[Any]] = [
+            slot.wait_idle(SHUTDOWN_TRAINING_GRACE_MS / 1000 + 5) for slot in self.training
+        ]
+        waits += [
+            m.managed.stop(SHUTDOWN_SERVER_GRACE_S) for m in self.models if m.managed is not None
+        ]
+        waits += [m.close() for m in self.models]
+        results = await asyncio.gather(*waits, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                log.error("error while stopping a child: %r", result)
+        log.info("all trainers and managed servers stopped")
+
+    # -- status ------------------------------------------------------------------------------
+
+    async def status(self) -> dict[str, Any]:
+        """Describe every slot; `ready` when every served model's sleep state is known."""
+        readings = await self._read_all()
+        slots: list[dict[str, Any]] = []
+        for slot in self.config.slots:
+            if isinstance(slot, InferenceSlotConfig):
+                models = [
+                    m.describe(readings[m.name])
+                    for m in self.models
+                    if m.gpu_index == slot.gpu_index
+                ]
+                slots.append(
+                    {
+                        "gpuIndex": slot.gpu_index,
+                        "kind": "inference",
+                        "models": models,
+                        "training": None,
+                    }
+                )
+            else:
+                trainer = self._training_slot(slot.gpu_index)
+                slots.append(
+                    {
+                        "gpuIndex": slot.gpu_index,
+                        "kind": "training",
+                        "models": [],
+                        "training": trainer.describe(),
+                    }
+                )
+        reasons = self._not_ready_reasons(readings)
+        return {
+            "slots": slots,
+            "ready": not reasons,
+            "notReady": reasons,
+            "host": self.config.host,
+            "shuttingDown": self.shutting_down,
+            "gpuBackend": self.gpu.name,
+        }
+
+    async def readiness(self) -> tuple[bool, list[str]]:
+        readings = await self._read_all()
+        reasons = self._not_ready_reasons(readings)
+        return not reasons, reasons
+
+    def _not_ready_reasons(self, readings: Mapping[str, SleepReading]) -> list[str]:
+        reasons = ["shutting down"] if self.shutting_down else []
+        for model in self.models:
+            reading = readings[model.name]
+            if model.serves_http and reading.sleeping is None:
+                reasons.append(f"{model.name}: {reading.error or 'sleep state unknown'}")
+        return reasons
+
+    async def _read_all(self) -> dict[str, SleepReading]:
+        http = self.http
+        readings = await asyncio.gather(*(m.read_sleeping(http) for m in self.models))
+        return {m.name: r for m, r in zip(self.models, readings, strict=True)}
+
+    # -- sleep and wake ----------------------------------------------------------------------
+
+    async def sleep(self, gpu_index: int | None) -> dict[str, Any]:
+        return await self._fan_out("sleep", gpu_index)
+
+    async def wake(self, gpu_index: int | None) -> dict[str, Any]:
+        return await self._fan_out("wake", gpu_index)
+
+    async def _fan_out(self, action: str, gpu_index: int | None) -> dict[str, Any]:
+        targets = self._targets(gpu_index)
+        http = self.http
+
+        async def one(model: ModelServer) -> dict[str, Any] | None:
+            try:
+                await (model.sleep(http) if action == "sleep" else model.wake(http))
+            except ControlError as exc:
+                return {"model": model.name, "gpuIndex": model.gpu_index, "error": str(exc)}
+            return None
+
+        # Concurrently: a failover waits for the slowest wake, not the sum of all of them.
+        results = await asyncio.gather(*(one(m) for m in targets))
+        failures = [r for r in results if r is not None]
+        if failures:
+            log.error("%s failed: %s", action, failures)
+            raise ModelFailures(action, failures)
+        asleep = action == "sleep"
+        log.info("%s done for %s", action, ", ".join(m.name for m in targets))
+        return {
+            "ok": True,
+            "action": action,
+            "models": [
+                {"name": m.name, "gpuIndex": m.gpu_index, "sleeping": asleep} for m in targets
+            ],
+        }
+
+    def _targets(self, gpu_index: int | None) -> list[ModelServer]:
+        served = [m for m in self.models if m.serves_http]
+        if gpu_index is None:
+            return served
+        if not any(s.gpu_index == gpu_index for s in self.config.inference_slots):
+            raise InvalidTarget(f"no inference slot on GPU {gpu_index}")
+        return [m for m in served if m.gpu_index == gpu_index]
+
+    # -- training ----------------------------------------------------------------------------
+
+    async def training_start(self) -> list[dict[str, Any]]:
+        """Start every training slot's trainer; running ones are left alone."""
+        if self.shutting_down:
+            raise ShuttingDown("the supervisor is shutting down")
+        results = await asyncio.gather(
+            *(slot.start() for slot in self.training), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return self.training_status()
+
+    def training_stop(self, grace_ms: int | None) -> list[dict[str, Any]]:
+        for slot in self.training:
+            slot.stop(grace_ms)
+        return self.training_status()
+
+    def training_status(self) -> list[dict[str, Any]]:
+        return [{"gpuIndex": s.gpu_index, **s.describe()} for s in self.training]
+
+    def _training_slot(self, gpu_index: int) -> TrainingSlot:
+        return next(s for s in self.training if s.gpu_index == gpu_index)
+
+    # -- GPU and probes ----------------------------------------------------------------------
+
+    async def gpu_memory(self) -> dict[str, Any]:
+        gpus = await self.gpu.read()
+        return {"gpus": [g.to_json() for g in gpus], "backend": self.gpu.name}
+
+    async def probe(
+        self, *, prompt: str, max_tokens: int, timeout_ms: int, models: Sequence[str] | None
+    ) -> dict[str, Any]:
+        """Probe every served model (or the named ones) concurrently.
+
+        A named model this host does not serve fails its own result instead of the whole call:
+        the caller judges each of its models, and one wrong name must not hide the others.
+        """
+        targets = [m for m in self.models if m.serves_http]
+        missing: list[dict[str, Any]] = []
+        if models is not None:
+            known = {m.name for m in targets}
+            missing = [
+                {"model": n, "ok": False, "latencyMs": 0, "error": "not served on this host"}
+                for n in dict.fromkeys(models)
+                if n not in known
+            ]
+            targets = [m for m in targets if m.name in models]
+        http = self.http
+        results = await asyncio.gather(
+            *(
+                probe_model(
+                    http,
+                    name=m.name,
+                    port=m.port,
+                    prompt=prompt,
+                    max_tokens=max_tokens,
+                    timeout_s=timeout_ms / 1000,
+                    clock=self.clock,
+                )
+                for m in targets
+            )
+        )
+        every = [*results, *missing]
+        return {"ok": bool(every) and all(r["ok"] for r in every), "results": every}
+
+    # -- construction ------------------------------------------------------------------------
+
+    def _host_env(self) -> dict[str, str]:
+        # What every child (server or trainer) gets from the host beyond its own contract.
+        if self.config.gpu.backend == "sim" and self.config.gpu.sim_state_file is not None:
+            return {SIM_STATE_ENV: str(self.config.gpu.sim_state_file)}
+        return {}
+
+    def _build_models(self) -> list[ModelServer]:
+        sharing = servers_per_gpu(self.config)
+        out: list[ModelServer] = []
+        for model in self.config.models:
+            adapter = self.deps.registry.get(model.engine)
+            if model.profile is None:
+                out.append(ModelServer(model, adapter, clock=self.clock))
+                continue
+            ctx = LaunchContext(
+                port=model.port,
+                environ=self.deps.environ,
+                servers_sharing_gpu=max(sharing.get(i, 1) for i in model.profile.gpu_indices),
+                host_env=self.host_env,
+            )
+            launch = adapter.build(model.profile, ctx)
+            server = ModelServer(model, adapter, clock=self.clock, launch=launch)
+            server.managed = ManagedProcess(
+                model.name,
+                launch,
+                model.port,
+                spawner=self.deps.spawner,
+                clock=self.clock,
+                port_in_use=self.deps.port_in_use,
+                on_running=lambda s=server: s.on_process_started(lambda: self.http),
+            )
+            out.append(server)
+        return out

@@ -1,0 +1,222 @@
+"""One model server as the supervisor sees it: its sleep state, sleep/wake, and its process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from supervisor.clock import Clock
+from supervisor.config import ModelConfig
+from supervisor.engines.adapter import EngineAdapter
+from supervisor.engines.control import ControlError, base_url, describe_http_error
+from supervisor.engines.launch import LaunchCommand
+from supervisor.managed import ManagedProcess
+
+log = logging.getLogger(__name__)
+
+HEALTH_TIMEOUT_S = 5.0
+# A cold start (llama.cpp wake) loads weights from disk; large GGUF files take minutes.
+COLD_START_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class SleepReading:
+    """What a status read found: the flag (None = unknown) and, when unknown, why."""
+
+    sleeping: bool | None
+    error: str | None = None
+
+
+class ModelServer:
+    """Control one model server on 127.0.0.1:port, managed or not."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        adapter: EngineAdapter,
+        *,
+        clock: Clock,
+        launch: LaunchCommand | None = None,
+        managed: ManagedProcess | None = None,
+    ) -> None:
+        self.config = config
+        self.adapter = adapter
+        self.control = adapter.control
+        self.launch = launch
+        self.managed = managed
+        self._clock = clock
+        # One sleep or wake at a time per server: a second identical call waits and then finds
+        # the work done, which is what makes the fan-out idempotent under concurrency.
+        self.lock = asyncio.Lock()
+        # What the supervisor last asked for; a restarted server is put back in that state.
+        self.want_asleep: bool | None = None
+        # For engines without a status endpoint: the state after the last successful call,
+        # valid only for the process it was made on.
+        self._remembered: tuple[bool, int | None] | None = None
+        # Background re-sleeps; referenced so they are not garbage-collected mid-flight.
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def port(self) -> int:
+        return self.config.port
+
+    @property
+    def gpu_index(self) -> int:
+        return self.config.gpu_index
+
+    @property
+    def serves_http(self) -> bool:
+        return self.launch.serves_http if self.launch else True
+
+    @property
+    def mode(self) -> str:
+        return self.control.capability.mode
+
+    async def read_sleeping(self, http: httpx.AsyncClient) -> SleepReading:
+        """Read the sleep flag; unknown (None) whenever the answer is not certain."""
+        if not self.serves_http:
+            return SleepReading(None, "worker rank: this node serves no HTTP")
+        if self.mode == "stop":
+            return await self._read_stopped_state(http)
+        if self.managed is not None and not self.managed.running:
+            return SleepReading(None, f"server is {self.managed.state}")
+        if self.control.capability.status is None:
+            return await self._read_remembered(http)
+        try:
+            return SleepReading(await self.control.is_sleeping(http, self.port))
+        except ControlError as exc:
+            return SleepReading(None, str(exc))
+
+    async def sleep(self, http: httpx.AsyncClient) -> None:
+        """Put the server on standby; raise ControlError with the reason on failure."""
+        async with self.lock:
+            self.want_asleep = True
+            if self.mode == "stop":
+                if self.managed is None:
+                    raise ControlError("this engine cannot sleep and the server is not managed")
+                await self.managed.stop()
+                return
+            self._require_running()
+            await self.control.sleep(http, self.port)
+            self._remember(True)
+
+    async def wake(self, http: httpx.AsyncClient) -> None:
+        """Bring the server back to serving; raise ControlError with the reason on failure."""
+        async with self.lock:
+            self.want_asleep = False
+            if self.mode == "stop":
+                if self.managed is None:
+                    raise ControlError("this engine cannot wake and the server is not managed")
+                self.managed.start()
+                await self._wait_healthy(http, COLD_START_TIMEOUT_S)
+                return
+            self._require_running()
+            await self.control.wake(http, self.port)
+            self._remember(False)
+
+    def on_process_started(self, http_getter: Any) -> None:
+        """Put a restarted server back to sleep if that is what was last asked for."""
+        if self.want_asleep and self.mode != "stop":
+            task = asyncio.get_running_loop().create_task(self._resleep(http_getter()))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        """Cancel background work (shutdown)."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def describe(self, reading: SleepReading) -> dict[str, Any]:
+        """Render the status entry; `sleeping` first, as the original wire format has it."""
+        managed = self.managed.describe() if self.managed else None
+        running = self.managed.running if self.managed else None
+        return {
+            "name": self.name,
+            "port": self.port,
+            "sleeping": reading.sleeping,
+            "engine": self.config.engine,
+            # Reported only for a process the supervisor started from that profile; anything
+            # else is unknown, which the control plane must never read as a match.
+            "fingerprint": self.launch.fingerprint if self.launch and running else None,
+            "managed": self.managed is not None,
+            "role": "leader" if self.serves_http else "worker",
+            "standby": self.control.capability.describe(),
+            "process": managed,
+            "error": reading.error,
+        }
+
+    def _require_running(self) -> None:
+        if self.managed is not None and not self.managed.running:
+            raise ControlError(f"server is not running (state {self.managed.state})")
+
+    def _remember(self, asleep: bool) -> None:
+        self._remembered = (asleep, self.managed.pid if self.managed else None)
+
+    async def _read_remembered(self, http: httpx.AsyncClient) -> SleepReading:
+        healthy, error = await self._healthy(http)
+        if not healthy:
+            return SleepReading(None, error)
+        pid = self.managed.pid if self.managed else None
+        if self._remembered is not None and self._remembered[1] == pid:
+            return SleepReading(self._remembered[0])
+        if self.managed is not None:
+            # A process the supervisor just started has had no release call: it is awake.
+            return SleepReading(False)
+        return SleepReading(None, "engine has no status endpoint and no call was made yet")
+
+    async def _read_stopped_state(self, http: httpx.AsyncClient) -> SleepReading:
+        assert self.managed is not None  # config refuses unmanaged stop-mode engines
+        if not self.managed.running:
+            if self.want_asleep:
+                return SleepReading(True)
+            return SleepReading(None, f"server is {self.managed.state}")
+        healthy, error = await self._healthy(http)
+        return SleepReading(False) if healthy else SleepReading(None, error)
+
+    async def _healthy(self, http: httpx.AsyncClient) -> tuple[bool, str | None]:
+        try:
+            response = await http.get(
+                base_url(self.port) + self.adapter.health_path, timeout=HEALTH_TIMEOUT_S
+            )
+        except httpx.HTTPError as exc:
+            return False, describe_http_error(exc)
+        if response.status_code != 200:
+            return False, f"health returned HTTP {response.status_code}"
+        return True, None
+
+    async def _wait_healthy(self, http: httpx.AsyncClient, timeout_s: float) -> None:
+        deadline = self._clock.monotonic() + timeout_s
+        last = "not started"
+        while self._clock.monotonic() < deadline:
+            if self.managed is not None and self.managed.state in ("backoff", "conflict"):
+                raise ControlError(
+                    f"cold start failed: {self.managed.last_error or self.managed.state}"
+                )
+            if self.managed is not None and self.managed.state == "stopped":
+                raise ControlError("server was stopped while starting")
+            healthy, error = await self._healthy(http)
+            if healthy:
+                return
+            last = error or last
+            await self._clock.sleep(0.25)
+        raise ControlError(f"cold start did not become healthy within {timeout_s:.0f}s: {last}")
+
+    async def _resleep(self, http: httpx.AsyncClient) -> None:
+        try:
+            await self._wait_healthy(http, COLD_START_TIMEOUT_S)
+            async with self.lock:
+                if self.want_asleep:
+                    await self.control.sleep(http, self.port)
+                    self._remember(True)
+                    log.info("%s: restarted server put back to sleep", self.name)
+        except ControlError as exc:
+            log.error("%s: could not put the restarted server back to sleep: %s", self.name, exc)

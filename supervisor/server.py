@@ -1,0 +1,206 @@
+"""Run the supervisor: read the environment and config, bind, serve, shut down in bounds."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import uvicorn
+
+from supervisor.api import create_app
+from supervisor.config import SupervisorConfig, load_config, validate_against_hardware
+from supervisor.engines.profile import GpuSpec
+from supervisor.engines.registry import EngineRegistry, default_registry
+from supervisor.gpu.facts import GpuBackend, GpuQueryFailed, GpuUnavailable
+from supervisor.gpu.nvml import NvmlBackend
+from supervisor.gpu.sim_backend import SimGpuBackend
+from supervisor.gpu.sim_state import SimGpuState
+from supervisor.host import Host, HostDeps
+from supervisor.settings import Settings, SettingsError, is_loopback, settings_from_env
+from supervisor.strict_json import ConfigError
+
+log = logging.getLogger("supervisor")
+
+# A signalled supervisor gives trainers up to 30 s; past this it kills everything and exits,
+# so a wedged child can never keep a host from restarting.
+HARD_EXIT_S = 40.0
+# Open HTTP connections get this long to finish once shutdown starts.
+GRACEFUL_HTTP_S = 5
+
+
+def build_gpu_backend(config: SupervisorConfig) -> GpuBackend:
+    """Pick NVML or the simulated backend, as the config says."""
+    if config.gpu.backend == "sim":
+        assert config.gpu.sim_state_file is not None
+        return SimGpuBackend(
+            SimGpuState(config.gpu.sim_state_file), config.gpu.sim_gpus, host=config.host
+        )
+    return NvmlBackend()
+
+
+def hardware_facts(backend: GpuBackend) -> dict[int, GpuSpec]:
+    """Read GPU types and capabilities for validation; empty when the GPUs cannot be read."""
+    try:
+        gpus = backend.read_sync()
+    except (GpuUnavailable, GpuQueryFailed) as exc:
+        log.warning("cannot read GPU facts (%s); profiles are checked without them", exc)
+        return {}
+    return {g.index: GpuSpec(g.index, g.name, g.compute_capability) for g in gpus}
+
+
+class SupervisorServer(uvicorn.Server):
+    """uvicorn, plus: stop trainers at the first signal and hard-exit if that overruns."""
+
+    def __init__(self, config: uvicorn.Config, host: Host, hard_exit_s: float = HARD_EXIT_S):
+        super().__init__(config)
+        self.host = host
+        self.hard_exit_s = hard_exit_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: object) -> None:
+        first = not self.should_exit
+        super().handle_exit(sig, frame)  # type: ignore[arg-type]
+        if first:
+            log.warning("received %s: stopping", signal.Signals(sig).name)
+            threading.Thread(target=self._hard_exit, daemon=True, name="hard-exit").start()
+            if self._loop is not None:
+                # Start stopping trainers now, not after uvicorn has drained its connections.
+                self._loop.call_soon_threadsafe(self.host.begin_shutdown)
+        elif self.force_exit:
+            log.error("second signal: killing every child now")
+            self.host.kill_now()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # Like uvicorn's, minus re-raising the signal afterwards: an orderly stop exits 0.
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        handled = (signal.SIGINT, signal.SIGTERM)
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+
+    def _hard_exit(self) -> None:
+        threading.Event().wait(self.hard_exit_s)
+        log.error("shutdown took longer than %.0fs: killing children and exiting", self.hard_exit_s)
+        self.host.kill_now()
+        os._exit(1)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind before anything starts, so a taken port fails fast and leaves no children behind."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    # httpx logs every request at INFO; with heartbeats every few seconds that drowns the log.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def prepare(
+    environ: Mapping[str, str], cwd: Path, registry: EngineRegistry | None = None
+) -> tuple[Settings, SupervisorConfig, GpuBackend]:
+    """Validate settings, config and profiles; raise SettingsError or ConfigError."""
+    registry = registry or default_registry()
+    settings = settings_from_env(environ)
+    config = load_config(settings.config_source, cwd=cwd, registry=registry)
+    ports = {m.port: m.path for m in config.models}
+    if settings.port in ports:
+        raise ConfigError(
+            [f"{ports[settings.port]}.port: {settings.port} is the supervisor's own PORT"]
+        )
+    backend = build_gpu_backend(config)
+    if any(m.profile for m in config.models):
+        problems = validate_against_hardware(config, hardware_facts(backend), registry)
+        if problems:
+            raise ConfigError(problems)
+    return settings, config, backend
+
+
+def main(environ: Mapping[str, str] | None = None) -> int:
+    """Run until signalled; return the process exit status."""
+    environ = dict(os.environ if environ is None else environ)
+    configure_logging((environ.get("HARU_SUPERVISOR_LOG_LEVEL") or "info").strip() or "info")
+    try:
+        settings, config, backend = prepare(environ, Path.cwd())
+    except SettingsError as exc:
+        log.error("cannot start: %s", exc)
+        print(f"haru-supervisor: {exc}", file=sys.stderr)
+        return 2
+    except ConfigError as exc:
+        log.error("cannot start: invalid config")
+        print(f"haru-supervisor: invalid config:\n{exc.render()}", file=sys.stderr)
+        return 2
+    if settings.token is None:
+        log.warning(
+            "!!! HARU_SUPERVISOR_TOKEN is not set: the API is UNAUTHENTICATED and listens on "
+            "%s only. Set a token before exposing this supervisor. !!!",
+            settings.bind_host,
+        )
+    elif settings.token_is_weak:
+        log.warning("HARU_SUPERVISOR_TOKEN is shorter than 16 characters; use a longer one")
+    if not is_loopback(settings.bind_host):
+        log.info("listening beyond loopback on %s (token required)", settings.bind_host)
+    try:
+        sock = bind_socket(settings.bind_host, settings.port)
+    except OSError as exc:
+        print(
+            f"haru-supervisor: cannot listen on {settings.bind_host}:{settings.port}: "
+            f"{exc.strerror}",
+            file=sys.stderr,
+        )
+        return 1
+    host = Host(config, HostDeps(gpu=backend, environ=environ))
+    app = create_app(host, token=settings.token)
+    server = SupervisorServer(
+        uvicorn.Config(
+            app,
+            log_level=settings.log_level,
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=GRACEFUL_HTTP_S,
+            log_config=None,
+        ),
+        host,
+    )
+    log.info(
+        "supervisor%s on %s:%s: %d model(s), %d training slot(s), GPU backend %s",
+        f" {config.host}" if config.host else "",
+        settings.bind_host,
+        settings.port,
+        len(config.models),
+        len(config.training_slots),
+        backend.name,
+    )
+    server.run(sockets=[sock])
+    return 0 if server.started else 1

@@ -1,0 +1,84 @@
+"""`python -m supervisor.sim --port N --model NAME [...]`: run one simulated model server."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from supervisor.gpu.sim_state import ENV_VAR, SimGpuState
+from supervisor.sim.engine import SimEngine, SimOptions, build_app
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[SimOptions, str]:
+    p = argparse.ArgumentParser(
+        prog="python -m supervisor.sim",
+        description="A simulated OpenAI-compatible model server with vLLM's sleep endpoints.",
+    )
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--model", required=True, help="the served model name")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--weights-mib", type=int, default=0, help="what sleep frees, wake restores")
+    p.add_argument("--context-mib", type=int, default=0, help="held even while asleep")
+    p.add_argument("--gpu-index", type=int, default=0)
+    p.add_argument(
+        "--sim-state", default=os.environ.get(ENV_VAR) or None, help=f"default ${ENV_VAR}"
+    )
+    p.add_argument("--wake-latency-ms", type=int, default=0)
+    p.add_argument("--sleep-latency-ms", type=int, default=0)
+    p.add_argument("--ttft-ms", type=int, default=0, help="time to first token")
+    p.add_argument("--token-delay-ms", type=int, default=0, help="delay between tokens")
+    p.add_argument("--load-ms", type=int, default=0, help="startup time before /health is 200")
+    p.add_argument("--reply", default=None, help="the text every completion answers with")
+    p.add_argument("--echo", action="store_true", help="answer with the last user message")
+    p.add_argument("--start-asleep", action="store_true")
+    p.add_argument("--log-level", default="warning")
+    a = p.parse_args(argv)
+    for name in ("weights_mib", "context_mib", "wake_latency_ms", "ttft_ms", "token_delay_ms"):
+        if getattr(a, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must not be negative")
+    return SimOptions(
+        model=a.model,
+        port=a.port,
+        host=a.host,
+        weights_mib=a.weights_mib,
+        context_mib=a.context_mib,
+        gpu_index=a.gpu_index,
+        sim_state=a.sim_state,
+        wake_latency_ms=a.wake_latency_ms,
+        sleep_latency_ms=a.sleep_latency_ms,
+        ttft_ms=a.ttft_ms,
+        token_delay_ms=a.token_delay_ms,
+        load_ms=a.load_ms,
+        reply=a.reply,
+        echo=a.echo,
+        start_asleep=a.start_asleep,
+    ), a.log_level
+
+
+def main(argv: list[str] | None = None) -> int:
+    import uvicorn
+
+    options, log_level = parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, log_level.upper(), logging.WARNING),
+        format=f"%(asctime)s %(levelname)s sim[{options.model}]: %(message)s",
+        stream=sys.stderr,
+    )
+    state = SimGpuState(options.sim_state) if options.sim_state else None
+    engine = SimEngine(options, state)
+    uvicorn.run(
+        build_app(engine),
+        host=options.host,
+        port=options.port,
+        log_level=log_level,
+        # Access logs would dominate the cost of a benchmark request.
+        access_log=False,
+        lifespan="on",
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

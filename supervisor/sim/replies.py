@@ -1,0 +1,180 @@
+"""OpenAI-shaped bodies for the simulated engine: deterministic text, chunks and usage."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_MAX_TOKENS = 16
+
+
+def dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One request's answer, decided up front: tokens (words) and why generation ended."""
+
+    request_id: str
+    created: int
+    model: str
+    tokens: tuple[str, ...]
+    finish_reason: str
+    prompt_tokens: int
+    body_sha256: str
+    body_bytes: int
+
+    @property
+    def text(self) -> str:
+        return "".join(self.tokens)
+
+    def usage(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": len(self.tokens),
+            "total_tokens": self.prompt_tokens + len(self.tokens),
+        }
+
+    def trace(self) -> dict[str, Any]:
+        # Lets a proxy test prove the exact request bytes arrived, from the reply alone.
+        return {"requestSha256": self.body_sha256, "requestBytes": self.body_bytes}
+
+
+def plan_completion(
+    *,
+    request_id: str,
+    created: int,
+    model: str,
+    body: bytes,
+    payload: dict[str, Any],
+    chat: bool,
+    reply: str,
+    echo: bool,
+) -> Completion:
+    """Decide the reply: the configured text, or in echo mode the last user input."""
+    prompt_text = _prompt_text(payload, chat)
+    source = (prompt_text or "(empty)") if echo else reply
+    words = source.split()
+    limit = payload.get("max_completion_tokens", payload.get("max_tokens"))
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        limit = DEFAULT_MAX_TOKENS
+    kept = words[:limit]
+    tokens = tuple(w if i == 0 else " " + w for i, w in enumerate(kept))
+    return Completion(
+        request_id=request_id,
+        created=created,
+        model=model,
+        tokens=tokens,
+        finish_reason="length" if len(words) > limit else "stop",
+        prompt_tokens=max(1, len(prompt_text.split())),
+        body_sha256=hashlib.sha256(body).hexdigest(),
+        body_bytes=len(body),
+    )
+
+
+def _prompt_text(payload: dict[str, Any], chat: bool) -> str:
+    if not chat:
+        prompt = payload.get("prompt", "")
+        if isinstance(prompt, list):
+            prompt = " ".join(p for p in prompt if isinstance(p, str))
+        return prompt if isinstance(prompt, str) else ""
+    messages = payload.get("messages")
+    if not isinstance(messages, list):
+        return ""
+    for message in reversed(messages):
+        if isinstance(message, dict) and message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, str):
+                return content
+            if isinstance(content, list):
+                return " ".join(
+                    p.get("text", "")
+                    for p in content
+                    if isinstance(p, dict) and p.get("type") == "text"
+                )
+    return ""
+
+
+def chat_body(c: Completion) -> dict[str, Any]:
+    return {
+        "id": c.request_id,
+        "object": "chat.completion",
+        "created": c.created,
+        "model": c.model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": c.text},
+                "logprobs": None,
+                "finish_reason": c.finish_reason,
+            }
+        ],
+        "usage": c.usage(),
+        "haru_sim": c.trace(),
+    }
+
+
+def completion_body(c: Completion) -> dict[str, Any]:
+    return {
+        "id": c.request_id,
+        "object": "text_completion",
+        "created": c.created,
+        "model": c.model,
+        "choices": [
+            {"index": 0, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
+        ],
+        "usage": c.usage(),
+        "haru_sim": c.trace(),
+    }
+
+
+def chat_chunk(c: Completion, delta: dict[str, Any], finish: str | None) -> bytes:
+    return sse(
+        {
+            "id": c.request_id,
+            "object": "chat.completion.chunk",
+            "created": c.created,
+            "model": c.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        }
+    )
+
+
+def completion_chunk(c: Completion, text: str, finish: str | None) -> bytes:
+    return sse(
+        {
+            "id": c.request_id,
+            "object": "text_completion",
+            "created": c.created,
+            "model": c.model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+        }
+    )
+
+
+def usage_chunk(c: Completion, chat: bool) -> bytes:
+    return sse(
+        {
+            "id": c.request_id,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": c.created,
+            "model": c.model,
+            "choices": [],
+            "usage": c.usage(),
+        }
+    )
+
+
+def sse(value: Any) -> bytes:
+    return b"data: " + dumps(value) + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def openai_error(message: str, kind: str, code: int) -> bytes:
+    """Render an error the way OpenAI-compatible servers do (not the supervisor envelope)."""
+    return dumps({"error": {"message": message, "type": kind, "code": code}})

@@ -1,0 +1,211 @@
+"""Read JSON objects strictly, collecting every error with the JSON path it concerns.
+
+Config and engine profiles are operator-written; a typo must stop start-up with a message that
+points at the exact field (`slots[1].models[0].name: must be lowercase`), not a stack trace.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+_MISSING = object()
+
+
+def child_path(path: str, key: str | int) -> str:
+    """Extend a JSON path by an object key or a list index."""
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
+
+
+class ConfigError(Exception):
+    """Refuse a document; holds every `path: rule` message found, not just the first."""
+
+    def __init__(self, errors: list[str]) -> None:
+        self.errors = list(errors)
+        super().__init__("; ".join(self.errors))
+
+    def render(self) -> str:
+        """Format the errors one per line for a terminal."""
+        return "\n".join(f"  - {e}" for e in self.errors)
+
+
+class ObjectReader:
+    """Take fields out of one JSON object, recording type and range errors.
+
+    Call `finish()` last: any field that was never read is unknown and refused, which is what
+    makes the formats strict.
+    """
+
+    def __init__(self, data: Any, path: str, errors: list[str]) -> None:
+        self.path = path
+        self.errors = errors
+        self.ok = isinstance(data, dict)
+        self._data: dict[str, Any] = data if isinstance(data, dict) else {}
+        self._seen: set[str] = set()
+        if not self.ok:
+            self.error("", f"must be an object, got {type_name(data)}")
+
+    def error(self, key: str | int, rule: str) -> None:
+        """Record a rule broken at this object's field (or at the object itself for "")."""
+        where = child_path(self.path, key) if key != "" else (self.path or "(root)")
+        self.errors.append(f"{where}: {rule}")
+
+    def field_path(self, key: str) -> str:
+        return child_path(self.path, key)
+
+    def has(self, key: str) -> bool:
+        return key in self._data
+
+    def raw(self, key: str, *, required: bool = False) -> Any:
+        """Return a field untouched (or `_MISSING`), for callers that validate it themselves."""
+        self._seen.add(key)
+        if key not in self._data:
+            if required:
+                self.error(key, "is required")
+            return _MISSING
+        return self._data[key]
+
+    def _typed(
+        self,
+        key: str,
+        required: bool,
+        check: Callable[[Any], bool],
+        expected: str,
+        allow_null: bool,
+    ) -> tuple[bool, Any]:
+        """Return (provided, value); a missing, null-when-allowed or mistyped field is not."""
+        value = self.raw(key, required=required)
+        if value is _MISSING or (value is None and allow_null):
+            return False, None
+        if not check(value):
+            self.error(key, f"must be {expected}, got {type_name(value)}")
+            return False, None
+        return True, value
+
+    def str(
+        self,
+        key: str,
+        *,
+        required: bool = False,
+        default: str | None = None,
+        allow_null: bool = False,
+    ) -> str | None:
+        ok, value = self._typed(key, required, lambda v: isinstance(v, str), "a string", allow_null)
+        if not ok:
+            return default
+        if not value.strip():
+            self.error(key, "must not be empty")
+            return default
+        return value
+
+    def int(
+        self,
+        key: str,
+        *,
+        required: bool = False,
+        default: int | None = None,
+        minimum: int | None = None,
+        maximum: int | None = None,
+        allow_null: bool = False,
+    ) -> int | None:
+        ok, value = self._typed(key, required, is_int, "an integer", allow_null)
+        if not ok:
+            return default
+        if minimum is not None and value < minimum:
+            self.error(key, f"must be at least {minimum}, got {value}")
+            return default
+        if maximum is not None and value > maximum:
+            self.error(key, f"must be at most {maximum}, got {value}")
+            return default
+        return value
+
+    def number(
+        self,
+        key: str,
+        *,
+        required: bool = False,
+        default: float | None = None,
+        allow_null: bool = False,
+    ) -> float | None:
+        ok, value = self._typed(key, required, is_number, "a number", allow_null)
+        return float(value) if ok else default
+
+    def bool(self, key: str, *, default: bool | None = None) -> bool | None:
+        ok, value = self._typed(key, False, lambda v: isinstance(v, bool), "true or false", False)
+        return value if ok else default
+
+    def list(self, key: str, *, required: bool = False, allow_null: bool = False) -> list | None:
+        ok, value = self._typed(key, required, lambda v: isinstance(v, list), "a list", allow_null)
+        return value if ok else None
+
+    def str_list(
+        self, key: str, *, required: bool = False, non_empty_items: bool = True
+    ) -> list[str] | None:
+        items = self.list(key, required=required)
+        if items is None:
+            return None
+        out: list[str] = []
+        for i, item in enumerate(items):
+            if not isinstance(item, str):
+                self.error(key, f"item {i} must be a string, got {type_name(item)}")
+                return None
+            if non_empty_items and item == "":
+                self.error(key, f"item {i} must not be empty")
+                return None
+            out.append(item)
+        return out
+
+    def str_map(self, key: str) -> dict[str, str] | None:
+        ok, value = self._typed(key, False, lambda v: isinstance(v, dict), "an object", False)
+        if not ok:
+            return None
+        for k, v in value.items():
+            if not isinstance(v, str):
+                self.error(key, f'value of "{k}" must be a string, got {type_name(v)}')
+                return None
+            if not k:
+                self.error(key, "keys must not be empty")
+                return None
+        return dict(value)
+
+    def finish(self) -> None:
+        """Refuse every field that no reader asked for."""
+        for key in self._data:
+            if key not in self._seen:
+                self.error(key, "is not a known field")
+
+
+def is_int(value: Any) -> bool:
+    """Accept JSON integers only; `true` is not 1 here."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(float(value))
+    )
+
+
+def type_name(value: Any) -> str:
+    """Name a JSON value's type the way an operator reads it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+MISSING = _MISSING

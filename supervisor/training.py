@@ -1,0 +1,220 @@
+"""Training slots: start the configured trainer, stop it with SIGTERM then SIGKILL.
+
+The trainer contract: the command is spawned exactly as written, in its own process group,
+with the parent environment plus HARU_CHECKPOINT_DIR, HARU_GPU_INDEX and CUDA_VISIBLE_DEVICES,
+and without the supervisor's token or config. Failover never waits for a perfect checkpoint:
+after the grace period the group is killed, and trainers must resume from what they saved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Mapping
+from typing import Any
+
+from supervisor.clock import Clock, iso_utc
+from supervisor.config import TrainingSlotConfig
+from supervisor.engines.launch import STRIPPED_ENV
+from supervisor.processes import ChildProcess, Spawner
+
+log = logging.getLogger(__name__)
+
+IDLE = "idle"
+RUNNING = "running"
+STOPPING = "stopping"
+
+
+class TrainingBusy(Exception):
+    """A start arrived while the previous trainer is still being stopped."""
+
+
+class SpawnFailed(Exception):
+    """The trainer could not be started; the slot is idle again."""
+
+
+def trainer_env(
+    slot: TrainingSlotConfig, environ: Mapping[str, str], host_env: Mapping[str, str]
+) -> dict[str, str]:
+    """Build the trainer's environment: parent env + the contract's variables - secrets."""
+    env = {k: v for k, v in environ.items() if k not in STRIPPED_ENV}
+    env.update(host_env)
+    env["HARU_CHECKPOINT_DIR"] = str(slot.checkpoint_dir)
+    env["HARU_GPU_INDEX"] = str(slot.gpu_index)
+    # A trainer that guesses its GPU grabs GPU 0, which on a standby is usually where the
+    # sleeping servers live; pinning it is what keeps the wake path free.
+    env["CUDA_VISIBLE_DEVICES"] = str(slot.gpu_index)
+    return env
+
+
+class TrainingSlot:
+    """Run at most one trainer on one GPU, and stop it within a deadline."""
+
+    def __init__(
+        self,
+        config: TrainingSlotConfig,
+        *,
+        spawner: Spawner,
+        clock: Clock,
+        environ: Mapping[str, str],
+        host_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.config = config
+        self._spawner = spawner
+        self._clock = clock
+        self._environ = environ
+        self._host_env = dict(host_env or {})
+        self.state = IDLE
+        self._proc: ChildProcess | None = None
+        self._deadline: float | None = None
+        self._deadline_moved = asyncio.Event()
+        self._exited = asyncio.Event()
+        self._exited.set()
+        self._killer: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        # Serialises start and stop so two starts cannot both spawn.
+        self._lock = asyncio.Lock()
+        self.started_at: float | None = None
+        self.stop_requested_at: float | None = None
+        self.last_exit_code: int | None = None
+        self.last_error: str | None = None
+        self.killed = False
+
+    @property
+    def gpu_index(self) -> int:
+        return self.config.gpu_index
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc and self.state != IDLE else None
+
+    async def start(self) -> None:
+        """Start the trainer unless it is already running; raise TrainingBusy or SpawnFailed."""
+        async with self._lock:
+            if self.state == RUNNING:
+                return
+            if self.state == STOPPING:
+                raise TrainingBusy(
+                    f"training on GPU {self.gpu_index} is still stopping; retry once it is idle"
+                )
+            env = trainer_env(self.config, self._environ, self._host_env)
+            try:
+                self.config.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+                proc = await self._spawner.spawn(self.config.command, env=env)
+            except (OSError, ValueError) as exc:
+                self.state = IDLE
+                self.last_error = f"spawn failed: {exc}"
+                log.error("training on GPU %s: %s", self.gpu_index, self.last_error)
+                raise SpawnFailed(self.last_error) from exc
+            self._proc = proc
+            self.state = RUNNING
+            self.started_at = self._clock.wall()
+            self.stop_requested_at = None
+            self.last_error = None
+            self.last_exit_code = None
+            self.killed = False
+            self._deadline = None
+            self._exited = asyncio.Event()
+            self._watcher = asyncio.create_task(self._watch(proc), name=f"trainer-{proc.pid}")
+            log.info("training on GPU %s started: pid %s", self.gpu_index, proc.pid)
+
+    def stop(self, grace_ms: int | None = None) -> None:
+        """Ask the trainer to stop: SIGTERM now, SIGKILL at the deadline.
+
+        A later stop may bring the deadline forward, never push it back: the caller that is
+        in a hurry (a failover) must not be slowed by one that is not.
+        """
+        if self.state == IDLE or self._proc is None:
+            return
+        grace_s = (grace_ms if grace_ms is not None else self.config.grace_ms) / 1000
+        deadline = self._clock.monotonic() + grace_s
+        if self.state == RUNNING:
+            self.state = STOPPING
+            self.stop_requested_at = self._clock.wall()
+            self._deadline = deadline
+            log.info(
+                "training on GPU %s: SIGTERM to group %s, SIGKILL in %.1fs",
+                self.gpu_index,
+                self._proc.pid,
+                grace_s,
+            )
+            self._proc.signal_group(signal.SIGTERM)
+            self._killer = asyncio.create_task(self._enforce_deadline(self._proc))
+        elif self._deadline is None or deadline < self._deadline:
+            self._deadline = deadline
+            self._deadline_moved.set()
+
+    async def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no trainer runs; False on timeout."""
+        try:
+            await asyncio.wait_for(self._exited.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    def kill_now(self) -> None:
+        """SIGKILL the group at once (hard exit path)."""
+        if self._proc is not None and self.state != IDLE:
+            self._proc.signal_group(signal.SIGKILL)
+
+    def describe(self) -> dict[str, Any]:
+        pid = self.pid
+        return {
+            "state": self.state,
+            "pids": [pid] if pid is not None else [],
+            "startedAt": iso_utc(self.started_at) if self.state != IDLE else None,
+            "stopRequestedAt": iso_utc(self.stop_requested_at) if self.state == STOPPING else None,
+            "lastExitCode": self.last_exit_code,
+            "lastError": self.last_error,
+            "killed": self.killed,
+            "graceMs": self.config.grace_ms,
+            "checkpointDir": str(self.config.checkpoint_dir),
+        }
+
+    async def _enforce_deadline(self, proc: ChildProcess) -> None:
+        while proc.returncode is None and not self._exited.is_set():
+            remaining = (self._deadline or 0) - self._clock.monotonic()
+            if remaining <= 0:
+                log.warning(
+                    "training on GPU %s did not exit within its grace; SIGKILL to group %s",
+                    self.gpu_index,
+                    proc.pid,
+                )
+                self.killed = True
+                proc.signal_group(signal.SIGKILL)
+                return
+            self._deadline_moved.clear()
+            waiters = [
+                asyncio.ensure_future(self._clock.sleep(remaining)),
+                asyncio.ensure_future(self._deadline_moved.wait()),
+                asyncio.ensure_future(self._exited.wait()),
+            ]
+            try:
+                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waiters:
+                    w.cancel()
+
+    async def _watch(self, proc: ChildProcess) -> None:
+        code = await proc.wait()
+        stopping = self.state == STOPPING
+        if stopping:
+            # The leader is gone, but helpers it forked (data loaders) may still hold GPU memory.
+            proc.signal_group(signal.SIGKILL)
+        self.last_exit_code = code
+        if not stopping:
+            log.warning("training on GPU %s exited by itself with code %s", self.gpu_index, code)
+            if code != 0:
+                self.last_error = f"trainer exited with code {code}"
+        else:
+            log.info("training on GPU %s stopped (exit code %s)", self.gpu_index, code)
+        self.state = IDLE
+        self._deadline = None
+        self._exited.set()
+        if self._killer is not None:
+            self._killer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._killer
+            self._killer = None
