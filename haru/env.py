@@ -67,8 +67,17 @@ def url(name: str, schemes: tuple[str, ...], env: Mapping[str, str] | None = Non
         raise ConfigError(
             f"{name}: scheme must be one of {', '.join(schemes)}, got {parts.scheme or 'none'!r}"
         )
-    if not parts.scheme.startswith("sqlite") and not parts.hostname:
+    try:
+        parts.port  # noqa: B018 - urlsplit parses the port lazily and raises here
+    except ValueError:
+        raise ConfigError(f"{name}: port must be a number between 0 and 65535") from None
+    is_postgres = parts.scheme.startswith("postgres")
+    # libpq reaches a local server through its Unix socket when the host is left out
+    # (postgres:///haru), so only non-Postgres network URLs must name a host.
+    if not parts.scheme.startswith("sqlite") and not is_postgres and not parts.hostname:
         raise ConfigError(f"{name}: must name a host")
+    if is_postgres and not parts.path.strip("/"):
+        raise ConfigError(f"{name}: must name a database (postgres://host/DBNAME)")
     return value
 
 

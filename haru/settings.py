@@ -120,18 +120,19 @@ if HARU["database_url"]:
 else:
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES = {
-        "default": {
-            "ENGINE": "django.db.backends.sqlite3",
-            "NAME": VAR_DIR / "haru.sqlite3",
-            "OPTIONS": {
-                # WAL lets the proxy read while the reconciler writes; IMMEDIATE takes the write
-                # lock at BEGIN so two writers queue instead of failing on lock upgrade.
-                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-                "transaction_mode": "IMMEDIATE",
-                "timeout": 20,
-            },
-        }
+        "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": VAR_DIR / "haru.sqlite3"}
     }
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Whatever way SQLite was chosen: WAL lets the proxy read while the reconciler writes, and
+    # IMMEDIATE takes the write lock at BEGIN, so two writers queue instead of failing on lock
+    # upgrade. The SQLite pointer switch (services/routing.py) relies on IMMEDIATE for atomicity.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 20,
+        }
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -169,6 +170,19 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = False
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Beat queues one tick per fleet (fleets.tasks.reconcile_all) every HARU_RECONCILE_INTERVAL_MS
+# (5 s when unset); each expires with the next beat, so an outage leaves no backlog.
+_BEAT_S = (HARU["reconcile_interval_ms"] or 5000) / 1000
+CELERY_BEAT_SCHEDULE = {
+    "reconcile-fleets": {
+        "task": "fleets.reconcile_all",
+        "schedule": _BEAT_S,
+        "options": {"expires": _BEAT_S},
+    }
+}
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -19,8 +19,19 @@ class StrictSerializer(serializers.Serializer):
         return attrs
 
 
+class StrictCharField(serializers.CharField):
+    """A JSON string and only that: DRF would otherwise coerce `7` into "7"."""
+
+    default_error_messages = {"not_a_string": "must be a string"}
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("not_a_string")
+        return super().to_internal_value(data)
+
+
 class TargetRequest(StrictSerializer):
-    targetDomainId = serializers.CharField(  # noqa: N815 - the public contract is camelCase
+    targetDomainId = StrictCharField(  # noqa: N815 - the public contract is camelCase
         max_length=100, help_text="The target domain's UUID or slug."
     )
 

@@ -1,5 +1,4 @@
 from django.urls import path
-from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 
 from fleets.api import views
 
@@ -9,6 +8,7 @@ urlpatterns = [
     path("fleets/<str:ref>/route-intent", views.RouteIntentView.as_view(), name="route-intent"),
     path("fleets/<str:ref>/promote", views.PromoteView.as_view(), name="fleet-promote"),
     path("fleets/<str:ref>/demote", views.DemoteView.as_view(), name="fleet-demote"),
+    path("fleets/<str:ref>/reconcile", views.ReconcileView.as_view(), name="fleet-reconcile"),
     path(
         "fleets/<str:ref>/operations", views.FleetOperationsView.as_view(), name="fleet-operations"
     ),
@@ -17,6 +17,6 @@ urlpatterns = [
         views.OperationDetailView.as_view(),
         name="operation-detail",
     ),
-    path("openapi.json", SpectacularJSONAPIView.as_view(), name="openapi-schema"),
-    path("docs", SpectacularSwaggerView.as_view(url_name="openapi-schema"), name="api-docs"),
+    path("openapi.json", views.SchemaView.as_view(), name="openapi-schema"),
+    path("docs", views.DocsView.as_view(url_name="openapi-schema"), name="api-docs"),
 ]

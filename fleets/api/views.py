@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
+from rest_framework import serializers as drf_serializers
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from fleets import clock, selectors
 from fleets.api import serializers as s
+from fleets.api.auth import HasApiToken
 from fleets.api.errors import PayloadTooLarge
 from fleets.core.route_intent import build_route_intent
 from fleets.core.states import OperationKind
@@ -126,6 +130,32 @@ class DemoteView(_OperationRequestView):
         return super().post(request, ref)
 
 
+class ReconcileView(HaruAPIView):
+    @extend_schema(
+        request=None,
+        operation_id="reconcileFleet",
+        responses={
+            200: inline_serializer(
+                "ReconcileOut",
+                {
+                    "fleetId": drf_serializers.CharField(),
+                    "operation": s.OperationOut(allow_null=True),
+                },
+            ),
+            **_errors(401, 404),
+        },
+    )
+    def post(self, request, ref: str):
+        """Run one reconcile tick now; return the operation it advanced (or null)."""
+        from fleets.reconciler.tick import fleet_reconcile
+
+        fleet = selectors.fleet_get(ref)
+        result = fleet_reconcile(fleet_id=fleet.id)
+        return Response(
+            {"fleetId": str(fleet.id), "operation": selectors.operation_json(result.operation())}
+        )
+
+
 class FleetOperationsView(HaruAPIView):
     @extend_schema(
         responses={200: s.OperationListOut, **_errors(401, 404)}, operation_id="listFleetOperations"
@@ -146,3 +176,27 @@ class OperationDetailView(HaruAPIView):
     )
     def get(self, request, operation_id: str):
         return Response(selectors.operation_json(selectors.operation_get(operation_id)))
+
+
+class _ApiDocsMixin:
+    """Guard the schema and the docs page like every other /v1/ route.
+
+    drf-spectacular serves them to anyone by default (SERVE_PERMISSIONS); the schema tells an
+    intruder what to call, so it needs the token (or a staff session) too. Errors render as the
+    JSON envelope rather than the docs page's HTML template.
+    """
+
+    permission_classes = [HasApiToken]
+
+    def handle_exception(self, exc):
+        self.request.accepted_renderer = JSONRenderer()
+        self.request.accepted_media_type = JSONRenderer.media_type
+        return super().handle_exception(exc)
+
+
+class SchemaView(_ApiDocsMixin, SpectacularJSONAPIView):
+    pass
+
+
+class DocsView(_ApiDocsMixin, SpectacularSwaggerView):
+    pass

@@ -75,11 +75,6 @@ def _path(parts) -> str:
 def _rule(error) -> str:
     """Turn a jsonschema error into the rule it broke, in the layout's own words."""
     kind = error.validator
-    if kind == "additionalProperties":
-        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
-        return f"unknown field {', '.join(repr(e) for e in extra)}"
-    if kind == "required":
-        return error.message.replace(" is a required property", " is required")
     custom = error.schema.get("x-rule") if isinstance(error.schema, dict) else None
     if custom and kind in {"pattern", "enum", "const", "maxLength"}:
         return custom
@@ -88,9 +83,30 @@ def _rule(error) -> str:
     if kind in {"minimum", "maximum"}:
         word = "at least" if kind == "minimum" else "at most"
         return f"must be {word} {error.validator_value}"
+    if kind == "minLength":
+        return (
+            "must not be empty"
+            if error.validator_value == 1
+            else f"must be at least {error.validator_value} characters"
+        )
+    if kind == "maxLength":
+        return f"must be at most {error.validator_value} characters"
     if kind == "minItems":
         return f"must have at least {error.validator_value} item(s)"
     return error.message
+
+
+def _messages(error) -> list[str]:
+    """Return the `path: rule` lines of one jsonschema error, each naming the field at fault."""
+    parts = list(error.absolute_path)
+    if error.validator == "additionalProperties":
+        # One line per stray key, at the key's own path, like policy's `policy.x: unknown field`.
+        extra = set(error.instance) - set(error.schema.get("properties", {}))
+        return [f"{_path([*parts, str(key)])}: unknown field" for key in sorted(extra, key=str)]
+    if error.validator == "required":
+        missing = [k for k in error.validator_value if k not in error.instance]
+        return [f"{_path([*parts, key])}: is required" for key in missing]
+    return [f"{_path(parts)}: {_rule(error)}"]
 
 
 def _leaf_errors(errors):
@@ -120,10 +136,7 @@ def read_layout_file(path: str | Path) -> Any:
 def parse_layout(data: Any) -> Layout:
     """Validate `data` and return the normalized Layout; raise LayoutError listing every error."""
     errors = sorted(
-        {
-            f"{_path(e.absolute_path)}: {_rule(e)}"
-            for e in _leaf_errors(_validator().iter_errors(data))
-        }
+        {line for e in _leaf_errors(_validator().iter_errors(data)) for line in _messages(e)}
     )
     if errors:
         raise LayoutError(errors)
@@ -153,8 +166,8 @@ def parse_layout(data: Any) -> Layout:
             key = (s["gpuIndex"], s["kind"])
             if key in seen_slots:
                 errors.append(
-                    f"{spath}.gpuIndex: a {s['kind']} slot on GPU {s['gpuIndex']} "
-                    f"already exists ({dpath}.slots[{seen_slots[key]}])"
+                    f"{spath}.gpuIndex: duplicate {s['kind']} slot on GPU {s['gpuIndex']} "
+                    f"(also {dpath}.slots[{seen_slots[key]}])"
                 )
             seen_slots.setdefault(key, si)
             if s["kind"] == "training":

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from django.db import transaction
 
 from fleets import clock
+from fleets.core.policy import validate_policy
 from fleets.core.states import (
     IN_FLIGHT_OPERATION_STATES,
     DomainState,
@@ -33,12 +34,13 @@ class LayoutReport:
     unchanged: list[str] = field(default_factory=list)
     extra: list[str] = field(default_factory=list)  # in the database, not in the file
     pruned: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the file asks for but apply won't do
     dry_run: bool = False
 
     def as_dict(self) -> dict:
         return {
             k: getattr(self, k)
-            for k in ("created", "updated", "unchanged", "extra", "pruned", "dry_run")
+            for k in ("created", "updated", "unchanged", "extra", "pruned", "notes", "dry_run")
         }
 
 
@@ -52,7 +54,9 @@ def _sync(obj, values: dict, label: str, report: LayoutReport) -> None:
     if changed:
         for k in changed:
             setattr(obj, k, values[k])
-        obj.save(update_fields=changed)
+        # auto_now fields are written only when named in update_fields.
+        stamp = ["updated_at"] if hasattr(obj, "updated_at") else []
+        obj.save(update_fields=changed + stamp)
         report.updated.append(f"{label} ({', '.join(changed)})")
     else:
         report.unchanged.append(label)
@@ -98,6 +102,14 @@ def _apply(layout: Layout, prune: bool, report: LayoutReport, actor: str) -> Non
         else Domain.objects.get(pk=fleet.active_domain_id).slug
     )
     serving_slug = layout.active_domain_slug if new_fleet else live_active_slug
+    if not new_fleet and layout.active_domain_slug not in (None, live_active_slug):
+        # Say so rather than stay silent: an operator editing the file may expect a switch.
+        routes = f"routes to {live_active_slug!r}" if live_active_slug else "has no active domain"
+        report.notes.append(
+            f"activeDomainSlug {layout.active_domain_slug!r} is not applied: the fleet {routes} "
+            f"(revision {fleet.route_revision}); a layout never moves routing, promote "
+            f"{layout.active_domain_slug!r} to switch"
+        )
 
     kept_domains, kept_slots, kept_bindings = set(), set(), set()
     for d in layout.domains:
@@ -210,6 +222,18 @@ def _report_extras(fleet, kept_domains, kept_slots, kept_bindings, prune, report
     extra_domains.delete()
 
 
+# Postgres jsonb does not keep key order; export in the layout format's own order so a file
+# exported from either database diffs cleanly against the one it came from.
+_PLACEMENT_ORDER = ("cloud", "region", "accelerator", "acceleratorCount", "useSpot")
+_TRAINING_ORDER = ("command", "checkpointDir")
+
+
+def _ordered(value: dict, order: tuple[str, ...] = ()) -> dict:
+    """Return `value` with the keys of `order` first, in that order, then the rest sorted."""
+    rest = sorted(k for k in value if k not in order)
+    return {k: value[k] for k in (*[k for k in order if k in value], *rest)}
+
+
 def layout_export(fleet: Fleet) -> dict:
     """Return the fleet as a layout document that layout_apply accepts unchanged."""
     doc: dict = {"slug": fleet.slug}
@@ -218,7 +242,7 @@ def layout_export(fleet: Fleet) -> dict:
     if fleet.active_domain_id:
         doc["activeDomainSlug"] = Domain.objects.get(pk=fleet.active_domain_id).slug
     if fleet.policy:
-        doc["policy"] = fleet.policy
+        doc["policy"] = validate_policy(fleet.policy)  # keys in the policy table's order
     doc["domains"] = []
     for d in Domain.objects.filter(fleet=fleet).order_by("priority", "slug"):
         dd: dict = {"slug": d.slug}
@@ -227,7 +251,7 @@ def layout_export(fleet: Fleet) -> dict:
         dd["provider"] = d.provider
         dd["priority"] = d.priority
         if d.placement:
-            dd["placement"] = d.placement
+            dd["placement"] = _ordered(d.placement, _PLACEMENT_ORDER)
         if d.supervisor_url:
             dd["supervisorUrl"] = d.supervisor_url
         if d.serving_base_url:
@@ -235,13 +259,14 @@ def layout_export(fleet: Fleet) -> dict:
         dd["slots"] = []
         for s in Slot.objects.filter(domain=d).order_by("gpu_index", "kind"):
             if s.kind == SlotKind.TRAINING:
-                dd["slots"].append({"kind": "training", "gpuIndex": s.gpu_index, **s.spec})
+                spec = _ordered(s.spec, _TRAINING_ORDER)
+                dd["slots"].append({"kind": "training", "gpuIndex": s.gpu_index, **spec})
                 continue
             models = []
             for b in ModelBinding.objects.filter(slot=s).order_by("name"):
                 m: dict = {"name": b.name, "servingUrl": b.serving_url}
                 if b.profile:
-                    m["profile"] = b.profile
+                    m["profile"] = _ordered(b.profile)
                 models.append(m)
             dd["slots"].append(
                 {

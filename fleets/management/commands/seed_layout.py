@@ -57,6 +57,7 @@ class Command(BaseCommand):
             ("updated", report.updated),
             ("in the database, not in the file", report.extra),
             ("pruned", report.pruned),
+            ("note", report.notes),
         ):
             for item in items:
                 self.stdout.write(f"  {title}: {item}")
