@@ -145,9 +145,9 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "/static/"
-STATICFILES_DIRS = [BASE_DIR / "static"] if (BASE_DIR / "static").exists() else []
-STATIC_ROOT = VAR_DIR / "static"
-# Serve assets straight from the finders: no collectstatic step, no CDN (closed networks).
+STATICFILES_DIRS = [BASE_DIR / "static"]
+# WhiteNoise serves assets straight from the finders: no collectstatic step, no STATIC_ROOT, no
+# CDN (the portal runs in closed networks).
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
 

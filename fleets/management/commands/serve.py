@@ -61,13 +61,46 @@ class Command(BaseCommand):
             )
         if opts["no_reconcile_loop"]:
             os.environ["HARU_RECONCILE_INTERVAL_MS"] = ""  # workers re-read settings
+        loop = None if opts["no_reconcile_loop"] else _start_tick_driver()
         self.stdout.write(f"haru serving on http://{host}:{port}")
-        uvicorn.run(
-            "haru.asgi:application",
-            host=host,
-            port=port,
-            workers=opts["workers"],
-            log_level="info",
-            lifespan="off",
-            proxy_headers=False,
+        try:
+            uvicorn.run(
+                "haru.asgi:application",
+                host=host,
+                port=port,
+                workers=opts["workers"],
+                log_level="info",
+                lifespan="off",
+                proxy_headers=False,
+            )
+        finally:
+            if loop is not None:
+                loop.stop()
+
+
+def _start_tick_driver():
+    """Decide who drives reconcile ticks for this server; return the loop it started, if any.
+
+    With a broker (REDIS_URL) Celery beat and workers tick, and new operations are queued to
+    them. Without one, HARU_RECONCILE_INTERVAL_MS starts the in-process loop here (with
+    --workers > 1 it runs in this parent process, and new operations wait for its next round).
+    """
+    from fleets.reconciler import kick
+
+    if settings.HARU["redis_url"]:
+        import haru.celery  # noqa: F401 - binds the shared tasks to the configured broker
+        from fleets.tasks import celery_kicker
+
+        kick.install(celery_kicker)
+        log.info("reconcile ticks: Celery (run `celery -A haru worker` and `celery -A haru beat`)")
+        return None
+    interval = settings.HARU["reconcile_interval_ms"]
+    if not interval:
+        log.warning(
+            "HARU_RECONCILE_INTERVAL_MS is not set and there is no broker: nothing drives "
+            "reconcile ticks, so automatic failover is OFF (POST .../reconcile still works)"
         )
+        return None
+    from fleets.reconciler.loop import ReconcileLoop
+
+    return ReconcileLoop(interval_ms=interval, fleets=settings.HARU["reconcile_fleets"]).start()

@@ -1,0 +1,74 @@
+"""Run reconcile ticks from the command line: `python manage.py reconcile [--fleet SLUG] [--loop]`.
+
+Once (the default): one tick of each fleet, each result printed as a JSON line; for cron or
+for poking a stuck fleet by hand. With --loop: the same loop the server runs, in the foreground,
+until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from fleets.selectors import operation_json
+
+
+class Command(BaseCommand):
+    help = "Run one reconcile tick per fleet, or loop (--loop)."
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--fleet",
+            action="append",
+            default=[],
+            help="fleet slug or UUID (repeatable; default: HARU_RECONCILE_FLEETS, else all)",
+        )
+        parser.add_argument("--loop", action="store_true", help="keep ticking until interrupted")
+        parser.add_argument(
+            "--interval-ms",
+            type=int,
+            default=None,
+            help="loop interval (default: HARU_RECONCILE_INTERVAL_MS, else 5000)",
+        )
+
+    def handle(self, *args, **opts):
+        from fleets.reconciler.tick import fleets_to_reconcile, tick_run
+
+        selection = opts["fleet"] or settings.HARU["reconcile_fleets"]
+        if opts["loop"]:
+            return self._loop(selection, opts["interval_ms"])
+        ids = fleets_to_reconcile(selection)
+        if selection and not ids:
+            raise CommandError(f"no such fleet: {', '.join(selection)}")
+        for fleet_id in ids:
+            result = tick_run(fleet_id=fleet_id, wait_s=10.0, actor="reconcile-command")
+            self.stdout.write(
+                json.dumps(
+                    {
+                        "fleetId": result.fleet_id,
+                        "ran": result.ran,
+                        "operation": operation_json(result.operation()),
+                        "nudgeMs": result.nudge_ms,
+                    }
+                )
+            )
+
+    def _loop(self, selection, interval_ms):
+        from fleets.reconciler.loop import ReconcileLoop
+
+        interval = interval_ms or settings.HARU["reconcile_interval_ms"] or 5000
+        if interval < 100:
+            raise CommandError("--interval-ms must be at least 100")
+        stop = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        loop = ReconcileLoop(interval_ms=interval, fleets=selection).start()
+        self.stdout.write(f"reconciling every {interval} ms; Ctrl-C to stop")
+        try:
+            stop.wait()
+        finally:
+            loop.stop()

@@ -1,0 +1,223 @@
+"""Advance a fleet's in-flight operation through every step that completes at once.
+
+Unlike one nudge per tick, a tick keeps going while steps finish (a no-op verify, an instant
+CAS), and re-polls a step that waits on the outside world for a short while before handing
+back with "look again in N ms". Every move is a guarded service call, so two ticks advancing
+the same operation at once record each step once: the loser's CAS simply does not match.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fleets import clock
+from fleets.core.policy import Policy
+from fleets.core.states import (
+    BEST_EFFORT_STEPS,
+    IN_FLIGHT_OPERATION_STATES,
+    DomainState,
+    OperationKind,
+    OperationState,
+)
+from fleets.models import Operation
+from fleets.reconciler import demote, metrics, posture, promote
+from fleets.reconciler.client import CALL_CAP_S, SupervisorClient
+from fleets.reconciler.steps import STEP_TIMEOUT, StepContext, StepResult
+from fleets.services.events import event_record
+from fleets.services.operations import operation_fail, operation_start, operation_step_done
+from fleets.services.transitions import domain_transition
+
+log = logging.getLogger(__name__)
+
+EXECUTORS = {OperationKind.PROMOTE: promote.EXECUTORS, OperationKind.DEMOTE: demote.EXECUTORS}
+# A runaway guard: seven promote steps, each recorded once, plus a start.
+_MAX_MOVES = 32
+
+
+@dataclass(frozen=True)
+class Advance:
+    """What the tick did to the fleet's operation.
+
+    `operation_id`: the operation it touched (None when none was in flight). `nudge_ms`: look
+    again this soon, because a step waits on the outside world; None when nothing waits.
+    """
+
+    operation_id: object | None
+    nudge_ms: int | None
+
+
+def operation_advance(
+    *,
+    fleet_id,
+    client_for: Callable[[str], SupervisorClient],
+    budget_s: float,
+    poll_s: float,
+    actor: str = "reconciler",
+) -> Advance:
+    """Run the in-flight operation's steps until one waits, the operation ends, or time is up.
+
+    `budget_s` bounds starting new nudges; `poll_s` bounds how long a waiting step is re-polled
+    inside this call before handing back with a nudge (0: hand back at once, as unit tests do).
+    """
+    started = time.monotonic()
+    touched = None
+    for _ in range(_MAX_MOVES):
+        op = (
+            Operation.objects.filter(fleet_id=fleet_id, state__in=IN_FLIGHT_OPERATION_STATES)
+            .select_related("fleet", "target_domain", "source_domain")
+            .first()
+        )
+        if op is None:
+            return Advance(touched, None)
+        touched = op.id
+        if op.state == OperationState.PENDING:
+            operation_start(operation_id=op.id, actor=actor)
+            continue
+        elapsed = time.monotonic() - started
+        if elapsed > budget_s:
+            return Advance(op.id, 0)
+        policy = Policy.resolve(op.fleet.policy)
+        ctx = StepContext(
+            operation=op, policy=policy, step=op.current_step, client_for=client_for, actor=actor
+        )
+        result = EXECUTORS[op.kind][op.current_step](ctx)
+        if result.done:
+            _record_done(ctx, result, actor)
+            continue
+        if result.failed:
+            _fail(ctx, result.code, result.message, actor, client_for)
+            return Advance(op.id, None)
+        if ctx.expired():
+            _timeout(ctx, result, actor, client_for)
+            continue
+        wait_s = result.retry_ms / 1000
+        if time.monotonic() - started + wait_s <= poll_s:
+            time.sleep(wait_s)
+            continue
+        return Advance(op.id, result.retry_ms)
+    return Advance(touched, 0)
+
+
+def _step_seconds(ctx: StepContext) -> float | None:
+    started = ctx.operation.step_started_at
+    return (clock.now() - started).total_seconds() if started else None
+
+
+def _record_done(ctx: StepContext, result: StepResult, actor: str) -> None:
+    op, step = ctx.operation, ctx.step
+    data = dict(result.data)
+    failover_s = None
+    if step == "switch_route" and op.detected_at is not None and not data.get("alreadyActive"):
+        # Failover time: from detecting the lost active to the pointer commit, just now.
+        failover_s = (clock.now() - op.detected_at).total_seconds()
+        data["failoverMs"] = int(failover_s * 1000)
+    seconds = _step_seconds(ctx)
+    if operation_step_done(
+        operation_id=op.id, step=step, actor=actor, outcome=result.outcome, data=data
+    ):
+        metrics.observe_step(kind=op.kind, step=step, outcome=result.outcome, seconds=seconds)
+        if failover_s is not None:
+            metrics.observe_failover(failover_s)
+
+
+def _timeout(ctx: StepContext, result: StepResult, actor: str, client_for) -> None:
+    op, step = ctx.operation, ctx.step
+    budget = ctx.budget_ms
+    message = f"{step} did not finish within {budget} ms: {result.message}"
+    if step in BEST_EFFORT_STEPS:
+        # The old active may be dead: advance anyway, and mark it degraded so nobody mistakes it
+        # for a healthy standby until a heartbeat proves it.
+        seconds = _step_seconds(ctx)
+        if operation_step_done(
+            operation_id=op.id,
+            step=step,
+            actor=actor,
+            outcome="timeout_best_effort",
+            data={"message": message},
+        ):
+            metrics.observe_step(
+                kind=op.kind, step=step, outcome="timeout_best_effort", seconds=seconds
+            )
+            if op.source_domain_id is not None:
+                domain_transition(
+                    domain_id=op.source_domain_id,
+                    to_state=DomainState.DEGRADED,
+                    from_states={DomainState.READY},
+                    actor=actor,
+                    reason=message,
+                    operation_id=op.id,
+                )
+        return
+    _fail(ctx, STEP_TIMEOUT, message, actor, client_for)
+
+
+def _fail(ctx: StepContext, code: str, message: str, actor: str, client_for) -> None:
+    op, step = ctx.operation, ctx.step
+    seconds = _step_seconds(ctx)
+    if not operation_fail(operation_id=op.id, step=step, code=code, message=message, actor=actor):
+        return
+    metrics.observe_step(kind=op.kind, step=step, outcome="failed", seconds=seconds)
+    log.warning("operation %s failed at %s: %s: %s", op.id, step, code, message)
+    if op.kind == OperationKind.PROMOTE:
+        # operation_fail has committed; the supervisor calls run outside any transaction.
+        promotion_cleanup(operation=op, policy=ctx.policy, client_for=client_for, actor=actor)
+
+
+def promotion_cleanup(
+    *,
+    operation: Operation,
+    policy: Policy,
+    client_for: Callable[[str], SupervisorClient],
+    actor: str = "reconciler",
+) -> None:
+    """Best effort: put a failed promotion's target back in standby posture, as events.
+
+    Sleep its models; restart training only once the sleep is proven, as for the old active.
+    A failure here is recorded and left to the operator (or a demote): the operation has
+    already failed and routing never moved.
+    """
+    target = operation.target_domain
+    if target is None or not target.supervisor_url:
+        return
+    client = client_for(target.supervisor_url)
+    cap = min(CALL_CAP_S, policy.sleep_timeout_ms / 1000)
+
+    def timeout() -> float:
+        return cap
+
+    slept = posture.ensure_asleep(
+        client=client, domain=target, timeout=timeout, operation_id=operation.id, actor=actor
+    )
+    event_record(
+        fleet_id=operation.fleet_id,
+        domain_id=target.id,
+        operation_id=operation.id,
+        kind="operation.cleanup.sleep",
+        actor=actor,
+        data={"ok": slept.reached, "message": slept.message},
+    )
+    if not slept.reached:
+        event_record(
+            fleet_id=operation.fleet_id,
+            domain_id=target.id,
+            operation_id=operation.id,
+            kind="operation.cleanup.training",
+            actor=actor,
+            data={"ok": False, "skipped": True, "message": "sleep not proven; training left off"},
+        )
+        return
+    cap = min(CALL_CAP_S, policy.start_training_timeout_ms / 1000)
+    trained = posture.ensure_training(
+        client=client, domain=target, timeout=timeout, operation_id=operation.id, actor=actor
+    )
+    event_record(
+        fleet_id=operation.fleet_id,
+        domain_id=target.id,
+        operation_id=operation.id,
+        kind="operation.cleanup.training",
+        actor=actor,
+        data={"ok": trained.reached, "message": trained.message},
+    )

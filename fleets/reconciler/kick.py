@@ -1,0 +1,46 @@
+"""Ask for a fleet's next tick soon, through whatever drives ticks in this process.
+
+The process entry point installs the driver: the server's in-process loop (`loop.py`), or the
+Celery task queue (`fleets.tasks`, in the server with a broker and in every worker). With none
+installed (tests, management commands) a kick does nothing, so nothing ticks behind a test's back.
+
+Installing also registers the kick with `operations.on_operation_created`: a promote or demote
+starts right after its commit instead of at the next beat.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+Kicker = Callable[[str, int], None]
+_kicker: Kicker | None = None
+
+
+def _on_operation_created(fleet_id: str, operation_id: str) -> None:
+    fleet_kick(fleet_id, delay_ms=0)
+
+
+def install(kicker: Kicker | None) -> Kicker | None:
+    """Make `kicker(fleet_id, delay_ms)` the driver of this process; return the previous one."""
+    global _kicker
+    from fleets.services import operations
+
+    previous, _kicker = _kicker, kicker
+    if kicker is not None and _on_operation_created not in operations.on_operation_created:
+        operations.on_operation_created.append(_on_operation_created)
+    if kicker is None and _on_operation_created in operations.on_operation_created:
+        operations.on_operation_created.remove(_on_operation_created)
+    return previous
+
+
+def fleet_kick(fleet_id: str, *, delay_ms: int = 0) -> None:
+    """Request a tick of `fleet_id` within `delay_ms`; never raises."""
+    if _kicker is None:
+        return
+    try:
+        _kicker(str(fleet_id), max(0, int(delay_ms)))
+    except Exception:  # noqa: BLE001 - a lost kick costs one interval, never the request
+        log.warning("could not schedule a tick for fleet %s", fleet_id, exc_info=True)

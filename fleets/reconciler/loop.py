@@ -1,0 +1,120 @@
+"""The in-process reconcile loop: the embedded default's replacement for Celery beat.
+
+Ticks every fleet (or those in `HARU_RECONCILE_FLEETS`) every interval, fleets side by side in
+a small thread pool, never one fleet twice at once, and an error in one fleet's tick never
+stops the others. A tick that hands back with a nudge (a step waiting on the outside world) is
+scheduled again that soon instead of a whole interval later; `request` does the same for a
+kick (a new operation).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from django.db import close_old_connections
+
+from fleets.reconciler import kick
+from fleets.reconciler.tick import fleets_to_reconcile, tick_run
+
+log = logging.getLogger(__name__)
+
+
+class ReconcileLoop:
+    """Drive ticks from background threads of this process."""
+
+    def __init__(
+        self, *, interval_ms: int, fleets: list[str] | None = None, workers: int = 4
+    ) -> None:
+        self.interval_s = interval_ms / 1000
+        self.selection = list(fleets or [])
+        self._cond = threading.Condition()
+        self._due: dict[str, float] = {}
+        self._running: set[str] = set()
+        self._stopping = False
+        self._next_refresh = 0.0
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="haru-tick")
+        self._thread = threading.Thread(target=self._run, name="haru-reconcile-loop", daemon=True)
+
+    def start(self, *, install_kicker: bool = True) -> ReconcileLoop:
+        """Start the loop thread; by default also make it this process's tick driver."""
+        if install_kicker:
+            kick.install(self.request)
+        self._thread.start()
+        log.info(
+            "reconcile loop started: every %d ms, fleets: %s",
+            int(self.interval_s * 1000),
+            ", ".join(self.selection) or "all",
+        )
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop scheduling and wait for running ticks (each is bounded) to finish."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        if kick._kicker == self.request:
+            kick.install(None)
+
+    def request(self, fleet_id: str, delay_ms: int = 0) -> None:
+        """Tick `fleet_id` within `delay_ms` (sooner if it was due sooner anyway)."""
+        when = time.monotonic() + delay_ms / 1000
+        with self._cond:
+            self._due[fleet_id] = min(self._due.get(fleet_id, when), when)
+            self._cond.notify_all()
+
+    def _refresh(self) -> None:
+        try:
+            ids = fleets_to_reconcile(self.selection)
+        except Exception:  # noqa: BLE001 - the state store may be down; try again next round
+            log.warning("reconcile loop: cannot list fleets", exc_info=True)
+            return
+        finally:
+            close_old_connections()
+        now = time.monotonic()
+        with self._cond:
+            for fid in ids:
+                self._due.setdefault(fid, now)
+            for fid in list(self._due):
+                if fid not in ids and fid not in self._running:
+                    del self._due[fid]
+
+    def _run(self) -> None:
+        while True:
+            now = time.monotonic()
+            if now >= self._next_refresh:
+                self._refresh()
+                self._next_refresh = now + self.interval_s
+            with self._cond:
+                if self._stopping:
+                    return
+                now = time.monotonic()
+                for fid, due in list(self._due.items()):
+                    if due <= now and fid not in self._running:
+                        del self._due[fid]
+                        self._running.add(fid)
+                        self._pool.submit(self._tick, fid)
+                waits = [d for f, d in self._due.items() if f not in self._running]
+                until = min([self._next_refresh, *waits])
+                self._cond.wait(max(0.0, until - time.monotonic()))
+
+    def _tick(self, fleet_id: str) -> None:
+        delay = self.interval_s
+        try:
+            result = tick_run(fleet_id=fleet_id)
+            if result.ran and result.nudge_ms is not None:
+                delay = min(delay, result.nudge_ms / 1000)
+        except Exception:  # noqa: BLE001 - one fleet's failure must not stop the loop
+            log.exception("reconcile tick of fleet %s failed", fleet_id)
+        finally:
+            close_old_connections()
+            with self._cond:
+                self._running.discard(fleet_id)
+                when = time.monotonic() + delay
+                self._due[fleet_id] = min(self._due.get(fleet_id, when), when)
+                self._cond.notify_all()

@@ -1,0 +1,177 @@
+"""The reconciler's Prometheus metrics, served by `GET /metrics` from the default registry.
+
+Durable state (domain state and role, heartbeat age, route revision, operations by kind and
+outcome) is read from the database at scrape time by `StateCollector`, so every server replica
+reports the same numbers whichever process ran the tick. Durations and supervisor call errors
+are observed where the tick runs (the server's loop in the embedded default; a Celery worker
+in production, see KNOWN_ISSUES.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from prometheus_client import REGISTRY, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+log = logging.getLogger(__name__)
+
+# Step durations span a no-op (milliseconds) to a large model's wake (minutes).
+_STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+STEP_DURATION = Histogram(
+    "haru_operation_step_duration_seconds",
+    "Duration of each operation step, from its start to done, timeout or failure.",
+    ["kind", "step", "outcome"],
+    buckets=_STEP_BUCKETS,
+)
+FAILOVER_DURATION = Histogram(
+    "haru_failover_duration_seconds",
+    "Automatic failovers: from detecting the lost active to the routing pointer commit.",
+    buckets=_STEP_BUCKETS,
+)
+SUPERVISOR_CALL_ERRORS = Counter(
+    "haru_supervisor_call_errors_total",
+    "Supervisor calls that produced no usable answer, by call and kind of error.",
+    ["call", "kind"],
+)
+TICKS = Counter(
+    "haru_reconcile_ticks_total",
+    "Reconcile ticks by outcome (ok, skipped: another tick held the fleet, error).",
+    ["outcome"],
+)
+TICK_DURATION = Histogram(
+    "haru_reconcile_tick_duration_seconds",
+    "Wall time of one reconcile tick of one fleet.",
+    buckets=_STEP_BUCKETS,
+)
+
+
+class StateCollector:
+    """Export the durable fleet state from the database at scrape time."""
+
+    def describe(self):
+        # Declared up front so registering never runs a query (import time has no database).
+        return [
+            GaugeMetricFamily(
+                "haru_domain_state",
+                "1 for the state each domain is in.",
+                labels=["fleet", "domain", "state"],
+            ),
+            GaugeMetricFamily(
+                "haru_domain_role",
+                "1 for the role each domain holds.",
+                labels=["fleet", "domain", "role"],
+            ),
+            GaugeMetricFamily(
+                "haru_domain_heartbeat_age_seconds",
+                "Seconds since the last successful heartbeat.",
+                labels=["fleet", "domain"],
+            ),
+            GaugeMetricFamily(
+                "haru_fleet_route_revision", "The fleet's routing revision.", labels=["fleet"]
+            ),
+            CounterMetricFamily(
+                "haru_operations",
+                "Operations by kind and outcome (state).",
+                labels=["fleet", "kind", "outcome"],
+            ),
+            GaugeMetricFamily(
+                "haru_state_store_up", "1 when the metrics could read the state store."
+            ),
+        ]
+
+    def collect(self):
+        up = GaugeMetricFamily(
+            "haru_state_store_up", "1 when the metrics could read the state store."
+        )
+        try:
+            families = list(self._collect_state())
+        except Exception:  # noqa: BLE001 - a scrape must answer even with the database down
+            log.warning("metrics: state store unreadable", exc_info=True)
+            up.add_metric([], 0)
+            yield up
+            return
+        yield from families
+        up.add_metric([], 1)
+        yield up
+
+    def _collect_state(self):
+        from django.db.models import Count
+
+        from fleets import clock
+        from fleets.core.states import DomainState, OperationKind, OperationState
+        from fleets.models import Domain, Fleet, Operation
+
+        now = clock.now()
+        state = GaugeMetricFamily(
+            "haru_domain_state",
+            "1 for the state each domain is in.",
+            labels=["fleet", "domain", "state"],
+        )
+        role = GaugeMetricFamily(
+            "haru_domain_role",
+            "1 for the role each domain holds.",
+            labels=["fleet", "domain", "role"],
+        )
+        age = GaugeMetricFamily(
+            "haru_domain_heartbeat_age_seconds",
+            "Seconds since the last successful heartbeat.",
+            labels=["fleet", "domain"],
+        )
+        revision = GaugeMetricFamily(
+            "haru_fleet_route_revision", "The fleet's routing revision.", labels=["fleet"]
+        )
+        ops = CounterMetricFamily(
+            "haru_operations",
+            "Operations by kind and outcome (state).",
+            labels=["fleet", "kind", "outcome"],
+        )
+
+        fleets = {
+            f.id: f for f in Fleet.objects.only("id", "slug", "active_domain_id", "route_revision")
+        }
+        for f in fleets.values():
+            revision.add_metric([f.slug], f.route_revision)
+        for d in Domain.objects.only("id", "slug", "fleet_id", "state", "last_seen_at"):
+            fleet = fleets.get(d.fleet_id)
+            if fleet is None:
+                continue
+            for s in DomainState:
+                state.add_metric([fleet.slug, d.slug, s.value], 1 if d.state == s else 0)
+            is_active = d.id == fleet.active_domain_id
+            role.add_metric([fleet.slug, d.slug, "active"], 1 if is_active else 0)
+            role.add_metric([fleet.slug, d.slug, "standby"], 0 if is_active else 1)
+            if d.last_seen_at is not None:
+                age.add_metric(
+                    [fleet.slug, d.slug], max(0.0, (now - d.last_seen_at).total_seconds())
+                )
+        counts = {
+            (row["fleet_id"], row["kind"], row["state"]): row["n"]
+            for row in Operation.objects.values("fleet_id", "kind", "state").annotate(n=Count("id"))
+        }
+        for fid, fleet in fleets.items():
+            for kind in OperationKind:
+                for st in OperationState:
+                    ops.add_metric(
+                        [fleet.slug, kind.value, st.value],
+                        counts.get((fid, kind.value, st.value), 0),
+                    )
+        return [state, role, age, revision, ops]
+
+
+_collector = StateCollector()
+# Already registered when the module is reloaded in a test run.
+with contextlib.suppress(ValueError):
+    REGISTRY.register(_collector)
+
+
+def observe_step(*, kind: str, step: str, outcome: str, seconds: float | None) -> None:
+    if seconds is not None and seconds >= 0:
+        STEP_DURATION.labels(kind=kind, step=step, outcome=outcome).observe(seconds)
+
+
+def observe_failover(seconds: float) -> None:
+    if seconds >= 0:
+        FAILOVER_DURATION.observe(seconds)

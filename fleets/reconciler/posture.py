@@ -1,0 +1,140 @@
+"""Put a domain in standby posture: models asleep (proven), then training running (proven).
+
+Shared by the demote steps, the promotion's best-effort steps on the old active, and the
+clean-up after a failed promotion. Each helper checks first and nudges only what is not there
+yet, so calling it again is harmless. Slots move only once the supervisor proves the posture.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleets.core.states import InferenceState, TrainingState
+from fleets.models import Domain
+from fleets.reconciler.client import Call, StatusReport, SupervisorClient
+from fleets.reconciler.steps import bound_inference, training_slots
+from fleets.services.transitions import slot_transition
+
+# Every live inference state a proven sleep may settle (the state table allows each -> sleeping).
+_TO_SLEEPING_FROM = frozenset(
+    {
+        InferenceState.SERVING,
+        InferenceState.FAILED,
+        InferenceState.WAKING,
+        InferenceState.PROBING,
+        InferenceState.STARTING,
+    }
+)
+
+
+@dataclass(frozen=True)
+class Posture:
+    """Whether a domain reached a posture; `call` is the supervisor call that failed, if any."""
+
+    reached: bool
+    message: str = ""
+    call: Call | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def _asleep(report: StatusReport, models: list[str]) -> list[str]:
+    """Return the bound models that are not proven asleep (unknown and missing count as awake)."""
+    out = []
+    for name in models:
+        m = report.model(name)
+        if m is None or m.sleeping is not True:
+            out.append(name)
+    return out
+
+
+def _settle_sleeping(domain: Domain, report: StatusReport, operation_id, actor: str) -> None:
+    slots, _ = bound_inference(domain)
+    for slot in slots:
+        names = list(slot.bindings.values_list("name", flat=True))
+        if slot.state == InferenceState.SLEEPING or _asleep(report, names):
+            continue
+        if slot.state in _TO_SLEEPING_FROM:
+            slot_transition(
+                slot_id=slot.id,
+                to_state=InferenceState.SLEEPING,
+                from_states={slot.state},
+                actor=actor,
+                reason="sleep proven by the supervisor",
+                operation_id=operation_id,
+            )
+
+
+def ensure_asleep(
+    *,
+    client: SupervisorClient,
+    domain: Domain,
+    timeout: Callable[[], float],
+    operation_id,
+    actor: str,
+) -> Posture:
+    """Check every bound model of `domain` is asleep; ask the supervisor to sleep them if not."""
+    _, models = bound_inference(domain)
+    if not models:
+        return Posture(True, "no bound models", data={"models": []})
+    for attempt in range(2):
+        status = client.status(timeout=timeout())
+        if not status.ok:
+            return Posture(False, f"status: {status.error.message}", call=status)
+        awake = _asleep(status.value, models)
+        if not awake:
+            _settle_sleeping(domain, status.value, operation_id, actor)
+            return Posture(True, "every bound model is asleep", data={"models": models})
+        if attempt == 1:
+            break
+        # The supervisor's sleep is idempotent: models already asleep are left alone.
+        slept = client.sleep(timeout=timeout())
+        if not slept.ok:
+            return Posture(False, f"sleep: {slept.error.message}", call=slept)
+    return Posture(False, f"not asleep yet: {', '.join(awake)}")
+
+
+def ensure_training(
+    *,
+    client: SupervisorClient,
+    domain: Domain,
+    timeout: Callable[[], float],
+    operation_id,
+    actor: str,
+) -> Posture:
+    """Check every training slot of `domain` runs with a PID; start training if not."""
+    slots = training_slots(domain)
+    if not slots:
+        return Posture(True, "no training slots", data={"trainingSlots": 0})
+    for attempt in range(2):
+        status = client.status(timeout=timeout())
+        if not status.ok:
+            return Posture(False, f"status: {status.error.message}", call=status)
+        missing = []
+        for slot in slots:
+            report = status.value.training(slot.gpu_index)
+            if report is None or not report.running_with_pid:
+                missing.append(slot)
+                continue
+            if slot.state != TrainingState.TRAINING:
+                # Only now, with a PID in hand: "running" without one never counts.
+                slot_transition(
+                    slot_id=slot.id,
+                    to_state=TrainingState.TRAINING,
+                    from_states={TrainingState.IDLE},
+                    actor=actor,
+                    reason="training proven running by the supervisor",
+                    operation_id=operation_id,
+                    extra={"pids": list(report.pids)},
+                )
+        if not missing:
+            pids = {str(s.gpu_index): list(status.value.training(s.gpu_index).pids) for s in slots}
+            return Posture(True, "training runs on every training slot", data={"pids": pids})
+        if attempt == 1:
+            break
+        started = client.training_start(timeout=timeout())
+        if not started.ok:
+            return Posture(False, f"training start: {started.error.message}", call=started)
+    gpus = ", ".join(f"GPU {s.gpu_index}" for s in missing)
+    return Posture(False, f"training not running yet on {gpus}")

@@ -1,0 +1,356 @@
+"""The promotion's step executors, in order (fleets.core.states.PROMOTE_STEPS).
+
+stop_training, verify_gpu, wake and probe act on the target and fail the operation on a
+definitive refusal; switch_route moves the pointer; demote_old_sleep and demote_old_train act on
+the old active (the operation's recorded source) and never fail the operation.
+"""
+
+from __future__ import annotations
+
+from fleets.core.states import InferenceState, TrainingState
+from fleets.models import Event, Fleet, Operation
+from fleets.reconciler import posture
+from fleets.reconciler.steps import (
+    CAS_LOST,
+    NO_INFERENCE_BINDINGS,
+    NO_SUPERVISOR,
+    PROBE_FAILED,
+    RETRY_FAST_MS,
+    StepContext,
+    StepResult,
+    bound_inference,
+    done,
+    failed,
+    pending,
+    percent,
+    supervisor_trouble,
+    training_slots,
+)
+from fleets.services.routing import route_switch
+from fleets.services.transitions import slot_transition
+
+
+def _target_client(ctx: StepContext):
+    target = ctx.target
+    if not target.supervisor_url:
+        return None
+    return ctx.client_for(target.supervisor_url)
+
+
+def _no_supervisor(ctx: StepContext) -> StepResult:
+    return failed(NO_SUPERVISOR, f"domain {ctx.target.slug} has no supervisor URL")
+
+
+def stop_training(ctx: StepContext) -> StepResult:
+    """Stop every training slot of the target; done when the supervisor reports all idle."""
+    target, op = ctx.target, ctx.operation
+    slots = training_slots(target)
+    if not slots:
+        return done(trainingSlots=0)
+    client = _target_client(ctx)
+    if client is None:
+        return _no_supervisor(ctx)
+    claimed = False
+    for slot in slots:
+        if slot.state == TrainingState.TRAINING:
+            # Claim the slots first, so heartbeats leave them to this step.
+            claimed |= slot_transition(
+                slot_id=slot.id,
+                to_state=TrainingState.STOPPING,
+                from_states={TrainingState.TRAINING},
+                actor=ctx.actor,
+                reason="promotion: stopping training",
+                operation_id=op.id,
+            )
+    if claimed:
+        # First pass: ask at once, then look (saves a round trip on the failover's path).
+        stop = client.training_stop(
+            grace_ms=ctx.policy.training_stop_grace_ms, timeout=ctx.call_timeout()
+        )
+        if stop.unauthorized:
+            return supervisor_trouble(stop, on_target=True, what="training stop")
+    status = client.status(timeout=ctx.call_timeout())
+    if not status.ok:
+        return supervisor_trouble(status, on_target=True, what="training status")
+    busy = []
+    for slot in slots:
+        report = status.value.training(slot.gpu_index)
+        # A slot the supervisor does not know runs nothing it could stop; verify_gpu still has
+        # to prove the memory is free.
+        if report is not None and report.state != "idle":
+            busy.append((slot, report))
+    if not busy:
+        for slot in slots:
+            slot_transition(
+                slot_id=slot.id,
+                to_state=TrainingState.IDLE,
+                from_states={TrainingState.STOPPING, TrainingState.TRAINING},
+                actor=ctx.actor,
+                reason="training stopped",
+                operation_id=op.id,
+                extra={"pids": []},
+            )
+        return done(trainingSlots=len(slots))
+    if not claimed and any(report.state != "stopping" for _, report in busy):
+        # Idempotent on the supervisor: a second stop can tighten the deadline, never loosen it.
+        stop = client.training_stop(
+            grace_ms=ctx.policy.training_stop_grace_ms, timeout=ctx.call_timeout()
+        )
+        if not stop.ok:
+            return supervisor_trouble(stop, on_target=True, what="training stop")
+    waiting = ", ".join(f"GPU {s.gpu_index} {r.state} (pids {list(r.pids)})" for s, r in busy)
+    return pending(f"training still running: {waiting}", RETRY_FAST_MS)
+
+
+def verify_gpu(ctx: StepContext) -> StepResult:
+    """Prove every training GPU's memory is back under the policy's used/total ratio."""
+    slots = training_slots(ctx.target)
+    if not slots:
+        return done(gpus=[])
+    client = _target_client(ctx)
+    if client is None:
+        return _no_supervisor(ctx)
+    memory = client.gpu_memory(timeout=ctx.call_timeout())
+    if not memory.ok:
+        return supervisor_trouble(memory, on_target=True, what="GPU memory")
+    limit = ctx.policy.verify_gpu_max_used_ratio
+    over, seen = [], []
+    for index in sorted({s.gpu_index for s in slots}):
+        gpu = memory.value.gpu(index)
+        if gpu is None:
+            over.append(f"GPU {index} is not reported by the supervisor")
+            continue
+        seen.append({"index": index, "usedMiB": gpu.used_mib, "totalMiB": gpu.total_mib})
+        if gpu.used_ratio > limit:
+            over.append(
+                f"GPU {index} holds {gpu.used_mib:.0f}/{gpu.total_mib:.0f} MiB "
+                f"({percent(gpu.used_ratio)} > {percent(limit)})"
+            )
+    if over:
+        return pending("memory not released: " + "; ".join(over), RETRY_FAST_MS)
+    return done(gpus=seen)
+
+
+def _awake(report, models: list[str]) -> list[str]:
+    """Return the bound models not proven awake (unknown and missing count as asleep)."""
+    return [n for n in models if (m := report.model(n)) is None or m.sleeping is not False]
+
+
+def _settle_probing(ctx: StepContext, report) -> None:
+    slots, _ = bound_inference(ctx.target)  # fresh: this step just moved them to waking
+    for slot in slots:
+        names = list(slot.bindings.values_list("name", flat=True))
+        if slot.state == InferenceState.WAKING and not _awake(report, names):
+            slot_transition(
+                slot_id=slot.id,
+                to_state=InferenceState.PROBING,
+                from_states={InferenceState.WAKING},
+                actor=ctx.actor,
+                reason="awake",
+                operation_id=ctx.operation.id,
+            )
+
+
+def wake(ctx: StepContext) -> StepResult:
+    """Wake every bound model of the target; done when the supervisor reports each awake."""
+    slots, models = bound_inference(ctx.target)
+    if not models:
+        return failed(NO_INFERENCE_BINDINGS, f"domain {ctx.target.slug} has no model bindings")
+    client = _target_client(ctx)
+    if client is None:
+        return _no_supervisor(ctx)
+    for slot in slots:
+        if slot.state in (InferenceState.SLEEPING, InferenceState.FAILED):
+            slot_transition(
+                slot_id=slot.id,
+                to_state=InferenceState.WAKING,
+                from_states={slot.state},
+                actor=ctx.actor,
+                reason="promotion: waking",
+                operation_id=ctx.operation.id,
+            )
+    # Nudge, then check: the supervisor's wake is idempotent (awake models are left alone) and
+    # blocks until its engines report awake, so the fast path is this call plus one status.
+    woke = client.wake(timeout=ctx.call_timeout())
+    if woke.unauthorized:
+        return supervisor_trouble(woke, on_target=True, what="wake")
+    status = client.status(timeout=ctx.call_timeout())
+    if not status.ok:
+        return supervisor_trouble(status, on_target=True, what="status")
+    asleep = _awake(status.value, models)
+    if not asleep:
+        _settle_probing(ctx, status.value)
+        return done(models=models)
+    if not woke.ok:
+        return supervisor_trouble(woke, on_target=True, what="wake")
+    return pending(f"not awake yet: {', '.join(asleep)}")
+
+
+def probe(ctx: StepContext) -> StepResult:
+    """Probe every bound model; any failure is final and routing never moves."""
+    slots, models = bound_inference(ctx.target)
+    if not models:
+        return failed(NO_INFERENCE_BINDINGS, f"domain {ctx.target.slug} has no model bindings")
+    client = _target_client(ctx)
+    if client is None:
+        return _no_supervisor(ctx)
+    timeout = ctx.call_timeout()
+    # The supervisor must answer before our own call gives up on it.
+    probe_ms = max(50, int(timeout * 900))
+    result = client.probe(
+        prompt=ctx.policy.probe_prompt,
+        max_tokens=ctx.policy.probe_max_tokens,
+        timeout_ms=probe_ms,
+        models=models,
+        timeout=timeout,
+    )
+    if not result.ok and result.error.status == 400:
+        # A supervisor of the original contract refuses the `models` filter: probe everything
+        # it serves and judge only the bound models (extra models are ignored below).
+        result = client.probe(
+            prompt=ctx.policy.probe_prompt,
+            max_tokens=ctx.policy.probe_max_tokens,
+            timeout_ms=probe_ms,
+            models=None,
+            timeout=ctx.call_timeout(),
+        )
+    if not result.ok:
+        if result.error.code == "invalid_target":
+            # The supervisor does not serve a bound model: no retry will change that.
+            return failed(PROBE_FAILED, f"probe: {result.error.message}")
+        return supervisor_trouble(result, on_target=True, what="probe")
+    problems = []
+    for name in models:
+        r = result.value.result(name)
+        if r is None:
+            problems.append(f"{name}: not probed")
+        elif not r.ok:
+            problems.append(f"{name}: {r.error or 'failed'}")
+    if problems:
+        return failed(PROBE_FAILED, "probe failed: " + "; ".join(problems))
+    for slot in slots:
+        path = {
+            InferenceState.WAKING: (InferenceState.PROBING, InferenceState.SERVING),
+            InferenceState.PROBING: (InferenceState.SERVING,),
+        }.get(slot.state, ())
+        current = slot.state
+        for to_state in path:
+            slot_transition(
+                slot_id=slot.id,
+                to_state=to_state,
+                from_states={current},
+                actor=ctx.actor,
+                reason="probe passed",
+                operation_id=ctx.operation.id,
+            )
+            current = to_state
+    latencies = {r.model: r.latency_ms for r in result.value.results if r.model in models}
+    return done(latencyMs=latencies)
+
+
+def switch_route(ctx: StepContext) -> StepResult:
+    """Move the routing pointer to the target: one CAS with the pointer read at step start."""
+    op = ctx.operation
+    fleet = Fleet.objects.filter(pk=op.fleet_id).values("active_domain_id", "route_revision").get()
+    if fleet["active_domain_id"] == op.target_domain_id:
+        # Ours already committed (a crash between the CAS and recording the step), or the
+        # pointer points where we want it anyway.
+        return done(revision=fleet["route_revision"], alreadyActive=True)
+    revision = route_switch(
+        fleet_id=op.fleet_id,
+        operation_id=op.id,
+        target_domain_id=op.target_domain_id,
+        expected_active_id=fleet["active_domain_id"],
+        expected_revision=fleet["route_revision"],
+        actor=ctx.actor,
+    )
+    if revision is not None:
+        source = fleet["active_domain_id"]
+        return done(revision=revision, fromDomainId=str(source) if source else None)
+    # Lost: re-read, and accept a pointer that already points at the target.
+    again = Fleet.objects.filter(pk=op.fleet_id).values("active_domain_id", "route_revision").get()
+    if again["active_domain_id"] == op.target_domain_id:
+        return done(revision=again["route_revision"], alreadyActive=True)
+    state = Operation.objects.filter(pk=op.id).values_list("state", flat=True).first()
+    if state != "running":
+        return pending("the operation is no longer running")
+    return failed(
+        CAS_LOST,
+        f"the routing pointer changed while switching (now {again['active_domain_id']}, "
+        f"revision {again['route_revision']})",
+    )
+
+
+def _source_client(ctx: StepContext):
+    source = ctx.source
+    if source is None or not source.supervisor_url:
+        return None
+    return ctx.client_for(source.supervisor_url)
+
+
+def _source_is_active(ctx: StepContext) -> bool:
+    active = Fleet.objects.filter(pk=ctx.operation.fleet_id).values_list(
+        "active_domain_id", flat=True
+    )
+    return ctx.source is not None and active.first() == ctx.source.id
+
+
+def demote_old_sleep(ctx: StepContext) -> StepResult:
+    """Best effort: put the old active's models to sleep, proven by the supervisor."""
+    if ctx.source is None:
+        return done("skipped", reason="there was no active domain to demote")
+    if _source_is_active(ctx):
+        # Never sleep whatever serves traffic, whatever led here.
+        return done("skipped", reason="the old active is the active domain again")
+    client = _source_client(ctx)
+    if client is None:
+        return done("skipped", reason=f"domain {ctx.source.slug} has no supervisor URL")
+    result = posture.ensure_asleep(
+        client=client,
+        domain=ctx.source,
+        timeout=ctx.call_timeout,
+        operation_id=ctx.operation.id,
+        actor=ctx.actor,
+    )
+    if result.reached:
+        return done(sleepProven=True, **result.data)
+    # The old active is often the domain that just died: never fail the operation for it.
+    return pending(result.message)
+
+
+def demote_old_train(ctx: StepContext) -> StepResult:
+    """Best effort: start training on the old active, only if its sleep was proven."""
+    if ctx.source is None:
+        return done("skipped", reason="there was no active domain to demote")
+    proven = Event.objects.filter(
+        operation_id=ctx.operation.id, kind="operation.step.done", step="demote_old_sleep"
+    ).exists()
+    if not proven:
+        # A model server still holding its weights would share the GPU with the trainer: OOM.
+        return done("skipped", reason="sleep of the old active was not proven")
+    if _source_is_active(ctx):
+        return done("skipped", reason="the old active is the active domain again")
+    client = _source_client(ctx)
+    if client is None:
+        return done("skipped", reason=f"domain {ctx.source.slug} has no supervisor URL")
+    result = posture.ensure_training(
+        client=client,
+        domain=ctx.source,
+        timeout=ctx.call_timeout,
+        operation_id=ctx.operation.id,
+        actor=ctx.actor,
+    )
+    if result.reached:
+        return done(**result.data)
+    return pending(result.message)
+
+
+EXECUTORS = {
+    "stop_training": stop_training,
+    "verify_gpu": verify_gpu,
+    "wake": wake,
+    "probe": probe,
+    "switch_route": switch_route,
+    "demote_old_sleep": demote_old_sleep,
+    "demote_old_train": demote_old_train,
+}

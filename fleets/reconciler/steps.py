@@ -1,0 +1,143 @@
+"""What every step executor shares: the context it runs in, its result, and layout reads.
+
+An executor is a re-entrant check-and-nudge: it reads where the world is (the supervisor's
+report, the database), nudges it one move further when it is not there yet, and answers
+done, pending or failed. Running it twice does no harm, and a step interrupted by a crash
+simply runs again. Executors never open a transaction around a supervisor call; every state
+change they make goes through `fleets.services`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from fleets import clock
+from fleets.core.policy import Policy
+from fleets.core.states import SlotKind
+from fleets.models import Domain, ModelBinding, Operation, Slot
+from fleets.reconciler.client import CALL_CAP_S, Call, SupervisorClient
+
+DONE = "done"
+PENDING = "pending"
+FAILED = "failed"
+
+# Codes an operation can fail with (facts.md section 1).
+SUPERVISOR_UNAUTHORIZED = "supervisor_unauthorized"
+STEP_TIMEOUT = "step_timeout"
+PROBE_FAILED = "probe_failed"
+CAS_LOST = "cas_lost"
+DOMAIN_MISSING = "domain_missing"
+NO_SUPERVISOR = "no_supervisor"
+TARGET_IS_ACTIVE = "target_is_active"
+NO_INFERENCE_BINDINGS = "no_inference_bindings"
+
+# How soon a step waiting on the outside world is looked at again.
+RETRY_FAST_MS = 15
+RETRY_MS = 200
+
+
+@dataclass(frozen=True)
+class StepResult:
+    status: str
+    # done: the event outcome ("done", "skipped") and what to record with it
+    outcome: str = "done"
+    data: dict[str, Any] = field(default_factory=dict)
+    # failed: the operation's error code and message
+    code: str = ""
+    message: str = ""
+    # pending: when to look again, and what we are waiting for (kept for the timeout message)
+    retry_ms: int = RETRY_MS
+
+    @property
+    def done(self) -> bool:
+        return self.status == DONE
+
+    @property
+    def failed(self) -> bool:
+        return self.status == FAILED
+
+
+def done(outcome: str = "done", **data: Any) -> StepResult:
+    return StepResult(DONE, outcome=outcome, data=data)
+
+
+def pending(message: str, retry_ms: int = RETRY_MS) -> StepResult:
+    return StepResult(PENDING, message=message, retry_ms=retry_ms)
+
+
+def failed(code: str, message: str) -> StepResult:
+    return StepResult(FAILED, code=code, message=message)
+
+
+@dataclass
+class StepContext:
+    """Everything an executor needs, loaded once per nudge."""
+
+    operation: Operation
+    policy: Policy
+    step: str
+    client_for: Callable[[str], SupervisorClient]
+    actor: str = "reconciler"
+
+    @property
+    def started_at(self) -> datetime:
+        return self.operation.step_started_at or clock.now()
+
+    @property
+    def budget_ms(self) -> int:
+        return self.policy.step_timeout_ms(self.step)
+
+    @property
+    def deadline(self) -> datetime:
+        return self.started_at + timedelta(milliseconds=self.budget_ms)
+
+    def remaining_s(self) -> float:
+        return (self.deadline - clock.now()).total_seconds()
+
+    def expired(self) -> bool:
+        return self.remaining_s() <= 0
+
+    def call_timeout(self) -> float:
+        """Cap one supervisor call at min(10 s, what is left of the step's budget)."""
+        return min(CALL_CAP_S, self.remaining_s())
+
+    @property
+    def target(self) -> Domain | None:
+        return self.operation.target_domain
+
+    @property
+    def source(self) -> Domain | None:
+        return self.operation.source_domain
+
+
+def training_slots(domain: Domain) -> list[Slot]:
+    """Return the layout's training slots of a domain, by GPU."""
+    return list(Slot.objects.filter(domain=domain, kind=SlotKind.TRAINING).order_by("gpu_index"))
+
+
+def bound_inference(domain: Domain) -> tuple[list[Slot], list[str]]:
+    """Return the inference slots that carry bindings, and every bound model name."""
+    bindings = list(ModelBinding.objects.filter(domain=domain).order_by("name"))
+    slot_ids = {b.slot_id for b in bindings}
+    slots = list(Slot.objects.filter(pk__in=slot_ids).order_by("gpu_index"))
+    return slots, [b.name for b in bindings]
+
+
+def supervisor_trouble(call: Call, *, on_target: bool, what: str) -> StepResult:
+    """Turn a failed supervisor call into the step's answer.
+
+    401/403 on the target fails at once: waiting cannot fix a wrong token. Everything else
+    (network, timeout, a bad body, a 5xx) may be transient and stays pending until the step's
+    budget runs out. Calls to the old active are always pending: they are best effort.
+    """
+    assert call.error is not None
+    if call.unauthorized and on_target:
+        return failed(SUPERVISOR_UNAUTHORIZED, f"{what}: {call.error.message}")
+    return pending(f"{what}: {call.error.message}")
+
+
+def percent(ratio: float) -> str:
+    return f"{ratio * 100:.1f}%"

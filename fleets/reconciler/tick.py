@@ -1,0 +1,240 @@
+"""One reconcile tick for one fleet.
+
+1. heartbeat every domain's supervisor, concurrently (HTTP, outside any transaction);
+2. mirror slot health and domain states;
+3. escalate an active degraded past `degradedGraceMs` (every condition inside one UPDATE);
+4. detect failover and request the promotion (`reason="auto_failover"`);
+5. advance the in-flight operation through every step that completes at once.
+
+`tick_run` wraps it in the fleet's tick lock; `fleet_tick` is the bare tick (safe to run
+concurrently: every write is a conditional UPDATE; the race tests run it from 8 threads).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fleets import clock
+from fleets.core.failover import NO_VIABLE_STANDBY, detect_failover, should_escalate
+from fleets.core.states import IN_FLIGHT_OPERATION_STATES, OperationKind
+from fleets.models import Domain, Fleet, Operation
+from fleets.reconciler import metrics
+from fleets.reconciler.advance import operation_advance
+from fleets.reconciler.client import SupervisorClient, client_for
+from fleets.reconciler.heartbeat import heartbeat_apply, heartbeats_collect
+from fleets.reconciler.locks import fleet_tick_lock
+from fleets.selectors import fleet_view
+from fleets.services.errors import InvalidTarget, OperationConflict
+from fleets.services.escalation import domain_escalate
+from fleets.services.events import event_record
+from fleets.services.operations import operation_request
+
+log = logging.getLogger(__name__)
+
+# A tick starts no new step nudge after this long; a call already running finishes (each is
+# capped at 10 s), so one tick stays well inside the Celery soft limit.
+TICK_BUDGET_S = 5.0
+# How long a waiting step is re-polled inside the tick before handing back with a nudge: short
+# waits (a trainer saving its checkpoint) finish in the same tick without a new heartbeat round.
+TICK_POLL_S = 2.0
+# How often "nobody can take over" is recorded while it stays true, per fleet and process.
+_NO_STANDBY_EVENT_EVERY_S = 60.0
+_no_standby_reported: dict[str, float] = {}
+
+
+@dataclass(frozen=True)
+class TickResult:
+    fleet_id: str
+    ran: bool  # False: another tick held the fleet's lock
+    operation_id: object | None = None
+    nudge_ms: int | None = None  # look again this soon (a step waits on the outside world)
+
+    def operation(self) -> Operation | None:
+        if self.operation_id is None:
+            return None
+        return Operation.objects.filter(pk=self.operation_id).first()
+
+
+def fleet_tick(
+    *,
+    fleet_id,
+    client_factory: Callable[[str], SupervisorClient] = client_for,
+    budget_s: float = TICK_BUDGET_S,
+    poll_s: float = TICK_POLL_S,
+    actor: str = "reconciler",
+) -> TickResult:
+    """Run one tick for one fleet without taking its lock (see `tick_run`)."""
+    fleet = Fleet.objects.filter(pk=fleet_id).first()
+    if fleet is None:
+        return TickResult(str(fleet_id), ran=True)
+    view = fleet_view(fleet)
+    policy = view.policy
+
+    # 1-2. Heartbeats: read all, then apply each.
+    domains = list(Domain.objects.filter(fleet=fleet))
+    beats = heartbeats_collect(domains, policy=policy, client_for=client_factory)
+    in_flight = Operation.objects.filter(
+        fleet_id=fleet.id, state__in=IN_FLIGHT_OPERATION_STATES
+    ).exists()
+    active_id = Fleet.objects.filter(pk=fleet.id).values_list("active_domain_id", flat=True).get()
+    for beat in beats:
+        heartbeat_apply(beat, active_domain_id=active_id, operation_in_flight=in_flight)
+
+    # 3. Escalation: the core says whether it is due; the UPDATE re-checks it all.
+    view = fleet_view(fleet)
+    now = clock.now()
+    if view.active is not None:
+        degraded_since = (
+            Domain.objects.filter(pk=view.active.id)
+            .values_list("state_updated_at", flat=True)
+            .first()
+        )
+        if should_escalate(view, now, degraded_since) and domain_escalate(
+            domain_id=view.active.id,
+            now=now,
+            degraded_grace_ms=policy.degraded_grace_ms,
+            heartbeat_stale_ms=policy.heartbeat_stale_ms,
+            actor=actor,
+        ):
+            view = fleet_view(fleet)
+
+    # 4. Failover detection.
+    if not in_flight:
+        _maybe_fail_over(fleet, view, now, actor)
+
+    # 5. Advance whatever is in flight now (including a promotion created just above).
+    advance = operation_advance(
+        fleet_id=fleet.id, client_for=client_factory, budget_s=budget_s, poll_s=poll_s, actor=actor
+    )
+    return TickResult(str(fleet.id), True, advance.operation_id, advance.nudge_ms)
+
+
+def _maybe_fail_over(fleet: Fleet, view, now, actor: str) -> None:
+    decision = detect_failover(view, now)
+    if decision is None:
+        _no_standby_reported.pop(str(fleet.id), None)
+        return
+    if decision.target_id is None:
+        _report_no_standby(fleet, view, decision.reason)
+        return
+    try:
+        result = operation_request(
+            fleet=fleet,
+            kind=OperationKind.PROMOTE,
+            target_domain_id=decision.target_id,
+            actor=actor,
+            reason="auto_failover",
+            detected_at=now,
+        )
+    except (OperationConflict, InvalidTarget) as exc:
+        # Another tick (or an operator) got there first, or the target moved: next tick decides.
+        log.info("fleet %s: auto-failover not requested: %s", fleet.slug, exc)
+        return
+    if result.created:
+        active = view.active
+        log.warning(
+            "fleet %s: active %s lost (%s); promoting %s",
+            fleet.slug,
+            active.slug if active else None,
+            decision.reason,
+            view.domain(decision.target_id).slug,
+        )
+        event_record(
+            fleet_id=fleet.id,
+            operation_id=result.operation.id,
+            domain_id=decision.target_id,
+            kind="operation.auto_failover",
+            actor=actor,
+            data={
+                "reason": decision.reason,
+                "activeDomainId": view.active_domain_id,
+                "targetDomainId": decision.target_id,
+                "detectedAt": now.isoformat().replace("+00:00", "Z"),
+            },
+        )
+
+
+def _report_no_standby(fleet: Fleet, view, reason: str) -> None:
+    last = _no_standby_reported.get(str(fleet.id))
+    if last is not None and time.monotonic() - last < _NO_STANDBY_EVENT_EVERY_S:
+        return
+    _no_standby_reported[str(fleet.id)] = time.monotonic()
+    log.error("fleet %s: the active is lost and no standby can take over", fleet.slug)
+    event_record(
+        fleet_id=fleet.id,
+        domain_id=view.active_domain_id,
+        kind="failover.no_viable_standby",
+        actor="reconciler",
+        data={"reason": NO_VIABLE_STANDBY},
+    )
+
+
+def tick_run(
+    *,
+    fleet_id,
+    wait_s: float = 0.0,
+    client_factory: Callable[[str], SupervisorClient] = client_for,
+    budget_s: float = TICK_BUDGET_S,
+    poll_s: float = TICK_POLL_S,
+    actor: str = "reconciler",
+) -> TickResult:
+    """Run one tick under the fleet's lock; skip (ran=False) if another tick holds it."""
+    started = time.monotonic()
+    with fleet_tick_lock(fleet_id, wait_s=wait_s) as acquired:
+        if not acquired:
+            metrics.TICKS.labels(outcome="skipped").inc()
+            return TickResult(str(fleet_id), ran=False)
+        try:
+            result = fleet_tick(
+                fleet_id=fleet_id,
+                client_factory=client_factory,
+                budget_s=budget_s,
+                poll_s=poll_s,
+                actor=actor,
+            )
+        except Exception:
+            metrics.TICKS.labels(outcome="error").inc()
+            raise
+    metrics.TICKS.labels(outcome="ok").inc()
+    metrics.TICK_DURATION.observe(time.monotonic() - started)
+    return result
+
+
+def fleets_to_reconcile(selection: list[str] | None = None) -> list[str]:
+    """Return the ids of the fleets to tick: all of them, or those named (slug or UUID)."""
+    from fleets.selectors import fleet_get
+    from fleets.services.errors import FleetNotFound
+
+    if not selection:
+        return [str(pk) for pk in Fleet.objects.values_list("id", flat=True)]
+    out = []
+    for ref in selection:
+        try:
+            out.append(str(fleet_get(ref).id))
+        except FleetNotFound:
+            log.warning("reconcile: fleet %r not found; skipped", ref)
+    return out
+
+
+def fleet_reconcile(*, fleet_id, actor: str = "api", wait_s: float = 10.0) -> TickResult:
+    """Run one tick now (the API's `POST .../reconcile`), waiting briefly for a running one.
+
+    If a step still waits on the outside world afterwards, the process's tick driver (loop or
+    Celery) is asked to look again soon.
+    """
+    from fleets.reconciler import kick
+
+    result = tick_run(fleet_id=fleet_id, wait_s=wait_s, actor=actor)
+    if result.nudge_ms is not None:
+        kick.fleet_kick(result.fleet_id, delay_ms=result.nudge_ms)
+    if result.operation_id is None:
+        # Skipped, or nothing moved: report what is in flight, if anything.
+        current = Operation.objects.filter(
+            fleet_id=fleet_id, state__in=IN_FLIGHT_OPERATION_STATES
+        ).first()
+        if current is not None:
+            return TickResult(result.fleet_id, result.ran, current.id, result.nudge_ms)
+    return result

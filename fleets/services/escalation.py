@@ -1,0 +1,104 @@
+"""Escalate an active domain that stayed degraded past its grace to failed.
+
+The pure core decides whether escalation is due (`fleets.core.failover.should_escalate`); this
+service re-checks every condition inside the one UPDATE that acts on it, because each of them
+can change between the read and the write: the pointer can move, an operation can start, the
+standby can go stale, the operator can switch autoFailover off.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.db.models import Exists, OuterRef, Q
+
+from fleets.core.states import (
+    IN_FLIGHT_OPERATION_STATES,
+    DomainState,
+    InferenceState,
+    SlotKind,
+    check_transition,
+)
+from fleets.models import Domain, Fleet, ModelBinding, Operation, Slot
+from fleets.services.events import event_record
+
+
+def _viable_standby_exists(now: datetime, stale_ms: int):
+    """Build the `Exists` twin of `fleets.core.failover.is_viable_standby` (outer: the active)."""
+    standby = (
+        Domain.objects.filter(
+            fleet_id=OuterRef("fleet_id"),
+            state=DomainState.READY,
+            last_seen_at__gte=now - timedelta(milliseconds=stale_ms),
+        )
+        .exclude(pk=OuterRef("pk"))
+        .exclude(supervisor_url="")
+        .filter(Exists(ModelBinding.objects.filter(domain_id=OuterRef("pk"))))
+        .filter(
+            ~Exists(
+                Slot.objects.filter(
+                    domain_id=OuterRef("pk"),
+                    kind=SlotKind.INFERENCE,
+                    state=InferenceState.FAILED,
+                )
+            )
+        )
+    )
+    return Exists(standby)
+
+
+def domain_escalate(
+    *,
+    domain_id,
+    now: datetime,
+    degraded_grace_ms: int,
+    heartbeat_stale_ms: int,
+    actor: str = "reconciler",
+) -> bool:
+    """Move the degraded active `domain_id` to failed when every escalation condition holds.
+
+    One conditional UPDATE checks, all at once: the domain is still degraded and has been since
+    before the grace; it is still the fleet's active; the fleet's autoFailover is on; a viable
+    standby exists; and no operation is in flight. Return whether it moved.
+    """
+    check_transition("domain", DomainState.DEGRADED, DomainState.FAILED)
+    is_active = Exists(
+        Fleet.objects.filter(pk=OuterRef("fleet_id"), active_domain_id=OuterRef("pk"))
+    )
+    # autoFailover defaults to false, so only an explicit true (JSON true) counts.
+    auto_failover = Exists(Fleet.objects.filter(pk=OuterRef("fleet_id"), policy__autoFailover=True))
+    idle = ~Exists(
+        Operation.objects.filter(
+            fleet_id=OuterRef("fleet_id"), state__in=IN_FLIGHT_OPERATION_STATES
+        )
+    )
+    guard = Domain.objects.filter(
+        Q(pk=domain_id),
+        Q(state=DomainState.DEGRADED),
+        Q(state_updated_at__lte=now - timedelta(milliseconds=degraded_grace_ms)),
+        is_active,
+        auto_failover,
+        idle,
+        _viable_standby_exists(now, heartbeat_stale_ms),
+    )
+    row = Domain.objects.filter(pk=domain_id).values("fleet_id", "state_updated_at").first()
+    if row is None:
+        return False
+    with transaction.atomic():
+        moved = guard.update(state=DomainState.FAILED, state_updated_at=now)
+        if moved:
+            degraded_for = int((now - row["state_updated_at"]).total_seconds() * 1000)
+            event_record(
+                fleet_id=row["fleet_id"],
+                domain_id=domain_id,
+                kind="domain.degraded.escalated",
+                actor=actor,
+                data={
+                    "from": DomainState.DEGRADED,
+                    "to": DomainState.FAILED,
+                    "degradedForMs": degraded_for,
+                    "graceMs": degraded_grace_ms,
+                },
+            )
+    return bool(moved)

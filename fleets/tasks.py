@@ -1,0 +1,92 @@
+"""Celery tasks: beat fans out one tick per fleet; a waiting step re-queues its fleet soon.
+
+Tasks take ids, are idempotent (a tick only moves what the world already shows), acknowledge
+late (a worker that dies mid-tick leaves the message to be redelivered) and run under time
+limits. Ticks of one fleet never overlap: the tick holds the fleet's lock
+(`fleets.reconciler.locks`) and a second one skips.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+from celery import shared_task
+from celery.signals import worker_process_init
+from django.conf import settings
+
+from fleets.reconciler import kick
+from fleets.reconciler.tick import fleets_to_reconcile, tick_run
+
+log = logging.getLogger(__name__)
+
+# A tick starts no step after 5 s and each supervisor call is capped at 10 s; the soft limit
+# leaves room for a heartbeat round plus one capped call, the hard limit kills a stuck worker
+# (its lock goes with its database connection).
+SOFT_LIMIT_S = 45
+HARD_LIMIT_S = 60
+# Follow-ups of one fleet are deduplicated for this long, so beat plus nudges never pile up.
+_NUDGE_DEDUPE_MS = 1000
+
+
+@functools.cache
+def _redis():
+    """Return this process's Redis client (a connection pool, safe to share across threads)."""
+    import redis
+
+    return redis.Redis.from_url(settings.HARU["redis_url"])
+
+
+def _interval_s() -> float:
+    return (settings.HARU["reconcile_interval_ms"] or 5000) / 1000
+
+
+def celery_kicker(fleet_id: str, delay_ms: int) -> None:
+    """Queue a tick of `fleet_id` in `delay_ms`, at most one pending follow-up per fleet."""
+    if delay_ms > 0:
+        # A waiting step asks again every few hundred ms; one queued follow-up per fleet is enough.
+        key = f"haru:nudge:{fleet_id}"
+        if not _redis().set(key, "1", nx=True, px=max(delay_ms, _NUDGE_DEDUPE_MS)):
+            return
+    reconcile_fleet.apply_async(
+        args=[fleet_id], countdown=delay_ms / 1000, expires=delay_ms / 1000 + _interval_s() * 3
+    )
+
+
+@worker_process_init.connect
+def _install_kicker(**_kwargs) -> None:
+    # Inside a worker, operations created by a tick (auto-failover) are kicked through Celery.
+    kick.install(celery_kicker)
+
+
+@shared_task(
+    name="fleets.reconcile_fleet",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    soft_time_limit=SOFT_LIMIT_S,
+    time_limit=HARD_LIMIT_S,
+    ignore_result=True,
+)
+def reconcile_fleet(fleet_id: str) -> dict:
+    """Run one tick of one fleet (skipped if another tick holds it); re-queue if a step waits."""
+    result = tick_run(fleet_id=fleet_id)
+    if result.ran and result.nudge_ms is not None:
+        _redis().delete(f"haru:nudge:{fleet_id}")
+        celery_kicker(fleet_id, max(result.nudge_ms, 1))
+    return {"fleetId": fleet_id, "ran": result.ran, "nudgeMs": result.nudge_ms}
+
+
+@shared_task(
+    name="fleets.reconcile_all",
+    acks_late=True,
+    soft_time_limit=SOFT_LIMIT_S,
+    time_limit=HARD_LIMIT_S,
+    ignore_result=True,
+)
+def reconcile_all() -> list[str]:
+    """Queue a tick for every fleet (or those in HARU_RECONCILE_FLEETS)."""
+    ids = fleets_to_reconcile(settings.HARU["reconcile_fleets"])
+    for fleet_id in ids:
+        # Expire with the beat: a backlog of stale ticks after an outage is pure waste.
+        reconcile_fleet.apply_async(args=[fleet_id], expires=_interval_s())
+    return ids

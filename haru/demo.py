@@ -1,0 +1,382 @@
+"""`make demo` (`python -m haru.demo`): a real failover on a laptop, no GPU needed.
+
+Migrates the embedded SQLite database, seeds `examples/fleet.two-domain.json` (autoFailover on,
+short timings), starts two supervisors (each starts its simulated model servers), the server
+with its reconcile loop, puts the standby in standby posture (models asleep, trainer running),
+prints how to watch and how to break things, then prints the fleet's events as they happen.
+Ctrl-C stops every process it started.
+
+Subcommands, for a second terminal: `crash east|west` (the whole host dies), `start-host
+east|west` (bring it back), `stop` (kill whatever a previous demo left behind).
+
+The supervisor token is random per run, handed to the processes through their environment and
+kept in var/demo/state.json (mode 0600); it is never printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+SERVER_PORT = 8700
+HOSTS = {
+    "east": {"port": 8701, "config": "examples/supervisor-east.json", "models": (18001, 18002)},
+    "west": {"port": 8702, "config": "examples/supervisor-west.json", "models": (18011, 18012)},
+}
+LAYOUT = "examples/fleet.two-domain.json"
+FLEET = "demo"
+# Every process the demo starts carries this in its environment (and its children inherit it),
+# so cleanup finds them all, orphans of a crashed supervisor included.
+MARKER = "HARU_DEMO_RUN"
+
+
+def var_dir() -> Path:
+    return Path(os.environ.get("HARU_VAR_DIR") or REPO / "var")
+
+
+def demo_dir() -> Path:
+    path = var_dir() / "demo"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def say(message: str = "") -> None:
+    print(message, flush=True)
+
+
+# -- processes ---------------------------------------------------------------------------------
+
+
+def demo_pids(host: str | None = None) -> list[int]:
+    """Return live processes started by any demo run (optionally only one host's)."""
+    needle = f"{MARKER}=".encode()
+    host_needle = f"HARU_DEMO_HOST={host}\0".encode() if host else None
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ and (host_needle is None or host_needle in environ + b"\0"):
+            out.append(int(entry.name))
+    return out
+
+
+def kill_pids(pids: list[int], sig: int = signal.SIGKILL) -> None:
+    for pid in pids:
+        # Each child leads its own process group (a trainer's workers die with it).
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+        return False
+
+
+def base_env(run_id: str, token: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update({MARKER: run_id, "HARU_SUPERVISOR_TOKEN": token, "PYTHONUNBUFFERED": "1"})
+    return env
+
+
+def start_supervisor(name: str, state: dict) -> subprocess.Popen:
+    spec = HOSTS[name]
+    env = base_env(state["run"], state["supervisorToken"])
+    env.update(
+        {
+            "PORT": str(spec["port"]),
+            "HARU_SUPERVISOR_CONFIG": spec["config"],
+            "HARU_DEMO_HOST": name,
+        }
+    )
+    log = open(demo_dir() / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "supervisor"],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    log.close()
+    return proc
+
+
+def wait_until(check, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            if check():
+                return
+        time.sleep(0.2)
+    raise SystemExit(f"demo: timed out waiting for {what}; see the logs in {demo_dir()}")
+
+
+def supervisor_ready(name: str, token: str) -> bool:
+    r = httpx.get(
+        f"http://127.0.0.1:{HOSTS[name]['port']}/v1/status",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=2,
+        trust_env=False,
+    )
+    return r.status_code == 200 and r.json().get("ready") is True
+
+
+def load_state() -> dict:
+    path = demo_dir() / "state.json"
+    if not path.exists():
+        raise SystemExit("demo: no demo has run here yet (python -m haru.demo)")
+    return json.loads(path.read_text())
+
+
+def save_state(state: dict) -> None:
+    path = demo_dir() / "state.json"
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_text(json.dumps(state))
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+
+def preflight() -> None:
+    busy = [p for p in (SERVER_PORT, *(h["port"] for h in HOSTS.values())) if port_in_use(p)]
+    busy += [p for h in HOSTS.values() for p in h["models"] if port_in_use(p)]
+    if not busy:
+        return
+    leftovers = demo_pids()
+    hint = (
+        f"{len(leftovers)} process(es) of an earlier demo are still running: stop them with "
+        "`python -m haru.demo stop` (or Ctrl-C in that demo's terminal)."
+        if leftovers
+        else "Something else listens there; find it with `ss -ltnp` and stop it."
+    )
+    raise SystemExit(f"demo: port(s) {', '.join(map(str, busy))} already in use. {hint}")
+
+
+def manage(env: dict, *args: str) -> None:
+    subprocess.run([PYTHON, "manage.py", *args], cwd=REPO, env=env, check=True)
+
+
+def api(state: dict, method: str, path: str, body: dict | None = None) -> httpx.Response:
+    return httpx.request(
+        method,
+        f"http://127.0.0.1:{SERVER_PORT}/v1{path}",
+        json=body,
+        headers={"Authorization": f"Bearer {state['apiToken']}"},
+        timeout=30,
+        trust_env=False,
+    )
+
+
+def prepare_standbys(state: dict) -> None:
+    """Demote every standby: sleep its models and start its trainer (the standby posture)."""
+    fleet = api(state, "GET", f"/fleets/{FLEET}").json()
+    for domain in fleet["domains"]:
+        if domain["role"] != "standby":
+            continue
+        for _ in range(60):
+            r = api(state, "POST", f"/fleets/{FLEET}/demote", {"targetDomainId": domain["slug"]})
+            if r.status_code != 409:  # another operation (a resumed one) still in flight
+                break
+            time.sleep(1)
+        say(f"  standby {domain['slug']}: demote {r.json().get('status', r.text[:200])}")
+
+
+def print_instructions(state: dict, procs: dict[str, subprocess.Popen]) -> None:
+    t = state["apiToken"]
+    base = f"http://127.0.0.1:{SERVER_PORT}"
+    chat = json.dumps({"model": "qwen-small", "messages": [{"role": "user", "content": "hi"}]})
+    say(
+        f"""
+Haru demo is running (fleet "{FLEET}": east and west, simulated H100s).
+
+Watch
+  dashboard     {base}/
+  route intent  curl -s -H 'Authorization: Bearer {t}' {base}/v1/fleets/{FLEET}/route-intent
+  fleet         curl -s -H 'Authorization: Bearer {t}' {base}/v1/fleets/{FLEET}
+  chat          curl -s {base}/v1/chat/completions -H 'Authorization: Bearer {t}' \\
+                  -H 'X-Haru-Fleet: {FLEET}' -H 'content-type: application/json' -d '{chat}'
+  metrics       curl -s {base}/metrics | grep ^haru_
+  logs          {demo_dir()}/*.log
+
+Break it
+  kill the active's supervisor:  kill -KILL -- -{procs["east"].pid}
+      (its model servers live on, like a partitioned host; to take the whole host down:
+       python -m haru.demo crash east)
+  bring a host back:             python -m haru.demo start-host east
+  make west's wake fail:         curl -s -XPOST http://127.0.0.1:18011/_sim/faults \\
+                                   -H 'content-type: application/json' -d '{{"wakeFails": true}}'
+      (clear it with {{"wakeFails": false}}; a failed promotion never moves routing)
+  promote by hand:               curl -s -XPOST -H 'Authorization: Bearer {t}' \\
+                                   -H 'content-type: application/json' \\
+                                   {base}/v1/fleets/{FLEET}/promote \\
+                                   -d '{{"targetDomainId": "west"}}'
+
+The fleet's events follow. Ctrl-C stops everything.
+"""
+    )
+
+
+def follow_events(procs: dict[str, subprocess.Popen]) -> None:
+    """Print new events until interrupted; report a process that exits on its own."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "haru.settings")
+    import django
+
+    django.setup()
+    from fleets.models import Event
+
+    last = Event.objects.order_by("-id").values_list("id", flat=True).first() or 0
+    reported: set[str] = set()
+    while True:
+        for event in Event.objects.filter(id__gt=last).select_related("domain").order_by("id"):
+            last = event.id
+            where = f" {event.domain.slug}" if event.domain else ""
+            step = f" {event.step}" if event.step else ""
+            took = f" ({event.duration_ms} ms)" if event.duration_ms is not None else ""
+            detail = event.data.get("reason") or event.data.get("message") or event.data.get("code")
+            extra = f": {str(detail)[:120]}" if detail else ""
+            say(f"{event.created_at:%H:%M:%S.%f}"[:12] + f" {event.kind}{where}{step}{took}{extra}")
+        for name, proc in procs.items():
+            if proc.poll() is not None and name not in reported:
+                reported.add(name)
+                say(f"--- {name} exited (status {proc.returncode}); see {demo_dir()}/{name}.log")
+        time.sleep(0.3)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def run(fresh: bool) -> None:
+    # Ctrl-C, a closed terminal or a plain `kill` all end in the same orderly shutdown (and a
+    # shell that started us in the background must not leave SIGINT ignored).
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
+    preflight()
+    if fresh:
+        for suffix in ("", "-wal", "-shm"):
+            (var_dir() / f"haru.sqlite3{suffix}").unlink(missing_ok=True)
+    state = {
+        "run": secrets.token_hex(8),
+        "supervisorToken": secrets.token_urlsafe(32),
+        "apiToken": "demo-" + secrets.token_urlsafe(16),
+    }
+    save_state(state)
+    env = base_env(state["run"], state["supervisorToken"])
+    env.update(
+        {
+            "HARU_API_TOKEN": state["apiToken"],
+            "HARU_RECONCILE_INTERVAL_MS": "1000",
+            "HARU_DEFAULT_FLEET": FLEET,
+        }
+    )
+    say("demo: migrating the embedded database and seeding the two-domain fleet")
+    manage(env, "migrate", "--noinput", "-v0")
+    manage(env, "seed_layout", "--config", LAYOUT)
+
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        for name in HOSTS:
+            procs[name] = start_supervisor(name, state)
+        say("demo: starting the supervisors (each starts two simulated model servers)")
+        for name in HOSTS:
+            wait_until(lambda n=name: supervisor_ready(n, state["supervisorToken"]), 60, name)
+        log = open(demo_dir() / "server.log", "ab")  # noqa: SIM115
+        procs["server"] = subprocess.Popen(
+            [PYTHON, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(SERVER_PORT)],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        wait_until(
+            lambda: (
+                httpx.get(f"http://127.0.0.1:{SERVER_PORT}/healthz", timeout=2).status_code == 200
+            ),
+            30,
+            "the server",
+        )
+        say("demo: putting the standby in standby posture (models asleep, trainer running)")
+        prepare_standbys(state)
+        print_instructions(state, procs)
+        os.environ.update(env)
+        follow_events(procs)
+    except KeyboardInterrupt:
+        say("\ndemo: stopping")
+    finally:
+        shutdown(procs)
+
+
+def shutdown(procs: dict[str, subprocess.Popen]) -> None:
+    """Stop the server, then the supervisors (they stop their children), then anything left."""
+    for name in ("server", *HOSTS):
+        proc = procs.get(name)
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    for proc in procs.values():
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(max(0.1, deadline - time.monotonic()))
+    leftovers = demo_pids()
+    kill_pids(leftovers)
+    say(f"demo: stopped ({len(procs)} started, {len(leftovers)} killed at the end)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m haru.demo", description=__doc__.split("\n")[0])
+    parser.add_argument("--fresh", action="store_true", help="start from an empty database")
+    sub = parser.add_subparsers(dest="command")
+    crash = sub.add_parser("crash", help="take a host down: its supervisor and every child")
+    crash.add_argument("host", choices=sorted(HOSTS))
+    start = sub.add_parser("start-host", help="start a host's supervisor again")
+    start.add_argument("host", choices=sorted(HOSTS))
+    sub.add_parser("stop", help="kill every process a demo run left behind")
+    args = parser.parse_args(argv)
+    os.chdir(REPO)
+    if args.command == "crash":
+        pids = demo_pids(args.host)
+        kill_pids(pids)
+        say(f"demo: {args.host} is down ({len(pids)} processes killed)")
+    elif args.command == "start-host":
+        if port_in_use(HOSTS[args.host]["port"]):
+            raise SystemExit(f"demo: {args.host}'s supervisor port is in use; it is still up")
+        proc = start_supervisor(args.host, load_state())
+        say(f"demo: {args.host} supervisor started (pid {proc.pid})")
+    elif args.command == "stop":
+        pids = demo_pids()
+        kill_pids(pids)
+        say(f"demo: killed {len(pids)} leftover process(es)")
+    else:
+        run(args.fresh)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

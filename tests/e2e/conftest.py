@@ -1,0 +1,69 @@
+"""Fixtures for end-to-end tests: two real simulated hosts and a fleet over them."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.e2e.harness import TOKEN, SimHost, fleet_layout, put_in_standby_posture
+
+
+@pytest.fixture
+def make_hosts(tmp_path):
+    """Return a factory of (east, west): east serving, west asleep with its trainer running."""
+    started: list[SimHost] = []
+
+    def make(*, east: dict | None = None, west: dict | None = None, west_token: str | None = None):
+        e = SimHost("east", tmp_path, **(east or {}))
+        w = SimHost("west", tmp_path, start_asleep=True, **(west or {}))
+        started.extend([e, w])
+        e.start()
+        w.start(token=west_token)
+        if west_token is None:
+            put_in_standby_posture(w)
+        return e, w
+
+    yield make
+    for host in started:
+        host.crash()  # SIGKILL everything: a graceful stop would wait out hung engines
+
+
+@pytest.fixture
+def supervisor_token(settings):
+    settings.HARU = {**settings.HARU, "supervisor_token": TOKEN}
+    return TOKEN
+
+
+@pytest.fixture
+def make_fleet(db, supervisor_token):
+    """Return a function seeding a fleet over (east, west) in the test database."""
+    from fleets.layouts.loader import parse_layout
+    from fleets.models import Fleet
+    from fleets.services.layouts import layout_apply
+
+    def make(east: SimHost, west: SimHost, policy: dict | None = None) -> Fleet:
+        data = fleet_layout(east, west, policy)
+        layout_apply(layout=parse_layout(data))
+        return Fleet.objects.get(slug=data["slug"])
+
+    return make
+
+
+@pytest.fixture
+def drive():
+    """Return `drive(fleet, until, timeout)`: tick the fleet until `until()` is truthy."""
+    from fleets.reconciler.tick import tick_run
+
+    def run(fleet, until, timeout: float = 20.0, poll_s: float = 0.5):
+        deadline = time.monotonic() + timeout
+        while True:
+            result = tick_run(fleet_id=fleet.id, wait_s=5, poll_s=poll_s)
+            value = until()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"condition not reached within {timeout}s")
+            time.sleep(min(0.2, (result.nudge_ms or 100) / 1000))
+
+    return run

@@ -1,0 +1,124 @@
+"""End to end through the real server: `manage.py serve` runs the reconcile loop itself.
+
+The server has its own database (a fresh SQLite file, or a fresh PostgreSQL database when the
+suite runs on PostgreSQL), seeded with `manage.py seed_layout`; the test only talks HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import uuid
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import pytest
+
+from tests.e2e.harness import ServerProc, fleet_layout, wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.integration]
+
+
+@pytest.fixture
+def server_db():
+    """Return the server's DATABASE_URL env (empty for the embedded SQLite); drop it after."""
+    base = os.environ.get("DATABASE_URL") or ""
+    if not base.startswith("postgres"):
+        yield {}
+        return
+    import psycopg
+
+    name = f"haru_e2e_{uuid.uuid4().hex[:10]}"
+    parts = urlsplit(base)
+    admin = urlunsplit(parts._replace(path="/postgres"))
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield {"DATABASE_URL": urlunsplit(parts._replace(path=f"/{name}"))}
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def served(tmp_path, make_hosts, server_db):
+    """Return a function starting (east, west, server) with a seeded fleet `e2e`."""
+    servers: list[ServerProc] = []
+
+    def start(policy: dict | None = None, **host_kwargs):
+        east, west = make_hosts(**host_kwargs)
+        server = ServerProc(tmp_path, env=server_db)
+        servers.append(server)
+        layout = tmp_path / "layout.json"
+        layout.write_text(json.dumps(fleet_layout(east, west, policy)))
+        server.manage("migrate", "--noinput", "-v0")
+        server.manage("seed_layout", "--config", str(layout))
+        server.start()
+        wait_for(lambda: all(d["lastSeenAt"] for d in fleet(server)["domains"]), 15, "heartbeats")
+        return east, west, server
+
+    yield start
+    for server in servers:
+        server.kill()
+
+
+def fleet(server: ServerProc) -> dict:
+    response = server.api("GET", "/fleets/e2e")
+    response.raise_for_status()
+    return response.json()
+
+
+def intent(server: ServerProc) -> dict:
+    return server.api("GET", "/fleets/e2e/route-intent").json()
+
+
+def operations(server: ServerProc) -> list[dict]:
+    return server.api("GET", "/fleets/e2e/operations").json()["operations"]
+
+
+def test_the_server_loop_fails_over_when_the_active_supervisor_dies(served):
+    east, west, server = served(policy={"sleepTimeoutMs": 800})
+    assert intent(server)["active"]["domainSlug"] == "east"
+
+    east.crash()
+
+    route = wait_for(
+        lambda: (r := intent(server))["active"]["domainSlug"] == "west" and r, 25, "failover"
+    )
+    assert route["revision"] == 2 and route["active"]["eligible"]
+    ops = wait_for(
+        lambda: (o := operations(server)) and o[0]["state"] == "succeeded" and o, 15, "op"
+    )
+    assert ops[0]["reason"] == "auto_failover" and ops[0]["routingCommitted"]
+    # The metrics of the failover are on /metrics of the same process.
+    text = httpx.get(f"{server.url}/metrics", timeout=10, trust_env=False).text
+    assert 'haru_domain_role{domain="west",fleet="e2e",role="active"} 1.0' in text
+    assert "haru_failover_duration_seconds_count 1.0" in text
+
+
+def test_a_server_killed_mid_step_leaves_nothing_that_blocks_the_next_one(served):
+    east, west, server = served(policy={"wakeTimeoutMs": 30000})
+    west.fault("qwen-small", wakeHangs=True)
+    target = next(d["id"] for d in fleet(server)["domains"] if d["slug"] == "west")
+
+    accepted = server.api("POST", "/fleets/e2e/promote", {"targetDomainId": target})
+    assert accepted.status_code == 202
+    op_id = accepted.json()["operation"]["id"]
+    # Started at once on commit (no beat to wait for), then stuck in the hanging wake.
+    wait_for(
+        lambda: server.api("GET", f"/operations/{op_id}").json()["currentStep"] == "wake",
+        15,
+        "the wake step",
+    )
+    server.kill(signal.SIGKILL)  # the worker dies in the middle of the step
+    west.fault("qwen-small", wakeHangs=False)
+    server.start()
+
+    op = wait_for(
+        lambda: (o := server.api("GET", f"/operations/{op_id}").json())["state"] != "running" and o,
+        25,
+        "the resumed operation",
+    )
+    assert op["state"] == "succeeded", op["error"]
+    assert intent(server)["active"]["domainSlug"] == "west"
+    assert intent(server)["revision"] == 2
+    assert [o["id"] for o in operations(server)] == [op_id]  # resumed, not re-created

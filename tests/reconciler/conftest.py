@@ -1,0 +1,46 @@
+"""Fixtures for the reconciler's unit tests: a seeded fleet, a scripted supervisor, a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.reconciler.fakes import standby_posture_fleet
+
+
+@pytest.fixture
+def hosts():
+    """Route every supervisor call to scripted hosts (east active, west standby)."""
+    from fleets.reconciler import client
+
+    fake = standby_posture_fleet()
+    previous = client.use_transport(fake.transport())
+    yield fake
+    client.use_transport(previous)
+
+
+@pytest.fixture
+def fleet(fake_clock, seeded_fleet, hosts):
+    """The demo fleet, seeded under the fake clock, with scripted supervisors."""
+    return seeded_fleet
+
+
+@pytest.fixture
+def tick(fleet):
+    """Return a function running one bare tick of the demo fleet (no in-tick polling)."""
+    from fleets.reconciler.tick import fleet_tick
+
+    def run(**kwargs):
+        kwargs.setdefault("poll_s", 0)
+        return fleet_tick(fleet_id=fleet.id, **kwargs)
+
+    return run
+
+
+@pytest.fixture
+def domains(fleet):
+    from fleets.models import Domain
+
+    def get():
+        return {d.slug: d for d in Domain.objects.filter(fleet=fleet)}
+
+    return get

@@ -1,0 +1,185 @@
+"""A scripted supervisor: an in-memory host behind httpx.MockTransport, speaking the wire contract.
+
+It models what the executors look at (models asleep or awake, trainers and their PIDs, GPU
+memory) and counts both the calls it receives and the effects they have (a wake that actually
+woke something), so tests can assert "each step's effect happened once". Faults are flags.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+
+import httpx
+
+TOTAL_MIB = 81920
+WEIGHTS_MIB = 6000
+CONTEXT_MIB = 700
+TRAINER_MIB = 40000
+_pids = itertools.count(4000)
+
+
+@dataclass
+class FakeHost:
+    """One simulated GPU host; `models` maps name -> sleeping."""
+
+    models: dict[str, bool]
+    trainer: str = "idle"  # idle | running | stopping
+    pid: int | None = None
+    token: str | None = None
+    # faults
+    down: bool = False
+    unauthorized: bool = False
+    bad_body: bool = False
+    wake_fails: bool = False
+    wake_noop: bool = False  # answers 200 but nothing wakes (a hung engine behind it)
+    probe_fails: set[str] = field(default_factory=set)
+    stop_polls: int = 0  # status reads a stop takes before the trainer is gone
+    ignore_stop: bool = False  # the trainer never exits
+    start_without_pid: bool = False  # "running" with no PID: must never count
+    leak_mib: int = 0
+    # accounting
+    calls: Counter = field(default_factory=Counter)
+    effects: Counter = field(default_factory=Counter)
+    _stopping_left: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def used_mib(self) -> int:
+        used = self.leak_mib
+        used += sum(CONTEXT_MIB if asleep else WEIGHTS_MIB for asleep in self.models.values())
+        if self.trainer != "idle":
+            used += TRAINER_MIB
+        return used
+
+    def _status(self) -> dict:
+        if self.trainer == "stopping" and not self.ignore_stop:
+            if self._stopping_left <= 0:
+                self.trainer, self.pid = "idle", None
+                self.effects["trainer_exited"] += 1
+            else:
+                self._stopping_left -= 1
+        return {
+            "slots": [
+                {
+                    "gpuIndex": 0,
+                    "kind": "inference",
+                    "models": [
+                        {"name": n, "port": 18000 + i, "sleeping": s}
+                        for i, (n, s) in enumerate(sorted(self.models.items()))
+                    ],
+                    "training": None,
+                },
+                {
+                    "gpuIndex": 0,
+                    "kind": "training",
+                    "models": [],
+                    "training": {
+                        "state": self.trainer,
+                        "pids": [self.pid] if self.pid is not None else [],
+                    },
+                },
+            ],
+            "ready": True,
+        }
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        with self.lock:
+            self.calls[f"{request.method} {path}"] += 1
+            if self.down:
+                raise httpx.ConnectError("connection refused", request=request)
+            auth = request.headers.get("authorization")
+            if self.unauthorized or (self.token and auth != f"Bearer {self.token}"):
+                return _error(401, "unauthorized", "missing or wrong bearer token")
+            if self.bad_body:
+                return httpx.Response(200, content=b'{"slots": "nope"')
+            body = json.loads(request.content or b"{}") if request.method == "POST" else {}
+            return self._route(request.method, path, body)
+
+    def _route(self, method: str, path: str, body: dict) -> httpx.Response:
+        if (method, path) == ("GET", "/v1/status"):
+            return httpx.Response(200, json=self._status())
+        if (method, path) == ("GET", "/v1/gpu/memory"):
+            self._status()  # a stop in progress moves on with time, as reads go by
+            return httpx.Response(
+                200,
+                json={"gpus": [{"index": 0, "usedMiB": self.used_mib(), "totalMiB": TOTAL_MIB}]},
+            )
+        if (method, path) == ("POST", "/v1/vllm/wake"):
+            if self.wake_fails:
+                failures = [{"model": n, "gpuIndex": 0, "error": "HTTP 500"} for n in self.models]
+                return _error(502, "wake_failed", "wake failed for every model", failures=failures)
+            if not self.wake_noop:
+                for name, asleep in self.models.items():
+                    if asleep:
+                        self.models[name] = False
+                        self.effects["woke"] += 1
+            return httpx.Response(200, json={"ok": True, "action": "wake"})
+        if (method, path) == ("POST", "/v1/vllm/sleep"):
+            for name, asleep in self.models.items():
+                if not asleep:
+                    self.models[name] = True
+                    self.effects["slept"] += 1
+            return httpx.Response(200, json={"ok": True, "action": "sleep"})
+        if (method, path) == ("POST", "/v1/training/stop"):
+            if self.trainer == "running":
+                self.trainer = "stopping"
+                self._stopping_left = self.stop_polls
+                self.effects["trainer_stopped"] += 1
+            return httpx.Response(202, json={"slots": []})
+        if (method, path) == ("POST", "/v1/training/start"):
+            if self.trainer == "stopping":
+                return _error(409, "training_stopping", "still stopping")
+            if self.trainer == "idle":
+                self.trainer = "running"
+                self.pid = None if self.start_without_pid else next(_pids)
+                self.effects["trainer_started"] += 1
+            return httpx.Response(202, json={"slots": []})
+        if (method, path) == ("POST", "/v1/probe"):
+            names = body.get("models") or list(self.models)
+            unknown = [n for n in names if n not in self.models]
+            if unknown:
+                return _error(404, "invalid_target", f"unknown model(s): {', '.join(unknown)}")
+            results = []
+            for n in names:
+                ok = not self.models[n] and n not in self.probe_fails
+                error = None if ok else ("asleep" if self.models[n] else "HTTP 500: boom")
+                results.append({"model": n, "ok": ok, "latencyMs": 3, "error": error})
+            self.effects["probed"] += 1
+            return httpx.Response(
+                200, json={"ok": all(r["ok"] for r in results), "results": results}
+            )
+        return _error(404, "not_found", f"no route {path}")
+
+
+def _error(status: int, code: str, message: str, **extra) -> httpx.Response:
+    return httpx.Response(status, json={"error": {"code": code, "message": message, **extra}})
+
+
+class FakeFleet:
+    """Route requests to fake hosts by port: east on 8701, west on 8702 (the example layout)."""
+
+    def __init__(self, **hosts: FakeHost) -> None:
+        self.hosts = hosts
+        self.by_port = {8701: hosts.get("east"), 8702: hosts.get("west")}
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        host = self.by_port.get(request.url.port)
+        if host is None:
+            raise httpx.ConnectError("no such host", request=request)
+        return host.handle(request)
+
+    def transport(self) -> httpx.MockTransport:
+        return httpx.MockTransport(self.handle)
+
+
+def standby_posture_fleet() -> FakeFleet:
+    """East serving with training off; west asleep with its trainer running: the seeded demo."""
+    models = ("llama-small", "qwen-small")
+    return FakeFleet(
+        east=FakeHost(models={m: False for m in models}),
+        west=FakeHost(models={m: True for m in models}, trainer="running", pid=next(_pids)),
+    )

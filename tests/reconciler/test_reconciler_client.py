@@ -1,0 +1,137 @@
+"""The supervisor client: validated bodies, classified errors, the token kept out of messages."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from fleets.reconciler import metrics
+from fleets.reconciler.client import SupervisorClient
+
+TOKEN = "s3cret-supervisor-token-xyz"
+
+
+def client_answering(handler) -> SupervisorClient:
+    http = httpx.Client(transport=httpx.MockTransport(handler))
+    return SupervisorClient("http://sup.example:8701/", token=TOKEN, http=http)
+
+
+def ok_status() -> dict:
+    return {
+        "slots": [
+            {
+                "gpuIndex": 0,
+                "kind": "inference",
+                "models": [
+                    {"name": "a", "sleeping": True, "fingerprint": "x"},
+                    {"name": "b", "sleeping": "maybe"},
+                ],
+                "training": None,
+            },
+            {"gpuIndex": 0, "kind": "training", "training": {"state": "running", "pids": [7]}},
+        ],
+        "ready": True,
+        "extra": {"ignored": True},
+    }
+
+
+def test_status_is_validated_and_sends_the_bearer_token():
+    seen = {}
+
+    def handler(request):
+        seen["auth"] = request.headers.get("authorization")
+        seen["path"] = request.url.path
+        return httpx.Response(200, json=ok_status())
+
+    call = client_answering(handler).status(timeout=1)
+    assert call.ok
+    assert seen == {"auth": f"Bearer {TOKEN}", "path": "/v1/status"}
+    report = call.value
+    assert report.ready is True
+    assert report.model("a").sleeping is True
+    assert report.model("b").sleeping is None  # a non-boolean reading is "unknown"
+    assert report.training(0).running_with_pid
+    assert report.raw["extra"] == {"ignored": True}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json",
+        b'{"slots": "nope"}',
+        b'{"slots": [{"gpuIndex": "0", "kind": "inference"}]}',
+        b'{"slots": [{"gpuIndex": 0, "kind": "gpu"}]}',
+        b'{"slots": [{"gpuIndex": 0, "kind": "training", "training": {"pids": [1]}}]}',
+        b"[]",
+    ],
+)
+def test_a_malformed_body_is_an_error_result_never_an_exception(body):
+    call = client_answering(lambda r: httpx.Response(200, content=body)).status(timeout=1)
+    assert not call.ok
+    assert call.error.kind == "bad_body"
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_a_refused_token_is_unauthorized_and_the_token_is_never_echoed(status):
+    def handler(request):
+        return httpx.Response(status, json={"error": {"code": "unauthorized", "message": TOKEN}})
+
+    call = client_answering(handler).wake(timeout=1)
+    assert call.unauthorized
+    assert TOKEN not in call.error.message
+
+
+def test_an_error_envelope_keeps_the_supervisors_code():
+    def handler(request):
+        return httpx.Response(
+            502, json={"error": {"code": "wake_failed", "message": "wake failed for 1 model(s)"}}
+        )
+
+    call = client_answering(handler).wake(timeout=1)
+    assert call.error.kind == "http" and call.error.status == 502
+    assert call.error.code == "wake_failed"
+    assert "wake failed for 1 model" in call.error.message
+
+
+def test_network_errors_and_timeouts_are_classified_and_counted():
+    def refuse(request):
+        raise httpx.ConnectError("connection refused", request=request)
+
+    def slow(request):
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    before = metrics.SUPERVISOR_CALL_ERRORS.labels(call="status", kind="network")._value.get()
+    network = client_answering(refuse).status(timeout=1)
+    timeout = client_answering(slow).status(timeout=1)
+    assert network.error.kind == "network" and "ConnectError" in network.error.message
+    assert timeout.error.kind == "timeout"
+    after = metrics.SUPERVISOR_CALL_ERRORS.labels(call="status", kind="network")._value.get()
+    assert after == before + 1
+
+
+def test_probe_posts_the_policy_and_the_bound_models():
+    seen = {}
+
+    def handler(request):
+        import json
+
+        seen.update(json.loads(request.content))
+        return httpx.Response(
+            200,
+            json={
+                "ok": False,
+                "results": [{"model": "a", "ok": False, "latencyMs": 3, "error": "x"}],
+            },
+        )
+
+    call = client_answering(handler).probe(
+        prompt="ping", max_tokens=4, timeout_ms=900, models=["a"], timeout=1
+    )
+    assert seen == {"prompt": "ping", "maxTokens": 4, "timeoutMs": 900, "models": ["a"]}
+    assert call.value.result("a").error == "x"
+
+
+def test_gpu_memory_rejects_nonsense_numbers():
+    body = {"gpus": [{"index": 0, "usedMiB": 10, "totalMiB": 0}]}
+    call = client_answering(lambda r: httpx.Response(200, json=body)).gpu_memory(timeout=1)
+    assert call.error.kind == "bad_body"

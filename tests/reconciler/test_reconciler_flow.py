@@ -1,0 +1,119 @@
+"""Whole operations driven by ticks against scripted supervisors and a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleets.core.states import PROMOTE_STEPS
+from fleets.models import Event, Fleet, Operation, Slot
+from fleets.services.operations import operation_request
+
+pytestmark = pytest.mark.django_db
+
+
+def run_until_done(tick, limit: int = 20, clock=None, step_ms: int = 0) -> Operation | None:
+    """Tick until nothing is in flight (moving `clock` by `step_ms` between ticks)."""
+    last = None
+    for _ in range(limit):
+        if clock is not None:
+            clock.advance(ms=step_ms)
+        result = tick()
+        last = result.operation_id or last
+        if not Operation.objects.filter(state__in=["pending", "running"]).exists():
+            return Operation.objects.filter(pk=last).first() if last else None
+    raise AssertionError(f"operation still in flight after {limit} ticks")
+
+
+def slot_states(domain) -> dict[str, str]:
+    return {s.kind: s.state for s in Slot.objects.filter(domain=domain)}
+
+
+def test_manual_promotion_flips_routing_and_puts_the_old_active_in_standby(
+    fleet, tick, hosts, domains
+):
+    tick()  # first heartbeat: west's running trainer is mirrored
+    west = domains()["west"]
+    assert slot_states(west) == {"inference": "sleeping", "training": "training"}
+
+    result = operation_request(fleet=fleet, kind="promote", target_domain_id=west.id)
+    op = run_until_done(tick)
+
+    assert op.id == result.operation.id
+    assert op.state == "succeeded", op.error
+    fleet.refresh_from_db()
+    assert fleet.active_domain_id == west.id
+    assert fleet.route_revision == 2
+    d = domains()
+    assert slot_states(d["west"]) == {"inference": "serving", "training": "idle"}
+    assert slot_states(d["east"]) == {"inference": "sleeping", "training": "training"}
+    # The old active ends asleep with its trainer running (with a PID), the new one awake.
+    assert all(hosts.hosts["east"].models[m] is True for m in hosts.hosts["east"].models)
+    assert hosts.hosts["east"].trainer == "running" and hosts.hosts["east"].pid
+    assert not any(hosts.hosts["west"].models.values())
+    assert hosts.hosts["west"].trainer == "idle"
+    # Every step recorded exactly once, in order.
+    steps = list(
+        Event.objects.filter(operation=op, kind="operation.step.done")
+        .order_by("id")
+        .values_list("step", flat=True)
+    )
+    assert steps == list(PROMOTE_STEPS)
+    assert Event.objects.filter(operation=op, kind="fleet.route.switched").count() == 1
+
+
+def test_demotion_sleeps_a_standby_and_starts_its_training(fleet, tick, hosts, domains):
+    west_host = hosts.hosts["west"]
+    west_host.models = {m: False for m in west_host.models}  # awake by mistake
+    west_host.trainer, west_host.pid = "idle", None
+    west = domains()["west"]
+
+    operation_request(fleet=fleet, kind="demote", target_domain_id=west.id)
+    op = run_until_done(tick)
+
+    assert op.state == "succeeded", op.error
+    assert all(west_host.models.values())
+    assert west_host.trainer == "running"
+    assert slot_states(domains()["west"]) == {"inference": "sleeping", "training": "training"}
+    assert Fleet.objects.get(pk=fleet.pk).route_revision == 1
+
+
+def test_auto_failover_promotes_the_standby_when_the_active_goes_stale(
+    fleet, tick, hosts, domains, fake_clock
+):
+    tick()
+    hosts.hosts["east"].down = True
+    tick()  # east unreachable: degraded, but not stale yet
+    assert domains()["east"].state == "degraded"
+    assert not Operation.objects.exists()
+
+    fake_clock.advance(ms=3001)  # heartbeatStaleMs of the demo policy is 3000
+    west_host = hosts.hosts["west"]
+    op = run_until_done(tick, clock=fake_clock, step_ms=5000)
+
+    assert op.reason == "auto_failover"
+    assert op.detected_at is not None
+    assert op.state == "succeeded", op.error
+    fleet.refresh_from_db()
+    assert fleet.active_domain_id == domains()["west"].id
+    assert not any(west_host.models.values())
+    # The dead old active could not be slept: the best-effort steps advanced anyway.
+    kinds = dict(
+        Event.objects.filter(operation=op, step__in=["demote_old_sleep", "demote_old_train"])
+        .exclude(kind="operation.started")
+        .values_list("step", "kind")
+    )
+    assert kinds["demote_old_sleep"] == "operation.step.timeout_best_effort"
+    assert kinds["demote_old_train"] == "operation.step.skipped"
+    switched = Event.objects.get(operation=op, kind="operation.step.done", step="switch_route")
+    assert switched.data["failoverMs"] >= 0
+    assert Event.objects.filter(operation=op, kind="operation.auto_failover").count() == 1
+
+
+def test_no_failover_without_auto_failover(fleet, tick, hosts, fake_clock):
+    fleet.policy = {**fleet.policy, "autoFailover": False}
+    fleet.save(update_fields=["policy"])
+    tick()
+    hosts.hosts["east"].down = True
+    fake_clock.advance(ms=60_000)
+    tick()
+    assert not Operation.objects.exists()
