@@ -12,6 +12,8 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from fleets.proxy.asgi import with_proxy  # noqa: E402
+
 
 def _websocket_routes():
     try:
@@ -23,7 +25,9 @@ def _websocket_routes():
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi,
+        # The chat proxy's paths skip Django's middleware stack and body buffering: that costs
+        # more than the proxy's whole latency budget (bench/proxy.py --compare-django).
+        "http": with_proxy(django_asgi),
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(URLRouter(_websocket_routes()))
         ),

@@ -1,0 +1,426 @@
+"""Benchmark the chat proxy: direct to a fast upstream vs through Haru, same worker count.
+
+    .venv/bin/python bench/proxy.py [--seconds 3] [--concurrency 1,32] [--upstream raw,sim]
+                                    [--compare-access-log] [--compare-django] [--json]
+
+Upstreams (one uvicorn worker each, no delays):
+- `raw`: a minimal raw ASGI responder: an OpenAI-shaped JSON body, or 8 SSE chunks when the
+  request says `"stream": true`. The cheapest possible model server: the hardest comparison.
+- `sim`: the simulated engine (`python -m supervisor.sim`) with zero delays: a Starlette app that
+  parses and answers like vLLM (16 tokens; 18 SSE events when streaming).
+Then Haru (`manage.py serve`, one worker, a temporary SQLite state store via HARU_VAR_DIR, a
+fleet whose bindings point at the upstreams, HARU_API_TOKEN set so auth is on the measured
+path). A raw asyncio load generator (keep-alive connections, pre-built request bytes, minimal
+HTTP/1.1 parsing, uvloop) measures each scenario for the given seconds after a short warm-up
+and prints requests per second, latency p50/p99, the throughput ratio and the added latency.
+All processes share the machine's CPUs (the load generator included), as they would on one
+host.
+
+Paths through Haru: `lean` is `manage.py serve` (haru.asgi, uvicorn with its access log on);
+`--compare-access-log` adds `quiet` (the same app, uvicorn's access log off);
+`--compare-django` adds `django` (the same proxy code behind Django's own ASGI handler and
+middleware, the `fleets.proxy.views` path: why haru/asgi.py routes the proxy ahead of Django).
+Every process started here runs in its own process group and is killed on exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+TOKEN = "bench-token"
+
+# The model name each upstream kind is bound under in the benchmark fleet.
+MODELS = {"raw": "bench-raw", "sim": "bench-sim"}
+
+# ---------------------------------------------------------------------------------------------
+# The upstream: a minimal raw ASGI responder (what a model server looks like at zero latency).
+
+_COMPLETION = json.dumps(
+    {
+        "id": "cmpl-bench",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "bench-raw",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "pong"},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
+).encode()
+_SSE = [
+    b'data: {"id":"cmpl-bench","object":"chat.completion.chunk","choices":[{"index":0,'
+    b'"delta":{"content":"tok%d"}}]}\n\n' % i
+    for i in range(8)
+] + [b"data: [DONE]\n\n"]
+
+
+async def upstream_app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    body = b""
+    more = True
+    while more:
+        message = await receive()
+        body += message.get("body", b"")
+        more = message.get("more_body", False)
+    if b'"stream": true' in body or b'"stream":true' in body:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")],
+            }
+        )
+        for chunk in _SSE:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+        return
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", b"%d" % len(_COMPLETION)),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": _COMPLETION})
+
+
+def run_upstream(port: int) -> None:
+    import uvicorn
+
+    uvicorn.run(upstream_app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# The load generator: keep-alive connections sending pre-built requests.
+
+
+def _request(port: int, path: str, body: bytes, headers: dict[str, str]) -> bytes:
+    lines = [f"POST {path} HTTP/1.1", f"Host: 127.0.0.1:{port}"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    lines += ["Content-Type: application/json", f"Content-Length: {len(body)}", "", ""]
+    return "\r\n".join(lines).encode() + body
+
+
+async def _read_response(reader: asyncio.StreamReader) -> int:
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head[9:12])
+    lower = head.lower()
+    at = lower.find(b"content-length:")
+    if at >= 0:
+        end = lower.index(b"\r\n", at)
+        await reader.readexactly(int(lower[at + 15 : end]))
+        return status
+    if b"transfer-encoding: chunked" not in lower:
+        raise RuntimeError("response has neither content-length nor chunked encoding")
+    while True:
+        size = int((await reader.readline()).strip().split(b";")[0], 16)
+        await reader.readexactly(size + 2)
+        if size == 0:
+            return status
+
+
+async def _worker(port, payload, deadline, warmup_until, latencies, failures):
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        while True:
+            start = time.perf_counter()
+            if start >= deadline:
+                return
+            writer.write(payload)
+            status = await _read_response(reader)
+            end = time.perf_counter()
+            if status != 200:
+                failures.append(status)
+            elif start >= warmup_until:
+                latencies.append(end - start)
+    finally:
+        writer.close()
+
+
+async def _measure(port, payload, concurrency, seconds, warmup):
+    latencies: list[float] = []
+    failures: list[int] = []
+    begin = time.perf_counter()
+    warmup_until = begin + warmup
+    deadline = warmup_until + seconds
+    await asyncio.gather(
+        *(
+            _worker(port, payload, deadline, warmup_until, latencies, failures)
+            for _ in range(concurrency)
+        )
+    )
+    if failures:
+        raise RuntimeError(f"{len(failures)} requests failed, e.g. status {failures[0]}")
+    latencies.sort()
+    return {
+        "rps": len(latencies) / seconds,
+        "p50_ms": statistics.median(latencies) * 1000,
+        "p99_ms": latencies[int(len(latencies) * 0.99) - 1] * 1000,
+        "n": len(latencies),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes.
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{what} did not listen on {port} within {timeout} s")
+
+
+class Processes:
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, argv, env=None) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group, killed as one
+        )
+        self.procs.append(proc)
+        return proc
+
+    def stop(self, proc: subprocess.Popen) -> None:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
+            self.stop(proc)
+
+
+def _haru_env(var_dir: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HARU_", "DATABASE_URL"))}
+    env.update(
+        HARU_VAR_DIR=var_dir,
+        HARU_API_TOKEN=TOKEN,
+        HARU_DEFAULT_FLEET="bench",
+        DJANGO_SETTINGS_MODULE="haru.settings",
+    )
+    env.pop("REDIS_URL", None)
+    return env
+
+
+def _seed(env: dict[str, str], var_dir: str, upstream_ports: dict[str, int]) -> None:
+    models = [
+        {"name": MODELS[kind], "servingUrl": f"http://127.0.0.1:{port}"}
+        for kind, port in upstream_ports.items()
+    ]
+    layout = {
+        "slug": "bench",
+        "activeDomainSlug": "main",
+        "domains": [
+            {
+                "slug": "main",
+                "provider": "static",
+                "servingBaseUrl": models[0]["servingUrl"],
+                "slots": [{"kind": "inference", "gpuIndex": 0, "models": models}],
+            }
+        ],
+    }
+    path = Path(var_dir) / "layout.json"
+    path.write_text(json.dumps(layout))
+    manage = [PYTHON, str(ROOT / "manage.py")]
+    subprocess.run([*manage, "migrate", "--noinput", "-v", "0"], env=env, cwd=ROOT, check=True)
+    subprocess.run(
+        [*manage, "seed_layout", "--config", str(path)],
+        env=env,
+        cwd=ROOT,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def _start_haru(procs: Processes, env, port: int, path: str) -> subprocess.Popen:
+    """Start Haru the way `path` names: lean (manage.py serve), quiet, or django."""
+    uvicorn = [PYTHON, "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port)]
+    uvicorn += ["--log-level", "warning", "--no-access-log", "--lifespan", "off"]
+    if path == "django":
+        # Plain Django (middleware, body buffering) serving fleets.proxy.views via haru/urls.py.
+        argv = [*uvicorn, "--factory", "django.core.asgi:get_asgi_application"]
+    elif path == "quiet":
+        # The served app without uvicorn's per-request access log line.
+        argv = [*uvicorn, "haru.asgi:application"]
+    else:
+        argv = [PYTHON, str(ROOT / "manage.py"), "serve", "--host", "127.0.0.1"]
+        argv += ["--port", str(port), "--no-reconcile-loop"]
+    proc = procs.start(argv, env=env)
+    _wait_port(port, proc, "haru")
+    return proc
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _scenarios(model: str, upstream_port: int, haru_port: int):
+    messages = [{"role": "user", "content": "ping"}]
+    plain = json.dumps({"model": model, "messages": messages})
+    stream = json.dumps({"model": model, "stream": True, "messages": messages})
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    for kind, body in (("non-streaming", plain), ("streaming", stream)):
+        direct = _request(upstream_port, "/v1/chat/completions", body.encode(), {})
+        via = _request(haru_port, "/v1/chat/completions", body.encode(), auth)
+        yield kind, direct, via
+
+
+async def _run(args, upstream_ports: dict[str, int], haru_ports: dict[str, int]) -> list[dict]:
+    rows = []
+    for upstream, upstream_port in upstream_ports.items():
+        for label, haru_port in haru_ports.items():
+            for kind, direct, via in _scenarios(MODELS[upstream], upstream_port, haru_port):
+                for c in args.concurrency:
+                    d = await _measure(upstream_port, direct, c, args.seconds, args.warmup)
+                    h = await _measure(haru_port, via, c, args.seconds, args.warmup)
+                    rows.append(
+                        {
+                            "upstream": upstream,
+                            "path": label,
+                            "kind": kind,
+                            "c": c,
+                            "direct": d,
+                            "haru": h,
+                        }
+                    )
+                    _print_row(rows[-1])
+    return rows
+
+
+def _print_row(row) -> None:
+    d, h = row["direct"], row["haru"]
+    print(
+        f"{row['upstream']:<4} {row['path']:<6} {row['kind']:<14} c={row['c']:<3} "
+        f"direct {d['rps']:8.0f} rps p50 {d['p50_ms']:6.2f} ms p99 {d['p99_ms']:6.2f} ms | "
+        f"haru {h['rps']:8.0f} rps p50 {h['p50_ms']:6.2f} ms p99 {h['p99_ms']:6.2f} ms | "
+        f"throughput {h['rps'] / d['rps']:5.1%}  added p50 {h['p50_ms'] - d['p50_ms']:+.2f} ms",
+        flush=True,
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=3.0, help="measured seconds per run")
+    parser.add_argument("--warmup", type=float, default=0.5, help="unmeasured seconds first")
+    parser.add_argument(
+        "--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 32]
+    )
+    parser.add_argument(
+        "--upstream",
+        type=lambda s: s.split(","),
+        default=["raw", "sim"],
+        help="upstream kinds to measure against: raw, sim (default both)",
+    )
+    parser.add_argument(
+        "--compare-django",
+        action="store_true",
+        help="also measure the proxy behind Django's ASGI handler and middleware",
+    )
+    parser.add_argument(
+        "--compare-access-log",
+        action="store_true",
+        help="also measure haru.asgi under uvicorn without its access log (path 'quiet')",
+    )
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON at the end")
+    parser.add_argument("--serve-raw", type=int, help=argparse.SUPPRESS)  # internal: serve it
+    args = parser.parse_args()
+    if args.serve_raw:
+        run_upstream(args.serve_raw)
+        return 0
+
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    procs = Processes()
+    try:
+        with tempfile.TemporaryDirectory(prefix="haru-bench-") as var_dir:
+            upstream_ports = {kind: _free_port() for kind in args.upstream}
+            for kind, port in upstream_ports.items():
+                argv = {
+                    "raw": [PYTHON, __file__, "--serve-raw", str(port)],
+                    "sim": [PYTHON, "-m", "supervisor.sim", "--port", str(port)]
+                    + ["--model", MODELS["sim"]],
+                }[kind]
+                _wait_port(port, procs.start(argv), f"{kind} upstream")
+            env = _haru_env(var_dir)
+            _seed(env, var_dir, upstream_ports)
+            paths = ["lean"]
+            paths += ["quiet"] * args.compare_access_log + ["django"] * args.compare_django
+            haru_ports = {path: _free_port() for path in paths}
+            for path, port in haru_ports.items():
+                _start_haru(procs, env, port, path)
+            print(
+                f"upstreams {upstream_ports}, haru {haru_ports}, one worker each, "
+                f"{args.seconds:g} s per run after {args.warmup:g} s warm-up, "
+                f"{os.cpu_count()} CPUs",
+                flush=True,
+            )
+            rows = asyncio.run(_run(args, upstream_ports, haru_ports))
+    finally:
+        procs.stop_all()
+    print("summary (the served path, haru.asgi):")
+    for row in rows:
+        if row["path"] != "lean":
+            continue
+        where = f"{row['upstream']} upstream, {row['kind']}, c={row['c']}"
+        if row["c"] == min(args.concurrency):
+            added = row["haru"]["p50_ms"] - row["direct"]["p50_ms"]
+            print(f"  added p50 latency, {where}: {added:.3f} ms (target < 1 ms)")
+        if row["c"] == max(args.concurrency):
+            ratio = row["haru"]["rps"] / row["direct"]["rps"]
+            print(f"  throughput via haru, {where}: {ratio:.1%} of direct (target >= 50%)")
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""The proxy's errors: each one knows its status, code and envelope body."""
+
+from __future__ import annotations
+
+import json
+
+
+class ProxyError(Exception):
+    """An error answered to the client as `{"error": {"code", "message"}}` with `status`."""
+
+    def __init__(self, status: int, code: str, message: str, *, headers=()) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        # Extra (name, value) byte pairs, e.g. WWW-Authenticate or Retry-After.
+        self.headers = tuple(headers)
+
+    def body(self) -> bytes:
+        return envelope(self.code, self.message)
+
+
+def envelope(code: str, message: str) -> bytes:
+    """Render the error envelope shared with the REST API."""
+    return json.dumps({"error": {"code": code, "message": message}}).encode()
+
+
+def unauthorized() -> ProxyError:
+    return ProxyError(
+        401,
+        "unauthorized",
+        "missing or invalid bearer token",
+        headers=[(b"www-authenticate", b'Bearer realm="haru"')],
+    )
+
+
+def invalid_request(message: str) -> ProxyError:
+    return ProxyError(400, "invalid_request", message)
+
+
+def payload_too_large(limit: int) -> ProxyError:
+    return ProxyError(
+        413,
+        "payload_too_large",
+        f"request body exceeds HARU_CHAT_MAX_BODY_BYTES ({limit} bytes)",
+        # The rest of the body is never read, so the connection cannot carry another request.
+        headers=[(b"connection", b"close")],
+    )
+
+
+def fleet_not_found(message: str) -> ProxyError:
+    return ProxyError(404, "fleet_not_found", message)
+
+
+def model_not_found(message: str) -> ProxyError:
+    return ProxyError(404, "model_not_found", message)
+
+
+def model_unavailable(message: str) -> ProxyError:
+    # Transient (a slot waking, a failover in progress): 503 with Retry-After, so SDKs retry.
+    return ProxyError(503, "model_unavailable", message, headers=[(b"retry-after", b"1")])
+
+
+def no_active_domain(message: str) -> ProxyError:
+    return ProxyError(503, "no_active_domain", message, headers=[(b"retry-after", b"1")])
+
+
+def state_store_unavailable(message: str) -> ProxyError:
+    return ProxyError(503, "state_store_unavailable", message, headers=[(b"retry-after", b"1")])
+
+
+def upstream_timeout(message: str) -> ProxyError:
+    return ProxyError(504, "upstream_timeout", message)
+
+
+def upstream_unreachable(message: str) -> ProxyError:
+    return ProxyError(502, "upstream_unreachable", message)
+
+
+def method_not_allowed(allowed: str) -> ProxyError:
+    return ProxyError(
+        405,
+        "method_not_allowed",
+        f"use {allowed}",
+        headers=[(b"allow", allowed.encode())],
+    )

@@ -1,0 +1,173 @@
+"""The proxy's decisions and its one flow, free of any transport.
+
+Who may call, which fleet, which model, where to send it, what to record. The lean ASGI app
+(`fleets.proxy.asgi`) and the Django views (`fleets.proxy.views`) both run this, so the two
+front doors answer alike; they differ only in how bytes come in and go out.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from django.conf import settings
+
+from fleets.api.auth import token_matches
+from fleets.proxy import errors, metrics, upstream
+from fleets.proxy.routing import ROUTES, Route, Snapshot, clip
+
+ENDPOINTS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/models": "models",
+}
+STALE_HEADER = (b"x-haru-routing", b"stale")
+perf = time.perf_counter
+
+
+class Exchange:
+    """One request's accounting, recorded in metrics once its response is done."""
+
+    __slots__ = ("arrived", "fleet", "model", "outcome", "overhead", "ttfb", "stale")
+
+    def __init__(self) -> None:
+        self.arrived = perf()
+        self.fleet = ""
+        self.model = ""
+        self.outcome = "ok"
+        self.overhead: float | None = None
+        self.ttfb: float | None = None
+        self.stale = False
+
+    def first_byte(self) -> None:
+        if self.ttfb is None:
+            self.ttfb = perf() - self.arrived
+
+    def record(self) -> None:
+        metrics.record(
+            fleet=self.fleet,
+            model=self.model,
+            outcome=self.outcome,
+            overhead_s=self.overhead,
+            ttfb_s=self.ttfb,
+            stale=self.stale,
+        )
+
+
+def text(value: bytes | None) -> str | None:
+    return value.decode("latin-1") if value is not None else None
+
+
+def authorize(authorization: str | None) -> None:
+    """Refuse the request unless it carries HARU_API_TOKEN (when one is configured)."""
+    if settings.HARU["api_token"] and not token_matches(authorization):
+        raise errors.unauthorized()
+
+
+def check_content_length(value: str | None, limit: int) -> None:
+    """Refuse a declared body over `limit` before reading any of it."""
+    if value is None:
+        return  # chunked: counted while it streams in
+    try:
+        declared = int(value)
+    except ValueError:
+        raise errors.invalid_request("Content-Length is not an integer") from None
+    if declared < 0:
+        raise errors.invalid_request("Content-Length is negative")
+    if declared > limit:
+        raise errors.payload_too_large(limit)
+
+
+def fleet_ref(header: str | None) -> str:
+    """Return the fleet the request names (X-Haru-Fleet), else HARU_DEFAULT_FLEET."""
+    ref = (header or "").strip() or settings.HARU["default_fleet"]
+    if not ref:
+        raise errors.fleet_not_found(
+            "no fleet selected: send the X-Haru-Fleet header or set HARU_DEFAULT_FLEET"
+        )
+    return ref
+
+
+def requested_model(body: bytes) -> str:
+    """Read `model` from the JSON body; the body itself is forwarded untouched."""
+    try:
+        document = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise errors.invalid_request("request body is not valid JSON") from None
+    if not isinstance(document, dict):
+        raise errors.invalid_request("request body must be a JSON object")
+    model = document.get("model")
+    if not isinstance(model, str) or not model:
+        raise errors.invalid_request("`model` is required and must be a non-empty string")
+    return model
+
+
+def pick(snapshot: Snapshot, model: str) -> Route:
+    """Return the route of `model` on the fleet's active domain (exact routing-key match)."""
+    route = snapshot.routes.get(model)
+    if route is not None:
+        return route
+    if snapshot.active_domain_id is None:
+        raise errors.no_active_domain(f"fleet {snapshot.fleet_slug} has no active domain")
+    if model in snapshot.unavailable:
+        raise errors.model_unavailable(
+            f"model {model!r} is bound on domain {snapshot.active_domain_slug} but cannot take "
+            f"traffic now ({snapshot.unavailable[model]}); retry"
+        )
+    available = ", ".join(snapshot.available) or "none"
+    raise errors.model_not_found(
+        f"model {clip(model)!r} is not served by fleet {snapshot.fleet_slug}; "
+        f"available: {available}"
+    )
+
+
+async def forward(
+    *, headers: dict[bytes, bytes], body: bytes, endpoint: str, exchange: Exchange
+) -> upstream.Response:
+    """Route the request and send it upstream; return the response once its headers are in.
+
+    `headers` are the request's, lowercase names. Raises ProxyError for every refusal.
+    """
+    model = requested_model(body)
+    resolved = await ROUTES.resolve(fleet_ref(text(headers.get(b"x-haru-fleet"))))
+    exchange.fleet, exchange.stale = resolved.snapshot.fleet_slug, resolved.stale
+    route = pick(resolved.snapshot, model)
+    exchange.model = route.model
+    target = route.targets[endpoint]
+    head = upstream.request_head(target, headers, len(body))
+    exchange.overhead = perf() - exchange.arrived
+    response = await upstream.open_stream(
+        target,
+        head,
+        body,
+        timeout_ms=settings.HARU["chat_header_timeout_ms"],
+        model=route.model,
+    )
+    exchange.outcome = "ok" if response.status < 400 else f"upstream_{response.status // 100}xx"
+    return response
+
+
+def response_headers(response: upstream.Response, exchange: Exchange) -> list:
+    out = upstream.response_headers(response)
+    if exchange.stale:
+        out.append(STALE_HEADER)
+    return out
+
+
+async def models(*, headers: dict[bytes, bytes], exchange: Exchange) -> bytes:
+    """Render GET /v1/models: what the active domain can serve now, in OpenAI's list format."""
+    resolved = await ROUTES.resolve(fleet_ref(text(headers.get(b"x-haru-fleet"))))
+    snapshot = resolved.snapshot
+    exchange.fleet, exchange.stale = snapshot.fleet_slug, resolved.stale
+    if snapshot.active_domain_id is None:
+        raise errors.no_active_domain(f"fleet {snapshot.fleet_slug} has no active domain")
+    created = int(time.time())
+    return json.dumps(
+        {
+            "object": "list",
+            "data": [
+                {"id": name, "object": "model", "created": created, "owned_by": "haru"}
+                for name in snapshot.available
+            ],
+        }
+    ).encode()

@@ -1,0 +1,381 @@
+"""The per-process routing snapshot cache, re-validated against the pointer on every request.
+
+Each request reads the fleet's pointer (`route_revision`, `active_domain_id`) with one indexed
+query and compares it with the cached snapshot: a pointer move therefore takes effect on the
+very next request, and the TTL (HARU_SNAPSHOT_CACHE_TTL_MS) bounds only how stale non-routing
+state (domain and slot health) may be.
+
+Failure rules (DESIGN.md section 6, "the data path fails open"):
+- the pointer read itself fails (store unreachable): serve the last snapshot this process saw
+  for that fleet reference, marked stale. Safe: the pointer cannot move while the store is down.
+- the store answered but the state is unusable (a moved revision whose snapshot will not load,
+  malformed rows): fail closed, and never serve the superseded snapshot again.
+- the store says the fleet is gone: forget it under every alias (slug, UUID spellings).
+- no snapshot yet (cold cache) and no store: fail closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from django.conf import settings
+
+from fleets import clock
+from fleets.core.route_intent import is_model_routable
+from fleets.core.views import DomainView, ModelView
+from fleets.models import SLUG_REGEX
+from fleets.proxy import errors, store
+from fleets.proxy.upstream import Target
+
+log = logging.getLogger("haru.proxy")
+
+# A healthy store answers the indexed pointer read in well under a millisecond; past this, a
+# hung store must not hold the data path, so the read counts as failed and the proxy fails
+# open. (A refused connection fails at once; set `?connect_timeout=2` on a Postgres
+# DATABASE_URL so a black-holed one gives the thread back quickly too.)
+POINTER_READ_TIMEOUT_S = 1.0
+# Fail-open and fail-closed verdicts are logged at most this often per fleet reference.
+LOG_EVERY_S = 10.0
+
+_SLUG = re.compile(SLUG_REGEX)
+UNUSABLE = "state store answered with unusable state"
+_UPSTREAM_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where one model's requests go: targets built once, only from the binding's serving URL."""
+
+    model: str
+    targets: dict[str, Target]  # endpoint ("chat", "completions") -> upstream target
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    fleet_id: str
+    fleet_slug: str
+    revision: int
+    active_domain_id: str | None
+    active_domain_slug: str | None
+    active_domain_state: str | None
+    routes: dict[str, Route]
+    # Bound on the active domain but not routable now (slot not serving, domain not
+    # ready/degraded): name -> why.
+    unavailable: dict[str, str]
+    loaded_at: float = field(compare=False)
+
+    @property
+    def available(self) -> list[str]:
+        return sorted(self.routes)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    snapshot: Snapshot
+    stale: bool  # served from cache because the store could not be asked
+
+
+class Malformed(Exception):
+    """Rows the proxy refuses to route on."""
+
+
+def upstream_targets(serving_url: str) -> dict[str, Target]:
+    """Build the only endpoints the proxy ever calls for a binding: its inference endpoints.
+
+    Only the binding's scheme, authority and path prefix come from the state store, and nothing
+    comes from the request, so no model name, path or query a client sends can reach a model
+    server's /sleep or /wake_up, or the supervisor.
+    """
+    parts = urlsplit(serving_url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise Malformed(f"serving URL {serving_url!r} is not an absolute http(s) URL")
+    if parts.query or parts.fragment or "?" in serving_url or "#" in serving_url:
+        raise Malformed(f"serving URL {serving_url!r} carries a query or fragment")
+    if parts.username is not None or parts.password is not None:
+        raise Malformed(f"serving URL of {parts.hostname} carries credentials")
+    prefix = parts.path.rstrip("/")
+    if (
+        any(seg in (".", "..") for seg in prefix.split("/"))
+        or "%" in prefix
+        or not all(32 < ord(c) < 127 for c in prefix)
+    ):
+        raise Malformed(f"serving URL {serving_url!r} has an unusable path")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        host_header = parts.netloc.encode("ascii")
+    except (ValueError, UnicodeEncodeError):
+        raise Malformed(f"serving URL {serving_url!r} has an invalid host or port") from None
+    return {
+        endpoint: Target(
+            scheme=parts.scheme,
+            host=parts.hostname,
+            port=port,
+            host_header=host_header,
+            path=(prefix + path).encode(),
+        )
+        for endpoint, path in _UPSTREAM_PATHS.items()
+    }
+
+
+def snapshot_build(rows: store.SnapshotRows, loaded_at: float) -> Snapshot:
+    """Turn store rows into a snapshot, or raise Malformed."""
+    pointer = rows.pointer
+    routes: dict[str, Route] = {}
+    unavailable: dict[str, str] = {}
+    if pointer.active_domain_id is not None:
+        if rows.domain_fleet_id != pointer.fleet_id:
+            raise Malformed("the active domain is missing or belongs to another fleet")
+        domain = DomainView(
+            id=pointer.active_domain_id, slug=rows.domain_slug, state=rows.domain_state
+        )
+        for b in rows.bindings:
+            if b.slot_kind != "inference" or b.slot_domain_id != pointer.active_domain_id:
+                raise Malformed(f"model {b.name!r} is bound to a slot that cannot serve it")
+            targets = upstream_targets(b.serving_url)
+            model = ModelView(
+                name=b.name,
+                serving_url=b.serving_url,
+                slot_id=b.slot_id,
+                gpu_index=b.gpu_index,
+                slot_state=b.slot_state,
+            )
+            if is_model_routable(domain, model):
+                routes[b.name] = Route(model=b.name, targets=targets)
+            else:
+                unavailable[b.name] = f"domain {domain.state}, slot {b.slot_state}"
+    return Snapshot(
+        fleet_id=pointer.fleet_id,
+        fleet_slug=pointer.slug,
+        revision=pointer.revision,
+        active_domain_id=pointer.active_domain_id,
+        active_domain_slug=rows.domain_slug,
+        active_domain_state=rows.domain_state,
+        routes=routes,
+        unavailable=unavailable,
+        loaded_at=loaded_at,
+    )
+
+
+def parse_ref(ref: str) -> tuple[str, uuid.UUID | None]:
+    """Normalize a fleet reference to (alias key, UUID if it reads as one)."""
+    key = ref.strip().lower()
+    try:
+        as_id = uuid.UUID(key)
+    except ValueError:
+        as_id = None
+    if as_id is None and not _SLUG.match(key):
+        raise errors.fleet_not_found(f"fleet {clip(ref)!r} not found")
+    return key, as_id
+
+
+def clip(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+class RoutingCache:
+    """Snapshots by fleet id, and the alias (slug or UUID spelling) each request used."""
+
+    def __init__(self) -> None:
+        self._snapshots: dict[str, Snapshot] = {}
+        self._aliases: dict[str, str] = {}
+        # One snapshot load per fleet at a time; concurrent requests join it.
+        self._loading: dict[str, asyncio.Future] = {}
+        self._reads: dict[str, _Reads] = {}
+        self._logged: dict[tuple[str, str], float] = {}
+
+    def clear(self) -> None:
+        self._snapshots.clear()
+        self._aliases.clear()
+        self._loading.clear()
+        self._reads.clear()
+        self._logged.clear()
+
+    def _pointer_read(self, key: str, as_id: uuid.UUID | None) -> asyncio.Future:
+        """Return a future of a pointer read of `key` that starts no earlier than this call.
+
+        Concurrent requests for one fleet share reads: a request arriving while a read is in
+        flight waits for the next one, which starts when that read ends. Every request still
+        sees a read begun after it arrived (so a pointer move is seen by the very next
+        request), while the store answers one query per round instead of one per request.
+        """
+        loop = asyncio.get_running_loop()
+        reads = self._reads.get(key)
+        if reads is None or reads.loop is not loop:
+            reads = self._reads[key] = _Reads(loop)
+            reads.current = loop.create_future()
+            self._launch(key, as_id, reads)
+            waiting = reads.current
+        else:
+            if reads.next is None:
+                reads.next = loop.create_future()
+            waiting = reads.next
+        # Shielded: one caller giving up (its timeout) must not cancel the others' read.
+        return asyncio.shield(waiting)
+
+    def _launch(self, key: str, as_id: uuid.UUID | None, reads: _Reads) -> None:
+        target = reads.current
+
+        def done(read: asyncio.Future) -> None:
+            if target.done():
+                pass
+            elif read.cancelled():
+                target.cancel()
+            elif read.exception() is not None:
+                target.set_exception(read.exception())
+                target.exception()  # retrieved: every waiter may have timed out already
+            else:
+                target.set_result(read.result())
+            if reads.next is not None:
+                reads.current, reads.next = reads.next, None
+                self._launch(key, as_id, reads)
+            elif self._reads.get(key) is reads:
+                del self._reads[key]
+
+        store.run(store.pointer_read, key, as_id).add_done_callback(done)
+
+    async def resolve(self, ref: str) -> Resolved:
+        """Return the routing snapshot to serve `ref` with, or raise a ProxyError."""
+        key, as_id = parse_ref(ref)
+        try:
+            async with asyncio.timeout(POINTER_READ_TIMEOUT_S):
+                pointer = await self._pointer_read(key, as_id)
+        except (store.StoreUnreachable, TimeoutError) as exc:
+            return self._fail_open(key, exc)
+        except store.StoreUnusable as exc:
+            self._note(key, "closed", f"pointer read refused: {exc}")
+            raise errors.state_store_unavailable(UNUSABLE) from None
+        if pointer is None:
+            self._forget_alias(key)
+            raise errors.fleet_not_found(f"fleet {clip(ref)!r} not found")
+        self._aliases[key] = pointer.fleet_id
+
+        cached = self._snapshots.get(pointer.fleet_id)
+        if cached is not None and _same_route(cached, pointer):
+            ttl_s = settings.HARU["snapshot_cache_ttl_ms"] / 1000
+            if clock.get_clock().monotonic() - cached.loaded_at < ttl_s:
+                return Resolved(cached, stale=False)
+            # Only non-routing state may have changed: if the store drops away between the two
+            # reads, the cached routing is still what the pointer says.
+            try:
+                return Resolved(await self._load(pointer), stale=False)
+            except store.StoreUnreachable:
+                self._note(key, "open", "snapshot refresh failed; serving the cached one")
+                return Resolved(cached, stale=True)
+        if cached is not None:
+            # Superseded: the pointer moved. Quarantine it, so that an outage from here on can
+            # never serve the old routing.
+            self._snapshots.pop(pointer.fleet_id, None)
+        try:
+            return Resolved(await self._load(pointer), stale=False)
+        except store.StoreUnreachable:
+            self._note(key, "closed", "pointer moved and the new snapshot could not be read")
+            raise errors.state_store_unavailable(
+                "routing changed and the state store stopped answering; retry"
+            ) from None
+
+    def _fail_open(self, key: str, exc: Exception) -> Resolved:
+        fleet_id = self._aliases.get(key)
+        cached = self._snapshots.get(fleet_id) if fleet_id else None
+        reason = "timed out" if isinstance(exc, TimeoutError) else str(exc)
+        if cached is None:
+            self._note(key, "closed", f"state store unreachable ({reason}) and no cached routing")
+            raise errors.state_store_unavailable(
+                "state store unreachable and no routing cached for this fleet yet"
+            )
+        self._note(key, "open", f"state store unreachable ({reason}); serving cached routing")
+        return Resolved(cached, stale=True)
+
+    async def _load(self, pointer: store.Pointer) -> Snapshot:
+        """Load the fleet's snapshot, joining a load already under way when it is fresh enough."""
+        fleet_id = pointer.fleet_id
+        for _ in range(3):
+            pending = self._loading.get(fleet_id)
+            if pending is None or pending.get_loop() is not asyncio.get_running_loop():
+                pending = asyncio.ensure_future(self._load_once(fleet_id))
+                self._loading[fleet_id] = pending
+                pending.add_done_callback(self._loaded)
+            snapshot = await asyncio.shield(pending)
+            # A joined load may have read the fleet before our pointer read: only a snapshot at
+            # least as new as what we saw will do.
+            if snapshot.revision >= pointer.revision:
+                return snapshot
+        raise errors.state_store_unavailable("routing kept changing while loading; retry")
+
+    def _loaded(self, load: asyncio.Future) -> None:
+        for fleet_id, pending in list(self._loading.items()):
+            if pending is load:
+                del self._loading[fleet_id]
+
+    async def _load_once(self, fleet_id: str) -> Snapshot:
+        loaded_at = clock.get_clock().monotonic()
+        try:
+            rows = await store.run(store.snapshot_rows_read, fleet_id)
+        except store.StoreUnusable as exc:
+            self._quarantine(fleet_id, f"snapshot read refused: {exc}")
+            raise errors.state_store_unavailable(UNUSABLE) from None
+        if rows is None:
+            self._forget_fleet(fleet_id)
+            raise errors.fleet_not_found("fleet not found")
+        try:
+            snapshot = snapshot_build(rows, loaded_at)
+        except Malformed as exc:
+            self._quarantine(fleet_id, str(exc))
+            raise errors.state_store_unavailable(
+                f"fleet {rows.pointer.slug} has malformed routing state: {exc}"
+            ) from None
+        current = self._snapshots.get(fleet_id)
+        # Never replace a newer snapshot with an older one read concurrently.
+        if current is None or snapshot.revision >= current.revision:
+            self._snapshots[fleet_id] = snapshot
+        return snapshot
+
+    def _quarantine(self, fleet_id: str, why: str) -> None:
+        self._snapshots.pop(fleet_id, None)
+        self._note(fleet_id, "closed", why)
+
+    def _forget_alias(self, key: str) -> None:
+        fleet_id = self._aliases.pop(key, None)
+        if fleet_id is not None:
+            self._forget_fleet(fleet_id)
+
+    def _forget_fleet(self, fleet_id: str) -> None:
+        """Drop a gone fleet's snapshot and every alias that led to it."""
+        self._snapshots.pop(fleet_id, None)
+        for alias in [a for a, f in self._aliases.items() if f == fleet_id]:
+            del self._aliases[alias]
+
+    def _note(self, key: str, verdict: str, message: str) -> None:
+        # Rate-limited: during an outage every request takes this path.
+        now = time.monotonic()
+        if len(self._logged) > 1024:  # references are client-chosen: keep this bounded
+            self._logged.clear()
+        if now - self._logged.get((key, verdict), -LOG_EVERY_S) >= LOG_EVERY_S:
+            self._logged[(key, verdict)] = now
+            log.warning("chat proxy fail-%s for fleet %s: %s", verdict, key, message)
+
+
+class _Reads:
+    """The pointer read in flight for one fleet reference, and the one queued behind it."""
+
+    __slots__ = ("loop", "current", "next")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.current: asyncio.Future | None = None
+        self.next: asyncio.Future | None = None
+
+
+def _same_route(snapshot: Snapshot, pointer: store.Pointer) -> bool:
+    return (
+        snapshot.revision == pointer.revision
+        and snapshot.active_domain_id == pointer.active_domain_id
+    )
+
+
+ROUTES = RoutingCache()

@@ -1,0 +1,219 @@
+"""The proxy's two reads of the state store, run on one dedicated database thread.
+
+Why one thread of our own, not `sync_to_async`: Django connections are per thread, and a
+dedicated thread keeps exactly one persistent connection per server process (no request
+signals run on the lean ASGI path to open and close them), costs one cheap executor hop per
+read, and lets tests reach that connection to take it down. An indexed read takes well under a
+millisecond, so one thread carries thousands of requests per second.
+
+Both reads raise `StoreUnreachable` when the store cannot be asked (connection refused, dropped,
+timed out) and `StoreUnusable` when it answered but not with usable state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from django.db import DatabaseError, InterfaceError, OperationalError, connections
+
+from fleets.models import Domain, Fleet, ModelBinding
+
+T = TypeVar("T")
+
+_EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="haru-proxy-db")
+
+
+class StoreUnreachable(Exception):
+    """The state store could not be asked: the data path may fail open."""
+
+
+class StoreUnusable(Exception):
+    """The state store answered, but not with state the proxy can route on: fail closed."""
+
+
+@dataclass(frozen=True)
+class Pointer:
+    """A fleet's routing pointer as one indexed read returns it."""
+
+    fleet_id: str
+    slug: str
+    active_domain_id: str | None
+    revision: int
+
+
+@dataclass(frozen=True)
+class BindingRow:
+    name: str
+    serving_url: str
+    slot_kind: str
+    slot_state: str
+    slot_domain_id: str
+    slot_id: str
+    gpu_index: int
+
+
+@dataclass(frozen=True)
+class SnapshotRows:
+    """Everything a routing snapshot is built from, read in one go."""
+
+    pointer: Pointer
+    domain_fleet_id: str | None  # None: the pointer names a domain that does not exist
+    domain_slug: str | None
+    domain_state: str | None
+    bindings: tuple[BindingRow, ...]
+
+
+def run(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+    """Run `fn(*args)` on the proxy's database thread; await the returned future."""
+    return asyncio.get_running_loop().run_in_executor(_EXECUTOR, fn, *args)
+
+
+def _sql() -> tuple[str, str]:
+    quote = connections["default"].ops.quote_name
+    meta = Fleet._meta
+    cols = ", ".join(
+        quote(meta.get_field(name).column)
+        for name in ("id", "slug", "active_domain", "route_revision")
+    )
+    table = quote(meta.db_table)
+    by_slug = f"SELECT {cols} FROM {table} WHERE {quote('slug')} = %s"
+    # Both lookups use an index (the primary key, the unique slug); the caller prefers the id
+    # match, the same "UUID first" rule as selectors.fleet_get.
+    by_id_or_slug = f"SELECT {cols} FROM {table} WHERE {quote('id')} = %s OR {quote('slug')} = %s"
+    return by_slug, by_id_or_slug
+
+
+_SQL: tuple[str, str] | None = None
+
+
+def _uuid_text(value) -> str | None:
+    if value is None:
+        return None
+    # Postgres returns UUID objects, SQLite 32 hex characters: one canonical text form.
+    return str(value) if isinstance(value, uuid.UUID) else str(uuid.UUID(str(value)))
+
+
+def _with_connection(read: Callable[[Any], T]) -> T:
+    """Call `read(connection)`, reconnecting once if a reused connection turns out dead.
+
+    Nothing closes this thread's connection between requests (it is the point of keeping it),
+    so after a database restart the first read meets a dead socket; one retry on a fresh
+    connection tells a restart from an outage.
+    """
+    conn = connections["default"]
+    for attempt in (1, 2):
+        reused = conn.connection is not None
+        try:
+            return read(conn)
+        except (OperationalError, InterfaceError) as exc:
+            _drop(conn)
+            if reused and attempt == 1:
+                continue
+            raise StoreUnreachable(type(exc).__name__) from exc
+        except DatabaseError as exc:
+            _drop(conn)
+            raise StoreUnusable(type(exc).__name__) from exc
+    raise AssertionError("unreachable")
+
+
+def _drop(conn) -> None:
+    try:
+        conn.close()
+    except Exception:  # noqa: BLE001 - a broken connection may fail to close; forget it anyway
+        conn.connection = None
+
+
+def pointer_read(ref: str, as_id: uuid.UUID | None) -> Pointer | None:
+    """Return the pointer of the fleet whose id (tried first) or slug is `ref`, or None."""
+    global _SQL
+    if _SQL is None:
+        _SQL = _sql()
+    by_slug, by_id_or_slug = _SQL
+
+    def read(conn) -> Pointer | None:
+        with conn.cursor() as cursor:
+            if as_id is None:
+                cursor.execute(by_slug, [ref])
+            else:
+                pk = Fleet._meta.pk.get_db_prep_value(as_id, conn)
+                cursor.execute(by_id_or_slug, [pk, ref])
+            rows = cursor.fetchall()
+        if not rows:
+            return None
+        pointers = [
+            Pointer(
+                fleet_id=_uuid_text(row[0]),
+                slug=row[1],
+                active_domain_id=_uuid_text(row[2]),
+                revision=int(row[3]),
+            )
+            for row in rows
+        ]
+        if as_id is not None:
+            wanted = str(as_id)
+            pointers.sort(key=lambda p: p.fleet_id != wanted)
+        return pointers[0]
+
+    return _with_connection(read)
+
+
+def snapshot_rows_read(fleet_id: str) -> SnapshotRows | None:
+    """Read what the routing snapshot of `fleet_id` needs; None when the fleet is gone."""
+
+    def read(conn) -> SnapshotRows | None:
+        fleet = (
+            Fleet.objects.filter(pk=fleet_id)
+            .values_list("id", "slug", "active_domain_id", "route_revision")
+            .first()
+        )
+        if fleet is None:
+            return None
+        pointer = Pointer(
+            fleet_id=_uuid_text(fleet[0]),
+            slug=fleet[1],
+            active_domain_id=_uuid_text(fleet[2]),
+            revision=int(fleet[3]),
+        )
+        if pointer.active_domain_id is None:
+            return SnapshotRows(pointer, None, None, None, ())
+        domain = (
+            Domain.objects.filter(pk=pointer.active_domain_id)
+            .values_list("fleet_id", "slug", "state")
+            .first()
+        )
+        rows = ModelBinding.objects.filter(domain_id=pointer.active_domain_id).values_list(
+            "name",
+            "serving_url",
+            "slot__kind",
+            "slot__state",
+            "slot__domain_id",
+            "slot_id",
+            "slot__gpu_index",
+        )
+        bindings = tuple(
+            BindingRow(
+                name=name,
+                serving_url=url,
+                slot_kind=kind,
+                slot_state=state,
+                slot_domain_id=_uuid_text(slot_domain),
+                slot_id=_uuid_text(slot_id),
+                gpu_index=gpu_index,
+            )
+            for name, url, kind, state, slot_domain, slot_id, gpu_index in rows
+        )
+        if domain is None:
+            return SnapshotRows(pointer, None, None, None, bindings)
+        return SnapshotRows(pointer, _uuid_text(domain[0]), domain[1], domain[2], bindings)
+
+    return _with_connection(read)
+
+
+def connection_close() -> None:
+    """Close the database thread's connection (run it on that thread, via `run`)."""
+    _drop(connections["default"])

@@ -1,0 +1,367 @@
+"""The pooled HTTP/1.1 client to model servers: asyncio transports plus the httptools parser.
+
+Why not httpx (measured with /tmp scripts and bench/proxy.py on the 2-core CI machine): an
+httpx.AsyncClient costs about 0.45 ms of CPU per request and its pool's request assignment
+degrades with many connections (about 800 requests/s at 32 concurrent), which alone exceeds the
+proxy's budget (< 1 ms added at the median, half the direct throughput). This client costs a
+few tens of microseconds: the same C parser (llhttp via httptools) that uvicorn uses for the
+server side, one keep-alive connection stack per origin, and nothing else (no cookies, no
+redirects, no proxies from the environment: none of them belong on this path).
+
+Scope, deliberately narrow: one POST with a fully buffered body to an http(s) origin; response
+streamed back with flow control. One pool per process and event loop (`pool()`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ssl
+import time
+from dataclasses import dataclass
+
+import httptools
+
+from fleets.proxy import errors
+
+# Model servers on uvicorn (vLLM, SGLang) drop idle keep-alive connections after 5 s; reusing
+# one at that moment loses the request, so idle connections are retired a second earlier.
+IDLE_EXPIRY_S = 4.0
+MAX_IDLE_PER_ORIGIN = 256
+# Flow control: stop reading from the model server while this much is buffered unsent.
+_HIGH_WATER = 256 * 1024
+_LOW_WATER = 64 * 1024
+
+# Request headers passed to the model server. Everything else stays here: above all the
+# client's Authorization (Haru's token), cookies and forwarding headers.
+FORWARD_REQUEST_HEADERS = frozenset(
+    {b"content-type", b"accept", b"accept-encoding", b"accept-language", b"x-request-id"}
+)
+# Response headers passed back. Hop-by-hop headers (connection, keep-alive, transfer-encoding,
+# ...) never are, and neither are the model server's own server/date/cookies.
+FORWARD_RESPONSE_HEADERS = frozenset(
+    {b"content-type", b"content-encoding", b"content-length", b"cache-control", b"x-request-id"}
+)
+
+
+class UpstreamClosed(Exception):
+    """The model server closed the connection or sent a malformed response."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """One upstream endpoint, parsed once when the routing snapshot is built."""
+
+    scheme: str
+    host: str
+    port: int
+    host_header: bytes
+    path: bytes
+
+    @property
+    def origin(self) -> tuple[str, str, int]:
+        return (self.scheme, self.host, self.port)
+
+
+class Response:
+    """A model server's response: status and headers now, the body as it arrives."""
+
+    def __init__(self, conn: _Connection) -> None:
+        self._conn = conn
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.headers_done: asyncio.Future = conn.loop.create_future()
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._buffered = 0
+        self._waiter: asyncio.Future | None = None
+        self.complete = False
+        self.error: Exception | None = None
+        self._length_known = False
+
+    # Called by the connection (from the parser or the transport).
+    def _header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name in (b"content-length", b"transfer-encoding"):
+            self._length_known = True
+        self.headers.append((name, value))
+
+    def _body(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._buffered += len(data)
+        if self._buffered > _HIGH_WATER:
+            self._conn.transport.pause_reading()
+        self._wake()
+
+    def _finish(self, error: Exception | None = None) -> None:
+        if self.complete or self.error is not None:
+            return
+        if error is None:
+            self.complete = True
+        else:
+            self.error = error
+            if not self.headers_done.done():
+                self.headers_done.set_exception(error)
+                self.headers_done.exception()  # retrieved: a cancelled caller may never read it
+        self._wake()
+
+    def _lost(self, exc: Exception | None) -> None:
+        # A body without Content-Length or chunked encoding ends when the connection does.
+        if self.headers_done.done() and not self._length_known and exc is None:
+            self._finish()
+        else:
+            self._finish(UpstreamClosed("connection closed before the response ended"))
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def aiter_raw(self):
+        """Yield body bytes as the model server sends them (chunked framing removed)."""
+        while True:
+            if self._chunks:
+                chunk = self._chunks.popleft()
+                self._buffered -= len(chunk)
+                if self._buffered <= _LOW_WATER:
+                    self._conn.transport.resume_reading()
+                yield chunk
+                continue
+            if self.error is not None:
+                raise self.error
+            if self.complete:
+                return
+            self._waiter = self._conn.loop.create_future()
+            await self._waiter
+
+    async def aclose(self) -> None:
+        """Release the connection: back to the pool when the body was read, else closed."""
+        self._conn.release(reuse=self.complete)
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, pool: Pool, origin: tuple[str, str, int]) -> None:
+        self.pool = pool
+        self.origin = origin
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.response: Response | None = None
+        self.closed = False
+        self.keep_alive = False
+        self.idle_since = 0.0
+        self.response_started = False  # a byte of the current response has arrived
+        self._informational = False
+
+    # asyncio.Protocol
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.response is None or self.response.complete:
+            self.close()  # bytes nobody asked for: the stream is out of step
+            return
+        self.response_started = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self.response._finish(UpstreamClosed(f"malformed response: {exc}"))
+            self.close()
+
+    def eof_received(self):
+        self.closed = True  # before connection_lost arrives: never hand this one out again
+        return False  # close our side too
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        if self.response is not None:
+            self.response._lost(exc)
+
+    # httptools callbacks (must not raise)
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._informational:
+            self.response._header(name, value)
+
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        # 1xx (100 Continue, 103 Early Hints) precede the real response: skip them.
+        self._informational = status < 200
+        if self._informational:
+            return
+        self.response.status = status
+        self.keep_alive = self.parser.should_keep_alive()
+        if not self.response.headers_done.done():
+            self.response.headers_done.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        self.response._body(body)
+
+    def on_message_complete(self) -> None:
+        if self._informational:
+            self._informational = False
+            return
+        self.response._finish()
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def release(self, *, reuse: bool) -> None:
+        response, self.response = self.response, None
+        if response is not None and not response.complete:
+            # Unread body: closing is how the model server learns the client went away.
+            self.transport.abort()
+            self.closed = True
+            return
+        if reuse and self.keep_alive and not self.closed:
+            self.transport.resume_reading()  # in case flow control paused it
+            self.idle_since = time.monotonic()
+            self.pool._idle_push(self)
+        else:
+            self.close()
+
+
+class Pool:
+    """Idle keep-alive connections, a LIFO stack per origin (the warmest one first)."""
+
+    def __init__(self) -> None:
+        self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
+        self._ssl: ssl.SSLContext | None = None
+
+    def _idle_push(self, conn: _Connection) -> None:
+        stack = self._idle.setdefault(conn.origin, [])
+        if len(stack) >= MAX_IDLE_PER_ORIGIN:
+            conn.close()
+        else:
+            stack.append(conn)
+
+    def _idle_pop(self, origin) -> _Connection | None:
+        stack = self._idle.get(origin)
+        now = time.monotonic()
+        while stack:
+            conn = stack.pop()
+            fresh = now - conn.idle_since < IDLE_EXPIRY_S
+            if fresh and not conn.closed and not conn.transport.is_closing():
+                return conn
+            conn.close()
+        return None
+
+    async def _connect(self, target: Target) -> _Connection:
+        loop = asyncio.get_running_loop()
+        ssl_context = None
+        if target.scheme == "https":
+            if self._ssl is None:
+                self._ssl = ssl.create_default_context()
+            ssl_context = self._ssl
+        _, conn = await loop.create_connection(
+            lambda: _Connection(self, target.origin),
+            target.host,
+            target.port,
+            ssl=ssl_context,
+            server_hostname=target.host if ssl_context else None,
+        )
+        return conn
+
+    async def send(self, target: Target, head: bytes, body: bytes) -> Response:
+        """Send one request and return once the response headers are in."""
+        conn = self._idle_pop(target.origin)
+        fresh = conn is None
+        if conn is None:
+            conn = await self._connect(target)
+        try:
+            return await self._exchange(conn, head, body)
+        except UpstreamClosed:
+            if fresh or conn.response_started:
+                raise
+        # The reused connection died before any response byte: the server dropped it idle and
+        # never saw the request, so one retry on a fresh connection is safe.
+        return await self._exchange(await self._connect(target), head, body)
+
+    async def _exchange(self, conn: _Connection, head: bytes, body: bytes) -> Response:
+        response = Response(conn)
+        conn.response = response
+        conn.response_started = False
+        try:
+            try:
+                conn.transport.writelines((head, body))
+            except RuntimeError as exc:  # uvloop refuses writes on a transport that just closed
+                raise UpstreamClosed("connection closed before the request was sent") from exc
+            await response.headers_done
+        except BaseException:
+            # Timed out, cancelled (the client left) or failed: never reuse a connection with
+            # a request in flight; closing it also tells the model server to stop.
+            conn.response = None
+            conn.transport.abort()
+            conn.closed = True
+            raise
+        return response
+
+    async def aclose(self) -> None:
+        for stack in self._idle.values():
+            for conn in stack:
+                conn.close()
+        self._idle.clear()
+
+
+_pool: Pool | None = None
+_pool_loop: asyncio.AbstractEventLoop | None = None
+
+
+def pool() -> Pool:
+    """Return this process's pool for the running loop, creating it on first use."""
+    global _pool, _pool_loop
+    loop = asyncio.get_running_loop()
+    if _pool is None or _pool_loop is not loop:
+        _pool, _pool_loop = Pool(), loop
+    return _pool
+
+
+async def pool_close() -> None:
+    """Close this loop's idle connections (tests, shutdown)."""
+    global _pool, _pool_loop
+    if _pool is not None and _pool_loop is asyncio.get_running_loop():
+        await _pool.aclose()
+    _pool, _pool_loop = None, None
+
+
+def request_head(target: Target, headers: dict[bytes, bytes], body_length: int) -> bytes:
+    """Build the request line and headers: the path comes only from the routing snapshot."""
+    lines = [
+        b"POST " + target.path + b" HTTP/1.1",
+        b"host: " + target.host_header,
+        b"content-length: %d" % body_length,
+        b"user-agent: haru-proxy",
+    ]
+    for name, value in headers.items():
+        if name in FORWARD_REQUEST_HEADERS and b"\r" not in value and b"\n" not in value:
+            lines.append(name + b": " + value)
+    if b"content-type" not in headers:
+        lines.append(b"content-type: application/json")
+    if b"accept-encoding" not in headers:
+        # Bytes pass through undecoded, so ask for what any client can read.
+        lines.append(b"accept-encoding: identity")
+    return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+def response_headers(response: Response) -> list[tuple[bytes, bytes]]:
+    return [(n, v) for n, v in response.headers if n in FORWARD_RESPONSE_HEADERS]
+
+
+async def open_stream(
+    target: Target, head: bytes, body: bytes, *, timeout_ms: int, model: str
+) -> Response:
+    """Send the request; return the response once its headers arrived (body unread).
+
+    HARU_CHAT_HEADER_TIMEOUT_MS bounds connect + send + time to headers as one budget; nothing
+    bounds the body, so a stream that goes quiet mid-generation is never cut.
+    """
+    try:
+        async with asyncio.timeout(timeout_ms / 1000):
+            return await pool().send(target, head, body)
+    except TimeoutError:
+        raise errors.upstream_timeout(
+            f"model server for {model!r} sent no response headers within {timeout_ms} ms"
+        ) from None
+    except (OSError, UpstreamClosed) as exc:
+        raise errors.upstream_unreachable(
+            f"model server for {model!r} is unreachable ({type(exc).__name__})"
+        ) from None
