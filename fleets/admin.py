@@ -1,0 +1,462 @@
+"""Django admin for fleet layouts, and a read-only view of operations and events.
+
+Layout fields (slugs, URLs, placement, policy, slots, models) are editable with the layout
+loader's validation. The routing pointer, the revision and every state field are read-only: they
+move only through operations. The actions (promote, demote, reconcile) call the same services
+as the API, after a confirmation page.
+"""
+
+from __future__ import annotations
+
+import json
+
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.http import HttpResponse
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
+
+from fleets import admin_forms as af
+from fleets import clock
+from fleets.core.states import (
+    DomainState,
+    InferenceState,
+    OperationKind,
+    Provider,
+    SlotKind,
+    TrainingState,
+)
+from fleets.dashboard import actions as dashboard_actions
+from fleets.models import Domain, Event, Fleet, ModelBinding, Operation, Slot
+from fleets.selectors import operation_in_flight
+from fleets.services.events import event_record
+from fleets.services.layouts import layout_export
+
+
+def _pretty_json(value) -> str:
+    return format_html(
+        '<pre style="white-space: pre-wrap; margin: 0">{}</pre>',
+        json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False),
+    )
+
+
+def _actor(request) -> str:
+    return f"admin:{request.user.get_username()}"
+
+
+def _initial_slot_state(kind: str, domain: Domain) -> str:
+    """Seed a new slot the way the layout loader does: training idle; inference serving on the
+    active domain, else sleeping. The next heartbeat corrects it from what the host reports."""
+    if kind == SlotKind.TRAINING:
+        return TrainingState.IDLE
+    active = Fleet.objects.filter(pk=domain.fleet_id).values_list("active_domain_id", flat=True)
+    return InferenceState.SERVING if active.first() == domain.id else InferenceState.SLEEPING
+
+
+def _record_edit(request, fleet_id, what: str, changed: list[str]) -> None:
+    """Audit a layout edit; the event also tells open dashboards to refresh."""
+    event_record(
+        fleet_id=fleet_id,
+        kind="layout.edited",
+        actor=_actor(request),
+        data={"what": what, "changed": sorted(set(changed))[:50]},
+    )
+
+
+def _confirm(modeladmin, request, queryset, *, action: str, title: str, text: str):
+    """Render the intermediate confirmation page of a state-moving admin action."""
+    context = {
+        **modeladmin.admin_site.each_context(request),
+        "title": title,
+        "text": text,
+        "objects": list(queryset),
+        "action": action,
+        "opts": modeladmin.model._meta,
+        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+    }
+    return TemplateResponse(request, "admin/fleets/confirm_action.html", context)
+
+
+def _report(modeladmin, request, result: dashboard_actions.ActionResult, label: str) -> None:
+    level = messages.SUCCESS if result.ok else messages.ERROR
+    modeladmin.message_user(request, f"{label}: {result.message}", level)
+
+
+# ---------------------------------------------------------------------------------------------
+# Inlines
+# ---------------------------------------------------------------------------------------------
+
+
+class DomainInline(admin.StackedInline):
+    model = Domain
+    form = af.DomainForm
+    formset = af.DomainInlineFormSet
+    extra = 0
+    show_change_link = True
+    readonly_fields = ("role", "state", "last_seen_at")
+    fields = (
+        ("slug", "display_name"),
+        ("provider", "priority"),
+        "placement",
+        ("supervisor_url", "serving_base_url"),
+        ("role", "state", "last_seen_at"),
+    )
+
+    @admin.display(description="role")
+    def role(self, obj):
+        if obj is None or obj._state.adding:
+            return "-"
+        return "active" if obj.fleet.active_domain_id == obj.pk else "standby"
+
+
+class SlotInline(admin.TabularInline):
+    model = Slot
+    form = af.SlotForm
+    formset = af.SlotInlineFormSet
+    extra = 0
+    fields = ("gpu_index", "kind", "command", "checkpoint_dir", "state", "pids")
+    readonly_fields = ("state", "pids")
+
+
+class ModelBindingInline(admin.TabularInline):
+    model = ModelBinding
+    fk_name = "domain"
+    form = af.ModelBindingForm
+    formset = af.ModelBindingInlineFormSet
+    extra = 0
+    fields = ("name", "slot", "serving_url", "profile")
+
+
+# ---------------------------------------------------------------------------------------------
+# Fleet
+# ---------------------------------------------------------------------------------------------
+
+
+@admin.register(Fleet)
+class FleetAdmin(admin.ModelAdmin):
+    form = af.FleetForm
+    inlines = [DomainInline]
+    list_display = ("slug", "display_name", "active", "route_revision", "in_flight", "dashboard")
+    search_fields = ("slug", "display_name")
+    readonly_fields = (
+        "id",
+        "active",
+        "route_revision",
+        "resolved_policy",
+        "created_at",
+        "updated_at",
+    )
+    fieldsets = (
+        (None, {"fields": ("slug", "display_name", "policy")}),
+        (
+            "Routing (moves only through operations)",
+            {"fields": ("active", "route_revision")},
+        ),
+        (
+            "Details",
+            {
+                "classes": ("collapse",),
+                "fields": ("id", "resolved_policy", "created_at", "updated_at"),
+            },
+        ),
+    )
+    actions = ["reconcile_now", "export_layout"]
+
+    @admin.display(description="active domain")
+    def active(self, obj):
+        return obj.active_domain.slug if obj.active_domain_id else "-"
+
+    @admin.display(description="in flight")
+    def in_flight(self, obj):
+        op = operation_in_flight(obj.id)
+        return (
+            f"{op.kind} -> {op.target_domain.slug} ({op.current_step or op.state})" if op else "-"
+        )
+
+    @admin.display(description="dashboard")
+    def dashboard(self, obj):
+        return format_html('<a href="{}">open</a>', reverse("dashboard:fleet", args=[obj.slug]))
+
+    @admin.display(description="policy with defaults")
+    def resolved_policy(self, obj):
+        from fleets.core.policy import Policy
+
+        return _pretty_json(Policy.resolve(obj.policy).to_json())
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        if change and form.changed_data:
+            _record_edit(request, obj.id, f"fleet {obj.slug}", form.changed_data)
+
+    def save_formset(self, request, form, formset, change):
+        instances = formset.save(commit=False)
+        now = clock.now()
+        changed = []
+        for obj in formset.deleted_objects:
+            changed.append(f"deleted domain {obj.slug}")
+            obj.delete()
+        for obj in instances:
+            if obj._state.adding:
+                # Static hosts exist already; driver-backed ones must be provisioned first.
+                obj.state = (
+                    DomainState.READY
+                    if obj.provider == Provider.STATIC
+                    else DomainState.PROVISIONING
+                )
+                obj.state_updated_at = now
+                changed.append(f"added domain {obj.slug}")
+            else:
+                changed.append(f"domain {obj.slug}")
+            obj.save()
+        formset.save_m2m()
+        if change and changed:
+            _record_edit(request, form.instance.id, f"fleet {form.instance.slug}", changed)
+
+    def get_urls(self):
+        urls = super().get_urls()
+        export = path(
+            "<path:object_id>/export/",
+            self.admin_site.admin_view(self.export_view),
+            name="fleets_fleet_export",
+        )
+        return [export, *urls]
+
+    def export_view(self, request, object_id):
+        """Download the fleet as a layout file that `seed_layout` accepts unchanged."""
+        fleet = get_object_or_404(Fleet, pk=object_id)
+        if not self.has_view_permission(request, fleet):
+            return HttpResponse(status=403)
+        body = json.dumps(layout_export(fleet), indent=2, ensure_ascii=False) + "\n"
+        response = HttpResponse(body, content_type="application/json")
+        response["Content-Disposition"] = f'attachment; filename="{fleet.slug}.layout.json"'
+        return response
+
+    @admin.action(description="Export the selected fleet as a layout file")
+    def export_layout(self, request, queryset):
+        if queryset.count() != 1:
+            self.message_user(request, "select exactly one fleet to export", messages.WARNING)
+            return None
+        return self.export_view(request, str(queryset.get().pk))
+
+    @admin.action(description="Reconcile the selected fleets now")
+    def reconcile_now(self, request, queryset):
+        if not request.POST.get("confirm"):
+            return _confirm(
+                self,
+                request,
+                queryset,
+                action="reconcile_now",
+                title="Reconcile now",
+                text="Run a reconcile tick (heartbeats, failover detection, advance the "
+                "in-flight operation) for these fleets:",
+            )
+        for fleet in queryset:
+            result = dashboard_actions.reconcile_now(fleet=fleet, actor=_actor(request))
+            _report(self, request, result, fleet.slug)
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Domain
+# ---------------------------------------------------------------------------------------------
+
+
+@admin.register(Domain)
+class DomainAdmin(admin.ModelAdmin):
+    form = af.DomainForm
+    inlines = [SlotInline, ModelBindingInline]
+    list_display = ("slug", "fleet", "role", "state", "provider", "priority", "last_seen_at")
+    list_filter = ("fleet", "state", "provider")
+    search_fields = ("slug", "display_name", "fleet__slug", "supervisor_url")
+    readonly_fields = ("id", "role", "state", "state_updated_at", "last_seen_at", "report")
+    actions = ["promote_domain", "demote_domain"]
+
+    def get_fieldsets(self, request, obj=None):
+        layout = [
+            "slug",
+            "display_name",
+            ("provider", "priority"),
+            "placement",
+            "supervisor_url",
+            "serving_base_url",
+        ]
+        if obj is None:
+            return [(None, {"fields": ["fleet", *layout]})]
+        return [
+            (None, {"fields": layout}),
+            (
+                "State (read-only: moves only through operations and heartbeats)",
+                {"fields": [("role", "state"), ("state_updated_at", "last_seen_at"), "id"]},
+            ),
+            ("Last supervisor report", {"classes": ["collapse"], "fields": ["report"]}),
+        ]
+
+    def get_form(self, request, obj=None, **kwargs):
+        if obj is None:
+            kwargs["fields"] = ["fleet", *af.DomainForm.Meta.fields]
+        return super().get_form(request, obj, **kwargs)
+
+    @admin.display(description="role")
+    def role(self, obj):
+        return "active" if obj.fleet.active_domain_id == obj.pk else "standby"
+
+    @admin.display(description="last supervisor report")
+    def report(self, obj):
+        return _pretty_json(obj.last_report or {})
+
+    def save_model(self, request, obj, form, change):
+        if not change:
+            obj.state = (
+                DomainState.READY if obj.provider == Provider.STATIC else DomainState.PROVISIONING
+            )
+            obj.state_updated_at = clock.now()
+        super().save_model(request, obj, form, change)
+        if form.changed_data:
+            _record_edit(request, obj.fleet_id, f"domain {obj.slug}", form.changed_data)
+
+    def save_formset(self, request, form, formset, change):
+        instances = formset.save(commit=False)
+        domain = form.instance
+        changed = []
+        for obj in formset.deleted_objects:
+            changed.append(f"deleted {obj}")
+            obj.delete()
+        for obj in instances:
+            if isinstance(obj, Slot) and obj._state.adding:
+                obj.state = _initial_slot_state(obj.kind, domain)
+                obj.state_updated_at = clock.now()
+            if isinstance(obj, ModelBinding):
+                obj.domain = domain
+            changed.append(str(obj))
+            obj.save()
+        formset.save_m2m()
+        if changed:
+            _record_edit(request, domain.fleet_id, f"domain {domain.slug}", changed)
+
+    def _operation_action(self, request, queryset, kind: str):
+        verb = "Promote" if kind == OperationKind.PROMOTE else "Demote"
+        if not request.POST.get("confirm"):
+            text = (
+                "Promote these domains? Training stops, models wake and are probed, then routing "
+                "moves to each (one operation per fleet at a time):"
+                if kind == OperationKind.PROMOTE
+                else "Demote these standbys? Their models sleep and training starts:"
+            )
+            return _confirm(
+                self,
+                request,
+                queryset,
+                action=f"{verb.lower()}_domain",
+                title=f"{verb} domains",
+                text=text,
+            )
+        for domain in queryset.select_related("fleet"):
+            result = dashboard_actions.request_operation(
+                fleet=domain.fleet, kind=kind, target=str(domain.id), actor=_actor(request)
+            )
+            _report(self, request, result, f"{domain.fleet.slug}/{domain.slug}")
+        return None
+
+    @admin.action(description="Promote the selected domain to active")
+    def promote_domain(self, request, queryset):
+        return self._operation_action(request, queryset, OperationKind.PROMOTE)
+
+    @admin.action(description="Demote the selected standby domains")
+    def demote_domain(self, request, queryset):
+        return self._operation_action(request, queryset, OperationKind.DEMOTE)
+
+
+# ---------------------------------------------------------------------------------------------
+# Operations and events: read-only
+# ---------------------------------------------------------------------------------------------
+
+
+class _ReadOnlyAdmin(admin.ModelAdmin):
+    """View-only: rows are written by the services alone."""
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Operation)
+class OperationAdmin(_ReadOnlyAdmin):
+    list_display = (
+        "short_id",
+        "fleet",
+        "kind",
+        "state",
+        "target",
+        "current_step",
+        "reason",
+        "requested_by",
+        "created_at",
+        "finished_at",
+    )
+    list_filter = ("fleet", "kind", "state", "reason", ("created_at", admin.DateFieldListFilter))
+    search_fields = (
+        "id",
+        "target_domain__slug",
+        "fleet__slug",
+        "requested_by",
+        "current_step",
+        "error",
+    )
+    date_hierarchy = "created_at"
+    list_select_related = ("fleet", "target_domain")
+    readonly_fields = ("error_json",)
+    exclude = ("error",)
+
+    @admin.display(description="id", ordering="id")
+    def short_id(self, obj):
+        return str(obj.id)[:8]
+
+    @admin.display(description="target", ordering="target_domain__slug")
+    def target(self, obj):
+        return obj.target_domain.slug
+
+    @admin.display(description="error")
+    def error_json(self, obj):
+        return _pretty_json(obj.error) if obj.error else "-"
+
+
+@admin.register(Event)
+class EventAdmin(_ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "created_at",
+        "fleet",
+        "kind",
+        "domain",
+        "step",
+        "duration_ms",
+        "actor",
+        "operation_short",
+    )
+    list_filter = ("fleet", "kind", "step", ("created_at", admin.DateFieldListFilter))
+    search_fields = ("kind", "actor", "step", "operation__id", "domain__slug")
+    date_hierarchy = "created_at"
+    list_select_related = ("fleet", "domain")
+    readonly_fields = ("data_json",)
+    exclude = ("data",)
+
+    @admin.display(description="operation")
+    def operation_short(self, obj):
+        return str(obj.operation_id)[:8] if obj.operation_id else "-"
+
+    @admin.display(description="data")
+    def data_json(self, obj):
+        return _pretty_json(obj.data)
+
+
+admin.site.site_header = "Haru administration"
+admin.site.site_title = "Haru admin"
+admin.site.index_title = "Fleet layouts, operations and events"
+admin.site.site_url = "/"

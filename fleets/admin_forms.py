@@ -1,0 +1,358 @@
+"""Admin forms for fleet layouts, with the layout loader's rules and errors on the right field.
+
+The patterns and limits are read from the loader's own JSON Schema (`fleets/layouts/schema.json`)
+and policy goes through `fleets.core.policy.validate_policy`, so a layout edited here is one that
+`seed_layout` would accept, and an export of it round-trips.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import cache
+
+from django import forms
+from django.core.exceptions import ValidationError
+from jsonschema import Draft202012Validator
+
+from fleets.core.policy import PolicyError, validate_policy
+from fleets.core.states import SlotKind
+from fleets.layouts.loader import SCHEMA_PATH
+from fleets.models import Domain, Fleet, ModelBinding, Slot
+
+
+@cache
+def _schema() -> dict:
+    return json.loads(SCHEMA_PATH.read_text())
+
+
+def _def(name: str) -> dict:
+    return _schema()["$defs"][name]
+
+
+def _check_pattern(value: str, definition: dict) -> None:
+    if len(value) > definition.get("maxLength", 10**6) or not re.search(
+        definition["pattern"], value
+    ):
+        raise ValidationError(definition["x-rule"])
+
+
+def validate_slug(value: str) -> None:
+    """Apply the layout's slug rule: lowercase letters and digits, single hyphens, <= 63."""
+    _check_pattern(value, _def("slug"))
+
+
+def validate_url(value: str) -> None:
+    if value:
+        _check_pattern(value, _def("url"))
+
+
+def validate_model_name(value: str) -> None:
+    """Apply the layout's model-name rule: lowercase, no whitespace (the routing key)."""
+    _check_pattern(value, _def("model")["properties"]["name"])
+
+
+def _gpu_bounds() -> tuple[int, int]:
+    spec = _def("inferenceSlot")["properties"]["gpuIndex"]
+    return spec["minimum"], spec["maximum"]
+
+
+class PrettyJSONField(forms.JSONField):
+    """A JSON textarea that shows stored values indented, for people to read and edit."""
+
+    def __init__(self, *args, rows: int = 8, cols: int = 70, **kwargs):
+        kwargs.setdefault("widget", forms.Textarea(attrs={"rows": rows, "cols": cols}))
+        super().__init__(*args, **kwargs)
+
+    def prepare_value(self, value):
+        if isinstance(value, str) or value is None:
+            return super().prepare_value(value)
+        return json.dumps(value, indent=2, sort_keys=False, ensure_ascii=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fleet
+# ---------------------------------------------------------------------------------------------
+
+
+class FleetForm(forms.ModelForm):
+    policy = PrettyJSONField(
+        required=False,
+        rows=16,
+        help_text=(
+            'Operator-set keys only, e.g. {"autoFailover": true, "wakeTimeoutMs": 60000}. '
+            "Unset keys use the defaults (see the README)."
+        ),
+    )
+
+    class Meta:
+        model = Fleet
+        fields = ["slug", "display_name", "policy"]
+
+    def clean_slug(self):
+        slug = self.cleaned_data["slug"]
+        validate_slug(slug)
+        return slug
+
+    def clean_policy(self):
+        raw = self.cleaned_data.get("policy")
+        try:
+            # Store the normalized operator keys, exactly what the layout loader stores.
+            return validate_policy({} if raw in (None, "") else raw)
+        except PolicyError as exc:
+            raise ValidationError(str(exc)) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Domain
+# ---------------------------------------------------------------------------------------------
+
+
+class DomainForm(forms.ModelForm):
+    placement = PrettyJSONField(
+        required=False,
+        rows=7,
+        help_text='{"cloud", "region", "accelerator", "acceleratorCount", "useSpot"}',
+    )
+
+    class Meta:
+        model = Domain
+        fields = [
+            "slug",
+            "display_name",
+            "provider",
+            "priority",
+            "placement",
+            "supervisor_url",
+            "serving_base_url",
+        ]
+
+    def clean_slug(self):
+        slug = self.cleaned_data["slug"]
+        validate_slug(slug)
+        return slug
+
+    def clean_supervisor_url(self):
+        value = self.cleaned_data.get("supervisor_url") or ""
+        validate_url(value)
+        return value
+
+    def clean_serving_base_url(self):
+        value = self.cleaned_data.get("serving_base_url") or ""
+        validate_url(value)
+        return value
+
+    def clean_priority(self):
+        value = self.cleaned_data.get("priority")
+        spec = _def("domain")["properties"]["priority"]
+        if value is not None and not spec["minimum"] <= value <= spec["maximum"]:
+            raise ValidationError(f"must be between {spec['minimum']} and {spec['maximum']}")
+        return value
+
+    def clean_placement(self):
+        value = self.cleaned_data.get("placement")
+        value = {} if value in (None, "") else value
+        errors = sorted(
+            Draft202012Validator(_def("placement")).iter_errors(value), key=lambda e: e.path
+        )
+        if errors:
+            first = errors[0]
+            where = ".".join(str(p) for p in first.absolute_path)
+            raise ValidationError(f"{where + ': ' if where else ''}{first.message}")
+        return value
+
+
+class DomainInlineFormSet(forms.BaseInlineFormSet):
+    """Unique slugs within the fleet (error on the slug), and the active domain stays."""
+
+    def clean(self):
+        # Our checks first: they put the error on the field; Django's own duplicate check then
+        # finds nothing left to complain about in a formset-wide message.
+        seen: dict[str, int] = {}
+        for i, form in enumerate(self.forms):
+            if not hasattr(form, "cleaned_data") or not form.cleaned_data:
+                continue
+            if self.can_delete and self._should_delete_form(form):
+                pointer = getattr(self.instance, "active_domain_id", None)
+                if form.instance.pk and form.instance.pk == pointer:
+                    form.add_error(
+                        None,
+                        f"{form.instance.slug} is the active domain: promote another domain "
+                        "before deleting it",
+                    )
+                continue
+            slug = form.cleaned_data.get("slug")
+            if slug in seen:
+                form.add_error("slug", f"duplicate domain {slug!r} (also row {seen[slug] + 1})")
+            elif slug:
+                seen[slug] = i
+        super().clean()
+
+
+# ---------------------------------------------------------------------------------------------
+# Slots and model bindings
+# ---------------------------------------------------------------------------------------------
+
+
+class SlotForm(forms.ModelForm):
+    """A slot's kind-specific spec as fields: training gets its command and checkpoint dir."""
+
+    command = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 40, "class": "mono"}),
+        help_text="training only: one argument per line, run exactly as written",
+    )
+    checkpoint_dir = forms.CharField(required=False, help_text="training only")
+
+    class Meta:
+        model = Slot
+        fields = ["gpu_index", "kind"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        spec = self.instance.spec if self.instance and isinstance(self.instance.spec, dict) else {}
+        # UUID primary keys are set before the first save: "adding" is what tells a new row.
+        if not self.instance._state.adding and self.instance.kind == SlotKind.TRAINING:
+            self.initial.setdefault("command", "\n".join(spec.get("command", [])))
+            self.initial.setdefault("checkpoint_dir", spec.get("checkpointDir", ""))
+
+    def clean_gpu_index(self):
+        value = self.cleaned_data.get("gpu_index")
+        low, high = _gpu_bounds()
+        if value is not None and not low <= value <= high:
+            raise ValidationError(f"must be between {low} and {high}")
+        return value
+
+    def clean_kind(self):
+        kind = self.cleaned_data.get("kind")
+        if not self.instance._state.adding and kind != self.instance.kind:
+            # Each kind has its own state table; a slot cannot carry its state across.
+            raise ValidationError(
+                "the kind of an existing slot cannot change; delete it and add a new slot"
+            )
+        return kind
+
+    def clean(self):
+        data = super().clean()
+        if data.get("kind") == SlotKind.TRAINING:
+            command = [line.strip() for line in (data.get("command") or "").splitlines()]
+            command = [c for c in command if c]
+            if not command:
+                self.add_error("command", "a training slot needs a command")
+            if not (data.get("checkpoint_dir") or "").strip():
+                self.add_error("checkpoint_dir", "a training slot needs a checkpoint directory")
+            data["spec"] = {
+                "command": command,
+                "checkpointDir": (data.get("checkpoint_dir") or "").strip(),
+            }
+        elif data.get("kind") == SlotKind.INFERENCE:
+            data["spec"] = {"sleepLevel": 1}  # level-1 sleep is the only supported level
+        return data
+
+    def save(self, commit=True):
+        if "spec" in self.cleaned_data:
+            self.instance.spec = self.cleaned_data["spec"]
+        return super().save(commit)
+
+
+class SlotInlineFormSet(forms.BaseInlineFormSet):
+    """At most one slot per (GPU, kind) in a domain, reported on the GPU index."""
+
+    def clean(self):
+        seen: dict[tuple[int, str], int] = {}
+        for i, form in enumerate(self.forms):
+            if not getattr(form, "cleaned_data", None) or self._should_delete_form(form):
+                continue
+            key = (form.cleaned_data.get("gpu_index"), form.cleaned_data.get("kind"))
+            if None in key:
+                continue
+            if key in seen:
+                form.add_error(
+                    "gpu_index",
+                    f"a {key[1]} slot on GPU {key[0]} already exists (row {seen[key] + 1})",
+                )
+            else:
+                seen[key] = i
+        super().clean()
+
+
+class ModelBindingForm(forms.ModelForm):
+    profile = PrettyJSONField(
+        required=False,
+        rows=3,
+        cols=44,
+        help_text="engine profile (engine, modelPath, tensorParallel, ...) the supervisor "
+        "fingerprints; leave empty when unknown",
+    )
+    serving_url = forms.CharField(
+        required=False,
+        max_length=500,
+        help_text="defaults to the domain's serving base URL",
+    )
+
+    class Meta:
+        model = ModelBinding
+        fields = ["name", "slot", "serving_url", "profile"]
+
+    def clean_name(self):
+        name = self.cleaned_data["name"]
+        validate_model_name(name)
+        return name
+
+    def clean_slot(self):
+        slot = self.cleaned_data.get("slot")
+        if slot is not None and slot.kind != SlotKind.INFERENCE:
+            raise ValidationError("models bind to inference slots only")
+        if (
+            slot is not None
+            and self.instance.domain_id
+            and slot.domain_id != self.instance.domain_id
+        ):
+            raise ValidationError("choose a slot of this domain")
+        return slot
+
+    def clean_profile(self):
+        value = self.cleaned_data.get("profile")
+        if value in (None, ""):
+            return {}
+        if not isinstance(value, dict):
+            raise ValidationError("must be a JSON object")
+        return value
+
+    def clean_serving_url(self):
+        value = (self.cleaned_data.get("serving_url") or "").strip()
+        if not value:
+            domain = getattr(self.instance, "domain", None) if self.instance.domain_id else None
+            value = domain.serving_base_url if domain else ""
+        if not value:
+            raise ValidationError("required when the domain has no serving base URL")
+        validate_url(value)
+        return value
+
+
+class ModelBindingInlineFormSet(forms.BaseInlineFormSet):
+    """Model names are unique within a domain, reported on the name field."""
+
+    def add_fields(self, form, index):
+        super().add_fields(form, index)
+        # Only this domain's inference slots can hold its models.
+        form.fields["slot"].queryset = Slot.objects.filter(
+            domain=None if self.instance._state.adding else self.instance,
+            kind=SlotKind.INFERENCE,
+        ).order_by("gpu_index")
+
+    def clean(self):
+        seen: dict[str, int] = {}
+        for i, form in enumerate(self.forms):
+            if not getattr(form, "cleaned_data", None) or self._should_delete_form(form):
+                continue
+            name = form.cleaned_data.get("name")
+            if name in seen:
+                form.add_error(
+                    "name",
+                    f"duplicate model {name!r} in domain {self.instance.slug!r} "
+                    f"(also row {seen[name] + 1})",
+                )
+            elif name:
+                seen[name] = i
+        super().clean()

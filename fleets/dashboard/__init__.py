@@ -1,0 +1,1 @@
+"""The operator dashboard: server-rendered pages, live fragments, and the action buttons."""

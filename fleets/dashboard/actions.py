@@ -1,0 +1,77 @@
+"""Run a dashboard action through the same services as the API, and say what happened.
+
+Each function returns an `ActionResult` the view renders as a flash message (or JSON for the
+page's script); service errors (conflict, invalid target) carry the API's code and message.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from fleets import selectors
+from fleets.core.states import OperationKind
+from fleets.models import Fleet
+from fleets.services.errors import InvalidTarget, ServiceError
+from fleets.services.operations import operation_request
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    ok: bool
+    status: int  # the HTTP status the API would answer
+    code: str
+    message: str
+    operation_id: str | None = None
+
+
+def request_operation(*, fleet: Fleet, kind: str, target: str, actor: str) -> ActionResult:
+    """Request a promote or demote of `target` (slug or id), exactly as the API does."""
+    domain = selectors.domain_in_fleet(fleet, target)
+    try:
+        if domain is None:
+            raise InvalidTarget(f"domain {target!r} is not in fleet {fleet.slug}")
+        result = operation_request(fleet=fleet, kind=kind, target_domain_id=domain.id, actor=actor)
+    except ServiceError as exc:
+        return ActionResult(False, exc.status, exc.code, exc.message)
+    if result.status == "already_active":
+        return ActionResult(
+            True,
+            200,
+            "already_active",
+            f"{domain.slug} is already active (route revision {result.route_revision})",
+        )
+    op = result.operation
+    verb = "promotion" if kind == OperationKind.PROMOTE else "demotion"
+    how = "started" if result.created else "already in flight; joined"
+    return ActionResult(
+        True,
+        202,
+        "accepted",
+        f"{verb} of {domain.slug} {how} (operation {str(op.id)[:8]})",
+        str(op.id),
+    )
+
+
+def reconcile_now(*, fleet: Fleet, actor: str) -> ActionResult:
+    """Run one reconcile tick for the fleet now (heartbeats, failover detection, steps)."""
+    # The same call as the API's POST .../reconcile.
+    from fleets.reconciler.tick import fleet_reconcile
+
+    try:
+        result = fleet_reconcile(fleet_id=fleet.id, actor=actor)
+    except ServiceError as exc:
+        return ActionResult(False, exc.status, exc.code, exc.message)
+    except Exception:  # noqa: BLE001 - show the operator a clean error; the log has the trace
+        log.exception("reconcile of fleet %s requested by %s failed", fleet.slug, actor)
+        return ActionResult(False, 500, "internal_error", "reconcile failed; see the server log")
+    op = result.operation()
+    tail = ""
+    if op is not None:
+        in_flight = op.state in ("pending", "running")
+        where = (op.current_step or "not started") if in_flight else op.state
+        tail = f"; {op.kind} of {op.target_domain.slug}: {where}"
+    how = "reconciled" if result.ran else "a tick was already running; it will pick this up"
+    return ActionResult(True, 200, "reconciled", f"{fleet.slug}: {how}{tail}")

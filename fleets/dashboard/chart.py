@@ -1,0 +1,171 @@
+"""Geometry of the failover chart: one stacked bar per succeeded promotion, one segment per step.
+
+Computed on the server and drawn as inline SVG by the template: no charting library, no
+JavaScript, nothing fetched from outside (the portal runs in closed networks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from fleets.core.states import PROMOTE_STEPS
+
+# "detection" is the time between noticing the failure and starting the promotion (automatic
+# failovers only); it comes first because it comes first in the incident.
+SERIES = ("detection", *PROMOTE_STEPS)
+
+WIDTH, HEIGHT = 760, 230
+PAD_LEFT, PAD_RIGHT, PAD_TOP, PAD_BOTTOM = 52, 12, 14, 40
+
+
+@dataclass
+class FailoverSample:
+    operation_id: str
+    finished_at: datetime
+    reason: str
+    target: str
+    durations_ms: dict[str, int]  # series name -> milliseconds
+
+    @property
+    def total_ms(self) -> int:
+        return sum(self.durations_ms.values())
+
+    @property
+    def to_routing_ms(self) -> int:
+        """Milliseconds from detection (or start) until the routing pointer moved."""
+        out = 0
+        for name in SERIES:
+            out += self.durations_ms.get(name, 0)
+            if name == "switch_route":
+                break
+        return out
+
+
+@dataclass
+class Rect:
+    series: str
+    x: float
+    y: float
+    w: float
+    h: float
+    title: str
+
+
+@dataclass
+class Bar:
+    x: float
+    w: float
+    label: str
+    title: str
+    rects: list[Rect] = field(default_factory=list)
+    routing_y: float | None = None
+
+    @property
+    def x2(self) -> float:
+        return round(self.x + self.w, 2)
+
+
+@dataclass
+class Tick:
+    y: float
+    label: str
+
+
+@dataclass
+class Chart:
+    width: int
+    height: int
+    bars: list[Bar]
+    ticks: list[Tick]
+    series: tuple[str, ...]
+    plot_left: int
+    plot_right: int
+    plot_bottom: int
+    empty: bool
+
+    @property
+    def tick_label_x(self) -> int:
+        return self.plot_left - 6
+
+    @property
+    def bar_label_y(self) -> int:
+        return self.plot_bottom + 14
+
+
+def fmt_ms(ms: float | None) -> str:
+    """Render a duration the way an operator reads it: 840 ms, 3.2 s, 2 m 05 s."""
+    if ms is None:
+        return "—"
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    seconds = ms / 1000
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(int(round(seconds)), 60)
+    return f"{minutes} m {rest:02d} s"
+
+
+def _nice_step(span: float) -> float:
+    """Return a round tick spacing giving about four ticks over `span` milliseconds."""
+    raw = max(span / 4, 1)
+    magnitude = 10 ** len(str(int(raw))) / 10
+    for mult in (1, 2, 2.5, 5, 10):
+        if raw <= mult * magnitude:
+            return mult * magnitude
+    return 10 * magnitude
+
+
+def build_chart(samples: list[FailoverSample]) -> Chart:
+    """Lay out stacked bars for `samples` (oldest first) in a fixed-size SVG viewBox."""
+    plot_w = WIDTH - PAD_LEFT - PAD_RIGHT
+    plot_h = HEIGHT - PAD_TOP - PAD_BOTTOM
+    bottom = HEIGHT - PAD_BOTTOM
+    if not samples:
+        return Chart(WIDTH, HEIGHT, [], [], SERIES, PAD_LEFT, WIDTH - PAD_RIGHT, bottom, empty=True)
+    peak = max(max(s.total_ms for s in samples), 1)
+    step = _nice_step(peak)
+    top_value = step * (int(peak // step) + 1)
+    scale = plot_h / top_value
+    ticks = []
+    value = 0.0
+    while value <= top_value + 1e-9:
+        ticks.append(Tick(bottom - value * scale, fmt_ms(value) if value else "0"))
+        value += step
+
+    # Dates only when the samples span days; within a day the time alone tells them apart.
+    span = samples[-1].finished_at - samples[0].finished_at
+    label_format = "%m-%d %H:%M" if span.total_seconds() >= 86400 else "%H:%M:%S"
+    slot_w = plot_w / max(len(samples), 1)
+    bar_w = min(48.0, slot_w * 0.7)
+    bars = []
+    for i, sample in enumerate(samples):
+        x = PAD_LEFT + i * slot_w + (slot_w - bar_w) / 2
+        label = sample.finished_at.strftime(label_format)
+        bar = Bar(
+            x=round(x, 2),
+            w=round(bar_w, 2),
+            label=label,
+            title=(
+                f"{sample.reason} promotion to {sample.target}, finished "
+                f"{sample.finished_at:%Y-%m-%d %H:%M:%S} UTC: total {fmt_ms(sample.total_ms)}, "
+                f"to routing {fmt_ms(sample.to_routing_ms)}"
+            ),
+        )
+        y = float(bottom)
+        for name in SERIES:
+            ms = sample.durations_ms.get(name)
+            if not ms:
+                if name == "switch_route":
+                    bar.routing_y = round(y, 2)
+                continue
+            h = ms * scale
+            y -= h
+            title = f"{name}: {fmt_ms(ms)}"
+            bar.rects.append(Rect(name, bar.x, round(y, 2), bar.w, round(max(h, 0.5), 2), title))
+            if name == "switch_route":
+                bar.routing_y = round(y, 2)
+        bars.append(bar)
+    return Chart(
+        WIDTH, HEIGHT, bars, ticks, SERIES, PAD_LEFT, WIDTH - PAD_RIGHT, bottom, empty=False
+    )

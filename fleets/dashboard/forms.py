@@ -1,0 +1,24 @@
+"""Forms of the dashboard's action buttons (promote, demote, reconcile)."""
+
+from __future__ import annotations
+
+from django import forms
+
+ACTIONS = ("promote", "demote", "reconcile")
+
+
+class ActionForm(forms.Form):
+    """One confirmed action. `confirm` is set by the confirmation dialog (or page)."""
+
+    target = forms.CharField(max_length=100, required=False)
+    confirm = forms.BooleanField(required=False)
+
+    def __init__(self, *args, action: str, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.action = action
+
+    def clean(self):
+        data = super().clean()
+        if self.action in ("promote", "demote") and not data.get("target"):
+            self.add_error("target", "choose the domain to act on")
+        return data

@@ -1,0 +1,526 @@
+"""Read-only page data for the dashboard: the fleets overview and one fleet's page.
+
+Everything the templates show is computed here (ages, percentages, step progress, chart
+geometry), so templates stay declarative and the same data renders the full page and the live
+fragments the browser re-fetches after each broadcast.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime
+from typing import Any
+
+from fleets.core.decisions import decide_demotion, decide_promotion
+from fleets.core.failover import is_stale, is_viable_standby
+from fleets.core.states import (
+    IN_FLIGHT_OPERATION_STATES,
+    DomainState,
+    OperationKind,
+    OperationState,
+    SlotKind,
+    TrainingState,
+    steps_for,
+)
+from fleets.core.views import FleetView
+from fleets.dashboard import chart as chart_mod
+from fleets.dashboard.drift import drift_status, expected_fingerprint
+from fleets.dashboard.report import (
+    gpu_bars,
+    report_error,
+    reported_models,
+    reported_training,
+)
+from fleets.models import Domain, Event, Fleet, ModelBinding, Operation, Slot
+from fleets.selectors import fleet_view, iso
+
+EVENT_LIMIT = 60
+CHART_LIMIT = 24
+
+# Event kinds an operator should notice at a glance in the timeline.
+_BAD = ("operation.failed", "domain.failed", "domain.heartbeat.failed", "operation.cancelled")
+_GOOD = ("fleet.route.switched", "operation.succeeded")
+_WARN = ("domain.degraded", "operation.step.timeout_best_effort", "domain.degraded.escalated")
+
+
+def _age_s(then: datetime | None, now: datetime) -> float | None:
+    return None if then is None else max(0.0, (now - then).total_seconds())
+
+
+def fmt_age(seconds: float | None) -> str:
+    """Render an age compactly: 4.2s, 3m 10s, 2h 05m, 3d 4h."""
+    if seconds is None:
+        return "never"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m {secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h {minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d {hours}h"
+
+
+def _placement_text(placement: Any) -> str:
+    if not isinstance(placement, dict) or not placement:
+        return ""
+    parts = [str(placement[k]) for k in ("cloud", "region") if isinstance(placement.get(k), str)]
+    accel = placement.get("accelerator")
+    if accel:
+        count = placement.get("acceleratorCount") or 1
+        parts.append(f"{count}× {accel}")
+    if placement.get("useSpot"):
+        parts.append("spot")
+    return " · ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Health
+# ---------------------------------------------------------------------------------------------
+
+
+def fleet_health(
+    view: FleetView, now: datetime, heartbeat_errors: dict[str, str] | None = None
+) -> tuple[str, list[str]]:
+    """Return ("ok" | "warn" | "bad", reasons) for the fleet at a glance.
+
+    `heartbeat_errors` maps domain id to the error of its failing heartbeat, if any.
+    """
+    reasons: list[str] = []
+    active = view.active
+    level = "ok"
+    if active is None:
+        return "bad", ["no active domain: nothing serves traffic"]
+    failing = (heartbeat_errors or {}).get(active.id)
+    if active.state in (DomainState.FAILED, DomainState.STOPPING, DomainState.STOPPED):
+        level = "bad"
+        reasons.append(f"active {active.slug} is {active.state}")
+    elif failing:
+        level = "bad"
+        reasons.append(f"active {active.slug}: heartbeat failing ({failing})")
+    elif is_stale(active, view.policy, now):
+        level = "bad"
+        reasons.append(f"active {active.slug}: heartbeat stale")
+    elif active.last_seen_at is None:
+        level = "warn"
+        reasons.append(f"active {active.slug}: no heartbeat yet")
+    elif active.state == DomainState.DEGRADED:
+        level = "warn"
+        reasons.append(f"active {active.slug} is degraded")
+    if not view.standbys:
+        reasons.append("no standby domain")
+        level = "warn" if level == "ok" else level
+    elif not any(is_viable_standby(d, view.policy, now) for d in view.standbys):
+        reasons.append("no viable standby for failover")
+        level = "warn" if level == "ok" else level
+    return level, reasons
+
+
+# ---------------------------------------------------------------------------------------------
+# Operations
+# ---------------------------------------------------------------------------------------------
+
+
+def operation_progress(
+    op: Operation, step_events: list[Event], now: datetime, slugs: dict
+) -> dict[str, Any]:
+    """Return the step-by-step view of one operation: each step's status and elapsed time."""
+    done: dict[str, Event] = {}
+    for e in step_events:
+        if e.step and e.kind.startswith("operation.step.") and e.step not in done:
+            done[e.step] = e
+    error = op.error if isinstance(op.error, dict) else None
+    running = op.state in IN_FLIGHT_OPERATION_STATES
+    steps = []
+    for name in steps_for(op.kind):
+        entry: dict[str, Any] = {"name": name, "ms": None, "since": None, "detail": ""}
+        if name in done:
+            event = done[name]
+            entry["status"] = "done" if event.kind == "operation.step.done" else "warn"
+            if entry["status"] == "warn":
+                entry["detail"] = event.kind.removeprefix("operation.step.").replace("_", " ")
+            entry["ms"] = event.duration_ms
+        elif running and op.state == OperationState.RUNNING and name == op.current_step:
+            entry["status"] = "running"
+            entry["since"] = iso(op.step_started_at)
+            entry["ms"] = (
+                int(_age_s(op.step_started_at, now) * 1000) if op.step_started_at else None
+            )
+        elif error and error.get("step") == name:
+            entry["status"] = "failed"
+            entry["detail"] = f"{error.get('code', '')}: {error.get('message', '')}"
+        elif op.state in (OperationState.FAILED, OperationState.CANCELLED):
+            entry["status"] = "skipped"
+        else:
+            entry["status"] = "pending"
+        entry["elapsed"] = chart_mod.fmt_ms(entry["ms"]) if entry["ms"] is not None else ""
+        steps.append(entry)
+    end = op.finished_at or now
+    start = op.started_at or op.created_at
+    total_ms = int(_age_s(start, end) * 1000) if start else None
+    return {
+        "id": str(op.id),
+        "short_id": str(op.id)[:8],
+        "kind": op.kind,
+        "state": op.state,
+        "in_flight": running,
+        "reason": op.reason,
+        "requested_by": op.requested_by,
+        "target": slugs.get(op.target_domain_id, "?"),
+        "source": slugs.get(op.source_domain_id, "") if op.source_domain_id else "",
+        "current_step": op.current_step if running else "",
+        "step_started_at": iso(op.step_started_at) if running else None,
+        "created_at": iso(op.created_at),
+        "started_at": iso(op.started_at),
+        "finished_at": iso(op.finished_at),
+        "routing_committed": op.routing_committed,
+        "error": error,
+        "steps": steps,
+        "total": chart_mod.fmt_ms(total_ms) if total_ms is not None else "",
+    }
+
+
+def _step_events(op_ids: list) -> dict[Any, list[Event]]:
+    by_op: dict[Any, list[Event]] = defaultdict(list)
+    if not op_ids:
+        return by_op
+    rows = (
+        Event.objects.filter(operation_id__in=op_ids, kind__startswith="operation.step.")
+        .only("operation_id", "kind", "step", "duration_ms", "created_at")
+        .order_by("id")
+    )
+    for e in rows:
+        by_op[e.operation_id].append(e)
+    return by_op
+
+
+def failover_chart(fleet: Fleet, slugs: dict) -> chart_mod.Chart:
+    """Build the chart of the fleet's last succeeded promotions, per-step durations stacked."""
+    ops = list(
+        Operation.objects.filter(
+            fleet=fleet, kind=OperationKind.PROMOTE, state=OperationState.SUCCEEDED
+        ).order_by("-finished_at")[:CHART_LIMIT]
+    )
+    ops.reverse()
+    events = _step_events([op.id for op in ops])
+    samples = []
+    for op in ops:
+        durations: dict[str, int] = {}
+        for e in events.get(op.id, []):
+            if e.duration_ms is not None and e.step not in durations:
+                durations[e.step] = max(0, e.duration_ms)
+        if op.detected_at and op.started_at and op.started_at > op.detected_at:
+            durations["detection"] = int((op.started_at - op.detected_at).total_seconds() * 1000)
+        samples.append(
+            chart_mod.FailoverSample(
+                operation_id=str(op.id),
+                finished_at=op.finished_at or op.created_at,
+                reason=op.reason,
+                target=slugs.get(op.target_domain_id, "?"),
+                durations_ms=durations,
+            )
+        )
+    return chart_mod.build_chart(samples)
+
+
+# ---------------------------------------------------------------------------------------------
+# Events
+# ---------------------------------------------------------------------------------------------
+
+
+def _event_summary(e: Event, slugs: dict) -> str:
+    data = e.data if isinstance(e.data, dict) else {}
+    bits = []
+    if "from" in data and "to" in data:
+        bits.append(f"{data['from']} → {data['to']}")
+    if "fromDomainId" in data and data.get("toDomainId"):
+        src = slugs.get(_uuid_or_none(data.get("fromDomainId")), "none")
+        dst = slugs.get(_uuid_or_none(data.get("toDomainId")), "?")
+        bits.append(f"{src} → {dst}")
+    elif data.get("fromDomainId"):
+        bits.append(f"from {slugs.get(_uuid_or_none(data['fromDomainId']), '?')}")
+    if data.get("revision") is not None:
+        bits.append(f"revision {data['revision']}")
+    if data.get("code"):
+        bits.append(str(data["code"]))
+    for key in ("message", "reason"):
+        if isinstance(data.get(key), str) and data[key]:
+            bits.append(data[key])
+    text = " · ".join(str(b) for b in bits)
+    return text if len(text) <= 240 else text[:237] + "..."
+
+
+def _uuid_or_none(value):
+    import uuid
+
+    try:
+        return uuid.UUID(str(value)) if value else None
+    except ValueError:
+        return None
+
+
+def _event_level(kind: str) -> str:
+    if kind in _BAD or kind.endswith(".failed") or kind.endswith(".timeout"):
+        return "bad"
+    if kind in _GOOD:
+        return "good"
+    if kind in _WARN or "degraded" in kind:
+        return "warn"
+    return ""
+
+
+def recent_events(fleet: Fleet, slugs: dict, limit: int = EVENT_LIMIT) -> list[dict[str, Any]]:
+    """Return the fleet's newest events, newest first, ready to render."""
+    rows = Event.objects.filter(fleet=fleet).order_by("-id")[:limit]
+    return [
+        {
+            "id": e.id,
+            "kind": e.kind,
+            "level": _event_level(e.kind),
+            "created_at": iso(e.created_at),
+            "time": e.created_at.strftime("%H:%M:%S.") + f"{e.created_at.microsecond // 1000:03d}",
+            "domain": slugs.get(e.domain_id, ""),
+            "step": e.step,
+            "duration": chart_mod.fmt_ms(e.duration_ms) if e.duration_ms is not None else "",
+            "actor": e.actor,
+            "summary": _event_summary(e, slugs),
+            "operation": str(e.operation_id)[:8] if e.operation_id else "",
+        }
+        for e in rows
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Domains
+# ---------------------------------------------------------------------------------------------
+
+
+def _domain_card(
+    d: Domain,
+    view: FleetView,
+    slots: list[Slot],
+    bindings: list[ModelBinding],
+    now: datetime,
+) -> dict[str, Any]:
+    dview = view.domain(str(d.id))
+    report = d.last_report if isinstance(d.last_report, dict) else {}
+    models_seen = reported_models(report)
+    training_seen = reported_training(report)
+    role = "active" if str(d.id) == view.active_domain_id else "standby"
+
+    inference, training = [], []
+    for s in sorted(slots, key=lambda s: (s.gpu_index, s.kind)):
+        if s.kind == SlotKind.INFERENCE:
+            models = []
+            for b in sorted((b for b in bindings if b.slot_id == s.id), key=lambda b: b.name):
+                seen = models_seen.get(b.name)
+                expected = expected_fingerprint(b.profile, model_name=b.name, gpu_index=s.gpu_index)
+                reported_fp = seen.fingerprint if seen else None
+                if seen is None:
+                    posture = "unreported"
+                elif seen.sleeping is None:
+                    posture = "unknown"
+                else:
+                    posture = "asleep" if seen.sleeping else "awake"
+                models.append(
+                    {
+                        "name": b.name,
+                        "serving_url": b.serving_url,
+                        "posture": posture,
+                        "error": seen.error if seen else None,
+                        "drift": drift_status(reported_fp, expected),
+                        "expected_fp": (expected or "")[:19],
+                        "reported_fp": (reported_fp or "")[:19],
+                    }
+                )
+            inference.append(
+                {
+                    "gpu_index": s.gpu_index,
+                    "state": s.state,
+                    "since": iso(s.state_updated_at),
+                    "models": models,
+                }
+            )
+        else:
+            seen_t = training_seen.get(s.gpu_index)
+            # PIDs only while the slot trains: a report taken before a stop still lists them.
+            live = s.state in (TrainingState.TRAINING, TrainingState.STOPPING)
+            pids = (seen_t.pids if seen_t and seen_t.pids else list(s.pids or [])) if live else []
+            checkpoint = seen_t.checkpoint_at if seen_t else None
+            training.append(
+                {
+                    "gpu_index": s.gpu_index,
+                    "state": s.state,
+                    "since": iso(s.state_updated_at),
+                    "reported_state": seen_t.state if seen_t else None,
+                    "pids": pids,
+                    "checkpoint_at": iso(checkpoint),
+                    "checkpoint_age": fmt_age(_age_s(checkpoint, now)) if checkpoint else "",
+                    "last_error": seen_t.last_error if seen_t else None,
+                }
+            )
+
+    gpu_indices = sorted({s.gpu_index for s in slots})
+    heartbeat_age = _age_s(d.last_seen_at, now)
+    stale = bool(dview and is_stale(dview, view.policy, now))
+    promote = decide_promotion(view, str(d.id))
+    demote = decide_demotion(view, str(d.id))
+    return {
+        "id": str(d.id),
+        "slug": d.slug,
+        "display_name": d.display_name,
+        "role": role,
+        "state": d.state,
+        "state_since": iso(d.state_updated_at),
+        "provider": d.provider,
+        "placement": _placement_text(d.placement),
+        "priority": d.priority,
+        "supervisor_url": d.supervisor_url,
+        "serving_base_url": d.serving_base_url,
+        "last_seen_at": iso(d.last_seen_at),
+        "heartbeat_age": fmt_age(heartbeat_age),
+        "stale": stale,
+        "report_error": report_error(report),
+        "gpus": gpu_bars(report, gpu_indices),
+        "has_report": bool(report),
+        "inference": inference,
+        "training": training,
+        "can_promote": promote.outcome == "proceed",
+        "promote_note": promote.message,
+        "can_demote": demote.outcome == "proceed",
+        "demote_note": demote.message,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Pages
+# ---------------------------------------------------------------------------------------------
+
+
+def fleet_page(fleet: Fleet, *, now: datetime) -> dict[str, Any]:
+    """Return everything the fleet page (and its live fragment) renders."""
+    view = fleet_view(fleet)  # refreshes the pointer, revision and policy
+    domains = list(Domain.objects.filter(fleet=fleet).order_by("priority", "slug"))
+    slots = list(Slot.objects.filter(domain__fleet=fleet))
+    bindings = list(ModelBinding.objects.filter(domain__fleet=fleet))
+    slugs = {d.id: d.slug for d in domains}
+    cards = [
+        _domain_card(
+            d,
+            view,
+            [s for s in slots if s.domain_id == d.id],
+            [b for b in bindings if b.domain_id == d.id],
+            now,
+        )
+        for d in domains
+    ]
+    # Active first: the operator's eye goes to what serves.
+    cards.sort(key=lambda c: c["role"] != "active")
+
+    in_flight = Operation.objects.filter(fleet=fleet, state__in=IN_FLIGHT_OPERATION_STATES).first()
+    last = in_flight or Operation.objects.filter(fleet=fleet).order_by("-created_at").first()
+    operation = None
+    if last is not None:
+        events = _step_events([last.id]).get(last.id, [])
+        operation = operation_progress(last, events, now, slugs)
+    events = recent_events(fleet, slugs)
+    health, reasons = fleet_health(view, now, _heartbeat_errors(domains))
+    return {
+        "fleet": {
+            "id": str(fleet.id),
+            "slug": fleet.slug,
+            "display_name": fleet.display_name,
+            "route_revision": view.route_revision,
+            "active_domain_id": view.active_domain_id,
+            "active_slug": view.active.slug if view.active else "",
+            "auto_failover": view.policy.auto_failover,
+            "heartbeat_stale_ms": view.policy.heartbeat_stale_ms,
+        },
+        "health": health,
+        "health_reasons": reasons,
+        "domains": cards,
+        "operation": operation,
+        "operation_in_flight": in_flight is not None,
+        "events": events,
+        "last_event_id": events[0]["id"] if events else 0,
+        "chart": failover_chart(fleet, slugs),
+        "generated_at": iso(now),
+    }
+
+
+def _heartbeat_errors(domains) -> dict[str, str]:
+    """Map domain id to the message of its failing heartbeat (domains whose last one failed)."""
+    out = {}
+    for d in domains:
+        heartbeat = d.last_report.get("heartbeat") if isinstance(d.last_report, dict) else None
+        if isinstance(heartbeat, dict) and heartbeat.get("ok") is False:
+            error = heartbeat.get("error") if isinstance(heartbeat.get("error"), dict) else {}
+            out[str(d.id)] = str(error.get("message") or "unreachable")[:120]
+    return out
+
+
+def overview_rows(*, now: datetime) -> list[dict[str, Any]]:
+    """Return one row per fleet: active domain, revision, health, the in-flight operation."""
+    rows = []
+    in_flight = {
+        op.fleet_id: op
+        for op in Operation.objects.filter(state__in=IN_FLIGHT_OPERATION_STATES).select_related(
+            "target_domain"
+        )
+    }
+    last_failover = {}
+    for op in Operation.objects.filter(
+        kind=OperationKind.PROMOTE, state=OperationState.SUCCEEDED
+    ).order_by("fleet_id", "-finished_at"):
+        last_failover.setdefault(op.fleet_id, op)
+    domains_by_fleet: dict[Any, list[Domain]] = defaultdict(list)
+    for d in Domain.objects.only("id", "fleet_id", "last_report"):
+        domains_by_fleet[d.fleet_id].append(d)
+    for fleet in Fleet.objects.all().order_by("slug"):
+        view = fleet_view(fleet)
+        health, reasons = fleet_health(view, now, _heartbeat_errors(domains_by_fleet[fleet.id]))
+        op = in_flight.get(fleet.id)
+        lf = last_failover.get(fleet.id)
+        rows.append(
+            {
+                "id": str(fleet.id),
+                "slug": fleet.slug,
+                "display_name": fleet.display_name,
+                "active_slug": view.active.slug if view.active else "",
+                "active_state": view.active.state if view.active else "",
+                "route_revision": view.route_revision,
+                "auto_failover": view.policy.auto_failover,
+                "health": health,
+                "health_reasons": reasons,
+                "domains": [
+                    {
+                        "slug": d.slug,
+                        "role": "active" if d.id == view.active_domain_id else "standby",
+                        "state": d.state,
+                        "stale": is_stale(d, view.policy, now),
+                        "heartbeat_age": fmt_age(_age_s(d.last_seen_at, now)),
+                        "last_seen_at": iso(d.last_seen_at),
+                    }
+                    for d in sorted(
+                        view.domains, key=lambda d: (d.id != view.active_domain_id, d.slug)
+                    )
+                ],
+                "operation": (
+                    {
+                        "kind": op.kind,
+                        "state": op.state,
+                        "target": op.target_domain.slug,
+                        "current_step": op.current_step,
+                        "step_started_at": iso(op.step_started_at),
+                        "reason": op.reason,
+                    }
+                    if op
+                    else None
+                ),
+                "last_failover_at": iso(lf.finished_at) if lf else None,
+                "last_failover_age": fmt_age(_age_s(lf.finished_at, now)) if lf else "",
+            }
+        )
+    return rows

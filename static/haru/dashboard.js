@@ -1,0 +1,296 @@
+/* Haru dashboard: live updates over a WebSocket, confirmed actions, ticking ages.
+ *
+ * Plain JavaScript, no build step, no dependencies (the portal runs in closed networks).
+ * Each broadcast carries the fleet's routing state, which is applied at once (the role flip and
+ * the route revision must be on screen within a second of the commit); then the server-rendered
+ * fragment of the page is re-fetched so everything else follows. A dropped socket reconnects
+ * with exponential backoff and re-fetches the fragment on reconnect, so nothing missed while
+ * disconnected stays missed.
+ */
+(function () {
+  "use strict";
+
+  var live = document.getElementById("live");
+  var statusEl = document.getElementById("live-status");
+  var REFRESH_EVERY_MS = 5000; // heartbeat ages and GPU memory change without an event
+  var MAX_BACKOFF_MS = 15000;
+  var skewMs = 0; // browser clock minus server clock, so ages read right on a skewed laptop
+
+  // ---------------------------------------------------------------------------------------
+  // Formatting and ticking ages
+  // ---------------------------------------------------------------------------------------
+  function pad(n) { return n < 10 ? "0" + n : "" + n; }
+
+  function fmtAge(s) {
+    if (s < 60) return s.toFixed(1) + "s";
+    var m = Math.floor(s / 60), sec = Math.floor(s % 60);
+    if (m < 60) return m + "m " + pad(sec) + "s";
+    var h = Math.floor(m / 60);
+    if (h < 48) return h + "h " + pad(m % 60) + "m";
+    return Math.floor(h / 24) + "d " + (h % 24) + "h";
+  }
+
+  function fmtMs(ms) {
+    if (ms < 1000) return Math.round(ms) + " ms";
+    var s = ms / 1000;
+    if (s < 60) return s.toFixed(1) + " s";
+    var total = Math.round(s);
+    return Math.floor(total / 60) + " m " + pad(total % 60) + " s";
+  }
+
+  function tickAges() {
+    var now = Date.now() - skewMs;
+    var els = document.querySelectorAll("[data-since]");
+    for (var i = 0; i < els.length; i++) {
+      var el = els[i], v = el.getAttribute("data-since");
+      if (!v) continue;
+      var t = Date.parse(v);
+      if (isNaN(t)) continue;
+      var s = Math.max(0, (now - t) / 1000);
+      el.textContent = el.getAttribute("data-format") === "ms" ? fmtMs(s * 1000) : fmtAge(s);
+    }
+  }
+
+  function learnSkew(root) {
+    var gen = root && root.getAttribute("data-generated-at");
+    var t = gen ? Date.parse(gen) : NaN;
+    if (!isNaN(t)) skewMs = Date.now() - t;
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // Flash messages
+  // ---------------------------------------------------------------------------------------
+  function flash(message, kind) {
+    var area = document.getElementById("flash");
+    if (!area) return;
+    var div = document.createElement("div");
+    div.className = "flash flash-" + (kind || "info");
+    div.textContent = message;
+    area.appendChild(div);
+    setTimeout(function () { div.remove(); }, kind === "error" ? 15000 : 7000);
+  }
+
+  // Server-side messages (no-script path) fade too, but errors stay longer.
+  Array.prototype.forEach.call(document.querySelectorAll(".flash"), function (div) {
+    setTimeout(function () { div.remove(); }, div.classList.contains("flash-error") ? 15000 : 7000);
+  });
+
+  // ---------------------------------------------------------------------------------------
+  // Confirmed actions: every form with data-confirm asks first, then POSTs with its CSRF token
+  // ---------------------------------------------------------------------------------------
+  function askConfirm(title, text) {
+    var dialog = document.getElementById("confirm-dialog");
+    if (!dialog || typeof dialog.showModal !== "function") {
+      return Promise.resolve(window.confirm(text));
+    }
+    dialog.querySelector("[data-confirm-title]").textContent = title || "Confirm";
+    dialog.querySelector("[data-confirm-text]").textContent = text;
+    dialog.returnValue = "";
+    dialog.showModal();
+    return new Promise(function (resolve) {
+      dialog.addEventListener("close", function () { resolve(dialog.returnValue === "ok"); },
+        { once: true });
+    });
+  }
+
+  function sendAction(form) {
+    var data = new FormData(form);
+    data.set("confirm", "on");
+    var buttons = form.querySelectorAll("button");
+    buttons.forEach(function (b) { b.disabled = true; });
+    fetch(form.action, {
+      method: "POST",
+      body: data,
+      credentials: "same-origin",
+      headers: { "Accept": "application/json", "X-CSRFToken": data.get("csrfmiddlewaretoken") },
+    }).then(function (r) {
+      if (r.redirected && /\/login\//.test(r.url)) { window.location.reload(); return null; }
+      return r.json().then(function (body) { return { r: r, body: body }; },
+        function () { return { r: r, body: null }; });
+    }).then(function (res) {
+      if (!res) return;
+      if (res.body && res.body.error) flash(res.body.error.message, "error");
+      else if (res.body && res.body.message) flash(res.body.message, "success");
+      else flash("request failed: HTTP " + res.r.status, "error");
+      refresh();
+    }).catch(function (err) {
+      flash("request failed: " + err, "error");
+    }).finally(function () {
+      buttons.forEach(function (b) { b.disabled = false; });
+    });
+  }
+
+  document.addEventListener("submit", function (ev) {
+    var form = ev.target;
+    if (!form.matches || !form.matches("form[data-confirm]")) return;
+    ev.preventDefault();
+    askConfirm(form.getAttribute("data-confirm-title"), form.getAttribute("data-confirm"))
+      .then(function (ok) { if (ok) sendAction(form); });
+  });
+
+  if (!live) { tickAges(); setInterval(tickAges, 1000); return; }
+
+  // ---------------------------------------------------------------------------------------
+  // Live state
+  // ---------------------------------------------------------------------------------------
+  var fleetId = live.getAttribute("data-fleet-id"); // null on the overview
+  var latest = null; // newest {fleet, eventId} seen over the socket (fleet page)
+  var fetching = false, dirty = false, backoff = 500, socket = null;
+
+  function setStatus(state, text) {
+    if (!statusEl) return;
+    statusEl.setAttribute("data-state", state);
+    statusEl.textContent = text || state;
+  }
+
+  function scopeFor(f, root) {
+    if (fleetId) return f.id === fleetId ? root : null;
+    return root.querySelector('[data-fleet-slug="' + f.slug + '"]');
+  }
+
+  // Apply a broadcast's state to `root` (the page, or a fetched fragment before it is shown).
+  function applyState(f, root) {
+    var scope = scopeFor(f, root || live);
+    if (!scope) return;
+    var revEls = scope.querySelectorAll("[data-route-revision]");
+    var shown = revEls.length ? parseInt(revEls[0].getAttribute("data-route-revision"), 10) : 0;
+    if (!(f.routeRevision < shown)) { // never move backwards past a newer fragment
+      revEls.forEach(function (el) {
+        el.setAttribute("data-route-revision", String(f.routeRevision));
+        el.textContent = String(f.routeRevision);
+      });
+      var activeSlug = "";
+      scope.querySelectorAll("[data-domain-id]").forEach(function (card) {
+        var role = card.getAttribute("data-domain-id") === f.activeDomainId ? "active" : "standby";
+        if (role === "active") activeSlug = card.getAttribute("data-domain-slug");
+        if (card.getAttribute("data-role") !== role) {
+          card.setAttribute("data-role", role);
+          card.classList.remove("role-active", "role-standby");
+          card.classList.add("role-" + role);
+          var badge = card.querySelector("[data-role-badge]");
+          if (badge) badge.textContent = role;
+        }
+      });
+      var activeEl = scope.querySelector("[data-active-slug]");
+      if (activeEl && activeSlug) activeEl.textContent = activeSlug;
+    }
+    var op = f.operation;
+    var inFlight = op && (op.state === "pending" || op.state === "running");
+    scope.querySelectorAll("[data-operation-step]").forEach(function (el) {
+      var step = inFlight ? (op.currentStep || "") : "";
+      el.setAttribute("data-operation-step", step);
+      el.textContent = step || (inFlight ? "queued" : "—");
+      var holder = el.closest("[hidden]");
+      if (holder && step) holder.hidden = false;
+    });
+  }
+
+  function swap(html) {
+    var tpl = document.createElement("template");
+    tpl.innerHTML = html;
+    var root = tpl.content.querySelector(".live-root");
+    var seen = {};
+    live.querySelectorAll("[data-event-id]").forEach(function (el) {
+      seen[el.getAttribute("data-event-id")] = true;
+    });
+    var hadEvents = Object.keys(seen).length > 0;
+    var timeline = live.querySelector(".timeline-panel");
+    var scrollTop = timeline ? timeline.scrollTop : 0;
+    // A message newer than the fragment (it arrived while the fragment was being rendered)
+    // wins over it: patch the fragment before showing it, so the page never steps back.
+    var fragEvent = root ? parseInt(root.getAttribute("data-last-event-id") || "0", 10) : 0;
+    if (fleetId && latest && latest.eventId > fragEvent) applyState(latest.fleet, tpl.content);
+    live.replaceChildren(tpl.content);
+    if (hadEvents) {
+      live.querySelectorAll("[data-event-id]").forEach(function (el) {
+        if (!seen[el.getAttribute("data-event-id")]) el.classList.add("fresh");
+      });
+    }
+    var newTimeline = live.querySelector(".timeline-panel");
+    if (newTimeline) newTimeline.scrollTop = scrollTop;
+    learnSkew(root);
+    tickAges();
+  }
+
+  function refresh() {
+    if (fetching) { dirty = true; return; }
+    fetching = true;
+    dirty = false;
+    fetch(live.getAttribute("data-live-url"), {
+      credentials: "same-origin",
+      cache: "no-store",
+      headers: { "X-Requested-With": "fetch" },
+    }).then(function (r) {
+      if (r.redirected && /\/login\//.test(r.url)) { window.location.reload(); return null; }
+      if (!r.ok) throw new Error("HTTP " + r.status);
+      return r.text();
+    }).then(function (html) {
+      if (html !== null) swap(html);
+    }).catch(function () {
+      /* the next message, reconnect or periodic refresh tries again */
+    }).finally(function () {
+      fetching = false;
+      if (dirty) refresh();
+    });
+  }
+
+  function onMessage(msg) {
+    if (!msg || (msg.type !== "fleet.event" && msg.type !== "fleet.state")) return;
+    var eventId = msg.event && msg.event.id ? msg.event.id : 0;
+    if (msg.fleet) {
+      if (fleetId && (!latest || eventId >= latest.eventId)) {
+        latest = { fleet: msg.fleet, eventId: eventId || (latest ? latest.eventId : 0) };
+      }
+      applyState(msg.fleet);
+    }
+    refresh();
+  }
+
+  function connect() {
+    var proto = window.location.protocol === "https:" ? "wss://" : "ws://";
+    var ws;
+    try {
+      ws = new WebSocket(proto + window.location.host + live.getAttribute("data-ws-path"));
+    } catch (e) {
+      scheduleReconnect();
+      return;
+    }
+    socket = ws;
+    setStatus(backoff > 500 ? "reconnecting" : "connecting");
+    ws.onopen = function () {
+      backoff = 500;
+      setStatus("live");
+      refresh(); // resynchronise: anything broadcast while we were away is in the fragment
+    };
+    ws.onmessage = function (m) {
+      var msg;
+      try { msg = JSON.parse(m.data); } catch (e) { return; }
+      onMessage(msg);
+    };
+    ws.onclose = function (ev) {
+      if (socket !== ws) return;
+      socket = null;
+      if (ev.code === 4404) { setStatus("offline", "fleet gone"); return; }
+      // A refused handshake (session expired) looks like any other drop to the browser; the
+      // fragment fetch notices the login redirect and reloads into the login page.
+      refresh();
+      scheduleReconnect();
+    };
+  }
+
+  function scheduleReconnect() {
+    var delay = backoff + Math.random() * backoff * 0.3;
+    backoff = Math.min(backoff * 2, MAX_BACKOFF_MS);
+    setStatus("reconnecting", "reconnecting in " + Math.max(1, Math.round(delay / 1000)) + "s");
+    setTimeout(connect, delay);
+  }
+
+  learnSkew(live.querySelector(".live-root"));
+  tickAges();
+  setInterval(tickAges, 1000);
+  setInterval(function () { if (!document.hidden) refresh(); }, REFRESH_EVERY_MS);
+  connect();
+
+  // For operators' tooling and the browser test: the socket's state, read-only.
+  window.haruLive = { status: function () { return statusEl ? statusEl.getAttribute("data-state") : null; } };
+})();

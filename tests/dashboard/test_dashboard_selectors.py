@@ -1,0 +1,368 @@
+"""Page data: supervisor reports read defensively, drift never guessed, step progress, chart."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from fleets import clock
+from fleets.dashboard import chart
+from fleets.dashboard.drift import drift_status, expected_fingerprint
+from fleets.dashboard.report import gpu_bars, report_error, reported_models, reported_training
+from fleets.dashboard.selectors import fleet_page, overview_rows
+from fleets.models import Domain, Event, ModelBinding, Operation
+from fleets.services.operations import (
+    operation_fail,
+    operation_request,
+    operation_start,
+    operation_step_done,
+)
+
+REPORT = {
+    "slots": [
+        {
+            "gpuIndex": 0,
+            "kind": "inference",
+            "models": [
+                {
+                    "name": "qwen-small",
+                    "sleeping": False,
+                    "fingerprint": "sha256:aa",
+                    "process": {"pid": 11},
+                },
+                {"name": "llama-small", "sleeping": True, "process": {"pid": 12}},
+            ],
+            "training": None,
+        },
+        {
+            "gpuIndex": 0,
+            "kind": "training",
+            "models": [],
+            "training": {
+                "state": "running",
+                "pids": [13],
+                "lastCheckpointAt": "2026-01-01T00:00:00Z",
+            },
+        },
+    ],
+    "gpus": [
+        {
+            "index": 0,
+            "usedMiB": 60000,
+            "totalMiB": 80000,
+            "name": "H100",
+            "processes": [
+                {"pid": 11, "usedMiB": 20000},
+                {"pid": 12, "usedMiB": 2000},
+                {"pid": 13, "usedMiB": 30000},
+            ],
+        }
+    ],
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# Reports
+# ----------------------------------------------------------------------------------------------
+
+
+def test_gpu_bar_attributes_memory_to_awake_models_residue_and_training():
+    [bar] = gpu_bars(REPORT, [0])
+    assert (bar.used_mib, bar.total_mib, bar.used_pct) == (60000, 80000, 75.0)
+    assert [(s.kind, s.mib) for s in bar.segments] == [
+        ("awake", 20000),
+        ("sleeping", 2000),
+        ("training", 30000),
+        ("other", 8000),  # used but held by no listed process
+    ]
+    assert sum(s.pct for s in bar.segments) == pytest.approx(75.0)
+
+
+def test_gpu_bar_is_unknown_when_the_report_has_no_memory():
+    bars = gpu_bars({"slots": REPORT["slots"]}, [0, 1])
+    assert [(b.index, b.used_mib, b.segments) for b in bars] == [(0, None, []), (1, None, [])]
+    assert all(b.error for b in bars)
+
+
+def test_gpu_memory_nested_or_per_mig_instance_is_read():
+    nested = {"memory": {"gpus": [{"index": 2, "usedMiB": 10, "totalMiB": 100}]}}
+    assert gpu_bars(nested)[0].used_pct == 10.0
+    mig = {
+        "gpus": [
+            {
+                "index": 0,
+                "usedMiB": None,
+                "totalMiB": None,
+                "mig": {
+                    "enabled": True,
+                    "instances": [
+                        {"usedMiB": 5, "totalMiB": 40, "processes": [{"pid": 13, "usedMiB": 5}]},
+                        {"usedMiB": 15, "totalMiB": 40, "processes": []},
+                    ],
+                },
+            }
+        ],
+        "slots": REPORT["slots"],
+    }
+    [bar] = gpu_bars(mig)
+    assert (bar.used_mib, bar.total_mib, bar.mig) == (20, 80, True)
+    assert [(s.kind, s.mib) for s in bar.segments] == [("training", 5), ("other", 15)]
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        None,
+        [],
+        "x",
+        {"slots": "x", "gpus": {"a": 1}},
+        {"slots": [None, 3, {"models": [1]}]},
+        {"gpus": [{"index": "0"}, {"index": 0, "usedMiB": True, "totalMiB": 0}]},
+    ],
+)
+def test_malformed_reports_read_as_unknown_not_as_errors(garbage):
+    gpu_bars(garbage, [0])
+    reported_models(garbage)
+    reported_training(garbage)
+    report_error(garbage)
+
+
+def test_models_and_training_are_read_from_the_status_slots():
+    models = reported_models(REPORT)
+    assert (models["qwen-small"].sleeping, models["qwen-small"].pid) == (False, 11)
+    assert models["llama-small"].fingerprint is None
+    training = reported_training(REPORT)[0]
+    assert (training.state, training.pids) == ("running", [13])
+    assert training.checkpoint_at.isoformat() == "2026-01-01T00:00:00+00:00"
+
+
+def test_failed_heartbeat_is_reported_with_its_message():
+    report = {
+        "heartbeat": {
+            "ok": False,
+            "error": {"kind": "network", "message": "connection refused"},
+            "failingSince": "2026-01-01T00:00:00Z",
+        }
+    }
+    assert report_error(report) == "connection refused (failing since 2026-01-01T00:00:00Z)"
+    assert report_error({"heartbeat": {"ok": True}}) is None
+
+
+# ----------------------------------------------------------------------------------------------
+# Drift
+# ----------------------------------------------------------------------------------------------
+
+
+def test_drift_is_unknown_unless_both_fingerprints_are_known():
+    assert drift_status(None, "sha256:a") == "unknown"
+    assert drift_status("sha256:a", None) == "unknown"
+    assert drift_status("sha256:a", "sha256:a") == "match"
+    assert drift_status("sha256:a", "sha256:b") == "drift"
+
+
+def test_expected_fingerprint_is_the_supervisors_for_the_same_profile():
+    from supervisor.engines.fingerprint import profile_fingerprint
+    from supervisor.engines.profile import parse_profile
+    from supervisor.engines.registry import default_registry
+
+    profile = {"engine": "sim", "extraArgs": ["--wake-latency-ms", "400"]}
+    errors: list[str] = []
+    parsed = parse_profile(
+        profile,
+        "p",
+        errors,
+        model_name="qwen-small",
+        default_gpu_index=0,
+        engine_names=default_registry().names(),
+    )
+    assert not errors
+    assert expected_fingerprint(profile, model_name="qwen-small", gpu_index=0) == (
+        profile_fingerprint(parsed)
+    )
+    assert expected_fingerprint({}, model_name="qwen-small", gpu_index=0) is None
+    assert expected_fingerprint({"engine": "nope"}, model_name="q", gpu_index=0) is None
+    assert expected_fingerprint(["not", "a", "dict"], model_name="q", gpu_index=0) is None
+
+
+# ----------------------------------------------------------------------------------------------
+# The fleet page
+# ----------------------------------------------------------------------------------------------
+
+
+def _card(page, slug):
+    return next(d for d in page["domains"] if d["slug"] == slug)
+
+
+@pytest.mark.django_db
+def test_fleet_page_flags_a_running_server_whose_profile_drifted(seeded_fleet, fake_clock):
+    east = Domain.objects.get(fleet=seeded_fleet, slug="east")
+    profile = {"engine": "sim"}
+    ModelBinding.objects.filter(domain=east).update(profile=profile)
+    good = expected_fingerprint(profile, model_name="llama-small", gpu_index=0)
+    report = {
+        "slots": [
+            {
+                "gpuIndex": 0,
+                "kind": "inference",
+                "models": [
+                    {"name": "llama-small", "sleeping": False, "fingerprint": good},
+                    {"name": "qwen-small", "sleeping": False, "fingerprint": "sha256:old"},
+                ],
+            }
+        ]
+    }
+    Domain.objects.filter(pk=east.pk).update(last_report=report, last_seen_at=fake_clock.now())
+
+    card = _card(fleet_page(seeded_fleet, now=fake_clock.now()), "east")
+
+    models = {m["name"]: m for m in card["inference"][0]["models"]}
+    assert models["llama-small"]["drift"] == "match"
+    assert models["qwen-small"]["drift"] == "drift"
+    assert (card["role"], card["heartbeat_age"], card["stale"]) == ("active", "0.0s", False)
+    west = _card(fleet_page(seeded_fleet, now=fake_clock.now()), "west")
+    assert {m["drift"] for m in west["inference"][0]["models"]} == {"unknown"}
+    assert west["can_promote"] and west["can_demote"]
+
+
+@pytest.mark.django_db
+def test_stale_heartbeat_is_flagged_and_the_fleet_is_unhealthy(seeded_fleet, fake_clock):
+    Domain.objects.filter(fleet=seeded_fleet).update(last_seen_at=fake_clock.now())
+    fake_clock.advance(seconds=10)  # the example's heartbeatStaleMs is 3000
+    page = fleet_page(seeded_fleet, now=fake_clock.now())
+    assert _card(page, "east")["stale"]
+    assert page["health"] == "bad"
+    assert "active east: heartbeat stale" in page["health_reasons"]
+
+
+@pytest.mark.django_db
+def test_operation_progress_shows_done_running_and_pending_steps(seeded_fleet, fake_clock):
+    west = Domain.objects.get(fleet=seeded_fleet, slug="west")
+    op = operation_request(fleet=seeded_fleet, kind="promote", target_domain_id=west.id).operation
+    operation_start(operation_id=op.id)
+    fake_clock.advance(ms=1500)
+    operation_step_done(operation_id=op.id, step="stop_training")
+    fake_clock.advance(ms=40)
+    operation_step_done(operation_id=op.id, step="verify_gpu")
+    fake_clock.advance(ms=300)
+
+    page = fleet_page(seeded_fleet, now=fake_clock.now())
+
+    progress = page["operation"]
+    assert page["operation_in_flight"] and progress["current_step"] == "wake"
+    steps = {s["name"]: s for s in progress["steps"]}
+    assert (steps["stop_training"]["status"], steps["stop_training"]["elapsed"]) == (
+        "done",
+        "1.5 s",
+    )
+    assert (steps["verify_gpu"]["status"], steps["verify_gpu"]["ms"]) == ("done", 40)
+    assert (steps["wake"]["status"], steps["wake"]["ms"]) == ("running", 300)
+    assert {steps[n]["status"] for n in ("probe", "switch_route", "demote_old_train")} == {
+        "pending"
+    }
+
+
+@pytest.mark.django_db
+def test_failed_operation_shows_the_error_on_its_step(seeded_fleet, fake_clock):
+    west = Domain.objects.get(fleet=seeded_fleet, slug="west")
+    op = operation_request(fleet=seeded_fleet, kind="promote", target_domain_id=west.id).operation
+    operation_start(operation_id=op.id)
+    operation_step_done(operation_id=op.id, step="stop_training")
+    operation_step_done(operation_id=op.id, step="verify_gpu")
+    operation_step_done(operation_id=op.id, step="wake")
+    operation_fail(
+        operation_id=op.id, step="probe", code="probe_failed", message="qwen-small: empty reply"
+    )
+
+    progress = fleet_page(seeded_fleet, now=fake_clock.now())["operation"]
+
+    assert progress["state"] == "failed" and not progress["in_flight"]
+    steps = {s["name"]: s for s in progress["steps"]}
+    assert steps["probe"]["status"] == "failed"
+    assert steps["probe"]["detail"] == "probe_failed: qwen-small: empty reply"
+    assert steps["switch_route"]["status"] == "skipped"
+    assert progress["error"]["code"] == "probe_failed"
+
+
+@pytest.mark.django_db
+def test_event_timeline_is_newest_first_with_readable_summaries(seeded_fleet, fake_clock):
+    from fleets.services.transitions import domain_transition
+
+    west = Domain.objects.get(fleet=seeded_fleet, slug="west")
+    domain_transition(domain_id=west.id, to_state="degraded", reason="probe slow")
+    events = fleet_page(seeded_fleet, now=fake_clock.now())["events"]
+    assert events[0]["kind"] == "domain.degraded"
+    assert events[0]["domain"] == "west"
+    assert events[0]["summary"] == "ready → degraded · probe slow"
+    assert events[0]["level"] == "warn"
+    assert events[-1]["kind"] == "layout.applied"
+
+
+@pytest.mark.django_db
+def test_failover_chart_stacks_step_durations_of_succeeded_promotions(seeded_fleet, fake_clock):
+    west = Domain.objects.get(fleet=seeded_fleet, slug="west")
+    east = Domain.objects.get(fleet=seeded_fleet, slug="east")
+    now = fake_clock.now()
+    op = Operation.objects.create(
+        fleet=seeded_fleet,
+        kind="promote",
+        state="succeeded",
+        target_domain=west,
+        source_domain=east,
+        reason="auto_failover",
+        created_at=now,
+        detected_at=now,
+        started_at=now + timedelta(milliseconds=800),
+        finished_at=now + timedelta(seconds=5),
+        routing_committed=True,
+    )
+    for step, ms in (("stop_training", 1000), ("wake", 2000), ("switch_route", 10)):
+        Event.objects.create(
+            fleet=seeded_fleet,
+            operation=op,
+            kind="operation.step.done",
+            step=step,
+            duration_ms=ms,
+            created_at=now,
+        )
+
+    result = fleet_page(seeded_fleet, now=now)["chart"]
+
+    assert not result.empty
+    [bar] = result.bars
+    assert [r.series for r in bar.rects] == ["detection", "stop_training", "wake", "switch_route"]
+    heights = {r.series: r.h for r in bar.rects}
+    assert heights["wake"] == pytest.approx(2 * heights["stop_training"], rel=0.01)
+    assert bar.routing_y == pytest.approx(min(r.y for r in bar.rects))
+    assert "to routing 3.8 s" in bar.title
+
+
+def test_chart_is_empty_without_samples_and_durations_read_well():
+    assert chart.build_chart([]).empty
+    assert [chart.fmt_ms(v) for v in (None, 12, 1234, 125_000)] == [
+        "—",
+        "12 ms",
+        "1.2 s",
+        "2 m 05 s",
+    ]
+
+
+@pytest.mark.django_db
+def test_overview_row_shows_active_revision_and_the_in_flight_operation(seeded_fleet, fake_clock):
+    west = Domain.objects.get(fleet=seeded_fleet, slug="west")
+    op = operation_request(fleet=seeded_fleet, kind="promote", target_domain_id=west.id).operation
+    operation_start(operation_id=op.id)
+    [row] = overview_rows(now=clock.now())
+    assert (row["slug"], row["active_slug"], row["route_revision"]) == ("demo", "east", 1)
+    assert row["operation"]["current_step"] == "stop_training"
+    assert [d["role"] for d in row["domains"]] == ["active", "standby"]
+
+
+@pytest.mark.django_db
+def test_failing_heartbeat_of_the_active_makes_the_fleet_unhealthy(seeded_fleet, fake_clock):
+    Domain.objects.filter(fleet=seeded_fleet, slug="east").update(
+        last_report={"heartbeat": {"ok": False, "error": {"message": "connection refused"}}}
+    )
+    [row] = overview_rows(now=fake_clock.now())
+    assert row["health"] == "bad"
+    assert row["health_reasons"][0] == "active east: heartbeat failing (connection refused)"

@@ -1,0 +1,235 @@
+"""Dashboard pages and actions: login, staff-only, stable hooks, CSRF, the API's messages."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.test import Client
+
+from fleets.models import Domain, Operation
+from fleets.services.operations import operation_request
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def staff(django_user_model):
+    return django_user_model.objects.create_user("ops", password="pw-ops-1234", is_staff=True)
+
+
+@pytest.fixture
+def staff_client(staff):
+    client = Client()
+    client.force_login(staff)
+    return client
+
+
+def _west(fleet):
+    return Domain.objects.get(fleet=fleet, slug="west")
+
+
+@pytest.mark.parametrize("path", ["/", "/fleets/demo/", "/fleets/demo/live/", "/live/overview/"])
+def test_anonymous_user_is_sent_to_the_login_page(client, seeded_fleet, path):
+    response = client.get(path)
+    assert response.status_code == 302
+    assert response["Location"].startswith("/login/?next=")
+
+
+def test_login_page_logs_a_staff_user_in_and_lands_on_the_overview(client, staff, seeded_fleet):
+    page = client.get("/login/")
+    assert page.status_code == 200
+    response = client.post(
+        "/login/", {"username": "ops", "password": "pw-ops-1234", "next": "/"}, follow=True
+    )
+    assert response.redirect_chain[-1][0] == "/"
+    assert b'data-fleet-slug="demo"' in response.content
+
+
+def test_a_logged_in_user_who_is_not_staff_is_refused(client, django_user_model, seeded_fleet):
+    user = django_user_model.objects.create_user("visitor", password="pw-visitor-1")
+    client.force_login(user)
+    response = client.get("/fleets/demo/")
+    assert response.status_code == 403
+    assert b"Staff only" in response.content
+
+
+def test_logout_is_a_post_and_ends_the_session(staff_client, seeded_fleet):
+    response = staff_client.post("/logout/")
+    assert response.status_code == 302
+    assert staff_client.get("/").status_code == 302
+
+
+def test_overview_shows_each_fleet_with_active_domain_and_revision(staff_client, seeded_fleet):
+    response = staff_client.get("/")
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert 'data-fleet-slug="demo"' in html
+    assert 'data-route-revision="1"' in html
+    assert "<strong>east</strong>" in html
+
+
+def test_fleet_page_carries_the_stable_hooks(staff_client, seeded_fleet):
+    html = staff_client.get("/fleets/demo/").content.decode()
+    assert re.search(r'data-domain-slug="east"[^>]*data-role="active"', html)
+    assert re.search(r'data-domain-slug="west"[^>]*data-role="standby"', html)
+    assert 'data-route-revision="1"' in html
+    assert "data-operation-step=" in html
+    assert f'data-ws-path="/ws/fleets/{seeded_fleet.slug}/"' in html
+
+
+def test_live_fragment_is_the_changing_part_only(staff_client, seeded_fleet):
+    response = staff_client.get("/fleets/demo/live/")
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert "<html" not in html
+    assert 'class="live-root"' in html
+    assert response["Cache-Control"].startswith("max-age=0")
+
+
+def test_unknown_fleet_is_a_404_page(staff_client, seeded_fleet):
+    response = staff_client.get("/fleets/nope/")
+    assert response.status_code == 404
+    assert b"No fleet" in response.content
+
+
+def test_in_flight_operation_shows_its_current_step(staff_client, seeded_fleet):
+    from fleets.services.operations import operation_start
+
+    result = operation_request(
+        fleet=seeded_fleet, kind="promote", target_domain_id=_west(seeded_fleet).id
+    )
+    operation_start(operation_id=result.operation.id)
+    html = staff_client.get("/fleets/demo/").content.decode()
+    assert 'data-operation-step="stop_training"' in html
+    assert 'data-step="stop_training" data-step-status="running"' in html
+    assert 'data-step="wake" data-step-status="pending"' in html
+
+
+# ----------------------------------------------------------------------------------------------
+# Actions
+# ----------------------------------------------------------------------------------------------
+
+
+def test_action_posts_need_a_csrf_token(staff, seeded_fleet):
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(staff)
+    response = client.post("/fleets/demo/actions/promote/", {"target": "west", "confirm": "on"})
+    assert response.status_code == 403
+    assert not Operation.objects.exists()
+
+    page = client.get("/fleets/demo/")
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.content.decode())[1]
+    response = client.post(
+        "/fleets/demo/actions/promote/",
+        {"target": "west", "confirm": "on", "csrfmiddlewaretoken": token},
+    )
+    assert response.status_code == 302
+    assert Operation.objects.filter(kind="promote", target_domain__slug="west").count() == 1
+
+
+def test_unconfirmed_action_asks_for_confirmation_and_changes_nothing(staff_client, seeded_fleet):
+    response = staff_client.post("/fleets/demo/actions/promote/", {"target": "west"})
+    assert response.status_code == 200
+    assert b"Confirm: promote west" in response.content
+    assert b'name="confirm" value="on"' in response.content
+    assert not Operation.objects.exists()
+
+
+def test_confirmed_promote_starts_an_operation_and_says_so(staff_client, seeded_fleet):
+    response = staff_client.post(
+        "/fleets/demo/actions/promote/", {"target": "west", "confirm": "on"}, follow=True
+    )
+    op = Operation.objects.get()
+    assert (op.kind, op.target_domain.slug, op.requested_by) == ("promote", "west", "dashboard:ops")
+    assert f"promotion of west started (operation {str(op.id)[:8]})" in response.content.decode()
+
+
+def test_action_answers_json_to_the_page_script(staff_client, seeded_fleet):
+    response = staff_client.post(
+        "/fleets/demo/actions/promote/",
+        {"target": "west", "confirm": "on"},
+        HTTP_ACCEPT="application/json",
+    )
+    assert response.status_code == 202
+    body = response.json()
+    assert body["status"] == "accepted"
+    assert body["operationId"] == str(Operation.objects.get().id)
+
+
+def test_conflict_shows_the_apis_message(staff_client, api_client, seeded_fleet):
+    operation_request(fleet=seeded_fleet, kind="promote", target_domain_id=_west(seeded_fleet).id)
+    api = api_client.post("/v1/fleets/demo/demote", {"targetDomainId": "west"}, format="json")
+    assert api.status_code == 409
+
+    response = staff_client.post(
+        "/fleets/demo/actions/demote/",
+        {"target": "west", "confirm": "on"},
+        HTTP_ACCEPT="application/json",
+    )
+    assert response.status_code == 409
+    assert response.json()["error"]["code"] == "operation_conflict"
+    assert response.json()["error"]["message"] == api.json()["error"]["message"]
+
+    page = staff_client.post(
+        "/fleets/demo/actions/demote/", {"target": "west", "confirm": "on"}, follow=True
+    )
+    assert api.json()["error"]["message"] in page.content.decode()
+
+
+def test_demoting_the_active_is_refused_with_the_apis_message(staff_client, seeded_fleet):
+    response = staff_client.post(
+        "/fleets/demo/actions/demote/",
+        {"target": "east", "confirm": "on"},
+        HTTP_ACCEPT="application/json",
+    )
+    assert response.status_code == 422
+    assert "is the active domain" in response.json()["error"]["message"]
+    assert not Operation.objects.exists()
+
+
+def test_promoting_the_active_is_a_no_op(staff_client, seeded_fleet):
+    response = staff_client.post(
+        "/fleets/demo/actions/promote/",
+        {"target": "east", "confirm": "on"},
+        HTTP_ACCEPT="application/json",
+    )
+    assert response.status_code == 200
+    assert response.json()["message"] == "east is already active (route revision 1)"
+
+
+def test_promote_without_a_target_is_refused(staff_client, seeded_fleet):
+    response = staff_client.post(
+        "/fleets/demo/actions/promote/", {"confirm": "on"}, HTTP_ACCEPT="application/json"
+    )
+    assert response.status_code == 400
+
+
+def test_actions_are_post_only(staff_client, seeded_fleet):
+    assert staff_client.get("/fleets/demo/actions/promote/").status_code == 405
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_reconcile_now_runs_a_tick_like_the_api(staff_client, seeded_fleet):
+    from fleets.models import Event
+
+    # Point both supervisors at a closed port: the tick's heartbeats fail fast and say so.
+    Domain.objects.filter(fleet=seeded_fleet).update(
+        supervisor_url=f"http://127.0.0.1:{_closed_port()}"
+    )
+    response = staff_client.post(
+        "/fleets/demo/actions/reconcile/", {"confirm": "on"}, HTTP_ACCEPT="application/json"
+    )
+    assert response.status_code == 200
+    assert response.json()["message"].startswith("demo: reconciled")
+    failed = Event.objects.filter(fleet=seeded_fleet, kind="domain.heartbeat.failed")
+    assert failed.count() == 2
+    page = staff_client.get("/fleets/demo/").content.decode()
+    assert "last heartbeat:" in page
