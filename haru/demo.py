@@ -97,7 +97,9 @@ def port_in_use(port: int) -> bool:
 
 
 def base_env(run_id: str, token: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    # The demo is local development mode: embedded database, no broker, open loopback-only API.
+    dropped = ("DATABASE_URL", "REDIS_URL", "HARU_API_TOKEN")
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
     env.update({MARKER: run_id, "HARU_SUPERVISOR_TOKEN": token, "PYTHONUNBUFFERED": "1"})
     return env
 
@@ -186,7 +188,6 @@ def api(state: dict, method: str, path: str, body: dict | None = None) -> httpx.
         method,
         f"http://127.0.0.1:{SERVER_PORT}/v1{path}",
         json=body,
-        headers={"Authorization": f"Bearer {state['apiToken']}"},
         timeout=30,
         trust_env=False,
     )
@@ -207,37 +208,62 @@ def prepare_standbys(state: dict) -> None:
 
 
 def print_instructions(state: dict, procs: dict[str, subprocess.Popen]) -> None:
-    t = state["apiToken"]
     base = f"http://127.0.0.1:{SERVER_PORT}"
     chat = json.dumps({"model": "qwen-small", "messages": [{"role": "user", "content": "hi"}]})
+    login = (
+        "log in as 'operator' (the password is HARU_DEMO_PASSWORD)"
+        if os.environ.get("HARU_DEMO_PASSWORD")
+        else "create a login first: .venv/bin/python manage.py createsuperuser"
+    )
     say(
         f"""
 Haru demo is running (fleet "{FLEET}": east and west, simulated H100s).
+The API is open and bound to 127.0.0.1 only (no HARU_API_TOKEN: local development mode).
 
 Watch
-  dashboard     {base}/
-  route intent  curl -s -H 'Authorization: Bearer {t}' {base}/v1/fleets/{FLEET}/route-intent
-  fleet         curl -s -H 'Authorization: Bearer {t}' {base}/v1/fleets/{FLEET}
-  chat          curl -s {base}/v1/chat/completions -H 'Authorization: Bearer {t}' \\
-                  -H 'X-Haru-Fleet: {FLEET}' -H 'content-type: application/json' -d '{chat}'
+  dashboard     {base}/   ({login})
+  route intent  curl -s {base}/v1/fleets/{FLEET}/route-intent
+  fleet         curl -s {base}/v1/fleets/{FLEET}
+  chat          curl -s {base}/v1/chat/completions -H 'X-Haru-Fleet: {FLEET}' \\
+                  -H 'content-type: application/json' -d '{chat}'
   metrics       curl -s {base}/metrics | grep ^haru_
   logs          {demo_dir()}/*.log
 
 Break it
   kill the active's supervisor:  kill -KILL -- -{procs["east"].pid}
       (its model servers live on, like a partitioned host; to take the whole host down:
-       python -m haru.demo crash east)
-  bring a host back:             python -m haru.demo start-host east
+       .venv/bin/python -m haru.demo crash east)
+  bring a host back:             .venv/bin/python -m haru.demo start-host east
   make west's wake fail:         curl -s -XPOST http://127.0.0.1:18011/_sim/faults \\
                                    -H 'content-type: application/json' -d '{{"wakeFails": true}}'
       (clear it with {{"wakeFails": false}}; a failed promotion never moves routing)
-  promote by hand:               curl -s -XPOST -H 'Authorization: Bearer {t}' \\
+  promote by hand:               curl -s -XPOST {base}/v1/fleets/{FLEET}/promote \\
                                    -H 'content-type: application/json' \\
-                                   {base}/v1/fleets/{FLEET}/promote \\
                                    -d '{{"targetDomainId": "west"}}'
 
 The fleet's events follow. Ctrl-C stops everything.
 """
+    )
+
+
+def ensure_operator(env: dict) -> None:
+    """Create or update the staff user `operator` when HARU_DEMO_PASSWORD is set."""
+    password = os.environ.get("HARU_DEMO_PASSWORD")
+    if not password:
+        return
+    script = (
+        "import os\n"
+        "from django.contrib.auth import get_user_model\n"
+        "u, _ = get_user_model().objects.get_or_create(username='operator')\n"
+        "u.is_staff = u.is_superuser = True\n"
+        "u.set_password(os.environ['HARU_DEMO_PASSWORD'])\n"
+        "u.save()\n"
+    )
+    subprocess.run(
+        [PYTHON, "manage.py", "shell", "-c", script],
+        cwd=REPO,
+        check=True,
+        env={**env, "HARU_DEMO_PASSWORD": password},
     )
 
 
@@ -283,13 +309,11 @@ def run(fresh: bool) -> None:
     state = {
         "run": secrets.token_hex(8),
         "supervisorToken": secrets.token_urlsafe(32),
-        "apiToken": "demo-" + secrets.token_urlsafe(16),
     }
     save_state(state)
     env = base_env(state["run"], state["supervisorToken"])
     env.update(
         {
-            "HARU_API_TOKEN": state["apiToken"],
             "HARU_RECONCILE_INTERVAL_MS": "1000",
             "HARU_DEFAULT_FLEET": FLEET,
         }
@@ -297,6 +321,7 @@ def run(fresh: bool) -> None:
     say("demo: migrating the embedded database and seeding the two-domain fleet")
     manage(env, "migrate", "--noinput", "-v0")
     manage(env, "seed_layout", "--config", LAYOUT)
+    ensure_operator(env)
 
     procs: dict[str, subprocess.Popen] = {}
     try:

@@ -37,6 +37,12 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=None, help="default: PORT, else 8700")
         parser.add_argument("--workers", type=int, default=1)
         parser.add_argument(
+            "--access-log",
+            action="store_true",
+            help="log every request (off by default: it costs the chat proxy about a third of "
+            "its throughput; /metrics counts requests instead)",
+        )
+        parser.add_argument(
             "--no-reconcile-loop",
             action="store_true",
             help="do not run the in-process reconcile loop",
@@ -70,6 +76,7 @@ class Command(BaseCommand):
                 port=port,
                 workers=opts["workers"],
                 log_level="info",
+                access_log=opts["access_log"],
                 lifespan="off",
                 proxy_headers=False,
             )
