@@ -2,8 +2,8 @@
 
 Parsing is strict: unknown fields are refused and every error names its JSON path and rule,
 because a supervisor that starts with a half-understood config is worse than one that refuses.
-Relative paths (checkpoint dirs, the simulated GPU state file) resolve against the working
-directory the supervisor was started in.
+Relative paths (checkpoint dirs, the simulated GPU state file, the state dir) resolve against the
+working directory the supervisor was started in.
 """
 
 from __future__ import annotations
@@ -85,6 +85,8 @@ class SupervisorConfig:
     slots: tuple[SlotConfig, ...]
     gpu: GpuConfig
     host: str | None = None
+    # Where started processes are recorded for adoption; None: the default (`state_dir_for`).
+    state_dir: Path | None = None
 
     @property
     def models(self) -> tuple[ModelConfig, ...]:
@@ -141,6 +143,10 @@ def parse_config(
     host = root.str("host")
     if host is not None and not _HOST_LABEL.match(host):
         root.error("host", "must be lowercase letters, digits and single hyphens")
+    state_dir = root.str("stateDir")
+    if state_dir is not None and not state_dir.strip():
+        root.error("stateDir", "must not be empty")
+        state_dir = None
     gpu = _parse_gpu(root.raw("gpu"), "gpu", errors, cwd)
     slots = _parse_slots(root.raw("slots", required=True), errors, cwd, registry)
     root.finish()
@@ -148,7 +154,26 @@ def parse_config(
         _check_cross_slot_rules(slots, gpu, errors, registry)
     if errors:
         raise ConfigError(errors)
-    return SupervisorConfig(slots=tuple(slots), gpu=gpu, host=host)
+    return SupervisorConfig(
+        slots=tuple(slots),
+        gpu=gpu,
+        host=host,
+        state_dir=_resolve(cwd, state_dir) if state_dir else None,
+    )
+
+
+def state_dir_for(config: SupervisorConfig, *, port: int, cwd: Path) -> Path:
+    """Return the state dir: `stateDir` if set, else one per supervisor port.
+
+    Keyed by port because the port is what makes a supervisor unique on a machine (only one can
+    bind it), so two supervisors on one host never share records. With the simulated backend
+    it sits next to the simulated GPU state file, keeping a demo's or a test's files together.
+    """
+    if config.state_dir is not None:
+        return config.state_dir
+    if config.gpu.backend == "sim" and config.gpu.sim_state_file is not None:
+        return config.gpu.sim_state_file.parent / f"supervisor-{port}"
+    return cwd / "var" / f"supervisor-{port}"
 
 
 def _parse_gpu(raw: Any, path: str, errors: list[str], cwd: Path) -> GpuConfig:

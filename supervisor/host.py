@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from supervisor.adoption import adopt_children
 from supervisor.clock import Clock, SystemClock
 from supervisor.config import InferenceSlotConfig, SupervisorConfig, servers_per_gpu
 from supervisor.engines.control import ControlError
@@ -26,6 +27,7 @@ from supervisor.managed import ManagedProcess, tcp_port_in_use
 from supervisor.model_servers import ModelServer, SleepReading
 from supervisor.probe import probe_model
 from supervisor.processes import AsyncioSpawner, Spawner
+from supervisor.records import StateDir
 from supervisor.training import TrainingSlot
 
 log = logging.getLogger(__name__)
@@ -65,6 +67,8 @@ class HostDeps:
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     http_factory: Callable[[], httpx.AsyncClient] | None = None
     port_in_use: Callable[[int], Awaitable[bool]] = tcp_port_in_use
+    # Where started processes are recorded for adoption after a crash; None: not recorded.
+    state: StateDir | None = None
 
 
 def default_http_client() -> httpx.AsyncClient:
@@ -92,9 +96,11 @@ class Host:
                 clock=deps.clock,
                 environ=deps.environ,
                 host_env=self.host_env,
+                records=deps.state,
             )
             for slot in config.training_slots
         ]
+        self._orphans: set[asyncio.Task[None]] = set()
 
     @property
     def http(self) -> httpx.AsyncClient:
@@ -105,7 +111,10 @@ class Host:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start every managed model server."""
+        """Adopt what a previous supervisor left running, then start every managed server."""
+        if self.deps.state is not None:
+            # Before spawning anything: an adopted server's port must not read as a conflict.
+            self._orphans.update(adopt_children(self, self.deps.state))
         for model in self.models:
             if model.managed is not None:
                 model.managed.start()
@@ -148,6 +157,7 @@ class Host:
             m.managed.stop(SHUTDOWN_SERVER_GRACE_S) for m in self.models if m.managed is not None
         ]
         waits += [m.close() for m in self.models]
+        waits += list(self._orphans)
         results = await asyncio.gather(*waits, return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
@@ -355,6 +365,7 @@ class Host:
                 clock=self.clock,
                 port_in_use=self.deps.port_in_use,
                 on_running=lambda s=server: s.on_process_started(lambda: self.http),
+                records=self.deps.state,
             )
             out.append(server)
         return out

@@ -15,6 +15,8 @@ from supervisor.engines.adapter import EngineAdapter
 from supervisor.engines.control import ControlError, base_url, describe_http_error
 from supervisor.engines.launch import LaunchCommand
 from supervisor.managed import ManagedProcess
+from supervisor.processes import AdoptedProcess
+from supervisor.records import ServerRecord
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +100,7 @@ class ModelServer:
     async def sleep(self, http: httpx.AsyncClient) -> None:
         """Put the server on standby; raise ControlError with the reason on failure."""
         async with self.lock:
-            self.want_asleep = True
+            self._want(True)
             if self.mode == "stop":
                 if self.managed is None:
                     raise ControlError("this engine cannot sleep and the server is not managed")
@@ -111,7 +113,7 @@ class ModelServer:
     async def wake(self, http: httpx.AsyncClient) -> None:
         """Bring the server back to serving; raise ControlError with the reason on failure."""
         async with self.lock:
-            self.want_asleep = False
+            self._want(False)
             if self.mode == "stop":
                 if self.managed is None:
                     raise ControlError("this engine cannot wake and the server is not managed")
@@ -121,6 +123,14 @@ class ModelServer:
             self._require_running()
             await self.control.wake(http, self.port)
             self._remember(False)
+
+    def adopt(self, proc: AdoptedProcess, record: ServerRecord) -> None:
+        """Take over the server a previous supervisor started, with what it knew of it."""
+        assert self.managed is not None
+        self.want_asleep = record.want_asleep
+        if record.sleeping is not None:
+            self._remembered = (record.sleeping, proc.pid)
+        self.managed.adopt(proc, record)
 
     def on_process_started(self, http_getter: Any) -> None:
         """Put a restarted server back to sleep if that is what was last asked for."""
@@ -144,9 +154,10 @@ class ModelServer:
             "port": self.port,
             "sleeping": reading.sleeping,
             "engine": self.config.engine,
-            # Reported only for a process the supervisor started from that profile; anything
-            # else is unknown, which the control plane must never read as a match.
-            "fingerprint": self.launch.fingerprint if self.launch and running else None,
+            # Reported only for a process the supervisor started (or one it adopted, with the
+            # fingerprint recorded at its start, so drift shows); anything else is unknown,
+            # which the control plane must never read as a match.
+            "fingerprint": self.managed.fingerprint if self.managed and running else None,
             "managed": self.managed is not None,
             "role": "leader" if self.serves_http else "worker",
             "standby": self.control.capability.describe(),
@@ -158,8 +169,15 @@ class ModelServer:
         if self.managed is not None and not self.managed.running:
             raise ControlError(f"server is not running (state {self.managed.state})")
 
+    def _want(self, asleep: bool) -> None:
+        self.want_asleep = asleep
+        if self.managed is not None:
+            self.managed.note_want_asleep(asleep)
+
     def _remember(self, asleep: bool) -> None:
         self._remembered = (asleep, self.managed.pid if self.managed else None)
+        if self.managed is not None:
+            self.managed.note_sleeping(asleep)
 
     async def _read_remembered(self, http: httpx.AsyncClient) -> SleepReading:
         healthy, error = await self._healthy(http)
@@ -168,9 +186,15 @@ class ModelServer:
         pid = self.managed.pid if self.managed else None
         if self._remembered is not None and self._remembered[1] == pid:
             return SleepReading(self._remembered[0])
-        if self.managed is not None:
+        if self.managed is not None and not self.managed.adopted:
             # A process the supervisor just started has had no release call: it is awake.
             return SleepReading(False)
+        if self.managed is not None:
+            return SleepReading(
+                None,
+                "adopted server whose engine has no status endpoint: unknown until the "
+                "next sleep or wake",
+            )
         return SleepReading(None, "engine has no status endpoint and no call was made yet")
 
     async def _read_stopped_state(self, http: httpx.AsyncClient) -> SleepReading:

@@ -10,16 +10,20 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from supervisor.records import ProcessStamp
+
 
 class ChildProcess(Protocol):
-    """A spawned child; its pid is also its process group id."""
+    """A spawned (or adopted) process; its pid is also its process group id."""
 
     pid: int
 
     @property
     def returncode(self) -> int | None: ...
 
-    async def wait(self) -> int: ...
+    async def wait(self) -> int | None:
+        """Wait for the exit; return the status, or None when it cannot be known (adopted)."""
+        ...
 
     def signal_group(self, sig: int) -> bool:
         """Signal the whole process group; False when nothing is left in it."""
@@ -68,6 +72,31 @@ class AsyncioSpawner:
             start_new_session=True,
         )
         return AsyncioChild(proc)
+
+
+class AdoptedProcess:
+    """A process a previous supervisor started: not our child, so watched through /proc.
+
+    Nobody here can `waitpid` it (init reaps it), so `wait` polls whether the stamped process
+    still exists, and its exit status is never known.
+    """
+
+    def __init__(self, stamp: ProcessStamp, *, poll_s: float = 0.1) -> None:
+        self.stamp = stamp
+        self.pid = stamp.pid
+        self._poll_s = poll_s
+
+    @property
+    def returncode(self) -> int | None:
+        return None
+
+    async def wait(self) -> int | None:
+        while self.stamp.is_alive():
+            await asyncio.sleep(self._poll_s)
+        return None
+
+    def signal_group(self, sig: int) -> bool:
+        return signal_group(self.stamp.pgid, sig)
 
 
 def signal_group(pgid: int, sig: int) -> bool:

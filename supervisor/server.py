@@ -11,12 +11,18 @@ import socket
 import sys
 import threading
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import uvicorn
 
 from supervisor.api import create_app
-from supervisor.config import SupervisorConfig, load_config, validate_against_hardware
+from supervisor.config import (
+    SupervisorConfig,
+    load_config,
+    state_dir_for,
+    validate_against_hardware,
+)
 from supervisor.engines.profile import GpuSpec
 from supervisor.engines.registry import EngineRegistry, default_registry
 from supervisor.gpu.facts import GpuBackend, GpuQueryFailed, GpuUnavailable
@@ -24,6 +30,7 @@ from supervisor.gpu.nvml import NvmlBackend
 from supervisor.gpu.sim_backend import SimGpuBackend
 from supervisor.gpu.sim_state import SimGpuState
 from supervisor.host import Host, HostDeps
+from supervisor.records import StateDir, StateDirBusy
 from supervisor.settings import Settings, SettingsError, is_loopback, settings_from_env
 from supervisor.strict_json import ConfigError
 
@@ -113,7 +120,10 @@ def bind_socket(host: str, port: int) -> socket.socket:
     except OSError:
         sock.close()
         raise
-    sock.set_inheritable(True)
+    # Close-on-exec, and kept so: uvloop ignores close_fds, so an inheritable socket would leak
+    # into every model server and trainer, and after a supervisor crash those orphans would hold
+    # its port and swallow the connections meant for the supervisor that replaces it.
+    sock.set_inheritable(False)
     return sock
 
 
@@ -139,6 +149,7 @@ def prepare(
         raise ConfigError(
             [f"{ports[settings.port]}.port: {settings.port} is the supervisor's own PORT"]
         )
+    config = replace(config, state_dir=state_dir_for(config, port=settings.port, cwd=cwd))
     backend = build_gpu_backend(config)
     if any(m.profile for m in config.models):
         problems = validate_against_hardware(config, hardware_facts(backend), registry)
@@ -180,7 +191,17 @@ def main(environ: Mapping[str, str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    host = Host(config, HostDeps(gpu=backend, environ=environ))
+    assert config.state_dir is not None  # resolved by prepare()
+    state = StateDir(config.state_dir)
+    try:
+        # After the bind: a second supervisor on this port has already failed above, so a busy
+        # state dir means a stateDir shared by two supervisors, which would adopt each other's.
+        state.acquire()
+    except (OSError, StateDirBusy) as exc:
+        sock.close()
+        print(f"haru-supervisor: cannot use state dir {config.state_dir}: {exc}", file=sys.stderr)
+        return 1
+    host = Host(config, HostDeps(gpu=backend, environ=environ, state=state))
     app = create_app(host, token=settings.token)
     server = SupervisorServer(
         uvicorn.Config(
@@ -194,13 +215,14 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         host,
     )
     log.info(
-        "supervisor%s on %s:%s: %d model(s), %d training slot(s), GPU backend %s",
+        "supervisor%s on %s:%s: %d model(s), %d training slot(s), GPU backend %s, state dir %s",
         f" {config.host}" if config.host else "",
         settings.bind_host,
         settings.port,
         len(config.models),
         len(config.training_slots),
         backend.name,
+        config.state_dir,
     )
     server.run(sockets=[sock])
     return 0 if server.started else 1

@@ -4,6 +4,10 @@ The trainer contract: the command is spawned exactly as written, in its own proc
 with the parent environment plus HARU_CHECKPOINT_DIR, HARU_GPU_INDEX and CUDA_VISIBLE_DEVICES,
 and without the supervisor's token or config. Failover never waits for a perfect checkpoint:
 after the grace period the group is killed, and trainers must resume from what they saved.
+
+A running trainer is recorded in the state directory, so a supervisor restarted after a crash
+adopts it (see `adoption.py`) instead of losing sight of a process that holds the GPU.
+`lastCheckpointAt` is the newest mtime in HARU_CHECKPOINT_DIR, read on every status call.
 """
 
 from __future__ import annotations
@@ -11,14 +15,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from supervisor.clock import Clock, iso_utc
 from supervisor.config import TrainingSlotConfig
 from supervisor.engines.launch import STRIPPED_ENV
-from supervisor.processes import ChildProcess, Spawner
+from supervisor.processes import AdoptedProcess, ChildProcess, Spawner
+from supervisor.records import ProcessStamp, StateDir, TrainerRecord
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +56,31 @@ def trainer_env(
     return env
 
 
+def newest_checkpoint_mtime(directory: Path) -> float | None:
+    """Return the mtime of the newest entry in a checkpoint dir, or None when there is none.
+
+    One `scandir`, no recursion: a checkpoint saved as a directory (`checkpoint-500/`) counts
+    by the directory's own mtime, which moves whenever a file is added to it. Dot-files are
+    skipped: they are writes in progress (temporary files renamed into place when complete).
+    Status must never fail over this, so an unreadable or missing dir reads as None.
+    """
+    newest: float | None = None
+    try:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                if entry.name.startswith("."):
+                    continue
+                try:
+                    mtime = entry.stat(follow_symlinks=False).st_mtime
+                except OSError:
+                    continue  # deleted between the listing and the stat (checkpoint pruning)
+                if newest is None or mtime > newest:
+                    newest = mtime
+    except OSError:
+        return None
+    return newest
+
+
 class TrainingSlot:
     """Run at most one trainer on one GPU, and stop it within a deadline."""
 
@@ -60,12 +92,16 @@ class TrainingSlot:
         clock: Clock,
         environ: Mapping[str, str],
         host_env: Mapping[str, str] | None = None,
+        records: StateDir | None = None,
     ) -> None:
         self.config = config
         self._spawner = spawner
         self._clock = clock
         self._environ = environ
         self._host_env = dict(host_env or {})
+        self._records = records
+        self._record: TrainerRecord | None = None
+        self.adopted = False
         self.state = IDLE
         self._proc: ChildProcess | None = None
         self._deadline: float | None = None
@@ -108,17 +144,43 @@ class TrainingSlot:
                 self.last_error = f"spawn failed: {exc}"
                 log.error("training on GPU %s: %s", self.gpu_index, self.last_error)
                 raise SpawnFailed(self.last_error) from exc
-            self._proc = proc
-            self.state = RUNNING
-            self.started_at = self._clock.wall()
-            self.stop_requested_at = None
-            self.last_error = None
-            self.last_exit_code = None
-            self.killed = False
-            self._deadline = None
-            self._exited = asyncio.Event()
-            self._watcher = asyncio.create_task(self._watch(proc), name=f"trainer-{proc.pid}")
+            record = TrainerRecord(
+                gpu_index=self.gpu_index,
+                command=self.config.command,
+                started_at=self._clock.wall(),
+                stamp=ProcessStamp.of(proc.pid),
+            )
+            self._run(proc, record, adopted=False)
+            if self._records is not None:
+                self._records.save(record)
             log.info("training on GPU %s started: pid %s", self.gpu_index, proc.pid)
+
+    def adopt(self, proc: AdoptedProcess, record: TrainerRecord) -> None:
+        """Take over the trainer a previous supervisor started on this GPU; stop it as usual."""
+        if self.state != IDLE:
+            raise RuntimeError(f"training on GPU {self.gpu_index} is already {self.state}")
+        self._run(proc, record, adopted=True)
+        log.warning(
+            "training on GPU %s: adopted the trainer a previous supervisor started "
+            "(pid %s, since %s)",
+            self.gpu_index,
+            proc.pid,
+            iso_utc(record.started_at),
+        )
+
+    def _run(self, proc: ChildProcess, record: TrainerRecord, *, adopted: bool) -> None:
+        self._proc = proc
+        self._record = record
+        self.adopted = adopted
+        self.state = RUNNING
+        self.started_at = record.started_at
+        self.stop_requested_at = None
+        self.last_error = None
+        self.last_exit_code = None
+        self.killed = False
+        self._deadline = None
+        self._exited = asyncio.Event()
+        self._watcher = asyncio.create_task(self._watch(proc), name=f"trainer-{proc.pid}")
 
     def stop(self, grace_ms: int | None = None) -> None:
         """Ask the trainer to stop: SIGTERM now, SIGKILL at the deadline.
@@ -171,6 +233,8 @@ class TrainingSlot:
             "killed": self.killed,
             "graceMs": self.config.grace_ms,
             "checkpointDir": str(self.config.checkpoint_dir),
+            "lastCheckpointAt": iso_utc(newest_checkpoint_mtime(self.config.checkpoint_dir)),
+            "adopted": self.adopted and self.state != IDLE,
         }
 
     async def _enforce_deadline(self, proc: ChildProcess) -> None:
@@ -204,9 +268,15 @@ class TrainingSlot:
             # The leader is gone, but helpers it forked (data loaders) may still hold GPU memory.
             proc.signal_group(signal.SIGKILL)
         self.last_exit_code = code
+        if self._record is not None and self._records is not None:
+            self._records.drop(self._record)
+        self._record = None
         if not stopping:
             log.warning("training on GPU %s exited by itself with code %s", self.gpu_index, code)
-            if code != 0:
+            if code is None:
+                # An adopted trainer is not our child: its exit status went to init.
+                self.last_error = "adopted trainer exited by itself (exit status unknown)"
+            elif code != 0:
                 self.last_error = f"trainer exited with code {code}"
         else:
             log.info("training on GPU %s stopped (exit code %s)", self.gpu_index, code)

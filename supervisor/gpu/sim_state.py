@@ -17,7 +17,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+# Re-exported: tests and older callers import them from here.
+from supervisor.procfs import pid_alive, process_start_time
+
 ENV_VAR = "HARU_SIM_GPU_STATE"
+__all__ = ["ENV_VAR", "Holder", "SimGpuState", "pid_alive", "process_start_time"]
 
 
 @dataclass(frozen=True)
@@ -127,40 +131,3 @@ class SimGpuState:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-
-
-def process_start_time(pid: int) -> str | None:
-    """Return the kernel's start time of a process (guards against pid reuse), if readable."""
-    stat = _read_stat(pid)
-    if stat is None:
-        return None
-    fields = stat.rsplit(")", 1)[-1].split()
-    # Field 22 of /proc/<pid>/stat is starttime; after the ")" split it is index 19.
-    return fields[19] if len(fields) > 19 else None
-
-
-def pid_alive(pid: int, start_time: str | None = None) -> bool:
-    """Tell whether a process is alive: not gone, not a zombie, not a reused pid."""
-    stat = _read_stat(pid)
-    if stat is None:
-        if Path("/proc/self/stat").exists():
-            return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    fields = stat.rsplit(")", 1)[-1].split()
-    # A zombie holds no memory: the kernel freed it at exit, only the pid awaits reaping.
-    if fields and fields[0] in ("Z", "X"):
-        return False
-    return not (start_time and len(fields) > 19 and fields[19] != start_time)
-
-
-def _read_stat(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None

@@ -169,9 +169,13 @@ def start_supervisor(
     token: str | None = "test-token-0123456789",
     extra_env: dict[str, str] | None = None,
     wait_ready: bool = True,
+    port: int | None = None,
 ) -> SupervisorProcess:
-    """Start `python -m supervisor` with an inline config and wait for /healthz."""
-    port = pick_free_port()
+    """Start `python -m supervisor` with an inline config and wait for /healthz.
+
+    Pass the `port` of a supervisor that died to restart it: the default state dir is per port.
+    """
+    port = port or pick_free_port()
     env = child_env(
         {"PORT": str(port), "HARU_SUPERVISOR_CONFIG": json.dumps(config), **(extra_env or {})}
     )

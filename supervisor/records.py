@@ -1,0 +1,299 @@
+"""The state directory: one small file per running managed server and trainer.
+
+Managed servers and trainers run in sessions of their own, so they outlive a supervisor that is
+SIGKILLed or crashes; that is deliberate, because the active host's servers must keep serving
+through a supervisor crash. These records are how the next supervisor finds them again and
+adopts them instead of reporting their ports as taken by a stranger.
+
+A record is written when a process is started and deleted when it exits or is stopped. Each
+carries the process's kernel start time and the boot id, so a pid the kernel has since handed
+to another process is never adopted (or signalled).
+
+Writes are atomic (temporary file, then rename) but not fsynced: records only matter while the
+processes they name are alive, and a host crash that loses the page cache also kills those.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Any
+
+from supervisor.clock import iso_utc
+from supervisor.procfs import boot_id, process_group, process_start_time, same_process
+
+log = logging.getLogger(__name__)
+
+VERSION = 1
+LOCK_NAME = "supervisor.lock"
+
+
+class StateDirBusy(Exception):
+    """Another live supervisor holds this state directory."""
+
+
+@dataclass(frozen=True)
+class ProcessStamp:
+    """What identifies one process across a supervisor restart."""
+
+    pid: int
+    pgid: int
+    start_time: str | None
+    boot_id: str | None
+
+    @classmethod
+    def of(cls, pid: int) -> ProcessStamp:
+        """Stamp a process just spawned (in a new session, so its pgid is its pid)."""
+        return cls(pid, process_group(pid) or pid, process_start_time(pid), boot_id())
+
+    def is_alive(self) -> bool:
+        """Tell whether the stamped process still runs (and is not a later reuse of its pid)."""
+        return same_process(self.pid, self.start_time, self.boot_id)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "pgid": self.pgid,
+            "procStartTime": self.start_time,
+            "bootId": self.boot_id,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ProcessStamp:
+        return cls(
+            pid=_int(data["pid"]),
+            pgid=_int(data["pgid"]),
+            start_time=_opt_str(data.get("procStartTime")),
+            boot_id=_opt_str(data.get("bootId")),
+        )
+
+
+@dataclass(frozen=True)
+class ServerRecord:
+    """A managed model server some supervisor started on this host."""
+
+    name: str
+    port: int
+    fingerprint: str | None
+    started_at: float
+    stamp: ProcessStamp
+    # What the supervisor last asked for and last saw confirmed, so that an adopted server
+    # that later crashes is put back to sleep, and an engine without a status endpoint
+    # (SGLang) still has a known state after the restart.
+    want_asleep: bool | None = None
+    sleeping: bool | None = None
+
+    @property
+    def filename(self) -> str:
+        # Ports are unique on a host and safe in a file name; model names may hold "/".
+        return f"server-{self.port}.json"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": VERSION,
+            "kind": "server",
+            "name": self.name,
+            "port": self.port,
+            "fingerprint": self.fingerprint,
+            "startedAt": iso_utc(self.started_at),
+            "wantAsleep": self.want_asleep,
+            "sleeping": self.sleeping,
+            **self.stamp.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ServerRecord:
+        return cls(
+            name=str(data["name"]),
+            port=_int(data["port"]),
+            fingerprint=_opt_str(data.get("fingerprint")),
+            started_at=_timestamp(data["startedAt"]),
+            stamp=ProcessStamp.from_json(data),
+            want_asleep=_opt_bool(data.get("wantAsleep")),
+            sleeping=_opt_bool(data.get("sleeping")),
+        )
+
+
+@dataclass(frozen=True)
+class TrainerRecord:
+    """A trainer some supervisor started on this host."""
+
+    gpu_index: int
+    command: tuple[str, ...]
+    started_at: float
+    stamp: ProcessStamp
+
+    @property
+    def filename(self) -> str:
+        return f"trainer-gpu{self.gpu_index}.json"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": VERSION,
+            "kind": "trainer",
+            "gpuIndex": self.gpu_index,
+            "command": list(self.command),
+            "startedAt": iso_utc(self.started_at),
+            **self.stamp.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TrainerRecord:
+        command = data["command"]
+        if not isinstance(command, list):
+            raise ValueError("command must be a list")
+        return cls(
+            gpu_index=_int(data["gpuIndex"]),
+            command=tuple(str(c) for c in command),
+            started_at=_timestamp(data["startedAt"]),
+            stamp=ProcessStamp.from_json(data),
+        )
+
+
+Record = ServerRecord | TrainerRecord
+
+
+@dataclass(frozen=True)
+class Loaded:
+    servers: Sequence[ServerRecord]
+    trainers: Sequence[TrainerRecord]
+
+
+class StateDir:
+    """Read and write the records of one supervisor's children."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock: IO[str] | None = None
+
+    def acquire(self) -> None:
+        """Create the directory and lock it for this process's lifetime; raise StateDirBusy.
+
+        Two live supervisors sharing one directory would adopt (and stop) each other's children.
+        The flock dies with the process, so a SIGKILLed supervisor never leaves it held.
+        """
+        self.path.mkdir(parents=True, exist_ok=True)
+        # Opened by Python, so close-on-exec: children never inherit the lock.
+        lock = open(self.path / LOCK_NAME, "a+")  # noqa: SIM115 (held until release)
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            lock.close()
+            raise StateDirBusy(f"{self.path} is in use by another running supervisor") from exc
+        self._lock = lock
+
+    def release(self) -> None:
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+    def save(self, record: Record) -> None:
+        """Write a record atomically; log (never raise) on failure.
+
+        The process is already running when this is called: failing its start over a record
+        would be worse than a restart that cannot adopt it.
+        """
+        target = self.path / record.filename
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".record-", dir=self.path)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    json.dump(record.to_json(), f, indent=1)
+                os.replace(tmp, target)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+        except OSError as exc:
+            log.error("cannot write %s (a restart could not adopt this process): %s", target, exc)
+
+    def drop(self, record: Record) -> None:
+        """Delete a record, but only if it still names the same process.
+
+        A record may already have been replaced by the next process's; that one must stay.
+        """
+        target = self.path / record.filename
+        current = self._read(target)
+        if current is not None and current.stamp.pid != record.stamp.pid:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            try:
+                target.unlink()
+            except OSError as exc:
+                log.error("cannot delete %s: %s", target, exc)
+
+    def load(self) -> Loaded:
+        """Return every readable record; unreadable files are logged and deleted."""
+        servers: list[ServerRecord] = []
+        trainers: list[TrainerRecord] = []
+        try:
+            entries = sorted(self.path.iterdir())
+        except FileNotFoundError:
+            return Loaded((), ())
+        for entry in entries:
+            if entry.name.startswith(".record-"):
+                # A write the previous supervisor did not finish: nothing was renamed into place.
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+                continue
+            if not entry.name.endswith(".json"):
+                continue
+            record = self._read(entry)
+            if record is None:
+                log.warning("unreadable record %s deleted", entry)
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+            elif isinstance(record, ServerRecord):
+                servers.append(record)
+            else:
+                trainers.append(record)
+        return Loaded(servers, trainers)
+
+    @staticmethod
+    def _read(path: Path) -> Record | None:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(data, dict) or data.get("version") != VERSION:
+                return None
+            if data.get("kind") == "server":
+                return ServerRecord.from_json(data)
+            if data.get("kind") == "trainer":
+                return TrainerRecord.from_json(data)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return None
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"not an integer: {value!r}")
+    return value
+
+
+def _opt_str(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"not a string: {value!r}")
+    return value
+
+
+def _opt_bool(value: Any) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise ValueError(f"not a boolean: {value!r}")
+
+
+def _timestamp(value: Any) -> float:
+    if not isinstance(value, str):
+        raise ValueError(f"not a timestamp: {value!r}")
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
