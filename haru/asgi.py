@@ -1,5 +1,6 @@
 """ASGI entry point: Django for HTTP, Channels for the dashboard's WebSocket."""
 
+import gc
 import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "haru.settings")
@@ -33,3 +34,8 @@ application = ProtocolTypeRouter(
         ),
     }
 )
+
+# Everything built so far (Django, the app registry, URL patterns) lives as long as the process:
+# move it out of the garbage collector's scans, so collections on the chat path stay short
+# (measured by bench/proxy.py: higher throughput and a lower p99 at concurrency 32).
+gc.freeze()

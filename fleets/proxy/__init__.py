@@ -6,7 +6,8 @@
 - `routing`: the per-process routing snapshot cache (revision re-checked on every request,
   fail-open on a store outage).
 - `store`: the two reads the proxy makes, on one dedicated database thread.
-- `upstream`: the pooled httpx client (one per process and event loop).
+- `upstream`: the pooled HTTP/1.1 client to model servers (asyncio + httptools; one pool per
+  process and event loop).
 - `metrics`: the proxy's Prometheus series.
 - `views`: the same endpoints as plain async Django views, for callers that bypass haru.asgi.
 

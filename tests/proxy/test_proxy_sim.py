@@ -64,6 +64,7 @@ def sim_url():
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        proc.stderr.close()
 
 
 @pytest.fixture

@@ -1,9 +1,18 @@
-"""The upstream HTTP/1.1 client against byte-scripted servers: framing, reuse, failures."""
+"""The upstream HTTP/1.1 client against byte-scripted servers: framing, reuse, failures.
+
+What the proxy relies on, whoever does the HTTP: keep-alive reuse, unframed chunked bodies,
+bytes passed through undecoded, the header timeout that never cuts a quiet stream, a hang-up
+on the model server when the client goes away, nothing added or remembered (headers, cookies,
+redirects), and https.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from contextlib import asynccontextmanager
+import datetime
+import gzip
+import ssl
+from contextlib import asynccontextmanager, suppress
 from types import SimpleNamespace
 
 import pytest
@@ -26,22 +35,25 @@ def event_loop_policy(request):
 
 
 @asynccontextmanager
-async def raw_server(handle):
+async def raw_server(handle, *, scheme="http", ssl_context=None):
     """Serve `handle(reader, writer, connection_number)` on an ephemeral loopback port."""
     connections = []
+    requests: list[bytes] = []
 
     async def on_connect(reader, writer):
         connections.append(writer)
         try:
             await handle(reader, writer, len(connections))
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
         finally:
             writer.close()
 
-    listener = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+    listener = await asyncio.start_server(on_connect, "127.0.0.1", 0, ssl=ssl_context)
     port = listener.sockets[0].getsockname()[1]
-    target = upstream_targets(f"http://127.0.0.1:{port}")["chat"]
+    target = upstream_targets(f"{scheme}://127.0.0.1:{port}")["chat"]
     try:
-        yield SimpleNamespace(connections=connections, target=target)
+        yield SimpleNamespace(connections=connections, requests=requests, target=target)
     finally:
         listener.close()
         await upstream.pool_close()
@@ -53,9 +65,19 @@ async def read_request(reader) -> bytes:
     return head + await reader.readexactly(length)
 
 
-async def call(server) -> tuple[int, bytes]:
-    head = upstream.request_head(server.target, {}, len(BODY))
-    response = await upstream.open_stream(server.target, head, BODY, timeout_ms=5000, model="m")
+async def open_(server, headers=None, *, timeout_ms=5000) -> upstream.Response:
+    head = upstream.request_head(server.target, headers or {}, len(BODY))
+    return await upstream.open_stream(server.target, head, BODY, timeout_ms=timeout_ms, model="m")
+
+
+async def hang_up(reader) -> None:
+    """Return once the client closed or reset the connection."""
+    with suppress(ConnectionError):
+        await reader.read()
+
+
+async def call(server, headers=None, *, timeout_ms=5000) -> tuple[int, bytes]:
+    response = await open_(server, headers, timeout_ms=timeout_ms)
     try:
         return response.status, b"".join([c async for c in response.aiter_raw()])
     finally:
@@ -73,20 +95,112 @@ def answer(body: bytes, *extra: bytes) -> bytes:
     )
 
 
-async def test_keep_alive_connection_carries_several_requests():
+def serve_forever(reply: bytes, requests: list[bytes] | None = None):
+    """A keep-alive server answering every request on a connection with `reply`."""
+
     async def handle(reader, writer, n):
         while True:
             try:
                 request = await read_request(reader)
             except asyncio.IncompleteReadError:
                 return
-            assert request.startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
-            assert request.endswith(BODY)
-            writer.write(answer(b"ok"))
+            if requests is not None:
+                requests.append(request)
+            writer.write(reply)
 
-    async with raw_server(handle) as server:
+    return handle
+
+
+async def test_keep_alive_connection_carries_several_requests():
+    requests: list[bytes] = []
+    async with raw_server(serve_forever(answer(b"ok"), requests)) as server:
         assert [await call(server) for _ in range(3)] == [(200, b"ok")] * 3
         assert len(server.connections) == 1
+    for request in requests:
+        assert request.startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
+        assert request.endswith(b"\r\n\r\n" + BODY)
+
+
+async def test_concurrent_requests_each_get_their_own_response():
+    async def handle(reader, writer, n):
+        while True:
+            try:
+                await read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            await asyncio.sleep(0.01)  # all of them in flight at once
+            writer.write(answer(b"conn %d" % n))
+
+    async with raw_server(handle) as server:
+        results = await asyncio.gather(*(call(server) for _ in range(40)))
+        assert all(status == 200 for status, _ in results)
+        # Nothing queues them: one connection each.
+        assert len(server.connections) == 40
+        assert sorted(body for _, body in results) == sorted(b"conn %d" % n for n in range(1, 41))
+
+
+async def test_only_the_needed_headers_reach_the_model_server():
+    requests: list[bytes] = []
+    async with raw_server(serve_forever(answer(b"ok"), requests)) as server:
+        await call(
+            server,
+            {
+                b"authorization": b"Bearer haru",
+                b"cookie": b"a=b",
+                b"accept": b"text/event-stream",
+                b"x-request-id": b"r1",
+                b"host": b"haru.example",
+                b"x-forwarded-for": b"10.1.1.1",
+                b"x-evil": b"1\r\nInjected: yes",
+            },
+        )
+        await call(server)
+    port = server.target.port
+    head = requests[0].split(b"\r\n\r\n")[0].split(b"\r\n")
+    fields = sorted(line.lower() for line in head[1:])
+    assert fields == sorted(
+        [
+            b"host: 127.0.0.1:%d" % port,
+            b"accept: text/event-stream",
+            b"x-request-id: r1",
+            b"content-type: application/json",
+            b"accept-encoding: identity",
+            b"user-agent: haru-proxy",
+            b"content-length: %d" % len(BODY),
+        ]
+    )
+    # Without client headers: no Accept: */* or compression that the client never asked for.
+    bare = requests[1].split(b"\r\n\r\n")[0].lower()
+    assert b"accept:" not in bare
+    assert b"accept-encoding: identity" in bare
+
+
+async def test_the_client_accept_encoding_and_content_type_pass_through():
+    requests: list[bytes] = []
+    async with raw_server(serve_forever(answer(b"ok"), requests)) as server:
+        await call(server, {b"accept-encoding": b"gzip", b"content-type": b"application/x"})
+    head = requests[0].lower()
+    assert b"accept-encoding: gzip\r\n" in head and b"content-type: application/x\r\n" in head
+    assert b"accept-encoding: identity" not in head
+
+
+async def test_cookies_from_a_model_server_are_never_sent_back():
+    requests: list[bytes] = []
+    reply = answer(b"ok", b"set-cookie: session=abc; Path=/")
+    async with raw_server(serve_forever(reply, requests)) as server:
+        await call(server)
+        await call(server)
+    assert b"cookie" not in requests[1].lower()
+
+
+async def test_redirects_are_returned_not_followed():
+    requests: list[bytes] = []
+    reply = (
+        b"HTTP/1.1 307 Temporary Redirect\r\nlocation: /sleep?level=1\r\ncontent-length: 0\r\n\r\n"
+    )
+    async with raw_server(serve_forever(reply, requests)) as server:
+        assert await call(server) == (307, b"")
+    assert len(requests) == 1
 
 
 async def test_chunked_body_is_unframed():
@@ -99,6 +213,44 @@ async def test_chunked_body_is_unframed():
 
     async with raw_server(handle) as server:
         assert await call(server) == (200, b"hello world")
+
+
+async def test_compressed_bodies_pass_through_undecoded():
+    payload = gzip.compress(b'{"choices": []}' * 100)
+
+    async def handle(reader, writer, n):
+        await read_request(reader)
+        writer.write(answer(payload, b"content-encoding: gzip", b"content-type: application/json"))
+
+    async with raw_server(handle) as server:
+        response = await open_(server, {b"accept-encoding": b"gzip"})
+        body = b"".join([c async for c in response.aiter_raw()])
+        await response.aclose()
+    assert body == payload
+    assert dict(upstream.response_headers(response)) == {
+        b"content-encoding": b"gzip",
+        b"content-type": b"application/json",
+        b"content-length": b"%d" % len(payload),
+    }
+
+
+async def test_hop_by_hop_and_engine_headers_are_not_passed_back():
+    async def handle(reader, writer, n):
+        await read_request(reader)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: keep-alive\r\n"
+            b"Keep-Alive: timeout=5\r\nServer: uvicorn\r\nSet-Cookie: a=b\r\nX-Request-Id: r9\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"
+        )
+
+    async with raw_server(handle) as server:
+        response = await open_(server)
+        assert b"".join([c async for c in response.aiter_raw()]) == b"ok"
+        await response.aclose()
+    assert upstream.response_headers(response) == [
+        (b"content-type", b"text/event-stream"),
+        (b"x-request-id", b"r9"),
+    ]
 
 
 async def test_body_delimited_by_close_is_read_to_the_end():
@@ -120,6 +272,19 @@ async def test_informational_responses_are_skipped():
         assert await call(server) == (200, b"final")
 
 
+async def test_a_connection_the_server_closed_while_idle_is_not_reused():
+    async def handle(reader, writer, n):
+        await read_request(reader)
+        writer.write(answer(b"reply %d" % n))  # keep-alive promised, then closed (idle timeout)
+        await writer.drain()
+
+    async with raw_server(handle) as server:
+        assert await call(server) == (200, b"reply 1")
+        await asyncio.sleep(0.05)  # the server's FIN arrives
+        assert await call(server) == (200, b"reply 2")
+        assert len(server.connections) == 2
+
+
 async def test_a_dropped_idle_connection_is_retried_on_a_fresh_one():
     async def handle(reader, writer, n):
         await read_request(reader)
@@ -138,19 +303,12 @@ async def test_a_dropped_idle_connection_is_retried_on_a_fresh_one():
         assert len(server.connections) == 2
 
 
-async def test_expired_idle_connections_are_not_reused(monkeypatch):
-    monkeypatch.setattr(upstream, "IDLE_EXPIRY_S", 0)
-
-    async def handle(reader, writer, n):
-        while True:
-            try:
-                await read_request(reader)
-            except asyncio.IncompleteReadError:
-                return
-            writer.write(answer(b"ok"))
-
-    async with raw_server(handle) as server:
+async def test_idle_connections_are_retired_before_the_model_server_drops_them(monkeypatch):
+    assert upstream.IDLE_EXPIRY_S < 5  # uvicorn's (so vLLM's, SGLang's) keep-alive timeout
+    monkeypatch.setattr(upstream, "IDLE_EXPIRY_S", 0.05)
+    async with raw_server(serve_forever(answer(b"ok"))) as server:
         await call(server)
+        await asyncio.sleep(0.2)
         await call(server)
         assert len(server.connections) == 2
 
@@ -159,6 +317,17 @@ async def test_a_body_cut_short_is_an_error_not_a_short_success():
     async def handle(reader, writer, n):
         await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly this")
+        await writer.drain()
+
+    async with raw_server(handle) as server:
+        with pytest.raises(upstream.UpstreamClosed):
+            await call(server)
+
+
+async def test_a_chunked_body_cut_short_is_an_error():
+    async def handle(reader, writer, n):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n")
         await writer.drain()
 
     async with raw_server(handle) as server:
@@ -178,8 +347,49 @@ async def test_garbage_instead_of_a_response_is_unreachable():
         assert caught.value.code == "upstream_unreachable"
 
 
+async def test_a_connection_closed_before_the_headers_is_unreachable():
+    async def handle(reader, writer, n):
+        await read_request(reader)
+
+    async with raw_server(handle) as server:
+        with pytest.raises(ProxyError) as caught:
+            await call(server)
+        assert caught.value.code == "upstream_unreachable"
+
+
+async def test_no_headers_within_the_budget_times_out_and_hangs_up():
+    hung_up = asyncio.Event()
+
+    async def handle(reader, writer, n):
+        await read_request(reader)
+        await hang_up(reader)
+        hung_up.set()
+
+    async with raw_server(handle) as server:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        with pytest.raises(ProxyError) as caught:
+            await call(server, timeout_ms=150)
+        assert caught.value.code == "upstream_timeout"
+        assert 0.14 <= loop.time() - began < 2
+        await asyncio.wait_for(hung_up.wait(), 10)
+
+
+async def test_a_stream_quiet_for_longer_than_the_header_budget_is_not_cut():
+    async def handle(reader, writer, n):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.5)  # a long pause mid-generation
+        writer.write(b"6\r\n,later\r\n0\r\n\r\n")
+        await writer.drain()
+
+    async with raw_server(handle) as server:
+        assert await call(server, timeout_ms=100) == (200, b"first,later")
+
+
 async def test_a_large_body_survives_flow_control():
-    payload = bytes(range(256)) * 8192  # 2 MiB, well past the high-water mark
+    payload = bytes(range(256)) * 8192  # 2 MiB, far past the read buffer's high-water mark
 
     async def handle(reader, writer, n):
         await read_request(reader)
@@ -187,8 +397,7 @@ async def test_a_large_body_survives_flow_control():
         await writer.drain()
 
     async with raw_server(handle) as server:
-        head = upstream.request_head(server.target, {}, len(BODY))
-        response = await upstream.open_stream(server.target, head, BODY, timeout_ms=5000, model="m")
+        response = await open_(server)
         received = bytearray()
         async for chunk in response.aiter_raw():
             received += chunk
@@ -204,15 +413,114 @@ async def test_closing_an_unread_response_hangs_up_on_the_server():
         await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\none\r\n")
         await writer.drain()
-        await reader.read()  # returns at EOF: the client closed
+        await hang_up(reader)
         hung_up.set()
 
     async with raw_server(handle) as server:
-        head = upstream.request_head(server.target, {}, len(BODY))
-        response = await upstream.open_stream(server.target, head, BODY, timeout_ms=5000, model="m")
+        response = await open_(server)
         assert await anext(response.aiter_raw()) == b"one"
         await response.aclose()
         await asyncio.wait_for(hung_up.wait(), 10)
+
+
+async def test_cancelling_while_waiting_for_headers_hangs_up_on_the_server():
+    arrived, hung_up = asyncio.Event(), asyncio.Event()
+
+    async def handle(reader, writer, n):
+        await read_request(reader)
+        arrived.set()
+        await hang_up(reader)
+        hung_up.set()
+
+    async with raw_server(handle) as server:
+        task = asyncio.create_task(call(server))
+        await asyncio.wait_for(arrived.wait(), 10)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.wait_for(hung_up.wait(), 10)
+
+
+# -- https ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory):
+    """A throwaway CA and a certificate for 127.0.0.1 that it signed."""
+    x509 = pytest.importorskip("cryptography.x509")
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+
+    def cert(subject, issuer, key, signer, *, ca, san=None):
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if san is not None:
+            builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
+        return builder.sign(signer, hashes.SHA256())
+
+    import ipaddress
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = cert("haru test ca", "haru test ca", ca_key, ca_key, ca=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    leaf = cert(
+        "127.0.0.1",
+        "haru test ca",
+        key,
+        ca_key,
+        ca=False,
+        san=[x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
+    )
+    folder = tmp_path_factory.mktemp("tls")
+    pem = serialization.Encoding.PEM
+    (folder / "ca.pem").write_bytes(ca.public_bytes(pem))
+    (folder / "cert.pem").write_bytes(leaf.public_bytes(pem))
+    (folder / "key.pem").write_bytes(
+        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return folder
+
+
+def server_tls(tls_files) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(tls_files / "cert.pem", tls_files / "key.pem")
+    return context
+
+
+async def test_https_model_servers_are_reached_and_reused(tls_files, monkeypatch):
+    def trusting():
+        context = ssl.create_default_context(cafile=str(tls_files / "ca.pem"))
+        return context
+
+    monkeypatch.setattr(upstream, "tls_context", trusting)
+    chunked = (
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n4\r\ntls \r\n2\r\nok\r\n0\r\n\r\n"
+    )
+    async with raw_server(
+        serve_forever(chunked), scheme="https", ssl_context=server_tls(tls_files)
+    ) as server:
+        assert [await call(server) for _ in range(3)] == [(200, b"tls ok")] * 3
+        assert len(server.connections) == 1
+
+
+async def test_an_https_certificate_that_does_not_verify_is_unreachable(tls_files):
+    async with raw_server(
+        serve_forever(answer(b"no")), scheme="https", ssl_context=server_tls(tls_files)
+    ) as server:
+        with pytest.raises(ProxyError) as caught:
+            await call(server)
+        assert caught.value.code == "upstream_unreachable"
 
 
 def test_request_head_forwards_only_safe_headers():
