@@ -134,6 +134,8 @@ class GpuReport:
 @dataclass(frozen=True)
 class GpuMemory:
     gpus: tuple[GpuReport, ...]
+    # The validated body as sent (names, processes, MIG instances): what the dashboard draws.
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def gpu(self, index: int) -> GpuReport | None:
         return next((g for g in self.gpus if g.index == index), None)
@@ -231,8 +233,17 @@ def parse_status(body: Any) -> StatusReport:
     return StatusReport(slots=tuple(slots), ready=ready is True, raw=root)
 
 
+def _processes(value: Any, where: str) -> None:
+    """Check a GPU's (or MIG instance's) process list: `[{pid, usedMiB|null, ...}]` or absent."""
+    for j, raw in enumerate(_list(value if value is not None else [], where)):
+        p = _obj(raw, f"{where}[{j}]")
+        _int(p.get("pid"), f"{where}[{j}].pid")
+        if p.get("usedMiB") is not None:
+            _number(p.get("usedMiB"), f"{where}[{j}].usedMiB")
+
+
 def parse_gpu_memory(body: Any) -> GpuMemory:
-    """Validate a `GET /v1/gpu/memory` body."""
+    """Validate a `GET /v1/gpu/memory` body (`supervisor/gpu/facts.py` writes it)."""
     root = _obj(body, "gpu memory")
     gpus = []
     for i, raw in enumerate(_list(root.get("gpus"), "gpus")):
@@ -241,12 +252,18 @@ def parse_gpu_memory(body: Any) -> GpuMemory:
         used = _number(g.get("usedMiB"), f"gpus[{i}].usedMiB")
         if total <= 0 or used < 0:
             raise BadBody(f"gpus[{i}]: usedMiB/totalMiB out of range")
+        _processes(g.get("processes"), f"gpus[{i}].processes")
+        if g.get("mig") is not None:
+            mig = _obj(g.get("mig"), f"gpus[{i}].mig")
+            for k, inst in enumerate(_list(mig.get("instances") or [], f"gpus[{i}].mig.instances")):
+                where = f"gpus[{i}].mig.instances[{k}]"
+                _processes(_obj(inst, where).get("processes"), f"{where}.processes")
         gpus.append(
             GpuReport(
                 index=_int(g.get("index"), f"gpus[{i}].index"), used_mib=used, total_mib=total
             )
         )
-    return GpuMemory(gpus=tuple(gpus))
+    return GpuMemory(gpus=tuple(gpus), raw=root)
 
 
 def parse_probe(body: Any) -> ProbeReport:
@@ -317,8 +334,17 @@ def use_transport(transport: httpx.BaseTransport | None) -> httpx.BaseTransport 
 ErrorHook = Callable[[str, CallError], None]
 
 
+def gpu_facts_unavailable(error: CallError | None) -> bool:
+    """Whether a `/v1/gpu/memory` error is the supervisor saying it has no GPU facts (501: no
+    NVML on that host), which is an answer, not a failure."""
+    return error is not None and error.kind == HTTP and error.status == 501
+
+
 def _count_error(call: str, error: CallError) -> None:
     from fleets.reconciler import metrics
+
+    if call == "gpu_memory" and gpu_facts_unavailable(error):
+        return  # a host without NVML says so on every heartbeat, by design
 
     metrics.SUPERVISOR_CALL_ERRORS.labels(call=call, kind=error.kind).inc()
 

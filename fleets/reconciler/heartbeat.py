@@ -14,19 +14,37 @@ Rules (facts.md "Heartbeats"):
   reachable (the active also needs every model awake); ready -> degraded for an active that is
   not fully awake or any unreachable domain; degraded -> ready on recovery.
 - last_seen_at moves only after the slots were mirrored, and only on a good heartbeat.
+
+GPU memory (`GET /v1/gpu/memory`) is asked for beside the status, on its own pool, and is
+display data only: nothing decides on it and nothing waits for it. A beat stores the answer if
+it is in by the time the report is written; a slower one is stored by the next beat (one read
+per domain in flight at a time, so a hung NVML cannot pile up threads). The report carries it as
+`gpus` (the body's list) and `gpusAt` (when it was asked); a 501 (no GPU facts on that host)
+drops `gpus`; any other failure keeps the previous `gpus` and `gpusAt` and notes `gpusError`.
+Reads are spaced by GPU_MEMORY_EVERY_MS per domain (from the stored answer's time, good or
+bad), and skipped while the domain's heartbeat is failing.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import Any
 
 from fleets import clock
 from fleets.core.policy import Policy
 from fleets.core.states import DomainState, InferenceState, SlotKind, TrainingState
 from fleets.models import Domain, ModelBinding, Slot
-from fleets.reconciler.client import CALL_CAP_S, Call, StatusReport, SupervisorClient
+from fleets.reconciler.client import (
+    CALL_CAP_S,
+    Call,
+    GpuMemory,
+    StatusReport,
+    SupervisorClient,
+    gpu_facts_unavailable,
+)
 from fleets.services.heartbeats import (
     domain_heartbeat_failed,
     domain_mirror,
@@ -37,6 +55,25 @@ from fleets.services.heartbeats import (
 
 # Heartbeats of a fleet run side by side: one slow host must not delay the others' news.
 _pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="haru-heartbeat")
+# GPU memory reads get their own threads: a hung NVML must never hold up a status read.
+_gpu_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="haru-gpu-memory")
+# The dashboard's memory bars need no more than this; ticks during a failover come far faster.
+GPU_MEMORY_EVERY_MS = 1000
+# The report keys the GPU memory read owns.
+GPU_KEYS = ("gpus", "gpusAt", "gpusError")
+
+
+@dataclass(frozen=True)
+class GpuRead:
+    """One `GET /v1/gpu/memory` in flight (or answered): when it was asked, and its answer."""
+
+    asked_at: datetime
+    future: Future  # of Call[GpuMemory]
+
+
+# Domain id -> its read not yet stored: at most one per domain in this process.
+_gpu_reads: dict[Any, GpuRead] = {}
+_gpu_reads_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -46,6 +83,7 @@ class Beat:
     domain: Domain
     observed_at: datetime
     call: Call[StatusReport] | None  # None: the domain has no supervisor URL
+    gpu: GpuRead | None = None  # None: no GPU memory read this beat
 
 
 def heartbeat_timeout(policy: Policy) -> float:
@@ -55,7 +93,7 @@ def heartbeat_timeout(policy: Policy) -> float:
 
 
 def heartbeats_collect(domains: list[Domain], *, policy: Policy, client_for) -> list[Beat]:
-    """Ask every domain's supervisor for `/v1/status`, concurrently."""
+    """Ask every domain's supervisor for `/v1/status` (and GPU memory), concurrently."""
     timeout = heartbeat_timeout(policy)
 
     def one(domain: Domain) -> Beat:
@@ -63,9 +101,100 @@ def heartbeats_collect(domains: list[Domain], *, policy: Policy, client_for) -> 
         if not domain.supervisor_url:
             return Beat(domain, observed, None)
         client: SupervisorClient = client_for(domain.supervisor_url)
-        return Beat(domain, observed, client.status(timeout=timeout))
+        gpu = _gpu_read_start(domain, client, timeout=timeout, now=observed)
+        return Beat(domain, observed, client.status(timeout=timeout), gpu)
 
     return list(_pool.map(one, domains))
+
+
+def _gpu_read_start(
+    domain: Domain, client: SupervisorClient, *, timeout: float, now: datetime
+) -> GpuRead | None:
+    """Start this domain's GPU memory read, or join the one still unstored; None if the stored
+    answer is recent enough."""
+    with _gpu_reads_lock:
+        held = _gpu_reads.get(domain.id)
+        if held is not None:
+            return held  # still running (or answered after its beat was written): use that one
+        if not _gpu_read_due(domain.last_report, now):
+            return None
+        read = GpuRead(now, _gpu_pool.submit(client.gpu_memory, timeout=timeout))
+        _gpu_reads[domain.id] = read
+        return read
+
+
+def pending_gpu_read(domain_id) -> GpuRead | None:
+    """Return the domain's GPU memory read not yet stored, if any (tests wait on it)."""
+    with _gpu_reads_lock:
+        return _gpu_reads.get(domain_id)
+
+
+def _gpu_read_due(report: Any, now: datetime) -> bool:
+    """Whether to ask for GPU memory now: not while the heartbeat is failing (the status call
+    says whether the host is there; no second call to a dead host), and not again within
+    GPU_MEMORY_EVERY_MS of the last answer, good or bad."""
+    if not isinstance(report, dict):
+        return True
+    heartbeat = report.get("heartbeat")
+    if isinstance(heartbeat, dict) and heartbeat.get("ok") is False:
+        return False
+    error = report.get("gpusError")
+    asked = [_parse_time(report.get("gpusAt"))]
+    if isinstance(error, dict):
+        asked.append(_parse_time(error.get("at")))
+    last = max((a for a in asked if a is not None), default=None)
+    if last is None:
+        return True
+    return not timedelta(0) <= now - last < timedelta(milliseconds=GPU_MEMORY_EVERY_MS)
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _gpu_fields(beat: Beat, previous: Any) -> dict[str, Any] | None:
+    """Return the GPU keys to store with this beat's report, or None if nothing came in.
+
+    Never waits: a read still running is left for the next beat. An answered read is taken off
+    the in-flight table here, whether or not this beat's status was good.
+    """
+    read = beat.gpu
+    if read is None or not read.future.done():
+        return None
+    with _gpu_reads_lock:
+        if _gpu_reads.get(beat.domain.id) is read:
+            del _gpu_reads[beat.domain.id]
+    call: Call[GpuMemory] = read.future.result()
+    asked_at = _iso(read.asked_at)
+    if call.ok:
+        return {"gpus": list(call.value.raw.get("gpus") or []), "gpusAt": asked_at}
+    err = call.error
+    error = {"kind": err.kind, "status": err.status, "message": err.message, "at": asked_at}
+    if gpu_facts_unavailable(err):
+        # An answer, not a failure: this host has no GPU facts, so no bars rather than old ones.
+        return {"gpusAt": asked_at, "gpusError": error}
+    kept = {
+        k: previous[k] for k in ("gpus", "gpusAt") if isinstance(previous, dict) and k in previous
+    }
+    return {**kept, "gpusError": error}
+
+
+def _with_gpus(report: dict[str, Any], fields: dict[str, Any] | None, previous: Any) -> dict:
+    """Merge the GPU keys into the status body: this beat's answer, else the previous ones."""
+    if fields is None:
+        fields = {k: previous[k] for k in GPU_KEYS if isinstance(previous, dict) and k in previous}
+    if not fields:
+        return report
+    return {**{k: v for k, v in report.items() if k not in GPU_KEYS}, **fields}
+
+
+def _iso(value: datetime) -> str:
+    return value.isoformat().replace("+00:00", "Z")
 
 
 def _models_by_slot(domain: Domain) -> dict:
@@ -104,12 +233,14 @@ def heartbeat_apply(
         elif slot.kind == SlotKind.TRAINING and report is not None:
             _mirror_training(slot, report, observed_at=beat.observed_at, now=now, actor=actor)
     _mirror_domain(domain, report, is_active=is_active, healthy=healthy, beat=beat, now=now)
+    # Taken only now, after the state decisions: GPU memory never holds them up.
+    gpu_fields = _gpu_fields(beat, domain.last_report)
     if report is not None:
         domain_seen(
             domain_id=domain.id,
             fleet_id=domain.fleet_id,
             seen_at=beat.observed_at,
-            report=report.raw,
+            report=_with_gpus(report.raw, gpu_fields, domain.last_report),
             previous_report=domain.last_report,
         )
     else:

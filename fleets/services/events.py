@@ -34,7 +34,10 @@ def event_record(
         created_at=clock.now(),
     )
     # Broadcasting is a side effect: only after commit, so nobody sees a rolled-back change.
+    # The hook only queues the message (the publisher thread reads state and sends), so a
+    # commit inside a reconcile tick pays microseconds, not a channel-layer round trip; robust:
+    # a failure to queue never stops the other commit hooks.
     from fleets import broadcast
 
-    transaction.on_commit(lambda: broadcast.publish_event(event))
+    transaction.on_commit(lambda: broadcast.publish_event(event), robust=True)
     return event

@@ -226,6 +226,31 @@ def test_fleet_page_flags_a_running_server_whose_profile_drifted(seeded_fleet, f
 
 
 @pytest.mark.django_db
+def test_fleet_page_draws_memory_bars_from_the_heartbeats_gpu_memory(seeded_fleet, fake_clock):
+    # What the reconciler stores: the status body, the GPU memory body's `gpus`, their stamps.
+    stored = {
+        **REPORT,
+        "gpusAt": "2026-01-01T00:00:00Z",
+        "heartbeat": {"ok": True, "checkedAt": "2026-01-01T00:00:00Z"},
+    }
+    Domain.objects.filter(fleet=seeded_fleet, slug="west").update(
+        last_report=stored, last_seen_at=fake_clock.now()
+    )
+
+    card = _card(fleet_page(seeded_fleet, now=fake_clock.now()), "west")
+
+    [bar] = card["gpus"]
+    assert (bar.index, bar.name, bar.used_mib, bar.total_mib) == (0, "H100", 60000, 80000)
+    assert [(s.kind, s.mib, s.pct) for s in bar.segments] == [
+        ("awake", 20000, 25.0),
+        ("sleeping", 2000, 2.5),
+        ("training", 30000, 37.5),
+        ("other", 8000, 10.0),
+    ]
+    assert card["training"][0]["checkpoint_at"] == "2026-01-01T00:00:00Z"
+
+
+@pytest.mark.django_db
 def test_stale_heartbeat_is_flagged_and_the_fleet_is_unhealthy(seeded_fleet, fake_clock):
     Domain.objects.filter(fleet=seeded_fleet).update(last_seen_at=fake_clock.now())
     fake_clock.advance(seconds=10)  # the example's heartbeatStaleMs is 3000

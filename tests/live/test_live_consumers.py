@@ -3,6 +3,7 @@ new state, on the in-memory layer and on channels_redis against a real Redis."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 
@@ -11,6 +12,7 @@ from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.test import Client
 
+from fleets import broadcast
 from fleets.models import Domain, Fleet
 from fleets.services.operations import operation_request, operation_start
 from fleets.services.routing import route_switch
@@ -18,8 +20,9 @@ from fleets.services.transitions import domain_transition
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-# Long enough for a message that is coming to arrive; nothing here asserts how fast it does.
-QUIET_S = 0.3
+# After `flush` every message is in the channel layer; this only covers the consumer's own hop
+# from the layer to the socket. Nothing here asserts how fast a message arrives.
+QUIET_S = 0.2
 
 
 @pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
@@ -63,7 +66,14 @@ def _communicator(path: str, client: Client | None) -> WebsocketCommunicator:
     return WebsocketCommunicator(application, path, headers=_headers(client))
 
 
+async def _flushed() -> None:
+    """Wait until the publisher handed every queued message to the layer (off the loop: the
+    hand-offs it waits for run on this loop)."""
+    assert await asyncio.to_thread(broadcast.flush, 10)
+
+
 async def _drain(comm: WebsocketCommunicator) -> list[dict]:
+    await _flushed()
     out = []
     while not await comm.receive_nothing(timeout=QUIET_S):
         out.append(await comm.receive_json_from())
@@ -72,6 +82,8 @@ async def _drain(comm: WebsocketCommunicator) -> list[dict]:
 
 @pytest.fixture
 def demo(seeded_fleet) -> Fleet:
+    # Seeding records events: let their messages go out before any test socket connects.
+    assert broadcast.flush(10)
     return seeded_fleet
 
 
@@ -184,8 +196,6 @@ async def test_change_made_on_a_plain_thread_reaches_the_socket(
 ):
     """The in-process reconcile loop commits on plain threads, not on asgiref's: the message
     must still reach the server loop's sockets, once."""
-    import asyncio
-
     from django.db import connection
 
     client = await _login(django_user_model, "ops", staff=True)
@@ -214,6 +224,7 @@ async def test_a_change_in_another_fleet_is_not_sent(channel_layer, demo, django
     assert (await comm.connect())[0]
     west = await sync_to_async(Domain.objects.get)(fleet=other, slug="west")
     assert await sync_to_async(domain_transition)(domain_id=west.id, to_state="degraded")
+    await _flushed()
     assert await comm.receive_nothing(timeout=QUIET_S)
     await comm.disconnect()
 
@@ -259,4 +270,5 @@ def _seed_other_fleet() -> Fleet:
     path = Path(__file__).resolve().parents[2] / "examples" / "fleet.two-domain.json"
     data = {**json.loads(path.read_text()), "slug": "other"}
     layout_apply(layout=parse_layout(data))
+    assert broadcast.flush(10)  # the seeding's own messages are not what the tests count
     return Fleet.objects.get(slug="other")

@@ -1,8 +1,9 @@
 """A scripted supervisor: an in-memory host behind httpx.MockTransport, speaking the wire contract.
 
 It models what the executors look at (models asleep or awake, trainers and their PIDs, GPU
-memory) and counts both the calls it receives and the effects they have (a wake that actually
-woke something), so tests can assert "each step's effect happened once". Faults are flags.
+memory with the processes holding it, as `supervisor/gpu/facts.py` writes it) and counts both
+the calls it receives and the effects they have (a wake that actually woke something), so tests
+can assert "each step's effect happened once". Faults are flags.
 """
 
 from __future__ import annotations
@@ -41,11 +42,21 @@ class FakeHost:
     ignore_stop: bool = False  # the trainer never exits
     start_without_pid: bool = False  # "running" with no PID: must never count
     leak_mib: int = 0
+    gpu_unavailable: bool = False  # GET /v1/gpu/memory answers 501 (no NVML on this host)
+    gpu_fails: bool = False  # GET /v1/gpu/memory answers 502 (an NVML query failed)
+    gpu_bad_body: bool = False  # GET /v1/gpu/memory answers a body off the contract
+    gpu_gate: threading.Event | None = None  # GET /v1/gpu/memory hangs until this is set
+    checkpoint_at: str | None = None  # the trainer's lastCheckpointAt, when it has one
+    model_pids: dict[str, int] = field(default_factory=dict)
     # accounting
     calls: Counter = field(default_factory=Counter)
     effects: Counter = field(default_factory=Counter)
     _stopping_left: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        for name in sorted(self.models):
+            self.model_pids.setdefault(name, next(_pids))
 
     def used_mib(self) -> int:
         used = self.leak_mib
@@ -67,7 +78,12 @@ class FakeHost:
                     "gpuIndex": 0,
                     "kind": "inference",
                     "models": [
-                        {"name": n, "port": 18000 + i, "sleeping": s}
+                        {
+                            "name": n,
+                            "port": 18000 + i,
+                            "sleeping": s,
+                            "process": {"pid": self.model_pids[n]},
+                        }
                         for i, (n, s) in enumerate(sorted(self.models.items()))
                     ],
                     "training": None,
@@ -79,16 +95,48 @@ class FakeHost:
                     "training": {
                         "state": self.trainer,
                         "pids": [self.pid] if self.pid is not None else [],
+                        "lastCheckpointAt": self.checkpoint_at,
                     },
                 },
             ],
             "ready": True,
         }
 
+    def _gpu_memory(self) -> dict:
+        processes = [
+            {
+                "pid": self.model_pids[n],
+                "usedMiB": CONTEXT_MIB if asleep else WEIGHTS_MIB,
+                "name": f"model {n}",
+            }
+            for n, asleep in sorted(self.models.items())
+        ]
+        if self.trainer != "idle" and self.pid is not None:
+            processes.append({"pid": self.pid, "usedMiB": TRAINER_MIB, "name": "trainer"})
+        return {
+            "gpus": [
+                {
+                    "index": 0,
+                    "usedMiB": self.used_mib(),
+                    "totalMiB": TOTAL_MIB,
+                    "name": "NVIDIA H100 80GB HBM3",
+                    "uuid": "GPU-fake-0",
+                    "computeCapability": "9.0",
+                    "processes": processes,
+                    "mig": None,
+                }
+            ],
+            "backend": "fake",
+        }
+
     def handle(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
         with self.lock:
             self.calls[f"{request.method} {path}"] += 1
+        gate = self.gpu_gate
+        if path == "/v1/gpu/memory" and gate is not None:
+            gate.wait(10)  # outside the lock: a hung GPU read must not hold up the status
+        with self.lock:
             if self.down:
                 raise httpx.ConnectError("connection refused", request=request)
             auth = request.headers.get("authorization")
@@ -103,11 +151,14 @@ class FakeHost:
         if (method, path) == ("GET", "/v1/status"):
             return httpx.Response(200, json=self._status())
         if (method, path) == ("GET", "/v1/gpu/memory"):
+            if self.gpu_unavailable:
+                return _error(501, "gpu_unavailable", "NVML library not found")
+            if self.gpu_fails:
+                return _error(502, "gpu_query_failed", "nvmlDeviceGetMemoryInfo: GPU is lost")
+            if self.gpu_bad_body:
+                return httpx.Response(200, json={"gpus": [{"index": 0, "usedMiB": "lots"}]})
             self._status()  # a stop in progress moves on with time, as reads go by
-            return httpx.Response(
-                200,
-                json={"gpus": [{"index": 0, "usedMiB": self.used_mib(), "totalMiB": TOTAL_MIB}]},
-            )
+            return httpx.Response(200, json=self._gpu_memory())
         if (method, path) == ("POST", "/v1/vllm/wake"):
             if self.wake_fails:
                 failures = [{"model": n, "gpuIndex": 0, "error": "HTTP 500"} for n in self.models]

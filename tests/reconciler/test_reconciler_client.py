@@ -135,3 +135,78 @@ def test_gpu_memory_rejects_nonsense_numbers():
     body = {"gpus": [{"index": 0, "usedMiB": 10, "totalMiB": 0}]}
     call = client_answering(lambda r: httpx.Response(200, json=body)).gpu_memory(timeout=1)
     assert call.error.kind == "bad_body"
+
+
+def gpu_body() -> dict:
+    """A `/v1/gpu/memory` body as `supervisor/gpu/facts.py` writes it."""
+    return {
+        "gpus": [
+            {
+                "index": 0,
+                "usedMiB": 46000,
+                "totalMiB": 81920,
+                "name": "NVIDIA H100 80GB HBM3",
+                "uuid": "GPU-1",
+                "computeCapability": "9.0",
+                "processes": [
+                    {"pid": 11, "usedMiB": 6000, "name": None},
+                    {"pid": 12, "usedMiB": None},
+                ],
+                "mig": None,
+            },
+            {
+                "index": 1,
+                "usedMiB": 20,
+                "totalMiB": 80,
+                "processes": [],
+                "mig": {
+                    "enabled": True,
+                    "instances": [
+                        {"usedMiB": 20, "totalMiB": 40, "processes": [{"pid": 13, "usedMiB": 20}]}
+                    ],
+                },
+            },
+        ],
+        "backend": "nvml",
+    }
+
+
+def test_gpu_memory_is_validated_and_keeps_the_body_for_the_dashboard():
+    call = client_answering(lambda r: httpx.Response(200, json=gpu_body())).gpu_memory(timeout=1)
+    assert call.ok
+    assert call.value.gpu(0).used_ratio == pytest.approx(46000 / 81920)
+    assert call.value.raw == gpu_body()
+
+
+@pytest.mark.parametrize(
+    "breakage",
+    [
+        lambda g: g.update(processes="nope"),
+        lambda g: g.update(processes=[{"pid": "11", "usedMiB": 1}]),
+        lambda g: g.update(processes=[{"pid": 11, "usedMiB": "lots"}]),
+        lambda g: g.update(mig={"instances": [{"processes": [7]}]}),
+        lambda g: g.update(mig="yes"),
+    ],
+)
+def test_gpu_memory_with_malformed_processes_is_a_bad_body(breakage):
+    body = gpu_body()
+    breakage(body["gpus"][0])
+    call = client_answering(lambda r: httpx.Response(200, json=body)).gpu_memory(timeout=1)
+    assert call.error.kind == "bad_body"
+
+
+def test_gpu_memory_501_means_no_gpu_facts_and_is_not_counted_as_an_error():
+    from fleets.reconciler.client import gpu_facts_unavailable
+
+    def handler(request):
+        body = {"error": {"code": "gpu_unavailable", "message": "NVML library not found"}}
+        return httpx.Response(501, json=body)
+
+    errors = metrics.SUPERVISOR_CALL_ERRORS.labels(call="gpu_memory", kind="http")
+    before = errors._value.get()
+    call = client_answering(handler).gpu_memory(timeout=1)
+    assert gpu_facts_unavailable(call.error)
+    assert call.error.code == "gpu_unavailable"
+    assert errors._value.get() == before
+    failed = client_answering(lambda r: httpx.Response(502, json={})).gpu_memory(timeout=1)
+    assert not gpu_facts_unavailable(failed.error)
