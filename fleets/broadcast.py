@@ -357,17 +357,6 @@ def _safe_state(fleet_id, operation_id=None) -> dict | None:
         return None
 
 
-def publish_fleet_state(fleet_id) -> None:
-    """Broadcast the fleet's current state without an event (e.g. after a heartbeat changed
-    only `last_seen_at` or `last_report`), as a `fleet.state` message. Call after commit.
-
-    The state is read on the publisher thread, when it is sent: "current" is all it promises.
-    """
-    _publisher.submit(
-        lambda: _send(fleet_id, {"type": "fleet.state", "fleet": _safe_state(fleet_id)})
-    )
-
-
 def publish_event(event) -> None:
     """Queue one Event row as a `fleet.event` message, with the fleet's state right after it.
 

@@ -161,11 +161,3 @@ def check_transition(table: str, from_state: str, to_state: str) -> None:
     allowed = TABLES[table].get(from_state)  # type: ignore[call-overload]
     if allowed is None or to_state not in allowed:
         raise InvalidTransition(table, from_state, to_state)
-
-
-def check_sources(
-    table: str, from_states: frozenset[str] | set[str] | tuple[str, ...], to_state: str
-) -> None:
-    """Raise unless every pair (s, to_state) for s in from_states is allowed."""
-    for s in from_states:
-        check_transition(table, s, to_state)

@@ -1,7 +1,7 @@
 """Thin consumers: authenticate the socket, join the fleet's group, relay each message as JSON.
 
-Handler names match the message types `fleets.broadcast` sends (`fleet.event` -> fleet_event,
-`fleet.state` -> fleet_state). Nothing is computed here: the browser applies the state carried
+Handler names match the message type `fleets.broadcast` sends (`fleet.event` -> fleet_event).
+Nothing is computed here: the browser applies the state carried
 by the message and re-fetches the server-rendered fragment for the rest.
 """
 
@@ -79,9 +79,6 @@ class _RelayConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json(
             {"type": "fleet.event", "fleet": message.get("fleet"), "event": message.get("event")}
         )
-
-    async def fleet_state(self, message):
-        await self.send_json({"type": "fleet.state", "fleet": message.get("fleet")})
 
 
 class FleetConsumer(_RelayConsumer):

@@ -183,41 +183,36 @@ def promotion_cleanup(
     if target is None or not target.supervisor_url:
         return
     client = client_for(target.supervisor_url)
-    cap = min(CALL_CAP_S, policy.sleep_timeout_ms / 1000)
 
-    def timeout() -> float:
-        return cap
-
-    slept = posture.ensure_asleep(
-        client=client, domain=target, timeout=timeout, operation_id=operation.id, actor=actor
-    )
-    event_record(
-        fleet_id=operation.fleet_id,
-        domain_id=target.id,
-        operation_id=operation.id,
-        kind="operation.cleanup.sleep",
-        actor=actor,
-        data={"ok": slept.reached, "message": slept.message},
-    )
-    if not slept.reached:
+    def record(kind: str, **data) -> None:
         event_record(
             fleet_id=operation.fleet_id,
             domain_id=target.id,
             operation_id=operation.id,
-            kind="operation.cleanup.training",
+            kind=f"operation.cleanup.{kind}",
             actor=actor,
-            data={"ok": False, "skipped": True, "message": "sleep not proven; training left off"},
+            data=data,
         )
-        return
-    cap = min(CALL_CAP_S, policy.start_training_timeout_ms / 1000)
-    trained = posture.ensure_training(
-        client=client, domain=target, timeout=timeout, operation_id=operation.id, actor=actor
-    )
-    event_record(
-        fleet_id=operation.fleet_id,
-        domain_id=target.id,
+
+    def call_cap(budget_ms: int) -> Callable[[], float]:
+        return lambda: min(CALL_CAP_S, budget_ms / 1000)
+
+    slept = posture.ensure_asleep(
+        client=client,
+        domain=target,
+        timeout=call_cap(policy.sleep_timeout_ms),
         operation_id=operation.id,
-        kind="operation.cleanup.training",
         actor=actor,
-        data={"ok": trained.reached, "message": trained.message},
     )
+    record("sleep", ok=slept.reached, message=slept.message)
+    if not slept.reached:
+        record("training", ok=False, skipped=True, message="sleep not proven; training left off")
+        return
+    trained = posture.ensure_training(
+        client=client,
+        domain=target,
+        timeout=call_cap(policy.start_training_timeout_ms),
+        operation_id=operation.id,
+        actor=actor,
+    )
+    record("training", ok=trained.reached, message=trained.message)

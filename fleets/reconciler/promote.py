@@ -281,13 +281,6 @@ def switch_route(ctx: StepContext) -> StepResult:
     )
 
 
-def _source_client(ctx: StepContext):
-    source = ctx.source
-    if source is None or not source.supervisor_url:
-        return None
-    return ctx.client_for(source.supervisor_url)
-
-
 def _source_is_active(ctx: StepContext) -> bool:
     active = Fleet.objects.filter(pk=ctx.operation.fleet_id).values_list(
         "active_domain_id", flat=True
@@ -295,16 +288,26 @@ def _source_is_active(ctx: StepContext) -> bool:
     return ctx.source is not None and active.first() == ctx.source.id
 
 
+def _old_active_client(ctx: StepContext):
+    """Return (client, None) for the old active, or (None, a skip) when there is nothing to do.
+
+    Both best-effort steps skip rather than fail: the old active is often the domain that just
+    died, and it must never be put to sleep if it serves traffic again.
+    """
+    if ctx.source is None:
+        return None, done("skipped", reason="there was no active domain to demote")
+    if _source_is_active(ctx):
+        return None, done("skipped", reason="the old active is the active domain again")
+    if not ctx.source.supervisor_url:
+        return None, done("skipped", reason=f"domain {ctx.source.slug} has no supervisor URL")
+    return ctx.client_for(ctx.source.supervisor_url), None
+
+
 def demote_old_sleep(ctx: StepContext) -> StepResult:
     """Best effort: put the old active's models to sleep, proven by the supervisor."""
-    if ctx.source is None:
-        return done("skipped", reason="there was no active domain to demote")
-    if _source_is_active(ctx):
-        # Never sleep whatever serves traffic, whatever led here.
-        return done("skipped", reason="the old active is the active domain again")
-    client = _source_client(ctx)
-    if client is None:
-        return done("skipped", reason=f"domain {ctx.source.slug} has no supervisor URL")
+    client, skip = _old_active_client(ctx)
+    if skip is not None:
+        return skip
     result = posture.ensure_asleep(
         client=client,
         domain=ctx.source,
@@ -314,7 +317,7 @@ def demote_old_sleep(ctx: StepContext) -> StepResult:
     )
     if result.reached:
         return done(sleepProven=True, **result.data)
-    # The old active is often the domain that just died: never fail the operation for it.
+    # Never fail the operation for the old active: keep trying until the step's budget ends.
     return pending(result.message)
 
 
@@ -328,11 +331,9 @@ def demote_old_train(ctx: StepContext) -> StepResult:
     if not proven:
         # A model server still holding its weights would share the GPU with the trainer: OOM.
         return done("skipped", reason="sleep of the old active was not proven")
-    if _source_is_active(ctx):
-        return done("skipped", reason="the old active is the active domain again")
-    client = _source_client(ctx)
-    if client is None:
-        return done("skipped", reason=f"domain {ctx.source.slug} has no supervisor URL")
+    client, skip = _old_active_client(ctx)
+    if skip is not None:
+        return skip
     result = posture.ensure_training(
         client=client,
         domain=ctx.source,

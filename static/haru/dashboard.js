@@ -235,7 +235,7 @@
   }
 
   function onMessage(msg) {
-    if (!msg || (msg.type !== "fleet.event" && msg.type !== "fleet.state")) return;
+    if (!msg || msg.type !== "fleet.event") return;
     var eventId = msg.event && msg.event.id ? msg.event.id : 0;
     if (msg.fleet) {
       if (fleetId && (!latest || eventId >= latest.eventId)) {

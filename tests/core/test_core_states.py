@@ -119,12 +119,6 @@ def test_allowed_sources_lists_every_predecessor():
     assert allowed_sources("training", "idle") == {"training", "stopping", "failed", "stopped"}
 
 
-def test_check_sources_refuses_a_list_with_one_bad_source():
-    states.check_sources("training", ("training", "stopping"), "idle")
-    with pytest.raises(InvalidTransition):
-        states.check_sources("training", ("training", "idle"), "stopping")
-
-
 def test_only_ready_and_degraded_domains_are_promotable():
     assert {str(s) for s in states.PROMOTABLE_DOMAIN_STATES} == {"ready", "degraded"}
 

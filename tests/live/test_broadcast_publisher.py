@@ -5,10 +5,8 @@ thread's database reads hold no transaction."""
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import time
-import uuid
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -29,24 +27,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 QUIET_S = 0.2
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
-def layer(request, settings):
-    """The configured channel layer: in-memory, then channels_redis (when REDIS_URL is set)."""
-    from channels.layers import get_channel_layer
-
-    if request.param == "memory":
-        settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    else:
-        settings.CHANNEL_LAYERS = {
-            "default": {
-                "BACKEND": "channels_redis.core.RedisChannelLayer",
-                "CONFIG": {
-                    "hosts": [os.environ["REDIS_URL"]],
-                    "prefix": f"haru-test-{uuid.uuid4().hex[:10]}",
-                },
-            }
-        }
-    return get_channel_layer()
+@pytest.fixture
+def layer(channel_layer):
+    """The layer under test (see conftest: in-memory, then channels_redis)."""
+    return channel_layer
 
 
 @pytest.fixture

@@ -4,8 +4,6 @@ new state, on the in-memory layer and on channels_redis against a real Redis."""
 from __future__ import annotations
 
 import asyncio
-import os
-import uuid
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -23,25 +21,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 # After `flush` every message is in the channel layer; this only covers the consumer's own hop
 # from the layer to the socket. Nothing here asserts how fast a message arrives.
 QUIET_S = 0.2
-
-
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
-def channel_layer(request, settings):
-    """Run the test on the in-memory layer, then on channels_redis (when REDIS_URL is set)."""
-    if request.param == "memory":
-        settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    else:
-        settings.CHANNEL_LAYERS = {
-            "default": {
-                "BACKEND": "channels_redis.core.RedisChannelLayer",
-                # A prefix per test: parallel runs on the same Redis never see each other.
-                "CONFIG": {
-                    "hosts": [os.environ["REDIS_URL"]],
-                    "prefix": f"haru-test-{uuid.uuid4().hex[:10]}",
-                },
-            }
-        }
-    return request.param
 
 
 def _headers(client: Client | None) -> list[tuple[bytes, bytes]]:
