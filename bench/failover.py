@@ -25,6 +25,7 @@ import statistics
 import sys
 import tempfile
 import time
+from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,10 +48,11 @@ def setup_django(workdir: Path) -> None:
     os.environ["HARU_VAR_DIR"] = str(workdir / "var")
     os.environ["HARU_SUPERVISOR_TOKEN"] = TOKEN
     os.environ["DJANGO_SETTINGS_MODULE"] = "haru.settings"
-    import django
+    import django  # noqa: PLC0415 - imported after the environment above selects the settings
 
     django.setup()
-    from django.core.management import call_command
+    # Django's app registry must be ready before anything that touches models is imported.
+    from django.core.management import call_command  # noqa: PLC0415
 
     call_command("migrate", "--noinput", verbosity=0)
 
@@ -77,14 +79,15 @@ def main() -> int:
 
     workdir = Path(tempfile.mkdtemp(prefix="haru-bench-failover-"))
     setup_django(workdir)
-    from django.db.models import Q
+    # After django.setup(): these import models, which need the app registry.
+    from django.db.models import Q  # noqa: PLC0415
 
-    from fleets import clock
-    from fleets.layouts.loader import parse_layout
-    from fleets.models import Domain, Event, Fleet, Operation
-    from fleets.reconciler.loop import ReconcileLoop
-    from fleets.services.layouts import layout_apply
-    from fleets.services.operations import operation_request
+    from fleets import clock  # noqa: PLC0415
+    from fleets.layouts.loader import parse_layout  # noqa: PLC0415
+    from fleets.models import Domain, Event, Fleet, Operation  # noqa: PLC0415
+    from fleets.reconciler.loop import ReconcileLoop  # noqa: PLC0415
+    from fleets.services.layouts import layout_apply  # noqa: PLC0415
+    from fleets.services.operations import operation_request  # noqa: PLC0415
 
     trainer = ("--sigterm-save-s", str(args.trainer_save_ms / 1000))
     hosts = {
@@ -211,8 +214,6 @@ def main() -> int:
 
 
 def _ms(value: int):
-    from datetime import timedelta
-
     return timedelta(milliseconds=value)
 
 

@@ -38,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import uvicorn
+
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 TOKEN = "bench-token"
@@ -106,7 +108,6 @@ async def upstream_app(scope, receive, send):
 
 
 def run_upstream(port: int) -> None:
-    import uvicorn
 
     uvicorn.run(upstream_app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
@@ -374,7 +375,7 @@ def main() -> int:
         return 0
 
     try:
-        import uvloop
+        import uvloop  # noqa: PLC0415 - optional: the bench runs without it, slower
 
         uvloop.install()
     except ImportError:

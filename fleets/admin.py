@@ -20,6 +20,7 @@ from django.utils.html import format_html
 
 from fleets import admin_forms as af
 from fleets import clock
+from fleets.core.policy import Policy
 from fleets.core.states import (
     DomainState,
     InferenceState,
@@ -181,7 +182,6 @@ class FleetAdmin(admin.ModelAdmin):
 
     @admin.display(description="policy with defaults")
     def resolved_policy(self, obj):
-        from fleets.core.policy import Policy
 
         return _pretty_json(Policy.resolve(obj.policy).to_json())
 

@@ -8,4 +8,5 @@ class FleetsConfig(AppConfig):
 
     def ready(self) -> None:
         # Registers the OpenAPI auth-scheme extensions with drf-spectacular.
-        from fleets.api import schema  # noqa: F401
+        # In ready(): the extensions import DRF, which needs the app registry.
+        from fleets.api import schema  # noqa: F401, PLC0415

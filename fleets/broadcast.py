@@ -38,10 +38,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from channels.layers import get_channel_layer
+from django.db import close_old_connections, connection, connections
 from django.utils.dateparse import parse_datetime
 from prometheus_client import Counter
 
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES
+from fleets.models import Fleet, Operation
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +141,6 @@ class Publisher:
             return self._queued - self._finished
 
     def _run(self) -> None:
-        from django.db import close_old_connections, connections
 
         while True:
             with self._cond:
@@ -251,11 +252,6 @@ def _send(fleet_id, message: dict) -> None:
         log.warning("broadcast to fleet %s failed", fleet_id, exc_info=True)
 
 
-def publish(fleet_id, message: dict) -> None:
-    """Queue `message` (a dict with a "type" that names the consumer handler) for the fleet."""
-    _publisher.submit(lambda: _send(fleet_id, message))
-
-
 # The state read, as one statement: the event's own operation when it names one (so a finished
 # operation's last message says how it ended), else the one in flight (at most one per fleet,
 # served by uq_operation_one_inflight_per_fleet). Raw SQL on purpose: it runs in the commit hook
@@ -267,8 +263,6 @@ _IN_FLIGHT = tuple(sorted(str(s) for s in IN_FLIGHT_OPERATION_STATES))
 def _state_sql(connection) -> str:
     sql = _STATE_SQL.get(connection.vendor)
     if sql is None:
-        from fleets.models import Fleet, Operation
-
         q = connection.ops.quote_name
 
         def col(model, name: str) -> str:
@@ -298,9 +292,6 @@ def fleet_state(fleet_id, operation_id=None) -> dict | None:
     The operation is the event's own when it names one, else the one in flight. One indexed
     statement; None if the fleet is gone.
     """
-    from django.db import connection
-
-    from fleets.models import Fleet, Operation
 
     params = [
         Operation._meta.pk.get_db_prep_value(operation_id, connection) if operation_id else None,

@@ -8,8 +8,8 @@ from typing import Any
 from fleets.core.policy import Policy
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES, SlotKind
 from fleets.core.views import DomainView, FleetView, ModelView, SlotView
+from fleets.errors import FleetNotFound, OperationNotFound
 from fleets.models import Domain, Fleet, ModelBinding, Operation, Slot
-from fleets.services.errors import FleetNotFound, OperationNotFound
 
 
 def _as_uuid(ref: str) -> uuid.UUID | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 
+import redis
 from celery import shared_task
 from celery.signals import worker_process_init
 from django.conf import settings
@@ -32,7 +33,6 @@ _NUDGE_DEDUPE_MS = 1000
 @functools.cache
 def _redis():
     """Return this process's Redis client (a connection pool, safe to share across threads)."""
-    import redis
 
     return redis.Redis.from_url(settings.HARU["redis_url"])
 

@@ -270,10 +270,10 @@ def ensure_operator(env: dict) -> None:
 def follow_events(procs: dict[str, subprocess.Popen]) -> None:
     """Print new events until interrupted; report a process that exits on its own."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "haru.settings")
-    import django
+    import django  # noqa: PLC0415 - the demo's launcher runs without Django until here
 
     django.setup()
-    from fleets.models import Event
+    from fleets.models import Event  # noqa: PLC0415 - needs the app registry set up above
 
     last = Event.objects.order_by("-id").values_list("id", flat=True).first() or 0
     reported: set[str] = set()

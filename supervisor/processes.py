@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -109,9 +108,3 @@ def signal_group(pgid: int, sig: int) -> bool:
         # The pgid was recycled by someone else's process: ours is gone.
         return False
     return True
-
-
-def kill_groups_now(pgids: Sequence[int]) -> None:
-    """SIGKILL process groups immediately; the last resort of a hard exit."""
-    for pgid in pgids:
-        signal_group(pgid, signal.SIGKILL)

@@ -7,7 +7,8 @@ from django.http import Http404, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 
-from fleets.services.errors import ServiceError
+from fleets.errors import ServiceError
+from fleets.selectors import operation_json
 
 _CODES = {
     exceptions.NotAuthenticated: "unauthorized",
@@ -56,8 +57,6 @@ def envelope_exception_handler(exc, context):
         response = envelope(exc.code, exc.message, exc.status)
         operation = getattr(exc, "operation", None)
         if operation is not None:
-            from fleets.selectors import operation_json
-
             response.data["error"]["operation"] = operation_json(operation)
         return response
     if isinstance(exc, RequestDataTooBig):

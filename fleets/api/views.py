@@ -16,8 +16,9 @@ from fleets.api.auth import HasApiToken
 from fleets.api.errors import PayloadTooLarge
 from fleets.core.route_intent import build_route_intent
 from fleets.core.states import OperationKind
-from fleets.models import Operation
-from fleets.services.errors import InvalidTarget
+from fleets.errors import InvalidTarget
+from fleets.models import Fleet, Operation
+from fleets.reconciler.tick import fleet_reconcile
 from fleets.services.operations import operation_request
 
 # Control bodies are a few bytes; refuse anything large before parsing it.
@@ -59,7 +60,6 @@ class HaruAPIView(APIView):
 class FleetListView(HaruAPIView):
     @extend_schema(responses={200: s.FleetListOut, **_errors(401)}, operation_id="listFleets")
     def get(self, request):
-        from fleets.models import Fleet
 
         return Response({"fleets": [selectors.fleet_summary(f) for f in Fleet.objects.all()]})
 
@@ -147,7 +147,6 @@ class ReconcileView(HaruAPIView):
     )
     def post(self, request, ref: str):
         """Run one reconcile tick now; return the operation it advanced (or null)."""
-        from fleets.reconciler.tick import fleet_reconcile
 
         fleet = selectors.fleet_get(ref)
         result = fleet_reconcile(fleet_id=fleet.id)

@@ -64,7 +64,6 @@ D, I, T, O = DomainState, InferenceState, TrainingState, OperationState  # noqa:
 
 # Domain lifecycle. stopping is reachable from every "up" state; stopped only leads back to
 # provisioning, so a stopped machine is re-provisioned before it can serve again.
-_DOMAIN_UP = (D.PROVISIONING, D.READY, D.DEGRADED, D.FAILED)
 DOMAIN_TRANSITIONS: dict[DomainState, frozenset[DomainState]] = {
     D.PROVISIONING: frozenset({D.READY, D.DEGRADED, D.FAILED, D.STOPPING}),
     D.READY: frozenset({D.DEGRADED, D.FAILED, D.STOPPING}),
@@ -76,7 +75,6 @@ DOMAIN_TRANSITIONS: dict[DomainState, frozenset[DomainState]] = {
 
 # Inference slots. Every live state may also fail or stop; failed recovers to whichever posture
 # the heartbeat proves (serving on the active, sleeping on a standby) or is retried by a wake.
-_INFERENCE_LIVE = (I.STARTING, I.SERVING, I.SLEEPING, I.WAKING, I.PROBING)
 INFERENCE_TRANSITIONS: dict[InferenceState, frozenset[InferenceState]] = {
     I.STARTING: frozenset({I.SERVING, I.SLEEPING, I.FAILED, I.STOPPED}),
     I.SERVING: frozenset({I.SLEEPING, I.FAILED, I.STOPPED}),

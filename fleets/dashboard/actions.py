@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 from fleets import selectors
 from fleets.core.states import OperationKind
+from fleets.errors import InvalidTarget, ServiceError
 from fleets.models import Fleet
-from fleets.services.errors import InvalidTarget, ServiceError
+from fleets.reconciler.tick import fleet_reconcile
 from fleets.services.operations import operation_request
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,6 @@ def request_operation(*, fleet: Fleet, kind: str, target: str, actor: str) -> Ac
 def reconcile_now(*, fleet: Fleet, actor: str) -> ActionResult:
     """Run one reconcile tick for the fleet now (heartbeats, failover detection, steps)."""
     # The same call as the API's POST .../reconcile.
-    from fleets.reconciler.tick import fleet_reconcile
 
     try:
         result = fleet_reconcile(fleet_id=fleet.id, actor=actor)

@@ -1,9 +1,9 @@
 """Profile drift: does a running model server still match the layout's engine profile?
 
 The supervisor reports the fingerprint of the profile it launched each server from; the layout
-holds the profile the operator wants. The fingerprint function lives in the supervisor package
-(standard library only); when it cannot be imported or the layout profile does not parse, the
-expected value is unknown, and unknown never reads as a match.
+holds the profile the operator wants. The profile parser and fingerprint function live in the
+supervisor package (standard library only, shipped in the same distribution); when the layout
+profile does not parse, the expected value is unknown, and unknown never reads as a match.
 """
 
 from __future__ import annotations
@@ -13,6 +13,10 @@ import logging
 from functools import lru_cache
 from typing import Any
 
+from supervisor.engines.fingerprint import profile_fingerprint
+from supervisor.engines.profile import parse_profile
+from supervisor.engines.registry import default_registry
+
 log = logging.getLogger(__name__)
 
 MATCH, DRIFT, UNKNOWN = "match", "drift", "unknown"
@@ -20,13 +24,6 @@ MATCH, DRIFT, UNKNOWN = "match", "drift", "unknown"
 
 @lru_cache(maxsize=512)
 def _expected(profile_json: str, model_name: str, gpu_index: int) -> str | None:
-    try:
-        from supervisor.engines.fingerprint import profile_fingerprint
-        from supervisor.engines.profile import parse_profile
-        from supervisor.engines.registry import default_registry
-    except Exception:  # noqa: BLE001 - an unimportable supervisor means "unknown", not a crash
-        log.debug("supervisor fingerprint helpers unavailable", exc_info=True)
-        return None
     errors: list[str] = []
     try:
         parsed = parse_profile(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 # Segment kinds of a GPU memory bar, in drawing order.
@@ -83,7 +83,6 @@ def _as_map(value: Any) -> Mapping:
 
 def _parse_time(value: Any) -> datetime | None:
     """Accept an ISO 8601 string (a trailing Z included) or epoch seconds."""
-    from datetime import UTC
 
     if isinstance(value, int | float) and not isinstance(value, bool):
         try:

@@ -7,6 +7,7 @@ fragments the browser re-fetches after each broadcast.
 
 from __future__ import annotations
 
+import uuid
 from collections import defaultdict
 from datetime import datetime
 from typing import Any
@@ -253,7 +254,6 @@ def _event_summary(e: Event, slugs: dict) -> str:
 
 
 def _uuid_or_none(value):
-    import uuid
 
     try:
         return uuid.UUID(str(value)) if value else None

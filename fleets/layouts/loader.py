@@ -17,7 +17,7 @@ import yaml
 from jsonschema import Draft202012Validator
 
 from fleets.core.policy import PolicyError, validate_policy
-from fleets.services.errors import LayoutError
+from fleets.errors import LayoutError
 
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
 

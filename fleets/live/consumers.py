@@ -14,6 +14,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from fleets import broadcast
 from fleets.broadcast import fleet_group
+from fleets.models import Fleet
 
 # Close codes in the application range (4000-4999), so the browser can tell "log in again"
 # from "the fleet is gone" and stop retrying instead of hammering the server.
@@ -27,7 +28,6 @@ def _is_staff(user) -> bool:
 
 @database_sync_to_async
 def _fleet_id(slug: str) -> str | None:
-    from fleets.models import Fleet
 
     pk = Fleet.objects.filter(slug=slug).values_list("id", flat=True).first()
     return str(pk) if pk else None
@@ -35,7 +35,6 @@ def _fleet_id(slug: str) -> str | None:
 
 @database_sync_to_async
 def _all_fleet_ids() -> list[str]:
-    from fleets.models import Fleet
 
     return [str(pk) for pk in Fleet.objects.values_list("id", flat=True)]
 

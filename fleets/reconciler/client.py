@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import httpx
+from django.conf import settings
 
+from fleets.reconciler import metrics
 from haru.env import redact_url
 
 # httpx logs every request at INFO: one line per heartbeat per domain per second would bury
@@ -48,9 +50,6 @@ class CallError:
     message: str
     status: int | None = None
     code: str | None = None
-
-    def describe(self) -> str:
-        return self.message
 
 
 @dataclass(frozen=True)
@@ -341,7 +340,6 @@ def gpu_facts_unavailable(error: CallError | None) -> bool:
 
 
 def _count_error(call: str, error: CallError) -> None:
-    from fleets.reconciler import metrics
 
     if call == "gpu_memory" and gpu_facts_unavailable(error):
         return  # a host without NVML says so on every heartbeat, by design
@@ -497,6 +495,5 @@ def _envelope(payload: Any) -> tuple[str | None, str]:
 
 def client_for(supervisor_url: str) -> SupervisorClient:
     """Return a client for one supervisor, with the configured token."""
-    from django.conf import settings
 
     return SupervisorClient(supervisor_url, token=settings.HARU["supervisor_token"])

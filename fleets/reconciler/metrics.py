@@ -12,8 +12,13 @@ from __future__ import annotations
 import contextlib
 import logging
 
+from django.db.models import Count
 from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from fleets import clock
+from fleets.core.states import DomainState, OperationKind, OperationState
+from fleets.models import Domain, Fleet, Operation
 
 log = logging.getLogger(__name__)
 
@@ -98,11 +103,6 @@ class StateCollector:
         yield up
 
     def _collect_state(self):
-        from django.db.models import Count
-
-        from fleets import clock
-        from fleets.core.states import DomainState, OperationKind, OperationState
-        from fleets.models import Domain, Fleet, Operation
 
         now = clock.now()
         state = GaugeMetricFamily(

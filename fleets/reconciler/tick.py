@@ -20,14 +20,14 @@ from dataclasses import dataclass
 from fleets import clock
 from fleets.core.failover import NO_VIABLE_STANDBY, detect_failover, should_escalate
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES, OperationKind
+from fleets.errors import FleetNotFound, InvalidTarget, OperationConflict
 from fleets.models import Domain, Fleet, Operation
-from fleets.reconciler import metrics
+from fleets.reconciler import kick, metrics
 from fleets.reconciler.advance import operation_advance
 from fleets.reconciler.client import SupervisorClient, client_for
 from fleets.reconciler.heartbeat import heartbeat_apply, heartbeats_collect
 from fleets.reconciler.locks import fleet_tick_lock
-from fleets.selectors import fleet_view
-from fleets.services.errors import InvalidTarget, OperationConflict
+from fleets.selectors import fleet_get, fleet_view
 from fleets.services.escalation import domain_escalate
 from fleets.services.events import event_record
 from fleets.services.operations import operation_request
@@ -205,8 +205,6 @@ def tick_run(
 
 def fleets_to_reconcile(selection: list[str] | None = None) -> list[str]:
     """Return the ids of the fleets to tick: all of them, or those named (slug or UUID)."""
-    from fleets.selectors import fleet_get
-    from fleets.services.errors import FleetNotFound
 
     if not selection:
         return [str(pk) for pk in Fleet.objects.values_list("id", flat=True)]
@@ -225,7 +223,6 @@ def fleet_reconcile(*, fleet_id, actor: str = "api", wait_s: float = 10.0) -> Ti
     If a step still waits on the outside world afterwards, the process's tick driver (loop or
     Celery) is asked to look again soon.
     """
-    from fleets.reconciler import kick
 
     result = tick_run(fleet_id=fleet_id, wait_s=wait_s, actor=actor)
     if result.nudge_ms is not None:

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.db import transaction
 
-from fleets import clock
+from fleets import broadcast, clock
 from fleets.models import Event
 
 
@@ -37,7 +37,6 @@ def event_record(
     # The hook only queues the message (the publisher thread reads state and sends), so a
     # commit inside a reconcile tick pays microseconds, not a channel-layer round trip; robust:
     # a failure to queue never stops the other commit hooks.
-    from fleets import broadcast
 
     transaction.on_commit(lambda: broadcast.publish_event(event), robust=True)
     return event

@@ -21,9 +21,9 @@ from fleets.core.states import (
     SlotKind,
     TrainingState,
 )
+from fleets.errors import LayoutError
 from fleets.layouts.loader import Layout
 from fleets.models import Domain, Fleet, ModelBinding, Operation, Slot
-from fleets.services.errors import LayoutError
 from fleets.services.events import event_record
 
 

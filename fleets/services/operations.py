@@ -24,9 +24,11 @@ from fleets.core.states import (
     check_transition,
     steps_for,
 )
+from fleets.errors import InvalidTarget, OperationConflict
 from fleets.models import Fleet, Operation, Slot
-from fleets.services.errors import InvalidTarget, OperationConflict
+from fleets.selectors import fleet_view
 from fleets.services.events import event_record
+from fleets.services.transitions import slot_transition
 
 # Called (after commit) with the operation id whenever an operation is created, so the
 # reconciler can start it at once instead of at the next beat. The reconciler registers here.
@@ -55,7 +57,6 @@ def operation_request(
     Raises InvalidTarget when the core refuses the target and OperationConflict when another
     operation is in flight.
     """
-    from fleets.selectors import fleet_view
 
     view = fleet_view(fleet)
     decide = decide_promotion if kind == OperationKind.PROMOTE else decide_demotion
@@ -248,7 +249,6 @@ def operation_fail(
 
 
 def _undo_promotion_half_moves(op: dict, operation_id, actor: str) -> None:
-    from fleets.services.transitions import slot_transition
 
     target_slots = Slot.objects.filter(domain_id=op["target_domain_id"])
     for slot in target_slots:

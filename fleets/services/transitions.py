@@ -98,27 +98,3 @@ def slot_transition(
                 },
             )
     return bool(moved)
-
-
-def slots_transition(
-    *,
-    slot_ids: Iterable,
-    to_state: str,
-    from_states: Iterable[str] | None = None,
-    actor: str = "system",
-    reason: str = "",
-    operation_id=None,
-) -> int:
-    """Move each slot with its own CAS; return how many moved."""
-    from_set = frozenset(from_states) if from_states is not None else None
-    return sum(
-        slot_transition(
-            slot_id=sid,
-            to_state=to_state,
-            from_states=from_set,
-            actor=actor,
-            reason=reason,
-            operation_id=operation_id,
-        )
-        for sid in slot_ids
-    )

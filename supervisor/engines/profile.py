@@ -108,29 +108,6 @@ class EngineProfile:
         }
 
 
-PROFILE_FIELDS = (
-    "engine",
-    "name",
-    "modelPath",
-    "servedModelName",
-    "tensorParallel",
-    "pipelineParallel",
-    "nodes",
-    "gpusPerNode",
-    "nodeRank",
-    "leaderAddr",
-    "leaderPort",
-    "gpus",
-    "fabric",
-    "managementInterface",
-    "quantization",
-    "gpuMemoryUtilization",
-    "extraArgs",
-    "env",
-    "executable",
-)
-
-
 def parse_profile(
     data: Any,
     path: str,

@@ -7,6 +7,8 @@ import logging
 import os
 import sys
 
+import uvicorn
+
 from supervisor.gpu.sim_state import ENV_VAR, SimGpuState
 from supervisor.sim.engine import SimEngine, SimOptions, build_app
 
@@ -58,7 +60,6 @@ def parse_args(argv: list[str] | None = None) -> tuple[SimOptions, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import uvicorn
 
     options, log_level = parse_args(argv)
     logging.basicConfig(

@@ -23,6 +23,8 @@ import threading
 import time
 from pathlib import Path
 
+from supervisor.gpu.sim_state import SimGpuState
+
 _CHECKPOINT = re.compile(r"^step-(\d+)\.json$")
 KEEP_CHECKPOINTS = 3
 
@@ -102,8 +104,6 @@ def main(argv: list[str] | None = None) -> int:
 
     state = None
     if args.sim_state and args.memory_mib > 0:
-        from supervisor.gpu.sim_state import SimGpuState
-
         state = SimGpuState(args.sim_state)
         state.hold(gpu_index, args.memory_mib, "trainer")
 

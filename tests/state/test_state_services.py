@@ -6,9 +6,9 @@ import pytest
 
 from fleets import clock
 from fleets.core.states import InvalidTransition
+from fleets.errors import InvalidTarget, OperationConflict
 from fleets.models import Domain, Event, Fleet, Operation, Slot
 from fleets.services import operations
-from fleets.services.errors import InvalidTarget, OperationConflict
 from fleets.services.operations import (
     operation_cancel,
     operation_fail,
@@ -17,7 +17,7 @@ from fleets.services.operations import (
     operation_step_done,
 )
 from fleets.services.routing import route_switch
-from fleets.services.transitions import domain_transition, slot_transition, slots_transition
+from fleets.services.transitions import domain_transition, slot_transition
 
 pytestmark = pytest.mark.django_db
 
@@ -159,18 +159,6 @@ def test_slot_cas_lost_returns_false(seeded_fleet, racing_clock):
     inf.refresh_from_db()
     assert inf.state == "failed"
     assert not Event.objects.filter(kind="slot.inference.waking").exists()
-
-
-def test_slots_transition_counts_only_the_slots_that_moved(seeded_fleet):
-    east = slot_of(seeded_fleet, "east", "inference")
-    west = slot_of(seeded_fleet, "west", "inference")
-    moved = slots_transition(
-        slot_ids=[east.id, west.id], to_state="failed", from_states={"serving"}
-    )
-    assert moved == 1
-    east.refresh_from_db()
-    west.refresh_from_db()
-    assert (east.state, west.state) == ("failed", "sleeping")
 
 
 # --- operation requests --------------------------------------------------------------------

@@ -221,9 +221,9 @@ class ApiUnderTest:
     ) -> None:
         from supervisor.api import create_app
         from supervisor.config import parse_config
-        from supervisor.fakes import FakeModelServers, FakeNvml, FakeSpawner
         from supervisor.gpu.nvml import NvmlBackend
         from supervisor.host import Host, HostDeps
+        from tests.supervisor.fakes import FakeModelServers, FakeNvml, FakeSpawner
 
         self.servers = FakeModelServers(servers or {})
         self.spawner = spawner or FakeSpawner()

@@ -15,11 +15,11 @@ import httpx
 import pytest
 
 from supervisor.config import parse_config
-from supervisor.fakes import FakeModelServers, FakeNvml, FakeServerState, FakeSpawner
 from supervisor.gpu.nvml import NvmlBackend
 from supervisor.host import Host, HostDeps
 from supervisor.procfs import pid_alive
 from supervisor.records import ProcessStamp, ServerRecord, StateDir, TrainerRecord
+from tests.supervisor.fakes import FakeModelServers, FakeNvml, FakeServerState, FakeSpawner
 
 QWEN_PORT, LLAMA_PORT = 18001, 18002
 

@@ -7,9 +7,9 @@ import time
 import pytest
 from starlette.testclient import TestClient
 
-from supervisor.fakes import FakeGpu, FakeNvml, FakeProcess, FakeServerState, FakeSpawner
 from supervisor.gpu.facts import MIB
 from supervisor.gpu.nvml import NvmlBackend
+from tests.supervisor.fakes import FakeGpu, FakeNvml, FakeProcess, FakeServerState, FakeSpawner
 
 CONFIG = {
     "slots": [

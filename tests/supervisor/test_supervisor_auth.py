@@ -7,7 +7,7 @@ import logging
 import pytest
 from starlette.testclient import TestClient
 
-from supervisor.fakes import FakeServerState
+from tests.supervisor.fakes import FakeServerState
 
 TOKEN = "correct-horse-battery-staple"
 CONFIG = {

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from supervisor.engines.fingerprint import fingerprints_match, profile_fingerprint
+from fleets.dashboard.drift import DRIFT, MATCH, UNKNOWN, drift_status, expected_fingerprint
+from supervisor.engines.fingerprint import profile_fingerprint
 from supervisor.engines.profile import parse_profile
 from supervisor.engines.registry import default_registry
 
@@ -74,18 +75,16 @@ def test_the_label_and_descriptive_gpu_facts_do_not_change_it():
 
 
 def test_unknown_never_reads_as_matching():
-    assert fingerprints_match(None, "sha256:abc") is None
-    assert fingerprints_match("sha256:abc", None) is None
-    assert fingerprints_match(None, None) is None
-    assert fingerprints_match("sha256:abc", "sha256:abc") is True
-    assert fingerprints_match("sha256:abc", "sha256:def") is False
+    assert drift_status(None, "sha256:abc") == UNKNOWN
+    assert drift_status("sha256:abc", None) == UNKNOWN
+    assert drift_status(None, None) == UNKNOWN
+    assert drift_status("sha256:abc", "sha256:abc") == MATCH
+    assert drift_status("sha256:abc", "sha256:def") == DRIFT
 
 
 def test_the_control_plane_can_compute_the_reported_value_from_profile_json():
-    from supervisor.engines.fingerprint import fingerprint_profile_json
-
     raw = {"engine": "vllm", "modelPath": "m", "tensorParallel": 2, "gpus": [0, 1]}
-    assert fingerprint_profile_json(raw, model_name="qwen-small", gpu_index=0) == fp(
+    assert expected_fingerprint(raw, model_name="qwen-small", gpu_index=0) == fp(
         engine="vllm", modelPath="m", tensorParallel=2, gpus=[0, 1]
     )
-    assert fingerprint_profile_json({"engine": "nope"}, model_name="x", gpu_index=0) is None
+    assert expected_fingerprint({"engine": "nope"}, model_name="x", gpu_index=0) is None

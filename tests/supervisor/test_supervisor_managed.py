@@ -9,8 +9,8 @@ import time
 from starlette.testclient import TestClient
 
 from supervisor.engines.launch import LaunchCommand, redact_argv
-from supervisor.fakes import FakeServerState, FakeSpawner
 from supervisor.managed import BACKOFF, CONFLICT, RUNNING, STOPPED, ManagedProcess
+from tests.supervisor.fakes import FakeServerState, FakeSpawner
 
 LAUNCH = LaunchCommand(
     argv=("engine", "--port", "9000"),

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from supervisor.fakes import FakeGpu, FakeMig, FakeNvml, FakeProcess
 from supervisor.gpu.facts import MIB, GpuQueryFailed, GpuUnavailable
 from supervisor.gpu.nvml import NvmlBackend
+from tests.supervisor.fakes import LIBRARY_NOT_FOUND, FakeGpu, FakeMig, FakeNvml, FakeProcess
 
 
 def backend(nvml: FakeNvml) -> NvmlBackend:
@@ -100,7 +100,7 @@ def test_mixed_host_with_mig_and_normal_gpus():
 
 
 def test_missing_nvml_library_is_unavailable_not_a_crash():
-    nvml = FakeNvml([], init_error=12)  # NVML_ERROR_LIBRARY_NOT_FOUND
+    nvml = FakeNvml([], init_error=LIBRARY_NOT_FOUND)
     b = backend(nvml)
     with pytest.raises(GpuUnavailable, match="NVML is not available"):
         b.read_sync()

@@ -12,11 +12,11 @@ import pytest
 
 from supervisor.clock import SystemClock
 from supervisor.config import TrainingSlotConfig, parse_config, state_dir_for
-from supervisor.fakes import FakeSpawner
 from supervisor.procfs import boot_id
 from supervisor.records import ProcessStamp, ServerRecord, StateDir, StateDirBusy, TrainerRecord
 from supervisor.strict_json import ConfigError
 from supervisor.training import TrainingSlot, newest_checkpoint_mtime
+from tests.supervisor.fakes import FakeSpawner
 
 SLOTS = [{"kind": "inference", "gpuIndex": 0, "models": [{"name": "qwen", "port": 8001}]}]
 

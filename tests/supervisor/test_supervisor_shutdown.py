@@ -11,9 +11,9 @@ import pytest
 
 import supervisor.host as host_module
 from supervisor.config import parse_config
-from supervisor.fakes import FakeNvml, FakeSpawner
 from supervisor.gpu.nvml import NvmlBackend
 from supervisor.host import Host, HostDeps, ShuttingDown
+from tests.supervisor.fakes import FakeNvml, FakeSpawner
 
 CONFIG = {
     "slots": [

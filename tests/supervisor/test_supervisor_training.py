@@ -13,11 +13,11 @@ import pytest
 
 from supervisor.clock import SystemClock
 from supervisor.config import TrainingSlotConfig
-from supervisor.fakes import FakeSpawner
 from supervisor.gpu.sim_state import SimGpuState
 from supervisor.processes import AsyncioSpawner
 from supervisor.sim.trainer import newest_step, write_checkpoint
 from supervisor.training import IDLE, RUNNING, STOPPING, SpawnFailed, TrainingBusy, TrainingSlot
+from tests.supervisor.fakes import FakeSpawner
 
 PARENT_ENV = {
     "PATH": "/usr/bin:/bin",

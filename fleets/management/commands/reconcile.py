@@ -14,6 +14,8 @@ import threading
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from fleets.reconciler.loop import ReconcileLoop
+from fleets.reconciler.tick import fleets_to_reconcile, tick_run
 from fleets.selectors import operation_json
 
 
@@ -36,7 +38,6 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **opts):
-        from fleets.reconciler.tick import fleets_to_reconcile, tick_run
 
         selection = opts["fleet"] or settings.HARU["reconcile_fleets"]
         if opts["loop"]:
@@ -58,7 +59,6 @@ class Command(BaseCommand):
             )
 
     def _loop(self, selection, interval_ms):
-        from fleets.reconciler.loop import ReconcileLoop
 
         interval = interval_ms or settings.HARU["reconcile_interval_ms"] or 5000
         if interval < 100:

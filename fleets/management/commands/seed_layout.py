@@ -8,8 +8,8 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from fleets.errors import LayoutError
 from fleets.layouts.loader import load_layout
-from fleets.services.errors import LayoutError
 from fleets.services.layouts import layout_apply
 
 DEFAULT_LAYOUT = Path(settings.BASE_DIR) / "examples" / "fleet.two-domain.json"

@@ -10,8 +10,13 @@ import ipaddress
 import logging
 import os
 
+import uvicorn
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+
+from fleets.reconciler import kick
+from fleets.reconciler.loop import ReconcileLoop
+from fleets.tasks import celery_kicker
 
 log = logging.getLogger("haru.serve")
 
@@ -49,7 +54,6 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **opts):
-        import uvicorn
 
         token = settings.HARU["api_token"]
         host = opts["host"] or ("0.0.0.0" if token else "127.0.0.1")
@@ -92,11 +96,11 @@ def _start_tick_driver():
     them. Without one, HARU_RECONCILE_INTERVAL_MS starts the in-process loop here (with
     --workers > 1 it runs in this parent process, and new operations wait for its next round).
     """
-    from fleets.reconciler import kick
 
     if settings.HARU["redis_url"]:
-        import haru.celery  # noqa: F401 - binds the shared tasks to the configured broker
-        from fleets.tasks import celery_kicker
+        # Only with a broker: importing it creates this process's Celery app from the settings
+        # (broker, beat schedule); a server without a broker has no use for one.
+        import haru.celery  # noqa: F401, PLC0415
 
         kick.install(celery_kicker)
         log.info("reconcile ticks: Celery (run `celery -A haru worker` and `celery -A haru beat`)")
@@ -108,6 +112,5 @@ def _start_tick_driver():
             "reconcile ticks, so automatic failover is OFF (POST .../reconcile still works)"
         )
         return None
-    from fleets.reconciler.loop import ReconcileLoop
 
     return ReconcileLoop(interval_ms=interval, fleets=settings.HARU["reconcile_fleets"]).start()

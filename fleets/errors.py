@@ -1,4 +1,7 @@
-"""Errors the services raise; each carries the API error code and HTTP status it maps to."""
+"""Errors the services and selectors raise; each carries the API error code and HTTP status.
+
+At the bottom of the layers: anything may import it, and it imports nothing of Haru's.
+"""
 
 from __future__ import annotations
 

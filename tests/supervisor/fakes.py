@@ -1,7 +1,6 @@
 """Scriptable stand-ins for the supervisor's I/O: process spawner and NVML.
 
-They live in the package (not under tests/) so any test suite that drives a Host, including
-the control plane's, can script the same boundaries.
+Test code: the shipped package never imports it.
 """
 
 from __future__ import annotations
@@ -13,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from supervisor.gpu.facts import MIB
 
@@ -252,8 +253,6 @@ class FakeModelServers:
         self.servers = dict(servers)
 
     async def __call__(self, request: Any) -> Any:
-        import httpx
-
         server = self.servers.get(request.url.port)
         if server is None or not server.reachable or request.url.host != "127.0.0.1":
             raise httpx.ConnectError("connection refused", request=request)
