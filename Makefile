@@ -30,6 +30,7 @@ test-fast: install
 
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 format: install
 	$(VENV)/bin/ruff format .

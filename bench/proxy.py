@@ -108,7 +108,6 @@ async def upstream_app(scope, receive, send):
 
 
 def run_upstream(port: int) -> None:
-
     uvicorn.run(upstream_app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 

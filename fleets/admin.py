@@ -182,7 +182,6 @@ class FleetAdmin(admin.ModelAdmin):
 
     @admin.display(description="policy with defaults")
     def resolved_policy(self, obj):
-
         return _pretty_json(Policy.resolve(obj.policy).to_json())
 
     def save_model(self, request, obj, form, change):

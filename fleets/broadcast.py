@@ -42,6 +42,7 @@ from django.db import close_old_connections, connection, connections
 from django.utils.dateparse import parse_datetime
 from prometheus_client import Counter
 
+from fleets import clock
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES
 from fleets.models import Fleet, Operation
 
@@ -141,7 +142,6 @@ class Publisher:
             return self._queued - self._finished
 
     def _run(self) -> None:
-
         while True:
             with self._cond:
                 if not self._jobs and not self._cond.wait_for(
@@ -316,7 +316,7 @@ def fleet_state(fleet_id, operation_id=None) -> dict | None:
             "kind": kind,
             "state": state,
             "currentStep": step or None,
-            "stepStartedAt": _iso(_aware(started)),
+            "stepStartedAt": clock.iso(_aware(started)),
             "targetDomainId": _uuid(target),
             "error": json.loads(error) if isinstance(error, str | bytes) else error,
         },
@@ -334,10 +334,6 @@ def _aware(value) -> datetime | None:
     if value is not None and value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
     return value
-
-
-def _iso(value) -> str | None:
-    return value.isoformat().replace("+00:00", "Z") if value else None
 
 
 def _safe_state(fleet_id, operation_id=None) -> dict | None:
@@ -373,6 +369,6 @@ def _event_message(event, state: dict | None) -> dict:
             "operationId": str(event.operation_id) if event.operation_id else None,
             "durationMs": event.duration_ms,
             "data": event.data,
-            "createdAt": event.created_at.isoformat().replace("+00:00", "Z"),
+            "createdAt": clock.iso(event.created_at),
         },
     }

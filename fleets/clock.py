@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime, timedelta
+from typing import overload
 
 
 class Clock:
@@ -53,3 +54,14 @@ def set_clock(clock: Clock) -> Clock:
 
 def now() -> datetime:
     return _clock.now()
+
+
+@overload
+def iso(value: datetime) -> str: ...
+@overload
+def iso(value: None) -> None: ...
+@overload
+def iso(value: datetime | None) -> str | None: ...
+def iso(value: datetime | None) -> str | None:
+    """Render a datetime as ISO 8601 UTC with a Z, the timestamp format of every API and event."""
+    return value.isoformat().replace("+00:00", "Z") if value else None

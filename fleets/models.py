@@ -37,7 +37,7 @@ class Fleet(models.Model):
     # Operator-set policy keys only; defaults are resolved on read (fleets.core.policy).
     policy = models.JSONField(default=dict, blank=True)
     # The routing pointer: the single source of truth for who serves. Moved only by
-    # services.routing.route_switch, in one statement with route_revision.
+    # services.route_pointer.route_switch, in one statement with route_revision.
     active_domain = models.ForeignKey(
         "Domain",
         null=True,
@@ -68,7 +68,7 @@ class Domain(models.Model):
     fleet = models.ForeignKey(Fleet, on_delete=models.CASCADE, related_name="domains")
     slug = models.CharField(max_length=63)
     display_name = models.CharField(max_length=200, blank=True, default="")
-    provider = models.CharField(max_length=16, choices=_choices(Provider), default="static")
+    provider = models.CharField(max_length=16, choices=_choices(Provider), default=Provider.STATIC)
     # {cloud, region, accelerator, acceleratorCount, useSpot}
     placement = models.JSONField(default=dict, blank=True)
     supervisor_url = models.URLField(max_length=500, blank=True, default="")

@@ -5,9 +5,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from fleets.clock import iso
 from fleets.core.policy import Policy
+from fleets.core.read_model import DomainView, FleetView, ModelView, SlotView
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES, SlotKind
-from fleets.core.views import DomainView, FleetView, ModelView, SlotView
 from fleets.errors import FleetNotFound, OperationNotFound
 from fleets.models import Domain, Fleet, ModelBinding, Operation, Slot
 
@@ -30,17 +31,6 @@ def fleet_get(ref: str) -> Fleet:
     if fleet is None:
         raise FleetNotFound(f"fleet {ref!r} not found")
     return fleet
-
-
-def domain_in_fleet(fleet: Fleet, ref: str) -> Domain | None:
-    """Return the fleet's domain whose UUID, then slug, is `ref`."""
-    as_id = _as_uuid(ref)
-    domain = None
-    if as_id is not None:
-        domain = Domain.objects.filter(fleet=fleet, pk=as_id).first()
-    if domain is None and isinstance(ref, str):
-        domain = Domain.objects.filter(fleet=fleet, slug=ref.strip().lower()).first()
-    return domain
 
 
 def fleet_view(fleet: Fleet | str) -> FleetView:
@@ -116,11 +106,6 @@ def operation_get(ref: str) -> Operation:
     if op is None:
         raise OperationNotFound(f"operation {ref!r} not found")
     return op
-
-
-def iso(value) -> str | None:
-    """Render a datetime as ISO 8601 UTC with a Z, the contract's timestamp format."""
-    return value.isoformat().replace("+00:00", "Z") if value else None
 
 
 def operation_json(op: Operation | None) -> dict[str, Any] | None:

@@ -13,16 +13,8 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from fleets.live.urls import websocket_urlpatterns  # noqa: E402
 from fleets.proxy.asgi import with_proxy  # noqa: E402
-
-
-def _websocket_routes():
-    try:
-        from fleets.live.routing import websocket_urlpatterns
-    except ImportError:  # the live layer is optional until the dashboard is installed
-        return []
-    return websocket_urlpatterns
-
 
 application = ProtocolTypeRouter(
     {
@@ -30,7 +22,7 @@ application = ProtocolTypeRouter(
         # more than the proxy's whole latency budget (bench/proxy.py --compare-django).
         "http": with_proxy(django_asgi),
         "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(URLRouter(_websocket_routes()))
+            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),
     }
 )

@@ -125,7 +125,8 @@ else:
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Whatever way SQLite was chosen: WAL lets the proxy read while the reconciler writes, and
     # IMMEDIATE takes the write lock at BEGIN, so two writers queue instead of failing on lock
-    # upgrade. The SQLite pointer switch (services/routing.py) relies on IMMEDIATE for atomicity.
+    # upgrade. The SQLite pointer switch (services/route_pointer.py) relies on IMMEDIATE for
+    # atomicity.
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         {
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from rest_framework import serializers
+
+from fleets.core.states import DomainState, OperationKind, OperationState, Provider, SlotKind
+
+
+def _values(enum: type[StrEnum]) -> list[str]:
+    """The choices of a field, in the enum's order, from the one place that names them."""
+    return [member.value for member in enum]
 
 
 class StrictSerializer(serializers.Serializer):
@@ -48,8 +57,8 @@ class ErrorEnvelope(serializers.Serializer):
 class OperationOut(serializers.Serializer):
     id = serializers.UUIDField()
     fleetId = serializers.UUIDField()  # noqa: N815
-    kind = serializers.ChoiceField(["promote", "demote"])
-    state = serializers.ChoiceField(["pending", "running", "succeeded", "failed", "cancelled"])
+    kind = serializers.ChoiceField(_values(OperationKind))
+    state = serializers.ChoiceField(_values(OperationState))
     targetDomainId = serializers.UUIDField()  # noqa: N815
     sourceDomainId = serializers.UUIDField(allow_null=True)  # noqa: N815
     currentStep = serializers.CharField(allow_null=True)  # noqa: N815
@@ -83,7 +92,7 @@ class ModelOut(serializers.Serializer):
 class SlotOut(serializers.Serializer):
     id = serializers.UUIDField()
     gpuIndex = serializers.IntegerField()  # noqa: N815
-    kind = serializers.ChoiceField(["inference", "training"])
+    kind = serializers.ChoiceField(_values(SlotKind))
     state = serializers.CharField()
     stateUpdatedAt = serializers.DateTimeField()  # noqa: N815
     spec = serializers.DictField()
@@ -96,14 +105,12 @@ class DomainOut(serializers.Serializer):
     slug = serializers.CharField()
     displayName = serializers.CharField()  # noqa: N815
     role = serializers.ChoiceField(["active", "standby"])
-    provider = serializers.ChoiceField(["static", "skypilot", "skyserve"])
+    provider = serializers.ChoiceField(_values(Provider))
     placement = serializers.DictField()
     priority = serializers.IntegerField()
     supervisorUrl = serializers.URLField(allow_null=True)  # noqa: N815
     servingBaseUrl = serializers.URLField(allow_null=True)  # noqa: N815
-    state = serializers.ChoiceField(
-        ["provisioning", "ready", "degraded", "failed", "stopping", "stopped"]
-    )
+    state = serializers.ChoiceField(_values(DomainState))
     lastSeenAt = serializers.DateTimeField(allow_null=True)  # noqa: N815
     stateUpdatedAt = serializers.DateTimeField()  # noqa: N815
     slots = SlotOut(many=True)

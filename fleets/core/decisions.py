@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, replace
 from typing import Literal
 
+from fleets.core.read_model import DomainView, FleetView
 from fleets.core.states import PROMOTABLE_DOMAIN_STATES
-from fleets.core.views import DomainView, FleetView
 
 INVALID_TARGET = "invalid_target"
 ALREADY_ACTIVE = "already_active"
@@ -14,11 +15,24 @@ ALREADY_ACTIVE = "already_active"
 
 @dataclass(frozen=True)
 class Decision:
-    """What to do with a request: `proceed` creates (or joins) an operation."""
+    """What to do with a request: `proceed` creates (or joins) an operation on `target`.
+
+    `target` is the domain the reference resolved to (None when it names no domain of the
+    fleet): the one place a request's domain id or slug is resolved.
+    """
 
     outcome: Literal["proceed", "noop", "reject"]
     code: str | None = None
     message: str = ""
+    target: DomainView | None = None
+
+
+def _canonical_id(key: str) -> str:
+    """Spell a UUID the way ids are stored (any accepted UUID spelling); else return it as is."""
+    try:
+        return str(uuid.UUID(key))
+    except ValueError:
+        return key
 
 
 def find_domain(fleet: FleetView, ref: str) -> DomainView | None:
@@ -26,7 +40,8 @@ def find_domain(fleet: FleetView, ref: str) -> DomainView | None:
     # Ids are tried first so a slug that happens to look like another domain's UUID can never
     # shadow it; both are stored lowercase.
     key = ref.strip().lower()
-    return next((d for d in fleet.domains if d.id.lower() == key), None) or next(
+    as_id = _canonical_id(key)
+    return next((d for d in fleet.domains if d.id.lower() == as_id), None) or next(
         (d for d in fleet.domains if d.slug == key), None
     )
 
@@ -40,6 +55,10 @@ def decide_promotion(fleet: FleetView, target_id: str) -> Decision:
     target = find_domain(fleet, target_id)
     if target is None:
         return _not_in_fleet(fleet, target_id)
+    return replace(_promotion(fleet, target), target=target)
+
+
+def _promotion(fleet: FleetView, target: DomainView) -> Decision:
     if target.id == fleet.active_domain_id:
         # Idempotent: asking again for what already holds is success, not an error.
         return Decision(
@@ -70,6 +89,10 @@ def decide_demotion(fleet: FleetView, target_id: str) -> Decision:
     target = find_domain(fleet, target_id)
     if target is None:
         return _not_in_fleet(fleet, target_id)
+    return replace(_demotion(fleet, target), target=target)
+
+
+def _demotion(fleet: FleetView, target: DomainView) -> Decision:
     if target.id == fleet.active_domain_id:
         # Demoting the active would leave the fleet with nothing routable; promote a sibling.
         return Decision(

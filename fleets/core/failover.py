@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from fleets.core.policy import Policy
+from fleets.core.read_model import DomainView, FleetView
 from fleets.core.states import PROMOTABLE_DOMAIN_STATES, DomainState
-from fleets.core.views import DomainView, FleetView
 
 ACTIVE_FAILED = "active_failed"
 ACTIVE_STALE = "active_stale"

@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fleets.core.failover import rank_standbys
+from fleets.core.read_model import DomainView, FleetView, ModelView
 from fleets.core.states import PROMOTABLE_DOMAIN_STATES, InferenceState
-from fleets.core.views import DomainView, FleetView, ModelView
 
 
 def format_timestamp(moment: datetime) -> str:

@@ -9,9 +9,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from fleets import selectors
-from fleets.core.states import OperationKind
-from fleets.errors import InvalidTarget, ServiceError
+from fleets.core.states import IN_FLIGHT_OPERATION_STATES, OperationKind
+from fleets.errors import ServiceError
 from fleets.models import Fleet
 from fleets.reconciler.tick import fleet_reconcile
 from fleets.services.operations import operation_request
@@ -30,11 +29,8 @@ class ActionResult:
 
 def request_operation(*, fleet: Fleet, kind: str, target: str, actor: str) -> ActionResult:
     """Request a promote or demote of `target` (slug or id), exactly as the API does."""
-    domain = selectors.domain_in_fleet(fleet, target)
     try:
-        if domain is None:
-            raise InvalidTarget(f"domain {target!r} is not in fleet {fleet.slug}")
-        result = operation_request(fleet=fleet, kind=kind, target_domain_id=domain.id, actor=actor)
+        result = operation_request(fleet=fleet, kind=kind, target_domain_id=target, actor=actor)
     except ServiceError as exc:
         return ActionResult(False, exc.status, exc.code, exc.message)
     if result.status == "already_active":
@@ -42,7 +38,7 @@ def request_operation(*, fleet: Fleet, kind: str, target: str, actor: str) -> Ac
             True,
             200,
             "already_active",
-            f"{domain.slug} is already active (route revision {result.route_revision})",
+            f"{result.target_slug} is already active (route revision {result.route_revision})",
         )
     op = result.operation
     verb = "promotion" if kind == OperationKind.PROMOTE else "demotion"
@@ -51,7 +47,7 @@ def request_operation(*, fleet: Fleet, kind: str, target: str, actor: str) -> Ac
         True,
         202,
         "accepted",
-        f"{verb} of {domain.slug} {how} (operation {str(op.id)[:8]})",
+        f"{verb} of {result.target_slug} {how} (operation {str(op.id)[:8]})",
         str(op.id),
     )
 
@@ -70,7 +66,7 @@ def reconcile_now(*, fleet: Fleet, actor: str) -> ActionResult:
     op = result.operation()
     tail = ""
     if op is not None:
-        in_flight = op.state in ("pending", "running")
+        in_flight = op.state in IN_FLIGHT_OPERATION_STATES
         where = (op.current_step or "not started") if in_flight else op.state
         tail = f"; {op.kind} of {op.target_domain.slug}: {where}"
     how = "reconciled" if result.ran else "a tick was already running; it will pick this up"

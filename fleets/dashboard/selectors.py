@@ -12,8 +12,10 @@ from collections import defaultdict
 from datetime import datetime
 from typing import Any
 
+from fleets.clock import iso
 from fleets.core.decisions import decide_demotion, decide_promotion
 from fleets.core.failover import is_stale, is_viable_standby
+from fleets.core.read_model import FleetView
 from fleets.core.states import (
     IN_FLIGHT_OPERATION_STATES,
     DomainState,
@@ -23,7 +25,6 @@ from fleets.core.states import (
     TrainingState,
     steps_for,
 )
-from fleets.core.views import FleetView
 from fleets.dashboard import chart as chart_mod
 from fleets.dashboard.drift import drift_status, expected_fingerprint
 from fleets.dashboard.report import (
@@ -33,7 +34,7 @@ from fleets.dashboard.report import (
     reported_training,
 )
 from fleets.models import Domain, Event, Fleet, ModelBinding, Operation, Slot
-from fleets.selectors import fleet_view, iso
+from fleets.selectors import fleet_view
 
 EVENT_LIMIT = 60
 CHART_LIMIT = 24
@@ -254,7 +255,6 @@ def _event_summary(e: Event, slugs: dict) -> str:
 
 
 def _uuid_or_none(value):
-
     try:
         return uuid.UUID(str(value)) if value else None
     except ValueError:

@@ -17,6 +17,7 @@ import yaml
 from jsonschema import Draft202012Validator
 
 from fleets.core.policy import PolicyError, validate_policy
+from fleets.core.states import Provider, SlotKind
 from fleets.errors import LayoutError
 
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
@@ -170,10 +171,10 @@ def parse_layout(data: Any) -> Layout:
                     f"(also {dpath}.slots[{seen_slots[key]}])"
                 )
             seen_slots.setdefault(key, si)
-            if s["kind"] == "training":
+            if s["kind"] == SlotKind.TRAINING:
                 slots.append(
                     SlotSpec(
-                        "training",
+                        SlotKind.TRAINING,
                         s["gpuIndex"],
                         {"command": list(s["command"]), "checkpointDir": s["checkpointDir"]},
                     )
@@ -195,13 +196,18 @@ def parse_layout(data: Any) -> Layout:
                     )
                 models.append(ModelSpec(m["name"], serving_url, dict(m.get("profile", {}))))
             slots.append(
-                SlotSpec("inference", s["gpuIndex"], {"sleepLevel": s.get("sleepLevel", 1)}, models)
+                SlotSpec(
+                    SlotKind.INFERENCE,
+                    s["gpuIndex"],
+                    {"sleepLevel": s.get("sleepLevel", 1)},
+                    models,
+                )
             )
         domains.append(
             DomainSpec(
                 slug=d["slug"],
                 display_name=d.get("displayName", ""),
-                provider=d.get("provider", "static"),
+                provider=d.get("provider", Provider.STATIC),
                 priority=d.get("priority", 100),
                 placement=dict(d.get("placement", {})),
                 supervisor_url=d.get("supervisorUrl", ""),

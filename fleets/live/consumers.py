@@ -28,14 +28,12 @@ def _is_staff(user) -> bool:
 
 @database_sync_to_async
 def _fleet_id(slug: str) -> str | None:
-
     pk = Fleet.objects.filter(slug=slug).values_list("id", flat=True).first()
     return str(pk) if pk else None
 
 
 @database_sync_to_async
 def _all_fleet_ids() -> list[str]:
-
     return [str(pk) for pk in Fleet.objects.values_list("id", flat=True)]
 
 

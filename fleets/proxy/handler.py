@@ -14,7 +14,7 @@ from django.conf import settings
 
 from fleets.api.auth import token_matches
 from fleets.proxy import errors, metrics, upstream
-from fleets.proxy.routing import ROUTES, Route, Snapshot, clip
+from fleets.proxy.snapshots import ROUTES, Route, Snapshot, clip
 
 ENDPOINTS = {
     "/v1/chat/completions": "chat",

@@ -340,7 +340,6 @@ def gpu_facts_unavailable(error: CallError | None) -> bool:
 
 
 def _count_error(call: str, error: CallError) -> None:
-
     if call == "gpu_memory" and gpu_facts_unavailable(error):
         return  # a host without NVML says so on every heartbeat, by design
 

@@ -170,7 +170,7 @@ def _gpu_fields(beat: Beat, previous: Any) -> dict[str, Any] | None:
         if _gpu_reads.get(beat.domain.id) is read:
             del _gpu_reads[beat.domain.id]
     call: Call[GpuMemory] = read.future.result()
-    asked_at = _iso(read.asked_at)
+    asked_at = clock.iso(read.asked_at)
     if call.ok:
         return {"gpus": list(call.value.raw.get("gpus") or []), "gpusAt": asked_at}
     err = call.error
@@ -191,10 +191,6 @@ def _with_gpus(report: dict[str, Any], fields: dict[str, Any] | None, previous: 
     if not fields:
         return report
     return {**{k: v for k, v in report.items() if k not in GPU_KEYS}, **fields}
-
-
-def _iso(value: datetime) -> str:
-    return value.isoformat().replace("+00:00", "Z")
 
 
 def _models_by_slot(domain: Domain) -> dict:

@@ -28,7 +28,6 @@ def _on_operation_created(fleet_id: str, operation_id: str) -> None:
 def install(kicker: Kicker | None) -> Kicker | None:
     """Make `kicker(fleet_id, delay_ms)` the driver of this process; return the previous one."""
     global _kicker
-
     previous, _kicker = _kicker, kicker
     if kicker is not None and _on_operation_created not in operations.on_operation_created:
         operations.on_operation_created.append(_on_operation_created)

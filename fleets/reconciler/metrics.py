@@ -103,7 +103,6 @@ class StateCollector:
         yield up
 
     def _collect_state(self):
-
         now = clock.now()
         state = GaugeMetricFamily(
             "haru_domain_state",

@@ -39,7 +39,7 @@ class Posture:
     data: dict[str, Any] = field(default_factory=dict)
 
 
-def _asleep(report: StatusReport, models: list[str]) -> list[str]:
+def _not_proven_asleep(report: StatusReport, models: list[str]) -> list[str]:
     """Return the bound models that are not proven asleep (unknown and missing count as awake)."""
     out = []
     for name in models:
@@ -53,7 +53,7 @@ def _settle_sleeping(domain: Domain, report: StatusReport, operation_id, actor: 
     slots, _ = bound_inference(domain)
     for slot in slots:
         names = list(slot.bindings.values_list("name", flat=True))
-        if slot.state == InferenceState.SLEEPING or _asleep(report, names):
+        if slot.state == InferenceState.SLEEPING or _not_proven_asleep(report, names):
             continue
         if slot.state in _TO_SLEEPING_FROM:
             slot_transition(
@@ -82,7 +82,7 @@ def ensure_asleep(
         status = client.status(timeout=timeout())
         if not status.ok:
             return Posture(False, f"status: {status.error.message}", call=status)
-        awake = _asleep(status.value, models)
+        awake = _not_proven_asleep(status.value, models)
         if not awake:
             _settle_sleeping(domain, status.value, operation_id, actor)
             return Posture(True, "every bound model is asleep", data={"models": models})

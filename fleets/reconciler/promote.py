@@ -26,7 +26,7 @@ from fleets.reconciler.steps import (
     supervisor_trouble,
     training_slots,
 )
-from fleets.services.routing import route_switch
+from fleets.services.route_pointer import route_switch
 from fleets.services.transitions import slot_transition
 
 
@@ -131,7 +131,7 @@ def verify_gpu(ctx: StepContext) -> StepResult:
     return done(gpus=seen)
 
 
-def _awake(report, models: list[str]) -> list[str]:
+def _not_proven_awake(report, models: list[str]) -> list[str]:
     """Return the bound models not proven awake (unknown and missing count as asleep)."""
     return [n for n in models if (m := report.model(n)) is None or m.sleeping is not False]
 
@@ -140,7 +140,7 @@ def _settle_probing(ctx: StepContext, report) -> None:
     slots, _ = bound_inference(ctx.target)  # fresh: this step just moved them to waking
     for slot in slots:
         names = list(slot.bindings.values_list("name", flat=True))
-        if slot.state == InferenceState.WAKING and not _awake(report, names):
+        if slot.state == InferenceState.WAKING and not _not_proven_awake(report, names):
             slot_transition(
                 slot_id=slot.id,
                 to_state=InferenceState.PROBING,
@@ -177,7 +177,7 @@ def wake(ctx: StepContext) -> StepResult:
     status = client.status(timeout=ctx.call_timeout())
     if not status.ok:
         return supervisor_trouble(status, on_target=True, what="status")
-    asleep = _awake(status.value, models)
+    asleep = _not_proven_awake(status.value, models)
     if not asleep:
         _settle_probing(ctx, status.value)
         return done(models=models)

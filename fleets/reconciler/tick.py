@@ -152,7 +152,7 @@ def _maybe_fail_over(fleet: Fleet, view, now, actor: str) -> None:
                 "reason": decision.reason,
                 "activeDomainId": view.active_domain_id,
                 "targetDomainId": decision.target_id,
-                "detectedAt": now.isoformat().replace("+00:00", "Z"),
+                "detectedAt": clock.iso(now),
             },
         )
 

@@ -37,6 +37,5 @@ def event_record(
     # The hook only queues the message (the publisher thread reads state and sends), so a
     # commit inside a reconcile tick pays microseconds, not a channel-layer round trip; robust:
     # a failure to queue never stops the other commit hooks.
-
     transaction.on_commit(lambda: broadcast.publish_event(event), robust=True)
     return event

@@ -14,6 +14,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Q
 
+from fleets import clock
 from fleets.core.states import check_transition
 from fleets.models import Domain, Slot
 from fleets.services.events import event_record
@@ -106,7 +107,7 @@ def domain_seen(
     was_failing = isinstance(previous, dict) and previous.get("ok") is False
     stamped = {
         **report,
-        "heartbeat": {"ok": True, "checkedAt": seen_at.isoformat().replace("+00:00", "Z")},
+        "heartbeat": {"ok": True, "checkedAt": clock.iso(seen_at)},
     }
     with transaction.atomic():
         # A slow tick finishing after a faster one must not make a live domain look staler.
@@ -145,7 +146,7 @@ def domain_heartbeat_failed(
         **(previous_report if isinstance(previous_report, dict) else {}),
         "heartbeat": {
             "ok": False,
-            "checkedAt": checked_at.isoformat().replace("+00:00", "Z"),
+            "checkedAt": clock.iso(checked_at),
             "error": error,
             "failingSince": (previous or {}).get("failingSince") if was_failing else None,
         },

@@ -260,7 +260,9 @@ def layout_export(fleet: Fleet) -> dict:
         for s in Slot.objects.filter(domain=d).order_by("gpu_index", "kind"):
             if s.kind == SlotKind.TRAINING:
                 spec = _ordered(s.spec, _TRAINING_ORDER)
-                dd["slots"].append({"kind": "training", "gpuIndex": s.gpu_index, **spec})
+                dd["slots"].append(
+                    {"kind": SlotKind.TRAINING.value, "gpuIndex": s.gpu_index, **spec}
+                )
                 continue
             models = []
             for b in ModelBinding.objects.filter(slot=s).order_by("name"):
@@ -270,7 +272,7 @@ def layout_export(fleet: Fleet) -> dict:
                 models.append(m)
             dd["slots"].append(
                 {
-                    "kind": "inference",
+                    "kind": SlotKind.INFERENCE.value,
                     "gpuIndex": s.gpu_index,
                     "sleepLevel": s.spec.get("sleepLevel", 1),
                     "models": models,

@@ -20,6 +20,7 @@ from fleets.core.states import (
     InferenceState,
     OperationKind,
     OperationState,
+    SlotKind,
     TrainingState,
     check_transition,
     steps_for,
@@ -41,6 +42,7 @@ class RequestResult:
     operation: Operation | None
     created: bool
     route_revision: int
+    target_slug: str  # the slug of the domain the request's reference resolved to
 
 
 def operation_request(
@@ -54,17 +56,18 @@ def operation_request(
 ) -> RequestResult:
     """Create a promote/demote operation, or join the in-flight one with the same kind/target.
 
-    Raises InvalidTarget when the core refuses the target and OperationConflict when another
-    operation is in flight.
+    `target_domain_id` is a domain id or slug; the core's decision resolves it, once. Raises
+    InvalidTarget when the core refuses the target and OperationConflict when another operation
+    is in flight.
     """
-
     view = fleet_view(fleet)
     decide = decide_promotion if kind == OperationKind.PROMOTE else decide_demotion
     decision = decide(view, str(target_domain_id))
-    if decision.outcome == "noop":
-        return RequestResult("already_active", None, False, view.route_revision)
-    if decision.outcome == "reject":
+    if decision.outcome == "reject" or decision.target is None:
         raise InvalidTarget(decision.message)
+    target = decision.target
+    if decision.outcome == "noop":
+        return RequestResult("already_active", None, False, view.route_revision, target.slug)
 
     for _attempt in range(3):
         try:
@@ -72,7 +75,7 @@ def operation_request(
                 op = Operation.objects.create(
                     fleet_id=fleet.id,
                     kind=kind,
-                    target_domain_id=target_domain_id,
+                    target_domain_id=target.id,
                     state=OperationState.PENDING,
                     current_step="",
                     reason=reason,
@@ -96,21 +99,21 @@ def operation_request(
                     actor=actor,
                     data={
                         "reason": reason,
-                        "targetDomainId": str(target_domain_id),
+                        "targetDomainId": target.id,
                         "sourceDomainId": str(op.source_domain_id or "") or None,
                     },
                 )
                 for hook in on_operation_created:
                     transaction.on_commit(lambda h=hook, o=op: h(str(o.fleet_id), str(o.id)))
-            return RequestResult("accepted", op, True, view.route_revision)
+            return RequestResult("accepted", op, True, view.route_revision, target.slug)
         except IntegrityError:
             existing = Operation.objects.filter(
                 fleet_id=fleet.id, state__in=IN_FLIGHT_OPERATION_STATES
             ).first()
             if existing is None:
                 continue  # the in-flight one finished between our INSERT and this read
-            if existing.kind == kind and str(existing.target_domain_id) == str(target_domain_id):
-                return RequestResult("accepted", existing, False, view.route_revision)
+            if existing.kind == kind and str(existing.target_domain_id) == target.id:
+                return RequestResult("accepted", existing, False, view.route_revision, target.slug)
             raise OperationConflict(
                 f"{existing.kind} of domain {existing.target_domain.slug} is already in flight "
                 f"(operation {existing.id}, state {existing.state})",
@@ -249,10 +252,9 @@ def operation_fail(
 
 
 def _undo_promotion_half_moves(op: dict, operation_id, actor: str) -> None:
-
     target_slots = Slot.objects.filter(domain_id=op["target_domain_id"])
     for slot in target_slots:
-        if slot.kind == "inference" and slot.state in (
+        if slot.kind == SlotKind.INFERENCE and slot.state in (
             InferenceState.WAKING,
             InferenceState.PROBING,
         ):
@@ -264,7 +266,7 @@ def _undo_promotion_half_moves(op: dict, operation_id, actor: str) -> None:
                 reason="promotion failed",
                 operation_id=operation_id,
             )
-        elif slot.kind == "training" and slot.state == TrainingState.STOPPING:
+        elif slot.kind == SlotKind.TRAINING and slot.state == TrainingState.STOPPING:
             slot_transition(
                 slot_id=slot.id,
                 to_state=TrainingState.TRAINING,

@@ -60,7 +60,6 @@ def parse_args(argv: list[str] | None = None) -> tuple[SimOptions, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-
     options, log_level = parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, log_level.upper(), logging.WARNING),

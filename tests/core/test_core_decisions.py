@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fleets.core.decisions import Decision, decide_demotion, decide_promotion, find_domain
 from fleets.core.policy import Policy
-from fleets.core.views import DomainView, FleetView, ModelView
+from fleets.core.read_model import DomainView, FleetView, ModelView
 
 A_ID = "00000000-0000-4000-8000-00000000000a"
 B_ID = "00000000-0000-4000-8000-00000000000b"
@@ -38,7 +38,8 @@ def test_promoting_the_active_is_a_noop_even_when_it_is_failed():
 
 
 def test_promoting_a_ready_standby_with_bindings_proceeds():
-    assert decide_promotion(fleet(), B_ID) == Decision("proceed")
+    f = fleet()
+    assert decide_promotion(f, B_ID) == Decision("proceed", target=f.domain(B_ID))
 
 
 def test_promoting_a_degraded_standby_proceeds():
@@ -95,7 +96,8 @@ def test_the_active_domain_is_never_demoted():
 
 
 def test_demoting_a_ready_or_degraded_standby_proceeds():
-    assert decide_demotion(fleet(), B_ID) == Decision("proceed")
+    f = fleet()
+    assert decide_demotion(f, B_ID) == Decision("proceed", target=f.domain(B_ID))
     f = fleet(domain(A_ID, "alpha"), domain(B_ID, "beta", "degraded"))
     assert decide_demotion(f, "beta").outcome == "proceed"
 
@@ -116,3 +118,12 @@ def test_demoting_a_domain_outside_the_fleet_is_refused():
 def test_demoting_needs_no_bindings():
     f = fleet(domain(A_ID, "alpha"), domain(B_ID, "beta", bound=False))
     assert decide_demotion(f, B_ID).outcome == "proceed"
+
+
+def test_the_decision_names_the_domain_a_slug_or_any_uuid_spelling_resolved_to():
+    f = fleet()
+    for ref in ("beta", " BETA ", B_ID.upper(), B_ID.replace("-", ""), "{" + B_ID + "}"):
+        assert decide_promotion(f, ref).target == f.domain(B_ID), ref
+        assert decide_demotion(f, ref).target == f.domain(B_ID), ref
+    assert decide_promotion(f, A_ID).target == f.domain(A_ID)  # the no-op names it too
+    assert decide_promotion(f, "gamma").target is None

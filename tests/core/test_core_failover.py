@@ -13,7 +13,7 @@ from fleets.core.failover import (
     should_escalate,
 )
 from fleets.core.policy import Policy
-from fleets.core.views import DomainView, FleetView, ModelView, SlotView
+from fleets.core.read_model import DomainView, FleetView, ModelView, SlotView
 
 NOW = datetime(2026, 1, 1, 0, 10, tzinfo=UTC)
 FRESH = NOW - timedelta(seconds=1)

@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from fleets.core.policy import Policy
+from fleets.core.read_model import DomainView, FleetView, ModelView
 from fleets.core.route_intent import build_route_intent, format_timestamp
-from fleets.core.views import DomainView, FleetView, ModelView
 
 NOW = datetime(2026, 1, 1, 0, 10, 0, 123456, tzinfo=UTC)
 

@@ -13,7 +13,7 @@ from django.test import Client
 from fleets import broadcast
 from fleets.models import Domain, Fleet
 from fleets.services.operations import operation_request, operation_start
-from fleets.services.routing import route_switch
+from fleets.services.route_pointer import route_switch
 from fleets.services.transitions import domain_transition
 
 pytestmark = pytest.mark.django_db(transaction=True)

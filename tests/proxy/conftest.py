@@ -20,7 +20,7 @@ from asgiref.sync import sync_to_async
 from django.db import connections
 
 from fleets.proxy import store, upstream
-from fleets.proxy.routing import ROUTES
+from fleets.proxy.snapshots import ROUTES
 
 CHAT = "/v1/chat/completions"
 

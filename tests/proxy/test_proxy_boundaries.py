@@ -8,7 +8,7 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from fleets.models import ModelBinding
-from fleets.proxy.routing import Malformed, upstream_targets
+from fleets.proxy.snapshots import Malformed, upstream_targets
 from tests.proxy.conftest import CHAT, chat_body, error_of
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -26,7 +26,7 @@ def long_ttl(settings):
 def promote(fleet: Fleet, slug: str) -> int:
     """Promote `slug` with the real services: request, start, wake its slots, switch."""
     from fleets.services.operations import operation_request, operation_start
-    from fleets.services.routing import route_switch
+    from fleets.services.route_pointer import route_switch
     from fleets.services.transitions import slot_transition
 
     target = Domain.objects.get(fleet=fleet, slug=slug)
@@ -215,7 +215,7 @@ async def test_metrics_count_requests_by_fleet_model_and_outcome(haru, engines, 
 
 
 async def test_concurrent_pointer_reads_share_one_query_per_round(proxy_fleet, monkeypatch):
-    from fleets.proxy.routing import RoutingCache
+    from fleets.proxy.snapshots import RoutingCache
 
     reads = []
     real = store.pointer_read
@@ -236,9 +236,9 @@ async def test_concurrent_pointer_reads_share_one_query_per_round(proxy_fleet, m
 
 @pytest.mark.postgres
 async def test_a_hung_store_costs_at_most_the_read_budget(haru, engines, proxy_fleet, monkeypatch):
-    from fleets.proxy import routing
+    from fleets.proxy import snapshots
 
-    monkeypatch.setattr(routing, "POINTER_READ_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(snapshots, "POINTER_READ_TIMEOUT_S", 0.2)
     assert (await haru.post(CHAT, content=chat_body())).status_code == 200
     accepted = []
 

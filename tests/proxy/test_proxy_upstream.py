@@ -19,7 +19,7 @@ import pytest
 
 from fleets.proxy import upstream
 from fleets.proxy.errors import ProxyError
-from fleets.proxy.routing import upstream_targets
+from fleets.proxy.snapshots import upstream_targets
 
 BODY = b'{"model":"m"}'
 
@@ -500,8 +500,7 @@ def server_tls(tls_files) -> ssl.SSLContext:
 
 async def test_https_model_servers_are_reached_and_reused(tls_files, monkeypatch):
     def trusting():
-        context = ssl.create_default_context(cafile=str(tls_files / "ca.pem"))
-        return context
+        return ssl.create_default_context(cafile=str(tls_files / "ca.pem"))
 
     monkeypatch.setattr(upstream, "tls_context", trusting)
     chunked = (

@@ -16,7 +16,7 @@ from rest_framework.test import APIClient
 
 from fleets.models import Domain, Event, Fleet, Operation
 from fleets.services.operations import operation_fail, operation_request, operation_start
-from fleets.services.routing import route_switch
+from fleets.services.route_pointer import route_switch
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

@@ -16,7 +16,7 @@ from fleets.services.operations import (
     operation_start,
     operation_step_done,
 )
-from fleets.services.routing import route_switch
+from fleets.services.route_pointer import route_switch
 from fleets.services.transitions import domain_transition, slot_transition
 
 pytestmark = pytest.mark.django_db

@@ -38,10 +38,10 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **opts):
-
         selection = opts["fleet"] or settings.HARU["reconcile_fleets"]
         if opts["loop"]:
-            return self._loop(selection, opts["interval_ms"])
+            self._loop(selection, opts["interval_ms"])
+            return
         ids = fleets_to_reconcile(selection)
         if selection and not ids:
             raise CommandError(f"no such fleet: {', '.join(selection)}")
@@ -59,7 +59,6 @@ class Command(BaseCommand):
             )
 
     def _loop(self, selection, interval_ms):
-
         interval = interval_ms or settings.HARU["reconcile_interval_ms"] or 5000
         if interval < 100:
             raise CommandError("--interval-ms must be at least 100")

@@ -54,7 +54,6 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **opts):
-
         token = settings.HARU["api_token"]
         host = opts["host"] or ("0.0.0.0" if token else "127.0.0.1")
         port = opts["port"] or settings.HARU["port"]

@@ -27,8 +27,9 @@ from urllib.parse import urlsplit
 from django.conf import settings
 
 from fleets import clock
+from fleets.core.read_model import DomainView, ModelView
 from fleets.core.route_intent import is_model_routable
-from fleets.core.views import DomainView, ModelView
+from fleets.core.states import SlotKind
 from fleets.models import SLUG_REGEX
 from fleets.proxy import errors, store
 from fleets.proxy.upstream import Target
@@ -135,7 +136,7 @@ def snapshot_build(rows: store.SnapshotRows, loaded_at: float) -> Snapshot:
             id=pointer.active_domain_id, slug=rows.domain_slug, state=rows.domain_state
         )
         for b in rows.bindings:
-            if b.slot_kind != "inference" or b.slot_domain_id != pointer.active_domain_id:
+            if b.slot_kind != SlotKind.INFERENCE or b.slot_domain_id != pointer.active_domain_id:
                 raise Malformed(f"model {b.name!r} is bound to a slot that cannot serve it")
             targets = upstream_targets(b.serving_url)
             model = ModelView(

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from fleets.core.policy import Policy
+from fleets.core.states import InferenceState, Provider, SlotKind
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class DomainView:
     id: str
     slug: str
     state: str
-    provider: str = "static"
+    provider: str = Provider.STATIC
     priority: int = 0
     supervisor_url: str | None = None
     serving_base_url: str | None = None
@@ -47,7 +48,9 @@ class DomainView:
 
     @property
     def has_failed_inference_slot(self) -> bool:
-        return any(s.kind == "inference" and s.state == "failed" for s in self.slots)
+        return any(
+            s.kind == SlotKind.INFERENCE and s.state == InferenceState.FAILED for s in self.slots
+        )
 
 
 @dataclass(frozen=True)
