@@ -22,17 +22,13 @@ from fleets import admin_forms as af
 from fleets import clock
 from fleets.core.policy import Policy
 from fleets.core.states import (
-    DomainState,
-    InferenceState,
     OperationKind,
-    Provider,
-    SlotKind,
-    TrainingState,
 )
 from fleets.dashboard import actions as dashboard_actions
 from fleets.models import Domain, Event, Fleet, ModelBinding, Operation, Slot
 from fleets.selectors import operation_in_flight
 from fleets.services.events import event_record
+from fleets.services.inventory import domain_add, slot_add
 from fleets.services.layouts import layout_export
 
 
@@ -45,15 +41,6 @@ def _pretty_json(value) -> str:
 
 def _actor(request) -> str:
     return f"admin:{request.user.get_username()}"
-
-
-def _initial_slot_state(kind: str, domain: Domain) -> str:
-    """Seed a new slot the way the layout loader does: training idle; inference serving on the
-    active domain, else sleeping. The next heartbeat corrects it from what the host reports."""
-    if kind == SlotKind.TRAINING:
-        return TrainingState.IDLE
-    active = Fleet.objects.filter(pk=domain.fleet_id).values_list("active_domain_id", flat=True)
-    return InferenceState.SERVING if active.first() == domain.id else InferenceState.SLEEPING
 
 
 def _record_edit(request, fleet_id, what: str, changed: list[str]) -> None:
@@ -198,17 +185,11 @@ class FleetAdmin(admin.ModelAdmin):
             obj.delete()
         for obj in instances:
             if obj._state.adding:
-                # Static hosts exist already; driver-backed ones must be provisioned first.
-                obj.state = (
-                    DomainState.READY
-                    if obj.provider == Provider.STATIC
-                    else DomainState.PROVISIONING
-                )
-                obj.state_updated_at = now
+                domain_add(domain=obj, now=now)
                 changed.append(f"added domain {obj.slug}")
             else:
                 changed.append(f"domain {obj.slug}")
-            obj.save()
+                obj.save()
         formset.save_m2m()
         if change and changed:
             _record_edit(request, form.instance.id, f"fleet {form.instance.slug}", changed)
@@ -306,12 +287,10 @@ class DomainAdmin(admin.ModelAdmin):
         return _pretty_json(obj.last_report or {})
 
     def save_model(self, request, obj, form, change):
-        if not change:
-            obj.state = (
-                DomainState.READY if obj.provider == Provider.STATIC else DomainState.PROVISIONING
-            )
-            obj.state_updated_at = clock.now()
-        super().save_model(request, obj, form, change)
+        if change:
+            super().save_model(request, obj, form, change)
+        else:
+            domain_add(domain=obj)
         if form.changed_data:
             _record_edit(request, obj.fleet_id, f"domain {obj.slug}", form.changed_data)
 
@@ -323,13 +302,13 @@ class DomainAdmin(admin.ModelAdmin):
             changed.append(f"deleted {obj}")
             obj.delete()
         for obj in instances:
-            if isinstance(obj, Slot) and obj._state.adding:
-                obj.state = _initial_slot_state(obj.kind, domain)
-                obj.state_updated_at = clock.now()
             if isinstance(obj, ModelBinding):
                 obj.domain = domain
+            if isinstance(obj, Slot) and obj._state.adding:
+                slot_add(slot=obj)
+            else:
+                obj.save()
             changed.append(str(obj))
-            obj.save()
         formset.save_m2m()
         if changed:
             _record_edit(request, domain.fleet_id, f"domain {domain.slug}", changed)

@@ -137,6 +137,22 @@ def steps_for(kind: str) -> tuple[str, ...]:
     raise ValueError(f"unknown operation kind {kind!r}")
 
 
+def initial_domain_state(provider: str) -> DomainState:
+    """The state a new domain starts in: static hosts exist already and start ready;
+    driver-backed ones (SkyPilot, SkyServe) must be provisioned first."""
+    return DomainState.READY if provider == Provider.STATIC else DomainState.PROVISIONING
+
+
+def initial_slot_state(kind: str, *, on_active: bool) -> InferenceState | TrainingState:
+    """The state a new slot starts in: training idle; inference serving on the active domain,
+    else sleeping. The next heartbeat corrects it from what the host reports."""
+    if kind == SlotKind.TRAINING:
+        return TrainingState.IDLE
+    if kind == SlotKind.INFERENCE:
+        return InferenceState.SERVING if on_active else InferenceState.SLEEPING
+    raise ValueError(f"unknown slot kind {kind!r}")
+
+
 class InvalidTransition(Exception):
     """A (from, to) pair that the state table refuses."""
 

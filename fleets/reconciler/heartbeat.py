@@ -5,15 +5,9 @@ happens after, one conditional UPDATE per change (`fleets.services.heartbeats`).
 steady-state pairs are mirrored; the in-between states (waking, probing, stopping) belong to the
 operation step that set them.
 
-Rules (facts.md "Heartbeats"):
-- slots: the active's inference serving <-> failed (healthy = every bound model awake); a
-  standby's sleeping <-> failed (unreachable, missing or awake all count as failed); a standby's
-  serving slot settles to sleeping or failed once no operation is in flight; training
-  training <-> idle, where idle -> training needs a PID.
-- domains: provisioning -> ready (degraded for a not-ready active); failed -> degraded once
-  reachable (the active also needs every model awake); ready -> degraded for an active that is
-  not fully awake or any unreachable domain; degraded -> ready on recovery.
-- last_seen_at moves only after the slots were mirrored, and only on a good heartbeat.
+Which state each slot and domain moves to is decided by the pure rules in
+`fleets.core.mirror`; this module reduces a report to the postures those rules read, and writes
+the moves. last_seen_at moves only after the slots were mirrored, and only on a good heartbeat.
 
 GPU memory (`GET /v1/gpu/memory`) is asked for beside the status, on its own pool, and is
 display data only: nothing decides on it and nothing waits for it. A beat stores the answer if
@@ -34,8 +28,15 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from fleets import clock
+from fleets.core.mirror import (
+    ModelPosture,
+    TrainerPosture,
+    domain_move,
+    inference_move,
+    training_move,
+)
 from fleets.core.policy import Policy
-from fleets.core.states import DomainState, InferenceState, SlotKind, TrainingState
+from fleets.core.states import SlotKind, TrainingState
 from fleets.models import Domain, ModelBinding, Slot
 from fleets.reconciler.client import (
     CALL_CAP_S,
@@ -43,6 +44,7 @@ from fleets.reconciler.client import (
     GpuMemory,
     StatusReport,
     SupervisorClient,
+    TrainingReport,
     gpu_facts_unavailable,
 )
 from fleets.services.heartbeats import (
@@ -250,6 +252,15 @@ def heartbeat_apply(
         )
 
 
+def _model_posture(report: StatusReport | None, name: str) -> ModelPosture:
+    reading = report.model(name) if report is not None else None
+    if reading is None:
+        return ModelPosture.MISSING
+    if reading.sleeping is None:
+        return ModelPosture.UNKNOWN
+    return ModelPosture.ASLEEP if reading.sleeping else ModelPosture.AWAKE
+
+
 def _mirror_inference(
     slot: Slot,
     names: list[str],
@@ -262,28 +273,16 @@ def _mirror_inference(
     actor: str,
 ) -> bool:
     """Mirror one inference slot; return whether its models are in the role's posture."""
-    readings = [report.model(n) if report is not None else None for n in names]
-    if is_active:
-        healthy = all(r is not None and r.sleeping is False for r in readings)
-        moves = {
-            InferenceState.SERVING: None if healthy else InferenceState.FAILED,
-            InferenceState.FAILED: InferenceState.SERVING if healthy else None,
-        }
-    else:
-        healthy = all(r is not None and r.sleeping is True for r in readings)
-        moves = {
-            InferenceState.SLEEPING: None if healthy else InferenceState.FAILED,
-            InferenceState.FAILED: InferenceState.SLEEPING if healthy else None,
-        }
-        if settle_serving:
-            # A standby left serving (a promotion that failed after its probe, an old active
-            # whose sleep never landed) settles to what it really is once nothing is in flight.
-            moves[InferenceState.SERVING] = (
-                InferenceState.SLEEPING if healthy else InferenceState.FAILED
-            )
-    to_state = moves.get(slot.state)
-    if to_state is not None:
-        missing = [n for n, r in zip(names, readings, strict=True) if r is None]
+    postures = [_model_posture(report, n) for n in names]
+    result = inference_move(
+        slot.state,
+        postures,
+        reachable=report is not None,
+        is_active=is_active,
+        settle_serving=settle_serving,
+    )
+    if result.to_state is not None:
+        missing = [n for n, p in zip(names, postures, strict=True) if p == ModelPosture.MISSING]
         reason = (
             "supervisor unreachable"
             if report is None
@@ -292,47 +291,48 @@ def _mirror_inference(
         slot_mirror(
             slot_id=slot.id,
             from_state=slot.state,
-            to_state=to_state,
+            to_state=result.to_state,
             observed_at=observed_at,
             now=now,
             reason=reason,
             actor=actor,
         )
-    if report is None:
-        return False
-    # Domain health: the active needs its models awake; a standby only needs them known.
-    return healthy if is_active else all(r is not None and r.sleeping is not None for r in readings)
+    return result.in_posture
+
+
+def _trainer_posture(reading: TrainingReport | None) -> TrainerPosture:
+    if reading is None:
+        return TrainerPosture.ABSENT
+    if reading.running_with_pid:
+        return TrainerPosture.RUNNING
+    return TrainerPosture.IDLE if reading.state == "idle" else TrainerPosture.OTHER
 
 
 def _mirror_training(
     slot: Slot, report: StatusReport, *, observed_at: datetime, now: datetime, actor: str
 ) -> None:
     reading = report.training(slot.gpu_index)
-    running = reading is not None and reading.running_with_pid
+    posture = _trainer_posture(reading)
     pids = list(reading.pids) if reading is not None else []
-    if slot.state == TrainingState.IDLE and running:
+    to_state = training_move(slot.state, posture)
+    if to_state is not None:
         slot_mirror(
             slot_id=slot.id,
             from_state=slot.state,
-            to_state=TrainingState.TRAINING,
+            to_state=to_state,
             observed_at=observed_at,
             now=now,
-            pids=pids,
-            reason="trainer running",
+            pids=pids if to_state == TrainingState.TRAINING else [],
+            reason=(
+                "trainer running" if to_state == TrainingState.TRAINING else "trainer not running"
+            ),
             actor=actor,
         )
-    elif slot.state == TrainingState.TRAINING and (reading is None or reading.state == "idle"):
-        slot_mirror(
-            slot_id=slot.id,
-            from_state=slot.state,
-            to_state=TrainingState.IDLE,
-            observed_at=observed_at,
-            now=now,
-            pids=[],
-            reason="trainer not running",
-            actor=actor,
-        )
-    elif slot.state == TrainingState.TRAINING and running and pids != slot.pids:
+    elif (
+        slot.state == TrainingState.TRAINING
+        and posture == TrainerPosture.RUNNING
+        and pids != slot.pids
+    ):
         slot_pids_record(slot_id=slot.id, pids=pids)
 
 
@@ -345,30 +345,22 @@ def _mirror_domain(
     beat: Beat,
     now: datetime,
 ) -> None:
-    state = domain.state
+    to_state = domain_move(
+        domain.state, reachable=report is not None, is_active=is_active, in_posture=healthy
+    )
+    if to_state is None:
+        return
     if report is None:
-        to_state = DomainState.DEGRADED if state == DomainState.READY else None
         reason = "heartbeat failed"
     elif healthy:
-        to_state = {
-            DomainState.PROVISIONING: DomainState.READY,
-            DomainState.DEGRADED: DomainState.READY,
-            DomainState.FAILED: DomainState.DEGRADED,
-        }.get(state)
         reason = "heartbeat healthy"
     else:
-        to_state = {
-            DomainState.PROVISIONING: DomainState.DEGRADED if is_active else DomainState.READY,
-            DomainState.READY: DomainState.DEGRADED if is_active else None,
-            DomainState.FAILED: None if is_active else DomainState.DEGRADED,
-        }.get(state)
         reason = "not every bound model is awake" if is_active else "model state unknown"
-    if to_state is not None:
-        domain_mirror(
-            domain_id=domain.id,
-            from_state=state,
-            to_state=to_state,
-            observed_at=beat.observed_at,
-            now=now,
-            reason=reason,
-        )
+    domain_mirror(
+        domain_id=domain.id,
+        from_state=domain.state,
+        to_state=to_state,
+        observed_at=beat.observed_at,
+        now=now,
+        reason=reason,
+    )

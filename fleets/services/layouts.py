@@ -15,16 +15,13 @@ from fleets import clock
 from fleets.core.policy import validate_policy
 from fleets.core.states import (
     IN_FLIGHT_OPERATION_STATES,
-    DomainState,
-    InferenceState,
-    Provider,
     SlotKind,
-    TrainingState,
 )
 from fleets.errors import LayoutError
 from fleets.layouts.loader import Layout
 from fleets.models import Domain, Fleet, ModelBinding, Operation, Slot
 from fleets.services.events import event_record
+from fleets.services.inventory import domain_add, slot_add
 
 
 @dataclass
@@ -124,11 +121,7 @@ def _apply(layout: Layout, prune: bool, report: LayoutReport, actor: str) -> Non
         }
         domain = Domain.objects.filter(fleet=fleet, slug=d.slug).first()
         if domain is None:
-            # Static hosts exist already; driver-backed ones must be provisioned first.
-            state = DomainState.READY if d.provider == Provider.STATIC else DomainState.PROVISIONING
-            domain = Domain.objects.create(
-                fleet=fleet, slug=d.slug, state=state, state_updated_at=now, **values
-            )
+            domain = domain_add(domain=Domain(fleet=fleet, slug=d.slug, **values), now=now)
             report.created.append(label)
         else:
             _sync(domain, values, label, report)
@@ -138,19 +131,10 @@ def _apply(layout: Layout, prune: bool, report: LayoutReport, actor: str) -> Non
             slabel = f"slot {layout.slug}/{d.slug}/gpu{s.gpu_index}/{s.kind}"
             slot = Slot.objects.filter(domain=domain, gpu_index=s.gpu_index, kind=s.kind).first()
             if slot is None:
-                if s.kind == SlotKind.TRAINING:
-                    state = TrainingState.IDLE
-                elif d.slug == serving_slug:
-                    state = InferenceState.SERVING
-                else:
-                    state = InferenceState.SLEEPING
-                slot = Slot.objects.create(
-                    domain=domain,
-                    gpu_index=s.gpu_index,
-                    kind=s.kind,
-                    state=state,
-                    spec=s.spec,
-                    state_updated_at=now,
+                slot = slot_add(
+                    slot=Slot(domain=domain, gpu_index=s.gpu_index, kind=s.kind, spec=s.spec),
+                    on_active=d.slug == serving_slug,
+                    now=now,
                 )
                 report.created.append(slabel)
             else:

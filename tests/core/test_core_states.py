@@ -140,3 +140,31 @@ def test_promotion_runs_the_designed_steps_in_order():
 def test_unknown_operation_kind_has_no_steps():
     with pytest.raises(ValueError, match="unknown operation kind"):
         states.steps_for("promotion")
+
+
+# Initial states, written from the design: static hosts exist already, driver-backed ones are
+# provisioned first; training starts idle, inference serving on the active and asleep elsewhere.
+INITIAL_DOMAIN = {"static": "ready", "skypilot": "provisioning", "skyserve": "provisioning"}
+INITIAL_SLOT = {
+    ("training", True): "idle",
+    ("training", False): "idle",
+    ("inference", True): "serving",
+    ("inference", False): "sleeping",
+}
+
+
+@pytest.mark.parametrize("provider", list(states.Provider))
+def test_every_provider_has_the_initial_domain_state_of_the_design(provider):
+    assert states.initial_domain_state(provider) == INITIAL_DOMAIN[provider]
+
+
+@pytest.mark.parametrize(
+    ("kind", "on_active"), list(itertools.product(states.SlotKind, (True, False)))
+)
+def test_every_slot_kind_has_the_initial_state_of_the_design(kind, on_active):
+    assert states.initial_slot_state(kind, on_active=on_active) == INITIAL_SLOT[kind, on_active]
+
+
+def test_an_unknown_slot_kind_has_no_initial_state():
+    with pytest.raises(ValueError, match="unknown slot kind"):
+        states.initial_slot_state("gpu", on_active=True)
