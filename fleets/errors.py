@@ -5,6 +5,8 @@ At the bottom of the layers: anything may import it, and it imports nothing of H
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ServiceError(Exception):
     code = "internal_error"
@@ -36,7 +38,8 @@ class OperationConflict(ServiceError):
     code = "operation_conflict"
     status = 409
 
-    def __init__(self, message: str, *, operation=None) -> None:
+    def __init__(self, message: str, *, operation: Any = None) -> None:
+        # The in-flight Operation row (a model: this module imports nothing of Haru's).
         super().__init__(message)
         self.operation = operation
 

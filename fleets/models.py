@@ -8,6 +8,7 @@ admin shows them read-only. Invariants live in the database as constraints.
 from __future__ import annotations
 
 import uuid
+from typing import TypeAlias
 
 from django.db import models
 from django.db.models import Q
@@ -21,6 +22,9 @@ from fleets.core.states import (
     SlotKind,
     TrainingState,
 )
+
+# A primary key as the ORM returns it (UUID) or as a caller spells it (str).
+Id: TypeAlias = uuid.UUID | str
 
 # At most 63 characters (a DNS label), lowercase alphanumerics separated by single hyphens.
 SLUG_REGEX = r"^(?=.{1,63}$)[a-z0-9]+(-[a-z0-9]+)*$"
@@ -47,6 +51,10 @@ class Fleet(models.Model):
         editable=False,
     )
     route_revision = models.BigIntegerField(default=1, editable=False)
+    # When the reconciler last reported "the active is lost and no standby can take over"
+    # (null while the fleet is fine): the report is rate-limited across every process ticking
+    # this fleet by a guarded update of this column (services/escalation.py).
+    no_standby_reported_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -83,7 +91,14 @@ class Domain(models.Model):
     )
     last_seen_at = models.DateTimeField(null=True, blank=True, editable=False)
     state_updated_at = models.DateTimeField(editable=False)
-    # Last heartbeat body as reported by the supervisor (GPU memory, fingerprints), for display.
+    # Heartbeat scheduling, written only by the guarded services in services/heartbeats.py:
+    # when the last heartbeat (good or bad) was recorded, since when it has been failing (null
+    # while it succeeds), and when GPU memory was last asked for (reads are spaced from it).
+    heartbeat_checked_at = models.DateTimeField(null=True, blank=True, editable=False)
+    heartbeat_failing_since = models.DateTimeField(null=True, blank=True, editable=False)
+    gpus_read_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # Last heartbeat body as reported by the supervisor (GPU memory, fingerprints), for display
+    # only: nothing decides on it.
     last_report = models.JSONField(default=dict, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 

@@ -17,7 +17,7 @@ ACTIVE_FAILED = "active_failed"
 ACTIVE_STALE = "active_stale"
 NO_VIABLE_STANDBY = "no_viable_standby"
 
-_STATE_RANK = {DomainState.READY: 0, DomainState.DEGRADED: 1}
+_STATE_RANK: dict[str, int] = {DomainState.READY: 0, DomainState.DEGRADED: 1}
 
 
 def _age_ms(seen: datetime, now: datetime) -> float:

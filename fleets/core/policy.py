@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 # Millisecond budgets end up in timers and in Postgres integer columns; 2**31 - 1 keeps both
 # honest (a larger "effectively infinite" value would overflow or fire at once).
@@ -71,7 +71,7 @@ class PolicyError(ValueError):
         self.rule = rule
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     # bool is an int subclass; `true` is never a valid number of milliseconds.
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -87,9 +87,9 @@ def _check_keys(raw: Mapping[Any, Any], allowed: Mapping[str, Any], path: str) -
 def _timeout(value: object, path: str) -> int:
     if not _is_int(value):
         raise PolicyError(path, "must be an integer number of milliseconds")
-    if not 1 <= value <= MAX_TIMEOUT_MS:  # type: ignore[operator]
+    if not 1 <= value <= MAX_TIMEOUT_MS:
         raise PolicyError(path, f"must be between 1 and {MAX_TIMEOUT_MS}")
-    return int(value)  # type: ignore[arg-type]
+    return int(value)
 
 
 def _ratio(value: object, path: str) -> float:
@@ -222,4 +222,5 @@ class Policy:
         name = _STEP_TIMEOUT_FIELDS.get(step)
         if name is None:
             raise ValueError(f"unknown step {step!r}")
-        return getattr(self, name)
+        budget: int = getattr(self, name)
+        return budget

@@ -6,7 +6,9 @@ pair raises and never reaches the database.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
+from typing import Any
 
 
 class DomainState(StrEnum):
@@ -102,7 +104,8 @@ OPERATION_TRANSITIONS: dict[OperationState, frozenset[OperationState]] = {
     O.CANCELLED: frozenset(),
 }
 
-TABLES = {
+# Keyed by the enums above; looked up with the plain strings the database holds.
+TABLES: dict[str, Mapping[Any, frozenset[str]]] = {
     "domain": DOMAIN_TRANSITIONS,
     "inference": INFERENCE_TRANSITIONS,
     "training": TRAINING_TRANSITIONS,
@@ -172,6 +175,6 @@ def check_transition(table: str, from_state: str, to_state: str) -> None:
     """Raise InvalidTransition unless `table` allows from_state -> to_state."""
     if table not in TABLES:
         raise ValueError(f"unknown state table {table!r}")
-    allowed = TABLES[table].get(from_state)  # type: ignore[call-overload]
+    allowed = TABLES[table].get(from_state)
     if allowed is None or to_state not in allowed:
         raise InvalidTransition(table, from_state, to_state)

@@ -21,6 +21,7 @@ bad), and skipped while the domain's heartbeat is failing.
 
 from __future__ import annotations
 
+import functools
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -55,10 +56,25 @@ from fleets.services.heartbeats import (
     slot_pids_record,
 )
 
-# Heartbeats of a fleet run side by side: one slow host must not delay the others' news.
-_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="haru-heartbeat")
-# GPU memory reads get their own threads: a hung NVML must never hold up a status read.
-_gpu_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="haru-gpu-memory")
+# At most this many supervisors are asked at once per process; more domains queue.
+POOL_THREADS = 16
+
+
+@functools.cache
+def _status_pool() -> ThreadPoolExecutor:
+    """Heartbeats of a fleet run side by side: one slow host must not delay the others' news.
+    Made on first use, so importing the reconciler (the API, management commands) starts no
+    threads."""
+    return ThreadPoolExecutor(max_workers=POOL_THREADS, thread_name_prefix="haru-heartbeat")
+
+
+@functools.cache
+def _gpu_pool() -> ThreadPoolExecutor:
+    """GPU memory reads get their own threads: a hung NVML must never hold up a status read.
+    At most one read per domain is in flight, so a hung host holds at most one thread."""
+    return ThreadPoolExecutor(max_workers=POOL_THREADS, thread_name_prefix="haru-gpu-memory")
+
+
 # The dashboard's memory bars need no more than this; ticks during a failover come far faster.
 GPU_MEMORY_EVERY_MS = 1000
 # The report keys the GPU memory read owns.
@@ -106,7 +122,7 @@ def heartbeats_collect(domains: list[Domain], *, policy: Policy, client_for) -> 
         gpu = _gpu_read_start(domain, client, timeout=timeout, now=observed)
         return Beat(domain, observed, client.status(timeout=timeout), gpu)
 
-    return list(_pool.map(one, domains))
+    return list(_status_pool().map(one, domains))
 
 
 def _gpu_read_start(
@@ -118,9 +134,9 @@ def _gpu_read_start(
         held = _gpu_reads.get(domain.id)
         if held is not None:
             return held  # still running (or answered after its beat was written): use that one
-        if not _gpu_read_due(domain.last_report, now):
+        if not _gpu_read_due(domain, now):
             return None
-        read = GpuRead(now, _gpu_pool.submit(client.gpu_memory, timeout=timeout))
+        read = GpuRead(now, _gpu_pool().submit(client.gpu_memory, timeout=timeout))
         _gpu_reads[domain.id] = read
         return read
 
@@ -131,32 +147,16 @@ def pending_gpu_read(domain_id) -> GpuRead | None:
         return _gpu_reads.get(domain_id)
 
 
-def _gpu_read_due(report: Any, now: datetime) -> bool:
+def _gpu_read_due(domain: Domain, now: datetime) -> bool:
     """Whether to ask for GPU memory now: not while the heartbeat is failing (the status call
     says whether the host is there; no second call to a dead host), and not again within
     GPU_MEMORY_EVERY_MS of the last answer, good or bad."""
-    if not isinstance(report, dict):
-        return True
-    heartbeat = report.get("heartbeat")
-    if isinstance(heartbeat, dict) and heartbeat.get("ok") is False:
+    if domain.heartbeat_failing_since is not None:
         return False
-    error = report.get("gpusError")
-    asked = [_parse_time(report.get("gpusAt"))]
-    if isinstance(error, dict):
-        asked.append(_parse_time(error.get("at")))
-    last = max((a for a in asked if a is not None), default=None)
+    last = domain.gpus_read_at
     if last is None:
         return True
     return not timedelta(0) <= now - last < timedelta(milliseconds=GPU_MEMORY_EVERY_MS)
-
-
-def _parse_time(value: Any) -> datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 def _gpu_fields(beat: Beat, previous: Any) -> dict[str, Any] | None:
@@ -238,17 +238,17 @@ def heartbeat_apply(
             domain_id=domain.id,
             fleet_id=domain.fleet_id,
             seen_at=beat.observed_at,
+            # The previous GPU keys are display data carried over from the row read at tick
+            # start; the read's schedule is the gpus_read_at column.
             report=_with_gpus(report.raw, gpu_fields, domain.last_report),
-            previous_report=domain.last_report,
+            gpus_read_at=beat.gpu.asked_at if gpu_fields is not None and beat.gpu else None,
         )
-    else:
-        err = beat.call.error
+    elif (err := beat.call.error) is not None:
         domain_heartbeat_failed(
             domain_id=domain.id,
             fleet_id=domain.fleet_id,
             checked_at=beat.observed_at,
             error={"kind": err.kind, "status": err.status, "message": err.message},
-            previous_report=domain.last_report,
         )
 
 

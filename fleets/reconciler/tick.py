@@ -16,9 +16,11 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 from fleets import clock
 from fleets.core.failover import NO_VIABLE_STANDBY, detect_failover, should_escalate
+from fleets.core.read_model import FleetView
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES, OperationKind
 from fleets.errors import FleetNotFound, InvalidTarget, OperationConflict
 from fleets.models import Domain, Fleet, Operation
@@ -28,7 +30,11 @@ from fleets.reconciler.client import SupervisorClient, client_for
 from fleets.reconciler.heartbeat import heartbeat_apply, heartbeats_collect
 from fleets.reconciler.locks import fleet_tick_lock
 from fleets.selectors import fleet_get, fleet_view
-from fleets.services.escalation import domain_escalate
+from fleets.services.escalation import (
+    domain_escalate,
+    fleet_no_standby_clear,
+    fleet_no_standby_report,
+)
 from fleets.services.events import event_record
 from fleets.services.operations import operation_request
 
@@ -41,8 +47,7 @@ TICK_BUDGET_S = 5.0
 # waits (a trainer saving its checkpoint) finish in the same tick without a new heartbeat round.
 TICK_POLL_S = 2.0
 # How often "nobody can take over" is recorded while it stays true, per fleet and process.
-_NO_STANDBY_EVENT_EVERY_S = 60.0
-_no_standby_reported: dict[str, float] = {}
+NO_STANDBY_EVENT_EVERY_MS = 60_000
 
 
 @dataclass(frozen=True)
@@ -115,10 +120,10 @@ def fleet_tick(
 def _maybe_fail_over(fleet: Fleet, view, now, actor: str) -> None:
     decision = detect_failover(view, now)
     if decision is None:
-        _no_standby_reported.pop(str(fleet.id), None)
+        fleet_no_standby_clear(fleet_id=fleet.id)
         return
     if decision.target_id is None:
-        _report_no_standby(fleet, view, decision.reason)
+        _report_no_standby(fleet, view, now)
         return
     try:
         result = operation_request(
@@ -157,19 +162,15 @@ def _maybe_fail_over(fleet: Fleet, view, now, actor: str) -> None:
         )
 
 
-def _report_no_standby(fleet: Fleet, view, reason: str) -> None:
-    last = _no_standby_reported.get(str(fleet.id))
-    if last is not None and time.monotonic() - last < _NO_STANDBY_EVENT_EVERY_S:
-        return
-    _no_standby_reported[str(fleet.id)] = time.monotonic()
-    log.error("fleet %s: the active is lost and no standby can take over", fleet.slug)
-    event_record(
+def _report_no_standby(fleet: Fleet, view: FleetView, now: datetime) -> None:
+    if fleet_no_standby_report(
         fleet_id=fleet.id,
-        domain_id=view.active_domain_id,
-        kind="failover.no_viable_standby",
-        actor="reconciler",
-        data={"reason": NO_VIABLE_STANDBY},
-    )
+        active_domain_id=view.active_domain_id,
+        now=now,
+        every_ms=NO_STANDBY_EVENT_EVERY_MS,
+        reason=NO_VIABLE_STANDBY,
+    ):
+        log.error("fleet %s: the active is lost and no standby can take over", fleet.slug)
 
 
 def tick_run(

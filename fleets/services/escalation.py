@@ -20,7 +20,7 @@ from fleets.core.states import (
     SlotKind,
     check_transition,
 )
-from fleets.models import Domain, Fleet, ModelBinding, Operation, Slot
+from fleets.models import Domain, Fleet, Id, ModelBinding, Operation, Slot
 from fleets.services.events import event_record
 
 
@@ -50,7 +50,7 @@ def _viable_standby_exists(now: datetime, stale_ms: int):
 
 def domain_escalate(
     *,
-    domain_id,
+    domain_id: Id,
     now: datetime,
     degraded_grace_ms: int,
     heartbeat_stale_ms: int,
@@ -102,3 +102,43 @@ def domain_escalate(
                 },
             )
     return bool(moved)
+
+
+def fleet_no_standby_report(
+    *,
+    fleet_id: Id,
+    active_domain_id: Id | None,
+    now: datetime,
+    every_ms: int,
+    reason: str,
+    actor: str = "reconciler",
+) -> bool:
+    """Record "the active is lost and no standby can take over" at most once per `every_ms`
+    per fleet, however many processes tick it; return whether this call recorded it."""
+    with transaction.atomic():
+        moved = (
+            Fleet.objects.filter(pk=fleet_id)
+            .filter(
+                Q(no_standby_reported_at__isnull=True)
+                | Q(no_standby_reported_at__lte=now - timedelta(milliseconds=every_ms))
+                | Q(no_standby_reported_at__gt=now)  # a clock that went back must not mute it
+            )
+            .update(no_standby_reported_at=now)
+        )
+        if moved:
+            event_record(
+                fleet_id=fleet_id,
+                domain_id=active_domain_id,
+                kind="failover.no_viable_standby",
+                actor=actor,
+                data={"reason": reason},
+            )
+    return bool(moved)
+
+
+def fleet_no_standby_clear(*, fleet_id: Id) -> None:
+    """Forget the last no-standby report once failover is no longer needed, so the next loss
+    is reported at once."""
+    Fleet.objects.filter(pk=fleet_id, no_standby_reported_at__isnull=False).update(
+        no_standby_reported_at=None
+    )

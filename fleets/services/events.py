@@ -7,15 +7,15 @@ from typing import Any
 from django.db import transaction
 
 from fleets import broadcast, clock
-from fleets.models import Event
+from fleets.models import Event, Id
 
 
 def event_record(
     *,
-    fleet_id,
+    fleet_id: Id,
     kind: str,
     actor: str = "system",
-    domain_id=None,
+    domain_id: Id | None = None,
     operation_id=None,
     step: str = "",
     duration_ms: int | None = None,

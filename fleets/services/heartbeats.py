@@ -16,13 +16,13 @@ from django.db.models import Q
 
 from fleets import clock
 from fleets.core.states import check_transition
-from fleets.models import Domain, Slot
+from fleets.models import Domain, Id, Slot
 from fleets.services.events import event_record
 
 
 def slot_mirror(
     *,
-    slot_id,
+    slot_id: Id,
     from_state: str,
     to_state: str,
     observed_at: datetime,
@@ -53,14 +53,14 @@ def slot_mirror(
     return bool(moved)
 
 
-def slot_pids_record(*, slot_id, pids: list[int]) -> None:
+def slot_pids_record(*, slot_id: Id, pids: list[int]) -> None:
     """Remember the PIDs a supervisor reported for a training slot (display only, no state)."""
     Slot.objects.filter(pk=slot_id).exclude(pids=pids).update(pids=pids)
 
 
 def domain_mirror(
     *,
-    domain_id,
+    domain_id: Id,
     from_state: str,
     to_state: str,
     observed_at: datetime,
@@ -90,72 +90,115 @@ def domain_mirror(
     return bool(moved)
 
 
+def _heartbeat_display(
+    *, ok: bool, checked_at: datetime, failing_since: datetime | None, error: Any = None
+) -> dict[str, Any]:
+    """The `heartbeat` key of `last_report`, for the dashboard; nothing decides on it."""
+    shown: dict[str, Any] = {"ok": ok, "checkedAt": clock.iso(checked_at)}
+    if not ok:
+        shown["error"] = error
+        shown["failingSince"] = clock.iso(failing_since)
+    return shown
+
+
+def _not_newer(field: str, at: datetime) -> Q:
+    """Match rows whose `field` is unset or older than `at`: a slower tick finishing after a
+    faster one must not write older news over newer."""
+    return Q(**{f"{field}__isnull": True}) | Q(**{f"{field}__lt": at})
+
+
 def domain_seen(
     *,
-    domain_id,
-    fleet_id,
+    domain_id: Id,
+    fleet_id: Id,
     seen_at: datetime,
     report: dict[str, Any],
-    previous_report: dict[str, Any] | None = None,
+    gpus_read_at: datetime | None = None,
     actor: str = "heartbeat",
 ) -> bool:
-    """Record a successful heartbeat: `last_seen_at` and the report, never moving time back.
+    """Record a successful heartbeat: `last_seen_at`, the report, and (when this beat stored a
+    GPU memory answer) `gpus_read_at`, never moving time back; return whether it was recorded.
 
-    Writes `domain.heartbeat.recovered` when the previous heartbeat had failed.
+    Writes `domain.heartbeat.recovered` when the heartbeat had been failing. Guarded by the
+    failing-since value read: a concurrent failure record makes this one lose, not mix.
     """
-    previous = (previous_report or {}).get("heartbeat")
-    was_failing = isinstance(previous, dict) and previous.get("ok") is False
+    failing_since = (
+        Domain.objects.filter(pk=domain_id)
+        .values_list("heartbeat_failing_since", flat=True)
+        .first()
+    )
     stamped = {
         **report,
-        "heartbeat": {"ok": True, "checkedAt": clock.iso(seen_at)},
+        "heartbeat": _heartbeat_display(ok=True, checked_at=seen_at, failing_since=None),
     }
+    values: dict[str, Any] = {
+        "last_seen_at": seen_at,
+        "last_report": stamped,
+        "heartbeat_checked_at": seen_at,
+        "heartbeat_failing_since": None,
+    }
+    if gpus_read_at is not None:
+        values["gpus_read_at"] = gpus_read_at
     with transaction.atomic():
-        # A slow tick finishing after a faster one must not make a live domain look staler.
         moved = (
-            Domain.objects.filter(pk=domain_id)
-            .filter(Q(last_seen_at__isnull=True) | Q(last_seen_at__lt=seen_at))
-            .update(last_seen_at=seen_at, last_report=stamped)
+            Domain.objects.filter(pk=domain_id, heartbeat_failing_since=failing_since)
+            .filter(_not_newer("last_seen_at", seen_at))
+            .update(**values)
         )
-        if moved and was_failing:
+        if moved and failing_since is not None:
             event_record(
                 fleet_id=fleet_id,
                 domain_id=domain_id,
                 kind="domain.heartbeat.recovered",
                 actor=actor,
-                data={"failingSince": previous.get("failingSince")},
+                data={"failingSince": clock.iso(failing_since)},
             )
     return bool(moved)
 
 
 def domain_heartbeat_failed(
     *,
-    domain_id,
-    fleet_id,
+    domain_id: Id,
+    fleet_id: Id,
     checked_at: datetime,
     error: dict[str, Any],
-    previous_report: dict[str, Any],
     actor: str = "heartbeat",
 ) -> bool:
-    """Record a failed heartbeat on the report; write an event only when it starts failing.
+    """Record a failed heartbeat; return whether it started failing with this one.
 
-    Edge-triggered on purpose: a dead host would otherwise add an event every tick.
+    Edge-triggered on purpose: only the first failure writes `domain.heartbeat.failed` (a dead
+    host would otherwise add an event every tick). Guarded like `domain_seen`: a failure taken
+    before the last recorded heartbeat (good or bad) is older news and writes nothing.
     """
-    previous = previous_report.get("heartbeat") if isinstance(previous_report, dict) else None
-    was_failing = isinstance(previous, dict) and previous.get("ok") is False
+    row = (
+        Domain.objects.filter(pk=domain_id).values("heartbeat_failing_since", "last_report").first()
+    )
+    if row is None:
+        return False
+    failing_since = row["heartbeat_failing_since"]
+    started = failing_since is None
+    since = checked_at if started else failing_since
+    shown = row["last_report"] if isinstance(row["last_report"], dict) else {}
     report = {
-        **(previous_report if isinstance(previous_report, dict) else {}),
-        "heartbeat": {
-            "ok": False,
-            "checkedAt": clock.iso(checked_at),
-            "error": error,
-            "failingSince": (previous or {}).get("failingSince") if was_failing else None,
-        },
+        **shown,
+        "heartbeat": _heartbeat_display(
+            ok=False, checked_at=checked_at, failing_since=since, error=error
+        ),
     }
-    if not was_failing:
-        report["heartbeat"]["failingSince"] = report["heartbeat"]["checkedAt"]
     with transaction.atomic():
-        Domain.objects.filter(pk=domain_id).update(last_report=report)
-        if not was_failing:
+        # Guarded by the failing-since value read (so the edge is decided once) and by "newer
+        # than every heartbeat recorded so far".
+        moved = (
+            Domain.objects.filter(pk=domain_id, heartbeat_failing_since=failing_since)
+            .filter(_not_newer("heartbeat_checked_at", checked_at))
+            .filter(_not_newer("last_seen_at", checked_at))
+            .update(
+                heartbeat_checked_at=checked_at,
+                heartbeat_failing_since=since,
+                last_report=report,
+            )
+        )
+        if moved and started:
             event_record(
                 fleet_id=fleet_id,
                 domain_id=domain_id,
@@ -163,4 +206,4 @@ def domain_heartbeat_failed(
                 actor=actor,
                 data=error,
             )
-    return not was_failing
+    return bool(moved) and started

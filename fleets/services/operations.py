@@ -26,7 +26,7 @@ from fleets.core.states import (
     steps_for,
 )
 from fleets.errors import InvalidTarget, OperationConflict
-from fleets.models import Fleet, Operation, Slot
+from fleets.models import Fleet, Id, Operation, Slot
 from fleets.selectors import fleet_view
 from fleets.services.events import event_record
 from fleets.services.transitions import slot_transition
@@ -122,7 +122,7 @@ def operation_request(
     raise OperationConflict("operation state kept changing; retry the request")
 
 
-def operation_start(*, operation_id, actor: str = "reconciler") -> bool:
+def operation_start(*, operation_id: Id, actor: str = "reconciler") -> bool:
     """Move a pending operation to running at its first step."""
     op = Operation.objects.filter(pk=operation_id).values("kind", "fleet_id").first()
     if op is None:
@@ -149,7 +149,7 @@ def operation_start(*, operation_id, actor: str = "reconciler") -> bool:
 
 def operation_step_done(
     *,
-    operation_id,
+    operation_id: Id,
     step: str,
     actor: str = "reconciler",
     outcome: str = "done",
@@ -206,7 +206,7 @@ def operation_step_done(
 
 def operation_fail(
     *,
-    operation_id,
+    operation_id: Id,
     step: str,
     code: str,
     message: str,
@@ -277,7 +277,9 @@ def _undo_promotion_half_moves(op: dict, operation_id, actor: str) -> None:
             )
 
 
-def operation_cancel(*, operation_id, actor: str, message: str = "cancelled by operator") -> bool:
+def operation_cancel(
+    *, operation_id: Id, actor: str, message: str = "cancelled by operator"
+) -> bool:
     """Cancel an in-flight operation that has not committed routing."""
     op = Operation.objects.filter(pk=operation_id).values("fleet_id", "state").first()
     if op is None or op["state"] not in IN_FLIGHT_OPERATION_STATES:

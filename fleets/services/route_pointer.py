@@ -9,7 +9,7 @@ from django.db.models import F
 
 from fleets import clock
 from fleets.core.states import OperationKind, OperationState
-from fleets.models import Domain, Fleet, Operation
+from fleets.models import Domain, Fleet, Id, Operation
 from fleets.services.events import event_record
 
 # Postgres does it in one statement: the CTE locks the operation row (so a concurrent fail
@@ -43,9 +43,9 @@ def _as_uuid(value) -> uuid.UUID | None:
 
 def route_switch(
     *,
-    fleet_id,
+    fleet_id: Id,
     operation_id,
-    target_domain_id,
+    target_domain_id: Id,
     expected_active_id,
     expected_revision: int,
     actor: str = "reconciler",

@@ -14,18 +14,18 @@ from django.db import transaction
 
 from fleets import clock
 from fleets.core.states import allowed_sources, check_transition
-from fleets.models import Domain, Slot
+from fleets.models import Domain, Id, Slot
 from fleets.services.events import event_record
 
 
 def domain_transition(
     *,
-    domain_id,
+    domain_id: Id,
     to_state: str,
     from_states: Iterable[str] | None = None,
     actor: str = "system",
     reason: str = "",
-    operation_id=None,
+    operation_id: Id | None = None,
 ) -> bool:
     """Move a domain to `to_state` if it is in one of `from_states`; return whether it moved."""
     sources = (
@@ -55,12 +55,12 @@ def domain_transition(
 
 def slot_transition(
     *,
-    slot_id,
+    slot_id: Id,
     to_state: str,
     from_states: Iterable[str] | None = None,
     actor: str = "system",
     reason: str = "",
-    operation_id=None,
+    operation_id: Id | None = None,
     extra: dict[str, Any] | None = None,
 ) -> bool:
     """Move one slot to `to_state` if it is in one of `from_states`; return whether it moved."""

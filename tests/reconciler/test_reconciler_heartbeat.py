@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from datetime import timedelta
 
 import pytest
@@ -180,3 +183,23 @@ def test_escalation_refuses_within_grace_and_never_a_standby(fleet, tick, fake_c
     Domain.objects.filter(slug="west").update(state="ready")  # a viable standby again
     assert escalate(fake_clock) is True
     assert state("east") == "failed"
+
+
+def test_importing_the_reconciler_starts_no_threads():
+    # The heartbeat pools are made on first use: the API and management commands import the
+    # reconciler without ever ticking, and must not carry 32 idle threads for it.
+    code = (
+        "import django, threading; django.setup(); "
+        "import fleets.reconciler.tick, fleets.api.views; "
+        "print(sorted(t.name for t in threading.enumerate()))"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "haru.settings"}
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert out.stdout.strip() == "['MainThread']"
