@@ -273,10 +273,10 @@ class DomainAdmin(admin.ModelAdmin):
             ("Last supervisor report", {"classes": ["collapse"], "fields": ["report"]}),
         ]
 
-    def get_form(self, request, obj=None, **kwargs):
+    def get_form(self, request, obj=None, change=False, **kwargs):
         if obj is None:
             kwargs["fields"] = ["fleet", *af.DomainForm.Meta.fields]
-        return super().get_form(request, obj, **kwargs)
+        return super().get_form(request, obj, change, **kwargs)
 
     @admin.display(description="role")
     def role(self, obj):

@@ -10,7 +10,7 @@ from fleets.core.policy import Policy
 from fleets.core.read_model import DomainView, FleetView, ModelView, SlotView
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES, SlotKind
 from fleets.errors import FleetNotFound, OperationNotFound
-from fleets.models import Domain, Fleet, ModelBinding, Operation, Slot
+from fleets.models import Domain, Fleet, Id, ModelBinding, Operation, Slot
 
 
 def _as_uuid(ref: str) -> uuid.UUID | None:
@@ -85,7 +85,7 @@ def fleet_view(fleet: Fleet | str) -> FleetView:
     )
 
 
-def operation_in_flight(fleet_id) -> Operation | None:
+def operation_in_flight(fleet_id: Id) -> Operation | None:
     """Return the fleet's pending or running operation, if any (served by the partial index)."""
     return (
         Operation.objects.filter(fleet_id=fleet_id, state__in=IN_FLIGHT_OPERATION_STATES)

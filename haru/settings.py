@@ -120,7 +120,7 @@ if HARU["database_url"]:
 else:
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES = {
-        "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": VAR_DIR / "haru.sqlite3"}
+        "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": str(VAR_DIR / "haru.sqlite3")}
     }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Whatever way SQLite was chosen: WAL lets the proxy read while the reconciler writes, and

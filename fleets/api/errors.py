@@ -69,7 +69,7 @@ def envelope_exception_handler(exc, context):
             message = "; ".join(_flatten(exc.detail))
         else:
             message = str(exc.detail)
-        response = envelope(code, message, exc.status_code)
+        response = envelope(str(code), message, exc.status_code)
         if isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
             response["WWW-Authenticate"] = 'Bearer realm="haru"'
         return response

@@ -43,12 +43,13 @@ def request_operation(*, fleet: Fleet, kind: str, target: str, actor: str) -> Ac
     op = result.operation
     verb = "promotion" if kind == OperationKind.PROMOTE else "demotion"
     how = "started" if result.created else "already in flight; joined"
+    op_id = str(op.id) if op is not None else ""
     return ActionResult(
         True,
         202,
         "accepted",
-        f"{verb} of {result.target_slug} {how} (operation {str(op.id)[:8]})",
-        str(op.id),
+        f"{verb} of {result.target_slug} {how} (operation {op_id[:8]})",
+        op_id or None,
     )
 
 

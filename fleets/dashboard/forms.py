@@ -18,7 +18,7 @@ class ActionForm(forms.Form):
         self.action = action
 
     def clean(self):
-        data = super().clean()
+        data = super().clean() or {}
         if self.action in ("promote", "demote") and not data.get("target"):
             self.add_error("target", "choose the domain to act on")
         return data

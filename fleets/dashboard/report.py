@@ -234,14 +234,16 @@ def gpu_bars(report: Mapping, gpu_indices: Iterable[int] = ()) -> list[GpuBar]:
             # A MIG card reports memory per instance; the parent sums them.
             used = sum(_as_int(i.get("usedMiB")) or 0 for i in instances)
             total = sum(_as_int(i.get("totalMiB")) or 0 for i in instances)
-        name = gpu.get("name") if isinstance(gpu.get("name"), str) else ""
-        known = used is not None and bool(total)
+        name = gpu.get("name")
+        name = name if isinstance(name, str) else ""
         bar = GpuBar(
             index=index,
             name=name,
             used_mib=used,
             total_mib=total,
-            used_pct=round(min(100.0, 100.0 * used / total), 1) if known else None,
+            used_pct=(
+                round(min(100.0, 100.0 * used / total), 1) if used is not None and total else None
+            ),
             mig=bool(mig.get("enabled")) or bool(instances),
             simulated=gpu.get("simulated") is True,
         )

@@ -101,7 +101,7 @@ def fleet_action(request, slug: str, action: str):
         return _not_found(request, slug)
     form = ActionForm(request.POST, action=action)
     if not form.is_valid():
-        message = "; ".join(e for errs in form.errors.values() for e in errs)
+        message = "; ".join(str(e) for errs in form.errors.values() for e in errs)
         if _wants_json(request):
             return JsonResponse(
                 {"error": {"code": "invalid_request", "message": message}}, status=400

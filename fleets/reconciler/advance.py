@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from fleets import clock
 from fleets.core.policy import Policy
@@ -22,7 +23,7 @@ from fleets.core.states import (
     OperationKind,
     OperationState,
 )
-from fleets.models import Operation
+from fleets.models import Id, Operation
 from fleets.reconciler import demote, metrics, posture, promote
 from fleets.reconciler.client import CALL_CAP_S, SupervisorClient
 from fleets.reconciler.steps import STEP_TIMEOUT, StepContext, StepResult
@@ -32,7 +33,10 @@ from fleets.services.transitions import domain_transition
 
 log = logging.getLogger(__name__)
 
-EXECUTORS = {OperationKind.PROMOTE: promote.EXECUTORS, OperationKind.DEMOTE: demote.EXECUTORS}
+EXECUTORS: dict[str, Mapping[str, Callable[[StepContext], StepResult]]] = {
+    OperationKind.PROMOTE: promote.EXECUTORS,
+    OperationKind.DEMOTE: demote.EXECUTORS,
+}
 # A runaway guard: seven promote steps, each recorded once, plus a start.
 _MAX_MOVES = 32
 
@@ -45,13 +49,13 @@ class Advance:
     again this soon, because a step waits on the outside world; None when nothing waits.
     """
 
-    operation_id: object | None
+    operation_id: Id | None
     nudge_ms: int | None
 
 
 def operation_advance(
     *,
-    fleet_id,
+    fleet_id: Id,
     client_for: Callable[[str], SupervisorClient],
     budget_s: float,
     poll_s: float,
@@ -123,7 +127,9 @@ def _record_done(ctx: StepContext, result: StepResult, actor: str) -> None:
             metrics.observe_failover(failover_s)
 
 
-def _timeout(ctx: StepContext, result: StepResult, actor: str, client_for) -> None:
+def _timeout(
+    ctx: StepContext, result: StepResult, actor: str, client_for: Callable[[str], SupervisorClient]
+) -> None:
     op, step = ctx.operation, ctx.step
     budget = ctx.budget_ms
     message = f"{step} did not finish within {budget} ms: {result.message}"
@@ -154,7 +160,13 @@ def _timeout(ctx: StepContext, result: StepResult, actor: str, client_for) -> No
     _fail(ctx, STEP_TIMEOUT, message, actor, client_for)
 
 
-def _fail(ctx: StepContext, code: str, message: str, actor: str, client_for) -> None:
+def _fail(
+    ctx: StepContext,
+    code: str,
+    message: str,
+    actor: str,
+    client_for: Callable[[str], SupervisorClient],
+) -> None:
     op, step = ctx.operation, ctx.step
     seconds = _step_seconds(ctx)
     if not operation_fail(operation_id=op.id, step=step, code=code, message=message, actor=actor):
@@ -184,7 +196,7 @@ def promotion_cleanup(
         return
     client = client_for(target.supervisor_url)
 
-    def record(kind: str, **data) -> None:
+    def record(kind: str, **data: Any) -> None:
         event_record(
             fleet_id=operation.fleet_id,
             domain_id=target.id,

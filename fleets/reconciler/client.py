@@ -418,7 +418,14 @@ class SupervisorClient:
             self._on_error(name, result.error)
         return result
 
-    def _send(self, method, path, timeout, parse, body) -> Call:
+    def _send(
+        self,
+        method: str,
+        path: str,
+        timeout: float,
+        parse: Callable[[Any], Any],
+        body: Any,
+    ) -> Call[Any]:
         http = self._http or _shared_http()
         headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
         url = self.base_url + path

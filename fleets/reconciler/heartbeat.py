@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -38,7 +39,7 @@ from fleets.core.mirror import (
 )
 from fleets.core.policy import Policy
 from fleets.core.states import SlotKind, TrainingState
-from fleets.models import Domain, ModelBinding, Slot
+from fleets.models import Domain, Id, ModelBinding, Slot
 from fleets.reconciler.client import (
     CALL_CAP_S,
     Call,
@@ -110,7 +111,9 @@ def heartbeat_timeout(policy: Policy) -> float:
     return max(0.5, min(CALL_CAP_S / 2, policy.heartbeat_stale_ms / 2000))
 
 
-def heartbeats_collect(domains: list[Domain], *, policy: Policy, client_for) -> list[Beat]:
+def heartbeats_collect(
+    domains: list[Domain], *, policy: Policy, client_for: Callable[[str], SupervisorClient]
+) -> list[Beat]:
     """Ask every domain's supervisor for `/v1/status` (and GPU memory), concurrently."""
     timeout = heartbeat_timeout(policy)
 
@@ -141,7 +144,7 @@ def _gpu_read_start(
         return read
 
 
-def pending_gpu_read(domain_id) -> GpuRead | None:
+def pending_gpu_read(domain_id: Id) -> GpuRead | None:
     """Return the domain's GPU memory read not yet stored, if any (tests wait on it)."""
     with _gpu_reads_lock:
         return _gpu_reads.get(domain_id)
@@ -173,9 +176,11 @@ def _gpu_fields(beat: Beat, previous: Any) -> dict[str, Any] | None:
             del _gpu_reads[beat.domain.id]
     call: Call[GpuMemory] = read.future.result()
     asked_at = clock.iso(read.asked_at)
-    if call.ok:
-        return {"gpus": list(call.value.raw.get("gpus") or []), "gpusAt": asked_at}
     err = call.error
+    if err is None and call.value is not None:
+        return {"gpus": list(call.value.raw.get("gpus") or []), "gpusAt": asked_at}
+    if err is None:
+        return None  # a call carries a value or an error; never neither
     error = {"kind": err.kind, "status": err.status, "message": err.message, "at": asked_at}
     if gpu_facts_unavailable(err):
         # An answer, not a failure: this host has no GPU facts, so no bars rather than old ones.
@@ -203,7 +208,11 @@ def _models_by_slot(domain: Domain) -> dict:
 
 
 def heartbeat_apply(
-    beat: Beat, *, active_domain_id, operation_in_flight: bool, actor: str = "heartbeat"
+    beat: Beat,
+    *,
+    active_domain_id: Id | None,
+    operation_in_flight: bool,
+    actor: str = "heartbeat",
 ) -> None:
     """Mirror one heartbeat onto the domain's slots and state, then record it as seen."""
     domain = beat.domain

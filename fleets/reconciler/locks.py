@@ -18,15 +18,18 @@ import hashlib
 import os
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from django.conf import settings
 from django.db import connection
 
+from fleets.models import Id
+
 _POLL_S = 0.05
 
 
-def _advisory_key(fleet_id) -> int:
+def _advisory_key(fleet_id: Id) -> int:
     # A signed 64-bit key from the fleet id; a stable namespace prefix keeps clear of other
     # users of advisory locks in the same database.
     digest = hashlib.blake2b(f"haru.tick:{fleet_id}".encode(), digest_size=8).digest()
@@ -34,7 +37,7 @@ def _advisory_key(fleet_id) -> int:
 
 
 @contextlib.contextmanager
-def _pg_lock(fleet_id, wait_s: float) -> Iterator[bool]:
+def _pg_lock(fleet_id: Id, wait_s: float) -> Iterator[bool]:
     key = _advisory_key(fleet_id)
     deadline = time.monotonic() + wait_s
     with connection.cursor() as cursor:
@@ -59,7 +62,7 @@ def _lock_dir() -> Path:
 
 
 @contextlib.contextmanager
-def _file_lock(fleet_id, wait_s: float) -> Iterator[bool]:
+def _file_lock(fleet_id: Id, wait_s: float) -> Iterator[bool]:
     fd = os.open(_lock_dir() / f"tick-{fleet_id}.lock", os.O_RDWR | os.O_CREAT, 0o600)
     deadline = time.monotonic() + wait_s
     got = False
@@ -82,7 +85,7 @@ def _file_lock(fleet_id, wait_s: float) -> Iterator[bool]:
         os.close(fd)
 
 
-def fleet_tick_lock(fleet_id, *, wait_s: float = 0.0):
+def fleet_tick_lock(fleet_id: Id, *, wait_s: float = 0.0) -> AbstractContextManager[bool]:
     """Hold the fleet's tick lock; yields whether it was acquired within `wait_s`."""
     if connection.vendor == "postgresql":
         return _pg_lock(fleet_id, wait_s)

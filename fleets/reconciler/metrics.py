@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Iterator
 
 from django.db.models import Count
 from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 
 from fleets import clock
 from fleets.core.states import DomainState, OperationKind, OperationState
@@ -56,7 +58,7 @@ TICK_DURATION = Histogram(
 class StateCollector:
     """Export the durable fleet state from the database at scrape time."""
 
-    def describe(self):
+    def describe(self) -> list[Metric]:
         # Declared up front so registering never runs a query (import time has no database).
         return [
             GaugeMetricFamily(
@@ -87,7 +89,7 @@ class StateCollector:
             ),
         ]
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily(
             "haru_state_store_up", "1 when the metrics could read the state store."
         )
@@ -102,7 +104,7 @@ class StateCollector:
         up.add_metric([], 1)
         yield up
 
-    def _collect_state(self):
+    def _collect_state(self) -> list[Metric]:
         now = clock.now()
         state = GaugeMetricFamily(
             "haru_domain_state",

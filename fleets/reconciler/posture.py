@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleets.core.states import InferenceState, TrainingState
-from fleets.models import Domain
+from fleets.models import Domain, Id
 from fleets.reconciler.client import Call, StatusReport, SupervisorClient
 from fleets.reconciler.steps import bound_inference, training_slots
 from fleets.services.transitions import slot_transition
@@ -39,6 +39,11 @@ class Posture:
     data: dict[str, Any] = field(default_factory=dict)
 
 
+def _why(call: Call[Any]) -> str:
+    """The message of a call that produced no value."""
+    return call.error.message if call.error is not None else "no answer"
+
+
 def _not_proven_asleep(report: StatusReport, models: list[str]) -> list[str]:
     """Return the bound models that are not proven asleep (unknown and missing count as awake)."""
     out = []
@@ -49,7 +54,7 @@ def _not_proven_asleep(report: StatusReport, models: list[str]) -> list[str]:
     return out
 
 
-def _settle_sleeping(domain: Domain, report: StatusReport, operation_id, actor: str) -> None:
+def _settle_sleeping(domain: Domain, report: StatusReport, operation_id: Id, actor: str) -> None:
     slots, _ = bound_inference(domain)
     for slot in slots:
         names = list(slot.bindings.values_list("name", flat=True))
@@ -71,7 +76,7 @@ def ensure_asleep(
     client: SupervisorClient,
     domain: Domain,
     timeout: Callable[[], float],
-    operation_id,
+    operation_id: Id,
     actor: str,
 ) -> Posture:
     """Check every bound model of `domain` is asleep; ask the supervisor to sleep them if not."""
@@ -80,18 +85,19 @@ def ensure_asleep(
         return Posture(True, "no bound models", data={"models": []})
     for attempt in range(2):
         status = client.status(timeout=timeout())
-        if not status.ok:
-            return Posture(False, f"status: {status.error.message}", call=status)
-        awake = _not_proven_asleep(status.value, models)
+        report = status.value
+        if report is None:
+            return Posture(False, f"status: {_why(status)}", call=status)
+        awake = _not_proven_asleep(report, models)
         if not awake:
-            _settle_sleeping(domain, status.value, operation_id, actor)
+            _settle_sleeping(domain, report, operation_id, actor)
             return Posture(True, "every bound model is asleep", data={"models": models})
         if attempt == 1:
             break
         # The supervisor's sleep is idempotent: models already asleep are left alone.
         slept = client.sleep(timeout=timeout())
         if not slept.ok:
-            return Posture(False, f"sleep: {slept.error.message}", call=slept)
+            return Posture(False, f"sleep: {_why(slept)}", call=slept)
     return Posture(False, f"not asleep yet: {', '.join(awake)}")
 
 
@@ -100,7 +106,7 @@ def ensure_training(
     client: SupervisorClient,
     domain: Domain,
     timeout: Callable[[], float],
-    operation_id,
+    operation_id: Id,
     actor: str,
 ) -> Posture:
     """Check every training slot of `domain` runs with a PID; start training if not."""
@@ -109,11 +115,13 @@ def ensure_training(
         return Posture(True, "no training slots", data={"trainingSlots": 0})
     for attempt in range(2):
         status = client.status(timeout=timeout())
-        if not status.ok:
-            return Posture(False, f"status: {status.error.message}", call=status)
+        reported = status.value
+        if reported is None:
+            return Posture(False, f"status: {_why(status)}", call=status)
         missing = []
+        pids: dict[str, list[int]] = {}
         for slot in slots:
-            report = status.value.training(slot.gpu_index)
+            report = reported.training(slot.gpu_index)
             if report is None or not report.running_with_pid:
                 missing.append(slot)
                 continue
@@ -128,13 +136,13 @@ def ensure_training(
                     operation_id=operation_id,
                     extra={"pids": list(report.pids)},
                 )
+            pids[str(slot.gpu_index)] = list(report.pids)
         if not missing:
-            pids = {str(s.gpu_index): list(status.value.training(s.gpu_index).pids) for s in slots}
             return Posture(True, "training runs on every training slot", data={"pids": pids})
         if attempt == 1:
             break
         started = client.training_start(timeout=timeout())
         if not started.ok:
-            return Posture(False, f"training start: {started.error.message}", call=started)
+            return Posture(False, f"training start: {_why(started)}", call=started)
     gpus = ", ".join(f"GPU {s.gpu_index}" for s in missing)
     return Posture(False, f"training not running yet on {gpus}")

@@ -8,8 +8,9 @@ the old active (the operation's recorded source) and never fail the operation.
 from __future__ import annotations
 
 from fleets.core.states import InferenceState, TrainingState
-from fleets.models import Event, Fleet, Operation
+from fleets.models import Domain, Event, Fleet, Operation
 from fleets.reconciler import posture
+from fleets.reconciler.client import StatusReport, SupervisorClient
 from fleets.reconciler.steps import (
     CAS_LOST,
     NO_INFERENCE_BINDINGS,
@@ -30,7 +31,7 @@ from fleets.services.route_pointer import route_switch
 from fleets.services.transitions import slot_transition
 
 
-def _target_client(ctx: StepContext):
+def _target_client(ctx: StepContext) -> SupervisorClient | None:
     target = ctx.target
     if not target.supervisor_url:
         return None
@@ -70,11 +71,12 @@ def stop_training(ctx: StepContext) -> StepResult:
         if stop.unauthorized:
             return supervisor_trouble(stop, on_target=True, what="training stop")
     status = client.status(timeout=ctx.call_timeout())
-    if not status.ok:
+    reported = status.value
+    if reported is None:
         return supervisor_trouble(status, on_target=True, what="training status")
     busy = []
     for slot in slots:
-        report = status.value.training(slot.gpu_index)
+        report = reported.training(slot.gpu_index)
         # A slot the supervisor does not know runs nothing it could stop; verify_gpu still has
         # to prove the memory is free.
         if report is not None and report.state != "idle":
@@ -110,13 +112,14 @@ def verify_gpu(ctx: StepContext) -> StepResult:
     client = _target_client(ctx)
     if client is None:
         return _no_supervisor(ctx)
-    memory = client.gpu_memory(timeout=ctx.call_timeout())
-    if not memory.ok:
-        return supervisor_trouble(memory, on_target=True, what="GPU memory")
+    memory_call = client.gpu_memory(timeout=ctx.call_timeout())
+    memory = memory_call.value
+    if memory is None:
+        return supervisor_trouble(memory_call, on_target=True, what="GPU memory")
     limit = ctx.policy.verify_gpu_max_used_ratio
     over, seen = [], []
     for index in sorted({s.gpu_index for s in slots}):
-        gpu = memory.value.gpu(index)
+        gpu = memory.gpu(index)
         if gpu is None:
             over.append(f"GPU {index} is not reported by the supervisor")
             continue
@@ -131,12 +134,12 @@ def verify_gpu(ctx: StepContext) -> StepResult:
     return done(gpus=seen)
 
 
-def _not_proven_awake(report, models: list[str]) -> list[str]:
+def _not_proven_awake(report: StatusReport, models: list[str]) -> list[str]:
     """Return the bound models not proven awake (unknown and missing count as asleep)."""
     return [n for n in models if (m := report.model(n)) is None or m.sleeping is not False]
 
 
-def _settle_probing(ctx: StepContext, report) -> None:
+def _settle_probing(ctx: StepContext, report: StatusReport) -> None:
     slots, _ = bound_inference(ctx.target)  # fresh: this step just moved them to waking
     for slot in slots:
         names = list(slot.bindings.values_list("name", flat=True))
@@ -175,11 +178,12 @@ def wake(ctx: StepContext) -> StepResult:
     if woke.unauthorized:
         return supervisor_trouble(woke, on_target=True, what="wake")
     status = client.status(timeout=ctx.call_timeout())
-    if not status.ok:
+    report = status.value
+    if report is None:
         return supervisor_trouble(status, on_target=True, what="status")
-    asleep = _not_proven_awake(status.value, models)
+    asleep = _not_proven_awake(report, models)
     if not asleep:
-        _settle_probing(ctx, status.value)
+        _settle_probing(ctx, report)
         return done(models=models)
     if not woke.ok:
         return supervisor_trouble(woke, on_target=True, what="wake")
@@ -204,7 +208,7 @@ def probe(ctx: StepContext) -> StepResult:
         models=models,
         timeout=timeout,
     )
-    if not result.ok and result.error.status == 400:
+    if result.error is not None and result.error.status == 400:
         # A supervisor of the original contract refuses the `models` filter: probe everything
         # it serves and judge only the bound models (extra models are ignored below).
         result = client.probe(
@@ -214,14 +218,15 @@ def probe(ctx: StepContext) -> StepResult:
             models=None,
             timeout=ctx.call_timeout(),
         )
-    if not result.ok:
-        if result.error.code == "invalid_target":
+    probed = result.value
+    if probed is None:
+        if result.error is not None and result.error.code == "invalid_target":
             # The supervisor does not serve a bound model: no retry will change that.
             return failed(PROBE_FAILED, f"probe: {result.error.message}")
         return supervisor_trouble(result, on_target=True, what="probe")
     problems = []
     for name in models:
-        r = result.value.result(name)
+        r = probed.result(name)
         if r is None:
             problems.append(f"{name}: not probed")
         elif not r.ok:
@@ -229,10 +234,11 @@ def probe(ctx: StepContext) -> StepResult:
     if problems:
         return failed(PROBE_FAILED, "probe failed: " + "; ".join(problems))
     for slot in slots:
-        path = {
+        paths: dict[str, tuple[InferenceState, ...]] = {
             InferenceState.WAKING: (InferenceState.PROBING, InferenceState.SERVING),
             InferenceState.PROBING: (InferenceState.SERVING,),
-        }.get(slot.state, ())
+        }
+        path = paths.get(slot.state, ())
         current = slot.state
         for to_state in path:
             slot_transition(
@@ -244,7 +250,7 @@ def probe(ctx: StepContext) -> StepResult:
                 operation_id=ctx.operation.id,
             )
             current = to_state
-    latencies = {r.model: r.latency_ms for r in result.value.results if r.model in models}
+    latencies = {r.model: r.latency_ms for r in probed.results if r.model in models}
     return done(latencyMs=latencies)
 
 
@@ -288,29 +294,31 @@ def _source_is_active(ctx: StepContext) -> bool:
     return ctx.source is not None and active.first() == ctx.source.id
 
 
-def _old_active_client(ctx: StepContext):
-    """Return (client, None) for the old active, or (None, a skip) when there is nothing to do.
+def _old_active(ctx: StepContext) -> tuple[SupervisorClient, Domain] | StepResult:
+    """Return the old active and a client for it, or a skip when there is nothing to do.
 
     Both best-effort steps skip rather than fail: the old active is often the domain that just
     died, and it must never be put to sleep if it serves traffic again.
     """
-    if ctx.source is None:
-        return None, done("skipped", reason="there was no active domain to demote")
+    source = ctx.source
+    if source is None:
+        return done("skipped", reason="there was no active domain to demote")
     if _source_is_active(ctx):
-        return None, done("skipped", reason="the old active is the active domain again")
-    if not ctx.source.supervisor_url:
-        return None, done("skipped", reason=f"domain {ctx.source.slug} has no supervisor URL")
-    return ctx.client_for(ctx.source.supervisor_url), None
+        return done("skipped", reason="the old active is the active domain again")
+    if not source.supervisor_url:
+        return done("skipped", reason=f"domain {source.slug} has no supervisor URL")
+    return ctx.client_for(source.supervisor_url), source
 
 
 def demote_old_sleep(ctx: StepContext) -> StepResult:
     """Best effort: put the old active's models to sleep, proven by the supervisor."""
-    client, skip = _old_active_client(ctx)
-    if skip is not None:
-        return skip
+    old = _old_active(ctx)
+    if isinstance(old, StepResult):
+        return old
+    client, source = old
     result = posture.ensure_asleep(
         client=client,
-        domain=ctx.source,
+        domain=source,
         timeout=ctx.call_timeout,
         operation_id=ctx.operation.id,
         actor=ctx.actor,
@@ -331,12 +339,13 @@ def demote_old_train(ctx: StepContext) -> StepResult:
     if not proven:
         # A model server still holding its weights would share the GPU with the trainer: OOM.
         return done("skipped", reason="sleep of the old active was not proven")
-    client, skip = _old_active_client(ctx)
-    if skip is not None:
-        return skip
+    old = _old_active(ctx)
+    if isinstance(old, StepResult):
+        return old
+    client, source = old
     result = posture.ensure_training(
         client=client,
-        domain=ctx.source,
+        domain=source,
         timeout=ctx.call_timeout,
         operation_id=ctx.operation.id,
         actor=ctx.actor,

@@ -104,7 +104,7 @@ class StepContext:
         return min(CALL_CAP_S, self.remaining_s())
 
     @property
-    def target(self) -> Domain | None:
+    def target(self) -> Domain:
         return self.operation.target_domain
 
     @property

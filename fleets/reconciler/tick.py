@@ -23,7 +23,7 @@ from fleets.core.failover import NO_VIABLE_STANDBY, detect_failover, should_esca
 from fleets.core.read_model import FleetView
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES, OperationKind
 from fleets.errors import FleetNotFound, InvalidTarget, OperationConflict
-from fleets.models import Domain, Fleet, Operation
+from fleets.models import Domain, Fleet, Id, Operation
 from fleets.reconciler import kick, metrics
 from fleets.reconciler.advance import operation_advance
 from fleets.reconciler.client import SupervisorClient, client_for
@@ -54,7 +54,7 @@ NO_STANDBY_EVENT_EVERY_MS = 60_000
 class TickResult:
     fleet_id: str
     ran: bool  # False: another tick held the fleet's lock
-    operation_id: object | None = None
+    operation_id: Id | None = None
     nudge_ms: int | None = None  # look again this soon (a step waits on the outside world)
 
     def operation(self) -> Operation | None:
@@ -65,7 +65,7 @@ class TickResult:
 
 def fleet_tick(
     *,
-    fleet_id,
+    fleet_id: Id,
     client_factory: Callable[[str], SupervisorClient] = client_for,
     budget_s: float = TICK_BUDGET_S,
     poll_s: float = TICK_POLL_S,
@@ -117,7 +117,7 @@ def fleet_tick(
     return TickResult(str(fleet.id), True, advance.operation_id, advance.nudge_ms)
 
 
-def _maybe_fail_over(fleet: Fleet, view, now, actor: str) -> None:
+def _maybe_fail_over(fleet: Fleet, view: FleetView, now: datetime, actor: str) -> None:
     decision = detect_failover(view, now)
     if decision is None:
         fleet_no_standby_clear(fleet_id=fleet.id)
@@ -138,14 +138,14 @@ def _maybe_fail_over(fleet: Fleet, view, now, actor: str) -> None:
         # Another tick (or an operator) got there first, or the target moved: next tick decides.
         log.info("fleet %s: auto-failover not requested: %s", fleet.slug, exc)
         return
-    if result.created:
+    if result.created and result.operation is not None:
         active = view.active
         log.warning(
             "fleet %s: active %s lost (%s); promoting %s",
             fleet.slug,
             active.slug if active else None,
             decision.reason,
-            view.domain(decision.target_id).slug,
+            result.target_slug,
         )
         event_record(
             fleet_id=fleet.id,
@@ -175,7 +175,7 @@ def _report_no_standby(fleet: Fleet, view: FleetView, now: datetime) -> None:
 
 def tick_run(
     *,
-    fleet_id,
+    fleet_id: Id,
     wait_s: float = 0.0,
     client_factory: Callable[[str], SupervisorClient] = client_for,
     budget_s: float = TICK_BUDGET_S,
@@ -218,7 +218,7 @@ def fleets_to_reconcile(selection: list[str] | None = None) -> list[str]:
     return out
 
 
-def fleet_reconcile(*, fleet_id, actor: str = "api", wait_s: float = 10.0) -> TickResult:
+def fleet_reconcile(*, fleet_id: Id, actor: str = "api", wait_s: float = 10.0) -> TickResult:
     """Run one tick now (the API's `POST .../reconcile`), waiting briefly for a running one.
 
     If a step still waits on the outside world afterwards, the process's tick driver (loop or

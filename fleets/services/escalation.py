@@ -24,7 +24,7 @@ from fleets.models import Domain, Fleet, Id, ModelBinding, Operation, Slot
 from fleets.services.events import event_record
 
 
-def _viable_standby_exists(now: datetime, stale_ms: int):
+def _viable_standby_exists(now: datetime, stale_ms: int) -> Exists:
     """Build the `Exists` twin of `fleets.core.failover.is_viable_standby` (outer: the active)."""
     standby = (
         Domain.objects.filter(

@@ -16,7 +16,7 @@ def event_record(
     kind: str,
     actor: str = "system",
     domain_id: Id | None = None,
-    operation_id=None,
+    operation_id: Id | None = None,
     step: str = "",
     duration_ms: int | None = None,
     data: dict[str, Any] | None = None,

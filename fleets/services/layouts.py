@@ -8,8 +8,10 @@ only when a fleet is created (revision 1) and never moved here: only operations 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.db import transaction
+from django.db.models import Model
 
 from fleets import clock
 from fleets.core.policy import validate_policy
@@ -19,7 +21,7 @@ from fleets.core.states import (
 )
 from fleets.errors import LayoutError
 from fleets.layouts.loader import Layout
-from fleets.models import Domain, Fleet, ModelBinding, Operation, Slot
+from fleets.models import Domain, Fleet, Id, ModelBinding, Operation, Slot
 from fleets.services.events import event_record
 from fleets.services.inventory import domain_add, slot_add
 
@@ -34,7 +36,7 @@ class LayoutReport:
     notes: list[str] = field(default_factory=list)  # what the file asks for but apply won't do
     dry_run: bool = False
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             k: getattr(self, k)
             for k in ("created", "updated", "unchanged", "extra", "pruned", "notes", "dry_run")
@@ -45,7 +47,7 @@ class _DryRun(Exception):
     """Raised to roll back a dry run after the report is complete."""
 
 
-def _sync(obj, values: dict, label: str, report: LayoutReport) -> None:
+def _sync(obj: Model, values: dict[str, Any], label: str, report: LayoutReport) -> None:
     """Set changed fields on an existing row (never state fields) and record the outcome."""
     changed = [k for k, v in values.items() if getattr(obj, k) != v]
     if changed:
@@ -76,14 +78,15 @@ def layout_apply(
 
 def _apply(layout: Layout, prune: bool, report: LayoutReport, actor: str) -> None:
     now = clock.now()
-    fleet = Fleet.objects.filter(slug=layout.slug).first()
-    new_fleet = fleet is None
-    if new_fleet:
+    existing = Fleet.objects.filter(slug=layout.slug).first()
+    new_fleet = existing is None
+    if existing is None:
         fleet = Fleet.objects.create(
             slug=layout.slug, display_name=layout.display_name, policy=layout.policy
         )
         report.created.append(f"fleet {layout.slug}")
     else:
+        fleet = existing
         _sync(
             fleet,
             {"display_name": layout.display_name, "policy": layout.policy},
@@ -108,7 +111,9 @@ def _apply(layout: Layout, prune: bool, report: LayoutReport, actor: str) -> Non
             f"{layout.active_domain_slug!r} to switch"
         )
 
-    kept_domains, kept_slots, kept_bindings = set(), set(), set()
+    kept_domains: set[Id] = set()
+    kept_slots: set[Id] = set()
+    kept_bindings: set[Id] = set()
     for d in layout.domains:
         label = f"domain {layout.slug}/{d.slug}"
         values = {
@@ -171,7 +176,14 @@ def _apply(layout: Layout, prune: bool, report: LayoutReport, actor: str) -> Non
     )
 
 
-def _report_extras(fleet, kept_domains, kept_slots, kept_bindings, prune, report) -> None:
+def _report_extras(
+    fleet: Fleet,
+    kept_domains: set[Id],
+    kept_slots: set[Id],
+    kept_bindings: set[Id],
+    prune: bool,
+    report: LayoutReport,
+) -> None:
     extra_bindings = (
         ModelBinding.objects.filter(domain__fleet=fleet)
         .exclude(id__in=kept_bindings)
@@ -212,15 +224,15 @@ _PLACEMENT_ORDER = ("cloud", "region", "accelerator", "acceleratorCount", "useSp
 _TRAINING_ORDER = ("command", "checkpointDir")
 
 
-def _ordered(value: dict, order: tuple[str, ...] = ()) -> dict:
+def _ordered(value: dict[str, Any], order: tuple[str, ...] = ()) -> dict[str, Any]:
     """Return `value` with the keys of `order` first, in that order, then the rest sorted."""
     rest = sorted(k for k in value if k not in order)
     return {k: value[k] for k in (*[k for k in order if k in value], *rest)}
 
 
-def layout_export(fleet: Fleet) -> dict:
+def layout_export(fleet: Fleet) -> dict[str, Any]:
     """Return the fleet as a layout document that layout_apply accepts unchanged."""
-    doc: dict = {"slug": fleet.slug}
+    doc: dict[str, Any] = {"slug": fleet.slug}
     if fleet.display_name:
         doc["displayName"] = fleet.display_name
     if fleet.active_domain_id:
@@ -229,7 +241,7 @@ def layout_export(fleet: Fleet) -> dict:
         doc["policy"] = validate_policy(fleet.policy)  # keys in the policy table's order
     doc["domains"] = []
     for d in Domain.objects.filter(fleet=fleet).order_by("priority", "slug"):
-        dd: dict = {"slug": d.slug}
+        dd: dict[str, Any] = {"slug": d.slug}
         if d.display_name:
             dd["displayName"] = d.display_name
         dd["provider"] = d.provider
@@ -250,7 +262,7 @@ def layout_export(fleet: Fleet) -> dict:
                 continue
             models = []
             for b in ModelBinding.objects.filter(slot=s).order_by("name"):
-                m: dict = {"name": b.name, "servingUrl": b.serving_url}
+                m: dict[str, Any] = {"name": b.name, "servingUrl": b.serving_url}
                 if b.profile:
                     m["profile"] = _ordered(b.profile)
                 models.append(m)

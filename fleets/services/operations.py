@@ -7,8 +7,11 @@ kind and target) or reports as a conflict.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import Subquery
@@ -52,7 +55,7 @@ def operation_request(
     target_domain_id: str,
     actor: str = "api",
     reason: str = "manual",
-    detected_at=None,
+    detected_at: datetime | None = None,
 ) -> RequestResult:
     """Create a promote/demote operation, or join the in-flight one with the same kind/target.
 
@@ -104,7 +107,7 @@ def operation_request(
                     },
                 )
                 for hook in on_operation_created:
-                    transaction.on_commit(lambda h=hook, o=op: h(str(o.fleet_id), str(o.id)))
+                    transaction.on_commit(functools.partial(hook, str(op.fleet_id), str(op.id)))
             return RequestResult("accepted", op, True, view.route_revision, target.slug)
         except IntegrityError:
             existing = Operation.objects.filter(
@@ -153,7 +156,7 @@ def operation_step_done(
     step: str,
     actor: str = "reconciler",
     outcome: str = "done",
-    data: dict | None = None,
+    data: dict[str, Any] | None = None,
 ) -> bool:
     """Record `step` as finished and move to the next step, or succeed after the last one.
 
@@ -247,12 +250,12 @@ def operation_fail(
             data=error,
         )
         if op["kind"] == OperationKind.PROMOTE:
-            _undo_promotion_half_moves(op, operation_id, actor)
+            _undo_promotion_half_moves(op["target_domain_id"], operation_id, actor)
     return True
 
 
-def _undo_promotion_half_moves(op: dict, operation_id, actor: str) -> None:
-    target_slots = Slot.objects.filter(domain_id=op["target_domain_id"])
+def _undo_promotion_half_moves(target_domain_id: Id, operation_id: Id, actor: str) -> None:
+    target_slots = Slot.objects.filter(domain_id=target_domain_id)
     for slot in target_slots:
         if slot.kind == SlotKind.INFERENCE and slot.state in (
             InferenceState.WAKING,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import F
@@ -37,16 +38,16 @@ RETURNING moved.route_revision
 """
 
 
-def _as_uuid(value) -> uuid.UUID | None:
+def _as_uuid(value: Id | None) -> uuid.UUID | None:
     return value if value is None or isinstance(value, uuid.UUID) else uuid.UUID(str(value))
 
 
 def route_switch(
     *,
     fleet_id: Id,
-    operation_id,
+    operation_id: Id,
     target_domain_id: Id,
-    expected_active_id,
+    expected_active_id: Id | None,
     expected_revision: int,
     actor: str = "reconciler",
 ) -> int | None:
@@ -56,7 +57,7 @@ def route_switch(
     fleet, and the driving promotion is still running; it sets that operation's
     `routing_committed` atomically with the move.
     """
-    params = {
+    params: dict[str, Any] = {
         "op": _as_uuid(operation_id),
         "fleet": _as_uuid(fleet_id),
         "target": _as_uuid(target_domain_id),
@@ -69,7 +70,7 @@ def route_switch(
             with connection.cursor() as cursor:
                 cursor.execute(_SWITCH_SQL, params)
                 row = cursor.fetchone()
-            new_revision = row[0] if row else None
+            new_revision: int | None = int(row[0]) if row else None
         else:
             new_revision = _switch_serialized(params)
         if new_revision is not None:
@@ -88,7 +89,7 @@ def route_switch(
     return new_revision
 
 
-def _switch_serialized(p: dict) -> int | None:
+def _switch_serialized(p: dict[str, Any]) -> int | None:
     """Do the same move on SQLite, where DML in a CTE is not supported.
 
     Safe as two statements: the settings open every transaction IMMEDIATE, so SQLite holds its
@@ -114,4 +115,4 @@ def _switch_serialized(p: dict) -> int | None:
     if not moved:
         return None
     Operation.objects.filter(pk=p["op"]).update(routing_committed=True)
-    return p["revision"] + 1
+    return int(p["revision"]) + 1

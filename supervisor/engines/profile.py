@@ -153,7 +153,7 @@ def parse_profile(
     if gmu is not None and not 0.0 < gmu <= 1.0:
         r.error("gpuMemoryUtilization", f"must be in (0, 1], got {gmu}")
         gmu = None
-    extra_args = r.str_list("extraArgs") or []
+    extra_args: list[str] = r.str_list("extraArgs") or []
     env = r.str_map("env") or {}
     executable = r.str("executable")
     r.finish()

@@ -156,7 +156,7 @@ class NvmlBackend:
     def _mig_enabled(self, nvml: Any, handle: Any) -> bool:
         getter = getattr(nvml, "nvmlDeviceGetMigMode", None)
         mode = _optional(nvml, getter, handle) if getter else None
-        return bool(mode) and mode[0] == NVML_DEVICE_MIG_ENABLE
+        return mode is not None and bool(mode) and mode[0] == NVML_DEVICE_MIG_ENABLE
 
     def _processes(self, nvml: Any, handle: Any) -> tuple[GpuProcess, ...]:
         seen: dict[int, GpuProcess] = {}
