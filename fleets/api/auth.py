@@ -7,10 +7,10 @@ Unset: the server binds loopback only (see `manage.py serve`) and the API is ope
 
 from __future__ import annotations
 
-import hmac
-
 from django.conf import settings
 from rest_framework import authentication, exceptions, permissions
+
+from fleets.tokens import token_matches
 
 
 class _Token:
@@ -22,17 +22,6 @@ class _Token:
 
     def __str__(self) -> str:
         return self.username
-
-
-def token_matches(header: str | None) -> bool:
-    """Return whether an Authorization header carries the configured API token."""
-    expected = settings.HARU["api_token"]
-    if not expected or not header:
-        return False
-    scheme, _, presented = header.partition(" ")
-    if scheme.lower() != "bearer":
-        return False
-    return hmac.compare_digest(presented.strip().encode(), expected.encode())
 
 
 class BearerTokenAuthentication(authentication.BaseAuthentication):

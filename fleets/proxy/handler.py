@@ -12,9 +12,9 @@ import time
 
 from django.conf import settings
 
-from fleets.api.auth import token_matches
 from fleets.proxy import errors, metrics, upstream
 from fleets.proxy.snapshots import ROUTES, Route, Snapshot, clip
+from fleets.tokens import token_matches
 
 ENDPOINTS = {
     "/v1/chat/completions": "chat",

@@ -304,7 +304,9 @@ def test_real_trainer_environment_holds_exactly_the_contract_and_no_token(tmp_pa
         )
         try:
             await slot.start()
-            await until(dump.exists)
+            # Written with one write_text: wait for the content, not just the file (a SIGTERM
+            # between create and write leaves it empty on a loaded machine).
+            await until(lambda: dump.exists() and dump.read_text().endswith("}"))
             slot.stop(5000)
             assert await slot.wait_idle(5)
         finally:
