@@ -19,7 +19,7 @@ host.
 Paths through Haru: `lean` is `manage.py serve` (haru.asgi, uvicorn with its access log on);
 `--compare-access-log` adds `quiet` (the same app, uvicorn's access log off);
 `--compare-django` adds `django` (the same proxy code behind Django's own ASGI handler and
-middleware, the `fleets.proxy.views` path: why haru/asgi.py routes the proxy ahead of Django).
+middleware, bench/django_proxy.py: why haru/asgi.py routes the proxy ahead of Django).
 Every process started here runs in its own process group and is killed on exit.
 """
 
@@ -283,8 +283,9 @@ def _start_haru(procs: Processes, env, port: int, path: str) -> subprocess.Popen
     uvicorn = [PYTHON, "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port)]
     uvicorn += ["--log-level", "warning", "--no-access-log", "--lifespan", "off"]
     if path == "django":
-        # Plain Django (middleware, body buffering) serving fleets.proxy.views via haru/urls.py.
+        # Plain Django (middleware, body buffering) serving bench/django_proxy.py's views.
         argv = [*uvicorn, "--factory", "django.core.asgi:get_asgi_application"]
+        env = {**env, "DJANGO_SETTINGS_MODULE": "bench.django_settings"}
     elif path == "quiet":
         # The served app without uvicorn's per-request access log line.
         argv = [*uvicorn, "haru.asgi:application"]

@@ -4,7 +4,6 @@ from django.http import JsonResponse
 from django.urls import include, path
 
 from fleets.metrics import metrics_view
-from fleets.proxy import views as proxy_views
 
 
 def healthz(request):
@@ -15,11 +14,8 @@ def healthz(request):
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("metrics", metrics_view, name="metrics"),
-    # The chat proxy. haru/asgi.py answers these paths ahead of Django (fleets.proxy.asgi);
-    # these views serve callers that enter through Django itself.
-    path("v1/chat/completions", proxy_views.chat_completions, name="proxy-chat-completions"),
-    path("v1/completions", proxy_views.completions, name="proxy-completions"),
-    path("v1/models", proxy_views.models, name="proxy-models"),
+    # The chat proxy (/v1/chat/completions, /v1/completions, /v1/models) is not here: only the
+    # lean ASGI app in haru/asgi.py serves it, ahead of Django.
     path("v1/", include("fleets.api.urls")),
     path("admin/", admin.site.urls),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),

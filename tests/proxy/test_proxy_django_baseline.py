@@ -1,4 +1,5 @@
-"""The Django front door (fleets.proxy.views) answers like the lean ASGI app."""
+"""Only the lean ASGI app serves the chat proxy; the benchmark's Django-view baseline
+(bench/django_proxy.py, not shipped) still answers like it, so the comparison stays fair."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from django.test import AsyncClient
 
 from tests.proxy.conftest import CHAT, chat_body
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("bench.django_proxy")]
 
 
 FLEET = {"x-haru-fleet": "demo"}
@@ -44,3 +45,15 @@ async def test_models_through_django(django_client, proxy_fleet, api_token):
         "/v1/models", headers={"authorization": f"Bearer {api_token}", **FLEET}
     )
     assert [m["id"] for m in response.json()["data"]] == ["llama-small", "qwen-small"]
+
+
+@pytest.mark.urls("haru.urls")
+@pytest.mark.parametrize(("method", "path"), [("post", CHAT), ("post", "/v1/completions")])
+async def test_django_itself_no_longer_serves_the_chat_proxy(django_client, method, path):
+    # The Django-view fallback is gone: a request that reaches Django (its test client, or a
+    # deployment without haru/asgi.py) gets the JSON 404, never a half-featured proxy.
+    response = await getattr(django_client, method)(
+        path, b"{}", content_type="application/json", headers=FLEET
+    )
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "not_found"

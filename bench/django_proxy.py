@@ -1,18 +1,16 @@
-"""The proxy's endpoints as plain async Django views: the second front door.
+"""The proxy's endpoints as plain async Django views: the baseline `--compare-django` measures.
 
-haru/asgi.py serves these paths with the lean app in `fleets.proxy.asgi` before Django sees
-them, so in `manage.py serve` these views never run. They exist for anything that reaches the
-project through Django itself (Django's own ASGI handler, the test client), and as the baseline
-`bench/proxy.py --compare-django` measures. Same flow, same answers, with two differences that
-are Django's, not ours: the body has already been read in full when a view runs (so an
-oversized chunked body is refused only after it arrived), and the middleware stack costs about
-a millisecond more per request.
+Haru serves these paths only with the lean ASGI app (`fleets.proxy.asgi`), ahead of Django;
+this module is not shipped. It keeps the comparison that justifies that choice re-measurable:
+the same proxy code (`fleets.proxy.handler`) behind Django's own ASGI handler and middleware,
+with the body read in full before a view runs. `bench/django_settings.py` serves it.
 """
 
 from __future__ import annotations
 
 from django.conf import settings
 from django.http import HttpResponse, StreamingHttpResponse
+from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 
 from fleets.proxy import errors, handler
@@ -100,3 +98,10 @@ async def models(request):
     if exchange.stale:
         response[handler.STALE_HEADER[0].decode()] = handler.STALE_HEADER[1].decode()
     return response
+
+
+urlpatterns = [
+    path("v1/chat/completions", chat_completions),
+    path("v1/completions", completions),
+    path("v1/models", models),
+]
