@@ -19,6 +19,7 @@ from supervisor.auth import BearerAuth
 from supervisor.errors import ApiError, error_body
 from supervisor.gpu.facts import GpuQueryFailed, GpuUnavailable
 from supervisor.host import Host, InvalidTarget, ModelFailures, ShuttingDown
+from supervisor.limits import MAX_MS, MAX_PROBE_PROMPT_CHARS, MAX_PROBE_TOKENS
 from supervisor.strict_json import ObjectReader
 from supervisor.training import SpawnFailed, TrainingBusy
 
@@ -26,10 +27,6 @@ log = logging.getLogger(__name__)
 
 # Control requests are a few fields; anything bigger is a mistake or an attack.
 MAX_BODY_BYTES = 64 * 1024
-MAX_MS = 2**31 - 1
-# The same limits the control plane's probe policy enforces.
-MAX_PROBE_PROMPT_CHARS = 8192
-MAX_PROBE_TOKENS = 256
 
 
 async def read_object(request: Request) -> ObjectReader:

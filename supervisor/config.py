@@ -17,10 +17,10 @@ from typing import Any
 
 from supervisor.engines.profile import EngineProfile, GpuSpec, parse_profile
 from supervisor.engines.registry import EngineRegistry, default_registry
+from supervisor.limits import MAX_MS
 from supervisor.strict_json import MISSING, ConfigError, ObjectReader, child_path
 
 DEFAULT_GRACE_MS = 30_000
-MAX_MS = 2**31 - 1
 DEFAULT_SIM_GPU = {"index": 0, "totalMiB": 81920, "name": "SIM-H100", "computeCapability": "9.0"}
 # Engines an unmanaged server may be: each has an HTTP sleep protocol. llama.cpp has none, so
 # the supervisor can only put it on standby by stopping a process it started itself.

@@ -11,11 +11,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-# Millisecond budgets end up in timers and in Postgres integer columns; 2**31 - 1 keeps both
-# honest (a larger "effectively infinite" value would overflow or fire at once).
-MAX_TIMEOUT_MS = 2**31 - 1
-PROBE_PROMPT_MAX_CHARS = 8192
-PROBE_MAX_TOKENS_MAX = 256
+from supervisor.limits import MAX_MS, MAX_PROBE_PROMPT_CHARS, MAX_PROBE_TOKENS
+
+# The supervisor enforces the same limits on its side (supervisor/limits.py).
+MAX_TIMEOUT_MS = MAX_MS
+PROBE_PROMPT_MAX_CHARS = MAX_PROBE_PROMPT_CHARS
+PROBE_MAX_TOKENS_MAX = MAX_PROBE_TOKENS
 
 DEFAULTS: dict[str, Any] = {
     "autoFailover": False,

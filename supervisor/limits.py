@@ -1,0 +1,14 @@
+"""Limits the supervisor and the control plane must agree on, written once.
+
+Standard library only and free of any supervisor state, so the control plane's pure core can
+import it: the probe policy an operator sets must fit what the supervisor's probe accepts.
+"""
+
+from __future__ import annotations
+
+# Millisecond budgets end up in timers and in Postgres integer columns; 2**31 - 1 keeps both
+# honest (a larger "effectively infinite" value would overflow or fire at once).
+MAX_MS = 2**31 - 1
+# The readiness probe: a short prompt and a few tokens prove a model answers.
+MAX_PROBE_PROMPT_CHARS = 8192
+MAX_PROBE_TOKENS = 256
