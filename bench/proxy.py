@@ -1,6 +1,7 @@
 """Benchmark the chat proxy: direct to a fast upstream vs through Haru, same worker count.
 
     .venv/bin/python bench/proxy.py [--seconds 3] [--concurrency 1,32] [--upstream raw,sim]
+                                    [--client haru|httpx|aiohttp]
                                     [--compare-access-log] [--compare-django] [--json]
 
 Upstreams (one uvicorn worker each, no delays):
@@ -20,6 +21,10 @@ Paths through Haru: `lean` is `manage.py serve` (haru.asgi, uvicorn with its acc
 `--compare-access-log` adds `quiet` (the same app, uvicorn's access log off);
 `--compare-django` adds `django` (the same proxy code behind Django's own ASGI handler and
 middleware, bench/django_proxy.py: why haru/asgi.py routes the proxy ahead of Django).
+`--client httpx|aiohttp` runs the `lean` and `quiet` paths with the proxy's upstream HTTP client
+replaced by that library (bench/upstream_clients.py, the same uvicorn settings as `manage.py
+serve`); `haru` (the default) is the hand-written client in fleets/proxy/upstream.py. Run it
+once per client to re-measure that choice.
 Every process started here runs in its own process group and is killed on exit.
 """
 
@@ -278,11 +283,21 @@ def _seed(env: dict[str, str], var_dir: str, upstream_ports: dict[str, int]) -> 
     )
 
 
-def _start_haru(procs: Processes, env, port: int, path: str) -> subprocess.Popen:
-    """Start Haru the way `path` names: lean (manage.py serve), quiet, or django."""
+def _start_haru(
+    procs: Processes, env, port: int, path: str, client: str = "haru"
+) -> subprocess.Popen:
+    """Start Haru the way `path` names: lean (manage.py serve), quiet, or django; `client`
+    other than haru swaps the proxy's upstream HTTP client (bench/upstream_clients.py)."""
     uvicorn = [PYTHON, "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port)]
     uvicorn += ["--log-level", "warning", "--no-access-log", "--lifespan", "off"]
-    if path == "django":
+    if client != "haru" and path in ("lean", "quiet"):
+        # As manage.py serve runs it (no reconcile loop, proxy headers off), access log on for
+        # lean and off for quiet; only the upstream client differs.
+        argv = [PYTHON, "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port)]
+        argv += ["--log-level", "info", "--lifespan", "off", "--no-proxy-headers"]
+        argv += ["--no-access-log"] * (path == "quiet") + ["bench.upstream_clients:application"]
+        env = {**env, "HARU_BENCH_CLIENT": client, "HARU_RECONCILE_INTERVAL_MS": ""}
+    elif path == "django":
         # Plain Django (middleware, body buffering) serving bench/django_proxy.py's views.
         argv = [*uvicorn, "--factory", "django.core.asgi:get_asgi_application"]
         env = {**env, "DJANGO_SETTINGS_MODULE": "bench.django_settings"}
@@ -323,6 +338,7 @@ async def _run(args, upstream_ports: dict[str, int], haru_ports: dict[str, int])
                         {
                             "upstream": upstream,
                             "path": label,
+                            "client": args.client,
                             "kind": kind,
                             "c": c,
                             "direct": d,
@@ -336,7 +352,8 @@ async def _run(args, upstream_ports: dict[str, int], haru_ports: dict[str, int])
 def _print_row(row) -> None:
     d, h = row["direct"], row["haru"]
     print(
-        f"{row['upstream']:<4} {row['path']:<6} {row['kind']:<14} c={row['c']:<3} "
+        f"{row['upstream']:<4} {row['path']:<6} {row['client']:<7} {row['kind']:<14} "
+        f"c={row['c']:<3} "
         f"direct {d['rps']:8.0f} rps p50 {d['p50_ms']:6.2f} ms p99 {d['p99_ms']:6.2f} ms | "
         f"haru {h['rps']:8.0f} rps p50 {h['p50_ms']:6.2f} ms p99 {h['p99_ms']:6.2f} ms | "
         f"throughput {h['rps'] / d['rps']:5.1%}  added p50 {h['p50_ms'] - d['p50_ms']:+.2f} ms",
@@ -356,6 +373,12 @@ def main() -> int:
         type=lambda s: s.split(","),
         default=["raw", "sim"],
         help="upstream kinds to measure against: raw, sim (default both)",
+    )
+    parser.add_argument(
+        "--client",
+        choices=["haru", "httpx", "aiohttp"],
+        default="haru",
+        help="the proxy's upstream HTTP client for the lean and quiet paths (default haru)",
     )
     parser.add_argument(
         "--compare-django",
@@ -397,7 +420,7 @@ def main() -> int:
             paths += ["quiet"] * args.compare_access_log + ["django"] * args.compare_django
             haru_ports = {path: _free_port() for path in paths}
             for path, port in haru_ports.items():
-                _start_haru(procs, env, port, path)
+                _start_haru(procs, env, port, path, args.client)
             print(
                 f"upstreams {upstream_ports}, haru {haru_ports}, one worker each, "
                 f"{args.seconds:g} s per run after {args.warmup:g} s warm-up, "
@@ -407,7 +430,7 @@ def main() -> int:
             rows = asyncio.run(_run(args, upstream_ports, haru_ports))
     finally:
         procs.stop_all()
-    print("summary (the served path, haru.asgi):")
+    print(f"summary (the served path, haru.asgi, upstream client {args.client}):")
     for row in rows:
         if row["path"] != "lean":
             continue

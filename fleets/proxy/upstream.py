@@ -1,6 +1,7 @@
 """The pooled HTTP/1.1 client to model servers: asyncio transports plus the httptools parser.
 
-Why not httpx (measured with /tmp scripts and bench/proxy.py on the 2-core CI machine): an
+Re-measure the choice with `bench/proxy.py --client httpx` and `--client aiohttp` (the library
+stand-ins live in bench/upstream_clients.py). Why not httpx (measured on the 2-core CI machine): an
 httpx.AsyncClient costs about 0.45 ms of CPU per request and its pool's request assignment
 degrades with many connections (about 800 requests/s at 32 concurrent), which alone exceeds the
 proxy's budget (< 1 ms added at the median, half the direct throughput). This client costs a
