@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 from django.db import connection
+from rest_framework.test import APIClient
+
+from fleets import clock
+from fleets.layouts.loader import parse_layout
+from fleets.models import Fleet
+from fleets.services.layouts import layout_apply
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_LAYOUT = ROOT / "examples" / "fleet.two-domain.json"
@@ -27,7 +34,6 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def layout_data():
     """Return the two-domain example layout as a fresh dict."""
-    import json
 
     return json.loads(EXAMPLE_LAYOUT.read_text())
 
@@ -35,9 +41,6 @@ def layout_data():
 @pytest.fixture
 def seeded_fleet(db, layout_data):
     """Apply the two-domain example layout and return the Fleet."""
-    from fleets.layouts.loader import parse_layout
-    from fleets.models import Fleet
-    from fleets.services.layouts import layout_apply
 
     layout_apply(layout=parse_layout(layout_data))
     return Fleet.objects.get(slug=layout_data["slug"])
@@ -45,8 +48,6 @@ def seeded_fleet(db, layout_data):
 
 @pytest.fixture
 def api_client():
-    from rest_framework.test import APIClient
-
     return APIClient()
 
 
@@ -60,8 +61,6 @@ def api_token(settings):
 
 @pytest.fixture
 def fake_clock():
-    from fleets import clock
-
     fake = clock.FakeClock()
     previous = clock.set_clock(fake)
     yield fake

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 from django.urls import get_resolver
+from rest_framework.test import APIClient
 
 from fleets.api import urls as api_urls
+from fleets.api.auth import HasApiToken
 
 pytestmark = pytest.mark.django_db
 
@@ -108,8 +110,6 @@ def test_staff_session_is_accepted_and_other_users_are_not(
 
 
 def test_staff_session_needs_csrf_to_write(seeded_fleet, api_token, django_user_model, envelope):
-    from rest_framework.test import APIClient
-
     staff = django_user_model.objects.create_user("ops", password="pw-123456", is_staff=True)
     client = APIClient(enforce_csrf_checks=True)
     client.force_login(staff)
@@ -135,7 +135,6 @@ def test_unknown_v1_route_is_a_404_envelope(client_with_token, envelope):
 
 def test_every_v1_route_is_a_drf_view_with_the_token_permission():
     """A new /v1/ route added without the token check would be an open door."""
-    from fleets.api.auth import HasApiToken
 
     resolver = get_resolver()
     for pattern in resolver.url_patterns:

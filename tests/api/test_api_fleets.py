@@ -7,8 +7,10 @@ import uuid
 import pytest
 
 from fleets.core.policy import DEFAULTS
+from fleets.layouts.loader import parse_layout
 from fleets.models import Domain, Fleet
-from fleets.services.operations import operation_request, operation_start
+from fleets.services.layouts import layout_apply
+from fleets.services.operations import operation_cancel, operation_request, operation_start
 
 pytestmark = pytest.mark.django_db
 
@@ -101,9 +103,6 @@ def test_fleet_is_addressable_by_slug_and_by_uuid(seeded_fleet, client_with_toke
 
 
 def test_uuid_is_tried_before_slug(seeded_fleet, layout_data, client_with_token):
-    from fleets.layouts.loader import parse_layout
-    from fleets.services.layouts import layout_apply
-
     # A second fleet whose slug is the first fleet's UUID string: the id must still win.
     impostor_slug = str(seeded_fleet.id)
     layout_apply(layout=parse_layout({**layout_data, "slug": impostor_slug}))
@@ -154,8 +153,6 @@ def test_route_intent_uses_the_injected_clock(seeded_fleet, client_with_token, f
 
 
 def test_fleet_operations_lists_newest_first(seeded_fleet, client_with_token, fake_clock):
-    from fleets.services.operations import operation_cancel
-
     west = Domain.objects.get(slug="west")
     ids = []
     for _ in range(3):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.core.management import call_command
 from drf_spectacular.validation import validate_schema
 
 pytestmark = pytest.mark.django_db
@@ -99,8 +100,6 @@ def test_schema_declares_bearer_auth(schema):
 
 
 def test_schema_generates_without_warnings(tmp_path):
-    from django.core.management import call_command
-
     # --fail-on-warn turns any shape drf-spectacular had to guess into an error.
     call_command("spectacular", "--validate", "--fail-on-warn", "--file", str(tmp_path / "s.json"))
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from fleets.layouts.loader import parse_layout
 from fleets.models import Domain, Event, Operation
+from fleets.services.layouts import layout_apply
 
 pytestmark = pytest.mark.django_db
 
@@ -91,9 +93,6 @@ def test_unknown_or_unpromotable_target_is_422(
 
 
 def test_a_domain_of_another_fleet_is_422(seeded_fleet, layout_data, client_with_token, envelope):
-    from fleets.layouts.loader import parse_layout
-    from fleets.services.layouts import layout_apply
-
     layout_apply(layout=parse_layout({**layout_data, "slug": "other"}))
     foreign = Domain.objects.get(fleet__slug="other", slug="west")
     response = post(client_with_token, PROMOTE, {"targetDomainId": str(foreign.id)})

@@ -25,7 +25,9 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
+import psycopg
 import pytest
+from playwright.sync_api import sync_playwright
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
@@ -171,8 +173,6 @@ def layout(sup_ports: dict[str, int], configs: dict[str, dict]) -> dict:
 
 
 def _postgres_admin(url: str):
-    import psycopg
-
     parts = urlsplit(url)
     admin = urlunsplit(parts._replace(path="/postgres"))
     return psycopg.connect(admin, autocommit=True)
@@ -403,8 +403,6 @@ def _seed_unreachable_fleet(env: dict[str, str], tmp: Path) -> None:
 
 @pytest.fixture(scope="module")
 def browser(chromium_path):
-    from playwright.sync_api import sync_playwright
-
     with sync_playwright() as pw:
         chromium = pw.chromium.launch(
             executable_path=str(chromium_path), args=CHROMIUM_ARGS, headless=True

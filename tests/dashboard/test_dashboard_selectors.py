@@ -18,6 +18,10 @@ from fleets.services.operations import (
     operation_start,
     operation_step_done,
 )
+from fleets.services.transitions import domain_transition
+from supervisor.engines.fingerprint import profile_fingerprint
+from supervisor.engines.profile import parse_profile
+from supervisor.engines.registry import default_registry
 
 REPORT = {
     "slots": [
@@ -162,10 +166,6 @@ def test_drift_is_unknown_unless_both_fingerprints_are_known():
 
 
 def test_expected_fingerprint_is_the_supervisors_for_the_same_profile():
-    from supervisor.engines.fingerprint import profile_fingerprint
-    from supervisor.engines.profile import parse_profile
-    from supervisor.engines.registry import default_registry
-
     profile = {"engine": "sim", "extraArgs": ["--wake-latency-ms", "400"]}
     errors: list[str] = []
     parsed = parse_profile(
@@ -311,8 +311,6 @@ def test_failed_operation_shows_the_error_on_its_step(seeded_fleet, fake_clock):
 
 @pytest.mark.django_db
 def test_event_timeline_is_newest_first_with_readable_summaries(seeded_fleet, fake_clock):
-    from fleets.services.transitions import domain_transition
-
     west = Domain.objects.get(fleet=seeded_fleet, slug="west")
     domain_transition(domain_id=west.id, to_state="degraded", reason="probe slow")
     events = fleet_page(seeded_fleet, now=fake_clock.now())["events"]

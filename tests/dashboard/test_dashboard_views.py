@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import re
+import socket
 
 import pytest
 from django.test import Client
 
-from fleets.models import Domain, Operation
-from fleets.services.operations import operation_request
+from fleets.models import Domain, Event, Operation
+from fleets.services.operations import operation_request, operation_start
 
 pytestmark = pytest.mark.django_db
 
@@ -94,8 +95,6 @@ def test_unknown_fleet_is_a_404_page(staff_client, seeded_fleet):
 
 
 def test_in_flight_operation_shows_its_current_step(staff_client, seeded_fleet):
-    from fleets.services.operations import operation_start
-
     result = operation_request(
         fleet=seeded_fleet, kind="promote", target_domain_id=_west(seeded_fleet).id
     )
@@ -210,16 +209,12 @@ def test_actions_are_post_only(staff_client, seeded_fleet):
 
 
 def _closed_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 def test_reconcile_now_runs_a_tick_like_the_api(staff_client, seeded_fleet):
-    from fleets.models import Event
-
     # Point both supervisors at a closed port: the tick's heartbeats fail fast and say so.
     Domain.objects.filter(fleet=seeded_fleet).update(
         supervisor_url=f"http://127.0.0.1:{_closed_port()}"

@@ -6,6 +6,10 @@ import time
 
 import pytest
 
+from fleets.layouts.loader import parse_layout
+from fleets.models import Fleet
+from fleets.reconciler.tick import tick_run
+from fleets.services.layouts import layout_apply
 from tests.e2e.harness import TOKEN, SimHost, fleet_layout, put_in_standby_posture
 
 
@@ -38,9 +42,6 @@ def supervisor_token(settings):
 @pytest.fixture
 def make_fleet(db, supervisor_token):
     """Return a function seeding a fleet over (east, west) in the test database."""
-    from fleets.layouts.loader import parse_layout
-    from fleets.models import Fleet
-    from fleets.services.layouts import layout_apply
 
     def make(east: SimHost, west: SimHost, policy: dict | None = None) -> Fleet:
         data = fleet_layout(east, west, policy)
@@ -53,7 +54,6 @@ def make_fleet(db, supervisor_token):
 @pytest.fixture
 def drive():
     """Return `drive(fleet, until, timeout)`: tick the fleet until `until()` is truthy."""
-    from fleets.reconciler.tick import tick_run
 
     def run(fleet, until, timeout: float = 20.0, poll_s: float = 0.5):
         deadline = time.monotonic() + timeout

@@ -13,6 +13,7 @@ import subprocess
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+import redis
 from django.conf import settings
 from django.db import connection
 
@@ -32,7 +33,6 @@ pytestmark = [
 @pytest.fixture
 def celery_procs(tmp_path):
     """Start `celery -A haru worker` and `celery -A haru beat` against the test database."""
-    import redis
 
     redis_url = settings.HARU["redis_url"]
     redis.Redis.from_url(redis_url).flushdb()  # our own db number: drop stale tasks

@@ -13,6 +13,7 @@ import uuid
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
+import psycopg
 import pytest
 
 from tests.e2e.harness import ServerProc, fleet_layout, wait_for
@@ -27,7 +28,6 @@ def server_db():
     if not base.startswith("postgres"):
         yield {}
         return
-    import psycopg
 
     name = f"haru_e2e_{uuid.uuid4().hex[:10]}"
     parts = urlsplit(base)

@@ -14,9 +14,10 @@ from django.core.management import CommandError, call_command
 from jsonschema import Draft202012Validator
 
 from fleets.errors import LayoutError
-from fleets.layouts.loader import SCHEMA_PATH, load_layout, parse_layout
+from fleets.layouts.loader import SCHEMA_PATH, load_layout, parse_layout, read_layout_file
 from fleets.models import Domain, Event, Fleet, ModelBinding, Operation, Slot
 from fleets.services.layouts import layout_apply, layout_export
+from fleets.services.operations import operation_request
 
 ROOT = Path(__file__).resolve().parents[2]
 TWO_DOMAIN = ROOT / "examples" / "fleet.two-domain.json"
@@ -193,8 +194,6 @@ def test_model_without_serving_url_inherits_the_domains_base_url(layout_data):
 
 @pytest.mark.parametrize("path", [TWO_DOMAIN, THREE_DOMAIN], ids=lambda p: p.name)
 def test_shipped_examples_validate_against_the_schema(path):
-    from fleets.layouts.loader import read_layout_file
-
     schema = json.loads(SCHEMA_PATH.read_text())
     Draft202012Validator.check_schema(schema)
     Draft202012Validator(schema).validate(read_layout_file(path))
@@ -399,8 +398,6 @@ def test_prune_refuses_to_remove_the_active_domain(seeded_fleet, layout_data, tm
 
 @pytest.mark.django_db
 def test_prune_refuses_while_an_operation_is_in_flight(seeded_fleet, layout_data):
-    from fleets.services.operations import operation_request
-
     west = Domain.objects.get(fleet=seeded_fleet, slug="west")
     operation_request(fleet=seeded_fleet, kind="promote", target_domain_id=west.id)
     before = db_state()

@@ -6,12 +6,12 @@ import os
 import uuid
 
 import pytest
+from channels.layers import get_channel_layer
 
 
 @pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
 def channel_layer(request, settings):
     """Configure the layer for this test and return it."""
-    from channels.layers import get_channel_layer
 
     if request.param == "memory":
         settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}

@@ -10,6 +10,7 @@ import time
 
 import pytest
 from asgiref.sync import async_to_sync
+from django.db import connection, connections
 
 from fleets import broadcast
 from fleets.models import Domain
@@ -196,8 +197,6 @@ def test_flush_times_out_instead_of_hanging():
 
 
 def test_state_reads_on_the_publisher_thread_hold_no_transaction(demo):
-    from django.db import connection
-
     seen = {}
 
     def job():
@@ -213,8 +212,6 @@ def test_state_reads_on_the_publisher_thread_hold_no_transaction(demo):
 
 
 def test_an_idle_publisher_gives_its_connection_back(demo):
-    from django.db import connections
-
     if connections["default"].vendor == "sqlite" and connections["default"].is_in_memory_db():
         pytest.skip("Django never closes the in-memory test database's connections")
     publisher = broadcast.Publisher(idle_close_s=0.05)

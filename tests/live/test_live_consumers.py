@@ -4,14 +4,19 @@ new state, on the in-memory layer and on channels_redis against a real Redis."""
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 
 import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
+from django.db import connection
 from django.test import Client
 
 from fleets import broadcast
-from fleets.models import Domain, Fleet
+from fleets.layouts.loader import parse_layout
+from fleets.models import Domain, Fleet, Operation
+from fleets.services.layouts import layout_apply
 from fleets.services.operations import operation_request, operation_start
 from fleets.services.route_pointer import route_switch
 from fleets.services.transitions import domain_transition
@@ -40,7 +45,7 @@ async def _login(django_user_model, username: str, *, staff: bool) -> Client:
 
 
 def _communicator(path: str, client: Client | None) -> WebsocketCommunicator:
-    from haru.asgi import application
+    from haru.asgi import application  # noqa: PLC0415 - builds the app (and gc.freeze()s) at import: only once Django is set up for the test
 
     return WebsocketCommunicator(application, path, headers=_headers(client))
 
@@ -94,7 +99,7 @@ async def test_a_logged_out_session_is_refused(channel_layer, demo, django_user_
     client = await _login(django_user_model, "ops", staff=True)
     headers_before = _headers(client)
     await sync_to_async(client.logout)()
-    from haru.asgi import application
+    from haru.asgi import application  # noqa: PLC0415 - builds the app (and gc.freeze()s) at import: only once Django is set up for the test
 
     comm = WebsocketCommunicator(application, "/ws/fleets/demo/", headers=headers_before)
     connected, _ = await comm.connect()
@@ -175,7 +180,6 @@ async def test_change_made_on_a_plain_thread_reaches_the_socket(
 ):
     """The in-process reconcile loop commits on plain threads, not on asgiref's: the message
     must still reach the server loop's sockets, once."""
-    from django.db import connection
 
     client = await _login(django_user_model, "ops", staff=True)
     comm = _communicator("/ws/fleets/demo/", client)
@@ -233,18 +237,11 @@ async def test_messages_from_the_browser_are_ignored(channel_layer, demo, django
 
 
 def _any_operation() -> bool:
-    from fleets.models import Operation
-
     return Operation.objects.exists()
 
 
 def _seed_other_fleet() -> Fleet:
     """Apply the example layout a second time under another slug."""
-    import json
-    from pathlib import Path
-
-    from fleets.layouts.loader import parse_layout
-    from fleets.services.layouts import layout_apply
 
     path = Path(__file__).resolve().parents[2] / "examples" / "fleet.two-domain.json"
     data = {**json.loads(path.read_text()), "slug": "other"}

@@ -19,8 +19,11 @@ import uvicorn
 from asgiref.sync import sync_to_async
 from django.db import connections
 
+from fleets.layouts.loader import parse_layout
+from fleets.models import Fleet
 from fleets.proxy import store, upstream
 from fleets.proxy.snapshots import ROUTES
+from fleets.services.layouts import layout_apply
 
 CHAT = "/v1/chat/completions"
 
@@ -181,7 +184,7 @@ def closed_port() -> int:
 @pytest.fixture(scope="session")
 def event_loop_policy():
     """Run these tests on uvloop: the loop uvicorn picks in production (uvicorn[standard])."""
-    import uvloop
+    import uvloop  # noqa: PLC0415 - optional: the test is skipped without it
 
     return uvloop.EventLoopPolicy()
 
@@ -214,9 +217,6 @@ async def engines():
 @pytest.fixture
 async def proxy_fleet(engines, layout_data):
     """Seed the two-domain example layout with every binding pointing at the doubles."""
-    from fleets.layouts.loader import parse_layout
-    from fleets.models import Fleet
-    from fleets.services.layouts import layout_apply
 
     for domain in layout_data["domains"]:
         url = engines[domain["slug"]].url
@@ -235,7 +235,7 @@ async def proxy_fleet(engines, layout_data):
 @pytest.fixture
 async def haru():
     """Haru's full ASGI app (proxy ahead of Django) on a real socket, and a client for it."""
-    from haru.asgi import application
+    from haru.asgi import application  # noqa: PLC0415 - builds the app (and gc.freeze()s) at import: only once Django is set up for the test
 
     async with (
         serving(application) as served,

@@ -16,7 +16,7 @@ async def test_each_library_client_carries_a_chat_request_unchanged(
     client, haru, engines, proxy_fleet, monkeypatch
 ):
     # Imported here, after the `haru` fixture: it imports haru.asgi, as that fixture does.
-    from bench import upstream_clients
+    from bench import upstream_clients  # noqa: PLC0415 - imports haru.asgi, which builds the app at import
 
     monkeypatch.setattr(upstream_clients, "CLIENT", client)
     monkeypatch.setattr(upstream, "open_stream", upstream_clients.open_stream)
@@ -31,7 +31,7 @@ async def test_each_library_client_carries_a_chat_request_unchanged(
 
 
 def test_the_request_head_is_turned_back_into_url_and_headers(haru):
-    from bench import upstream_clients
+    from bench import upstream_clients  # noqa: PLC0415 - imports haru.asgi, which builds the app at import
 
     target = upstream.Target("http", "127.0.0.1", 8001, b"127.0.0.1:8001", b"/v1/chat/completions")
     head = upstream.request_head(target, {b"authorization": b"Bearer x"}, 2)

@@ -7,7 +7,10 @@ import asyncio
 import pytest
 from asgiref.sync import sync_to_async
 
+from fleets.layouts.loader import parse_layout
 from fleets.models import Fleet, ModelBinding, Slot
+from fleets.services.layouts import layout_apply
+from fleets.services.transitions import slot_transition
 from tests.proxy.conftest import CHAT, chat_body, closed_port, error_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -84,8 +87,6 @@ async def test_model_match_is_exact(haru, engines, proxy_fleet):
 
 
 async def test_a_bound_model_whose_slot_is_not_serving_is_unavailable(haru, proxy_fleet):
-    from fleets.services.transitions import slot_transition
-
     def fail_east_inference():
         slot = Slot.objects.get(domain__fleet=proxy_fleet, domain__slug="east", kind="inference")
         assert slot_transition(slot_id=slot.id, to_state="failed")
@@ -97,9 +98,6 @@ async def test_a_bound_model_whose_slot_is_not_serving_is_unavailable(haru, prox
 
 
 async def test_fleet_without_active_domain_is_503(haru, engines, layout_data):
-    from fleets.layouts.loader import parse_layout
-    from fleets.services.layouts import layout_apply
-
     layout_data.pop("activeDomainSlug")
     layout_data["slug"] = "headless"
     await sync_to_async(layout_apply)(layout=parse_layout(layout_data))

@@ -11,7 +11,11 @@ from django.db import connections
 
 from fleets.core.states import InferenceState
 from fleets.models import Domain, Fleet, ModelBinding, Slot
-from fleets.proxy import store
+from fleets.proxy import snapshots, store
+from fleets.proxy.snapshots import RoutingCache
+from fleets.services.operations import operation_request, operation_start
+from fleets.services.route_pointer import route_switch
+from fleets.services.transitions import slot_transition
 from tests.proxy.conftest import CHAT, chat_body, closed_port, error_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -25,9 +29,6 @@ def long_ttl(settings):
 
 def promote(fleet: Fleet, slug: str) -> int:
     """Promote `slug` with the real services: request, start, wake its slots, switch."""
-    from fleets.services.operations import operation_request, operation_start
-    from fleets.services.route_pointer import route_switch
-    from fleets.services.transitions import slot_transition
 
     target = Domain.objects.get(fleet=fleet, slug=slug)
     result = operation_request(fleet=fleet, kind="promote", target_domain_id=str(target.id))
@@ -189,8 +190,6 @@ async def test_a_superseded_snapshot_is_never_served_again(haru, engines, proxy_
 
 
 async def test_non_routing_state_refreshes_after_the_ttl(haru, engines, proxy_fleet, settings):
-    from fleets.services.transitions import slot_transition
-
     settings.HARU = {**settings.HARU, "snapshot_cache_ttl_ms": 0}
     assert (await haru.post(CHAT, content=chat_body())).status_code == 200
 
@@ -215,8 +214,6 @@ async def test_metrics_count_requests_by_fleet_model_and_outcome(haru, engines, 
 
 
 async def test_concurrent_pointer_reads_share_one_query_per_round(proxy_fleet, monkeypatch):
-    from fleets.proxy.snapshots import RoutingCache
-
     reads = []
     real = store.pointer_read
 
@@ -236,8 +233,6 @@ async def test_concurrent_pointer_reads_share_one_query_per_round(proxy_fleet, m
 
 @pytest.mark.postgres
 async def test_a_hung_store_costs_at_most_the_read_budget(haru, engines, proxy_fleet, monkeypatch):
-    from fleets.proxy import snapshots
-
     monkeypatch.setattr(snapshots, "POINTER_READ_TIMEOUT_S", 0.2)
     assert (await haru.post(CHAT, content=chat_body())).status_code == 200
     accepted = []

@@ -13,6 +13,8 @@ import httpx
 import pytest
 from asgiref.sync import sync_to_async
 
+from fleets.layouts.loader import parse_layout
+from fleets.services.layouts import layout_apply
 from tests.proxy.conftest import CHAT, chat_body, closed_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -70,8 +72,6 @@ def sim_url():
 @pytest.fixture
 async def sim(sim_url, layout_data):
     """Seed the demo fleet with east's qwen-small on the simulated engine; reset its counters."""
-    from fleets.layouts.loader import parse_layout
-    from fleets.services.layouts import layout_apply
 
     for domain in layout_data["domains"]:
         for slot in domain["slots"]:

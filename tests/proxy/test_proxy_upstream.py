@@ -11,11 +11,15 @@ from __future__ import annotations
 import asyncio
 import datetime
 import gzip
+import ipaddress
 import ssl
 from contextlib import asynccontextmanager, suppress
 from types import SimpleNamespace
 
 import pytest
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from fleets.proxy import upstream
 from fleets.proxy.errors import ProxyError
@@ -28,7 +32,7 @@ BODY = b'{"model":"m"}'
 def event_loop_policy(request):
     """Run the client against both loops: transports differ in how they fail."""
     if request.param == "uvloop":
-        import uvloop
+        import uvloop  # noqa: PLC0415 - optional: the test is skipped without it
 
         return uvloop.EventLoopPolicy()
     return asyncio.DefaultEventLoopPolicy()
@@ -448,9 +452,6 @@ async def test_cancelling_while_waiting_for_headers_hangs_up_on_the_server():
 def tls_files(tmp_path_factory):
     """A throwaway CA and a certificate for 127.0.0.1 that it signed."""
     x509 = pytest.importorskip("cryptography.x509")
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
 
     now = datetime.datetime.now(datetime.UTC)
 
@@ -468,8 +469,6 @@ def tls_files(tmp_path_factory):
         if san is not None:
             builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
         return builder.sign(signer, hashes.SHA256())
-
-    import ipaddress
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = cert("haru test ca", "haru test ca", ca_key, ca_key, ca=True)

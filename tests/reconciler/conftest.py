@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import pytest
 
+from fleets.models import Domain
+from fleets.reconciler import client
+from fleets.reconciler.tick import fleet_tick
 from tests.reconciler.fakes import standby_posture_fleet
 
 
 @pytest.fixture
 def hosts():
     """Route every supervisor call to scripted hosts (east active, west standby)."""
-    from fleets.reconciler import client
 
     fake = standby_posture_fleet()
     previous = client.use_transport(fake.transport())
@@ -27,7 +29,6 @@ def fleet(fake_clock, seeded_fleet, hosts):
 @pytest.fixture
 def tick(fleet):
     """Return a function running one bare tick of the demo fleet (no in-tick polling)."""
-    from fleets.reconciler.tick import fleet_tick
 
     def run(**kwargs):
         kwargs.setdefault("poll_s", 0)
@@ -38,8 +39,6 @@ def tick(fleet):
 
 @pytest.fixture
 def domains(fleet):
-    from fleets.models import Domain
-
     def get():
         return {d.slug: d for d in Domain.objects.filter(fleet=fleet)}
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
 from fleets.reconciler import metrics
-from fleets.reconciler.client import SupervisorClient
+from fleets.reconciler.client import SupervisorClient, gpu_facts_unavailable
 
 TOKEN = "s3cret-supervisor-token-xyz"
 
@@ -113,8 +115,6 @@ def test_probe_posts_the_policy_and_the_bound_models():
     seen = {}
 
     def handler(request):
-        import json
-
         seen.update(json.loads(request.content))
         return httpx.Response(
             200,
@@ -196,8 +196,6 @@ def test_gpu_memory_with_malformed_processes_is_a_bad_body(breakage):
 
 
 def test_gpu_memory_501_means_no_gpu_facts_and_is_not_counted_as_an_error():
-    from fleets.reconciler.client import gpu_facts_unavailable
-
     def handler(request):
         body = {"error": {"code": "gpu_unavailable", "message": "NVML library not found"}}
         return httpx.Response(501, json=body)

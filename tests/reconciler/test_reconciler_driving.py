@@ -8,9 +8,11 @@ import threading
 
 import pytest
 from django.core.management import call_command
+from rest_framework.test import APIClient
 
 from fleets.models import Operation
 from fleets.reconciler import kick
+from fleets.reconciler.loop import ReconcileLoop
 from fleets.services.operations import operation_request
 
 
@@ -34,8 +36,6 @@ def test_reconcile_endpoint_runs_a_tick_and_returns_the_operation(fleet, authed,
 
 @pytest.mark.django_db
 def test_reconcile_endpoint_needs_a_token_and_a_fleet(fleet, api_client, api_token, authed):
-    from rest_framework.test import APIClient
-
     assert APIClient().post("/v1/fleets/demo/reconcile").status_code == 401
     missing = authed.post("/v1/fleets/nope/reconcile")
     assert missing.status_code == 404
@@ -92,8 +92,6 @@ def test_metrics_expose_domain_state_role_revision_and_operations(fleet, tick, c
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_the_in_process_loop_runs_a_kicked_promotion_to_the_end(fleet, domains):
-    from fleets.reconciler.loop import ReconcileLoop
-
     finished = threading.Event()
     loop = ReconcileLoop(interval_ms=100, fleets=["demo"]).start()
     try:

@@ -6,6 +6,10 @@ import copy
 
 import pytest
 
+from fleets.layouts.loader import parse_layout
+from fleets.models import Fleet
+from fleets.services.layouts import layout_apply
+
 
 def three_domain_layout(two_domain: dict) -> dict:
     """Return the demo layout plus a third static, promotable domain `north`."""
@@ -38,10 +42,6 @@ def apply_layout():
     """Return a function that applies a layout dict and returns its Fleet."""
 
     def apply(data: dict):
-        from fleets.layouts.loader import parse_layout
-        from fleets.models import Fleet
-        from fleets.services.layouts import layout_apply
-
         layout_apply(layout=parse_layout(data))
         return Fleet.objects.get(slug=data["slug"])
 

@@ -19,6 +19,12 @@ from typing import Any
 import httpx
 import pytest
 
+from supervisor.api import create_app
+from supervisor.config import parse_config
+from supervisor.gpu.nvml import NvmlBackend
+from supervisor.host import Host, HostDeps
+from tests.supervisor.fakes import FakeModelServers, FakeNvml, FakeSpawner
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -219,11 +225,6 @@ class ApiUnderTest:
         gpu: Any = None,
         cwd: Path = REPO_ROOT,
     ) -> None:
-        from supervisor.api import create_app
-        from supervisor.config import parse_config
-        from supervisor.gpu.nvml import NvmlBackend
-        from supervisor.host import Host, HostDeps
-        from tests.supervisor.fakes import FakeModelServers, FakeNvml, FakeSpawner
 
         self.servers = FakeModelServers(servers or {})
         self.spawner = spawner or FakeSpawner()
