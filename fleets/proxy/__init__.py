@@ -3,13 +3,13 @@
 - `asgi`: the lean ASGI app that serves /v1/chat/completions, /v1/completions and /v1/models
   ahead of Django (haru/asgi.py dispatches to it), and reads bodies with a hard limit.
 - `handler`: the transport-free core: authorize, pick the route, forward, render errors.
-- `routing`: the per-process routing snapshot cache (revision re-checked on every request,
+- `snapshots`: the per-process routing snapshot cache (revision re-checked on every request,
   fail-open on a store outage).
 - `store`: the two reads the proxy makes, on one dedicated database thread.
 - `upstream`: the pooled HTTP/1.1 client to model servers (asyncio + httptools; one pool per
   process and event loop).
 - `metrics`: the proxy's Prometheus series.
-- `views`: the same endpoints as plain async Django views, for callers that bypass haru.asgi.
 
-The proxy reads the state store and never writes it; it holds no session, no CSRF, no DRF.
+Only the ASGI app serves these paths: Django itself answers them with a 404. The proxy reads
+the state store and never writes it; it holds no session, no CSRF, no DRF.
 """

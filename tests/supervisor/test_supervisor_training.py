@@ -264,10 +264,19 @@ def test_real_trainer_ignoring_sigterm_is_killed_within_grace_and_frees_its_memo
 
 @pytest.mark.integration
 def test_real_trainer_saves_on_sigterm_and_exits_by_itself(tmp_path):
+    gpu_state = SimGpuState(tmp_path / "gpu.json")
+
+    def training(pid: int | None) -> bool:
+        # The trainer takes its simulated memory right after its SIGTERM handler is in place
+        # and just before its first step: from then on a stop is saved, however slowly the
+        # machine started the process.
+        return any(h.pid == pid and h.label == "trainer" for h in gpu_state.holders())
+
     async def scenario():
         slot = real_slot(tmp_path, sim_trainer("--sigterm-save-s", "0.1", "--memory-mib", "10"))
         try:
             await slot.start()
+            await until(lambda: training(slot.pid))
             await asyncio.sleep(0.3)
             started = time.monotonic()
             slot.stop(10_000)
@@ -280,6 +289,7 @@ def test_real_trainer_saves_on_sigterm_and_exits_by_itself(tmp_path):
             assert saved["reason"] == "sigterm" and saved["step"] > 0
             # The next run resumes from it.
             await slot.start()
+            await until(lambda: training(slot.pid))
             await asyncio.sleep(0.2)
             slot.stop(10_000)
             assert await slot.wait_idle(5)
