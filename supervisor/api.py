@@ -22,6 +22,7 @@ from supervisor.host import Host, InvalidTarget, ModelFailures, ShuttingDown
 from supervisor.limits import MAX_MS, MAX_PROBE_PROMPT_CHARS, MAX_PROBE_TOKENS
 from supervisor.strict_json import ObjectReader
 from supervisor.training import SpawnFailed, TrainingBusy
+from supervisor.wire.shape import compact
 
 log = logging.getLogger(__name__)
 
@@ -60,16 +61,27 @@ async def healthz(request: Request) -> JSONResponse:
     return JSONResponse({"ok": True})
 
 
+def wire(body: Any, status_code: int = 200) -> JSONResponse:
+    """Render a body the wire contract's way: optional fields left out, never null."""
+    return JSONResponse(compact(body), status_code=status_code)
+
+
+def model_selection(request: Request) -> list[str] | None:
+    """The original's model selector: repeated `?model=`; a lone empty value selects none."""
+    values = request.query_params.getlist("model")
+    if not values:
+        return None
+    return [] if values == [""] else values
+
+
 async def status(request: Request) -> JSONResponse:
-    return JSONResponse(await host_of(request).status())
+    return wire(await host_of(request).status(model_selection(request)))
 
 
 async def ready(request: Request) -> JSONResponse:
-    is_ready, reasons = await host_of(request).readiness()
-    if is_ready:
-        return JSONResponse({"ready": True})
-    body = error_body("not_ready", "; ".join(reasons))
-    return JSONResponse({"ready": False, "reasons": reasons, **body}, status_code=503)
+    # Always 200, as in the original: the answer is the body, not the status code.
+    is_ready, known, reasons = await host_of(request).readiness()
+    return wire({"ready": is_ready, "stateKnown": known, "reasons": reasons})
 
 
 async def _gpu_target(request: Request) -> int | None:
@@ -81,33 +93,42 @@ async def _gpu_target(request: Request) -> int | None:
 
 async def vllm_sleep(request: Request) -> JSONResponse:
     gpu_index = await _gpu_target(request)
-    return JSONResponse(await host_of(request).sleep(gpu_index))
+    # Ours: `?waitMs=` bounds how long this call is held (the original ignores the query, and
+    # its callers get the original's answer: held until every server sleeps).
+    raw = request.query_params.get("waitMs")
+    wait_s = None
+    if raw is not None:
+        if not raw.isdigit() or not 0 < int(raw) <= MAX_MS:
+            raise ApiError(400, "invalid_request", "waitMs must be a positive integer")
+        wait_s = int(raw) / 1000
+    result = await host_of(request).sleep(gpu_index, wait_s)
+    return wire(result, 202 if result["status"] == "draining" else 200)
 
 
 async def vllm_wake(request: Request) -> JSONResponse:
     gpu_index = await _gpu_target(request)
-    return JSONResponse(await host_of(request).wake(gpu_index))
+    return wire(await host_of(request).wake(gpu_index))
 
 
 async def training_start(request: Request) -> JSONResponse:
     finish_reading(await read_object(request))
     slots = await host_of(request).training_start()
-    return JSONResponse({"slots": slots}, status_code=202)
+    return wire({"status": "ok", "slots": slots})
 
 
 async def training_stop(request: Request) -> JSONResponse:
     reader = await read_object(request)
     grace_ms = reader.int("graceMs", minimum=0, maximum=MAX_MS, allow_null=True)
     finish_reading(reader)
-    return JSONResponse({"slots": host_of(request).training_stop(grace_ms)}, status_code=202)
+    return wire({"status": "ok", "slots": host_of(request).training_stop(grace_ms)}, 202)
 
 
 async def training_status(request: Request) -> JSONResponse:
-    return JSONResponse({"slots": host_of(request).training_status()})
+    return wire({"slots": host_of(request).training_status()})
 
 
 async def gpu_memory(request: Request) -> JSONResponse:
-    return JSONResponse(await host_of(request).gpu_memory())
+    return wire(await host_of(request).gpu_memory())
 
 
 async def probe(request: Request) -> JSONResponse:
@@ -117,6 +138,8 @@ async def probe(request: Request) -> JSONResponse:
     timeout_ms = reader.int("timeoutMs", default=60_000, minimum=1, maximum=MAX_MS)
     models = reader.str_list("models")
     finish_reading(reader)
+    if models is None:
+        models = model_selection(request)
     if prompt is not None and len(prompt) > MAX_PROBE_PROMPT_CHARS:
         raise ApiError(
             400, "invalid_request", f"prompt exceeds {MAX_PROBE_PROMPT_CHARS} characters"
@@ -127,7 +150,7 @@ async def probe(request: Request) -> JSONResponse:
         timeout_ms=timeout_ms or 60_000,
         models=models,
     )
-    return JSONResponse(result)
+    return wire(result)
 
 
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:

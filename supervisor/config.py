@@ -18,9 +18,11 @@ from typing import Any
 from supervisor.engines.profile import EngineProfile, GpuSpec, parse_profile
 from supervisor.engines.registry import EngineRegistry, default_registry
 from supervisor.limits import MAX_MS
+from supervisor.secrets import SecretRef
 from supervisor.strict_json import MISSING, ConfigError, ObjectReader, child_path
 
 DEFAULT_GRACE_MS = 30_000
+DEFAULT_DRAIN_BUDGET_MS = 30_000
 DEFAULT_SIM_GPU = {"index": 0, "totalMiB": 81920, "name": "SIM-H100", "computeCapability": "9.0"}
 # Engines an unmanaged server may be: each has an HTTP sleep protocol. llama.cpp has none, so
 # the supervisor can only put it on standby by stopping a process it started itself.
@@ -38,6 +40,8 @@ class ModelConfig:
     engine: str
     profile: EngineProfile | None
     path: str
+    # The model server's own API key (vLLM's --api-key), by reference; sent on every call.
+    api_key: SecretRef | None = None
 
     @property
     def managed(self) -> bool:
@@ -87,6 +91,8 @@ class SupervisorConfig:
     host: str | None = None
     # Where started processes are recorded for adoption; None: the default (`state_dir_for`).
     state_dir: Path | None = None
+    # How long a sleep first lets running requests finish (0: no drain, abort them at once).
+    drain_budget_ms: int = 30_000
 
     @property
     def models(self) -> tuple[ModelConfig, ...]:
@@ -147,6 +153,9 @@ def parse_config(
     if state_dir is not None and not state_dir.strip():
         root.error("stateDir", "must not be empty")
         state_dir = None
+    drain_budget_ms = root.int(
+        "drainBudgetMs", default=DEFAULT_DRAIN_BUDGET_MS, minimum=0, maximum=MAX_MS
+    )
     gpu = _parse_gpu(root.raw("gpu"), "gpu", errors, cwd)
     slots = _parse_slots(root.raw("slots", required=True), errors, cwd, registry)
     root.finish()
@@ -159,6 +168,7 @@ def parse_config(
         gpu=gpu,
         host=host,
         state_dir=_resolve(cwd, state_dir) if state_dir else None,
+        drain_budget_ms=DEFAULT_DRAIN_BUDGET_MS if drain_budget_ms is None else drain_budget_ms,
     )
 
 
@@ -255,7 +265,7 @@ def _parse_slots(
         gpu_index = r.int("gpuIndex", required=True, minimum=0, maximum=1023)
         slot: SlotConfig | None = None
         if kind == "inference":
-            slot = _parse_inference(r, gpu_index, registry)
+            slot = _parse_inference(r, gpu_index, registry, cwd)
         elif kind == "training":
             slot = _parse_training(r, gpu_index, cwd)
         else:
@@ -283,7 +293,7 @@ def _parse_slots(
 
 
 def _parse_inference(
-    r: ObjectReader, gpu_index: int | None, registry: EngineRegistry
+    r: ObjectReader, gpu_index: int | None, registry: EngineRegistry, cwd: Path
 ) -> InferenceSlotConfig | None:
     raw_models = r.list("models", required=True)
     if raw_models is None:
@@ -294,7 +304,7 @@ def _parse_inference(
     models: list[ModelConfig] = []
     for j, item in enumerate(raw_models):
         model = _parse_model(
-            item, child_path(r.field_path("models"), j), r.errors, gpu_index, registry
+            item, child_path(r.field_path("models"), j), r.errors, gpu_index, registry, cwd
         )
         if model is not None:
             models.append(model)
@@ -304,7 +314,12 @@ def _parse_inference(
 
 
 def _parse_model(
-    raw: Any, path: str, errors: list[str], gpu_index: int | None, registry: EngineRegistry
+    raw: Any,
+    path: str,
+    errors: list[str],
+    gpu_index: int | None,
+    registry: EngineRegistry,
+    cwd: Path,
 ) -> ModelConfig | None:
     before = len(errors)
     m = ObjectReader(raw, path, errors)
@@ -322,6 +337,7 @@ def _parse_model(
     port = m.int("port", required=True, minimum=1, maximum=65535)
     engine = m.str("engine")
     profile_raw = m.raw("profile")
+    api_key = _parse_secret_ref(m.raw("apiKey"), m.field_path("apiKey"), errors, cwd)
     m.finish()
     profile = None
     if profile_raw is not MISSING and profile_raw is not None and name is not None:
@@ -362,7 +378,27 @@ def _parse_model(
         engine=profile.engine if profile else (engine or "vllm"),
         profile=profile,
         path=path,
+        api_key=api_key,
     )
+
+
+def _parse_secret_ref(raw: Any, path: str, errors: list[str], cwd: Path) -> SecretRef | None:
+    """`{"env": NAME}` or `{"file": PATH}`: a key by reference, never the key itself."""
+    if raw is MISSING or raw is None:
+        return None
+    r = ObjectReader(raw, path, errors)
+    if not r.ok:
+        return None
+    env = r.str("env")
+    file = r.str("file")
+    r.finish()
+    if (env is None) == (file is None):
+        r.error("", 'must name exactly one of "env" (a variable) or "file" (a path)')
+        return None
+    if env is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", env):
+        r.error("env", "must be an environment variable name")
+        return None
+    return SecretRef(env=env, file=_resolve(cwd, file) if file else None)
 
 
 def _parse_training(r: ObjectReader, gpu_index: int | None, cwd: Path) -> TrainingSlotConfig | None:

@@ -28,7 +28,9 @@ from supervisor.model_servers import ModelServer, SleepReading
 from supervisor.probe import probe_model
 from supervisor.processes import AsyncioSpawner, Spawner
 from supervisor.records import StateDir
-from supervisor.training import TrainingSlot
+from supervisor.secrets import SecretUnavailable
+from supervisor.training import TrainingBusy, TrainingSlot
+from supervisor.wire.shape import FEATURES
 
 log = logging.getLogger(__name__)
 
@@ -166,57 +168,70 @@ class Host:
 
     # -- status ------------------------------------------------------------------------------
 
-    async def status(self) -> dict[str, Any]:
-        """Describe every slot; `ready` when every served model's sleep state is known."""
+    async def status(self, models: Sequence[str] | None = None) -> dict[str, Any]:
+        """Describe every slot (only the named models when `models` is given).
+
+        `ready` keeps the original contract's meaning: every selected model is awake, and there
+        is at least one. `stateKnown` is ours: every selected model's sleep state is known.
+        """
         readings = await self._read_all()
+        selected = None if models is None else set(models)
         slots: list[dict[str, Any]] = []
         for slot in self.config.slots:
             if isinstance(slot, InferenceSlotConfig):
-                models = [
+                described = [
                     m.describe(readings[m.name])
                     for m in self.models
-                    if m.gpu_index == slot.gpu_index
+                    if m.gpu_index == slot.gpu_index and (selected is None or m.name in selected)
                 ]
-                slots.append(
-                    {
-                        "gpuIndex": slot.gpu_index,
-                        "kind": "inference",
-                        "models": models,
-                        "training": None,
-                    }
-                )
+                slots.append({"gpuIndex": slot.gpu_index, "kind": "inference", "models": described})
             else:
                 trainer = self._training_slot(slot.gpu_index)
                 slots.append(
-                    {
-                        "gpuIndex": slot.gpu_index,
-                        "kind": "training",
-                        "models": [],
-                        "training": trainer.describe(),
-                    }
+                    {"gpuIndex": slot.gpu_index, "kind": "training", "training": trainer.describe()}
                 )
-        reasons = self._not_ready_reasons(readings)
+        ready, known, reasons = self._readiness(readings, selected)
         return {
             "slots": slots,
-            "ready": not reasons,
+            "ready": ready,
+            "stateKnown": known,
             "notReady": reasons,
             "host": self.config.host,
             "shuttingDown": self.shutting_down,
             "gpuBackend": self.gpu.name,
+            "features": list(FEATURES),
         }
 
-    async def readiness(self) -> tuple[bool, list[str]]:
-        readings = await self._read_all()
-        reasons = self._not_ready_reasons(readings)
-        return not reasons, reasons
+    async def readiness(self) -> tuple[bool, bool, list[str]]:
+        """Return (every model awake, every sleep state known, the reasons for not ready)."""
+        return self._readiness(await self._read_all(), None)
 
-    def _not_ready_reasons(self, readings: Mapping[str, SleepReading]) -> list[str]:
+    def _readiness(
+        self, readings: Mapping[str, SleepReading], selected: set[str] | None
+    ) -> tuple[bool, bool, list[str]]:
         reasons = ["shutting down"] if self.shutting_down else []
-        for model in self.models:
+        known = True
+        awake = 0
+        served = [
+            m for m in self.models if m.serves_http and (selected is None or m.name in selected)
+        ]
+        for model in served:
             reading = readings[model.name]
-            if model.serves_http and reading.sleeping is None:
+            if reading.sleeping is None:
+                known = False
                 reasons.append(f"{model.name}: {reading.error or 'sleep state unknown'}")
-        return reasons
+            elif reading.sleeping:
+                reasons.append(f"{model.name}: asleep")
+            else:
+                awake += 1
+        if selected is not None:
+            reasons += [
+                f"{n}: not served on this host" for n in sorted(selected - {m.name for m in served})
+            ]
+        if not served:
+            reasons.append("no model is served on this host")
+        ready = not reasons
+        return ready, known and not self.shutting_down, reasons
 
     async def _read_all(self) -> dict[str, SleepReading]:
         http = self.http
@@ -225,7 +240,34 @@ class Host:
 
     # -- sleep and wake ----------------------------------------------------------------------
 
-    async def sleep(self, gpu_index: int | None) -> dict[str, Any]:
+    async def sleep(self, gpu_index: int | None, wait_s: float | None = None) -> dict[str, Any]:
+        """Drain, then sleep every targeted model server; a call while one runs joins it.
+
+        With `wait_s`, answer after at most that long: `status: draining` when the sleep is
+        still in flight (it goes on; a later call joins it). Without it, as in the original
+        contract, answer when every server is asleep.
+        """
+        targets = self._targets(gpu_index)
+        http = self.http
+        budget_s = self.config.drain_budget_ms / 1000
+        tasks = {m.name: m.begin_sleep(http, budget_s) for m in targets}
+        if wait_s is not None:
+            _, pending = await asyncio.wait(list(tasks.values()), timeout=wait_s)
+            if pending:
+                return {
+                    "status": "draining",
+                    "ok": True,
+                    "action": "sleep",
+                    "models": [
+                        {
+                            "name": m.name,
+                            "gpuIndex": m.gpu_index,
+                            "sleeping": tasks[m.name].done() and m.want_asleep is True,
+                            "draining": m.draining,
+                        }
+                        for m in targets
+                    ],
+                }
         return await self._fan_out("sleep", gpu_index)
 
     async def wake(self, gpu_index: int | None) -> dict[str, Any]:
@@ -237,7 +279,11 @@ class Host:
 
         async def one(model: ModelServer) -> dict[str, Any] | None:
             try:
-                await (model.sleep(http) if action == "sleep" else model.wake(http))
+                if action == "sleep":
+                    # Joins the sleep (and its drain) already in flight, if there is one.
+                    await model.sleep(http, self.config.drain_budget_ms / 1000)
+                else:
+                    await model.wake(http)
             except ControlError as exc:
                 return {"model": model.name, "gpuIndex": model.gpu_index, "error": str(exc)}
             return None
@@ -251,10 +297,17 @@ class Host:
         asleep = action == "sleep"
         log.info("%s done for %s", action, ", ".join(m.name for m in targets))
         return {
+            "status": "ok",
             "ok": True,
             "action": action,
             "models": [
-                {"name": m.name, "gpuIndex": m.gpu_index, "sleeping": asleep} for m in targets
+                {
+                    "name": m.name,
+                    "gpuIndex": m.gpu_index,
+                    "sleeping": asleep,
+                    "drainedMs": m.last_drain.waited_ms if asleep and m.last_drain else None,
+                }
+                for m in targets
             ],
         }
 
@@ -276,7 +329,11 @@ class Host:
             *(slot.start() for slot in self.training), return_exceptions=True
         )
         for result in results:
-            if isinstance(result, BaseException):
+            if isinstance(result, TrainingBusy):
+                # As the original supervisor does: a start during a stop is a no-op, and the
+                # caller sees `stopping` in the answer and asks again once it is idle.
+                log.info("training start ignored: %s", result)
+            elif isinstance(result, BaseException):
                 raise result
         return self.training_status()
 
@@ -316,20 +373,24 @@ class Host:
             ]
             targets = [m for m in targets if m.name in models]
         http = self.http
-        results = await asyncio.gather(
-            *(
-                probe_model(
-                    http,
-                    name=m.name,
-                    port=m.port,
-                    prompt=prompt,
-                    max_tokens=max_tokens,
-                    timeout_s=timeout_ms / 1000,
-                    clock=self.clock,
-                )
-                for m in targets
+
+        async def one(m: ModelServer) -> dict[str, Any]:
+            try:
+                headers = m.auth_headers()
+            except SecretUnavailable as exc:
+                return {"model": m.name, "ok": False, "latencyMs": 0, "error": f"api key: {exc}"}
+            return await probe_model(
+                http,
+                name=m.name,
+                port=m.port,
+                prompt=prompt,
+                max_tokens=max_tokens,
+                timeout_s=timeout_ms / 1000,
+                clock=self.clock,
+                headers=headers,
             )
-        )
+
+        results = await asyncio.gather(*(one(m) for m in targets))
         every = [*results, *missing]
         return {"ok": bool(every) and all(r["ok"] for r in every), "results": every}
 
@@ -347,7 +408,7 @@ class Host:
         for model in self.config.models:
             adapter = self.deps.registry.get(model.engine)
             if model.profile is None:
-                out.append(ModelServer(model, adapter, clock=self.clock))
+                out.append(ModelServer(model, adapter, clock=self.clock, environ=self.deps.environ))
                 continue
             ctx = LaunchContext(
                 port=model.port,
@@ -356,7 +417,9 @@ class Host:
                 host_env=self.host_env,
             )
             launch = adapter.build(model.profile, ctx)
-            server = ModelServer(model, adapter, clock=self.clock, launch=launch)
+            server = ModelServer(
+                model, adapter, clock=self.clock, launch=launch, environ=self.deps.environ
+            )
             server.managed = ManagedProcess(
                 model.name,
                 launch,

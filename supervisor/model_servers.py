@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,7 +13,14 @@ import httpx
 from supervisor.clock import Clock
 from supervisor.config import ModelConfig
 from supervisor.engines.adapter import EngineAdapter
-from supervisor.engines.control import ControlError, base_url, describe_http_error
+from supervisor.engines.control import (
+    ControlError,
+    DrainResult,
+    VllmControl,
+    base_url,
+    describe_http_error,
+    drain,
+)
 from supervisor.engines.launch import LaunchCommand
 from supervisor.managed import ManagedProcess
 from supervisor.processes import AdoptedProcess
@@ -44,8 +52,10 @@ class ModelServer:
         clock: Clock,
         launch: LaunchCommand | None = None,
         managed: ManagedProcess | None = None,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         self.config = config
+        self._environ = environ if environ is not None else {}
         self.adapter = adapter
         self.control = adapter.control
         self.launch = launch
@@ -61,6 +71,21 @@ class ModelServer:
         self._remembered: tuple[bool, int | None] | None = None
         # Background re-sleeps; referenced so they are not garbage-collected mid-flight.
         self._tasks: set[asyncio.Task[None]] = set()
+        # The sleep in flight (drain, then sleep): a second sleep call joins it.
+        self._sleep_task: asyncio.Task[DrainResult | None] | None = None
+        self.draining = False
+        self.last_drain: DrainResult | None = None
+
+    def auth_headers(self) -> dict[str, str]:
+        """The server's own API key as a bearer header (none configured: no header).
+
+        Read at each use, so a rotated key file takes effect without a restart; raises
+        SecretUnavailable naming only the reference.
+        """
+        ref = self.config.api_key
+        if ref is None:
+            return {}
+        return {"Authorization": f"Bearer {ref.read(self._environ)}"}
 
     @property
     def name(self) -> str:
@@ -97,18 +122,63 @@ class ModelServer:
         except ControlError as exc:
             return SleepReading(None, str(exc))
 
-    async def sleep(self, http: httpx.AsyncClient) -> None:
+    def begin_sleep(
+        self, http: httpx.AsyncClient, drain_budget_s: float = 0.0
+    ) -> asyncio.Task[DrainResult | None]:
+        """Start putting the server on standby, or join the sleep already in flight.
+
+        The work runs in a task of its own, so a caller that stops waiting (an HTTP call past
+        its cap) leaves it running, and the next call finds and joins it.
+        """
+        if self._sleep_task is None or self._sleep_task.done():
+            self._sleep_task = asyncio.get_running_loop().create_task(
+                self._sleep(http, drain_budget_s)
+            )
+        return self._sleep_task
+
+    async def sleep(self, http: httpx.AsyncClient, drain_budget_s: float = 0.0) -> None:
         """Put the server on standby; raise ControlError with the reason on failure."""
+        await asyncio.shield(self.begin_sleep(http, drain_budget_s))
+
+    async def _sleep(self, http: httpx.AsyncClient, drain_budget_s: float) -> DrainResult | None:
         async with self.lock:
             self._want(True)
             if self.mode == "stop":
                 if self.managed is None:
                     raise ControlError("this engine cannot sleep and the server is not managed")
                 await self.managed.stop()
-                return
+                return None
             self._require_running()
-            await self.control.sleep(http, self.port)
+            result = None
+            if drain_budget_s > 0 and isinstance(self.control, VllmControl):
+                result = await self._drain_then_sleep(http, drain_budget_s)
+            else:
+                await self.control.sleep(http, self.port)
             self._remember(True)
+            return result
+
+    async def _drain_then_sleep(self, http: httpx.AsyncClient, budget_s: float) -> DrainResult:
+        """Let running requests finish (within the budget), then sleep, aborting stragglers."""
+        assert isinstance(self.control, VllmControl)
+        self.draining = True
+        try:
+            result = await drain(http, self.port, budget_s, self._clock)
+            if not result.supported:
+                await self.control.sleep_after_running(http, self.port)
+            else:
+                if not result.drained:
+                    log.warning(
+                        "%s: %d request(s) still running after the %.0fs drain budget; the "
+                        "sleep aborts them",
+                        self.name,
+                        result.running,
+                        budget_s,
+                    )
+                await self.control.sleep(http, self.port)
+        finally:
+            self.draining = False
+        self.last_drain = result
+        return result
 
     async def wake(self, http: httpx.AsyncClient) -> None:
         """Bring the server back to serving; raise ControlError with the reason on failure."""
@@ -141,6 +211,8 @@ class ModelServer:
 
     async def close(self) -> None:
         """Cancel background work (shutdown)."""
+        if self._sleep_task is not None and not self._sleep_task.done():
+            self._tasks.add(self._sleep_task)  # type: ignore[arg-type]
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -162,6 +234,7 @@ class ModelServer:
             "role": "leader" if self.serves_http else "worker",
             "standby": self.control.capability.describe(),
             "process": managed,
+            "draining": self.draining,
             "error": reading.error,
         }
 

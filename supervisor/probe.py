@@ -20,6 +20,7 @@ async def probe_model(
     max_tokens: int,
     timeout_s: float,
     clock: Clock,
+    headers: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Send one chat completion; pass only on a non-empty `choices[0].message.content`.
 
@@ -40,6 +41,7 @@ async def probe_model(
                     "max_tokens": max_tokens,
                     "stream": False,
                 },
+                headers=headers,
                 timeout=timeout_s,
             ),
             timeout_s,

@@ -21,6 +21,8 @@ from django.conf import settings
 
 from fleets.reconciler import metrics
 from haru.env import redact_url
+from supervisor.wire import contract
+from supervisor.wire.shape import FEATURE_DRAIN, FEATURE_PROBE_MODELS, compact
 
 # httpx logs every request at INFO: one line per heartbeat per domain per second would bury
 # everything else. Quiet it unless the logging config chose a level for it.
@@ -32,6 +34,8 @@ CALL_CAP_S = 10.0
 # Even a step past its budget gets one short final look, so a reply that lands right at the
 # deadline still counts.
 MIN_CALL_S = 0.25
+# A held sleep answers within this share of the call's budget, leaving the rest for the answer.
+WAIT_SHARE = 0.8
 
 UNAUTHORIZED = "unauthorized"
 NETWORK = "network"
@@ -78,6 +82,7 @@ class ModelReport:
     name: str
     sleeping: bool | None  # None: the supervisor could not tell
     error: str | None = None
+    draining: bool = False  # a sleep is letting running requests finish first
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,8 @@ class SlotReport:
 class StatusReport:
     slots: tuple[SlotReport, ...]
     ready: bool
+    # What the supervisor accepts beyond the original contract (empty on the original).
+    features: frozenset[str] = frozenset()
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def model(self, name: str) -> ModelReport | None:
@@ -157,143 +164,77 @@ class ProbeReport:
         return next((r for r in self.results if r.model == model), None)
 
 
-def _obj(value: Any, where: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise BadBody(f"{where}: expected an object")
-    return value
+def _checked(schema: str, body: Any, where: str) -> dict[str, Any]:
+    """Validate `body` against the wire contract's schema; raise BadBody naming every problem.
 
-
-def _list(value: Any, where: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise BadBody(f"{where}: expected a list")
-    return value
-
-
-def _int(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise BadBody(f"{where}: expected an integer")
-    return value
-
-
-def _number(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise BadBody(f"{where}: expected a number")
-    return float(value)
-
-
-def _str(value: Any, where: str) -> str:
-    if not isinstance(value, str):
-        raise BadBody(f"{where}: expected a string")
-    return value
-
-
-def _opt_str(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
+    Strict in what we send, lenient in what we accept: a null where the contract says "leave
+    it out" (what this supervisor sent before the contract was written down) reads as absent.
+    """
+    body = compact(body)
+    found = contract.problems(schema, body)
+    if found:
+        raise BadBody(f"{where}: " + "; ".join(found[:5]))
+    return body
 
 
 def parse_status(body: Any) -> StatusReport:
-    """Validate a `GET /v1/status` body."""
-    root = _obj(body, "status")
+    """Validate a `GET /v1/status` body (ours or the original supervisor's)."""
+    root = _checked("status.response", body, "status")
     slots = []
-    for i, raw in enumerate(_list(root.get("slots"), "status.slots")):
-        where = f"status.slots[{i}]"
-        item = _obj(raw, where)
-        kind = _str(item.get("kind"), f"{where}.kind")
-        gpu = _int(item.get("gpuIndex"), f"{where}.gpuIndex")
-        models: list[ModelReport] = []
+    for item in root["slots"]:
+        models = tuple(
+            ModelReport(
+                name=m["name"],
+                sleeping=m["sleeping"],
+                error=m.get("error"),
+                draining=m.get("draining") is True,
+            )
+            for m in item.get("models", ())
+        )
         training = None
-        if kind == "inference":
-            for j, m in enumerate(_list(item.get("models") or [], f"{where}.models")):
-                mo = _obj(m, f"{where}.models[{j}]")
-                sleeping = mo.get("sleeping")
-                if sleeping is not None and not isinstance(sleeping, bool):
-                    # The original contract: a non-boolean reading is "unknown", not an error.
-                    sleeping = None
-                models.append(
-                    ModelReport(
-                        name=_str(mo.get("name"), f"{where}.models[{j}].name"),
-                        sleeping=sleeping,
-                        error=_opt_str(mo.get("error")),
-                    )
-                )
-        elif kind == "training":
-            tr = _obj(item.get("training"), f"{where}.training")
-            pids = tuple(
-                _int(p, f"{where}.training.pids[]")
-                for p in _list(tr.get("pids") or [], f"{where}.training.pids")
+        if item["kind"] == "training":
+            tr = item["training"]
+            training = TrainingReport(state=tr["state"], pids=tuple(tr["pids"]))
+        slots.append(
+            SlotReport(
+                gpu_index=item["gpuIndex"], kind=item["kind"], models=models, training=training
             )
-            training = TrainingReport(
-                state=_str(tr.get("state"), f"{where}.training.state"), pids=pids
-            )
-        else:
-            raise BadBody(f"{where}.kind: unknown kind {kind!r}")
-        slots.append(SlotReport(gpu_index=gpu, kind=kind, models=tuple(models), training=training))
-    ready = root.get("ready")
-    return StatusReport(slots=tuple(slots), ready=ready is True, raw=root)
-
-
-def _processes(value: Any, where: str) -> None:
-    """Check a GPU's (or MIG instance's) process list: `[{pid, usedMiB|null, ...}]` or absent."""
-    for j, raw in enumerate(_list(value if value is not None else [], where)):
-        p = _obj(raw, f"{where}[{j}]")
-        _int(p.get("pid"), f"{where}[{j}].pid")
-        if p.get("usedMiB") is not None:
-            _number(p.get("usedMiB"), f"{where}[{j}].usedMiB")
+        )
+    return StatusReport(
+        slots=tuple(slots),
+        ready=root["ready"],
+        features=frozenset(root.get("features", ())),
+        raw=root,
+    )
 
 
 def parse_gpu_memory(body: Any) -> GpuMemory:
     """Validate a `GET /v1/gpu/memory` body (`supervisor/gpu/facts.py` writes it)."""
-    root = _obj(body, "gpu memory")
-    gpus = []
-    for i, raw in enumerate(_list(root.get("gpus"), "gpus")):
-        g = _obj(raw, f"gpus[{i}]")
-        total = _number(g.get("totalMiB"), f"gpus[{i}].totalMiB")
-        used = _number(g.get("usedMiB"), f"gpus[{i}].usedMiB")
-        if total <= 0 or used < 0:
-            raise BadBody(f"gpus[{i}]: usedMiB/totalMiB out of range")
-        _processes(g.get("processes"), f"gpus[{i}].processes")
-        if g.get("mig") is not None:
-            mig = _obj(g.get("mig"), f"gpus[{i}].mig")
-            for k, inst in enumerate(_list(mig.get("instances") or [], f"gpus[{i}].mig.instances")):
-                where = f"gpus[{i}].mig.instances[{k}]"
-                _processes(_obj(inst, where).get("processes"), f"{where}.processes")
-        gpus.append(
-            GpuReport(
-                index=_int(g.get("index"), f"gpus[{i}].index"), used_mib=used, total_mib=total
-            )
-        )
-    return GpuMemory(gpus=tuple(gpus), raw=root)
+    root = _checked("gpu-memory.response", body, "gpu memory")
+    gpus = tuple(
+        GpuReport(index=g["index"], used_mib=float(g["usedMiB"]), total_mib=float(g["totalMiB"]))
+        for g in root["gpus"]
+    )
+    return GpuMemory(gpus=gpus, raw=root)
 
 
 def parse_probe(body: Any) -> ProbeReport:
     """Validate a `POST /v1/probe` body."""
-    root = _obj(body, "probe")
-    results = []
-    for i, raw in enumerate(_list(root.get("results"), "probe.results")):
-        r = _obj(raw, f"probe.results[{i}]")
-        ok = r.get("ok")
-        if not isinstance(ok, bool):
-            raise BadBody(f"probe.results[{i}].ok: expected a boolean")
-        latency = r.get("latencyMs")
-        results.append(
-            ProbeResult(
-                model=_str(r.get("model"), f"probe.results[{i}].model"),
-                ok=ok,
-                latency_ms=latency
-                if isinstance(latency, int) and not isinstance(latency, bool)
-                else None,
-                error=_opt_str(r.get("error")),
-            )
+    root = _checked("probe.response", body, "probe")
+    results = tuple(
+        ProbeResult(
+            model=r["model"], ok=r["ok"], latency_ms=int(r["latencyMs"]), error=r.get("error")
         )
-    ok = root.get("ok")
-    if not isinstance(ok, bool):
-        raise BadBody("probe.ok: expected a boolean")
-    return ProbeReport(ok=ok, results=tuple(results))
+        for r in root["results"]
+    )
+    return ProbeReport(ok=root["ok"], results=results)
 
 
 def parse_ack(body: Any) -> dict[str, Any]:
     """Accept any JSON object (the POST routes answer with a summary we only log)."""
-    return _obj(body, "response")
+    if not isinstance(body, dict):
+        raise BadBody("response: expected an object")
+    return body
 
 
 # -- transport --------------------------------------------------------------------------------
@@ -322,6 +263,7 @@ def _shared_http() -> httpx.Client:
 def use_transport(transport: httpx.BaseTransport | None) -> httpx.BaseTransport | None:
     """Route every supervisor call through `transport` (tests); return the previous one."""
     global _transport, _http
+    forget_features()  # other peers behind another transport
     with _lock:
         previous, _transport = _transport, transport
         old, _http = _http, None
@@ -331,6 +273,41 @@ def use_transport(transport: httpx.BaseTransport | None) -> httpx.BaseTransport 
 
 
 ErrorHook = Callable[[str, CallError], None]
+
+# What each supervisor (by base URL) accepts beyond the original contract, learned from its
+# `GET /v1/status` (`features`) or from one refused probe. Absent: not learned yet.
+_features_lock = threading.Lock()
+_features: dict[str, frozenset[str]] = {}
+# A selector longer than this goes unsent (the original's client has the same cap): request
+# lines that long break proxies, and the caller judges its own models from the results anyway.
+MAX_SELECTOR_CHARS = 4096
+
+
+def learned_features(base_url: str) -> frozenset[str] | None:
+    with _features_lock:
+        return _features.get(base_url.rstrip("/"))
+
+
+def learn_features(base_url: str, features: frozenset[str]) -> None:
+    with _features_lock:
+        _features[base_url.rstrip("/")] = features
+
+
+def forget_features() -> None:
+    """Forget everything learned (tests, and a supervisor replaced by another version)."""
+    with _features_lock:
+        _features.clear()
+
+
+def _model_selector(models: Sequence[str] | None) -> list[tuple[str, str]]:
+    """The original's selector: one `model` query parameter per name, a lone "" for none."""
+    if models is None:
+        return []
+    names = list(dict.fromkeys(models)) or [""]
+    params = [("model", n) for n in names]
+    if len(str(httpx.QueryParams(params))) > MAX_SELECTOR_CHARS:
+        return []
+    return params
 
 
 def gpu_facts_unavailable(error: CallError | None) -> bool:
@@ -364,7 +341,10 @@ class SupervisorClient:
         self._on_error = on_error
 
     def status(self, *, timeout: float) -> Call[StatusReport]:
-        return self._call("status", "GET", "/v1/status", timeout, parse_status)
+        result = self._call("status", "GET", "/v1/status", timeout, parse_status)
+        if result.value is not None:
+            learn_features(self.base_url, result.value.features)
+        return result
 
     def gpu_memory(self, *, timeout: float) -> Call[GpuMemory]:
         return self._call("gpu_memory", "GET", "/v1/gpu/memory", timeout, parse_gpu_memory)
@@ -374,8 +354,14 @@ class SupervisorClient:
         return self._call("wake", "POST", "/v1/vllm/wake", timeout, parse_ack, body)
 
     def sleep(self, *, timeout: float, gpu_index: int | None = None) -> Call[dict[str, Any]]:
+        """Ask for sleep. A supervisor that drains first (feature `sleep.drain`) is asked to
+        answer within this call's budget (`?waitMs=`): `status: draining` then means the
+        sleep goes on there, and the next call joins it instead of holding a call open."""
         body = {"gpuIndex": gpu_index} if gpu_index is not None else {}
-        return self._call("sleep", "POST", "/v1/vllm/sleep", timeout, parse_ack, body)
+        params = None
+        if FEATURE_DRAIN in (learned_features(self.base_url) or ()):
+            params = [("waitMs", str(max(1, int(timeout * 1000 * WAIT_SHARE))))]
+        return self._call("sleep", "POST", "/v1/vllm/sleep", timeout, parse_ack, body, params)
 
     def training_start(self, *, timeout: float) -> Call[dict[str, Any]]:
         return self._call("training_start", "POST", "/v1/training/start", timeout, parse_ack)
@@ -399,10 +385,29 @@ class SupervisorClient:
         models: Sequence[str] | None,
         timeout: float,
     ) -> Call[ProbeReport]:
+        """Probe the named models (all when None).
+
+        The selection always rides in the query, which the original supervisor reads (or, in
+        its older releases, ignores and probes everything: the caller judges only its own
+        models). The body's `models` field, which the original refuses, goes only to a
+        supervisor that advertises it or, before anything is learned, once: a 400 then is
+        remembered for this supervisor and the probe is resent without it, counting no error.
+        """
         body: dict[str, Any] = {"prompt": prompt, "maxTokens": max_tokens, "timeoutMs": timeout_ms}
-        if models is not None:
-            body["models"] = list(models)
-        return self._call("probe", "POST", "/v1/probe", timeout, parse_probe, body)
+        params = _model_selector(models)
+        known = learned_features(self.base_url)
+        if models is None or (known is not None and FEATURE_PROBE_MODELS not in known):
+            return self._call("probe", "POST", "/v1/probe", timeout, parse_probe, body, params)
+        result = self._send(
+            "POST", "/v1/probe", timeout, parse_probe, {**body, "models": list(models)}, params
+        )
+        if result.error is not None and result.error.status == 400:
+            # Refused: an original supervisor, or ours replaced by one. Remember, resend once.
+            learn_features(self.base_url, (known or frozenset()) - {FEATURE_PROBE_MODELS})
+            return self._call("probe", "POST", "/v1/probe", timeout, parse_probe, body, params)
+        if result.error is not None and self._on_error is not None:
+            self._on_error("probe", result.error)
+        return result
 
     def _call(
         self,
@@ -412,8 +417,9 @@ class SupervisorClient:
         timeout: float,
         parse: Callable[[Any], T],
         body: dict[str, Any] | None = None,
+        params: list[tuple[str, str]] | None = None,
     ) -> Call[T]:
-        result = self._send(method, path, timeout, parse, body)
+        result = self._send(method, path, timeout, parse, body, params)
         if result.error is not None and self._on_error is not None:
             self._on_error(name, result.error)
         return result
@@ -425,6 +431,7 @@ class SupervisorClient:
         timeout: float,
         parse: Callable[[Any], Any],
         body: Any,
+        params: list[tuple[str, str]] | None = None,
     ) -> Call[Any]:
         http = self._http or _shared_http()
         headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
@@ -434,6 +441,7 @@ class SupervisorClient:
                 method,
                 url,
                 json=body if method == "POST" else None,
+                params=params or None,
                 headers=headers,
                 timeout=max(MIN_CALL_S, timeout),
             )

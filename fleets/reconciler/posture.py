@@ -92,12 +92,19 @@ def ensure_asleep(
         if not awake:
             _settle_sleeping(domain, report, operation_id, actor)
             return Posture(True, "every bound model is asleep", data={"models": models})
+        draining = [n for n in awake if (m := report.model(n)) and m.draining]
+        if draining:
+            # The supervisor is letting running requests finish: wait, don't ask again.
+            return Posture(False, f"draining before sleep: {', '.join(draining)}")
         if attempt == 1:
             break
-        # The supervisor's sleep is idempotent: models already asleep are left alone.
+        # The supervisor's sleep is idempotent: models already asleep are left alone, and a
+        # sleep still draining is joined, not restarted.
         slept = client.sleep(timeout=timeout())
         if not slept.ok:
             return Posture(False, f"sleep: {_why(slept)}", call=slept)
+        if slept.value is not None and slept.value.get("status") == "draining":
+            return Posture(False, f"draining before sleep: {', '.join(awake)}")
     return Posture(False, f"not asleep yet: {', '.join(awake)}")
 
 

@@ -208,16 +208,6 @@ def probe(ctx: StepContext) -> StepResult:
         models=models,
         timeout=timeout,
     )
-    if result.error is not None and result.error.status == 400:
-        # A supervisor of the original contract refuses the `models` filter: probe everything
-        # it serves and judge only the bound models (extra models are ignored below).
-        result = client.probe(
-            prompt=ctx.policy.probe_prompt,
-            max_tokens=ctx.policy.probe_max_tokens,
-            timeout_ms=probe_ms,
-            models=None,
-            timeout=ctx.call_timeout(),
-        )
     probed = result.value
     if probed is None:
         if result.error is not None and result.error.code == "invalid_target":

@@ -7,6 +7,7 @@ reachable from outside the host.
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -92,8 +93,15 @@ class VllmControl:
 
     async def sleep(self, http: httpx.AsyncClient, port: int) -> None:
         # Level 1 only: level 2 drops the weights, and waking then needs a reload that some
-        # releases skip silently, serving garbage.
+        # releases skip silently, serving garbage. vLLM aborts whatever still runs (the drain
+        # before this call is what lets running requests finish).
         await _post(http, f"{base_url(port)}/sleep", what="sleep", params={"level": "1"})
+
+    async def sleep_after_running(self, http: httpx.AsyncClient, port: int) -> None:
+        """Sleep once the running requests finish (`mode=wait`): the drain for a server
+        whose metrics do not say what it runs."""
+        params = {"level": "1", "mode": "wait"}
+        await _post(http, f"{base_url(port)}/sleep", what="sleep", params=params)
 
     async def wake(self, http: httpx.AsyncClient, port: int) -> None:
         await _post(http, f"{base_url(port)}/wake_up", what="wake")
@@ -164,6 +172,59 @@ class StopControl:
 
     async def is_sleeping(self, http: httpx.AsyncClient, port: int) -> bool | None:
         return None
+
+
+# How often a drain asks the server how many requests it still runs.
+DRAIN_POLL_S = 0.1
+# vLLM's metrics page is a few hundred lines; a drain reads no more than this of it.
+MAX_METRICS_CHARS = 1_000_000
+
+
+@dataclass(frozen=True)
+class DrainResult:
+    """How a drain ended: `supported` False when the server's metrics cannot say."""
+
+    supported: bool
+    drained: bool
+    waited_ms: int
+    running: int = 0
+
+
+_RUNNING = re.compile(r"^vllm:num_requests_(running|waiting)(?:\{[^}]*\})? ([0-9.eE+]+)$", re.M)
+
+
+async def read_running(http: httpx.AsyncClient, port: int) -> int | None:
+    """Requests vLLM is running or has queued, from `GET /metrics`; None when it cannot say.
+
+    Not `/load`: vLLM answers it with 0 unless started with `--enable-server-load-tracking`.
+    """
+    try:
+        response = await asyncio.wait_for(
+            http.get(f"{base_url(port)}/metrics", timeout=STATUS_TIMEOUT_S), STATUS_TIMEOUT_S
+        )
+    except (TimeoutError, httpx.HTTPError):
+        return None
+    if response.status_code != 200:
+        return None
+    found = _RUNNING.findall(response.text[:MAX_METRICS_CHARS])
+    if not found:
+        return None
+    return int(sum(float(value) for _, value in found))
+
+
+async def drain(http: httpx.AsyncClient, port: int, budget_s: float, clock: Any) -> DrainResult:
+    """Wait until the server reports nothing running, for at most `budget_s`."""
+    started = clock.monotonic()
+    running = await read_running(http, port)
+    if running is None:
+        return DrainResult(supported=False, drained=False, waited_ms=0)
+    while running and clock.monotonic() - started < budget_s:
+        await clock.sleep(DRAIN_POLL_S)
+        running = await read_running(http, port)
+        if running is None:
+            break
+    waited = int((clock.monotonic() - started) * 1000)
+    return DrainResult(supported=True, drained=running == 0, waited_ms=waited, running=running or 0)
 
 
 def describe_http_error(exc: httpx.HTTPError) -> str:

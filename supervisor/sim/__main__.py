@@ -35,6 +35,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[SimOptions, str]:
     p.add_argument("--reply", default=None, help="the text every completion answers with")
     p.add_argument("--echo", action="store_true", help="answer with the last user message")
     p.add_argument("--start-asleep", action="store_true")
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--enable-server-load-tracking", action="store_true", help="as vLLM's")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("VLLM_API_KEY") or None,
+        help="like vLLM's: inference routes need this bearer key (default $VLLM_API_KEY)",
+    )
     p.add_argument("--log-level", default="warning")
     a = p.parse_args(argv)
     for name in ("weights_mib", "context_mib", "wake_latency_ms", "ttft_ms", "token_delay_ms"):
@@ -56,6 +63,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[SimOptions, str]:
         reply=a.reply,
         echo=a.echo,
         start_asleep=a.start_asleep,
+        max_model_len=a.max_model_len,
+        server_load_tracking=a.enable_server_load_tracking,
+        api_key=a.api_key,
     ), a.log_level
 
 

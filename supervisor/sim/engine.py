@@ -56,6 +56,10 @@ class SimOptions:
     reply: str | None = None
     echo: bool = False
     start_asleep: bool = False
+    max_model_len: int = 4096
+    server_load_tracking: bool = False
+    # Like vLLM's --api-key: inference routes need `Authorization: Bearer <key>`.
+    api_key: str | None = None
 
 
 @dataclass
@@ -100,6 +104,21 @@ class SimEngine:
         self.state = state
         self.sleeping = options.start_asleep
         self.sleep_level: int | None = 1 if options.start_asleep else None
+        # vLLM sleeps by tag; a partial wake (`?tags=weights`) leaves it asleep until every
+        # tag is back.
+        self.asleep_tags: set[str] = set(SLEEP_TAGS) if options.start_asleep else set()
+        # Requests that arrive while generation is paused (asleep, or a sleep in progress)
+        # are held, as vLLM holds them, and go on once this is set.
+        self.resumed = asyncio.Event()
+        if not options.start_asleep:
+            self.resumed.set()
+        # Set (and replaced) by an aborting sleep: every generation running then ends early
+        # with finish_reason "abort".
+        self.abort_event = asyncio.Event()
+        # Requests generating right now (not the held ones), and an event set whenever none is.
+        self.generating = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
         self.loaded = options.load_ms <= 0
         self.faults = Faults()
         self.stats = Stats()
@@ -125,20 +144,29 @@ class SimEngine:
 
     # -- sleep and wake -------------------------------------------------------------------------
 
-    async def sleep(self, level: int) -> Response:
+    async def sleep(self, level: int, *, mode: str = "abort") -> Response:
+        """Pause generation, abort (or with mode=wait, finish) what runs, then sleep."""
         async with self._transition:
             if self.faults.sleep_fails:
                 return _error(500, "simulated sleep failure")
             if not self.sleeping:
+                self.resumed.clear()
+                if mode == "wait":
+                    await self.idle.wait()
+                else:
+                    self.abort_event.set()
+                    self.abort_event = asyncio.Event()
+                    await self.idle.wait()
                 await asyncio.sleep(self.options.sleep_latency_ms / 1000)
                 self.sleeping = True
                 self.sleep_level = level
+                self.asleep_tags = set(SLEEP_TAGS)
                 self.stats.sleeps += 1
                 self.register_memory()
                 log.info("%s: asleep (level %s)", self.options.model, level)
-        return Response(status_code=200)
+        return JSONResponse({"status": "sleeping", "level": self.sleep_level})
 
-    async def wake(self) -> Response:
+    async def wake(self, tags: list[str] | None = None) -> Response:
         async with self._transition:
             while self.faults.wake_hangs:
                 # Hang until the fault is cleared, like a wake stuck on a busy GPU.
@@ -148,12 +176,28 @@ class SimEngine:
                 return _error(500, "simulated wake failure")
             if self.sleeping:
                 await asyncio.sleep(self.options.wake_latency_ms / 1000)
-                self.sleeping = False
-                self.sleep_level = None
-                self.stats.wakes += 1
-                self.register_memory()
-                log.info("%s: awake", self.options.model)
-        return Response(status_code=200)
+                self.asleep_tags -= set(tags) if tags else set(SLEEP_TAGS)
+                if not self.asleep_tags:
+                    self.sleeping = False
+                    self.sleep_level = None
+                    self.stats.wakes += 1
+                    self.register_memory()
+                    self.resumed.set()
+                    log.info("%s: awake", self.options.model)
+        if self.sleeping:
+            return JSONResponse({"status": "sleeping", "tags": tags})
+        return JSONResponse({"status": "awake", "tags": tags})
+
+    def generation_started(self) -> asyncio.Event:
+        """Count a generation in; return the event that aborts it."""
+        self.generating += 1
+        self.idle.clear()
+        return self.abort_event
+
+    def generation_ended(self) -> None:
+        self.generating -= 1
+        if self.generating == 0:
+            self.idle.set()
 
     def set_faults(self, changes: dict[str, Any]) -> str | None:
         """Apply fault flags from the wire; return an error message for bad input."""
@@ -177,12 +221,45 @@ class SimEngine:
             body=body,
         )
 
+    def authorized(self, scope: Any) -> bool:
+        """Check the bearer key the way vLLM's --api-key does (only when one is set)."""
+        key = self.options.api_key
+        if not key:
+            return True
+        headers = dict(scope["headers"])
+        return headers.get(b"authorization", b"").decode("latin-1") == f"Bearer {key}"
+
     def next_id(self, prefix: str) -> str:
         return f"{prefix}-sim-{next(self._ids)}"
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "code": status}}, status_code=status)
+SLEEP_TAGS = ("weights", "kv_cache")
+SLEEP_LEVELS = ("0", "1", "2")
+SLEEP_MODES = ("abort", "wait", "keep")
+
+
+def _query_error(name: str, message: str) -> JSONResponse:
+    """vLLM's 400 for a bad query parameter: type "Bad Request", param "query.<name>"."""
+    return JSONResponse(
+        {
+            "error": {
+                "message": message,
+                "type": "Bad Request",
+                "param": f"query.{name}",
+                "code": 400,
+            }
+        },
+        status_code=400,
+    )
+
+
+def _error(status: int, message: str, kind: str | None = None) -> JSONResponse:
+    """An error in vLLM's envelope: message, type, param, code."""
+    kind = kind or {400: "BadRequestError", 404: "NotFoundError"}.get(status, "InternalServerError")
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "param": None, "code": status}},
+        status_code=status,
+    )
 
 
 # -- control and inspection routes ---------------------------------------------------------------
@@ -205,27 +282,56 @@ def build_app(engine: SimEngine) -> Starlette:
         return Response(status_code=200 if engine.loaded else 503)
 
     async def models(request: Request) -> Response:
+        if not engine.authorized(request.scope):
+            return JSONResponse({"error": "Unauthorized"}, status_code=401)
         created = int(time.time())
+        name = engine.options.model
         return JSONResponse(
             {
                 "object": "list",
                 "data": [
                     {
-                        "id": engine.options.model,
+                        "id": name,
                         "object": "model",
                         "created": created,
-                        "owned_by": "haru-sim",
+                        "owned_by": "vllm",
+                        "root": name,
+                        "parent": None,
+                        "max_model_len": engine.options.max_model_len,
+                        "permission": [
+                            {
+                                "id": f"modelperm-sim-{created}",
+                                "object": "model_permission",
+                                "created": created,
+                                "allow_create_engine": False,
+                                "allow_sampling": True,
+                                "allow_logprobs": True,
+                                "allow_search_indices": False,
+                                "allow_view": True,
+                                "allow_fine_tuning": False,
+                                "organization": "*",
+                                "group": None,
+                                "is_blocking": False,
+                            }
+                        ],
                     }
                 ],
             }
         )
+
+    async def load(request: Request) -> Response:
+        # As vLLM: the count only with --enable-server-load-tracking, otherwise always 0.
+        tracked = engine.options.server_load_tracking
+        return JSONResponse({"server_load": engine.stats.inflight if tracked else 0})
 
     async def metrics(request: Request) -> Response:
         s, m = engine.stats, engine.options.model
         label = f'{{model_name="{m}"}}'
         lines = [
             "# TYPE vllm:num_requests_running gauge",
-            f"vllm:num_requests_running{label} {s.inflight}",
+            f"vllm:num_requests_running{label} {engine.generating}",
+            "# TYPE vllm:num_requests_waiting gauge",
+            f"vllm:num_requests_waiting{label} {s.inflight - engine.generating}",
             "# TYPE haru_sim_requests_total counter",
             f"haru_sim_requests_total{label} {s.requests}",
             "# TYPE haru_sim_requests_completed_total counter",
@@ -239,12 +345,18 @@ def build_app(engine: SimEngine) -> Starlette:
 
     async def sleep(request: Request) -> Response:
         raw = request.query_params.get("level", "1")
-        if raw not in ("1", "2"):
-            return _error(400, f"level must be 1 or 2, got {raw!r}")
-        return await engine.sleep(int(raw))
+        if raw not in SLEEP_LEVELS:
+            return _query_error("level", f"Input should be 0, 1 or 2, got {raw!r}")
+        mode = request.query_params.get("mode", "abort")
+        if mode not in SLEEP_MODES:
+            return _query_error("mode", "Input should be 'abort', 'wait' or 'keep'")
+        return await engine.sleep(int(raw), mode=mode)
 
     async def wake_up(request: Request) -> Response:
-        return await engine.wake()
+        tags = request.query_params.getlist("tags") or None
+        if tags and any(t not in SLEEP_TAGS for t in tags):
+            return _query_error("tags", f"Invalid tags {tags}: expected weights or kv_cache")
+        return await engine.wake(tags)
 
     async def is_sleeping(request: Request) -> Response:
         if engine.faults.is_sleeping_garbage:
@@ -346,6 +458,7 @@ def build_app(engine: SimEngine) -> Starlette:
             Route("/sleep", sleep, methods=["POST"]),
             Route("/wake_up", wake_up, methods=["POST"]),
             Route("/is_sleeping", is_sleeping, methods=["GET"]),
+            Route("/load", load, methods=["GET"]),
             Route("/_sim/faults", faults, methods=["GET", "POST"]),
             Route("/_sim/stats", stats, methods=["GET"]),
             Route("/_sim/last-request", last_request, methods=["GET"]),

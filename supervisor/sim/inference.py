@@ -21,10 +21,15 @@ if TYPE_CHECKING:
 
 
 class DisconnectWatch:
-    """Listen for the client going away while a response is being produced."""
+    """Listen for the client going away while a response is being produced.
 
-    def __init__(self, receive: Receive) -> None:
+    A pause also ends early when `abort` is set (an aborting sleep), returning True: the
+    caller then finishes the reply with what it has.
+    """
+
+    def __init__(self, receive: Receive, abort: asyncio.Event | None = None) -> None:
         self.gone = asyncio.Event()
+        self._abort = abort
         self._task = asyncio.create_task(self._watch(receive))
 
     async def _watch(self, receive: Receive) -> None:
@@ -36,9 +41,14 @@ class DisconnectWatch:
 
     async def pause(self, seconds: float) -> bool:
         """Wait; return False if the client disconnected first."""
-        if seconds > 0:
+        if seconds > 0 and not (self._abort is not None and self._abort.is_set()):
+            waits = [asyncio.ensure_future(self.gone.wait())]
+            if self._abort is not None:
+                waits.append(asyncio.ensure_future(self._abort.wait()))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.gone.wait(), seconds)
+                await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+            for w in waits:
+                w.cancel()
         return not self.gone.is_set()
 
     def close(self) -> None:
@@ -62,11 +72,39 @@ class InferenceEndpoint:
         if scope["method"] != "POST":
             await _send(send, 405, replies.openai_error("use POST", "invalid_request_error", 405))
             return
+        if not engine.authorized(scope):
+            engine.stats.rejected += 1
+            await _send(send, 401, replies.dumps({"error": "Unauthorized"}))
+            return
         admitted = self._admit(body)
         if isinstance(admitted, tuple):
             engine.stats.rejected += 1
             await _send(send, *admitted)
             return
+        engine.stats.inflight += 1
+        try:
+            await self._generate(body, admitted, receive, send)
+        finally:
+            engine.stats.inflight -= 1
+
+    async def _generate(
+        self, body: bytes, admitted: dict[str, Any], receive: Receive, send: Send
+    ) -> None:
+        engine = self.engine
+        if not engine.resumed.is_set():
+            # Asleep: vLLM holds the request, unanswered, and serves it right after the wake.
+            watch = DisconnectWatch(receive)
+            try:
+                resumed = asyncio.ensure_future(engine.resumed.wait())
+                gone = asyncio.ensure_future(watch.gone.wait())
+                await asyncio.wait({resumed, gone}, return_when=asyncio.FIRST_COMPLETED)
+                resumed.cancel()
+                gone.cancel()
+                if watch.gone.is_set():
+                    engine.stats.cancelled += 1
+                    return
+            finally:
+                watch.close()
         completion = replies.plan_completion(
             request_id=engine.next_id("chatcmpl" if self.chat else "cmpl"),
             created=int(time.time()),
@@ -77,14 +115,14 @@ class InferenceEndpoint:
             reply=engine.reply,
             echo=engine.options.echo,
         )
-        engine.stats.inflight += 1
+        abort = engine.generation_started()
         try:
             if admitted.get("stream") is True:
-                finished = await self._stream(completion, admitted, receive, send)
+                finished = await self._stream(completion, admitted, receive, send, abort)
             else:
-                finished = await self._whole(completion, receive, send)
+                finished = await self._whole(completion, receive, send, abort)
         finally:
-            engine.stats.inflight -= 1
+            engine.generation_ended()
         if finished:
             engine.stats.completed += 1
         else:
@@ -95,8 +133,6 @@ class InferenceEndpoint:
         engine = self.engine
         if not engine.loaded:
             return 503, replies.openai_error("model is loading", "ServiceUnavailable", 503)
-        if engine.sleeping:
-            return 503, replies.openai_error("model is sleeping", "ServiceUnavailable", 503)
         if engine.faults.inference_5xx:
             return 500, replies.openai_error("simulated failure", "InternalServerError", 500)
         try:
@@ -106,31 +142,47 @@ class InferenceEndpoint:
         if not isinstance(payload, dict):
             return 400, replies.openai_error("body must be an object", "BadRequestError", 400)
         if payload.get("model") != engine.options.model:
-            message = f"The model `{payload.get('model')}` does not exist."
-            return 404, replies.openai_error(message, "NotFoundError", 404)
+            # vLLM's own wording and envelope, so a proxy passing it through is tested on it.
+            message = (
+                f"The model `{payload.get('model')}` does not exist. "
+                f"Valid aliases: {engine.options.model}."
+            )
+            return 404, replies.openai_error(message, "NotFoundError", 404, param="model")
         return payload
 
-    async def _whole(self, c: replies.Completion, receive: Receive, send: Send) -> bool:
+    async def _whole(
+        self, c: replies.Completion, receive: Receive, send: Send, abort: asyncio.Event
+    ) -> bool:
         o = self.engine.options
-        delay = (o.ttft_ms + o.token_delay_ms * max(len(c.tokens) - 1, 0)) / 1000
-        if delay > 0:
-            watch = DisconnectWatch(receive)
-            try:
-                if not await watch.pause(delay):
+        watch = DisconnectWatch(receive, abort)
+        try:
+            if not await watch.pause(o.ttft_ms / 1000):
+                return False
+            for i in range(1, len(c.tokens)):
+                if not await watch.pause(o.token_delay_ms / 1000):
                     return False
-            finally:
-                watch.close()
+                if abort.is_set():
+                    # An aborting sleep: vLLM answers 200 with the text so far.
+                    c = c.cut(i)
+                    break
+        finally:
+            watch.close()
         body = replies.chat_body(c) if self.chat else replies.completion_body(c)
         await _send(send, 200, replies.dumps(body))
         return True
 
     async def _stream(
-        self, c: replies.Completion, payload: dict[str, Any], receive: Receive, send: Send
+        self,
+        c: replies.Completion,
+        payload: dict[str, Any],
+        receive: Receive,
+        send: Send,
+        abort: asyncio.Event,
     ) -> bool:
         o = self.engine.options
         options = payload.get("stream_options")
         include_usage = isinstance(options, dict) and options.get("include_usage") is True
-        watch = DisconnectWatch(receive)
+        watch = DisconnectWatch(receive, abort)
         try:
             await send(
                 {
@@ -154,6 +206,9 @@ class InferenceEndpoint:
                     return False
                 if watch.gone.is_set():
                     return False
+                if abort.is_set():
+                    c = c.cut(i)
+                    break
                 if self.chat:
                     await _chunk(send, replies.chat_chunk(c, {"content": token}, None))
                 else:

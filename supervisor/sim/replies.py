@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 DEFAULT_MAX_TOKENS = 16
@@ -26,6 +26,10 @@ class Completion:
     prompt_tokens: int
     body_sha256: str
     body_bytes: int
+
+    def cut(self, kept: int) -> Completion:
+        """The same reply ended after `kept` tokens by an aborting sleep."""
+        return replace(self, tokens=self.tokens[:kept], finish_reason="abort")
 
     @property
     def text(self) -> str:
@@ -175,6 +179,6 @@ def sse(value: Any) -> bytes:
 DONE = b"data: [DONE]\n\n"
 
 
-def openai_error(message: str, kind: str, code: int) -> bytes:
-    """Render an error the way OpenAI-compatible servers do (not the supervisor envelope)."""
-    return dumps({"error": {"message": message, "type": kind, "code": code}})
+def openai_error(message: str, kind: str, code: int, *, param: str | None = None) -> bytes:
+    """Render an error the way vLLM does (not the supervisor envelope)."""
+    return dumps({"error": {"message": message, "type": kind, "param": param, "code": code}})

@@ -10,6 +10,16 @@ from fleets.reconciler.tick import fleet_tick
 from tests.reconciler.fakes import standby_posture_fleet
 
 
+@pytest.fixture(autouse=True)
+def _unlearned():
+    """Every test starts knowing nothing of any supervisor's features."""
+    from fleets.reconciler import client
+
+    client.forget_features()
+    yield
+    client.forget_features()
+
+
 @pytest.fixture
 def hosts():
     """Route every supervisor call to scripted hosts (east active, west standby)."""

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from supervisor.wire.shape import FEATURES
+
 TOTAL_MIB = 81920
 WEIGHTS_MIB = 6000
 CONTEXT_MIB = 700
@@ -48,6 +50,8 @@ class FakeHost:
     gpu_gate: threading.Event | None = None  # GET /v1/gpu/memory hangs until this is set
     checkpoint_at: str | None = None  # the trainer's lastCheckpointAt, when it has one
     model_pids: dict[str, int] = field(default_factory=dict)
+    # What GET /v1/status advertises beyond the original contract (ours: FEATURES).
+    features: tuple[str, ...] = FEATURES
     # accounting
     calls: Counter = field(default_factory=Counter)
     effects: Counter = field(default_factory=Counter)
@@ -86,12 +90,10 @@ class FakeHost:
                         }
                         for i, (n, s) in enumerate(sorted(self.models.items()))
                     ],
-                    "training": None,
                 },
                 {
                     "gpuIndex": 0,
                     "kind": "training",
-                    "models": [],
                     "training": {
                         "state": self.trainer,
                         "pids": [self.pid] if self.pid is not None else [],
@@ -100,6 +102,7 @@ class FakeHost:
                 },
             ],
             "ready": True,
+            "features": list(self.features),
         }
 
     def _gpu_memory(self) -> dict:

@@ -9,6 +9,7 @@ import pytest
 
 from fleets.reconciler import metrics
 from fleets.reconciler.client import SupervisorClient, gpu_facts_unavailable
+from supervisor.wire.shape import compact
 
 TOKEN = "s3cret-supervisor-token-xyz"
 
@@ -25,8 +26,8 @@ def ok_status() -> dict:
                 "gpuIndex": 0,
                 "kind": "inference",
                 "models": [
-                    {"name": "a", "sleeping": True, "fingerprint": "x"},
-                    {"name": "b", "sleeping": "maybe"},
+                    {"name": "a", "port": 8001, "sleeping": True, "fingerprint": "x"},
+                    {"name": "b", "port": 8002, "sleeping": None},
                 ],
                 "training": None,
             },
@@ -51,7 +52,7 @@ def test_status_is_validated_and_sends_the_bearer_token():
     report = call.value
     assert report.ready is True
     assert report.model("a").sleeping is True
-    assert report.model("b").sleeping is None  # a non-boolean reading is "unknown"
+    assert report.model("b").sleeping is None  # unknown
     assert report.training(0).running_with_pid
     assert report.raw["extra"] == {"ignored": True}
 
@@ -64,6 +65,9 @@ def test_status_is_validated_and_sends_the_bearer_token():
         b'{"slots": [{"gpuIndex": "0", "kind": "inference"}]}',
         b'{"slots": [{"gpuIndex": 0, "kind": "gpu"}]}',
         b'{"slots": [{"gpuIndex": 0, "kind": "training", "training": {"pids": [1]}}]}',
+        # The contract says boolean or null; the supervisor maps anything else to null.
+        b'{"ready": false, "slots": [{"gpuIndex": 0, "kind": "inference",'
+        b' "models": [{"name": "a", "port": 1, "sleeping": "maybe"}]}]}',
         b"[]",
     ],
 )
@@ -116,6 +120,7 @@ def test_probe_posts_the_policy_and_the_bound_models():
 
     def handler(request):
         seen.update(json.loads(request.content))
+        seen["query"] = request.url.params.get_list("model")
         return httpx.Response(
             200,
             json={
@@ -127,7 +132,14 @@ def test_probe_posts_the_policy_and_the_bound_models():
     call = client_answering(handler).probe(
         prompt="ping", max_tokens=4, timeout_ms=900, models=["a"], timeout=1
     )
-    assert seen == {"prompt": "ping", "maxTokens": 4, "timeoutMs": 900, "models": ["a"]}
+    # Nothing learned yet: the body carries `models`; the query carries the original's selector.
+    assert seen == {
+        "prompt": "ping",
+        "maxTokens": 4,
+        "timeoutMs": 900,
+        "models": ["a"],
+        "query": ["a"],
+    }
     assert call.value.result("a").error == "x"
 
 
@@ -175,7 +187,7 @@ def test_gpu_memory_is_validated_and_keeps_the_body_for_the_dashboard():
     call = client_answering(lambda r: httpx.Response(200, json=gpu_body())).gpu_memory(timeout=1)
     assert call.ok
     assert call.value.gpu(0).used_ratio == pytest.approx(46000 / 81920)
-    assert call.value.raw == gpu_body()
+    assert call.value.raw == compact(gpu_body())  # nulls read as absent
 
 
 @pytest.mark.parametrize(

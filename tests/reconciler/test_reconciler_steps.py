@@ -5,9 +5,10 @@ from __future__ import annotations
 import httpx
 import pytest
 from django.db.models import F
+from prometheus_client import REGISTRY
 
 from fleets.core.policy import Policy
-from fleets.models import Event, Fleet, Operation, Slot
+from fleets.models import Domain, Event, Fleet, Operation, Slot
 from fleets.reconciler import promote
 from fleets.reconciler.client import client_for
 from fleets.reconciler.steps import StepContext
@@ -284,22 +285,55 @@ def test_a_pid_less_trainer_never_counts_as_training(promotion, hosts, tick, fak
     assert slot(domains()["east"], "training").state == "idle"
 
 
-def test_probe_falls_back_for_a_supervisor_without_the_models_filter(promotion, hosts):
-    west = hosts.hosts["west"]
+def original_style_probe(west):
+    """Make west refuse the body's `models` field, as the original supervisor does."""
     original = west._route
+    seen = []
 
     def strict(method, path, body):
-        if path == "/v1/probe" and "models" in body:
-            return httpx.Response(
-                400, json={"error": {"code": "invalid_request", "message": "unknown field"}}
-            )
+        if path == "/v1/probe":
+            seen.append(sorted(body))
+            if "models" in body:
+                return httpx.Response(
+                    400, json={"error": {"code": "invalid_request", "message": "unknown field"}}
+                )
         return original(method, path, body)
 
     west._route = strict
+    west.features = ()
     west.models.update({"qwen-small": False, "llama-small": False})
+    return seen
+
+
+def probe_errors() -> float:
+    value = REGISTRY.get_sample_value(
+        "haru_supervisor_call_errors_total", {"call": "probe", "kind": "http"}
+    )
+    return value or 0.0
+
+
+def test_probe_learns_from_status_that_the_supervisor_refuses_the_models_field(promotion, hosts):
+    seen = original_style_probe(hosts.hosts["west"])
+    before = probe_errors()
+    client_for(Domain.objects.get(slug="west").supervisor_url).status(
+        timeout=1
+    )  # a heartbeat whose answer lists no `features`
     result = promote.probe(ctx_for(at_step(promotion, "probe")))
     assert result.done, result.message
-    assert west.calls["POST /v1/probe"] == 2
+    assert seen == [["maxTokens", "prompt", "timeoutMs"]]  # one call, no `models`
+    assert probe_errors() == before
+
+
+def test_probe_falls_back_once_and_remembers_it_for_that_supervisor(promotion, hosts):
+    seen = original_style_probe(hosts.hosts["west"])
+    before = probe_errors()
+    for _ in range(2):
+        result = promote.probe(ctx_for(at_step(promotion, "probe")))
+        assert result.done, result.message
+    with_models = ["maxTokens", "models", "prompt", "timeoutMs"]
+    without = ["maxTokens", "prompt", "timeoutMs"]
+    assert seen == [with_models, without, without]  # the second probe asks once
+    assert probe_errors() == before  # the refused first try is not a supervisor error
 
 
 # -- demote ----------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from supervisor.api import create_app
 from supervisor.config import parse_config
 from supervisor.gpu.nvml import NvmlBackend
 from supervisor.host import Host, HostDeps
+from supervisor.wire.contract import check_response
 from tests.supervisor.fakes import FakeModelServers, FakeNvml, FakeSpawner
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -165,7 +166,14 @@ class SupervisorProcess:
 
     def client(self, timeout: float = 10.0) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=timeout, trust_env=False)
+        # Every answer a real supervisor process gives in a test is checked against the schemas.
+        return httpx.Client(
+            base_url=self.url,
+            headers=headers,
+            timeout=timeout,
+            trust_env=False,
+            event_hooks={"response": [check_response]},
+        )
 
 
 def start_supervisor(
@@ -192,9 +200,9 @@ def start_supervisor(
     wait_for(lambda: httpx.get(f"{sup.url}/healthz", timeout=1).status_code == 200, timeout=15)
     if wait_ready:
         with sup.client() as c:
-            wait_for(lambda: c.get("/v1/ready").status_code == 200, timeout=15)
+            wait_for(lambda: c.get("/v1/ready").json()["stateKnown"], timeout=15)
             for slot in c.get("/v1/status").json()["slots"]:
-                for model in slot["models"]:
+                for model in slot.get("models", ()):
                     tracker.adopt((model.get("process") or {}).get("pid"))
     return sup
 

@@ -71,7 +71,7 @@ def state_dir(tmp: Path, port: int) -> Path:
 
 
 def models_of(status: dict) -> dict[str, dict]:
-    return {m["name"]: m for s in status["slots"] for m in s["models"]}
+    return {m["name"]: m for s in status["slots"] for m in s.get("models", ())}
 
 
 def trainer_of(status: dict) -> dict:
@@ -105,7 +105,7 @@ def test_a_restarted_supervisor_adopts_what_the_crashed_one_left_running(
     first = tools.start_supervisor(processes, config)
     with first.client() as client:
         assert client.post("/v1/vllm/sleep").status_code == 200
-        assert client.post("/v1/training/start").status_code == 202
+        assert client.post("/v1/training/start").status_code == 200
         tools.wait_for(lambda: used_mib(client) == 2 * CONTEXT + TRAINER)
         before = client.get("/v1/status").json()
     trainer_pid = trainer_of(before)["pids"][0]
@@ -120,7 +120,7 @@ def test_a_restarted_supervisor_adopts_what_the_crashed_one_left_running(
     second = tools.start_supervisor(processes, config, port=first.port)
     with second.client() as client:
         after = client.get("/v1/status").json()
-        assert after["ready"] is True
+        assert after["stateKnown"] is True
         for name, model in models_of(after).items():
             old = models_of(before)[name]
             assert model["process"]["state"] == "running"
@@ -201,7 +201,7 @@ def test_dead_reused_and_unrecorded_pids_are_never_adopted(processes, tools, tmp
 
             status = tools.wait_for(settled)
     processes.adopt(models_of(status)[qwen["name"]]["process"]["pid"])
-    assert models_of(status)["llama-small"]["fingerprint"] is None
+    assert "fingerprint" not in models_of(status)["llama-small"]
     model = models_of(status)[qwen["name"]]
     assert model["process"]["adopted"] is False
     assert model["process"]["pid"] != gone_stamp.pid

@@ -89,7 +89,7 @@ class Harness:
 
     async def models(self) -> dict[str, dict[str, Any]]:
         status = await self.host.status()
-        return {m["name"]: m for s in status["slots"] for m in s["models"]}
+        return {m["name"]: m for s in status["slots"] for m in s.get("models", ())}
 
     def record_files(self) -> dict[str, dict[str, Any]]:
         return {p.name: json.loads(p.read_text()) for p in self.state.path.glob("*.json")}
@@ -183,8 +183,8 @@ def test_sglang_sleep_state_of_an_adopted_server_comes_from_its_record(tmp_path,
         # No status endpoint and nothing recorded: unknown, never assumed awake.
         assert models["llama-small"]["sleeping"] is None
         assert "adopted" in models["llama-small"]["error"]
-        ready, _ = await h.host.readiness()
-        assert ready is False
+        ready, known, _ = await h.host.readiness()
+        assert ready is False and known is False
         await h.host.wake(None)
         assert all(m["sleeping"] is False for m in (await h.models()).values())
         await h.host.shutdown()

@@ -9,6 +9,7 @@ from starlette.testclient import TestClient
 
 from supervisor.gpu.facts import MIB
 from supervisor.gpu.nvml import NvmlBackend
+from supervisor.wire.contract import check_response
 from tests.supervisor.fakes import FakeGpu, FakeNvml, FakeProcess, FakeServerState, FakeSpawner
 
 CONFIG = {
@@ -42,12 +43,12 @@ def servers(**overrides: dict) -> dict[int, FakeServerState]:
 @pytest.fixture
 def setup(api):
     under_test = api(CONFIG, servers=servers())
-    with TestClient(under_test.app) as client:
+    with checked_client(under_test.app) as client:
         yield client, under_test
 
 
 def models_of(status: dict) -> dict[str, dict]:
-    return {m["name"]: m for s in status["slots"] for m in s["models"]}
+    return {m["name"]: m for s in status["slots"] for m in s.get("models", ())}
 
 
 def test_status_has_the_original_shape(setup):
@@ -63,7 +64,8 @@ def test_status_has_the_original_shape(setup):
         "sleeping": False,
     }
     assert model["engine"] == "vllm"
-    assert model["fingerprint"] is None  # not started by the supervisor: unknown
+    assert "fingerprint" not in model  # not started by the supervisor: unknown, so left out
+    assert "training" not in first  # optional fields are left out, never null
     training = body["slots"][2]
     assert training["kind"] == "training"
     assert training["training"]["state"] == "idle" and training["training"]["pids"] == []
@@ -71,18 +73,18 @@ def test_status_has_the_original_shape(setup):
 
 def test_non_boolean_is_sleeping_reads_as_unknown(api):
     under_test = api(CONFIG, servers=servers(p18002={"is_sleeping_value": "false"}))
-    with TestClient(under_test.app) as client:
+    with checked_client(under_test.app) as client:
         status = client.get("/v1/status").json()
         assert models_of(status)["llama-small"]["sleeping"] is None
-        assert status["ready"] is False
+        assert status["ready"] is False and status["stateKnown"] is False
         ready = client.get("/v1/ready")
-        assert ready.status_code == 503
-        assert ready.json()["error"]["code"] == "not_ready"
+        assert ready.status_code == 200  # as in the original: the answer is in the body
+        assert ready.json()["ready"] is False and ready.json()["stateKnown"] is False
 
 
 def test_unreachable_server_reads_as_unknown_with_a_reason(api):
     under_test = api(CONFIG, servers=servers(p18003={"reachable": False}))
-    with TestClient(under_test.app) as client:
+    with checked_client(under_test.app) as client:
         big = models_of(client.get("/v1/status").json())["big"]
         assert big["sleeping"] is None
         assert "connection refused" in big["error"]
@@ -140,7 +142,7 @@ def test_malformed_bodies_are_invalid_requests(setup, body):
 
 def test_wake_failure_is_a_502_naming_each_failed_model(api):
     under_test = api(CONFIG, servers=servers(p18002={"wake_status": 500, "sleeping": True}))
-    with TestClient(under_test.app) as client:
+    with checked_client(under_test.app) as client:
         response = client.post("/v1/vllm/wake")
         assert response.status_code == 502
         error = response.json()["error"]
@@ -155,7 +157,7 @@ def test_wake_failure_is_a_502_naming_each_failed_model(api):
 
 def test_unreachable_server_fails_the_sleep_with_its_reason(api):
     under_test = api(CONFIG, servers=servers(p18001={"reachable": False}))
-    with TestClient(under_test.app) as client:
+    with checked_client(under_test.app) as client:
         response = client.post("/v1/vllm/sleep", json={"gpuIndex": 0})
         assert response.status_code == 502
         (failure,) = response.json()["error"]["failures"]
@@ -166,7 +168,7 @@ def test_unreachable_server_fails_the_sleep_with_its_reason(api):
 def test_fan_out_is_concurrent(api):
     slow = {"delay_s": 0.3}
     under_test = api(CONFIG, servers=servers(p18001=slow, p18002=slow, p18003=slow))
-    with TestClient(under_test.app) as client:
+    with checked_client(under_test.app) as client:
         started = time.monotonic()
         assert client.post("/v1/vllm/wake").status_code == 200
         assert time.monotonic() - started < 0.8
@@ -180,13 +182,13 @@ def test_probe_passes_awake_models(setup):
     assert body["ok"] is True
     assert {r["model"] for r in body["results"]} == {"qwen-small", "llama-small", "big"}
     for result in body["results"]:
-        assert result["ok"] is True and result["error"] is None
+        assert result["ok"] is True and "error" not in result  # absent, never null
         assert isinstance(result["latencyMs"], int)
 
 
 def test_probe_fails_an_empty_reply(api):
     under_test = api(CONFIG, servers=servers(p18003={"reply": ""}))
-    with TestClient(under_test.app) as client:
+    with checked_client(under_test.app) as client:
         body = client.post("/v1/probe", json={}).json()
         assert body["ok"] is False
         big = next(r for r in body["results"] if r["model"] == "big")
@@ -197,7 +199,7 @@ def test_probe_fails_a_sleeping_or_erroring_model(api):
     under_test = api(
         CONFIG, servers=servers(p18001={"sleeping": True}, p18002={"chat_status": 500})
     )
-    with TestClient(under_test.app) as client:
+    with checked_client(under_test.app) as client:
         results = {r["model"]: r for r in client.post("/v1/probe").json()["results"]}
         assert results["qwen-small"]["error"].startswith("HTTP 503")
         assert results["llama-small"]["error"].startswith("HTTP 500")
@@ -206,7 +208,7 @@ def test_probe_fails_a_sleeping_or_erroring_model(api):
 
 def test_probe_times_out_per_model(api):
     under_test = api(CONFIG, servers=servers(p18001={"delay_s": 1.0}))
-    with TestClient(under_test.app) as client:
+    with checked_client(under_test.app) as client:
         body = client.post("/v1/probe", json={"timeoutMs": 100, "models": ["qwen-small"]}).json()
         assert body["results"] == [
             {
@@ -242,10 +244,10 @@ def test_probe_of_a_model_the_host_does_not_serve_fails_that_model_only(setup):
 def test_training_start_stop_and_status(setup):
     client, under_test = setup
     response = client.post("/v1/training/start")
-    assert response.status_code == 202
+    assert response.status_code == 200  # the original's status; stop stays 202
     (slot,) = response.json()["slots"]
     assert slot["state"] == "running" and len(slot["pids"]) == 1
-    assert client.post("/v1/training/start").status_code == 202
+    assert client.post("/v1/training/start").status_code == 200
     assert len(under_test.spawner.spawned) == 1  # idempotent: still one trainer
     stopped = client.post("/v1/training/stop", json={"graceMs": 1000})
     assert stopped.status_code == 202
@@ -265,7 +267,7 @@ def test_training_spawn_failure_reports_and_returns_to_idle(api):
         servers=servers(),
         spawner=FakeSpawner(fail_with=FileNotFoundError(2, "No such file", "train")),
     )
-    with TestClient(under_test.app) as client:
+    with checked_client(under_test.app) as client:
         response = client.post("/v1/training/start")
         assert response.status_code == 500
         assert response.json()["error"]["code"] == "spawn_failed"
@@ -294,7 +296,7 @@ def test_gpu_memory_with_nvml(api):
     gpus = [FakeGpu("NVIDIA H100", "GPU-a", 81559, 1024, processes=[FakeProcess(4242, 1000 * MIB)])]
     backend = NvmlBackend(load=lambda: FakeNvml(gpus), process_name=lambda pid: "python")
     under_test = api(CONFIG, servers=servers(), gpu=backend)
-    with TestClient(under_test.app) as client:
+    with checked_client(under_test.app) as client:
         body = client.get("/v1/gpu/memory").json()
         assert body["gpus"][0]["usedMiB"] == 1024
         assert body["gpus"][0]["totalMiB"] == 81559
@@ -305,7 +307,7 @@ def test_gpu_query_failure_is_a_502(api):
     nvml = FakeNvml([FakeGpu("x", "u", 1, 1)])
     nvml.fail_queries_with = 15  # GPU is lost
     under_test = api(CONFIG, servers=servers(), gpu=NvmlBackend(load=lambda: nvml))
-    with TestClient(under_test.app) as client:
+    with checked_client(under_test.app) as client:
         response = client.get("/v1/gpu/memory")
         assert response.status_code == 502
         assert response.json()["error"]["code"] == "gpu_query_failed"
@@ -324,3 +326,10 @@ def test_oversized_bodies_are_refused(setup):
     response = client.post("/v1/probe", content=b"{" + b" " * 70_000 + b"}")
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "payload_too_large"
+
+
+def checked_client(app) -> TestClient:
+    """A test client that checks every answer against the wire contract's schemas."""
+    client = TestClient(app)
+    client.event_hooks = {"request": [], "response": [check_response]}
+    return client

@@ -7,6 +7,7 @@ import logging
 import pytest
 from starlette.testclient import TestClient
 
+from supervisor.wire.contract import check_response
 from tests.supervisor.fakes import FakeServerState
 
 TOKEN = "correct-horse-battery-staple"
@@ -33,7 +34,7 @@ V1_ROUTES = [
 @pytest.fixture
 def client(api):
     under_test = api(CONFIG, token=TOKEN, servers={18001: FakeServerState("qwen-small")})
-    with TestClient(under_test.app) as c:
+    with checked_client(under_test.app) as c:
         yield c
 
 
@@ -80,7 +81,7 @@ def test_unknown_v1_routes_answer_401_before_404(client):
 
 def test_without_a_configured_token_the_api_is_open(api):
     under_test = api(CONFIG, token=None, servers={18001: FakeServerState("qwen-small")})
-    with TestClient(under_test.app) as c:
+    with checked_client(under_test.app) as c:
         assert c.get("/v1/status").status_code == 200
 
 
@@ -92,3 +93,10 @@ def test_token_never_appears_in_logs(client, caplog):
         client.request(method, path, headers={"Authorization": "Bearer wrong-token-value"})
     assert TOKEN not in caplog.text
     assert "wrong-token-value" not in caplog.text
+
+
+def checked_client(app) -> TestClient:
+    """A test client that checks every answer against the wire contract's schemas."""
+    client = TestClient(app)
+    client.event_hooks = {"request": [], "response": [check_response]}
+    return client

@@ -10,6 +10,7 @@ from starlette.testclient import TestClient
 
 from supervisor.engines.launch import LaunchCommand, redact_argv
 from supervisor.managed import BACKOFF, CONFLICT, RUNNING, STOPPED, ManagedProcess
+from supervisor.wire.contract import check_response
 from tests.supervisor.fakes import FakeServerState, FakeSpawner
 
 LAUNCH = LaunchCommand(
@@ -198,7 +199,7 @@ def test_llamacpp_standby_stops_the_server_and_wake_is_a_cold_start(api):
     under_test = api(
         config("llamacpp"), servers={18001: FakeServerState("qwen-small")}, spawner=spawner
     )
-    with TestClient(under_test.app) as client:
+    with checked_client(under_test.app) as client:
         Poller(client).until(lambda: status_of(client)["sleeping"] is False)
         model = status_of(client)
         assert model["standby"]["mode"] == "stop"
@@ -208,7 +209,7 @@ def test_llamacpp_standby_stops_the_server_and_wake_is_a_cold_start(api):
         assert spawner.spawned[0].signals[0] == signal.SIGTERM
         asleep = status_of(client)
         assert asleep["sleeping"] is True and asleep["process"]["state"] == "stopped"
-        assert asleep["fingerprint"] is None  # nothing running: unknown
+        assert "fingerprint" not in asleep  # nothing running: unknown, so left out
         assert client.get("/v1/ready").status_code == 200
         assert client.post("/v1/vllm/wake").status_code == 200
         assert len(spawner.spawned) == 2
@@ -220,7 +221,7 @@ def test_sglang_state_is_remembered_for_the_process_it_was_set_on(api):
     spawner = FakeSpawner()
     servers = {18001: FakeServerState("qwen-small")}
     under_test = api(config("sglang", "Qwen/Qwen2.5-7B"), servers=servers, spawner=spawner)
-    with TestClient(under_test.app) as client:
+    with checked_client(under_test.app) as client:
         Poller(client).until(lambda: status_of(client)["sleeping"] is False)
         assert client.post("/v1/vllm/sleep").status_code == 200
         assert servers[18001].calls[-1] == "POST /release_memory_occupation"
@@ -235,7 +236,7 @@ def test_sleeping_a_managed_server_that_is_not_running_fails_with_the_reason(api
     under_test = api(
         config("vllm", "Qwen/x"), servers={18001: FakeServerState("qwen-small")}, spawner=spawner
     )
-    with TestClient(under_test.app) as client:
+    with checked_client(under_test.app) as client:
         Poller(client).until(lambda: status_of(client)["process"]["state"] == "backoff")
         response = client.post("/v1/vllm/sleep")
         assert response.status_code == 502
@@ -248,7 +249,7 @@ def test_leaving_the_app_stops_managed_servers(api):
     under_test = api(
         config("vllm", "Qwen/x"), servers={18001: FakeServerState("qwen-small")}, spawner=spawner
     )
-    with TestClient(under_test.app) as client:
+    with checked_client(under_test.app) as client:
         Poller(client).until(lambda: len(spawner.spawned) == 1)
         launched = spawner.spawned[0]
         assert launched.argv[:3] == ("vllm", "serve", "Qwen/x")
@@ -270,3 +271,10 @@ class Poller:
         while not predicate():
             assert time.monotonic() < deadline, "condition not met"
             time.sleep(0.01)
+
+
+def checked_client(app) -> TestClient:
+    """A test client that checks every answer against the wire contract's schemas."""
+    client = TestClient(app)
+    client.event_hooks = {"request": [], "response": [check_response]}
+    return client

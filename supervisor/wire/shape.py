@@ -1,0 +1,27 @@
+"""How the supervisor shapes what it sends: optional fields are left out, never null.
+
+The original control plane's schemas declare optional fields as absent-or-present; a `null`
+there fails its validation and the whole call with it. The one field the contract declares
+nullable is a model's `sleeping` (state unknown), so that key alone keeps its null.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+NULLABLE_KEYS = frozenset({"sleeping"})
+
+# What this supervisor accepts beyond the original contract, listed in `GET /v1/status` so a
+# control plane can learn it before using it (the original refuses unknown request fields).
+FEATURE_PROBE_MODELS = "probe.models"
+FEATURE_DRAIN = "sleep.drain"
+FEATURES = (FEATURE_PROBE_MODELS, FEATURE_DRAIN)
+
+
+def compact(value: Any) -> Any:
+    """Drop every None-valued key (recursively) except the contract's nullable ones."""
+    if isinstance(value, dict):
+        return {k: compact(v) for k, v in value.items() if v is not None or k in NULLABLE_KEYS}
+    if isinstance(value, list):
+        return [compact(v) for v in value]
+    return value
