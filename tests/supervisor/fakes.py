@@ -239,7 +239,13 @@ class FakeServerState:
     delay_s: float = 0.0
     reply: str = "pong"
     chat_status: int = 200
+    # What GET /metrics reports as running, one reading per call (the last one repeats);
+    # empty: no /metrics (404), like a server whose load cannot be read.
+    running: list[int] = field(default_factory=list)
+    # Like vLLM's --api-key: chat completions need this bearer key when set.
+    api_key: str | None = None
     calls: list[str] = field(default_factory=list)
+    sleep_queries: list[str] = field(default_factory=list)
 
 
 class FakeModelServers:
@@ -260,7 +266,11 @@ class FakeModelServers:
         server.calls.append(f"{request.method} {path}")
         if server.delay_s:
             await asyncio.sleep(server.delay_s)
+        if path == "/metrics" and server.running:
+            now = server.running.pop(0) if len(server.running) > 1 else server.running[0]
+            return httpx.Response(200, text=f'vllm:num_requests_running{{model_name="x"}} {now}\n')
         if path in ("/sleep", "/release_memory_occupation"):
+            server.sleep_queries.append(request.url.query.decode())
             if server.sleep_status == 200:
                 server.sleeping = True
             return httpx.Response(
@@ -280,6 +290,11 @@ class FakeModelServers:
         if path == "/health":
             return httpx.Response(200)
         if path == "/v1/chat/completions":
+            if (
+                server.api_key
+                and request.headers.get("authorization") != f"Bearer {server.api_key}"
+            ):
+                return httpx.Response(401, json={"error": "Unauthorized"})
             if server.sleeping:
                 return httpx.Response(503, json={"error": {"message": "sleeping"}})
             if server.chat_status != 200:
