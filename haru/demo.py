@@ -144,7 +144,7 @@ def supervisor_ready(name: str, token: str) -> bool:
         timeout=2,
         trust_env=False,
     )
-    return r.status_code == 200 and r.json().get("ready") is True
+    return r.status_code == 200 and r.json().get("stateKnown") is True
 
 
 def load_state() -> dict:

@@ -325,8 +325,8 @@ def portal(chromium_path, tmp_path_factory) -> Iterator[Portal]:
                 lambda url=url: (
                     httpx.get(
                         f"{url}/v1/ready", headers={"Authorization": f"Bearer {token}"}, timeout=2
-                    ).status_code
-                    == 200
+                    ).json()["stateKnown"]
+                    is True
                 ),
                 timeout=40,
                 what=f"supervisor {host} ready\n{procs.log_tail(f'supervisor-{host}')}",

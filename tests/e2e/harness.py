@@ -226,7 +226,9 @@ class SimHost:
 
     def ready(self) -> bool:
         body = self.get("/v1/status", raw=True)
-        return body.status_code == 200 and body.json()["ready"]
+        # Up and every sleep state known (`ready` means "every model awake", which a
+        # standby started asleep never is).
+        return body.status_code == 200 and body.json()["stateKnown"]
 
     def stop(self) -> None:
         """SIGTERM the supervisor (it stops its children), then kill anything left."""
