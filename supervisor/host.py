@@ -10,16 +10,21 @@ import asyncio
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
 
 from supervisor.adoption import adopt_children
 from supervisor.clock import Clock, SystemClock
-from supervisor.config import InferenceSlotConfig, SupervisorConfig, servers_per_gpu
+from supervisor.config import (
+    InferenceSlotConfig,
+    ModelConfig,
+    SupervisorConfig,
+    servers_per_gpu,
+)
 from supervisor.engines.control import ControlError
-from supervisor.engines.launch import LaunchContext
+from supervisor.engines.launch import LaunchCommand, LaunchContext
 from supervisor.engines.registry import EngineRegistry, default_registry
 from supervisor.gpu.facts import GpuBackend
 from supervisor.gpu.sim_state import ENV_VAR as SIM_STATE_ENV
@@ -29,6 +34,7 @@ from supervisor.probe import probe_model
 from supervisor.processes import AsyncioSpawner, Spawner
 from supervisor.records import StateDir
 from supervisor.secrets import SecretUnavailable
+from supervisor.strict_json import ConfigError
 from supervisor.training import TrainingBusy, TrainingSlot
 from supervisor.wire.shape import FEATURES
 
@@ -402,6 +408,17 @@ class Host:
             return {SIM_STATE_ENV: str(self.config.gpu.sim_state_file)}
         return {}
 
+    def _with_api_key(self, model: ModelConfig, launch: LaunchCommand) -> LaunchCommand:
+        """Give a managed vLLM its key the way vLLM reads one (`VLLM_API_KEY`), never on the
+        command line, in the config or in the fingerprint; raise ConfigError if unreadable."""
+        if model.api_key is None or model.engine != "vllm":
+            return launch
+        try:
+            key = model.api_key.read(self.deps.environ)
+        except SecretUnavailable as exc:
+            raise ConfigError([f"{model.path}.apiKey: {exc}"]) from exc
+        return replace(launch, env={**launch.env, "VLLM_API_KEY": key})
+
     def _build_models(self) -> list[ModelServer]:
         sharing = servers_per_gpu(self.config)
         out: list[ModelServer] = []
@@ -416,7 +433,7 @@ class Host:
                 servers_sharing_gpu=max(sharing.get(i, 1) for i in model.profile.gpu_indices),
                 host_env=self.host_env,
             )
-            launch = adapter.build(model.profile, ctx)
+            launch = self._with_api_key(model, adapter.build(model.profile, ctx))
             server = ModelServer(
                 model, adapter, clock=self.clock, launch=launch, environ=self.deps.environ
             )

@@ -201,7 +201,13 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         sock.close()
         print(f"haru-supervisor: cannot use state dir {config.state_dir}: {exc}", file=sys.stderr)
         return 1
-    host = Host(config, HostDeps(gpu=backend, environ=environ, state=state))
+    try:
+        host = Host(config, HostDeps(gpu=backend, environ=environ, state=state))
+    except ConfigError as exc:
+        sock.close()
+        state.release()
+        print(f"haru-supervisor: invalid config:\n{exc.render()}", file=sys.stderr)
+        return 2
     app = create_app(host, token=settings.token)
     server = SupervisorServer(
         uvicorn.Config(

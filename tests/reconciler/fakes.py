@@ -8,13 +8,16 @@ can assert "each step's effect happened once". Faults are flags.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
+from jsonschema import Draft202012Validator
 
 from supervisor.wire.shape import FEATURES
 
@@ -52,6 +55,10 @@ class FakeHost:
     model_pids: dict[str, int] = field(default_factory=dict)
     # What GET /v1/status advertises beyond the original contract (ours: FEATURES).
     features: tuple[str, ...] = FEATURES
+    # Behave as the original supervisor: strict request bodies (its schemas, 400 otherwise),
+    # its answers, its model selector in the query, no features.
+    original: bool = False
+    requests: list[tuple[str, str, dict]] = field(default_factory=list)
     # accounting
     calls: Counter = field(default_factory=Counter)
     effects: Counter = field(default_factory=Counter)
@@ -148,7 +155,45 @@ class FakeHost:
             if self.bad_body:
                 return httpx.Response(200, content=b'{"slots": "nope"')
             body = json.loads(request.content or b"{}") if request.method == "POST" else {}
+            self.requests.append((request.method, str(request.url), body))
+            if self.original:
+                return self._original(request, path, body)
             return self._route(request.method, path, body)
+
+    def _original(self, request: httpx.Request, path: str, body: dict) -> httpx.Response:
+        """The original supervisor's behaviour, from its published schemas and routes."""
+        schema = ORIGINAL_REQUESTS.get(path)
+        if request.method == "POST" and schema is not None:
+            refused = list(_original_schema(schema).iter_errors(body))
+            if refused:
+                return _error(400, "invalid_request", refused[0].message)
+        if path == "/v1/status":
+            status = self._status()
+            for slot in status["slots"]:
+                for model in slot.get("models", ()):
+                    model.pop("process", None)
+            status.pop("features")
+            status["ready"] = all(not s for s in self.models.values())
+            return httpx.Response(200, json=status)
+        if path == "/v1/gpu/memory":
+            self._status()
+            gpus = [{"index": 0, "usedMiB": self.used_mib(), "totalMiB": TOTAL_MIB}]
+            return httpx.Response(200, json={"gpus": gpus})
+        if path == "/v1/training/start" and self.trainer == "stopping":
+            return httpx.Response(200, json={"status": "ok"})  # a no-op there
+        if path == "/v1/probe":
+            selected = request.url.params.get_list("model") or list(self.models)
+            answer = self._route("POST", path, {**body, "models": selected}).json()
+            for result in answer["results"]:
+                if result["error"] is None:
+                    del result["error"]  # absent when ok, never null
+            return httpx.Response(200, json=answer)
+        answer = self._route(request.method, path, body)
+        if answer.status_code < 300 and path != "/v1/training/stop":
+            return httpx.Response(200, json={"status": "ok"})
+        if answer.status_code < 300:
+            return httpx.Response(202, json={"status": "ok"})
+        return answer
 
     def _route(self, method: str, path: str, body: dict) -> httpx.Response:
         if (method, path) == ("GET", "/v1/status"):
@@ -207,6 +252,20 @@ class FakeHost:
                 200, json={"ok": all(r["ok"] for r in results), "results": results}
             )
         return _error(404, "not_found", f"no route {path}")
+
+
+ORIGINAL_SCHEMAS = Path(__file__).resolve().parents[1] / "wire" / "original"
+ORIGINAL_REQUESTS = {
+    "/v1/vllm/sleep": "target.request",
+    "/v1/vllm/wake": "target.request",
+    "/v1/training/stop": "training-stop.request",
+    "/v1/probe": "probe.request",
+}
+
+
+@functools.cache
+def _original_schema(name: str) -> Draft202012Validator:
+    return Draft202012Validator(json.loads((ORIGINAL_SCHEMAS / f"{name}.json").read_text()))
 
 
 def _error(status: int, code: str, message: str, **extra) -> httpx.Response:

@@ -324,3 +324,35 @@ def test_capabilities_declare_how_each_engine_sleeps():
     llama = REGISTRY.get("llamacpp").control.capability
     assert llama.mode == "stop" and llama.levels == () and llama.wake_kind == "cold-start"
     assert REGISTRY.get("sim").control.capability.mode == "vllm"
+
+
+def test_vllm_on_a_platform_without_sleep_runs_the_api_server_module_without_the_flag():
+    profile = make_profile(
+        engine="vllm",
+        modelPath="/models/tiny",
+        executable="/opt/vllm/bin/python",
+        entrypoint="api-server",
+        sleepMode="api-only",
+    )
+    launch = build(profile)
+    assert launch.argv[:5] == (
+        "/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model",
+        "/models/tiny",
+    )  # fmt: skip
+    assert "--enable-sleep-mode" not in launch.argv
+    assert launch.env["VLLM_SERVER_DEV_MODE"] == "1"  # the dev endpoints still answer
+    assert launch.fingerprint != build(make_profile(engine="vllm", modelPath="/m")).fingerprint
+
+
+def test_unknown_sleep_modes_and_entrypoints_are_refused():
+    for field, value in (("sleepMode", "sometimes"), ("entrypoint", "docker")):
+        errors: list[str] = []
+        parse_profile(
+            {"engine": "vllm", field: value},
+            "profile",
+            errors,
+            model_name="m",
+            default_gpu_index=0,
+            engine_names=REGISTRY.names(),
+        )
+        assert any(field in e for e in errors)
