@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
+from urllib.parse import urlencode
 
 import httpx
 from django.conf import settings
@@ -305,7 +306,7 @@ def _model_selector(models: Sequence[str] | None) -> list[tuple[str, str]]:
         return []
     names = list(dict.fromkeys(models)) or [""]
     params = [("model", n) for n in names]
-    if len(str(httpx.QueryParams(params))) > MAX_SELECTOR_CHARS:
+    if len(urlencode(params)) > MAX_SELECTOR_CHARS:
         return []
     return params
 

@@ -8,9 +8,9 @@ import threading
 import pytest
 from starlette.testclient import TestClient
 
-from supervisor.fakes import FakeServerState
 from supervisor.strict_json import ConfigError
 from supervisor.wire.contract import check_response
+from tests.supervisor.fakes import FakeServerState
 
 SECRET = "sk-model-server-key-0123456789"
 
