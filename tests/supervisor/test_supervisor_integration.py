@@ -6,6 +6,8 @@ import json
 import os
 import signal
 import sys
+import threading
+import time
 
 import httpx
 import pytest
@@ -217,3 +219,52 @@ def test_the_config_reaches_the_process_as_a_file_path_too(processes, tools, tmp
     s = tools.start_supervisor(processes, {}, extra_env={"HARU_SUPERVISOR_CONFIG": str(path)})
     with s.client() as client:
         assert [m for m in models_of(client)] == ["qwen-small"]
+
+
+def test_a_sleep_drains_the_simulated_engine_then_aborts_what_outlasts_the_budget(
+    processes, tools, tmp_path
+):
+    reply = " ".join(f"w{i}" for i in range(200))
+    port = tools.free_port()
+    config = {
+        "drainBudgetMs": 3000,
+        "gpu": {"backend": "sim", "simStateFile": str(tmp_path / "gpu.json")},
+        "slots": [
+            {
+                "kind": "inference",
+                "gpuIndex": 0,
+                "models": [
+                    {
+                        "name": "m",
+                        "port": port,
+                        "profile": {
+                            "engine": "sim",
+                            "extraArgs": ["--token-delay-ms", "20", "--reply", reply],
+                        },
+                    }
+                ],
+            }
+        ],
+    }
+    sup = tools.start_supervisor(processes, config)
+    results: dict[int, dict] = {}
+
+    def generate(tokens: int) -> None:
+        body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": tokens}
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=30)
+        results[tokens] = answer.json()["choices"][0]
+
+    # 20 tokens (0.4 s) finish inside the budget; 200 tokens (4 s) outlast it and are aborted.
+    threads = [threading.Thread(target=generate, args=(n,)) for n in (20, 200)]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    with sup.client(timeout=30) as client:
+        slept = client.post("/v1/vllm/sleep")
+        assert slept.status_code == 200
+        assert slept.json()["models"][0]["drainedMs"] >= 2500
+    for t in threads:
+        t.join(30)
+    assert results[20]["finish_reason"] == "length"  # finished, not aborted
+    assert results[200]["finish_reason"] == "abort"
+    assert 20 < len(results[200]["message"]["content"].split()) < 200
