@@ -274,20 +274,26 @@ class Host:
                         for m in targets
                     ],
                 }
-        return await self._fan_out("sleep", gpu_index)
+        return await self._fan_out("sleep", gpu_index, sleeps=tasks)
 
     async def wake(self, gpu_index: int | None) -> dict[str, Any]:
         return await self._fan_out("wake", gpu_index)
 
-    async def _fan_out(self, action: str, gpu_index: int | None) -> dict[str, Any]:
+    async def _fan_out(
+        self,
+        action: str,
+        gpu_index: int | None,
+        sleeps: Mapping[str, asyncio.Task[Any]] | None = None,
+    ) -> dict[str, Any]:
         targets = self._targets(gpu_index)
         http = self.http
 
         async def one(model: ModelServer) -> dict[str, Any] | None:
             try:
-                if action == "sleep":
-                    # Joins the sleep (and its drain) already in flight, if there is one.
-                    await model.sleep(http, self.config.drain_budget_ms / 1000)
+                if sleeps is not None:
+                    # The sleep (and its drain) started or joined above; shielded, so a caller
+                    # that goes away leaves it running.
+                    await asyncio.shield(sleeps[model.name])
                 else:
                     await model.wake(http)
             except ControlError as exc:

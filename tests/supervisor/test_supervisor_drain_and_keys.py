@@ -139,3 +139,12 @@ def test_an_api_key_must_be_a_reference_and_a_refusal_never_quotes_it(api):
             api(config(0, apiKey=bad), servers={})
         assert "apiKey" in caught.value.render()
         assert SECRET not in caught.value.render()
+
+
+def test_a_bounded_sleep_that_finishes_in_time_is_a_200_with_one_sleep_sent(api):
+    server = FakeServerState("m", running=[1, 0])
+    under_test = api(config(10_000), servers={18001: server})
+    with checked(under_test.app) as client:
+        answer = client.post("/v1/vllm/sleep?waitMs=5000")
+    assert answer.status_code == 200 and answer.json()["status"] == "ok"
+    assert server.sleep_queries == ["level=1"]
