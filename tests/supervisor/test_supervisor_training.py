@@ -273,7 +273,12 @@ def test_real_trainer_saves_on_sigterm_and_exits_by_itself(tmp_path):
         return any(h.pid == pid and h.label == "trainer" for h in gpu_state.holders())
 
     async def scenario():
-        slot = real_slot(tmp_path, sim_trainer("--sigterm-save-s", "0.1", "--memory-mib", "10"))
+        slot = real_slot(
+            tmp_path,
+            sim_trainer(
+                "--sigterm-save-s", "0.1", "--memory-mib", "10", "--checkpoint-every-s", "0.2"
+            ),
+        )
         try:
             await slot.start()
             await until(lambda: training(slot.pid))
@@ -287,10 +292,15 @@ def test_real_trainer_saves_on_sigterm_and_exits_by_itself(tmp_path):
             assert checkpoints, "no checkpoint on disk"
             saved = json.loads(checkpoints[-1].read_text())
             assert saved["reason"] == "sigterm" and saved["step"] > 0
-            # The next run resumes from it.
+            # The next run resumes from it. Waiting for its first step past the saved one (not
+            # a fixed sleep) keeps this true on a loaded machine, where a fresh Python process
+            # may take longer than a few hundred milliseconds to take a step.
             await slot.start()
             await until(lambda: training(slot.pid))
-            await asyncio.sleep(0.2)
+            deadline = time.monotonic() + 15
+            while newest_step(tmp_path / "ckpt") <= saved["step"]:
+                assert time.monotonic() < deadline, "the resumed trainer made no progress"
+                await asyncio.sleep(0.05)
             slot.stop(10_000)
             assert await slot.wait_idle(5)
             assert newest_step(tmp_path / "ckpt") > saved["step"]
