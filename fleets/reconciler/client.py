@@ -442,7 +442,7 @@ class SupervisorClient:
                 method,
                 url,
                 json=body if method == "POST" else None,
-                params=params or None,
+                params=urlencode(params) if params else None,
                 headers=headers,
                 timeout=max(MIN_CALL_S, timeout),
             )
