@@ -24,6 +24,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from supervisor.wire.contract import check_response
+
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "tiny"
 SUPERVISOR_TOKEN = "realengine-supervisor-token-0123"
@@ -243,7 +245,6 @@ def engines(vllm_python, tiny_model, tmp_path_factory):
 
 
 def supervisor_client(url: str) -> httpx.Client:
-    from supervisor.wire.contract import check_response
 
     return httpx.Client(
         base_url=url,

@@ -10,6 +10,8 @@ import openai
 import pytest
 from asgiref.sync import sync_to_async
 
+from fleets.layouts.loader import parse_layout
+from fleets.services.layouts import layout_apply
 from tests.proxy.conftest import CHAT, closed_port, haru, proxy_isolation  # noqa: F401
 from tests.realengine.conftest import MODEL
 
@@ -21,8 +23,6 @@ GHOST = "ghost"  # bound in the layout, unknown to the engine: vLLM itself answe
 @pytest.fixture
 async def routed(engines, layout_data):
     """The demo fleet with east's inference slot bound to the real vLLM."""
-    from fleets.layouts.loader import parse_layout
-    from fleets.services.layouts import layout_apply
 
     for domain in layout_data["domains"]:
         for slot in domain["slots"]:

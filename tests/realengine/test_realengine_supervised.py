@@ -13,6 +13,11 @@ import time
 import httpx
 import pytest
 
+from fleets.layouts.loader import parse_layout
+from fleets.models import Domain, Fleet, Operation
+from fleets.reconciler.tick import tick_run
+from fleets.services.layouts import layout_apply
+from fleets.services.operations import operation_request
 from tests.realengine.conftest import (
     EAST_KEY,
     MODEL,
@@ -156,11 +161,6 @@ def domain(slug: str, priority: int, supervisor: str, model_url: str, ckpt) -> d
 
 @pytest.mark.django_db(transaction=True)
 def test_a_promotion_and_back_across_two_domains_of_real_vllm(engines, west, settings):
-    from fleets.layouts.loader import parse_layout
-    from fleets.models import Domain, Fleet, Operation
-    from fleets.reconciler.tick import tick_run
-    from fleets.services.layouts import layout_apply
-    from fleets.services.operations import operation_request
 
     settings.HARU = {**settings.HARU, "supervisor_token": SUPERVISOR_TOKEN}
     # West starts as a standby: its model asleep, its trainer running.

@@ -13,8 +13,6 @@ from tests.reconciler.fakes import standby_posture_fleet
 @pytest.fixture(autouse=True)
 def _unlearned():
     """Every test starts knowing nothing of any supervisor's features."""
-    from fleets.reconciler import client
-
     client.forget_features()
     yield
     client.forget_features()
@@ -23,7 +21,6 @@ def _unlearned():
 @pytest.fixture
 def hosts():
     """Route every supervisor call to scripted hosts (east active, west standby)."""
-
     fake = standby_posture_fleet()
     previous = client.use_transport(fake.transport())
     yield fake
