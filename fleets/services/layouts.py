@@ -123,6 +123,7 @@ def _apply(layout: Layout, prune: bool, report: LayoutReport, actor: str) -> Non
             "placement": d.placement,
             "supervisor_url": d.supervisor_url,
             "serving_base_url": d.serving_base_url,
+            "gpu_layout": d.gpu_layout,
         }
         domain = Domain.objects.filter(fleet=fleet, slug=d.slug).first()
         if domain is None:
@@ -134,22 +135,33 @@ def _apply(layout: Layout, prune: bool, report: LayoutReport, actor: str) -> Non
 
         for s in d.slots:
             slabel = f"slot {layout.slug}/{d.slug}/gpu{s.gpu_index}/{s.kind}"
+            placed = {
+                "spec": s.spec,
+                "gpu_indices": s.gpu_indices or [s.gpu_index],
+                "mig_instance": s.mig_instance,
+                "allocation": s.allocation,
+            }
             slot = Slot.objects.filter(domain=domain, gpu_index=s.gpu_index, kind=s.kind).first()
             if slot is None:
                 slot = slot_add(
-                    slot=Slot(domain=domain, gpu_index=s.gpu_index, kind=s.kind, spec=s.spec),
+                    slot=Slot(domain=domain, gpu_index=s.gpu_index, kind=s.kind, **placed),
                     on_active=d.slug == serving_slug,
                     now=now,
                 )
                 report.created.append(slabel)
             else:
-                _sync(slot, {"spec": s.spec}, slabel, report)
+                _sync(slot, placed, slabel, report)
             kept_slots.add(slot.id)
 
             for m in s.models:
                 mlabel = f"model {layout.slug}/{d.slug}/{m.name}"
                 binding = ModelBinding.objects.filter(domain=domain, name=m.name).first()
-                bvalues = {"slot_id": slot.id, "serving_url": m.serving_url, "profile": m.profile}
+                bvalues = {
+                    "slot_id": slot.id,
+                    "serving_url": m.serving_url,
+                    "profile": m.profile,
+                    "memory": m.memory,
+                }
                 if binding is None:
                     binding = ModelBinding.objects.create(domain=domain, name=m.name, **bvalues)
                     report.created.append(mlabel)
@@ -222,6 +234,40 @@ def _report_extras(
 # exported from either database diffs cleanly against the one it came from.
 _PLACEMENT_ORDER = ("cloud", "region", "accelerator", "acceleratorCount", "useSpot")
 _TRAINING_ORDER = ("command", "checkpointDir")
+_GPU_ORDER = ("index", "count", "type", "memoryMiB", "nvlinkGroup", "numaNode", "mig")
+_PLANNED_PROFILE_KEYS = ("gpus", "gpuMemoryUtilization")
+
+
+def _export_slot(s: Slot, planned: bool) -> dict:
+    """One slot in the layout format; a planned slot leaves out what the planner chose."""
+    out: dict = {"kind": s.kind}
+    if not planned or s.allocation.get("pinned", True):
+        out["gpuIndex"] = s.gpu_index
+    if s.mig_instance and (not planned or s.allocation.get("pinned", True)):
+        out["migInstance"] = s.mig_instance
+    if s.kind == SlotKind.TRAINING:
+        return {**out, **_ordered(s.spec, _TRAINING_ORDER)}
+    out["sleepLevel"] = s.spec.get("sleepLevel", 1)
+    out.update({k: s.spec[k] for k in ("gpuType", "topology") if k in s.spec})
+    granted = s.allocation.get("servers", {})
+    models = []
+    for b in ModelBinding.objects.filter(slot=s).order_by("name"):
+        m: dict = {"name": b.name, "servingUrl": b.serving_url}
+        profile = dict(b.profile)
+        memory = dict(b.memory)
+        if planned:
+            for key in _PLANNED_PROFILE_KEYS:
+                profile.pop(key, None)
+            need = ("memoryMiB", "memoryFraction", "exclusive")
+            if not any(k in memory for k in need) and b.name in granted:
+                # The need came from the profile's own fraction; keep it as the request.
+                memory["memoryFraction"] = granted[b.name]["gpuMemoryUtilization"]
+        m.update(_ordered(memory))
+        if profile:
+            m["profile"] = _ordered(profile)
+        models.append(m)
+    out["models"] = models
+    return out
 
 
 def _ordered(value: dict[str, Any], order: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -252,27 +298,15 @@ def layout_export(fleet: Fleet) -> dict[str, Any]:
             dd["supervisorUrl"] = d.supervisor_url
         if d.serving_base_url:
             dd["servingBaseUrl"] = d.serving_base_url
-        dd["slots"] = []
-        for s in Slot.objects.filter(domain=d).order_by("gpu_index", "kind"):
-            if s.kind == SlotKind.TRAINING:
-                spec = _ordered(s.spec, _TRAINING_ORDER)
-                dd["slots"].append(
-                    {"kind": SlotKind.TRAINING.value, "gpuIndex": s.gpu_index, **spec}
-                )
-                continue
-            models = []
-            for b in ModelBinding.objects.filter(slot=s).order_by("name"):
-                m: dict[str, Any] = {"name": b.name, "servingUrl": b.serving_url}
-                if b.profile:
-                    m["profile"] = _ordered(b.profile)
-                models.append(m)
-            dd["slots"].append(
-                {
-                    "kind": SlotKind.INFERENCE.value,
-                    "gpuIndex": s.gpu_index,
-                    "sleepLevel": s.spec.get("sleepLevel", 1),
-                    "models": models,
-                }
-            )
+        planned = bool(d.gpu_layout)
+        if planned:
+            dd["gpus"] = [_ordered(g, _GPU_ORDER) for g in d.gpu_layout.get("gpus", [])]
+            for key in ("placementPolicy", "safetyMarginMiB"):
+                if key in d.gpu_layout:
+                    dd[key] = d.gpu_layout[key]
+        dd["slots"] = [
+            _export_slot(s, planned)
+            for s in Slot.objects.filter(domain=d).order_by("gpu_index", "kind")
+        ]
         doc["domains"].append(dd)
     return doc
