@@ -38,6 +38,21 @@ class ModelConfig:
     engine: str
     profile: EngineProfile | None
     path: str
+    # From the plan: what the server holds per GPU awake, and what it keeps asleep. The
+    # pre-wake check needs `memory_mib - sleep_residue_mib` free on each of its GPUs.
+    memory_mib: int | None = None
+    sleep_residue_mib: int | None = None
+
+    @property
+    def gpu_indices(self) -> tuple[int, ...]:
+        return self.profile.gpu_indices if self.profile else (self.gpu_index,)
+
+    @property
+    def wake_mib(self) -> int | None:
+        """MiB a wake adds on each of its GPUs, or None when the config does not say."""
+        if self.memory_mib is None:
+            return None
+        return max(0, self.memory_mib - (self.sleep_residue_mib or 0))
 
     @property
     def managed(self) -> bool:
@@ -59,6 +74,8 @@ class TrainingSlotConfig:
     checkpoint_dir: Path
     grace_ms: int
     kind: str = "training"
+    # The plan's budget, handed to the trainer as HARU_GPU_MEMORY_LIMIT_MIB.
+    memory_limit_mib: int | None = None
 
 
 @dataclass(frozen=True)
@@ -81,12 +98,29 @@ SlotConfig = InferenceSlotConfig | TrainingSlotConfig
 
 
 @dataclass(frozen=True)
+class PlannedGpu:
+    """A GPU the control plane's plan assumed: checked against the real one at start-up."""
+
+    index: int
+    type: str
+    memory_mib: int
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    gpus: tuple[PlannedGpu, ...] = ()
+    safety_margin_mib: int = 0
+
+
+@dataclass(frozen=True)
 class SupervisorConfig:
     slots: tuple[SlotConfig, ...]
     gpu: GpuConfig
     host: str | None = None
     # Where started processes are recorded for adoption; None: the default (`state_dir_for`).
     state_dir: Path | None = None
+    # What `manage.py supervisor_config` planned; empty for a hand-written config.
+    plan: PlanConfig = PlanConfig()
 
     @property
     def models(self) -> tuple[ModelConfig, ...]:
@@ -149,6 +183,7 @@ def parse_config(
         state_dir = None
     gpu = _parse_gpu(root.raw("gpu"), "gpu", errors, cwd)
     slots = _parse_slots(root.raw("slots", required=True), errors, cwd, registry)
+    plan = _parse_plan(root.raw("plan"), errors)
     root.finish()
     if not errors:
         _check_cross_slot_rules(slots, gpu, errors, registry)
@@ -159,7 +194,31 @@ def parse_config(
         gpu=gpu,
         host=host,
         state_dir=_resolve(cwd, state_dir) if state_dir else None,
+        plan=plan,
     )
+
+
+def _parse_plan(raw: Any, errors: list[str]) -> PlanConfig:
+    if raw is MISSING:
+        return PlanConfig()
+    r = ObjectReader(raw, "plan", errors)
+    if not r.ok:
+        return PlanConfig()
+    margin = r.int("safetyMarginMiB", default=0, minimum=0)
+    gpus_raw = r.list("gpus", required=True)
+    r.finish()
+    gpus: list[PlannedGpu] = []
+    for i, item in enumerate(gpus_raw or []):
+        g = ObjectReader(item, child_path(r.field_path("gpus"), i), errors)
+        if not g.ok:
+            continue
+        index = g.int("index", required=True, minimum=0, maximum=1023)
+        gpu_type = g.str("type", required=True)
+        memory = g.int("memoryMiB", required=True, minimum=1)
+        g.finish()
+        if index is not None and gpu_type is not None and memory is not None:
+            gpus.append(PlannedGpu(index, gpu_type, memory))
+    return PlanConfig(gpus=tuple(gpus), safety_margin_mib=margin or 0)
 
 
 def state_dir_for(config: SupervisorConfig, *, port: int, cwd: Path) -> Path:
@@ -320,6 +379,8 @@ def _parse_model(
         elif len(name) > 128:
             m.error("name", "must be at most 128 characters")
     port = m.int("port", required=True, minimum=1, maximum=65535)
+    memory_mib = m.int("memoryMiB", minimum=1)
+    residue_mib = m.int("sleepResidueMiB", minimum=0)
     engine = m.str("engine")
     profile_raw = m.raw("profile")
     m.finish()
@@ -362,6 +423,8 @@ def _parse_model(
         engine=profile.engine if profile else (engine or "vllm"),
         profile=profile,
         path=path,
+        memory_mib=memory_mib,
+        sleep_residue_mib=residue_mib,
     )
 
 
@@ -372,6 +435,7 @@ def _parse_training(r: ObjectReader, gpu_index: int | None, cwd: Path) -> Traini
         command = None
     checkpoint_dir = r.str("checkpointDir", required=True)
     grace_ms = r.int("graceMs", default=DEFAULT_GRACE_MS, minimum=1, maximum=MAX_MS)
+    limit = r.int("memoryLimitMiB", minimum=1)
     if command is None or checkpoint_dir is None or gpu_index is None:
         return None
     return TrainingSlotConfig(
@@ -379,6 +443,7 @@ def _parse_training(r: ObjectReader, gpu_index: int | None, cwd: Path) -> Traini
         command=tuple(command),
         checkpoint_dir=_resolve(cwd, checkpoint_dir),
         grace_ms=grace_ms or DEFAULT_GRACE_MS,
+        memory_limit_mib=limit,
     )
 
 
