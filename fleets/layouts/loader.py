@@ -24,6 +24,7 @@ from fleets.layouts.planning import (
     PLANNED_PROFILE_KEYS,
     PlanInputError,
     UnitInput,
+    count_refusals,
     expand_gpus,
     missing_need,
     placements,
@@ -329,6 +330,7 @@ def plan_slots(
         errors.append(f"{dpath}: {exc}")
         return slots
     if not result.ok:
+        count_refusals(r.reason for r in result.refusals)
         errors.extend(
             f"{r.workload}: refused on {r.target}: {r.reason} ({r.detail})" for r in result.refusals
         )

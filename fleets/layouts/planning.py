@@ -7,9 +7,11 @@ pure (`fleets.core.placement`); this module only maps layout vocabulary onto it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from prometheus_client import Counter
 
 from fleets.core.placement import (
     DEFAULT_SAFETY_MARGIN_MIB,
@@ -24,6 +26,18 @@ from fleets.core.placement import (
     Trainer,
     plan,
 )
+
+PLACEMENT_REFUSALS = Counter(
+    "haru_placement_refusals_total",
+    "Workloads the GPU planner refused while planning a layout, by reason.",
+    ["reason"],
+)
+
+
+def count_refusals(reasons: Iterable[str]) -> None:
+    for reason in reasons:
+        PLACEMENT_REFUSALS.labels(reason=reason).inc()
+
 
 # Profile keys the plan writes; a layout of a planned domain leaves them to the planner.
 PLANNED_PROFILE_KEYS = ("gpus", "gpuMemoryUtilization")
@@ -194,6 +208,8 @@ def planned_profile(profile: dict[str, Any], gpu_indices: Sequence[int], util: f
 
 __all__ = [
     "MEMORY_KEYS",
+    "PLACEMENT_REFUSALS",
+    "count_refusals",
     "PLANNED_PROFILE_KEYS",
     "Placed",
     "PlanInputError",
