@@ -21,7 +21,6 @@ from fleets.core.states import Provider, SlotKind
 from fleets.errors import LayoutError
 from fleets.layouts.planning import (
     MEMORY_KEYS,
-    PLANNED_PROFILE_KEYS,
     PlanInputError,
     UnitInput,
     count_refusals,
@@ -221,13 +220,15 @@ def parse_layout(data: Any) -> Layout:
                         f"{mpath}.servingUrl: required when the domain has no servingBaseUrl"
                     )
                 profile = dict(m.get("profile", {}))
-                if planned:
-                    errors.extend(
-                        f"{mpath}.profile.{k}: is set by the planner when the domain describes "
-                        "its gpus"
-                        for k in PLANNED_PROFILE_KEYS
-                        if k in profile and k != "gpuMemoryUtilization"
-                    )
+                first = _profile_first_gpu(profile)
+                if planned and first is not None:
+                    # A profile copied from a host's config names its GPUs: honour it as a pin.
+                    if index is not None and index != first:
+                        errors.append(
+                            f"{mpath}.profile.gpus: starts at GPU {first}, the slot's gpuIndex "
+                            f"is {index}"
+                        )
+                    index = first
                 memory = {k: m[k] for k in MEMORY_KEYS if k in m}
                 if "memoryMiB" in memory and "memoryFraction" in memory:
                     errors.append(f"{mpath}: give memoryMiB or memoryFraction, not both")
@@ -277,6 +278,15 @@ def parse_layout(data: Any) -> Layout:
         active_domain_slug=active,
         domains=domains,
     )
+
+
+def _profile_first_gpu(profile: dict[str, Any]) -> int | None:
+    """Return the first GPU index a profile's `gpus` names (ints or {index}), else None."""
+    gpus = profile.get("gpus")
+    if not isinstance(gpus, list) or not gpus:
+        return None
+    first = gpus[0].get("index") if isinstance(gpus[0], dict) else gpus[0]
+    return first if isinstance(first, int) else None
 
 
 def slot_units(slots: list[SlotSpec], prefix: str = "slots") -> list[UnitInput]:

@@ -384,7 +384,7 @@ def requests(draw) -> PlanRequest:
     )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(requests())
 def test_never_over_commits_a_target_in_either_posture(req: PlanRequest):
     result = plan(req)
@@ -400,7 +400,7 @@ def test_never_over_commits_a_target_in_either_posture(req: PlanRequest):
     assert all(total <= 1.0 + 1e-9 for total in flags.values()), flags
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(requests())
 def test_every_workload_is_placed_or_refused_with_a_named_reason(req: PlanRequest):
     result = plan(req)
@@ -411,7 +411,7 @@ def test_every_workload_is_placed_or_refused_with_a_named_reason(req: PlanReques
     assert all(r.reason in p.REASONS and r.detail for r in result.refusals)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(requests())
 def test_whole_gpu_groups_are_alone_and_tp_groups_have_their_width(req: PlanRequest):
     result = plan(req)
@@ -432,7 +432,7 @@ def test_whole_gpu_groups_are_alone_and_tp_groups_have_their_width(req: PlanRequ
                 assert owners[(index, g.mig)] == {g.name}
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(requests())
 def test_the_same_input_gives_the_same_plan(req: PlanRequest):
     assert plan(req) == plan(req)

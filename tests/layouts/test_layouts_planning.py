@@ -147,3 +147,18 @@ def test_seed_layout_prints_the_planners_refusal(db, tmp_path):
         call_command("seed_layout", "--config", str(path))
     assert "refused on GPU 0: insufficient_memory (needs 86018 MiB" in str(err.value)
     assert not Slot.objects.exists()
+
+
+def test_a_profile_copied_from_a_host_config_pins_its_gpus():
+    data = copy.deepcopy(read_layout_file(TWO_DOMAIN))
+    east = data["domains"][0]
+    east["gpus"][0]["count"] = 2
+    east["slots"][0]["models"][0]["profile"]["gpus"] = [1]
+    placed_slots = parse_layout(data).domains[0].slots
+    inference = next(s for s in placed_slots if s.kind == "inference")
+    assert inference.gpu_indices == [1] and inference.allocation["pinned"] is True
+    east["slots"][0]["gpuIndex"] = 0
+    with pytest.raises(
+        LayoutError, match="profile.gpus: starts at GPU 1, the slot's gpuIndex is 0"
+    ):
+        parse_layout(data)
