@@ -21,11 +21,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 Policy = Literal["binpack", "spread"]
 POLICIES: tuple[str, ...] = ("binpack", "spread")
 Topology = Literal["prefer", "nvlink", "numa"]
+SortKey = tuple[Any, ...]
 
 # A sleeping level-1 vLLM keeps 1 to 7 GiB per GPU on real models; without a measured figure,
 # plan for a middling one so a trainer's budget leaves that headroom.
@@ -252,7 +253,7 @@ def _check_request(req: PlanRequest) -> None:
             raise PlanInputError(f"GPU {g.index}: memory must be positive")
         if len({m.name for m in g.mig}) != len(g.mig):
             raise PlanInputError(f"GPU {g.index}: MIG instance names must be unique")
-    names = [w.name for w in (*req.groups, *req.trainers)]
+    names = [g.name for g in req.groups] + [t.name for t in req.trainers]
     if len(set(names)) != len(names):
         raise PlanInputError("workload names must be unique")
     for group in req.groups:
@@ -279,23 +280,23 @@ def plan(req: PlanRequest) -> Plan:
     # Largest first (first-fit decreasing), pinned before free, so big models find whole GPUs.
     biggest = max((g.memory_mib for g in req.gpus), default=1)
 
-    def weight(g: ServerGroup) -> tuple:
+    def weight(g: ServerGroup) -> SortKey:
         need = sum(_grant(s, biggest, margin)[1] for s in g.servers)
         return (g.gpu_index is None, -g.width, not g.whole_gpus, -need, g.name)
 
     for group in sorted(req.groups, key=weight):
-        result = _place_group(group, targets, req.policy, margin, len(req.gpus))
-        if isinstance(result, GroupPlan):
-            placed.append(result)
+        placed_group = _place_group(group, targets, req.policy, margin, len(req.gpus))
+        if isinstance(placed_group, GroupPlan):
+            placed.append(placed_group)
         else:
-            refusals.extend(result)
+            refusals.extend(placed_group)
     trained: list[TrainerPlan] = []
     for trainer in sorted(req.trainers, key=lambda t: (t.gpu_index is None, t.name)):
-        result = _place_trainer(trainer, targets, req.policy, margin)
-        if isinstance(result, TrainerPlan):
-            trained.append(result)
+        placed_trainer = _place_trainer(trainer, targets, req.policy, margin)
+        if isinstance(placed_trainer, TrainerPlan):
+            trained.append(placed_trainer)
         else:
-            refusals.extend(result)
+            refusals.extend(placed_trainer)
     usage = tuple(
         TargetUsage(
             t.label,
@@ -348,10 +349,8 @@ def _pinned(
     return [], [Refusal(name, where, NO_SUCH_GPU, f"{what} is not in the domain (has {known})")]
 
 
-def _group_refusal(
-    group: ServerGroup, t: _Target, margin: int
-) -> tuple[str, str] | tuple[int, ...]:
-    """Return (reason, detail) when `t` cannot take `group`, else the per-server needs."""
+def _group_refusal(group: ServerGroup, t: _Target, margin: int) -> tuple[str, str] | None:
+    """Return (reason, detail) when `t` cannot take `group`, else None."""
     if not _type_ok(group.gpu_type, t.gpu):
         return TYPE_MISMATCH, f"wants {group.gpu_type!r}, GPU is {t.gpu.type!r}"
     if t.exclusive_of is not None:
@@ -376,10 +375,10 @@ def _group_refusal(
             f"needs {sum(needs)} MiB, {max(free, 0)} MiB free of {t.total_mib} MiB "
             f"({t.awake_mib} MiB planned, {margin} MiB margin)"
         )
-    return needs
+    return None
 
 
-def _score(t: _Target, extra_mib: int, policy: Policy) -> tuple:
+def _score(t: _Target, extra_mib: int, policy: Policy) -> SortKey:
     # binpack: the fullest target after placing; spread: the emptiest. Index breaks ties.
     used = (t.awake_mib + extra_mib) / t.total_mib
     return (-used if policy == "binpack" else used, t.gpu.index, t.mig.name if t.mig else "")
@@ -394,14 +393,14 @@ def _place_group(
     if group.width > 1:
         return _place_wide(group, candidates, targets, policy, margin, gpu_count)
     refusals: list[Refusal] = []
-    fitting: list[tuple[tuple, _Target, tuple[int, ...]]] = []
+    fitting: list[tuple[SortKey, _Target, tuple[int, ...]]] = []
     for t in candidates:
         verdict = _group_refusal(group, t, margin)
-        if isinstance(verdict[0], str):
-            refusals.append(Refusal(group.name, t.label, *verdict))  # type: ignore[misc]
+        if verdict is not None:
+            refusals.append(Refusal(group.name, t.label, *verdict))
         else:
-            needs = verdict  # type: ignore[assignment]
-            fitting.append((_score(t, sum(needs), policy), t, needs))  # type: ignore[arg-type]
+            needs = _needs(group, t, margin)
+            fitting.append((_score(t, sum(needs), policy), t, needs))
     if not fitting:
         return refusals
     _, target, needs = min(fitting, key=lambda f: f[0])
@@ -426,8 +425,8 @@ def _place_wide(
     free: list[_Target] = []
     for t in candidates:
         verdict = _group_refusal(group, t, margin)
-        if isinstance(verdict[0], str):
-            refusals.append(Refusal(group.name, t.label, *verdict))  # type: ignore[misc]
+        if verdict is not None:
+            refusals.append(Refusal(group.name, t.label, *verdict))
         else:
             free.append(t)
     if group.gpu_index is not None:
@@ -480,7 +479,7 @@ def _wide_options(free: list[_Target], width: int, topology: Topology) -> list[l
     Every rank of a tensor-parallel server gets the same --gpu-memory-utilization, so a set
     only mixes GPUs of one type and one memory size.
     """
-    options: list[tuple[tuple, list[_Target]]] = []
+    options: list[tuple[SortKey, list[_Target]]] = []
     kinds: dict[tuple[str, int], list[_Target]] = {}
     for t in free:
         kinds.setdefault((t.gpu.type, t.total_mib), []).append(t)
@@ -491,8 +490,8 @@ def _wide_options(free: list[_Target], width: int, topology: Topology) -> list[l
 
 def _wide_sets(
     free: list[_Target], width: int, topology: Topology
-) -> list[tuple[tuple, list[_Target]]]:
-    options: list[tuple[tuple, list[_Target]]] = []
+) -> list[tuple[SortKey, list[_Target]]]:
+    options: list[tuple[SortKey, list[_Target]]] = []
     for rank, key in ((0, "nvlink_group"), (1, "numa_node")):
         groups: dict[int, list[_Target]] = {}
         for t in free:
@@ -541,7 +540,7 @@ def _place_trainer(
     if refused:
         return refused
     refusals: list[Refusal] = []
-    fitting: list[tuple[tuple, _Target, int]] = []
+    fitting: list[tuple[SortKey, _Target, int]] = []
     for t in candidates:
         room = t.total_mib - t.residue_mib - margin
         if not _type_ok(trainer.gpu_type, t.gpu):

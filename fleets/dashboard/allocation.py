@@ -54,8 +54,8 @@ def _usage_by_pid(report: Mapping) -> dict[tuple[int, int], int]:
     for gpu in report_gpus(report):
         index = gpu.get("index")
         procs = list(gpu.get("processes") or [])
-        mig = gpu.get("mig") if isinstance(gpu.get("mig"), Mapping) else {}
-        for inst in mig.get("instances") or []:
+        mig = gpu.get("mig")
+        for inst in (mig.get("instances") if isinstance(mig, Mapping) else None) or []:
             if isinstance(inst, Mapping):
                 procs += list(inst.get("processes") or [])
         for p in procs:

@@ -238,9 +238,9 @@ _GPU_ORDER = ("index", "count", "type", "memoryMiB", "nvlinkGroup", "numaNode", 
 _PLANNED_PROFILE_KEYS = ("gpus", "gpuMemoryUtilization")
 
 
-def _export_slot(s: Slot, planned: bool) -> dict:
+def _export_slot(s: Slot, planned: bool) -> dict[str, Any]:
     """One slot in the layout format; a planned slot leaves out what the planner chose."""
-    out: dict = {"kind": s.kind}
+    out: dict[str, Any] = {"kind": s.kind}
     if not planned or s.allocation.get("pinned", True):
         out["gpuIndex"] = s.gpu_index
     if s.mig_instance and (not planned or s.allocation.get("pinned", True)):
@@ -250,9 +250,9 @@ def _export_slot(s: Slot, planned: bool) -> dict:
     out["sleepLevel"] = s.spec.get("sleepLevel", 1)
     out.update({k: s.spec[k] for k in ("gpuType", "topology") if k in s.spec})
     granted = s.allocation.get("servers", {})
-    models = []
+    models: list[dict[str, Any]] = []
     for b in ModelBinding.objects.filter(slot=s).order_by("name"):
-        m: dict = {"name": b.name, "servingUrl": b.serving_url}
+        m: dict[str, Any] = {"name": b.name, "servingUrl": b.serving_url}
         profile = dict(b.profile)
         memory = dict(b.memory)
         if planned:

@@ -8,27 +8,18 @@ mismatch is one `{gpuIndex, code, message}` entry for `/v1/status`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
+
+from supervisor.config import PlannedGpu
+from supervisor.gpu.facts import GpuFacts
 
 # Real cards report a little less than their marketing size (an H100 80GB reports 81559 MiB);
 # a plan written with the round figure must not read as a mismatch.
 MEMORY_TOLERANCE = 0.01
 
 
-class _Planned(Protocol):
-    index: int
-    type: str
-    memory_mib: int
-
-
-class _Facts(Protocol):
-    index: int
-    total_mib: int
-    name: str | None
-
-
 def plan_mismatches(
-    planned: Sequence[_Planned], facts: Mapping[int, _Facts]
+    planned: Sequence[PlannedGpu], facts: Mapping[int, GpuFacts]
 ) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for gpu in planned:
