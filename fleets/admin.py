@@ -28,7 +28,7 @@ from fleets.dashboard import actions as dashboard_actions
 from fleets.models import Domain, Event, Fleet, ModelBinding, Operation, Slot
 from fleets.selectors import operation_in_flight
 from fleets.services.events import event_record
-from fleets.services.gpu_plan import domain_plan, domain_plan_apply
+from fleets.services.gpu_plan import domain_gpus_adopt, domain_plan, domain_plan_apply
 from fleets.services.inventory import domain_add, slot_add
 from fleets.services.layouts import layout_export
 
@@ -273,7 +273,7 @@ class DomainAdmin(admin.ModelAdmin):
         "report",
         "gpu_plan",
     )
-    actions = ["promote_domain", "demote_domain"]
+    actions = ["promote_domain", "demote_domain", "adopt_reported_gpus"]
 
     def get_fieldsets(self, request, obj=None):
         layout = [
@@ -381,6 +381,15 @@ class DomainAdmin(admin.ModelAdmin):
             )
             _report(self, request, result, f"{domain.fleet.slug}/{domain.slug}")
         return None
+
+    @admin.action(description="Describe GPUs from the last supervisor report, and re-plan")
+    def adopt_reported_gpus(self, request, queryset):
+        for domain in queryset:
+            problems = domain_gpus_adopt(domain=domain)
+            for problem in problems:
+                self.message_user(request, f"GPU plan: {problem}", level=messages.ERROR)
+            if not problems:
+                self.message_user(request, f"{domain.slug}: GPUs described and planned")
 
     @admin.action(description="Promote the selected domain to active")
     def promote_domain(self, request, queryset):

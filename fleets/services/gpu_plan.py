@@ -8,10 +8,13 @@ planner and the same refusals.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import transaction
 
 from fleets.core.placement import Plan, PlanInputError
 from fleets.core.states import SlotKind
+from fleets.dashboard.report import report_gpus
 from fleets.layouts.planning import (
     UnitInput,
     expand_gpus,
@@ -99,3 +102,44 @@ def domain_plan_apply(*, domain: Domain) -> list[str]:
                         )
                         ModelBinding.objects.filter(pk=b.pk).update(profile=profile)
     return []
+
+
+def gpus_from_report(report: Any) -> list[dict[str, Any]]:
+    """Describe GPUs as a layout does (`index`, `type`, `memoryMiB`, `mig`) from a report."""
+    out: list[dict[str, Any]] = []
+    for gpu in report_gpus(report if isinstance(report, dict) else {}):
+        index, total, name = gpu.get("index"), gpu.get("totalMiB"), gpu.get("name")
+        mig = gpu.get("mig")
+        instances = [
+            i
+            for i in ((mig.get("instances") if isinstance(mig, dict) else None) or [])
+            if isinstance(i, dict) and isinstance(i.get("totalMiB"), int)
+        ]
+        if not isinstance(index, int) or not (isinstance(total, int) or instances):
+            continue
+        entry: dict[str, Any] = {"index": index, "type": name or "GPU"}
+        entry["memoryMiB"] = (
+            total if isinstance(total, int) else sum(i["totalMiB"] for i in instances)
+        )
+        if instances:
+            entry["mig"] = [
+                {"name": f"gi{i.get('gpuInstanceId', n)}", "memoryMiB": i["totalMiB"]}
+                for n, i in enumerate(instances)
+            ]
+        out.append(entry)
+    return out
+
+
+def domain_gpus_adopt(*, domain: Domain) -> list[str]:
+    """Describe the domain's GPUs from its supervisor's last report, then re-plan it.
+
+    Returns problems: no GPU in the report, or the planner's refusals (the description is
+    kept either way: it is what the host has, and a refusal says what no longer fits on it).
+    """
+    gpus = gpus_from_report(domain.last_report)
+    if not gpus:
+        return [f"{domain.slug}: the last supervisor report names no GPU with its memory"]
+    layout = {**domain.gpu_layout, "gpus": gpus}
+    Domain.objects.filter(pk=domain.pk).update(gpu_layout=layout)
+    domain.gpu_layout = layout
+    return domain_plan_apply(domain=domain)

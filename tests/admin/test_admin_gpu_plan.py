@@ -50,3 +50,69 @@ def test_a_malformed_gpu_description_is_a_field_error(superuser_client, admin_fo
     response = superuser_client.post(_change_url(east), data)
     assert response.status_code == 200
     assert "gpus[0].memoryMiB: is required" in response.content.decode()
+
+
+def test_gpus_can_be_described_from_the_supervisors_report(superuser_client, seeded_fleet):
+    west = Domain.objects.get(fleet=seeded_fleet, slug="west")
+    report = {
+        "gpus": [
+            {"index": 0, "usedMiB": 1536, "totalMiB": 81559, "name": "NVIDIA H100 80GB HBM3"},
+            {"index": 1, "usedMiB": 0, "totalMiB": 81559, "name": "NVIDIA H100 80GB HBM3"},
+        ]
+    }
+    Domain.objects.filter(pk=west.pk).update(gpu_layout={}, last_report=report)
+
+    response = superuser_client.post(
+        "/admin/fleets/domain/",
+        {"action": "adopt_reported_gpus", "_selected_action": [str(west.pk)]},
+        follow=True,
+    )
+
+    shown = [str(m) for m in get_messages(response.wsgi_request)]
+    assert shown == ["west: GPUs described and planned"], shown
+    west.refresh_from_db()
+    assert west.gpu_layout["gpus"] == [
+        {"index": 0, "type": "NVIDIA H100 80GB HBM3", "memoryMiB": 81559},
+        {"index": 1, "type": "NVIDIA H100 80GB HBM3", "memoryMiB": 81559},
+    ]
+    trainer = Slot.objects.get(domain=west, kind="training")
+    assert trainer.allocation["budgetMiB"] == 40960
+
+
+def test_a_report_without_gpus_cannot_describe_them(superuser_client, seeded_fleet):
+    from fleets.services.gpu_plan import domain_gpus_adopt
+
+    west = Domain.objects.get(fleet=seeded_fleet, slug="west")
+    assert domain_gpus_adopt(domain=west) == [
+        "west: the last supervisor report names no GPU with its memory"
+    ]
+
+
+def test_mig_instances_in_a_report_become_named_targets():
+    from fleets.services.gpu_plan import gpus_from_report
+
+    report = {
+        "gpus": [
+            {
+                "index": 0,
+                "name": "NVIDIA A100-SXM4-80GB",
+                "usedMiB": None,
+                "totalMiB": None,
+                "mig": {
+                    "enabled": True,
+                    "instances": [
+                        {"gpuInstanceId": 1, "usedMiB": 0, "totalMiB": 40192},
+                        {"gpuInstanceId": 2, "usedMiB": 0, "totalMiB": 19968},
+                    ],
+                },
+            }
+        ]
+    }
+    assert gpus_from_report(report) == [
+        {
+            "index": 0,
+            "type": "NVIDIA A100-SXM4-80GB",
+            "memoryMiB": 60160,
+            "mig": [{"name": "gi1", "memoryMiB": 40192}, {"name": "gi2", "memoryMiB": 19968}],
+        }
+    ]
