@@ -7,6 +7,7 @@ here. Every error is `path: rule`, e.g. `domains[1].slots[0].models[2].name: mus
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, field
 from functools import cache
@@ -53,6 +54,8 @@ class SlotSpec:
     gpu_indices: list[int] = field(default_factory=list)
     mig_instance: str = ""
     allocation: dict[str, Any] = field(default_factory=dict)
+    # Pinned to where it already runs (re-apply keeps placements), not by the operator.
+    sticky: bool = False
 
 
 @dataclass
@@ -67,6 +70,8 @@ class DomainSpec:
     slots: list[SlotSpec]
     # {gpus, placementPolicy, safetyMarginMiB} when the layout describes the domain's GPUs.
     gpu_layout: dict[str, Any] = field(default_factory=dict)
+    # The slots as written, before planning (re-planned on re-apply to keep placements).
+    unplanned: list[SlotSpec] = field(default_factory=list)
 
 
 @dataclass
@@ -239,6 +244,7 @@ def parse_layout(data: Any) -> Layout:
                     spec[extra] = s[extra]
             slots.append(SlotSpec(SlotKind.INFERENCE, index, spec, models, **pins))
         gpu_layout: dict[str, Any] = {}
+        unplanned: list[SlotSpec] = []
         if planned:
             # Stored as written (export gives the same file back); expanded when planning.
             gpu_layout = {"gpus": [dict(g) for g in d["gpus"]]}
@@ -247,6 +253,7 @@ def parse_layout(data: Any) -> Layout:
                 gpu_layout["placementPolicy"] = policy_name
             if "safetyMarginMiB" in d:
                 gpu_layout["safetyMarginMiB"] = d["safetyMarginMiB"]
+            unplanned = copy.deepcopy(slots)
             if not errors:
                 slots = plan_slots(gpu_layout, slots, dpath, errors)
         domains.append(
@@ -260,6 +267,7 @@ def parse_layout(data: Any) -> Layout:
                 serving_base_url=base_url,
                 slots=slots,
                 gpu_layout=gpu_layout,
+                unplanned=unplanned,
             )
         )
 
@@ -310,7 +318,12 @@ def slot_units(slots: list[SlotSpec], prefix: str = "slots") -> list[UnitInput]:
 
 
 def plan_slots(
-    gpu_layout: dict[str, Any], slots: list[SlotSpec], dpath: str, errors: list[str]
+    gpu_layout: dict[str, Any],
+    slots: list[SlotSpec],
+    dpath: str,
+    errors: list[str],
+    *,
+    count: bool = True,
 ) -> list[SlotSpec]:
     """Place the slots on the domain's GPUs; merge units that share a target into one slot.
 
@@ -340,7 +353,8 @@ def plan_slots(
         errors.append(f"{dpath}: {exc}")
         return slots
     if not result.ok:
-        count_refusals(r.reason for r in result.refusals)
+        if count:  # a trial plan (keeping placements on re-apply) is not a refusal
+            count_refusals(r.reason for r in result.refusals)
         errors.extend(
             f"{r.workload}: refused on {r.target}: {r.reason} ({r.detail})" for r in result.refusals
         )
@@ -369,7 +383,7 @@ def plan_slots(
             )
             for m in slot.models
         ]
-        pinned = slot.gpu_index is not None
+        pinned = slot.gpu_index is not None and not slot.sticky
         if key in merged:
             into = merged[key]
             into.models.extend(models)

@@ -7,6 +7,7 @@ only when a fleet is created (revision 1) and never moved here: only operations 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,7 @@ from fleets.core.states import (
     SlotKind,
 )
 from fleets.errors import LayoutError
-from fleets.layouts.loader import Layout
+from fleets.layouts.loader import DomainSpec, Layout, SlotSpec, plan_slots
 from fleets.models import Domain, Fleet, Id, ModelBinding, Operation, Slot
 from fleets.services.events import event_record
 from fleets.services.inventory import domain_add, slot_add
@@ -133,7 +134,7 @@ def _apply(layout: Layout, prune: bool, report: LayoutReport, actor: str) -> Non
             _sync(domain, values, label, report)
         kept_domains.add(domain.id)
 
-        for s in d.slots:
+        for s in _keep_placements(d, domain, f"domains[{layout.domains.index(d)}]", report):
             slabel = f"slot {layout.slug}/{d.slug}/gpu{s.gpu_index}/{s.kind}"
             placed = {
                 "spec": s.spec,
@@ -186,6 +187,53 @@ def _apply(layout: Layout, prune: bool, report: LayoutReport, actor: str) -> Non
             "pruned": len(report.pruned),
         },
     )
+
+
+def _keep_placements(
+    d: DomainSpec, domain: Domain, dpath: str, report: LayoutReport
+) -> list[SlotSpec]:
+    """Re-plan a planned domain that already runs with its slots kept where they are.
+
+    Planning from scratch could move a running server to another GPU just because a new slot
+    was added. Units the layout does not pin are pinned to the GPU their models (or, for a
+    trainer, its checkpoint dir) are on now; when that no longer fits, the fresh plan stands
+    and the report says so.
+    """
+    if not d.gpu_layout or not d.unplanned:
+        return d.slots
+    where = {
+        b.name: b.slot.gpu_index
+        for b in ModelBinding.objects.filter(domain=domain).select_related("slot")
+        if not b.slot.mig_instance
+    }
+    trainers = {
+        s.spec.get("checkpointDir"): s.gpu_index
+        for s in Slot.objects.filter(domain=domain, kind=SlotKind.TRAINING, mig_instance="")
+    }
+    units = copy.deepcopy(d.unplanned)
+    kept = False
+    for u in units:
+        if u.gpu_index is not None or u.mig_instance:
+            continue
+        if u.kind == SlotKind.TRAINING:
+            gpus = {trainers.get(u.spec.get("checkpointDir"))} - {None}
+        elif any(int(m.profile.get("tensorParallel", 1) or 1) > 1 for m in u.models):
+            continue  # a tensor-parallel group is placed whole, first: it lands where it was
+        else:
+            gpus = {where.get(m.name) for m in u.models} - {None}
+        if len(gpus) == 1:
+            u.gpu_index, u.sticky, kept = gpus.pop(), True, True
+    if not kept:
+        return d.slots
+    errors: list[str] = []
+    slots = plan_slots(d.gpu_layout, units, dpath, errors, count=False)
+    if errors:
+        report.notes.append(
+            f"domain {d.slug}: the current placement no longer fits ({errors[0]}); "
+            "planned from scratch, so some slots move"
+        )
+        return d.slots
+    return slots
 
 
 def _report_extras(

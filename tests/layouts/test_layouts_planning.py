@@ -162,3 +162,58 @@ def test_a_profile_copied_from_a_host_config_pins_its_gpus():
         LayoutError, match="profile.gpus: starts at GPU 1, the slot's gpuIndex is 0"
     ):
         parse_layout(data)
+
+
+def _with_a_large_model(data: dict) -> dict:
+    data = copy.deepcopy(data)
+    for i, domain in enumerate(data["domains"]):
+        domain["gpus"][0]["count"] = 2
+        domain["slots"].append(
+            {
+                "kind": "inference",
+                "models": [
+                    {"name": f"big-{i}", "servingUrl": "http://127.0.0.1:18030", "exclusive": True}
+                ],
+            }
+        )
+    return data
+
+
+def test_reapplying_with_a_new_slot_keeps_running_slots_where_they_are(seeded_fleet, layout_data):
+    # From scratch, binpack would give the new whole-GPU model GPU 0 and move the bundle.
+    fresh = parse_layout(_with_a_large_model(layout_data)).domains[0]
+    assert {s.gpu_index for s in fresh.slots if s.models and s.models[0].name == "big-0"} == {0}
+
+    report = layout_apply(layout=parse_layout(_with_a_large_model(layout_data)))
+
+    spans = sorted(
+        (s.domain.slug, s.kind, s.gpu_indices)
+        for s in Slot.objects.filter(domain__fleet=seeded_fleet).select_related("domain")
+    )
+    assert spans == [
+        ("east", "inference", [0]),
+        ("east", "inference", [1]),
+        ("east", "training", [0]),
+        ("west", "inference", [0]),
+        ("west", "inference", [1]),
+        ("west", "training", [0]),
+    ]
+    assert ModelBinding.objects.get(name="big-0").slot.gpu_index == 1
+    assert report.extra == [] and report.notes == []
+    # Kept, not pinned by the operator: an export still leaves the GPU to the planner.
+    bundle = Slot.objects.get(domain__slug="east", kind="inference", gpu_index=0)
+    assert bundle.allocation["pinned"] is False
+
+
+def test_when_the_current_placement_no_longer_fits_the_fresh_plan_stands(seeded_fleet, layout_data):
+    data = _with_a_large_model(layout_data)
+    data["domains"][0]["gpus"][0]["count"] = 3
+    # More than GPU 0 has left next to the sleeping bundle (79360 MiB): the trainer must move.
+    data["domains"][0]["slots"][1]["memoryBudgetMiB"] = 79500
+    report = layout_apply(layout=parse_layout(data))
+    assert len(report.notes) == 1
+    assert report.notes[0].startswith("domain east: the current placement no longer fits (")
+    assert "planned from scratch, so some slots move" in report.notes[0]
+    trainers = Slot.objects.filter(domain__slug="east", kind="training")
+    assert sorted(t.gpu_index for t in trainers) == [0, 2]  # the old row stays until --prune
+    assert "slot demo/east/gpu0/training" in report.extra
