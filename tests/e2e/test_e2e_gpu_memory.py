@@ -1,4 +1,5 @@
-"""End to end: a trainer that leaks GPU memory past its SIGKILL is caught before the wake.
+"""End to end: a trainer that leaks GPU memory past its SIGKILL is caught before the wake, and
+a host whose GPUs differ from the plan says so all the way to the dashboard.
 
 The standby's trainer ignores SIGTERM and leaves memory behind when it is killed (a simulated
 driver leak in the sim GPU state). The leak is small enough for verify_gpu's used/total ratio,
@@ -8,10 +9,13 @@ but too big for the models to wake into: the supervisor's pre-wake check refuses
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from fleets.models import Event, Operation
+from fleets.models import Domain, Event, Operation
 from supervisor.gpu.sim_state import SimGpuState
+from tests.e2e.harness import SimHost
 from tests.e2e.test_e2e_failover import (
     assert_nothing_in_flight,
     assert_routing_never_moved,
@@ -55,3 +59,31 @@ def test_a_leaked_trainer_stops_the_promotion_at_the_pre_wake_check(make_hosts, 
     # Standby posture restored: models asleep, training restarted.
     assert Event.objects.get(operation=op, kind="operation.cleanup.training").data["ok"] is True
     assert Operation.objects.filter(fleet=fleet).count() == 1
+
+
+def test_a_host_whose_gpus_differ_from_the_plan_says_so_up_to_the_dashboard(
+    tmp_path, make_fleet, drive, client, django_user_model
+):
+    east, west = SimHost("east", tmp_path), SimHost("west", tmp_path, start_asleep=True)
+    # The plan assumed an A100 with 40 GiB; the simulated host has an 80 GiB "SIM-H100".
+    east.config["plan"] = {"gpus": [{"index": 0, "type": "A100", "memoryMiB": 40960}]}
+    (east.dir / "config.json").write_text(json.dumps(east.config))
+    try:
+        east.start()
+        west.start()
+        mismatches = east.status()["planMismatches"]
+        assert [m["code"] for m in mismatches] == ["gpu_type_mismatch"]
+        assert "planMismatches" not in west.status()  # additive: absent when there is none
+
+        fleet = make_fleet(east, west)
+        drive(fleet, seen(fleet))
+        reported = Domain.objects.get(fleet=fleet, slug="east").last_report
+        assert reported["planMismatches"] == mismatches
+
+        staff = django_user_model.objects.create_user("ops", password="pw", is_staff=True)
+        client.force_login(staff)
+        html = client.get(f"/fleets/{fleet.slug}/live/").content.decode()
+        assert "plan vs host: GPU 0 is planned as &#x27;A100&#x27;" in html
+    finally:
+        east.crash()
+        west.crash()
