@@ -22,6 +22,7 @@ from fleets.core.states import (
 )
 from fleets.errors import LayoutError
 from fleets.layouts.loader import DomainSpec, Layout, SlotSpec, plan_slots
+from fleets.layouts.planning import PLANNED_PROFILE_KEYS
 from fleets.models import Domain, Fleet, Id, ModelBinding, Operation, Slot
 from fleets.services.events import event_record
 from fleets.services.inventory import domain_add, slot_add
@@ -283,7 +284,6 @@ def _report_extras(
 _PLACEMENT_ORDER = ("cloud", "region", "accelerator", "acceleratorCount", "useSpot")
 _TRAINING_ORDER = ("command", "checkpointDir")
 _GPU_ORDER = ("index", "count", "type", "memoryMiB", "nvlinkGroup", "numaNode", "mig")
-_PLANNED_PROFILE_KEYS = ("gpus", "gpuMemoryUtilization")
 
 
 def _export_slot(s: Slot, planned: bool) -> dict[str, Any]:
@@ -304,7 +304,7 @@ def _export_slot(s: Slot, planned: bool) -> dict[str, Any]:
         profile = dict(b.profile)
         memory = dict(b.memory)
         if planned:
-            for key in _PLANNED_PROFILE_KEYS:
+            for key in PLANNED_PROFILE_KEYS:
                 profile.pop(key, None)
             need = ("memoryMiB", "memoryFraction", "exclusive")
             if not any(k in memory for k in need) and b.name in granted:
