@@ -8,6 +8,7 @@ import pytest
 from django.contrib.messages import get_messages
 
 from fleets.models import Domain, Slot
+from fleets.services.gpu_plan import domain_gpus_adopt, gpus_from_report
 
 pytestmark = pytest.mark.django_db
 
@@ -80,8 +81,6 @@ def test_gpus_can_be_described_from_the_supervisors_report(superuser_client, see
 
 
 def test_a_report_without_gpus_cannot_describe_them(superuser_client, seeded_fleet):
-    from fleets.services.gpu_plan import domain_gpus_adopt
-
     west = Domain.objects.get(fleet=seeded_fleet, slug="west")
     assert domain_gpus_adopt(domain=west) == [
         "west: the last supervisor report names no GPU with its memory"
@@ -89,8 +88,6 @@ def test_a_report_without_gpus_cannot_describe_them(superuser_client, seeded_fle
 
 
 def test_mig_instances_in_a_report_become_named_targets():
-    from fleets.services.gpu_plan import gpus_from_report
-
     report = {
         "gpus": [
             {

@@ -10,6 +10,7 @@ from starlette.testclient import TestClient
 
 from supervisor.config import parse_config
 from supervisor.gpu.facts import GpuFacts, GpuUnavailable
+from supervisor.strict_json import ConfigError
 from supervisor.training import trainer_env
 from tests.supervisor.fakes import FakeServerState
 
@@ -96,8 +97,6 @@ def test_trainer_gets_its_budget_in_the_environment():
     ],
 )
 def test_bad_plan_numbers_are_refused_by_path(bad, error):
-    from supervisor.strict_json import ConfigError
-
     data = copy.deepcopy(PLANNED)
     data["slots"][0]["models"][0].update(bad)
     with pytest.raises(ConfigError) as err:
