@@ -28,6 +28,7 @@ from fleets.dashboard import actions as dashboard_actions
 from fleets.models import Domain, Event, Fleet, ModelBinding, Operation, Slot
 from fleets.selectors import operation_in_flight
 from fleets.services.events import event_record
+from fleets.services.gpu_plan import domain_gpus_adopt, domain_plan, domain_plan_apply
 from fleets.services.inventory import domain_add, slot_add
 from fleets.services.layouts import layout_export
 
@@ -176,6 +177,10 @@ class FleetAdmin(admin.ModelAdmin):
         if change and form.changed_data:
             _record_edit(request, obj.id, f"fleet {obj.slug}", form.changed_data)
 
+    def save_related(self, request, form, formsets, change):
+        super().save_related(request, form, formsets, change)
+        _replan(self, request, Domain.objects.filter(fleet=form.instance))
+
     def save_formset(self, request, form, formset, change):
         instances = formset.save(commit=False)
         now = clock.now()
@@ -238,6 +243,15 @@ class FleetAdmin(admin.ModelAdmin):
         return None
 
 
+def _replan(model_admin, request, domains) -> None:
+    """Slots, models or GPUs may have changed: check each domain still fits, like a layout."""
+    for domain in domains:
+        for problem in domain_plan_apply(domain=domain):
+            model_admin.message_user(
+                request, f"GPU plan of {domain.slug}: {problem}", level=messages.ERROR
+            )
+
+
 # ---------------------------------------------------------------------------------------------
 # Domain
 # ---------------------------------------------------------------------------------------------
@@ -250,8 +264,16 @@ class DomainAdmin(admin.ModelAdmin):
     list_display = ("slug", "fleet", "role", "state", "provider", "priority", "last_seen_at")
     list_filter = ("fleet", "state", "provider")
     search_fields = ("slug", "display_name", "fleet__slug", "supervisor_url")
-    readonly_fields = ("id", "role", "state", "state_updated_at", "last_seen_at", "report")
-    actions = ["promote_domain", "demote_domain"]
+    readonly_fields = (
+        "id",
+        "role",
+        "state",
+        "state_updated_at",
+        "last_seen_at",
+        "report",
+        "gpu_plan",
+    )
+    actions = ["promote_domain", "demote_domain", "adopt_reported_gpus"]
 
     def get_fieldsets(self, request, obj=None):
         layout = [
@@ -261,11 +283,13 @@ class DomainAdmin(admin.ModelAdmin):
             "placement",
             "supervisor_url",
             "serving_base_url",
+            "gpu_layout",
         ]
         if obj is None:
             return [(None, {"fields": ["fleet", *layout]})]
         return [
             (None, {"fields": layout}),
+            ("GPU plan (read-only: re-planned on every save)", {"fields": ["gpu_plan"]}),
             (
                 "State (read-only: moves only through operations and heartbeats)",
                 {"fields": [("role", "state"), ("state_updated_at", "last_seen_at"), "id"]},
@@ -286,6 +310,23 @@ class DomainAdmin(admin.ModelAdmin):
     def report(self, obj):
         return _pretty_json(obj.last_report or {})
 
+    @admin.display(description="GPU plan")
+    def gpu_plan(self, obj):
+        plan, problems = domain_plan(domain=obj)
+        if plan is None and not problems:
+            return "hand-placed: describe the domain's gpus to have its slots planned"
+        lines = [f"REFUSED {p}" for p in problems]
+        for g in plan.groups if plan else ():
+            for s in g.servers:
+                lines.append(
+                    f"{s.name}: GPUs {list(g.gpu_indices)}{f' MIG {g.mig}' if g.mig else ''}, "
+                    f"{s.need_mib} MiB awake (--gpu-memory-utilization {s.gpu_memory_utilization}"
+                    f"), {s.sleep_residue_mib} MiB asleep"
+                )
+        for t in plan.trainers if plan else ():
+            lines.append(f"trainer on GPU {t.gpu_index}: budget {t.budget_mib} MiB")
+        return format_html("<pre>{}</pre>", "\n".join(lines))
+
     def save_model(self, request, obj, form, change):
         if change:
             super().save_model(request, obj, form, change)
@@ -293,6 +334,10 @@ class DomainAdmin(admin.ModelAdmin):
             domain_add(domain=obj)
         if form.changed_data:
             _record_edit(request, obj.fleet_id, f"domain {obj.slug}", form.changed_data)
+
+    def save_related(self, request, form, formsets, change):
+        super().save_related(request, form, formsets, change)
+        _replan(self, request, [form.instance])
 
     def save_formset(self, request, form, formset, change):
         instances = formset.save(commit=False)
@@ -336,6 +381,15 @@ class DomainAdmin(admin.ModelAdmin):
             )
             _report(self, request, result, f"{domain.fleet.slug}/{domain.slug}")
         return None
+
+    @admin.action(description="Describe GPUs from the last supervisor report, and re-plan")
+    def adopt_reported_gpus(self, request, queryset):
+        for domain in queryset:
+            problems = domain_gpus_adopt(domain=domain)
+            for problem in problems:
+                self.message_user(request, f"GPU plan: {problem}", level=messages.ERROR)
+            if not problems:
+                self.message_user(request, f"{domain.slug}: GPUs described and planned")
 
     @admin.action(description="Promote the selected domain to active")
     def promote_domain(self, request, queryset):

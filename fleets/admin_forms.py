@@ -17,7 +17,8 @@ from jsonschema import Draft202012Validator
 
 from fleets.core.policy import PolicyError, validate_policy
 from fleets.core.states import SlotKind
-from fleets.layouts.loader import SCHEMA_PATH
+from fleets.errors import LayoutError
+from fleets.layouts.loader import SCHEMA_PATH, parse_layout
 from fleets.models import Domain, Fleet, ModelBinding, Slot
 
 
@@ -114,6 +115,12 @@ class DomainForm(forms.ModelForm):
         rows=7,
         help_text='{"cloud", "region", "accelerator", "acceleratorCount", "useSpot"}',
     )
+    gpu_layout = PrettyJSONField(
+        required=False,
+        rows=5,
+        help_text='{"gpus": [{"count", "type", "memoryMiB", ...}], "placementPolicy", '
+        '"safetyMarginMiB"}; empty to place slots by hand',
+    )
 
     class Meta:
         model = Domain
@@ -125,7 +132,26 @@ class DomainForm(forms.ModelForm):
             "placement",
             "supervisor_url",
             "serving_base_url",
+            "gpu_layout",
         ]
+
+    def clean_gpu_layout(self):
+        """Check the GPU description with the layout schema's own rules."""
+        value = self.cleaned_data.get("gpu_layout") or {}
+        if not value:
+            return {}
+        if not isinstance(value, dict) or set(value) - {
+            "gpus",
+            "placementPolicy",
+            "safetyMarginMiB",
+        }:
+            raise ValidationError("keys: gpus, placementPolicy, safetyMarginMiB")
+        probe = {"slug": "x", "domains": [{"slug": "x", **value, "slots": []}]}
+        try:
+            parse_layout(probe)
+        except LayoutError as exc:
+            raise ValidationError([e.replace("domains[0].", "") for e in exc.errors]) from None
+        return value
 
     def clean_slug(self):
         slug = self.cleaned_data["slug"]
@@ -289,10 +315,24 @@ class ModelBindingForm(forms.ModelForm):
         max_length=500,
         help_text="defaults to the domain's serving base URL",
     )
+    memory = PrettyJSONField(
+        required=False,
+        rows=2,
+        cols=44,
+        help_text='planned domains: {"memoryMiB" or "memoryFraction", "exclusive", '
+        '"sleepResidueMiB"}',
+    )
 
     class Meta:
         model = ModelBinding
-        fields = ["name", "slot", "serving_url", "profile"]
+        fields = ["name", "slot", "serving_url", "profile", "memory"]
+
+    def clean_memory(self):
+        value = self.cleaned_data.get("memory") or {}
+        allowed = {"memoryMiB", "memoryFraction", "exclusive", "sleepResidueMiB"}
+        if not isinstance(value, dict) or set(value) - allowed:
+            raise ValidationError(f"keys: {', '.join(sorted(allowed))}")
+        return value
 
     def clean_name(self):
         name = self.cleaned_data["name"]

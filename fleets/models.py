@@ -91,6 +91,9 @@ class Domain(models.Model):
     )
     last_seen_at = models.DateTimeField(null=True, blank=True, editable=False)
     state_updated_at = models.DateTimeField(editable=False)
+    # The layout's GPU description, {gpus, placementPolicy, safetyMarginMiB}; empty when the
+    # layout pins GPU indices by hand. The planner (fleets.core.placement) reads it.
+    gpu_layout = models.JSONField(default=dict, blank=True)
     # Heartbeat scheduling, written only by the guarded services in services/heartbeats.py:
     # when the last heartbeat (good or bad) was recorded, since when it has been failing (null
     # while it succeeds), and when GPU memory was last asked for (reads are spaced from it).
@@ -125,8 +128,16 @@ class Slot(models.Model):
     gpu_index = models.IntegerField()
     kind = models.CharField(max_length=16, choices=_choices(SlotKind))
     state = models.CharField(max_length=16, editable=False)
-    # inference: {sleepLevel}; training: {command, checkpointDir}
+    # inference: {sleepLevel, gpuType?, topology?};
+    # training: {command, checkpointDir, memoryBudgetMiB?, gpuType?}
     spec = models.JSONField(default=dict, blank=True)
+    # Every GPU the slot spans, first = gpu_index (a tensor-parallel server spans several).
+    gpu_indices = models.JSONField(default=list, blank=True)
+    # A MIG instance's name when the slot runs on one instance of gpu_index, else "".
+    mig_instance = models.CharField(max_length=64, blank=True, default="")
+    # What the plan granted: {pinned, servers: {name: {needMiB, gpuMemoryUtilization,
+    # sleepResidueMiB}}} or {pinned, budgetMiB}; empty for a domain planned by hand.
+    allocation = models.JSONField(default=dict, blank=True)
     # Last PIDs the supervisor reported for a training slot (a running trainer has one).
     pids = models.JSONField(default=list, blank=True, editable=False)
     state_updated_at = models.DateTimeField(editable=False)
@@ -162,6 +173,8 @@ class ModelBinding(models.Model):
     # Engine profile (engine, model path, parallelism, ...) whose fingerprint the supervisor
     # reports, so a running server that no longer matches the layout is flagged.
     profile = models.JSONField(default=dict, blank=True)
+    # The layout's memory request: {memoryMiB | memoryFraction, exclusive, sleepResidueMiB}.
+    memory = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["domain", "name"]

@@ -146,10 +146,13 @@ def fleet_snapshot(fleet: Fleet) -> dict[str, Any]:
             entry: dict[str, Any] = {
                 "id": str(s.id),
                 "gpuIndex": s.gpu_index,
+                "gpuIndices": s.gpu_indices or [s.gpu_index],
+                "migInstance": s.mig_instance or None,
                 "kind": s.kind,
                 "state": s.state,
                 "stateUpdatedAt": iso(s.state_updated_at),
                 "spec": s.spec,
+                "allocation": s.allocation or None,
             }
             if s.kind == SlotKind.INFERENCE:
                 entry["models"] = [
@@ -158,6 +161,7 @@ def fleet_snapshot(fleet: Fleet) -> dict[str, Any]:
                         "name": b.name,
                         "servingUrl": b.serving_url,
                         "profile": b.profile or None,
+                        "memory": b.memory or None,
                     }
                     for b in bindings
                     if b.slot_id == s.id
@@ -176,6 +180,7 @@ def fleet_snapshot(fleet: Fleet) -> dict[str, Any]:
                 "priority": d.priority,
                 "supervisorUrl": d.supervisor_url or None,
                 "servingBaseUrl": d.serving_base_url or None,
+                "gpuLayout": d.gpu_layout or None,
                 "state": d.state,
                 "lastSeenAt": iso(d.last_seen_at),
                 "stateUpdatedAt": iso(d.state_updated_at),

@@ -18,7 +18,7 @@ from starlette.routing import Route
 from supervisor.auth import BearerAuth
 from supervisor.errors import ApiError, error_body
 from supervisor.gpu.facts import GpuQueryFailed, GpuUnavailable
-from supervisor.host import Host, InvalidTarget, ModelFailures, ShuttingDown
+from supervisor.host import Host, InsufficientGpuMemory, InvalidTarget, ModelFailures, ShuttingDown
 from supervisor.limits import MAX_MS, MAX_PROBE_PROMPT_CHARS, MAX_PROBE_TOKENS
 from supervisor.strict_json import ObjectReader
 from supervisor.training import SpawnFailed, TrainingBusy
@@ -174,6 +174,10 @@ async def _domain_error(request: Request, exc: Exception) -> JSONResponse:
     """Map the host's exceptions to statuses and codes."""
     if isinstance(exc, InvalidTarget):
         err = ApiError(404, "invalid_target", str(exc))
+    elif isinstance(exc, InsufficientGpuMemory):
+        # 409: the host is in a state that conflicts with the request; waiting will not fix a
+        # leak, so the caller should fail rather than retry.
+        err = ApiError(409, "insufficient_gpu_memory", str(exc), details={"gpus": exc.shortfalls})
     elif isinstance(exc, ModelFailures):
         err = ApiError(502, f"{exc.action}_failed", str(exc), details={"failures": exc.failures})
     elif isinstance(exc, ShuttingDown):
@@ -224,6 +228,7 @@ def create_app(host: Host, *, token: str | None, manage_host: bool = True) -> St
         HTTPException: _http_error,
         InvalidTarget: _domain_error,
         ModelFailures: _domain_error,
+        InsufficientGpuMemory: _domain_error,
         ShuttingDown: _domain_error,
         TrainingBusy: _domain_error,
         SpawnFailed: _domain_error,

@@ -42,6 +42,21 @@ class ModelConfig:
     path: str
     # The model server's own API key (vLLM's --api-key), by reference; sent on every call.
     api_key: SecretRef | None = None
+    # From the plan: what the server holds per GPU awake, and what it keeps asleep. The
+    # pre-wake check needs `memory_mib - sleep_residue_mib` free on each of its GPUs.
+    memory_mib: int | None = None
+    sleep_residue_mib: int | None = None
+
+    @property
+    def gpu_indices(self) -> tuple[int, ...]:
+        return self.profile.gpu_indices if self.profile else (self.gpu_index,)
+
+    @property
+    def wake_mib(self) -> int | None:
+        """MiB a wake adds on each of its GPUs, or None when the config does not say."""
+        if self.memory_mib is None:
+            return None
+        return max(0, self.memory_mib - (self.sleep_residue_mib or 0))
 
     @property
     def managed(self) -> bool:
@@ -63,6 +78,8 @@ class TrainingSlotConfig:
     checkpoint_dir: Path
     grace_ms: int
     kind: str = "training"
+    # The plan's budget, handed to the trainer as HARU_GPU_MEMORY_LIMIT_MIB.
+    memory_limit_mib: int | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +102,21 @@ SlotConfig = InferenceSlotConfig | TrainingSlotConfig
 
 
 @dataclass(frozen=True)
+class PlannedGpu:
+    """A GPU the control plane's plan assumed: checked against the real one at start-up."""
+
+    index: int
+    type: str
+    memory_mib: int
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    gpus: tuple[PlannedGpu, ...] = ()
+    safety_margin_mib: int = 0
+
+
+@dataclass(frozen=True)
 class SupervisorConfig:
     slots: tuple[SlotConfig, ...]
     gpu: GpuConfig
@@ -93,6 +125,8 @@ class SupervisorConfig:
     state_dir: Path | None = None
     # How long a sleep first lets running requests finish (0: no drain, abort them at once).
     drain_budget_ms: int = 30_000
+    # What `manage.py supervisor_config` planned; empty for a hand-written config.
+    plan: PlanConfig = PlanConfig()
 
     @property
     def models(self) -> tuple[ModelConfig, ...]:
@@ -158,6 +192,7 @@ def parse_config(
     )
     gpu = _parse_gpu(root.raw("gpu"), "gpu", errors, cwd)
     slots = _parse_slots(root.raw("slots", required=True), errors, cwd, registry)
+    plan = _parse_plan(root.raw("plan"), errors)
     root.finish()
     if not errors:
         _check_cross_slot_rules(slots, gpu, errors, registry)
@@ -169,7 +204,31 @@ def parse_config(
         host=host,
         state_dir=_resolve(cwd, state_dir) if state_dir else None,
         drain_budget_ms=DEFAULT_DRAIN_BUDGET_MS if drain_budget_ms is None else drain_budget_ms,
+        plan=plan,
     )
+
+
+def _parse_plan(raw: Any, errors: list[str]) -> PlanConfig:
+    if raw is MISSING:
+        return PlanConfig()
+    r = ObjectReader(raw, "plan", errors)
+    if not r.ok:
+        return PlanConfig()
+    margin = r.int("safetyMarginMiB", default=0, minimum=0)
+    gpus_raw = r.list("gpus", required=True)
+    r.finish()
+    gpus: list[PlannedGpu] = []
+    for i, item in enumerate(gpus_raw or []):
+        g = ObjectReader(item, child_path(r.field_path("gpus"), i), errors)
+        if not g.ok:
+            continue
+        index = g.int("index", required=True, minimum=0, maximum=1023)
+        gpu_type = g.str("type", required=True)
+        memory = g.int("memoryMiB", required=True, minimum=1)
+        g.finish()
+        if index is not None and gpu_type is not None and memory is not None:
+            gpus.append(PlannedGpu(index, gpu_type, memory))
+    return PlanConfig(gpus=tuple(gpus), safety_margin_mib=margin or 0)
 
 
 def state_dir_for(config: SupervisorConfig, *, port: int, cwd: Path) -> Path:
@@ -335,6 +394,8 @@ def _parse_model(
         elif len(name) > 128:
             m.error("name", "must be at most 128 characters")
     port = m.int("port", required=True, minimum=1, maximum=65535)
+    memory_mib = m.int("memoryMiB", minimum=1)
+    residue_mib = m.int("sleepResidueMiB", minimum=0)
     engine = m.str("engine")
     profile_raw = m.raw("profile")
     api_key = _parse_secret_ref(m.raw("apiKey"), m.field_path("apiKey"), errors, cwd)
@@ -379,6 +440,8 @@ def _parse_model(
         profile=profile,
         path=path,
         api_key=api_key,
+        memory_mib=memory_mib,
+        sleep_residue_mib=residue_mib,
     )
 
 
@@ -408,6 +471,7 @@ def _parse_training(r: ObjectReader, gpu_index: int | None, cwd: Path) -> Traini
         command = None
     checkpoint_dir = r.str("checkpointDir", required=True)
     grace_ms = r.int("graceMs", default=DEFAULT_GRACE_MS, minimum=1, maximum=MAX_MS)
+    limit = r.int("memoryLimitMiB", minimum=1)
     if command is None or checkpoint_dir is None or gpu_index is None:
         return None
     return TrainingSlotConfig(
@@ -415,6 +479,7 @@ def _parse_training(r: ObjectReader, gpu_index: int | None, cwd: Path) -> Traini
         command=tuple(command),
         checkpoint_dir=_resolve(cwd, checkpoint_dir),
         grace_ms=grace_ms or DEFAULT_GRACE_MS,
+        memory_limit_mib=limit,
     )
 
 

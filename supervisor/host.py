@@ -26,7 +26,8 @@ from supervisor.config import (
 from supervisor.engines.control import ControlError
 from supervisor.engines.launch import LaunchCommand, LaunchContext
 from supervisor.engines.registry import EngineRegistry, default_registry
-from supervisor.gpu.facts import GpuBackend
+from supervisor.gpu.facts import GpuBackend, GpuQueryFailed, GpuUnavailable
+from supervisor.gpu.plan_check import plan_mismatches
 from supervisor.gpu.sim_state import ENV_VAR as SIM_STATE_ENV
 from supervisor.managed import ManagedProcess, tcp_port_in_use
 from supervisor.model_servers import ModelServer, SleepReading
@@ -52,6 +53,25 @@ class InvalidTarget(Exception):
 
 class ShuttingDown(Exception):
     """The supervisor is exiting and refuses to start anything."""
+
+
+class InsufficientGpuMemory(Exception):
+    """A wake would not fit: free memory on a GPU is below what its sleeping servers restore.
+
+    Caught before `/wake_up`, so a trainer that leaked memory shows up as this clear error
+    rather than as an out-of-memory crash inside the model server.
+    """
+
+    def __init__(self, shortfalls: list[dict[str, Any]]) -> None:
+        self.shortfalls = shortfalls
+        super().__init__(
+            "; ".join(
+                f"GPU {g['gpuIndex']}: {g['freeMiB']} MiB free, waking "
+                f"{', '.join(g['models'])} needs {g['neededMiB']} MiB "
+                f"({g['usedMiB']} of {g['totalMiB']} MiB in use)"
+                for g in shortfalls
+            )
+        )
 
 
 class ModelFailures(Exception):
@@ -97,6 +117,8 @@ class Host:
         self._shutdown_task: asyncio.Task[None] | None = None
         self.host_env = self._host_env()
         self.models = self._build_models()
+        # Differences between the plan this config came from and the real GPUs (start-up).
+        self.plan_mismatches: list[dict[str, Any]] = []
         self.training = [
             TrainingSlot(
                 slot,
@@ -120,6 +142,7 @@ class Host:
 
     async def start(self) -> None:
         """Adopt what a previous supervisor left running, then start every managed server."""
+        await self.verify_plan()
         if self.deps.state is not None:
             # Before spawning anything: an adopted server's port must not read as a conflict.
             self._orphans.update(adopt_children(self, self.deps.state))
@@ -172,6 +195,28 @@ class Host:
                 log.error("error while stopping a child: %r", result)
         log.info("all trainers and managed servers stopped")
 
+    async def verify_plan(self) -> list[dict[str, Any]]:
+        """Compare the GPUs the plan assumed with the real ones; remember every mismatch.
+
+        A mismatch does not stop the host (it may still serve), but it is reported in
+        `/v1/status` so the control plane can show that its plan does not hold here.
+        """
+        planned = self.config.plan.gpus
+        if not planned:
+            self.plan_mismatches = []
+            return []
+        try:
+            facts = {g.index: g for g in await self.gpu.read()}
+        except (GpuUnavailable, GpuQueryFailed) as exc:
+            self.plan_mismatches = [
+                {"code": "gpu_facts_unavailable", "message": f"cannot verify the plan: {exc}"}
+            ]
+            return self.plan_mismatches
+        self.plan_mismatches = plan_mismatches(planned, facts)
+        for m in self.plan_mismatches:
+            log.warning("plan mismatch: %s", m["message"])
+        return self.plan_mismatches
+
     # -- status ------------------------------------------------------------------------------
 
     async def status(self, models: Sequence[str] | None = None) -> dict[str, Any]:
@@ -197,7 +242,7 @@ class Host:
                     {"gpuIndex": slot.gpu_index, "kind": "training", "training": trainer.describe()}
                 )
         ready, known, reasons = self._readiness(readings, selected)
-        return {
+        body: dict[str, Any] = {
             "slots": slots,
             "ready": ready,
             "stateKnown": known,
@@ -207,6 +252,10 @@ class Host:
             "gpuBackend": self.gpu.name,
             "features": list(FEATURES),
         }
+        if self.plan_mismatches:
+            # Additive and omitted when empty: readers that do not know it see no change.
+            body["planMismatches"] = list(self.plan_mismatches)
+        return body
 
     async def readiness(self) -> tuple[bool, bool, list[str]]:
         """Return (every model awake, every sleep state known, the reasons for not ready)."""
@@ -277,7 +326,50 @@ class Host:
         return await self._fan_out("sleep", gpu_index, sleeps=tasks)
 
     async def wake(self, gpu_index: int | None) -> dict[str, Any]:
+        await self._check_room_to_wake(self._targets(gpu_index))
         return await self._fan_out("wake", gpu_index)
+
+    async def _check_room_to_wake(self, targets: list[ModelServer]) -> None:
+        """Refuse a wake whose sleeping servers would not fit in the GPUs' free memory.
+
+        Only servers whose config says what they restore (`memoryMiB`, from the plan) count;
+        a server already awake restores nothing. Reading the GPUs may fail (501/502): a wake
+        is a control-path action, so that fails it rather than guessing.
+        """
+        sized = [m for m in targets if m.config.wake_mib]
+        if not sized:
+            return
+        readings = await asyncio.gather(*(m.read_sleeping(self.http) for m in sized))
+        needed: dict[int, list[ModelServer]] = {}
+        for model, reading in zip(sized, readings, strict=True):
+            if reading.sleeping is not False:  # asleep, or unknown: assume it must wake
+                for index in model.config.gpu_indices:
+                    needed.setdefault(index, []).append(model)
+        if not needed:
+            return
+        facts = {g.index: g for g in await self.gpu.read()}
+        shortfalls = []
+        for index, models in sorted(needed.items()):
+            gpu = facts.get(index)
+            need = sum(m.config.wake_mib or 0 for m in models)
+            if gpu is None:
+                continue  # not a GPU this backend reports; the plan check names it
+            free = gpu.total_mib - gpu.used_mib
+            if free < need:
+                shortfalls.append(
+                    {
+                        "gpuIndex": index,
+                        "freeMiB": free,
+                        "neededMiB": need,
+                        "usedMiB": gpu.used_mib,
+                        "totalMiB": gpu.total_mib,
+                        "models": [m.name for m in models],
+                    }
+                )
+        if shortfalls:
+            error = InsufficientGpuMemory(shortfalls)
+            log.error("wake refused: %s", error)
+            raise error
 
     async def _fan_out(
         self,

@@ -1,7 +1,8 @@
 """Training slots: start the configured trainer, stop it with SIGTERM then SIGKILL.
 
 The trainer contract: the command is spawned exactly as written, in its own process group,
-with the parent environment plus HARU_CHECKPOINT_DIR, HARU_GPU_INDEX and CUDA_VISIBLE_DEVICES,
+with the parent environment plus HARU_CHECKPOINT_DIR, HARU_GPU_INDEX, CUDA_VISIBLE_DEVICES and,
+when the plan gives one, HARU_GPU_MEMORY_LIMIT_MIB (the most GPU memory it may use),
 and without the supervisor's token or config. Failover never waits for a perfect checkpoint:
 after the grace period the group is killed, and trainers must resume from what they saved.
 
@@ -50,6 +51,9 @@ def trainer_env(
     env.update(host_env)
     env["HARU_CHECKPOINT_DIR"] = str(slot.checkpoint_dir)
     env["HARU_GPU_INDEX"] = str(slot.gpu_index)
+    if slot.memory_limit_mib is not None:
+        # The plan's budget: what the sleeping servers leave, less a margin (trainer contract).
+        env["HARU_GPU_MEMORY_LIMIT_MIB"] = str(slot.memory_limit_mib)
     # A trainer that guesses its GPU grabs GPU 0, which on a standby is usually where the
     # sleeping servers live; pinning it is what keeps the wake path free.
     env["CUDA_VISIBLE_DEVICES"] = str(slot.gpu_index)

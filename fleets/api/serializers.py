@@ -87,15 +87,32 @@ class ModelOut(serializers.Serializer):
     name = serializers.CharField()
     servingUrl = serializers.URLField()  # noqa: N815
     profile = serializers.DictField(allow_null=True)
+    memory = serializers.DictField(
+        allow_null=True,
+        help_text="The layout's memory request (memoryMiB or memoryFraction, "
+        "exclusive, sleepResidueMiB); null when the layout gave none.",
+    )
 
 
 class SlotOut(serializers.Serializer):
     id = serializers.UUIDField()
     gpuIndex = serializers.IntegerField()  # noqa: N815
+    gpuIndices = serializers.ListField(  # noqa: N815
+        child=serializers.IntegerField(),
+        help_text="Every GPU the slot spans (a tensor-parallel server spans several).",
+    )
+    migInstance = serializers.CharField(  # noqa: N815
+        allow_null=True, help_text="The MIG instance the slot runs on, if any."
+    )
     kind = serializers.ChoiceField(_values(SlotKind))
     state = serializers.CharField()
     stateUpdatedAt = serializers.DateTimeField()  # noqa: N815
     spec = serializers.DictField()
+    allocation = serializers.DictField(
+        allow_null=True,
+        help_text="What the GPU plan granted: per server needMiB, gpuMemoryUtilization and "
+        "sleepResidueMiB, or a trainer's budgetMiB; null for a hand-placed slot.",
+    )
     models = ModelOut(many=True, required=False)
     pids = serializers.ListField(child=serializers.IntegerField(), required=False)
 
@@ -110,6 +127,11 @@ class DomainOut(serializers.Serializer):
     priority = serializers.IntegerField()
     supervisorUrl = serializers.URLField(allow_null=True)  # noqa: N815
     servingBaseUrl = serializers.URLField(allow_null=True)  # noqa: N815
+    gpuLayout = serializers.DictField(  # noqa: N815
+        allow_null=True,
+        help_text="The layout's GPU description (gpus, placementPolicy, safetyMarginMiB); "
+        "null when the layout places slots by hand.",
+    )
     state = serializers.ChoiceField(_values(DomainState))
     lastSeenAt = serializers.DateTimeField(allow_null=True)  # noqa: N815
     stateUpdatedAt = serializers.DateTimeField()  # noqa: N815

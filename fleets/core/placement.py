@@ -1,231 +1,603 @@
-"""Place model servers and trainers on a host's GPUs, HAMi style: filter, score, explain.
+"""Plan where a domain's model servers and trainers run, and how much memory each may take.
 
-Each GPU either fits the request or is refused with one reason named as HAMi names it, so an
-operator reading a refusal sees the same vocabulary as in HAMi's scheduler events. Fitting GPUs
-are scored ((cores + used cores) / 100 + (memory + used memory) / total) x 10; binpack takes the
-highest score (fill busy cards, keep whole cards free for large models), spread the lowest.
+A device-aware scheduler in miniature: filter every target (a whole GPU or one MIG instance),
+score the ones that fit by policy, and explain every refusal with the workload, the target and
+the reason (with the numbers). Pure and deterministic: the same request gives the same plan.
+
+Memory follows how level-1 sleep really behaves. A target lives in two postures:
+- awake (this domain is active): every server holds its full share, no trainer runs;
+- standby: every server sleeps but keeps a residue (CUDA context, allocator), and the trainer
+  uses what is left.
+So a target fits when `shares + margin <= total` and `residues + trainer + margin <= total`,
+and the trainer's budget is `total - residues - margin` unless the layout asks for less.
+
+Placement units are servers that must share a target (one inference slot of a layout: a bundle
+of small models on one GPU), or one trainer. A unit that is exclusive or tensor parallel takes
+whole GPUs; a MIG instance is never split between two units of the same kind.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
-DEFAULT_MEM_MIB = 5000  # HAMi's defaultMem, used when a request names no memory
-DEFAULT_SPLIT_COUNT = 10  # HAMi's deviceSplitCount: tasks that may time-slice one card
-EXCLUSIVE_CORES = 100
+Policy = Literal["binpack", "spread"]
+POLICIES: tuple[str, ...] = ("binpack", "spread")
+Topology = Literal["prefer", "nvlink", "numa"]
+SortKey = tuple[Any, ...]
 
-PlacementPolicy = Literal["binpack", "spread"]
+# A sleeping level-1 vLLM keeps 1 to 7 GiB per GPU on real models; without a measured figure,
+# plan for a middling one so a trainer's budget leaves that headroom.
+DEFAULT_SLEEP_RESIDUE_MIB = 3072
+DEFAULT_SAFETY_MARGIN_MIB = 1024
+MAX_TARGETS = 1024  # bounds the work of one plan
 
-NOT_HEALTHY = "CardNotHealth"
-TYPE_MISMATCH = "CardTypeMismatch"
-UUID_MISMATCH = "CardUuidMismatch"
-TIME_SLICING_EXHAUSTED = "CardTimeSlicingExhausted"
-EXCLUSIVE_CONFLICT = "ExclusiveDeviceAllocateConflict"
-INSUFFICIENT_MEMORY = "CardInsufficientMemory"
-INSUFFICIENT_CORE = "CardInsufficientCore"
-COMPUTE_UNITS_EXHAUSTED = "CardComputeUnitsExhausted"
-NUMA_NOT_FIT = "NumaNotFit"
-CARDS_INSUFFICIENT = "AllocatedCardsInsufficientRequest"
-NODE_INSUFFICIENT_DEVICE = "NodeInsufficientDevice"
+# Refusal reasons (HAMi's filter names in brackets, for operators who know them).
+INSUFFICIENT_MEMORY = "insufficient_memory"  # CardInsufficientMemory
+EXCLUSIVE_CONFLICT = "exclusive_conflict"  # ExclusiveDeviceAllocateConflict
+TYPE_MISMATCH = "gpu_type_mismatch"  # CardTypeMismatch
+TOPOLOGY_NOT_SATISFIABLE = "topology_not_satisfiable"  # NumaNotFit / CardMigTopologyInfeasible
+MIG_TOO_SMALL = "mig_instance_too_small"
+NO_SUCH_GPU = "no_such_gpu"
+REASONS = (
+    INSUFFICIENT_MEMORY,
+    EXCLUSIVE_CONFLICT,
+    TYPE_MISMATCH,
+    TOPOLOGY_NOT_SATISFIABLE,
+    MIG_TOO_SMALL,
+    NO_SUCH_GPU,
+)
 
 
 @dataclass(frozen=True)
-class Gpu:
-    """One physical GPU and what is already placed on it."""
+class MigInstance:
+    name: str
+    memory_mib: int
 
+
+@dataclass(frozen=True)
+class GpuDevice:
     index: int
-    total_mib: int
-    allocated_mib: int = 0  # granted to tasks Haru placed
-    used_mib: int = 0  # observed through NVML, including memory nobody was granted
-    type: str = ""
-    uuid: str = ""
-    numa: int = 0
-    healthy: bool = True
-    tasks: int = 0
-    cores_used: int = 0  # 0..100, summed over the tasks
-    split_count: int = DEFAULT_SPLIT_COUNT
+    type: str
+    memory_mib: int
+    mig: tuple[MigInstance, ...] = ()
+    nvlink_group: int | None = None
+    numa_node: int | None = None
 
-    def __post_init__(self) -> None:
-        if self.total_mib <= 0:
-            raise ValueError(f"GPU {self.index}: total_mib must be positive")
+
+@dataclass(frozen=True)
+class Server:
+    """One model server. `memory_mib` or `memory_fraction` is per GPU; None takes whole GPUs."""
+
+    name: str
+    memory_mib: int | None = None
+    memory_fraction: float | None = None
+    exclusive: bool = False
+    tensor_parallel: int = 1
+    sleep_residue_mib: int = DEFAULT_SLEEP_RESIDUE_MIB
 
     @property
-    def committed_mib(self) -> int:
-        # HAMi counts granted memory; NVML can see more (a sleeping vLLM's CUDA context, a
-        # process started by hand), and that memory is just as unavailable.
-        return max(self.allocated_mib, self.used_mib)
+    def whole_gpus(self) -> bool:
+        return self.exclusive or self.tensor_parallel > 1
 
 
 @dataclass(frozen=True)
-class GpuRequest:
-    """What one workload asks for; cores 100 means the card exclusively."""
+class ServerGroup:
+    """Servers placed together (one inference slot), optionally pinned by the layout."""
 
-    mem_mib: int | None = None
-    mem_percent: int | None = None
-    cores: int = 0
-    count: int = 1
-    use_types: tuple[str, ...] = ()
-    nouse_types: tuple[str, ...] = ()
-    use_uuids: tuple[str, ...] = ()
-    nouse_uuids: tuple[str, ...] = ()
-    numa_bind: bool = False
+    name: str
+    servers: tuple[Server, ...]
+    gpu_type: str | None = None
+    gpu_index: int | None = None
+    mig: str | None = None
+    topology: Topology = "prefer"
 
-    def __post_init__(self) -> None:
-        if self.mem_mib is not None and self.mem_percent is not None:
-            raise ValueError("give mem_mib or mem_percent, not both")
-        if self.mem_mib is not None and self.mem_mib <= 0:
-            raise ValueError("mem_mib must be positive")
-        if self.mem_percent is not None and not 1 <= self.mem_percent <= 100:
-            raise ValueError("mem_percent must be between 1 and 100")
-        if not 0 <= self.cores <= EXCLUSIVE_CORES:
-            raise ValueError("cores must be between 0 and 100")
-        if self.count < 1:
-            raise ValueError("count must be at least 1")
+    @property
+    def width(self) -> int:
+        return max(s.tensor_parallel for s in self.servers)
 
-    def mem_for(self, gpu: Gpu) -> int:
-        """Return the MiB this request needs on `gpu`."""
-        if self.mem_percent is not None:
-            return gpu.total_mib * self.mem_percent // 100
-        return self.mem_mib if self.mem_mib is not None else DEFAULT_MEM_MIB
+    @property
+    def whole_gpus(self) -> bool:
+        return any(s.whole_gpus for s in self.servers)
 
 
 @dataclass(frozen=True)
-class GpuRefusal:
-    index: int
+class Trainer:
+    """A trainer; `budget_mib` None takes whatever the sleeping servers leave."""
+
+    name: str
+    budget_mib: int | None = None
+    gpu_type: str | None = None
+    gpu_index: int | None = None
+    mig: str | None = None
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    gpus: tuple[GpuDevice, ...]
+    groups: tuple[ServerGroup, ...] = ()
+    trainers: tuple[Trainer, ...] = ()
+    policy: Policy = "binpack"
+    safety_margin_mib: int = DEFAULT_SAFETY_MARGIN_MIB
+
+
+@dataclass(frozen=True)
+class ServerPlan:
+    name: str
+    need_mib: int  # per GPU
+    gpu_memory_utilization: float  # the vLLM flag, of the target's memory
+    sleep_residue_mib: int
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    name: str
+    gpu_indices: tuple[int, ...]
+    mig: str | None
+    servers: tuple[ServerPlan, ...]
+
+
+@dataclass(frozen=True)
+class TrainerPlan:
+    name: str
+    gpu_index: int
+    mig: str | None
+    budget_mib: int
+
+
+@dataclass(frozen=True)
+class Refusal:
+    workload: str
+    target: str  # "GPU 1", "GPU 0 MIG 1g.10gb", or "domain"
     reason: str
     detail: str
 
+    def __str__(self) -> str:
+        return f"{self.workload} on {self.target}: {self.reason} ({self.detail})"
+
 
 @dataclass(frozen=True)
-class Placement:
-    """The chosen GPUs (best first), each fitting GPU's score, and the MiB granted per choice."""
+class TargetUsage:
+    """What the plan puts on one target, for display and metrics."""
 
-    gpu_indices: tuple[int, ...]
-    scores: dict[int, float]
-    mem_mib: dict[int, int]
-
-
-class PlacementRefused(Exception):
-    """No set of GPUs fits; `reasons` explains every GPU, `code` sums up the host."""
-
-    def __init__(self, code: str, reasons: tuple[GpuRefusal, ...], request: GpuRequest) -> None:
-        counts = ", ".join(f"{n}x {r}" for r, n in Counter(x.reason for x in reasons).items())
-        super().__init__(
-            f"{code}: no {request.count} GPU(s) fit ({counts or 'no GPUs'}); "
-            + "; ".join(f"GPU {x.index}: {x.detail}" for x in reasons)
-        )
-        self.code = code
-        self.reasons = reasons
+    target: str
+    gpu_index: int
+    mig: str | None
+    total_mib: int
+    awake_mib: int
+    residue_mib: int
+    trainer_mib: int
+    workloads: tuple[str, ...]
 
 
-def _refusal(gpu: Gpu, req: GpuRequest) -> tuple[str, str] | None:
-    """Return (reason, detail) when `gpu` cannot take `req` on its own, else None."""
-    kind = gpu.type.lower()
-    mem = req.mem_for(gpu)
-    free = gpu.total_mib - gpu.committed_mib
-    checks = (
-        (not gpu.healthy, NOT_HEALTHY, "reported unhealthy"),
-        (
-            (req.use_types and not any(t.lower() in kind for t in req.use_types))
-            or any(t.lower() in kind for t in req.nouse_types),
-            TYPE_MISMATCH,
-            f"type {gpu.type!r} is not allowed",
-        ),
-        (
-            (req.use_uuids and gpu.uuid not in req.use_uuids) or gpu.uuid in req.nouse_uuids,
-            UUID_MISMATCH,
-            f"uuid {gpu.uuid!r} is not allowed",
-        ),
-        (
-            gpu.tasks >= gpu.split_count,
-            TIME_SLICING_EXHAUSTED,
-            f"already shared by {gpu.tasks} of {gpu.split_count} tasks",
-        ),
-        (
-            req.cores == EXCLUSIVE_CORES and gpu.tasks > 0,
-            EXCLUSIVE_CONFLICT,
-            f"exclusive use asked but {gpu.tasks} task(s) already run here",
-        ),
-        (mem > free, INSUFFICIENT_MEMORY, f"needs {mem} MiB, {free} of {gpu.total_mib} free"),
-        (
-            req.cores > EXCLUSIVE_CORES - gpu.cores_used,
-            INSUFFICIENT_CORE,
-            f"needs {req.cores}% cores, {EXCLUSIVE_CORES - gpu.cores_used}% free",
-        ),
-        (
-            # A zero-core task would still launch kernels on a card someone holds whole.
-            req.cores == 0 and gpu.cores_used >= EXCLUSIVE_CORES,
-            COMPUTE_UNITS_EXHAUSTED,
-            "all cores are taken",
-        ),
-    )
-    return next(((reason, detail) for failed, reason, detail in checks if failed), None)
+@dataclass(frozen=True)
+class Plan:
+    groups: tuple[GroupPlan, ...]
+    trainers: tuple[TrainerPlan, ...]
+    refusals: tuple[Refusal, ...]
+    usage: tuple[TargetUsage, ...]
+    policy: Policy
+
+    @property
+    def ok(self) -> bool:
+        return not self.refusals
+
+    def explain(self) -> list[str]:
+        return [str(r) for r in self.refusals]
 
 
-def _score(gpu: Gpu, req: GpuRequest) -> float:
-    cores = (req.cores + gpu.cores_used) / EXCLUSIVE_CORES
-    mem = (req.mem_for(gpu) + gpu.committed_mib) / gpu.total_mib
-    return round((cores + mem) * 10, 6)  # rounded so float noise never decides a tie
+@dataclass
+class _Target:
+    gpu: GpuDevice
+    mig: MigInstance | None
+    awake_mib: int = 0
+    residue_mib: int = 0
+    trainer_mib: int = 0
+    exclusive_of: str | None = None  # the group that holds it whole
+    groups: list[str] = field(default_factory=list)
+    trainer: str | None = None
+
+    @property
+    def total_mib(self) -> int:
+        return self.mig.memory_mib if self.mig else self.gpu.memory_mib
+
+    @property
+    def label(self) -> str:
+        return f"GPU {self.gpu.index}" + (f" MIG {self.mig.name}" if self.mig else "")
+
+    @property
+    def empty(self) -> bool:
+        return not self.groups and self.trainer is None
 
 
-def _order(gpus: list[Gpu], scores: dict[int, float], policy: PlacementPolicy) -> list[Gpu]:
-    # Score first; NUMA node as the tiebreak (binpack descending, spread ascending); index last.
-    sign = -1 if policy == "binpack" else 1
-    return sorted(gpus, key=lambda g: (sign * scores[g.index], sign * g.numa, g.index))
+class PlanInputError(ValueError):
+    """The request itself is malformed (duplicate GPUs, impossible numbers)."""
 
 
-def place(
-    gpus: Sequence[Gpu], request: GpuRequest, *, policy: PlacementPolicy = "binpack"
-) -> Placement:
-    """Choose `request.count` GPUs for a workload, or raise PlacementRefused explaining why not."""
-    if policy not in ("binpack", "spread"):
-        raise ValueError(f"unknown placement policy {policy!r}")
-    if len({g.index for g in gpus}) != len(gpus):
-        raise ValueError("GPU indices must be unique")
-    refusals: list[GpuRefusal] = []
-    fitting: list[Gpu] = []
-    for gpu in sorted(gpus, key=lambda g: g.index):
-        refused = _refusal(gpu, request)
-        if refused:
-            refusals.append(GpuRefusal(gpu.index, *refused))
-        else:
-            fitting.append(gpu)
-    scores = {g.index: _score(g, request) for g in fitting}
+def _grant(server: Server, total_mib: int, margin: int) -> tuple[float, int]:
+    """Return (vLLM --gpu-memory-utilization, the MiB that fraction grants) on a target.
 
-    if request.numa_bind:
-        groups: dict[int, list[Gpu]] = {}
-        for gpu in fitting:
-            groups.setdefault(gpu.numa, []).append(gpu)
-        options = [
-            _order(members, scores, policy)[: request.count]
-            for members in groups.values()
-            if len(members) >= request.count
-        ]
-        sign = -1 if policy == "binpack" else 1
-        options.sort(key=lambda opt: (sign * sum(scores[g.index] for g in opt), sign * opt[0].numa))
-        chosen = options[0] if options else []
-        short = NUMA_NOT_FIT, "NUMA node {numa} has {n} fitting GPU(s), {count} needed on one node"
+    vLLM takes a fraction of the device, so the plan accounts what the rounded fraction really
+    grants: a need in MiB rounds up (never less than asked), whole GPUs round down (never
+    into the margin).
+    """
+    if server.memory_mib is not None:
+        util = math.ceil(server.memory_mib * 1000 / total_mib) / 1000
+    elif server.memory_fraction is not None:
+        util = math.ceil(round(server.memory_fraction * 1000, 6)) / 1000
     else:
-        chosen = _order(fitting, scores, policy)[: request.count]
-        short = CARDS_INSUFFICIENT, "fits, but only {total} GPU(s) fit, {count} needed"
+        util = math.floor((total_mib - margin) * 1000 / total_mib) / 1000
+    # A need above the target stays above it (and is refused); the flag itself caps at 1.0.
+    return min(util, 1.0), math.ceil(round(util * total_mib, 6))
 
-    if len(chosen) < request.count:
-        reason, template = short
-        for gpu in fitting:
-            n = sum(1 for g in fitting if g.numa == gpu.numa)
-            detail = template.format(numa=gpu.numa, n=n, total=len(fitting), count=request.count)
-            refusals.append(GpuRefusal(gpu.index, reason, detail))
-        refusals.sort(key=lambda r: r.index)
-        if request.count > len(gpus):
-            code = NODE_INSUFFICIENT_DEVICE  # the host could never satisfy it, whatever the load
+
+def _residue(server: Server, need_mib: int) -> int:
+    return min(server.sleep_residue_mib, need_mib)
+
+
+def _type_ok(wanted: str | None, gpu: GpuDevice) -> bool:
+    return wanted is None or wanted.lower() in gpu.type.lower()
+
+
+def _check_request(req: PlanRequest) -> None:
+    if req.policy not in POLICIES:
+        raise PlanInputError(f"unknown placement policy {req.policy!r} (binpack or spread)")
+    if len(req.gpus) > MAX_TARGETS:
+        raise PlanInputError(f"at most {MAX_TARGETS} GPUs per domain")
+    if len({g.index for g in req.gpus}) != len(req.gpus):
+        raise PlanInputError("GPU indices must be unique")
+    for g in req.gpus:
+        if g.memory_mib <= 0 or any(m.memory_mib <= 0 for m in g.mig):
+            raise PlanInputError(f"GPU {g.index}: memory must be positive")
+        if len({m.name for m in g.mig}) != len(g.mig):
+            raise PlanInputError(f"GPU {g.index}: MIG instance names must be unique")
+    names = [g.name for g in req.groups] + [t.name for t in req.trainers]
+    if len(set(names)) != len(names):
+        raise PlanInputError("workload names must be unique")
+    for group in req.groups:
+        if not group.servers:
+            raise PlanInputError(f"{group.name}: a server group needs at least one server")
+        for s in group.servers:
+            if s.memory_mib is not None and s.memory_fraction is not None:
+                raise PlanInputError(f"{s.name}: give memory in MiB or as a fraction, not both")
+            if s.tensor_parallel < 1 or s.sleep_residue_mib < 0:
+                raise PlanInputError(f"{s.name}: tensor parallel >= 1 and residue >= 0")
+        if group.whole_gpus and len(group.servers) > 1:
+            raise PlanInputError(
+                f"{group.name}: an exclusive or tensor-parallel server needs a slot of its own"
+            )
+
+
+def plan(req: PlanRequest) -> Plan:
+    """Place every server group, then every trainer; refuse what does not fit, with reasons."""
+    _check_request(req)
+    targets = _targets(req.gpus)
+    margin = req.safety_margin_mib
+    refusals: list[Refusal] = []
+    placed: list[GroupPlan] = []
+    # Largest first (first-fit decreasing), pinned before free, so big models find whole GPUs.
+    biggest = max((g.memory_mib for g in req.gpus), default=1)
+
+    def weight(g: ServerGroup) -> SortKey:
+        need = sum(_grant(s, biggest, margin)[1] for s in g.servers)
+        return (g.gpu_index is None, -g.width, not g.whole_gpus, -need, g.name)
+
+    for group in sorted(req.groups, key=weight):
+        placed_group = _place_group(group, targets, req.policy, margin, len(req.gpus))
+        if isinstance(placed_group, GroupPlan):
+            placed.append(placed_group)
         else:
-            code = Counter(r.reason for r in refusals).most_common(1)[0][0]
-        raise PlacementRefused(code, tuple(refusals), request)
-    return Placement(
-        gpu_indices=tuple(g.index for g in chosen),
-        scores=scores,
-        mem_mib={g.index: request.mem_for(g) for g in chosen},
+            refusals.extend(placed_group)
+    trained: list[TrainerPlan] = []
+    for trainer in sorted(req.trainers, key=lambda t: (t.gpu_index is None, t.name)):
+        placed_trainer = _place_trainer(trainer, targets, req.policy, margin)
+        if isinstance(placed_trainer, TrainerPlan):
+            trained.append(placed_trainer)
+        else:
+            refusals.extend(placed_trainer)
+    usage = tuple(
+        TargetUsage(
+            t.label,
+            t.gpu.index,
+            t.mig.name if t.mig else None,
+            t.total_mib,
+            t.awake_mib,
+            t.residue_mib,
+            t.trainer_mib,
+            tuple(t.groups) + ((t.trainer,) if t.trainer else ()),
+        )
+        for t in targets
+    )
+    return Plan(
+        groups=tuple(sorted(placed, key=lambda p: p.name)),
+        trainers=tuple(sorted(trained, key=lambda p: p.name)),
+        refusals=tuple(refusals),
+        usage=usage,
+        policy=req.policy,
+    )
+
+
+def _targets(gpus: Sequence[GpuDevice]) -> list[_Target]:
+    out: list[_Target] = []
+    for gpu in sorted(gpus, key=lambda g: g.index):
+        if gpu.mig:
+            out.extend(_Target(gpu, m) for m in gpu.mig)
+        else:
+            out.append(_Target(gpu, None))
+    return out
+
+
+def _pinned(
+    name: str, index: int | None, mig: str | None, targets: list[_Target]
+) -> tuple[list[_Target], list[Refusal]]:
+    """Narrow the targets to what the layout pinned; refuse a pin that names nothing."""
+    if index is None and mig is None:
+        return targets, []
+    chosen = [
+        t
+        for t in targets
+        if (index is None or t.gpu.index == index)
+        and (mig is None or (t.mig is not None and t.mig.name == mig))
+    ]
+    if chosen:
+        return chosen, []
+    where = f"GPU {index}" if index is not None else "domain"
+    known = ", ".join(t.label for t in targets) or "none"
+    what = f"MIG instance {mig!r}" if mig is not None else f"GPU {index}"
+    return [], [Refusal(name, where, NO_SUCH_GPU, f"{what} is not in the domain (has {known})")]
+
+
+def _group_refusal(group: ServerGroup, t: _Target, margin: int) -> tuple[str, str] | None:
+    """Return (reason, detail) when `t` cannot take `group`, else None."""
+    if not _type_ok(group.gpu_type, t.gpu):
+        return TYPE_MISMATCH, f"wants {group.gpu_type!r}, GPU is {t.gpu.type!r}"
+    if t.exclusive_of is not None:
+        return EXCLUSIVE_CONFLICT, f"held whole by {t.exclusive_of}"
+    if group.whole_gpus and t.groups:
+        return EXCLUSIVE_CONFLICT, f"needs the GPU whole, already hosts {', '.join(t.groups)}"
+    if t.mig is not None and group.width > 1:
+        return TOPOLOGY_NOT_SATISFIABLE, "a MIG instance cannot join a tensor-parallel group"
+    needs = _needs(group, t, margin)
+    if t.mig is not None and t.groups:
+        return (
+            EXCLUSIVE_CONFLICT,
+            f"already hosts {', '.join(t.groups)}; an instance is never split",
+        )
+    if t.mig is not None and sum(needs) + margin > t.total_mib:
+        return MIG_TOO_SMALL, (
+            f"needs {sum(needs)} MiB + {margin} MiB margin, instance has {t.total_mib} MiB"
+        )
+    free = t.total_mib - t.awake_mib - margin
+    if sum(needs) > free:
+        return INSUFFICIENT_MEMORY, (
+            f"needs {sum(needs)} MiB, {max(free, 0)} MiB free of {t.total_mib} MiB "
+            f"({t.awake_mib} MiB planned, {margin} MiB margin)"
+        )
+    return None
+
+
+def _score(t: _Target, extra_mib: int, policy: Policy) -> SortKey:
+    # binpack: the fullest target after placing; spread: the emptiest. Index breaks ties.
+    used = (t.awake_mib + extra_mib) / t.total_mib
+    return (-used if policy == "binpack" else used, t.gpu.index, t.mig.name if t.mig else "")
+
+
+def _place_group(
+    group: ServerGroup, targets: list[_Target], policy: Policy, margin: int, gpu_count: int
+) -> GroupPlan | list[Refusal]:
+    candidates, refused = _pinned(group.name, group.gpu_index, group.mig, targets)
+    if refused:
+        return refused
+    if group.width > 1:
+        return _place_wide(group, candidates, targets, policy, margin, gpu_count)
+    refusals: list[Refusal] = []
+    fitting: list[tuple[SortKey, _Target, tuple[int, ...]]] = []
+    for t in candidates:
+        verdict = _group_refusal(group, t, margin)
+        if verdict is not None:
+            refusals.append(Refusal(group.name, t.label, *verdict))
+        else:
+            needs = _needs(group, t, margin)
+            fitting.append((_score(t, sum(needs), policy), t, needs))
+    if not fitting:
+        return refusals
+    _, target, needs = min(fitting, key=lambda f: f[0])
+    return _commit(group, [target], needs, margin)
+
+
+def _place_wide(
+    group: ServerGroup,
+    candidates: list[_Target],
+    targets: list[_Target],
+    policy: Policy,
+    margin: int,
+    gpu_count: int,
+) -> GroupPlan | list[Refusal]:
+    """Place a tensor-parallel server on `width` whole GPUs, sharing NVLink or NUMA if it can."""
+    width = group.width
+    if group.gpu_index is not None:
+        # Pinned: the group starts at that GPU and takes the next ones by index.
+        start = [t.gpu.index for t in targets].index(group.gpu_index)
+        candidates = targets[start:]
+    refusals: list[Refusal] = []
+    free: list[_Target] = []
+    for t in candidates:
+        verdict = _group_refusal(group, t, margin)
+        if verdict is not None:
+            refusals.append(Refusal(group.name, t.label, *verdict))
+        else:
+            free.append(t)
+    if group.gpu_index is not None:
+        run = free[:width]
+        indices = [t.gpu.index for t in run]
+        if indices != list(range(group.gpu_index, group.gpu_index + width)):
+            return refusals or [
+                Refusal(
+                    group.name,
+                    f"GPU {group.gpu_index}",
+                    TOPOLOGY_NOT_SATISFIABLE,
+                    f"needs GPUs {group.gpu_index}..{group.gpu_index + width - 1} whole",
+                )
+            ]
+        return _commit(group, run, _needs(group, run[0], margin), margin)
+    if gpu_count < width:
+        return [
+            Refusal(
+                group.name,
+                "domain",
+                TOPOLOGY_NOT_SATISFIABLE,
+                f"tensor parallel {width} needs {width} GPUs, the domain has {gpu_count}",
+            )
+        ]
+    options = _wide_options(free, width, group.topology)
+    if not options:
+        wanted = {"prefer": "", "nvlink": " on one NVLink group", "numa": " on one NUMA node"}
+        return [
+            *refusals,
+            Refusal(
+                group.name,
+                "domain",
+                TOPOLOGY_NOT_SATISFIABLE,
+                f"needs {width} whole GPUs{wanted[group.topology]}, "
+                f"{len(free)} free ({', '.join(t.label for t in free) or 'none'})",
+            ),
+        ]
+    # Spread and binpack agree for whole GPUs: take the tightest-fitting set, lowest indices.
+    chosen = options[0]
+    return _commit(group, chosen, _needs(group, chosen[0], margin), margin)
+
+
+def _needs(group: ServerGroup, t: _Target, margin: int) -> tuple[int, ...]:
+    return tuple(_grant(s, t.total_mib, margin)[1] for s in group.servers)
+
+
+def _wide_options(free: list[_Target], width: int, topology: Topology) -> list[list[_Target]]:
+    """Candidate GPU sets best first: one NVLink group, then one NUMA node, then any.
+
+    Every rank of a tensor-parallel server gets the same --gpu-memory-utilization, so a set
+    only mixes GPUs of one type and one memory size.
+    """
+    options: list[tuple[SortKey, list[_Target]]] = []
+    kinds: dict[tuple[str, int], list[_Target]] = {}
+    for t in free:
+        kinds.setdefault((t.gpu.type, t.total_mib), []).append(t)
+    for same in kinds.values():
+        options.extend(_wide_sets(same, width, topology))
+    return [members for _, members in sorted(options, key=lambda o: o[0])]
+
+
+def _wide_sets(
+    free: list[_Target], width: int, topology: Topology
+) -> list[tuple[SortKey, list[_Target]]]:
+    options: list[tuple[SortKey, list[_Target]]] = []
+    for rank, key in ((0, "nvlink_group"), (1, "numa_node")):
+        groups: dict[int, list[_Target]] = {}
+        for t in free:
+            value = getattr(t.gpu, key)
+            if value is not None:
+                groups.setdefault(value, []).append(t)
+        for members in groups.values():
+            if len(members) >= width:
+                # The smallest group that fits keeps larger ones whole for larger models.
+                options.append(((rank, len(members), members[0].gpu.index), members[:width]))
+        if topology == "nvlink" and rank == 0:
+            break
+    if topology == "prefer" and len(free) >= width:
+        options.append(((2, len(free), free[0].gpu.index), free[:width]))
+    if topology == "numa":
+        options = [o for o in options if o[0][0] == 1]
+    return options
+
+
+def _commit(
+    group: ServerGroup, chosen: list[_Target], needs: tuple[int, ...], margin: int
+) -> GroupPlan:
+    servers = []
+    for s, need in zip(group.servers, needs, strict=True):
+        util = _grant(s, chosen[0].total_mib, margin)[0]
+        servers.append(ServerPlan(s.name, need, util, _residue(s, need)))
+    for t in chosen:
+        t.awake_mib += sum(needs)
+        t.residue_mib += sum(p.sleep_residue_mib for p in servers)
+        t.groups.append(group.name)
+        if group.whole_gpus:
+            t.exclusive_of = group.name
+    first = chosen[0]
+    return GroupPlan(
+        group.name,
+        tuple(t.gpu.index for t in chosen),
+        first.mig.name if first.mig else None,
+        tuple(servers),
+    )
+
+
+def _place_trainer(
+    trainer: Trainer, targets: list[_Target], policy: Policy, margin: int
+) -> TrainerPlan | list[Refusal]:
+    candidates, refused = _pinned(trainer.name, trainer.gpu_index, trainer.mig, targets)
+    if refused:
+        return refused
+    refusals: list[Refusal] = []
+    fitting: list[tuple[SortKey, _Target, int]] = []
+    for t in candidates:
+        room = t.total_mib - t.residue_mib - margin
+        if not _type_ok(trainer.gpu_type, t.gpu):
+            refusals.append(
+                Refusal(
+                    trainer.name,
+                    t.label,
+                    TYPE_MISMATCH,
+                    f"wants {trainer.gpu_type!r}, GPU is {t.gpu.type!r}",
+                )
+            )
+        elif t.exclusive_of is not None:
+            refusals.append(
+                Refusal(
+                    trainer.name, t.label, EXCLUSIVE_CONFLICT, f"held whole by {t.exclusive_of}"
+                )
+            )
+        elif t.trainer is not None:
+            refusals.append(
+                Refusal(trainer.name, t.label, EXCLUSIVE_CONFLICT, f"already runs {t.trainer}")
+            )
+        elif trainer.budget_mib is not None and trainer.budget_mib > room:
+            reason = MIG_TOO_SMALL if t.mig is not None else INSUFFICIENT_MEMORY
+            refusals.append(
+                Refusal(
+                    trainer.name,
+                    t.label,
+                    reason,
+                    f"budget {trainer.budget_mib} MiB > {max(room, 0)} MiB: {t.total_mib} MiB "
+                    f"total - {t.residue_mib} MiB sleeping residue - {margin} MiB margin",
+                )
+            )
+        elif room <= 0:
+            refusals.append(
+                Refusal(
+                    trainer.name,
+                    t.label,
+                    INSUFFICIENT_MEMORY,
+                    f"no memory left: {t.residue_mib} MiB residue + {margin} MiB margin "
+                    f"of {t.total_mib} MiB",
+                )
+            )
+        else:
+            budget = room if trainer.budget_mib is None else trainer.budget_mib
+            # binpack: next to sleeping servers, in the memory they give back, keeping empty
+            # GPUs whole; spread: where the least residue sits.
+            residue = t.residue_mib / t.total_mib
+            if policy == "binpack":
+                key = (not t.groups, -residue, t.gpu.index, t.mig.name if t.mig else "")
+            else:
+                key = (False, residue, t.gpu.index, t.mig.name if t.mig else "")
+            fitting.append((key, t, budget))
+    if not fitting:
+        return refusals
+    _, target, budget = min(fitting, key=lambda f: f[0])
+    target.trainer = trainer.name
+    target.trainer_mib = budget
+    return TrainerPlan(
+        trainer.name, target.gpu.index, target.mig.name if target.mig else None, budget
     )

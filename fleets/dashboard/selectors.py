@@ -26,6 +26,7 @@ from fleets.core.states import (
     steps_for,
 )
 from fleets.dashboard import chart as chart_mod
+from fleets.dashboard.allocation import gpu_allocations, plan_mismatches
 from fleets.dashboard.drift import drift_status, expected_fingerprint
 from fleets.dashboard.report import (
     gpu_bars,
@@ -384,6 +385,8 @@ def _domain_card(
         "stale": stale,
         "report_error": report_error(report),
         "gpus": gpu_bars(report, gpu_indices),
+        "allocations": gpu_allocations(slots, bindings, report),
+        "plan_mismatches": plan_mismatches(report),
         "has_report": bool(report),
         "inference": inference,
         "training": training,

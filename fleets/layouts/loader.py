@@ -7,6 +7,7 @@ here. Every error is `path: rule`, e.g. `domains[1].slots[0].models[2].name: mus
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, field
 from functools import cache
@@ -19,6 +20,17 @@ from jsonschema import Draft202012Validator
 from fleets.core.policy import PolicyError, validate_policy
 from fleets.core.states import Provider, SlotKind
 from fleets.errors import LayoutError
+from fleets.layouts.planning import (
+    MEMORY_KEYS,
+    PlanInputError,
+    UnitInput,
+    count_refusals,
+    expand_gpus,
+    missing_need,
+    placements,
+    plan_units,
+    planned_profile,
+)
 
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
 
@@ -28,6 +40,8 @@ class ModelSpec:
     name: str
     serving_url: str
     profile: dict[str, Any]
+    # What the layout asks for: memoryMiB / memoryFraction / exclusive / sleepResidueMiB.
+    memory: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -36,6 +50,12 @@ class SlotSpec:
     gpu_index: int
     spec: dict[str, Any]
     models: list[ModelSpec] = field(default_factory=list)
+    # Every GPU the slot spans (tensor parallel), its MIG instance, and what the plan granted.
+    gpu_indices: list[int] = field(default_factory=list)
+    mig_instance: str = ""
+    allocation: dict[str, Any] = field(default_factory=dict)
+    # Pinned to where it already runs (re-apply keeps placements), not by the operator.
+    sticky: bool = False
 
 
 @dataclass
@@ -48,6 +68,10 @@ class DomainSpec:
     supervisor_url: str
     serving_base_url: str
     slots: list[SlotSpec]
+    # {gpus, placementPolicy, safetyMarginMiB} when the layout describes the domain's GPUs.
+    gpu_layout: dict[str, Any] = field(default_factory=dict)
+    # The slots as written, before planning (re-planned on re-apply to keep placements).
+    unplanned: list[SlotSpec] = field(default_factory=list)
 
 
 @dataclass
@@ -159,26 +183,32 @@ def parse_layout(data: Any) -> Layout:
             )
         seen_domains.setdefault(d["slug"], di)
         base_url = d.get("servingBaseUrl", "")
+        planned = "gpus" in d
         slots: list[SlotSpec] = []
         seen_slots: dict[tuple[int, str], int] = {}
         seen_models: dict[str, str] = {}
         for si, s in enumerate(d.get("slots", [])):
             spath = f"{dpath}.slots[{si}]"
-            key = (s["gpuIndex"], s["kind"])
-            if key in seen_slots:
+            index = s.get("gpuIndex")
+            if index is None and not planned:
+                errors.append(
+                    f"{spath}.gpuIndex: is required when the domain does not describe its gpus"
+                )
+                index = 0
+            key = (index, s["kind"])
+            if index is not None and key in seen_slots:
                 errors.append(
                     f"{spath}.gpuIndex: duplicate {s['kind']} slot on GPU {s['gpuIndex']} "
                     f"(also {dpath}.slots[{seen_slots[key]}])"
                 )
             seen_slots.setdefault(key, si)
+            pins = {"mig_instance": s.get("migInstance", "")}
             if s["kind"] == SlotKind.TRAINING:
-                slots.append(
-                    SlotSpec(
-                        SlotKind.TRAINING,
-                        s["gpuIndex"],
-                        {"command": list(s["command"]), "checkpointDir": s["checkpointDir"]},
-                    )
-                )
+                spec = {"command": list(s["command"]), "checkpointDir": s["checkpointDir"]}
+                for extra in ("memoryBudgetMiB", "gpuType"):
+                    if extra in s:
+                        spec[extra] = s[extra]
+                slots.append(SlotSpec(SlotKind.TRAINING, index, spec, **pins))
                 continue
             models = []
             for mi, m in enumerate(s["models"]):
@@ -194,15 +224,38 @@ def parse_layout(data: Any) -> Layout:
                     errors.append(
                         f"{mpath}.servingUrl: required when the domain has no servingBaseUrl"
                     )
-                models.append(ModelSpec(m["name"], serving_url, dict(m.get("profile", {}))))
-            slots.append(
-                SlotSpec(
-                    SlotKind.INFERENCE,
-                    s["gpuIndex"],
-                    {"sleepLevel": s.get("sleepLevel", 1)},
-                    models,
-                )
-            )
+                profile = dict(m.get("profile", {}))
+                first = _profile_first_gpu(profile)
+                if planned and first is not None:
+                    # A profile copied from a host's config names its GPUs: honour it as a pin.
+                    if index is not None and index != first:
+                        errors.append(
+                            f"{mpath}.profile.gpus: starts at GPU {first}, the slot's gpuIndex "
+                            f"is {index}"
+                        )
+                    index = first
+                memory = {k: m[k] for k in MEMORY_KEYS if k in m}
+                if "memoryMiB" in memory and "memoryFraction" in memory:
+                    errors.append(f"{mpath}: give memoryMiB or memoryFraction, not both")
+                models.append(ModelSpec(m["name"], serving_url, profile, memory))
+            spec = {"sleepLevel": s.get("sleepLevel", 1)}
+            for extra in ("gpuType", "topology"):
+                if extra in s:
+                    spec[extra] = s[extra]
+            slots.append(SlotSpec(SlotKind.INFERENCE, index, spec, models, **pins))
+        gpu_layout: dict[str, Any] = {}
+        unplanned: list[SlotSpec] = []
+        if planned:
+            # Stored as written (export gives the same file back); expanded when planning.
+            gpu_layout = {"gpus": [dict(g) for g in d["gpus"]]}
+            policy_name = d.get("placementPolicy", data.get("placementPolicy"))
+            if policy_name is not None:
+                gpu_layout["placementPolicy"] = policy_name
+            if "safetyMarginMiB" in d:
+                gpu_layout["safetyMarginMiB"] = d["safetyMarginMiB"]
+            unplanned = copy.deepcopy(slots)
+            if not errors:
+                slots = plan_slots(gpu_layout, slots, dpath, errors)
         domains.append(
             DomainSpec(
                 slug=d["slug"],
@@ -213,6 +266,8 @@ def parse_layout(data: Any) -> Layout:
                 supervisor_url=d.get("supervisorUrl", ""),
                 serving_base_url=base_url,
                 slots=slots,
+                gpu_layout=gpu_layout,
+                unplanned=unplanned,
             )
         )
 
@@ -231,6 +286,121 @@ def parse_layout(data: Any) -> Layout:
         active_domain_slug=active,
         domains=domains,
     )
+
+
+def _profile_first_gpu(profile: dict[str, Any]) -> int | None:
+    """Return the first GPU index a profile's `gpus` names (ints or {index}), else None."""
+    gpus = profile.get("gpus")
+    if not isinstance(gpus, list) or not gpus:
+        return None
+    first = gpus[0].get("index") if isinstance(gpus[0], dict) else gpus[0]
+    return first if isinstance(first, int) else None
+
+
+def slot_units(slots: list[SlotSpec], prefix: str = "slots") -> list[UnitInput]:
+    """Describe each slot as a placement unit, labelled so a refusal names it."""
+    units = []
+    for i, slot in enumerate(slots):
+        names = ", ".join(m.name for m in slot.models) or "trainer"
+        units.append(
+            UnitInput(
+                label=f"{prefix}[{i}] ({names})",
+                kind=slot.kind,
+                gpu_index=slot.gpu_index,
+                mig=slot.mig_instance or None,
+                gpu_type=slot.spec.get("gpuType"),
+                topology=slot.spec.get("topology", "prefer"),
+                servers=[(m.name, m.memory, m.profile) for m in slot.models],
+                budget_mib=slot.spec.get("memoryBudgetMiB"),
+            )
+        )
+    return units
+
+
+def plan_slots(
+    gpu_layout: dict[str, Any],
+    slots: list[SlotSpec],
+    dpath: str,
+    errors: list[str],
+    *,
+    count: bool = True,
+) -> list[SlotSpec]:
+    """Place the slots on the domain's GPUs; merge units that share a target into one slot.
+
+    Refusals are appended to `errors` as `domains[i].slots[j] (models) on GPU k: reason (...)`.
+    """
+    gpus, gpu_errors = expand_gpus(gpu_layout["gpus"])
+    if gpu_errors:
+        errors.extend(f"{dpath}.{e}" for e in gpu_errors)
+        return slots
+    units = slot_units(slots, f"{dpath}.slots")
+    problems = missing_need(units)
+    if problems:
+        errors.extend(problems)
+        return slots
+    try:
+        result = plan_units(
+            gpus,
+            units,
+            policy=gpu_layout.get("placementPolicy", "binpack"),
+            **(
+                {"safety_margin_mib": gpu_layout["safetyMarginMiB"]}
+                if "safetyMarginMiB" in gpu_layout
+                else {}
+            ),
+        )
+    except PlanInputError as exc:
+        errors.append(f"{dpath}: {exc}")
+        return slots
+    if not result.ok:
+        if count:  # a trial plan (keeping placements on re-apply) is not a refusal
+            count_refusals(r.reason for r in result.refusals)
+        errors.extend(
+            f"{r.workload}: refused on {r.target}: {r.reason} ({r.detail})" for r in result.refusals
+        )
+        return slots
+    where = placements(result)
+    merged: dict[tuple[int, str], SlotSpec] = {}
+    for unit, slot in zip(units, slots, strict=True):
+        placed = where[unit.label]
+        key = (placed.gpu_indices[0], slot.kind)
+        if key in merged and merged[key].mig_instance != (placed.mig or ""):
+            errors.append(
+                f"{unit.label}: lands on MIG instance {placed.mig!r} of GPU {key[0]}, which "
+                f"already has a {slot.kind} slot on another instance; Haru addresses slots by "
+                "GPU, so one inference and one training slot per physical GPU"
+            )
+            continue
+        servers = placed.allocation.get("servers", {})
+        models = [
+            ModelSpec(
+                m.name,
+                m.serving_url,
+                planned_profile(
+                    m.profile, placed.gpu_indices, servers[m.name]["gpuMemoryUtilization"]
+                ),
+                m.memory,
+            )
+            for m in slot.models
+        ]
+        pinned = slot.gpu_index is not None and not slot.sticky
+        if key in merged:
+            into = merged[key]
+            into.models.extend(models)
+            into.allocation.setdefault("servers", {}).update(servers)
+            into.allocation["pinned"] = into.allocation["pinned"] and pinned
+            continue
+        allocation = {**placed.allocation, "pinned": pinned}
+        merged[key] = SlotSpec(
+            slot.kind,
+            placed.gpu_indices[0],
+            dict(slot.spec),
+            models,
+            gpu_indices=list(placed.gpu_indices),
+            mig_instance=placed.mig or "",
+            allocation=allocation,
+        )
+    return [merged[k] for k in sorted(merged)]
 
 
 def load_layout(path: str | Path) -> Layout:

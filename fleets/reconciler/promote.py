@@ -13,6 +13,7 @@ from fleets.reconciler import posture
 from fleets.reconciler.client import StatusReport, SupervisorClient
 from fleets.reconciler.steps import (
     CAS_LOST,
+    INSUFFICIENT_GPU_MEMORY,
     NO_INFERENCE_BINDINGS,
     NO_SUPERVISOR,
     PROBE_FAILED,
@@ -177,6 +178,10 @@ def wake(ctx: StepContext) -> StepResult:
     woke = client.wake(timeout=ctx.call_timeout())
     if woke.unauthorized:
         return supervisor_trouble(woke, on_target=True, what="wake")
+    if woke.error is not None and woke.error.code == INSUFFICIENT_GPU_MEMORY:
+        # Memory someone else holds (a leaked trainer) does not free itself by waiting:
+        # fail now, before any engine tries to allocate and dies of OOM.
+        return failed(INSUFFICIENT_GPU_MEMORY, woke.error.message)
     status = client.status(timeout=ctx.call_timeout())
     report = status.value
     if report is None:

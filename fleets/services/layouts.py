@@ -7,6 +7,7 @@ only when a fleet is created (revision 1) and never moved here: only operations 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,8 @@ from fleets.core.states import (
     SlotKind,
 )
 from fleets.errors import LayoutError
-from fleets.layouts.loader import Layout
+from fleets.layouts.loader import DomainSpec, Layout, SlotSpec, plan_slots
+from fleets.layouts.planning import PLANNED_PROFILE_KEYS
 from fleets.models import Domain, Fleet, Id, ModelBinding, Operation, Slot
 from fleets.services.events import event_record
 from fleets.services.inventory import domain_add, slot_add
@@ -123,6 +125,7 @@ def _apply(layout: Layout, prune: bool, report: LayoutReport, actor: str) -> Non
             "placement": d.placement,
             "supervisor_url": d.supervisor_url,
             "serving_base_url": d.serving_base_url,
+            "gpu_layout": d.gpu_layout,
         }
         domain = Domain.objects.filter(fleet=fleet, slug=d.slug).first()
         if domain is None:
@@ -132,24 +135,35 @@ def _apply(layout: Layout, prune: bool, report: LayoutReport, actor: str) -> Non
             _sync(domain, values, label, report)
         kept_domains.add(domain.id)
 
-        for s in d.slots:
+        for s in _keep_placements(d, domain, f"domains[{layout.domains.index(d)}]", report):
             slabel = f"slot {layout.slug}/{d.slug}/gpu{s.gpu_index}/{s.kind}"
+            placed = {
+                "spec": s.spec,
+                "gpu_indices": s.gpu_indices or [s.gpu_index],
+                "mig_instance": s.mig_instance,
+                "allocation": s.allocation,
+            }
             slot = Slot.objects.filter(domain=domain, gpu_index=s.gpu_index, kind=s.kind).first()
             if slot is None:
                 slot = slot_add(
-                    slot=Slot(domain=domain, gpu_index=s.gpu_index, kind=s.kind, spec=s.spec),
+                    slot=Slot(domain=domain, gpu_index=s.gpu_index, kind=s.kind, **placed),
                     on_active=d.slug == serving_slug,
                     now=now,
                 )
                 report.created.append(slabel)
             else:
-                _sync(slot, {"spec": s.spec}, slabel, report)
+                _sync(slot, placed, slabel, report)
             kept_slots.add(slot.id)
 
             for m in s.models:
                 mlabel = f"model {layout.slug}/{d.slug}/{m.name}"
                 binding = ModelBinding.objects.filter(domain=domain, name=m.name).first()
-                bvalues = {"slot_id": slot.id, "serving_url": m.serving_url, "profile": m.profile}
+                bvalues = {
+                    "slot_id": slot.id,
+                    "serving_url": m.serving_url,
+                    "profile": m.profile,
+                    "memory": m.memory,
+                }
                 if binding is None:
                     binding = ModelBinding.objects.create(domain=domain, name=m.name, **bvalues)
                     report.created.append(mlabel)
@@ -174,6 +188,53 @@ def _apply(layout: Layout, prune: bool, report: LayoutReport, actor: str) -> Non
             "pruned": len(report.pruned),
         },
     )
+
+
+def _keep_placements(
+    d: DomainSpec, domain: Domain, dpath: str, report: LayoutReport
+) -> list[SlotSpec]:
+    """Re-plan a planned domain that already runs with its slots kept where they are.
+
+    Planning from scratch could move a running server to another GPU just because a new slot
+    was added. Units the layout does not pin are pinned to the GPU their models (or, for a
+    trainer, its checkpoint dir) are on now; when that no longer fits, the fresh plan stands
+    and the report says so.
+    """
+    if not d.gpu_layout or not d.unplanned:
+        return d.slots
+    where = {
+        b.name: b.slot.gpu_index
+        for b in ModelBinding.objects.filter(domain=domain).select_related("slot")
+        if not b.slot.mig_instance
+    }
+    trainers = {
+        s.spec.get("checkpointDir"): s.gpu_index
+        for s in Slot.objects.filter(domain=domain, kind=SlotKind.TRAINING, mig_instance="")
+    }
+    units = copy.deepcopy(d.unplanned)
+    kept = False
+    for u in units:
+        if u.gpu_index is not None or u.mig_instance:
+            continue
+        if u.kind == SlotKind.TRAINING:
+            gpus = {trainers.get(u.spec.get("checkpointDir"))} - {None}
+        elif any(int(m.profile.get("tensorParallel", 1) or 1) > 1 for m in u.models):
+            continue  # a tensor-parallel group is placed whole, first: it lands where it was
+        else:
+            gpus = {where.get(m.name) for m in u.models} - {None}
+        if len(gpus) == 1:
+            u.gpu_index, u.sticky, kept = gpus.pop(), True, True
+    if not kept:
+        return d.slots
+    errors: list[str] = []
+    slots = plan_slots(d.gpu_layout, units, dpath, errors, count=False)
+    if errors:
+        report.notes.append(
+            f"domain {d.slug}: the current placement no longer fits ({errors[0]}); "
+            "planned from scratch, so some slots move"
+        )
+        return d.slots
+    return slots
 
 
 def _report_extras(
@@ -222,6 +283,39 @@ def _report_extras(
 # exported from either database diffs cleanly against the one it came from.
 _PLACEMENT_ORDER = ("cloud", "region", "accelerator", "acceleratorCount", "useSpot")
 _TRAINING_ORDER = ("command", "checkpointDir")
+_GPU_ORDER = ("index", "count", "type", "memoryMiB", "nvlinkGroup", "numaNode", "mig")
+
+
+def _export_slot(s: Slot, planned: bool) -> dict[str, Any]:
+    """One slot in the layout format; a planned slot leaves out what the planner chose."""
+    out: dict[str, Any] = {"kind": s.kind}
+    if not planned or s.allocation.get("pinned", True):
+        out["gpuIndex"] = s.gpu_index
+    if s.mig_instance and (not planned or s.allocation.get("pinned", True)):
+        out["migInstance"] = s.mig_instance
+    if s.kind == SlotKind.TRAINING:
+        return {**out, **_ordered(s.spec, _TRAINING_ORDER)}
+    out["sleepLevel"] = s.spec.get("sleepLevel", 1)
+    out.update({k: s.spec[k] for k in ("gpuType", "topology") if k in s.spec})
+    granted = s.allocation.get("servers", {})
+    models: list[dict[str, Any]] = []
+    for b in ModelBinding.objects.filter(slot=s).order_by("name"):
+        m: dict[str, Any] = {"name": b.name, "servingUrl": b.serving_url}
+        profile = dict(b.profile)
+        memory = dict(b.memory)
+        if planned:
+            for key in PLANNED_PROFILE_KEYS:
+                profile.pop(key, None)
+            need = ("memoryMiB", "memoryFraction", "exclusive")
+            if not any(k in memory for k in need) and b.name in granted:
+                # The need came from the profile's own fraction; keep it as the request.
+                memory["memoryFraction"] = granted[b.name]["gpuMemoryUtilization"]
+        m.update(_ordered(memory))
+        if profile:
+            m["profile"] = _ordered(profile)
+        models.append(m)
+    out["models"] = models
+    return out
 
 
 def _ordered(value: dict[str, Any], order: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -252,27 +346,15 @@ def layout_export(fleet: Fleet) -> dict[str, Any]:
             dd["supervisorUrl"] = d.supervisor_url
         if d.serving_base_url:
             dd["servingBaseUrl"] = d.serving_base_url
-        dd["slots"] = []
-        for s in Slot.objects.filter(domain=d).order_by("gpu_index", "kind"):
-            if s.kind == SlotKind.TRAINING:
-                spec = _ordered(s.spec, _TRAINING_ORDER)
-                dd["slots"].append(
-                    {"kind": SlotKind.TRAINING.value, "gpuIndex": s.gpu_index, **spec}
-                )
-                continue
-            models = []
-            for b in ModelBinding.objects.filter(slot=s).order_by("name"):
-                m: dict[str, Any] = {"name": b.name, "servingUrl": b.serving_url}
-                if b.profile:
-                    m["profile"] = _ordered(b.profile)
-                models.append(m)
-            dd["slots"].append(
-                {
-                    "kind": SlotKind.INFERENCE.value,
-                    "gpuIndex": s.gpu_index,
-                    "sleepLevel": s.spec.get("sleepLevel", 1),
-                    "models": models,
-                }
-            )
+        planned = bool(d.gpu_layout)
+        if planned:
+            dd["gpus"] = [_ordered(g, _GPU_ORDER) for g in d.gpu_layout.get("gpus", [])]
+            for key in ("placementPolicy", "safetyMarginMiB"):
+                if key in d.gpu_layout:
+                    dd[key] = d.gpu_layout[key]
+        dd["slots"] = [
+            _export_slot(s, planned)
+            for s in Slot.objects.filter(domain=d).order_by("gpu_index", "kind")
+        ]
         doc["domains"].append(dd)
     return doc

@@ -31,6 +31,9 @@ class Holder:
     label: str
     mib: int
     start_time: str | None = None
+    # Simulates memory a driver failed to release: kept after its process is gone, as a
+    # leaked CUDA context or a stray child outside the process group would keep it.
+    leaked: bool = False
 
 
 class SimGpuState:
@@ -42,8 +45,13 @@ class SimGpuState:
         # a lock on it would guard an inode that no longer exists.
         self._lock_path = self.path.with_name(self.path.name + ".lock")
 
-    def hold(self, gpu_index: int, mib: int, label: str, pid: int | None = None) -> None:
-        """Record that `pid` (default: this process) holds `mib` MiB on a GPU under `label`."""
+    def hold(
+        self, gpu_index: int, mib: int, label: str, pid: int | None = None, *, leak: bool = False
+    ) -> None:
+        """Record that `pid` (default: this process) holds `mib` MiB on a GPU under `label`.
+
+        With `leak` the entry outlives the process: nothing but `forget_leaks` removes it.
+        """
         pid = pid or os.getpid()
         with self._locked(exclusive=True):
             holders = [
@@ -52,7 +60,9 @@ class SimGpuState:
                 if not (h.pid == pid and h.label == label and h.gpu_index == gpu_index)
             ]
             if mib > 0:
-                holders.append(Holder(pid, gpu_index, label, mib, process_start_time(pid)))
+                holders.append(
+                    Holder(pid, gpu_index, label, mib, process_start_time(pid), leaked=leak)
+                )
             self._store(holders)
 
     def release(self, label: str | None = None, pid: int | None = None) -> None:
@@ -62,9 +72,15 @@ class SimGpuState:
             holders = [
                 h
                 for h in self._load_live()
-                if not (h.pid == pid and (label is None or h.label == label))
+                # A leak outlives even a clean exit: that is what makes it a leak.
+                if h.leaked or not (h.pid == pid and (label is None or h.label == label))
             ]
             self._store(holders)
+
+    def forget_leaks(self) -> None:
+        """Drop every leaked entry (the simulated equivalent of resetting the GPU)."""
+        with self._locked(exclusive=True):
+            self._store([h for h in self._load_live() if not h.leaked])
 
     def holders(self) -> list[Holder]:
         """Return the entries of processes that are still alive."""
@@ -101,10 +117,11 @@ class SimGpuState:
                     label=str(item["label"]),
                     mib=int(item["mib"]),
                     start_time=item.get("startTime"),
+                    leaked=bool(item.get("leaked", False)),
                 )
             except (KeyError, TypeError, ValueError):
                 continue
-            if pid_alive(holder.pid, holder.start_time):
+            if holder.leaked or pid_alive(holder.pid, holder.start_time):
                 out.append(holder)
         return out
 
@@ -118,6 +135,7 @@ class SimGpuState:
                     "label": h.label,
                     "mib": h.mib,
                     "startTime": h.start_time,
+                    **({"leaked": True} if h.leaked else {}),
                 }
                 for h in holders
             ],

@@ -2,7 +2,8 @@
 
 - resumes from the newest `step-NNNNNN.json` in HARU_CHECKPOINT_DIR and says which step;
 - writes a checkpoint every few seconds, atomically (write, fsync, rename);
-- holds simulated GPU memory on HARU_GPU_INDEX while it runs;
+- holds simulated GPU memory on HARU_GPU_INDEX while it runs (and with `--leak-mib`, some that
+  stays held after it dies, to test the supervisor's pre-wake memory check);
 - on SIGTERM saves within `--sigterm-save-s` and exits 0, or with `--ignore-sigterm` keeps
   going, so the supervisor's SIGKILL path can be tested.
 
@@ -72,6 +73,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--step-s", type=float, default=0.1, help="time one training step takes")
     p.add_argument("--memory-mib", type=int, default=0, help="simulated GPU memory to hold")
     p.add_argument("--sigterm-save-s", type=float, default=0.2, help="time the final save takes")
+    p.add_argument(
+        "--leak-mib",
+        type=int,
+        default=0,
+        help="simulated GPU memory that stays held after this process dies (a leak)",
+    )
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--max-steps", type=int, default=0, help="exit 0 after this many (0 = never)")
     p.add_argument("--sim-state", default=os.environ.get("HARU_SIM_GPU_STATE") or None)
@@ -101,13 +108,15 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_sigterm)
 
     state = None
-    if args.sim_state and args.memory_mib > 0:
+    if args.sim_state and (args.memory_mib > 0 or args.leak_mib > 0):
         # Imported here, after the SIGTERM handler is in place and only with a simulated GPU:
         # a stop that arrives right after start must not be lost to import time.
         from supervisor.gpu.sim_state import SimGpuState  # noqa: PLC0415
 
         state = SimGpuState(args.sim_state)
         state.hold(gpu_index, args.memory_mib, "trainer")
+        if args.leak_mib > 0:
+            state.hold(gpu_index, args.leak_mib, "trainer-leak", leak=True)
 
     step = newest_step(checkpoint_dir)
     if step:

@@ -101,6 +101,8 @@ class SimHost:
         trainer_args: tuple[str, ...] = (),
         grace_ms: int = 600,
         start_asleep: bool = False,
+        weights_mib: int = 6144,
+        planned_memory: bool = False,
     ) -> None:
         self.name = name
         self.dir = workdir / name
@@ -112,7 +114,7 @@ class SimHost:
         self.proc: subprocess.Popen | None = None
         self.token = TOKEN
         engine_args = [
-            "--weights-mib", "6144", "--context-mib", "768",
+            "--weights-mib", str(weights_mib), "--context-mib", "768",
             "--wake-latency-ms", str(wake_latency_ms),
             "--sleep-latency-ms", str(sleep_latency_ms),
         ]  # fmt: skip
@@ -136,6 +138,12 @@ class SimHost:
                             "name": m,
                             "port": p,
                             "profile": {"engine": "sim", "extraArgs": engine_args},
+                            # As `manage.py supervisor_config` writes them from the plan.
+                            **(
+                                {"memoryMiB": weights_mib + 768, "sleepResidueMiB": 768}
+                                if planned_memory
+                                else {}
+                            ),
                         }
                         for m, p in self.model_ports.items()
                     ],

@@ -54,8 +54,9 @@ def write(tmp_path: Path, data: dict, name: str = "layout.json") -> Path:
 
 
 def _two_inference_slots_on_gpu0(d):
+    d["domains"][0]["slots"][0]["gpuIndex"] = 0
     d["domains"][0]["slots"].append(
-        {"kind": "inference", "gpuIndex": 0, "models": [{"name": "extra"}]}
+        {"kind": "inference", "gpuIndex": 0, "models": [{"name": "extra", "memoryMiB": 1024}]}
     )
 
 
@@ -246,7 +247,7 @@ def _changed_example(data: dict) -> dict:
     data = copy.deepcopy(data)
     data["policy"]["wakeTimeoutMs"] = 45000
     data["domains"][0]["slots"][0]["models"].append(
-        {"name": "mistral-small", "servingUrl": "http://127.0.0.1:18003"}
+        {"name": "mistral-small", "servingUrl": "http://127.0.0.1:18003", "memoryMiB": 4096}
     )
     return data
 
@@ -263,13 +264,14 @@ def test_reapply_with_changed_policy_and_a_new_model_updates_in_place(seeded_fle
     report = layout_apply(layout=parse_layout(_changed_example(layout_data)))
 
     assert report.created == ["model demo/east/mistral-small"]
-    assert report.updated == ["fleet demo (policy)"]
+    # The new server's grant is planned into its slot's allocation.
+    assert report.updated == ["fleet demo (policy)", "slot demo/east/gpu0/inference (allocation)"]
     assert report.extra == [] and report.pruned == []
     assert report.notes == [
         "activeDomainSlug 'east' is not applied: the fleet routes to 'west' (revision 4); "
         "a layout never moves routing, promote 'east' to switch"
     ]
-    assert len(report.unchanged) == 10  # 2 domains, 4 slots, 4 models
+    assert len(report.unchanged) == 9  # 2 domains, 3 slots, 4 models
     seeded_fleet.refresh_from_db()
     assert (seeded_fleet.active_domain_id, seeded_fleet.route_revision) == (west.id, 4)
     assert seeded_fleet.policy["wakeTimeoutMs"] == 45000
@@ -300,8 +302,13 @@ def test_new_inference_slots_follow_the_live_pointer(seeded_fleet, layout_data):
     west = Domain.objects.get(fleet=seeded_fleet, slug="west")
     Fleet.objects.filter(pk=seeded_fleet.pk).update(active_domain=west, route_revision=2)
     for i, domain in enumerate(layout_data["domains"]):
+        domain["gpus"][0]["count"] = 2
         domain["slots"].append(
-            {"kind": "inference", "gpuIndex": 1, "models": [{"name": f"big-{i}"}]}
+            {
+                "kind": "inference",
+                "gpuIndex": 1,
+                "models": [{"name": f"big-{i}", "exclusive": True}],
+            }
         )
     layout_apply(layout=parse_layout(layout_data))
     new = dict(Slot.objects.filter(gpu_index=1).values_list("domain__slug", "state"))
@@ -314,7 +321,7 @@ def test_dry_run_reports_the_difference_and_writes_nothing(seeded_fleet, layout_
     report = layout_apply(layout=parse_layout(_changed_example(layout_data)), dry_run=True)
     assert report.dry_run is True
     assert report.created == ["model demo/east/mistral-small"]
-    assert report.updated == ["fleet demo (policy)"]
+    assert report.updated == ["fleet demo (policy)", "slot demo/east/gpu0/inference (allocation)"]
     assert db_state() == before
 
     path = write(tmp_path, _changed_example(layout_data))

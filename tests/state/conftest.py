@@ -24,8 +24,8 @@ def three_domain_layout(two_domain: dict) -> dict:
     )
     north["placement"]["region"] = "eu-north-1"
     north["slots"][0]["models"] = [
-        {"name": "llama-small", "servingUrl": "http://127.0.0.1:18022"},
-        {"name": "qwen-small", "servingUrl": "http://127.0.0.1:18021"},
+        {"name": "llama-small", "servingUrl": "http://127.0.0.1:18022", "memoryMiB": 8960},
+        {"name": "qwen-small", "servingUrl": "http://127.0.0.1:18021", "memoryMiB": 6912},
     ]
     north["slots"][1]["checkpointDir"] = "var/checkpoints/north"
     data["domains"].append(north)

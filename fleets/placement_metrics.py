@@ -1,0 +1,81 @@
+"""Prometheus metrics of GPU placement: planned and measured memory, sharing, refusals.
+
+Planned memory comes from the slots' allocations and measured memory from each domain's last
+supervisor report, both read from the database at scrape time (every replica agrees). Layout
+refusals (`haru_placement_refusals_total`) are counted where the layout was planned, in
+`fleets.layouts.planning` (process-local, like the step histograms).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from prometheus_client import REGISTRY
+from prometheus_client.core import GaugeMetricFamily
+
+from fleets.dashboard.allocation import gpu_allocations
+from fleets.models import Domain, ModelBinding, Slot
+
+log = logging.getLogger(__name__)
+
+
+class GpuPlanCollector:
+    """Export, per GPU of each planned domain, allocated and used memory and sharing count."""
+
+    def describe(self):
+        return list(self._families().values())
+
+    @staticmethod
+    def _families() -> dict[str, GaugeMetricFamily]:
+        gpu = ["fleet", "domain", "gpu"]
+        return {
+            "allocated": GaugeMetricFamily(
+                "haru_gpu_memory_allocated_mib",
+                "Memory the plan grants a workload on a GPU: a server awake or asleep "
+                "(its residue), a trainer (its budget).",
+                labels=[*gpu, "workload", "posture"],
+            ),
+            "used": GaugeMetricFamily(
+                "haru_gpu_memory_used_mib",
+                "Memory the last supervisor report measured on a GPU, per workload.",
+                labels=[*gpu, "workload"],
+            ),
+            "shared": GaugeMetricFamily(
+                "haru_gpu_shared_count", "Workloads the plan places on a GPU.", labels=gpu
+            ),
+        }
+
+    def collect(self):
+        try:
+            families = self._collect()
+        except Exception:  # noqa: BLE001 - a scrape must answer with the database down
+            log.warning("metrics: GPU plan unreadable", exc_info=True)
+            return
+        yield from families.values()
+
+    def _collect(self) -> dict[str, GaugeMetricFamily]:
+        families = self._families()
+        domains = Domain.objects.exclude(gpu_layout={}).select_related("fleet")
+        for d in domains:
+            slots = list(Slot.objects.filter(domain=d))
+            bindings = list(ModelBinding.objects.filter(domain=d))
+            for a in gpu_allocations(slots, bindings, d.last_report):
+                labels = [d.fleet.slug, d.slug, str(a.index)]
+                families["shared"].add_metric(labels, a.sharing)
+                for w in a.workloads:
+                    if w.kind == "trainer":
+                        families["allocated"].add_metric(
+                            [*labels, w.name, "training"], w.planned_mib
+                        )
+                    else:
+                        families["allocated"].add_metric([*labels, w.name, "awake"], w.planned_mib)
+                        families["allocated"].add_metric([*labels, w.name, "asleep"], w.residue_mib)
+                    if w.measured_mib is not None:
+                        families["used"].add_metric([*labels, w.name], w.measured_mib)
+        return families
+
+
+_collector = GpuPlanCollector()
+with contextlib.suppress(ValueError):
+    REGISTRY.register(_collector)

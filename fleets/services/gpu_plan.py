@@ -1,0 +1,145 @@
+"""Re-plan a domain from its rows (admin edits), and store what the plan granted.
+
+The layout loader plans a file; an operator editing slots in admin changes the same rows, so
+the domain is re-planned from the database with every slot pinned where it is: the question
+is no longer "where should it go" but "does what is there still fit", answered with the same
+planner and the same refusals.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+
+from fleets.core.placement import Plan, PlanInputError
+from fleets.core.states import SlotKind
+from fleets.dashboard.report import report_gpus
+from fleets.layouts.planning import (
+    UnitInput,
+    expand_gpus,
+    missing_need,
+    placements,
+    plan_units,
+    planned_profile,
+)
+from fleets.models import Domain, ModelBinding, Slot
+
+
+def _units(domain: Domain) -> tuple[list[UnitInput], list[Slot]]:
+    slots = list(Slot.objects.filter(domain=domain).order_by("gpu_index", "kind"))
+    bindings = list(ModelBinding.objects.filter(domain=domain).order_by("name"))
+    units = []
+    for slot in slots:
+        models = [b for b in bindings if b.slot_id == slot.id]
+        names = ", ".join(b.name for b in models) or "trainer"
+        units.append(
+            UnitInput(
+                label=f"slot gpu{slot.gpu_index}/{slot.kind} ({names})",
+                kind=slot.kind,
+                gpu_index=slot.gpu_index,
+                mig=slot.mig_instance or None,
+                gpu_type=slot.spec.get("gpuType"),
+                topology=slot.spec.get("topology", "prefer"),
+                servers=[(b.name, b.memory, b.profile) for b in models],
+                budget_mib=slot.spec.get("memoryBudgetMiB"),
+            )
+        )
+    return units, slots
+
+
+def domain_plan(*, domain: Domain) -> tuple[Plan | None, list[str]]:
+    """Return (the plan of the domain's current slots, problems); (None, []) if unplanned."""
+    if not domain.gpu_layout:
+        return None, []
+    gpus, errors = expand_gpus(domain.gpu_layout.get("gpus", []))
+    units, _ = _units(domain)
+    errors += missing_need(units)
+    if errors:
+        return None, errors
+    try:
+        result = plan_units(
+            gpus,
+            units,
+            policy=domain.gpu_layout.get("placementPolicy", "binpack"),
+            **(
+                {"safety_margin_mib": domain.gpu_layout["safetyMarginMiB"]}
+                if "safetyMarginMiB" in domain.gpu_layout
+                else {}
+            ),
+        )
+    except PlanInputError as exc:
+        return None, [str(exc)]
+    return result, [
+        f"{r.workload}: refused on {r.target}: {r.reason} ({r.detail})" for r in result.refusals
+    ]
+
+
+def domain_plan_apply(*, domain: Domain) -> list[str]:
+    """Re-plan the domain; store allocations and planned profiles when it fits.
+
+    Returns the refusals (nothing is stored then). Only layout fields are written (allocation,
+    GPU span, planned profile keys); state fields are never touched.
+    """
+    result, problems = domain_plan(domain=domain)
+    if result is None or problems:
+        return problems
+    units, slots = _units(domain)
+    where = placements(result)
+    with transaction.atomic():
+        for unit, slot in zip(units, slots, strict=True):
+            placed = where[unit.label]
+            allocation = {**placed.allocation, "pinned": slot.allocation.get("pinned", True)}
+            Slot.objects.filter(pk=slot.pk).update(
+                allocation=allocation, gpu_indices=list(placed.gpu_indices)
+            )
+            if slot.kind == SlotKind.INFERENCE:
+                for b in ModelBinding.objects.filter(slot=slot):
+                    grant = placed.allocation["servers"].get(b.name)
+                    if grant is not None:
+                        profile = planned_profile(
+                            b.profile, placed.gpu_indices, grant["gpuMemoryUtilization"]
+                        )
+                        ModelBinding.objects.filter(pk=b.pk).update(profile=profile)
+    return []
+
+
+def gpus_from_report(report: Any) -> list[dict[str, Any]]:
+    """Describe GPUs as a layout does (`index`, `type`, `memoryMiB`, `mig`) from a report."""
+    out: list[dict[str, Any]] = []
+    for gpu in report_gpus(report if isinstance(report, dict) else {}):
+        index, total, name = gpu.get("index"), gpu.get("totalMiB"), gpu.get("name")
+        mig = gpu.get("mig")
+        instances = [
+            i
+            for i in ((mig.get("instances") if isinstance(mig, dict) else None) or [])
+            if isinstance(i, dict) and isinstance(i.get("totalMiB"), int)
+        ]
+        if not isinstance(index, int) or not (isinstance(total, int) or instances):
+            continue
+        entry: dict[str, Any] = {"index": index, "type": name or "GPU"}
+        entry["memoryMiB"] = (
+            total if isinstance(total, int) else sum(i["totalMiB"] for i in instances)
+        )
+        if instances:
+            entry["mig"] = [
+                {"name": f"gi{i.get('gpuInstanceId', n)}", "memoryMiB": i["totalMiB"]}
+                for n, i in enumerate(instances)
+            ]
+        out.append(entry)
+    return out
+
+
+def domain_gpus_adopt(*, domain: Domain) -> list[str]:
+    """Describe the domain's GPUs from its supervisor's last report, then re-plan it.
+
+    Returns problems: no GPU in the report, or the planner's refusals (the description is
+    kept either way: it is what the host has, and a refusal says what no longer fits on it).
+    """
+    gpus = gpus_from_report(domain.last_report)
+    if not gpus:
+        return [f"{domain.slug}: the last supervisor report names no GPU with its memory"]
+    layout = {**domain.gpu_layout, "gpus": gpus}
+    Domain.objects.filter(pk=domain.pk).update(gpu_layout=layout)
+    domain.gpu_layout = layout
+    return domain_plan_apply(domain=domain)
