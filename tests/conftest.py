@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -70,3 +71,61 @@ def fake_clock():
 @pytest.fixture
 def vendor():
     return connection.vendor
+
+
+class FakeSky:
+    """The scripted `sky` of tests/drivers/fake_sky.py, installed as `<venv>/bin/sky`."""
+
+    def __init__(self, root: Path) -> None:
+        import sys
+
+        self.venv = root / "sky-venv"
+        self.state = root / "sky-state"
+        (self.venv / "bin").mkdir(parents=True)
+        self.state.mkdir()
+        source = (ROOT / "tests" / "drivers" / "fake_sky.py").read_text()
+        sky = self.venv / "bin" / "sky"
+        sky.write_text(f"#!{sys.executable}\n{source}")
+        sky.chmod(0o755)
+        self.environ = {
+            "PATH": f"{self.venv / 'bin'}:{os.environ.get('PATH', '')}",
+            "FAKE_SKY_DIR": str(self.state),
+            "FAKE_SKY_CWD": str(ROOT),
+        }
+
+    def script(self, kind: str, *answers: dict) -> None:
+        """Queue answers (`{"rc": ..., "output": ...}`) for the next calls of `kind`."""
+        import json
+
+        path = self.state / "script.json"
+        script = json.loads(path.read_text()) if path.exists() else {}
+        script.setdefault(kind, []).extend(answers)
+        path.write_text(json.dumps(script))
+
+    def calls(self) -> list[dict]:
+        import json
+
+        path = self.state / "calls.jsonl"
+        return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+    def clusters(self) -> dict:
+        import json
+
+        path = self.state / "clusters.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def kill_all(self) -> None:
+        import signal
+
+        for c in self.clusters().values():
+            if c.get("pid"):
+                with contextlib.suppress(OSError):
+                    os.killpg(c["pid"], signal.SIGKILL)
+
+
+@pytest.fixture
+def fake_sky(tmp_path):
+    """A scripted `sky` CLI in a throwaway venv; simulated clusters are killed afterwards."""
+    sky = FakeSky(tmp_path)
+    yield sky
+    sky.kill_all()
