@@ -121,9 +121,14 @@ def _apply(layout: Layout, prune: bool, report: LayoutReport, actor: str) -> Non
             "provider": d.provider,
             "priority": d.priority,
             "placement": d.placement,
-            "supervisor_url": d.supervisor_url,
-            "serving_base_url": d.serving_base_url,
+            "driver": d.driver,
         }
+        # A provisioned domain's URLs come from its cluster (fleets.services.provisioning);
+        # re-applying the file must not blank them.
+        if not d.driver or d.supervisor_url:
+            values["supervisor_url"] = d.supervisor_url
+        if not d.driver or d.serving_base_url:
+            values["serving_base_url"] = d.serving_base_url
         domain = Domain.objects.filter(fleet=fleet, slug=d.slug).first()
         if domain is None:
             domain = domain_add(domain=Domain(fleet=fleet, slug=d.slug, **values), now=now)
@@ -150,6 +155,8 @@ def _apply(layout: Layout, prune: bool, report: LayoutReport, actor: str) -> Non
                 mlabel = f"model {layout.slug}/{d.slug}/{m.name}"
                 binding = ModelBinding.objects.filter(domain=domain, name=m.name).first()
                 bvalues = {"slot_id": slot.id, "serving_url": m.serving_url, "profile": m.profile}
+                if d.driver and not m.serving_url and binding is not None:
+                    del bvalues["serving_url"]  # set from the cluster at provisioning
                 if binding is None:
                     binding = ModelBinding.objects.create(domain=domain, name=m.name, **bvalues)
                     report.created.append(mlabel)
@@ -220,7 +227,17 @@ def _report_extras(
 
 # Postgres jsonb does not keep key order; export in the layout format's own order so a file
 # exported from either database diffs cleanly against the one it came from.
-_PLACEMENT_ORDER = ("cloud", "region", "accelerator", "acceleratorCount", "useSpot")
+_PLACEMENT_ORDER = (
+    "cloud",
+    "region",
+    "zones",
+    "fallbackRegions",
+    "accelerator",
+    "acceleratorCount",
+    "useSpot",
+    "diskSizeGb",
+    "image",
+)
 _TRAINING_ORDER = ("command", "checkpointDir")
 
 
@@ -248,9 +265,12 @@ def layout_export(fleet: Fleet) -> dict[str, Any]:
         dd["priority"] = d.priority
         if d.placement:
             dd["placement"] = _ordered(d.placement, _PLACEMENT_ORDER)
-        if d.supervisor_url:
+        if d.driver:
+            dd["driver"] = d.driver
+        # A provisioned domain's URLs belong to its current cluster, not to the layout.
+        if d.supervisor_url and not d.driver:
             dd["supervisorUrl"] = d.supervisor_url
-        if d.serving_base_url:
+        if d.serving_base_url and not d.driver:
             dd["servingBaseUrl"] = d.serving_base_url
         dd["slots"] = []
         for s in Slot.objects.filter(domain=d).order_by("gpu_index", "kind"):
@@ -262,7 +282,9 @@ def layout_export(fleet: Fleet) -> dict[str, Any]:
                 continue
             models = []
             for b in ModelBinding.objects.filter(slot=s).order_by("name"):
-                m: dict[str, Any] = {"name": b.name, "servingUrl": b.serving_url}
+                m: dict[str, Any] = {"name": b.name}
+                if b.serving_url and not d.driver:
+                    m["servingUrl"] = b.serving_url
                 if b.profile:
                     m["profile"] = _ordered(b.profile)
                 models.append(m)
