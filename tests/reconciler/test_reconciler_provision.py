@@ -180,7 +180,7 @@ def test_stop_tears_the_cluster_down_and_confirms(run, fake_sky, fleet):
     assert d.state == DomainState.STOPPED
     assert d.supervisor_url == ""
     assert "haru-prov-west" not in fake_sky.clusters()
-    assert ["down", "-y", "haru-prov-west"] == fake_sky.calls()[-2]["argv"]
+    assert fake_sky.calls()[-2]["argv"] == ["down", "-y", "haru-prov-west"]
     assert kinds(d)[-2:] == ["domain.stopping", "domain.stopped"]
     # And it provisions again from stopped.
     assert svc.domain_provision_begin(domain_id=d.id, actor="op", reason="manual")
@@ -220,8 +220,8 @@ def test_a_failed_standby_is_replaced_after_the_grace(run, fake_sky, fake_clock,
 
 
 def test_static_domains_are_never_touched(db, fake_clock):
-    from tests.conftest import EXAMPLE_LAYOUT  # the static two-domain demo
     from fleets.layouts.loader import load_layout
+    from tests.conftest import EXAMPLE_LAYOUT  # the static two-domain demo
 
     layout_apply(layout=load_layout(EXAMPLE_LAYOUT))
     fleet = Fleet.objects.get(slug="demo")
