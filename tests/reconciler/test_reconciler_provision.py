@@ -38,9 +38,7 @@ LAYOUT = {
             "provider": "static",
             "supervisorUrl": "http://127.0.0.1:9",
             "servingBaseUrl": "http://127.0.0.1:9",
-            "slots": [
-                {"kind": "inference", "gpuIndex": 0, "models": [{"name": "qwen-small"}]}
-            ],
+            "slots": [{"kind": "inference", "gpuIndex": 0, "models": [{"name": "qwen-small"}]}],
         },
         {
             "slug": "west",
@@ -52,9 +50,7 @@ LAYOUT = {
                 "accelerator": "H100",
             },
             "driver": {"supervisorConfig": SUPERVISOR_CONFIG, "servingPort": 18001},
-            "slots": [
-                {"kind": "inference", "gpuIndex": 0, "models": [{"name": "qwen-small"}]}
-            ],
+            "slots": [{"kind": "inference", "gpuIndex": 0, "models": [{"name": "qwen-small"}]}],
         },
     ],
 }
