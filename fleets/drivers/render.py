@@ -22,6 +22,8 @@ from fleets.drivers.cloud_placement import (
     Candidate,
     CloudPlacement,
     DriverSettings,
+    parse_cloud_placement,
+    parse_driver_settings,
 )
 
 # SkyServe kills a replica whose readiness probe has not passed by then; model servers that load
@@ -194,3 +196,26 @@ def render_for(
     """Render the document the provider launches: a service for skyserve, else a task."""
     render = render_service if provider == "skyserve" else render_task
     return render(name=name, placement=placement, settings=settings, candidate=candidate)
+
+
+def render_domain(
+    *,
+    provider: str,
+    fleet_slug: str,
+    domain_slug: str,
+    placement: dict[str, Any],
+    driver: dict[str, Any],
+    candidate_index: int = 0,
+) -> Rendered:
+    """Validate a domain's stored placement and driver settings and render what it launches;
+    raise CloudPlacementError naming the field."""
+    cloud = parse_cloud_placement(placement)
+    settings = parse_driver_settings(driver, provider=provider)
+    candidates = cloud.candidates()
+    return render_for(
+        provider=provider,
+        name=cluster_name(fleet_slug, domain_slug),
+        placement=cloud,
+        settings=settings,
+        candidate=candidates[candidate_index % len(candidates)],
+    )
