@@ -114,13 +114,28 @@ class FakeSky:
         path = self.state / "clusters.json"
         return json.loads(path.read_text()) if path.exists() else {}
 
-    def kill_all(self) -> None:
+    def node_pids(self, cluster: str | None = None) -> list[int]:
+        """Live processes of the simulated nodes (all, or one cluster's), found by the marker
+        the fake puts in their environment."""
+        needle = f"FAKE_SKY_NODE={self.state}/{cluster + '/' if cluster else ''}".encode()
+        out = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and int(entry.name) != os.getpid():
+                with contextlib.suppress(OSError):
+                    if needle in (entry / "environ").read_bytes():
+                        out.append(int(entry.name))
+        return out
+
+    def kill_node(self, cluster: str | None = None) -> None:
+        """SIGKILL a simulated node's processes (all nodes by default): the machine is gone."""
         import signal
 
-        for c in self.clusters().values():
-            if c.get("pid"):
-                with contextlib.suppress(OSError):
-                    os.killpg(c["pid"], signal.SIGKILL)
+        for pid in self.node_pids(cluster):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+    def kill_all(self) -> None:
+        self.kill_node()
 
 
 @pytest.fixture

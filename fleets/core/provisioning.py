@@ -116,6 +116,17 @@ def should_replace(domain: ReplaceCandidate, *, now: datetime, policy: Policy) -
     return "replace_failed_standby" if policy.replace_failed_standby else None
 
 
+def unreachable_past_grace(
+    *, failing_since: datetime | None, now: datetime, policy: Policy
+) -> bool:
+    """Whether a domain's heartbeat has failed for `replaceFailedGraceMs`: a standby whose node
+    is gone only ever reads as degraded (standbys are never escalated), so for a provisioned
+    domain this is what "failed" means."""
+    if failing_since is None:
+        return False
+    return now - failing_since >= timedelta(milliseconds=policy.replace_failed_grace_ms)
+
+
 def stop_mode(*, domain_mode: str | None, policy: Policy) -> str:
     """Return how to tear a domain down: its own driver.stopMode, else the fleet policy's."""
     return domain_mode or policy.stop_mode

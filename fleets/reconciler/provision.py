@@ -31,7 +31,7 @@ from fleets import clock
 from fleets.core import provisioning as core
 from fleets.core.policy import Policy
 from fleets.core.provisioning import Phase
-from fleets.core.states import DomainState, OperationKind, OperationState, Provider
+from fleets.core.states import DomainState, OperationKind, Provider
 from fleets.drivers.cloud_placement import (
     CloudPlacementError,
     parse_cloud_placement,
@@ -52,6 +52,7 @@ from fleets.reconciler.locks import fleet_tick_lock
 from fleets.services import provisioning as svc
 from fleets.services.events import event_record
 from fleets.services.operations import operation_request
+from fleets.services.transitions import domain_transition
 
 log = logging.getLogger(__name__)
 
@@ -126,19 +127,48 @@ def _step(fleet: Fleet, domain: Domain, policy: Policy, sky: SkyCli | None, acto
     if domain.state == DomainState.STOPPING and sky is not None:
         return _teardown(domain, policy, sky, actor)
     if domain.state in (DomainState.READY, DomainState.DEGRADED):
+        if _fail_if_unreachable(fleet, domain, policy, actor):
+            domain.refresh_from_db()
+            _maybe_replace(fleet, domain, policy, actor)
+            return False
         _settle(fleet, domain, actor)
     return False
+
+
+def _failing_since(domain: Domain) -> datetime | None:
+    beat = (domain.last_report or {}).get("heartbeat")
+    if isinstance(beat, dict) and beat.get("ok") is False:
+        return _parse_time(beat.get("failingSince"))
+    return None
+
+
+def _fail_if_unreachable(fleet: Fleet, domain: Domain, policy: Policy, actor: str) -> bool:
+    """Mark a non-active provisioned domain failed once its node has been unreachable for the
+    replacement grace; return whether it moved."""
+    active_id = Fleet.objects.filter(pk=fleet.id).values_list("active_domain_id", flat=True).get()
+    if domain.id == active_id:
+        return False  # the active is escalated by the reconcile tick, never here
+    since = _failing_since(domain)
+    if not core.unreachable_past_grace(failing_since=since, now=clock.now(), policy=policy):
+        return False
+    return domain_transition(
+        domain_id=domain.id,
+        to_state=DomainState.FAILED,
+        from_states={domain.state},
+        actor=actor,
+        reason=f"unreachable since {_iso(since)}" if since else "unreachable",
+    )
 
 
 # -- replacement ------------------------------------------------------------------------------
 
 
 def _was_active(fleet: Fleet, domain: Domain) -> bool:
+    # The routing pointer moved off it in the last promotion that committed (its best-effort
+    # steps on this very domain may still be running).
     last = (
-        Operation.objects.filter(
-            fleet=fleet, kind=OperationKind.PROMOTE, state=OperationState.SUCCEEDED
-        )
-        .order_by("-finished_at")
+        Operation.objects.filter(fleet=fleet, kind=OperationKind.PROMOTE, routing_committed=True)
+        .order_by("-created_at")
         .values_list("source_domain_id", flat=True)
         .first()
     )
@@ -153,7 +183,9 @@ def _maybe_replace(fleet: Fleet, domain: Domain, policy: Policy, actor: str) -> 
             managed=True,
             is_active=domain.id == active_id,
             was_active=_was_active(fleet, domain),
-            failed_since=domain.state_updated_at,
+            failed_since=min(
+                (t for t in (_failing_since(domain), domain.state_updated_at) if t), default=None
+            ),
         ),
         now=clock.now(),
         policy=policy,

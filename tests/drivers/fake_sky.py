@@ -113,12 +113,30 @@ def _alive(pid: int | None) -> bool:
         return False
 
 
+def _pids_marked(marker: str) -> list[int]:
+    """The processes of one simulated cluster: the supervisor's children run in sessions of
+    their own, so they are found by the marker in their environment."""
+    needle = f"FAKE_SKY_NODE={marker}".encode()
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                if needle in (entry / "environ").read_bytes():
+                    out.append(int(entry.name))
+    return out
+
+
 def _kill(c: dict) -> None:
+    """The node goes away: its supervisor and everything it started."""
     pid = c.get("pid")
     if pid:
         with contextlib.suppress(OSError):
             os.killpg(pid, signal.SIGKILL)
         c["pid"] = None
+    if c.get("node"):
+        for other in _pids_marked(c["node"]):
+            with contextlib.suppress(OSError):
+                os.kill(other, signal.SIGKILL)
 
 
 def _launch(args: list[str]) -> int:
@@ -157,6 +175,8 @@ def _launch(args: list[str]) -> int:
         c["ports"] = {str(env.get("PORT", "8701")): port}
         env["PORT"] = str(port)
         env["HARU_SUPERVISOR_HOST"] = "127.0.0.1"  # loopback only: this is a test machine
+        c["node"] = f"{STATE}/{cluster}/{c['launches']}"
+        env["FAKE_SKY_NODE"] = c["node"]  # inherited by every process of this node
         log = open(STATE / f"{cluster}.log", "ab")  # noqa: SIM115 - handed to the child
         proc = subprocess.Popen(  # noqa: S603
             task["run"].replace("exec ", "", 1).split(),
