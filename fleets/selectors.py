@@ -131,6 +131,29 @@ def operation_json(op: Operation | None) -> dict[str, Any] | None:
     }
 
 
+# The driver_status keys operators see (phase, where it runs or was tried, the last error).
+_PROVISIONING_KEYS = (
+    "phase",
+    "where",
+    "cluster",
+    "launches",
+    "startedAt",
+    "launchedAt",
+    "upAt",
+    "nextAttemptAt",
+    "reason",
+    "lastError",
+)
+
+
+def domain_provisioning_json(domain: Domain) -> dict[str, Any] | None:
+    """Return where a provisioned domain's provisioning stands, or None for any other."""
+    if not domain.driver:
+        return None
+    status = domain.driver_status or {}
+    return {"managed": True, **{k: status[k] for k in _PROVISIONING_KEYS if k in status}}
+
+
 def fleet_snapshot(fleet: Fleet) -> dict[str, Any]:
     """Return the full public snapshot of a fleet: policy resolved, roles derived."""
     fleet.refresh_from_db()
@@ -180,6 +203,7 @@ def fleet_snapshot(fleet: Fleet) -> dict[str, Any]:
                 "lastSeenAt": iso(d.last_seen_at),
                 "stateUpdatedAt": iso(d.state_updated_at),
                 "slots": d_slots,
+                "provisioning": domain_provisioning_json(d),
             }
         )
     return {

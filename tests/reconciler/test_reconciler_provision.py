@@ -3,64 +3,25 @@ replace a failed standby, and never touch static domains."""
 
 from __future__ import annotations
 
-import copy
 import json
 
 import pytest
 
 from fleets.core.states import DomainState
 from fleets.drivers.sky_cli import SkyCli
-from fleets.layouts.loader import parse_layout
 from fleets.models import Domain, Event, Fleet, ModelBinding
 from fleets.reconciler.provision import fleet_provision_tick
 from fleets.services import provisioning as svc
 from fleets.services.layouts import layout_apply
+from tests.drivers.managed_layout import seed_managed_fleet
 
 TOKEN = "provision-token-0123456789"
-SUPERVISOR_CONFIG = {
-    "host": "west",
-    "gpu": {"backend": "sim", "simStateFile": "var/sim-gpu.json"},
-    "slots": [
-        {
-            "kind": "inference",
-            "gpuIndex": 0,
-            "models": [{"name": "qwen-small", "port": 18001, "profile": {"engine": "sim"}}],
-        }
-    ],
-}
-LAYOUT = {
-    "slug": "prov",
-    "activeDomainSlug": "east",
-    "policy": {"provisionRetryBackoffMs": 1000, "provisionTimeoutMs": 600_000},
-    "domains": [
-        {
-            "slug": "east",
-            "provider": "static",
-            "supervisorUrl": "http://127.0.0.1:9",
-            "servingBaseUrl": "http://127.0.0.1:9",
-            "slots": [{"kind": "inference", "gpuIndex": 0, "models": [{"name": "qwen-small"}]}],
-        },
-        {
-            "slug": "west",
-            "provider": "skypilot",
-            "placement": {
-                "cloud": "aws",
-                "region": "us-east-1",
-                "fallbackRegions": ["us-west-2"],
-                "accelerator": "H100",
-            },
-            "driver": {"supervisorConfig": SUPERVISOR_CONFIG, "servingPort": 18001},
-            "slots": [{"kind": "inference", "gpuIndex": 0, "models": [{"name": "qwen-small"}]}],
-        },
-    ],
-}
 
 
 @pytest.fixture
 def fleet(db, fake_clock, settings):
     settings.HARU = {**settings.HARU, "supervisor_token": TOKEN}
-    layout_apply(layout=parse_layout(copy.deepcopy(LAYOUT)))
-    return Fleet.objects.get(slug="prov")
+    return seed_managed_fleet()
 
 
 @pytest.fixture
