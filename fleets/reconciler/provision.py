@@ -43,6 +43,7 @@ from fleets.drivers.sky_cli import (
     SkyCli,
     SkyClusterUnknown,
     SkyCommandFailed,
+    SkySecretMissing,
     classify_failure,
 )
 from fleets.drivers.tokens import supervisor_token_for
@@ -280,7 +281,20 @@ def _provision(domain: Domain, policy: Policy, sky: SkyCli, actor: str) -> bool:
             settings=driver,
             candidate=where,
         )
-        token = supervisor_token_for(domain) or ""
+        token = supervisor_token_for(domain)
+        if not token:
+            # The supervisor listens beyond loopback on a cloud node and refuses to without one.
+            _backoff(
+                claimed,
+                SkySecretMissing(
+                    "HARU_SUPERVISOR_TOKEN is not set: a provisioned supervisor must require a "
+                    "token"
+                ),
+                policy,
+                len(candidates),
+                actor,
+            )
+            return False
         try:
             request_id = sky.launch(
                 cluster=name,

@@ -200,3 +200,13 @@ def test_operators_cannot_stop_the_active_or_provision_a_static_domain(fleet):
         svc.domain_stop_request(domain_id=west().id, actor="op")
     with pytest.raises(svc.ProvisionRefused, match="failed or stopped"):
         svc.domain_provision_begin(domain_id=west().id, actor="op", reason="manual")
+
+
+def test_no_launch_without_a_supervisor_token(run, fake_sky, settings):
+    settings.HARU = {**settings.HARU, "supervisor_token": None}
+    run()
+    run()
+    d = west()
+    assert d.driver_status["phase"] == "backoff"
+    assert d.driver_status["lastError"]["code"] == "sky_secret_missing"
+    assert not [c for c in fake_sky.calls() if c["argv"][0] == "launch"]
