@@ -228,7 +228,14 @@ def _provision(domain: Domain, policy: Policy, sky: SkyCli, actor: str) -> bool:
             "code": "provision_timeout",
             "message": f"not up within provisionTimeoutMs ({policy.provision_timeout_ms} ms)",
         }
-        _fail(domain, last, actor)
+        name = cluster_name(domain.fleet.slug, domain.slug)
+        if svc.domain_provision_fail(domain=domain, error=last, actor=actor):
+            # A node still half-way through its launch would be billed for nothing; its logs go
+            # with it (the driver's last error is kept on the domain).
+            try:
+                (sky.serve_down if domain.provider == Provider.SKYSERVE else sky.down)(name)
+            except DriverError as exc:
+                log.warning("domain %s failed; tearing down %s failed too: %s", domain, name, exc)
         return False
     name = cluster_name(domain.fleet.slug, domain.slug)
     serve = domain.provider == Provider.SKYSERVE

@@ -111,6 +111,8 @@ def test_the_domain_fails_with_the_drivers_error_after_the_budget(run, fake_sky,
     assert d.driver_status["lastError"]["code"] == "sky_capacity"
     failed = Event.objects.filter(domain=d, kind="domain.failed").get()
     assert failed.data["error"]["code"] == "sky_capacity"
+    # Nothing left billing: whatever the launches left is torn down.
+    assert fake_sky.calls()[-1]["argv"] == ["down", "-y", "haru-prov-west"]
 
 
 def test_a_failed_launch_request_is_read_from_its_log(run, fake_sky):
@@ -210,3 +212,55 @@ def test_no_launch_without_a_supervisor_token(run, fake_sky, settings):
     assert d.driver_status["phase"] == "backoff"
     assert d.driver_status["lastError"]["code"] == "sky_secret_missing"
     assert not [c for c in fake_sky.calls() if c["argv"][0] == "launch"]
+
+
+SERVE_TABLE = """Services
+NAME            VERSION  UPTIME  STATUS  REPLICAS  ENDPOINT
+haru-prov-west  1        2m 1s   READY   1/1       34.1.2.3:30001
+
+Service Replicas
+SERVICE_NAME    ID  VERSION  ENDPOINT             LAUNCHED    INFRA          RESOURCES   STATUS
+haru-prov-west  1   1        http://3.3.3.4:8000  2 mins ago  AWS (us-east-1)  1x(H100:1)  READY
+"""
+
+
+def test_a_skyserve_domain_gets_the_replica_supervisor_and_the_service_endpoint(run, fake_sky):
+    d = west()
+    Domain.objects.filter(pk=d.id).update(
+        provider="skyserve", driver={**d.driver, "servingPort": 8000, "replicas": 1}
+    )
+    fake_sky.script("serve-down", {"rc": 1, "output": "Service 'haru-prov-west' does not exist."})
+    run()
+    run()
+    argv = [c["argv"] for c in fake_sky.calls()]
+    assert argv[1][:6] == ["serve", "up", "-n", "haru-prov-west", "-y", "--async"]
+    fake_sky.script(
+        "serve-status",
+        {"rc": 0, "output": "Services\nNAME VERSION UPTIME STATUS REPLICAS ENDPOINT\n"
+         "haru-prov-west 1 - CONTROLLER_INIT 0/1 -"},
+    )  # fmt: skip
+    run()
+    assert west().driver_status["phase"] == "wait"  # not ready yet
+    fake_sky.script(
+        "serve-status", {"rc": 0, "output": SERVE_TABLE}, {"rc": 0, "output": "34.1.2.3:30001"}
+    )
+    run()
+    d = west()
+    assert d.driver_status["phase"] == "up"
+    assert d.supervisor_url == "http://3.3.3.4:8701"
+    assert d.serving_base_url == "http://34.1.2.3:30001"
+
+
+def test_a_lost_launch_is_relaunched(run, fake_sky, fake_clock):
+    run()
+    # A worker claimed the launch and died before calling sky: no request id, no cluster.
+    d = west()
+    svc.domain_phase_advance(
+        domain=d, to_phase=svc.Phase.WAIT, updates={"launchedAt": "2026-01-01T00:00:00Z"}
+    )
+    run()
+    assert west().driver_status["phase"] == "wait"  # the claimer may still be calling sky
+    fake_clock.advance(seconds=121)
+    run()
+    assert west().driver_status["phase"] == "backoff"
+    assert west().driver_status["lastError"]["code"] == "sky_cluster_unknown"
