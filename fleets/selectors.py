@@ -6,10 +6,11 @@ import uuid
 from typing import Any
 
 from fleets.clock import iso
+from fleets.core.decisions import find_domain
 from fleets.core.policy import Policy
 from fleets.core.read_model import DomainView, FleetView, ModelView, SlotView
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES, SlotKind
-from fleets.errors import FleetNotFound, OperationNotFound
+from fleets.errors import FleetNotFound, InvalidTarget, OperationNotFound
 from fleets.models import Domain, Fleet, Id, ModelBinding, Operation, Slot
 
 
@@ -31,6 +32,15 @@ def fleet_get(ref: str) -> Fleet:
     if fleet is None:
         raise FleetNotFound(f"fleet {ref!r} not found")
     return fleet
+
+
+def domain_get(fleet: Fleet, ref: str) -> Domain:
+    """Return the fleet's domain named by `ref` (id, else slug, resolved by the core's
+    `find_domain` like every request's target); raise InvalidTarget if there is none."""
+    found = find_domain(fleet_view(fleet), ref)
+    if found is None:
+        raise InvalidTarget(f"domain {ref!r} is not in fleet {fleet.slug!r}")
+    return Domain.objects.get(pk=found.id)
 
 
 def fleet_view(fleet: Fleet | str) -> FleetView:

@@ -157,9 +157,7 @@ class _DomainActionView(HaruAPIView):
 
     def act(self, request, ref: str, domain_ref: str) -> Response:
         fleet = selectors.fleet_get(ref)
-        domain = selectors.domain_in_fleet(fleet, domain_ref)
-        if domain is None:
-            raise InvalidTarget(f"domain {domain_ref!r} is not in fleet {fleet.slug}")
+        domain = selectors.domain_get(fleet, domain_ref)
         moved = self.move(domain=domain, actor=self.actor(request))
         snapshot = selectors.fleet_snapshot(fleet)
         out = next(d for d in snapshot["domains"] if d["id"] == str(domain.id))

@@ -13,6 +13,7 @@ from fleets.core.states import IN_FLIGHT_OPERATION_STATES, OperationKind
 from fleets.errors import ServiceError
 from fleets.models import Fleet
 from fleets.reconciler.tick import fleet_reconcile
+from fleets.selectors import domain_get
 from fleets.services.operations import operation_request
 from fleets.services.provisioning import domain_provision_begin, domain_stop_request
 
@@ -78,10 +79,8 @@ def reconcile_now(*, fleet: Fleet, actor: str) -> ActionResult:
 def provision_move(*, fleet: Fleet, action: str, target: str, actor: str) -> ActionResult:
     """Provision (from failed or stopped) or stop a Haru-provisioned domain, as the API does;
     the provisioning pass does the cloud work afterwards."""
-    domain = selectors.domain_in_fleet(fleet, target)
     try:
-        if domain is None:
-            raise InvalidTarget(f"domain {target!r} is not in fleet {fleet.slug}")
+        domain = domain_get(fleet, target)
         if action == "provision":
             moved = domain_provision_begin(domain_id=domain.id, actor=actor, reason="manual")
             done = f"{domain.slug} is provisioning; the cluster is launched next"

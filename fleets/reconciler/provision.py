@@ -83,10 +83,6 @@ def _parse_time(value: Any) -> datetime | None:
         return None
 
 
-def _iso(value: datetime) -> str:
-    return value.isoformat().replace("+00:00", "Z")
-
-
 def fleet_provision_tick(
     *, fleet_id, sky_factory: Callable[[], SkyCli] = sky_for, actor: str = "provisioner"
 ) -> ProvisionResult:
@@ -157,7 +153,7 @@ def _fail_if_unreachable(fleet: Fleet, domain: Domain, policy: Policy, actor: st
         to_state=DomainState.FAILED,
         from_states={domain.state},
         actor=actor,
-        reason=f"unreachable since {_iso(since)}" if since else "unreachable",
+        reason=f"unreachable since {clock.iso(since)}" if since else "unreachable",
     )
 
 
@@ -271,7 +267,7 @@ def _provision(domain: Domain, policy: Policy, sky: SkyCli, actor: str) -> bool:
             domain=domain,
             to_phase=Phase.WAIT,
             updates={
-                "launchedAt": _iso(now),
+                "launchedAt": clock.iso(now),
                 "where": where.label(),
                 "requestId": None,
                 "launches": int(status.get("launches", 0)) + 1,
@@ -332,7 +328,7 @@ def _note_error(domain: Domain, exc: DriverError, actor: str) -> None:
     svc.domain_phase_advance(
         domain=domain,
         to_phase=Phase((domain.driver_status or {}).get("phase") or Phase.REPLACE),
-        updates={"lastError": {**exc.as_dict(), "at": _iso(clock.now())}},
+        updates={"lastError": {**exc.as_dict(), "at": clock.iso(clock.now())}},
         actor=actor,
     )
 
@@ -342,14 +338,15 @@ def _backoff(domain: Domain, exc: DriverError, policy: Policy, count: int, actor
     current = int(status.get("candidate", 0))
     nxt = core.next_candidate(current, count, retry_elsewhere=exc.retry_elsewhere)
     now = clock.now()
-    error = {**exc.as_dict(), "where": status.get("where"), "at": _iso(now)}
+    error = {**exc.as_dict(), "where": status.get("where"), "at": clock.iso(now)}
+    retry_at = now + timedelta(milliseconds=policy.provision_retry_backoff_ms)
     svc.domain_phase_advance(
         domain=domain,
         to_phase=Phase.BACKOFF,
         updates={
             "candidate": nxt,
             "lastError": error,
-            "nextAttemptAt": _iso(now + timedelta(milliseconds=policy.provision_retry_backoff_ms)),
+            "nextAttemptAt": clock.iso(retry_at),
         },
         actor=actor,
         event="domain.provision.launch_failed",

@@ -29,10 +29,6 @@ class ProvisionRefused(ServiceError):
     status = 409
 
 
-def _iso(value: datetime) -> str:
-    return value.isoformat().replace("+00:00", "Z")
-
-
 def is_managed(domain: Domain) -> bool:
     """Whether Haru provisions this domain itself (a driver provider with launch settings)."""
     return domain.provider in (Provider.SKYPILOT, Provider.SKYSERVE) and bool(domain.driver)
@@ -41,7 +37,7 @@ def is_managed(domain: Domain) -> bool:
 def _fresh_status(phase: Phase, now: datetime, reason: str) -> dict[str, Any]:
     return {
         "phase": phase.value,
-        "startedAt": _iso(now),
+        "startedAt": clock.iso(now),
         "candidate": 0,
         "launches": 0,
         "reason": reason,
@@ -145,7 +141,7 @@ def domain_endpoints_record(
     binding the layout left without a URL (or at the old base) at the new serving base."""
     status = dict(domain.driver_status or {})
     check_phase(status.get("phase", ""), Phase.UP)
-    status.update(phase=Phase.UP.value, upAt=_iso(clock.now()))
+    status.update(phase=Phase.UP.value, upAt=clock.iso(clock.now()))
     with transaction.atomic():
         moved = Domain.objects.filter(
             pk=domain.id,
@@ -238,7 +234,7 @@ def domain_stop_request(*, domain_id, actor: str, reason: str = "manual") -> boo
             driver_status={
                 **(domain.driver_status or {}),
                 "phase": Phase.TEARDOWN.value,
-                "stopRequestedAt": _iso(now),
+                "stopRequestedAt": clock.iso(now),
             },
             provision_attempt=domain.provision_attempt + 1,
         )

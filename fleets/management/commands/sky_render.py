@@ -11,8 +11,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from fleets.drivers.cloud_placement import CloudPlacementError, parse_cloud_placement
 from fleets.drivers.render import cluster_name, for_review, render_domain
-from fleets.selectors import domain_in_fleet, fleet_get
-from fleets.services.errors import FleetNotFound
+from fleets.errors import FleetNotFound, InvalidTarget
+from fleets.selectors import domain_get, fleet_get
 
 
 class Command(BaseCommand):
@@ -34,9 +34,10 @@ class Command(BaseCommand):
             fleet = fleet_get(opts["fleet"])
         except FleetNotFound as exc:
             raise CommandError(str(exc)) from None
-        domain = domain_in_fleet(fleet, opts["domain"])
-        if domain is None:
-            raise CommandError(f"domain {opts['domain']!r} is not in fleet {fleet.slug}")
+        try:
+            domain = domain_get(fleet, opts["domain"])
+        except InvalidTarget as exc:
+            raise CommandError(str(exc)) from None
         if domain.provider == "static" or not domain.driver:
             raise CommandError(
                 f"domain {domain.slug!r} is not provisioned by Haru (provider {domain.provider}"
