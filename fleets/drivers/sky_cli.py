@@ -171,6 +171,9 @@ class ServiceRecord:
     replica_endpoints: tuple[str, ...]  # READY replicas' endpoints, lowest id first
 
 
+# Haru's own variables, never passed to the `sky` process.
+_HARU_ONLY_PREFIXES = ("HARU_", "DJANGO_", "CELERY_")
+_HARU_ONLY_NAMES = frozenset({"DATABASE_URL", "REDIS_URL"})
 _REQUEST_ID = re.compile(r"Submitted [\w.]+ request:\s*([0-9A-Za-z-]+)")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -200,7 +203,13 @@ class SkyCli:
     # -- plumbing -------------------------------------------------------------------------
 
     def _env(self, secrets: Mapping[str, str] | None) -> dict[str, str]:
-        env = {k: v for k, v in self._environ.items() if not k.startswith("HARU_")}
+        # The `sky` child needs the cloud credentials (AWS_*, GOOGLE_*, KUBECONFIG, ~ via HOME)
+        # but none of Haru's own: no HARU_* variable, no database or broker URL (passwords).
+        env = {
+            k: v
+            for k, v in self._environ.items()
+            if not k.startswith(_HARU_ONLY_PREFIXES) and k not in _HARU_ONLY_NAMES
+        }
         # Only the secrets this call passes by name reach the `sky` process: `--secret NAME`
         # reads NAME from its environment, so the value never sits on a command line.
         env.update(secrets or {})

@@ -52,16 +52,24 @@ def test_the_launch_file_is_gone_after_the_call(fake_sky):
     assert not os.path.exists(path)
 
 
-def test_haru_variables_do_not_reach_sky_except_the_named_secret(fake_sky):
+def test_haru_variables_and_database_urls_do_not_reach_sky_except_the_named_secret(fake_sky):
     seen = {}
 
     def exec_(argv, env, timeout):
         seen.update(env)
         return ExecResult(0, "Submitted sky.launch request: abc-123", "")
 
-    sky = SkyCli(environ={"HARU_API_TOKEN": "x", "HOME": "/h"}, exec_=exec_)
+    environ = {
+        "HARU_API_TOKEN": "x",
+        "HOME": "/h",
+        "DATABASE_URL": "postgres://u:pw@db/haru",
+        "REDIS_URL": "redis://:pw@r/0",
+        "AWS_PROFILE": "fleet",
+    }
+    sky = SkyCli(environ=environ, exec_=exec_)
     sky.launch(cluster="c", yaml_text=YAML, secrets={"HARU_SUPERVISOR_TOKEN": TOKEN})
-    assert "HARU_API_TOKEN" not in seen
+    assert not {"HARU_API_TOKEN", "DATABASE_URL", "REDIS_URL"} & set(seen)
+    assert seen["AWS_PROFILE"] == "fleet"
     assert seen["HARU_SUPERVISOR_TOKEN"] == TOKEN
     assert seen["HOME"] == "/h"
 
