@@ -264,3 +264,18 @@ def test_a_lost_launch_is_relaunched(run, fake_sky, fake_clock):
     run()
     assert west().driver_status["phase"] == "backoff"
     assert west().driver_status["lastError"]["code"] == "sky_cluster_unknown"
+
+
+def test_the_reconcile_command_runs_a_provisioning_pass_on_request(fleet, fake_sky, monkeypatch):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    # No HARU_SKY_VENV: the command finds `sky` on PATH, where the scripted one is first.
+    for key, value in fake_sky.environ.items():
+        monkeypatch.setenv(key, value)
+    out = StringIO()
+    call_command("reconcile", "--fleet", "prov", "--provision", stdout=out)
+    line = json.loads(out.getvalue().strip().splitlines()[-1])
+    assert line["provisioned"] == {"ran": True, "busy": True}
+    assert fake_sky.calls()[0]["argv"] == ["down", "-y", "haru-prov-west"]
