@@ -160,7 +160,7 @@ def _launch(args: list[str]) -> int:
     _kill(c)
     c.update(
         status="UP",
-        cloud=infra[0].upper() if infra[0] == "aws" else infra[0].upper(),
+        cloud=infra[0].upper(),  # SkyPilot prints the cloud as AWS, GCP, ...
         region=infra[1] if len(infra) > 1 else None,
         accelerators=task["resources"].get("accelerators"),
         resources=f"1x {infra[0].upper()}(...)",
