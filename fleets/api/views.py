@@ -16,7 +16,7 @@ from fleets.api.auth import HasApiToken
 from fleets.api.errors import PayloadTooLarge
 from fleets.core.route_intent import build_route_intent
 from fleets.core.states import OperationKind
-from fleets.models import Fleet, Operation
+from fleets.models import Domain, Fleet, Operation
 from fleets.reconciler.tick import fleet_reconcile
 from fleets.services.operations import operation_request
 from fleets.services.provisioning import domain_provision_begin, domain_stop_request
@@ -154,6 +154,10 @@ class ReconcileView(HaruAPIView):
 
 class _DomainActionView(HaruAPIView):
     """Ask for a provisioning move; the provisioning pass makes it (never this request)."""
+
+    @staticmethod
+    def move(*, domain: Domain, actor: str) -> bool:
+        raise NotImplementedError
 
     def act(self, request, ref: str, domain_ref: str) -> Response:
         fleet = selectors.fleet_get(ref)

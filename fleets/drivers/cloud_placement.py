@@ -217,9 +217,9 @@ _DRIVER_KEYS = frozenset(
 
 def _port(value: object, path: str) -> int:
     # Below 1024 needs root on the node; SkyPilot's own ports sit above 10000 only by habit.
-    if not _is_int(value) or not 1024 <= value <= 65535:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1024 <= value <= 65535:
         raise CloudPlacementError(path, "must be a port number from 1024 to 65535")
-    return int(value)
+    return value
 
 
 def _envs(raw: object, path: str) -> tuple[tuple[str, str], ...]:

@@ -133,10 +133,8 @@ def _step(fleet: Fleet, domain: Domain, policy: Policy, sky: SkyCli | None, acto
 
 
 def _failing_since(domain: Domain) -> datetime | None:
-    beat = (domain.last_report or {}).get("heartbeat")
-    if isinstance(beat, dict) and beat.get("ok") is False:
-        return _parse_time(beat.get("failingSince"))
-    return None
+    """When the domain's heartbeat started failing (None while it answers)."""
+    return domain.heartbeat_failing_since
 
 
 def _fail_if_unreachable(fleet: Fleet, domain: Domain, policy: Policy, actor: str) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
+from uuid import UUID
 
 from django.db import transaction
 
@@ -45,7 +46,7 @@ def _fresh_status(phase: Phase, now: datetime, reason: str) -> dict[str, Any]:
 
 
 def domain_provision_begin(
-    *, domain_id, actor: str, reason: str, from_states: frozenset[str] | None = None
+    *, domain_id: UUID | str, actor: str, reason: str, from_states: frozenset[str] | None = None
 ) -> bool:
     """Move a managed domain to `provisioning`: from `stopped` it launches; from `failed` it
     first tears the old cluster down (replace). Clears its URLs, which belong to the old
@@ -205,7 +206,7 @@ def domain_provision_fail(
     return bool(moved)
 
 
-def domain_stop_request(*, domain_id, actor: str, reason: str = "manual") -> bool:
+def domain_stop_request(*, domain_id: UUID | str, actor: str, reason: str = "manual") -> bool:
     """Move a managed, non-active domain to `stopping` (its cluster is torn down next)."""
     domain = Domain.objects.filter(pk=domain_id).first()
     if domain is None:

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('fleets', '0001_initial'),
+        ('fleets', '0002_scheduling_columns'),
     ]
 
     operations = [
