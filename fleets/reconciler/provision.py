@@ -34,6 +34,7 @@ from fleets.core.provisioning import Phase
 from fleets.core.states import DomainState, OperationKind, Provider
 from fleets.drivers.cloud_placement import (
     CloudPlacementError,
+    DriverSettings,
     parse_cloud_placement,
     parse_driver_settings,
 )
@@ -48,7 +49,7 @@ from fleets.drivers.sky_cli import (
 )
 from fleets.drivers.tokens import supervisor_token_for
 from fleets.errors import InvalidTarget, OperationConflict
-from fleets.models import Domain, Fleet, Operation
+from fleets.models import Domain, Fleet, Id, Operation
 from fleets.reconciler.locks import fleet_tick_lock
 from fleets.services import provisioning as svc
 from fleets.services.events import event_record
@@ -84,7 +85,7 @@ def _parse_time(value: Any) -> datetime | None:
 
 
 def fleet_provision_tick(
-    *, fleet_id, sky_factory: Callable[[], SkyCli] = sky_for, actor: str = "provisioner"
+    *, fleet_id: Id, sky_factory: Callable[[], SkyCli] = sky_for, actor: str = "provisioner"
 ) -> ProvisionResult:
     """Run one provisioning pass over the fleet's managed domains, under the fleet's
     provisioning lock; skip (ran=False) if another pass holds it."""
@@ -352,7 +353,17 @@ def _backoff(domain: Domain, exc: DriverError, policy: Policy, count: int, actor
     )
 
 
-def _wait(domain, status, driver, name, serve, policy, sky: SkyCli, count: int, actor) -> bool:
+def _wait(
+    domain: Domain,
+    status: dict[str, Any],
+    driver: DriverSettings,
+    name: str,
+    serve: bool,
+    policy: Policy,
+    sky: SkyCli,
+    count: int,
+    actor: str,
+) -> bool:
     request_id = status.get("requestId")
     launched = _parse_time(status.get("launchedAt"))
     state: str | None = None
