@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -77,8 +79,6 @@ class FakeSky:
     """The scripted `sky` of tests/drivers/fake_sky.py, installed as `<venv>/bin/sky`."""
 
     def __init__(self, root: Path) -> None:
-        import sys
-
         self.venv = root / "sky-venv"
         self.state = root / "sky-state"
         (self.venv / "bin").mkdir(parents=True)
@@ -95,22 +95,16 @@ class FakeSky:
 
     def script(self, kind: str, *answers: dict) -> None:
         """Queue answers (`{"rc": ..., "output": ...}`) for the next calls of `kind`."""
-        import json
-
         path = self.state / "script.json"
         script = json.loads(path.read_text()) if path.exists() else {}
         script.setdefault(kind, []).extend(answers)
         path.write_text(json.dumps(script))
 
     def calls(self) -> list[dict]:
-        import json
-
         path = self.state / "calls.jsonl"
         return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
     def clusters(self) -> dict:
-        import json
-
         path = self.state / "clusters.json"
         return json.loads(path.read_text()) if path.exists() else {}
 
@@ -128,8 +122,6 @@ class FakeSky:
 
     def kill_node(self, cluster: str | None = None) -> None:
         """SIGKILL a simulated node's processes (all nodes by default): the machine is gone."""
-        import signal
-
         for pid in self.node_pids(cluster):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)

@@ -10,6 +10,7 @@ from django.test import Client
 
 from fleets.models import Domain, Event, Operation
 from fleets.services.operations import operation_request, operation_start
+from tests.drivers.managed_layout import seed_managed_fleet
 
 pytestmark = pytest.mark.django_db
 
@@ -231,8 +232,6 @@ def test_reconcile_now_runs_a_tick_like_the_api(staff_client, seeded_fleet):
 
 
 def test_provision_and_stop_buttons_act_on_managed_domains(staff_client, db):
-    from tests.drivers.managed_layout import seed_managed_fleet
-
     seed_managed_fleet()
     page = staff_client.get("/fleets/prov/").content.decode()
     assert 'data-action="stop"' in page  # the managed standby

@@ -28,6 +28,8 @@ import time
 import uuid
 from pathlib import Path
 
+import yaml
+
 STATE = Path(os.environ.get("FAKE_SKY_DIR", "."))
 
 
@@ -140,8 +142,6 @@ def _kill(c: dict) -> None:
 
 
 def _launch(args: list[str]) -> int:
-    import yaml
-
     cluster = args[args.index("-c") + 1] if "-c" in args else args[args.index("-n") + 1]
     names = [args[i + 1] for i, a in enumerate(args) if a == "--secret"]
     secrets = {}

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import copy
 
+from fleets.layouts.loader import parse_layout
+from fleets.models import Fleet
+from fleets.services.layouts import layout_apply
+
 SUPERVISOR_CONFIG = {
     "host": "west",
     "gpu": {"backend": "sim", "simStateFile": "var/sim-gpu.json"},
@@ -50,9 +54,5 @@ def managed_layout() -> dict:
 
 def seed_managed_fleet():
     """Apply the layout; return the Fleet."""
-    from fleets.layouts.loader import parse_layout
-    from fleets.models import Fleet
-    from fleets.services.layouts import layout_apply
-
     layout_apply(layout=parse_layout(managed_layout()))
     return Fleet.objects.get(slug="prov")

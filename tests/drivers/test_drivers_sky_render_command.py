@@ -8,6 +8,7 @@ import pytest
 import yaml
 from django.core.management import CommandError, call_command
 
+from fleets.models import Domain
 from tests.drivers.managed_layout import seed_managed_fleet
 
 
@@ -40,8 +41,6 @@ def test_renders_another_candidate_on_request(db):
 
 
 def test_refuses_static_unknown_and_broken_domains(db):
-    from fleets.models import Domain
-
     seed_managed_fleet()
     with pytest.raises(CommandError, match="not provisioned by Haru"):
         render("prov", "east")

@@ -8,6 +8,7 @@ ticks and provisioning passes, nothing called by hand between them.
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -147,8 +148,6 @@ def serving(domain: Domain) -> bool:
 
 
 def _os_environ() -> dict[str, str]:
-    import os
-
     return dict(os.environ)
 
 

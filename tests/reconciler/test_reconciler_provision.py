@@ -4,15 +4,19 @@ replace a failed standby, and never touch static domains."""
 from __future__ import annotations
 
 import json
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
 
 from fleets.core.states import DomainState
 from fleets.drivers.sky_cli import SkyCli
+from fleets.layouts.loader import load_layout
 from fleets.models import Domain, Event, Fleet, ModelBinding
 from fleets.reconciler.provision import fleet_provision_tick
 from fleets.services import provisioning as svc
 from fleets.services.layouts import layout_apply
+from tests.conftest import EXAMPLE_LAYOUT
 from tests.drivers.managed_layout import seed_managed_fleet
 
 TOKEN = "provision-token-0123456789"
@@ -179,9 +183,6 @@ def test_a_failed_standby_is_replaced_after_the_grace(run, fake_sky, fake_clock,
 
 
 def test_static_domains_are_never_touched(db, fake_clock):
-    from fleets.layouts.loader import load_layout
-    from tests.conftest import EXAMPLE_LAYOUT  # the static two-domain demo
-
     layout_apply(layout=load_layout(EXAMPLE_LAYOUT))
     fleet = Fleet.objects.get(slug="demo")
     Domain.objects.filter(fleet=fleet).update(state=DomainState.FAILED)
@@ -267,10 +268,6 @@ def test_a_lost_launch_is_relaunched(run, fake_sky, fake_clock):
 
 
 def test_the_reconcile_command_runs_a_provisioning_pass_on_request(fleet, fake_sky, monkeypatch):
-    from io import StringIO
-
-    from django.core.management import call_command
-
     # No HARU_SKY_VENV: the command finds `sky` on PATH, where the scripted one is first.
     for key, value in fake_sky.environ.items():
         monkeypatch.setenv(key, value)
