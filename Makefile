@@ -4,7 +4,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast test-realengine vllm-venv lint format migrations-check clean serve
+.PHONY: install demo test test-fast test-realengine vllm-venv lint format migrations-check clean serve sky-env
+
+# SkyPilot lives in its own virtualenv: its pins (uvicorn, click, starlette) conflict with ours.
+# Point HARU_SKY_VENV at it; the `skypilot` tests find it here too.
+SKY_VENV ?= .sky-venv
 
 install: $(STAMP)
 
@@ -14,6 +18,14 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e '.[server,dev]'
 	touch $(STAMP)
+
+sky-env: $(SKY_VENV)/.installed
+
+$(SKY_VENV)/.installed: sky-constraints.txt
+	test -x $(SKY_VENV)/bin/python || $(PYTHON) -m venv $(SKY_VENV)
+	$(SKY_VENV)/bin/python -m pip install -q --upgrade pip
+	$(SKY_VENV)/bin/python -m pip install -q -c sky-constraints.txt skypilot
+	touch $@
 
 demo: install
 	$(PY) -m haru.demo
@@ -49,4 +61,4 @@ migrations-check: install
 	$(PY) manage.py makemigrations --check --dry-run
 
 clean:
-	rm -rf $(VENV) var .pytest_cache
+	rm -rf $(VENV) $(SKY_VENV) var .pytest_cache

@@ -273,7 +273,13 @@ class DomainAdmin(admin.ModelAdmin):
         "report",
         "gpu_plan",
     )
-    actions = ["promote_domain", "demote_domain", "adopt_reported_gpus"]
+    actions = [
+        "promote_domain",
+        "demote_domain",
+        "provision_domain",
+        "stop_domain",
+        "adopt_reported_gpus",
+    ]
 
     def get_fieldsets(self, request, obj=None):
         layout = [
@@ -281,6 +287,7 @@ class DomainAdmin(admin.ModelAdmin):
             "display_name",
             ("provider", "priority"),
             "placement",
+            "driver",
             "supervisor_url",
             "serving_base_url",
             "gpu_layout",
@@ -398,6 +405,38 @@ class DomainAdmin(admin.ModelAdmin):
     @admin.action(description="Demote the selected standby domains")
     def demote_domain(self, request, queryset):
         return self._operation_action(request, queryset, OperationKind.DEMOTE)
+
+    def _provision_action(self, request, queryset, action: str):
+        if not request.POST.get("confirm"):
+            text = (
+                "Provision these domains? Any cluster left from before is torn down and a new "
+                "one is launched by the sky CLI (billed by the cloud):"
+                if action == "provision"
+                else "Stop these standbys? Their clusters are stopped or torn down; they cannot "
+                "take over until provisioned again:"
+            )
+            return _confirm(
+                self,
+                request,
+                queryset,
+                action=f"{action}_domain",
+                title=f"{action.capitalize()} domains",
+                text=text,
+            )
+        for domain in queryset.select_related("fleet"):
+            result = dashboard_actions.provision_move(
+                fleet=domain.fleet, action=action, target=str(domain.id), actor=_actor(request)
+            )
+            _report(self, request, result, f"{domain.fleet.slug}/{domain.slug}")
+        return None
+
+    @admin.action(description="Provision the selected Haru-provisioned domains (failed or stopped)")
+    def provision_domain(self, request, queryset):
+        return self._provision_action(request, queryset, "provision")
+
+    @admin.action(description="Stop the selected Haru-provisioned standbys")
+    def stop_domain(self, request, queryset):
+        return self._provision_action(request, queryset, "stop")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,6 +17,11 @@ from jsonschema import Draft202012Validator
 
 from fleets.core.policy import PolicyError, validate_policy
 from fleets.core.states import SlotKind
+from fleets.drivers.cloud_placement import (
+    CloudPlacementError,
+    parse_cloud_placement,
+    parse_driver_settings,
+)
 from fleets.errors import LayoutError
 from fleets.layouts.loader import SCHEMA_PATH, parse_layout
 from fleets.models import Domain, Fleet, ModelBinding, Slot
@@ -113,7 +118,14 @@ class DomainForm(forms.ModelForm):
     placement = PrettyJSONField(
         required=False,
         rows=7,
-        help_text='{"cloud", "region", "accelerator", "acceleratorCount", "useSpot"}',
+        help_text='{"cloud", "region", "zones", "fallbackRegions", "accelerator", '
+        '"acceleratorCount", "useSpot", "diskSizeGb", "image"}',
+    )
+    driver = PrettyJSONField(
+        required=False,
+        rows=9,
+        help_text="skypilot/skyserve only: how Haru launches it (docs/drivers.md); empty: "
+        "provisioned by hand",
     )
     gpu_layout = PrettyJSONField(
         required=False,
@@ -130,6 +142,7 @@ class DomainForm(forms.ModelForm):
             "provider",
             "priority",
             "placement",
+            "driver",
             "supervisor_url",
             "serving_base_url",
             "gpu_layout",
@@ -186,6 +199,26 @@ class DomainForm(forms.ModelForm):
             where = ".".join(str(p) for p in first.absolute_path)
             raise ValidationError(f"{where + ': ' if where else ''}{first.message}")
         return value
+
+    def clean_driver(self):
+        value = self.cleaned_data.get("driver")
+        return {} if value in (None, "") else value
+
+    def clean(self):
+        data = super().clean()
+        driver = data.get("driver")
+        if driver:
+            # The same rules as the layout loader: a launch Haru cannot make is refused here.
+            provider = data.get("provider") or "static"
+            try:
+                if provider == "static":
+                    raise CloudPlacementError("driver", "a static domain is never provisioned")
+                parse_cloud_placement(data.get("placement") or {})
+                parse_driver_settings(driver, provider=provider)
+            except CloudPlacementError as exc:
+                field = "placement" if exc.path.startswith("placement") else "driver"
+                self.add_error(field, str(exc))
+        return data
 
 
 class DomainInlineFormSet(forms.BaseInlineFormSet):

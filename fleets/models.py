@@ -103,6 +103,15 @@ class Domain(models.Model):
     # Last heartbeat body as reported by the supervisor (GPU memory, fingerprints), for display
     # only: nothing decides on it.
     last_report = models.JSONField(default=dict, blank=True, editable=False)
+    # Launch settings of a domain Haru provisions (fleets.drivers.cloud_placement); empty for a
+    # static domain or one provisioned by hand.
+    driver = models.JSONField(default=dict, blank=True)
+    # Where provisioning stands (phase, candidate, request id, last driver error); written only
+    # by fleets.services.provisioning, each write guarded by `provision_attempt`.
+    driver_status = models.JSONField(default=dict, blank=True, editable=False)
+    # Bumped by every claim of a provisioning move: the compare-and-swap token that lets exactly
+    # one worker launch (or tear down) per attempt.
+    provision_attempt = models.PositiveIntegerField(default=0, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

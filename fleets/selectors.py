@@ -6,10 +6,11 @@ import uuid
 from typing import Any
 
 from fleets.clock import iso
+from fleets.core.decisions import find_domain
 from fleets.core.policy import Policy
 from fleets.core.read_model import DomainView, FleetView, ModelView, SlotView
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES, SlotKind
-from fleets.errors import FleetNotFound, OperationNotFound
+from fleets.errors import FleetNotFound, InvalidTarget, OperationNotFound
 from fleets.models import Domain, Fleet, Id, ModelBinding, Operation, Slot
 
 
@@ -31,6 +32,15 @@ def fleet_get(ref: str) -> Fleet:
     if fleet is None:
         raise FleetNotFound(f"fleet {ref!r} not found")
     return fleet
+
+
+def domain_get(fleet: Fleet, ref: str) -> Domain:
+    """Return the fleet's domain named by `ref` (id, else slug, resolved by the core's
+    `find_domain` like every request's target); raise InvalidTarget if there is none."""
+    found = find_domain(fleet_view(fleet), ref)
+    if found is None:
+        raise InvalidTarget(f"domain {ref!r} is not in fleet {fleet.slug!r}")
+    return Domain.objects.get(pk=found.id)
 
 
 def fleet_view(fleet: Fleet | str) -> FleetView:
@@ -131,6 +141,29 @@ def operation_json(op: Operation | None) -> dict[str, Any] | None:
     }
 
 
+# The driver_status keys operators see (phase, where it runs or was tried, the last error).
+_PROVISIONING_KEYS = (
+    "phase",
+    "where",
+    "cluster",
+    "launches",
+    "startedAt",
+    "launchedAt",
+    "upAt",
+    "nextAttemptAt",
+    "reason",
+    "lastError",
+)
+
+
+def domain_provisioning_json(domain: Domain) -> dict[str, Any] | None:
+    """Return where a provisioned domain's provisioning stands, or None for any other."""
+    if not domain.driver:
+        return None
+    status = domain.driver_status or {}
+    return {"managed": True, **{k: status[k] for k in _PROVISIONING_KEYS if k in status}}
+
+
 def fleet_snapshot(fleet: Fleet) -> dict[str, Any]:
     """Return the full public snapshot of a fleet: policy resolved, roles derived."""
     fleet.refresh_from_db()
@@ -185,6 +218,7 @@ def fleet_snapshot(fleet: Fleet) -> dict[str, Any]:
                 "lastSeenAt": iso(d.last_seen_at),
                 "stateUpdatedAt": iso(d.state_updated_at),
                 "slots": d_slots,
+                "provisioning": domain_provisioning_json(d),
             }
         )
     return {

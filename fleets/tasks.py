@@ -17,6 +17,7 @@ from celery.signals import worker_process_init
 from django.conf import settings
 
 from fleets.reconciler import kick
+from fleets.reconciler.provision import fleet_provision_tick
 from fleets.reconciler.tick import fleets_to_reconcile, tick_run
 
 log = logging.getLogger(__name__)
@@ -89,4 +90,25 @@ def reconcile_all() -> list[str]:
     for fleet_id in ids:
         # Expire with the beat: a backlog of stale ticks after an outage is pure waste.
         reconcile_fleet.apply_async(args=[fleet_id], expires=_interval_s())
+        provision_fleet.apply_async(args=[fleet_id], expires=_interval_s())
     return ids
+
+
+# A provisioning pass makes a few `sky` calls per managed domain, each capped (status with
+# --refresh at 90 s); the limits leave room for two such domains and kill a hung one.
+PROVISION_SOFT_LIMIT_S = 300
+PROVISION_HARD_LIMIT_S = 330
+
+
+@shared_task(
+    name="fleets.provision_fleet",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    soft_time_limit=PROVISION_SOFT_LIMIT_S,
+    time_limit=PROVISION_HARD_LIMIT_S,
+    ignore_result=True,
+)
+def provision_fleet(fleet_id: str) -> dict:
+    """Run one provisioning pass of one fleet (skipped if another pass holds it)."""
+    result = fleet_provision_tick(fleet_id=fleet_id)
+    return {"fleetId": fleet_id, "ran": result.ran, "busy": result.busy}

@@ -40,6 +40,9 @@ def _load() -> dict:
             "debug": env.boolean("HARU_DEBUG", False),
             "allowed_hosts": env.csv("HARU_ALLOWED_HOSTS") or ["*"],
             "secret_key": env.raw("HARU_SECRET_KEY"),
+            # SkyPilot's own virtualenv (its pins conflict with ours); `make sky-env` makes it.
+            # Unset: `sky` from PATH.
+            "sky_venv": env.raw("HARU_SKY_VENV"),
         }
     except env.ConfigError as exc:
         raise ImproperlyConfigured(str(exc)) from None

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,3 +73,66 @@ def fake_clock():
 @pytest.fixture
 def vendor():
     return connection.vendor
+
+
+class FakeSky:
+    """The scripted `sky` of tests/drivers/fake_sky.py, installed as `<venv>/bin/sky`."""
+
+    def __init__(self, root: Path) -> None:
+        self.venv = root / "sky-venv"
+        self.state = root / "sky-state"
+        (self.venv / "bin").mkdir(parents=True)
+        self.state.mkdir()
+        source = (ROOT / "tests" / "drivers" / "fake_sky.py").read_text()
+        sky = self.venv / "bin" / "sky"
+        sky.write_text(f"#!{sys.executable}\n{source}")
+        sky.chmod(0o755)
+        self.environ = {
+            "PATH": f"{self.venv / 'bin'}:{os.environ.get('PATH', '')}",
+            "FAKE_SKY_DIR": str(self.state),
+            "FAKE_SKY_CWD": str(ROOT),
+        }
+
+    def script(self, kind: str, *answers: dict) -> None:
+        """Queue answers (`{"rc": ..., "output": ...}`) for the next calls of `kind`."""
+        path = self.state / "script.json"
+        script = json.loads(path.read_text()) if path.exists() else {}
+        script.setdefault(kind, []).extend(answers)
+        path.write_text(json.dumps(script))
+
+    def calls(self) -> list[dict]:
+        path = self.state / "calls.jsonl"
+        return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+    def clusters(self) -> dict:
+        path = self.state / "clusters.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def node_pids(self, cluster: str | None = None) -> list[int]:
+        """Live processes of the simulated nodes (all, or one cluster's), found by the marker
+        the fake puts in their environment."""
+        needle = f"FAKE_SKY_NODE={self.state}/{cluster + '/' if cluster else ''}".encode()
+        out = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and int(entry.name) != os.getpid():
+                with contextlib.suppress(OSError):
+                    if needle in (entry / "environ").read_bytes():
+                        out.append(int(entry.name))
+        return out
+
+    def kill_node(self, cluster: str | None = None) -> None:
+        """SIGKILL a simulated node's processes (all nodes by default): the machine is gone."""
+        for pid in self.node_pids(cluster):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+    def kill_all(self) -> None:
+        self.kill_node()
+
+
+@pytest.fixture
+def fake_sky(tmp_path):
+    """A scripted `sky` CLI in a throwaway venv; simulated clusters are killed afterwards."""
+    sky = FakeSky(tmp_path)
+    yield sky
+    sky.kill_all()

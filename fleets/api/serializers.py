@@ -136,6 +136,8 @@ class DomainOut(serializers.Serializer):
     lastSeenAt = serializers.DateTimeField(allow_null=True)  # noqa: N815
     stateUpdatedAt = serializers.DateTimeField()  # noqa: N815
     slots = SlotOut(many=True)
+    # Only for a domain Haru provisions: phase, where, launches, lastError {code, message}.
+    provisioning = serializers.DictField(allow_null=True)
 
 
 class FleetSummaryOut(serializers.Serializer):
@@ -184,3 +186,8 @@ class RouteIntentOut(serializers.Serializer):
 
 class OperationListOut(serializers.Serializer):
     operations = OperationOut(many=True)
+
+
+class DomainActionOut(serializers.Serializer):
+    status = serializers.ChoiceField(["accepted", "unchanged"])
+    domain = DomainOut()

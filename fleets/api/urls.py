@@ -10,6 +10,16 @@ urlpatterns = [
     path("fleets/<str:ref>/demote", views.DemoteView.as_view(), name="fleet-demote"),
     path("fleets/<str:ref>/reconcile", views.ReconcileView.as_view(), name="fleet-reconcile"),
     path(
+        "fleets/<str:ref>/domains/<str:domain>/provision",
+        views.DomainProvisionView.as_view(),
+        name="domain-provision",
+    ),
+    path(
+        "fleets/<str:ref>/domains/<str:domain>/stop",
+        views.DomainStopView.as_view(),
+        name="domain-stop",
+    ),
+    path(
         "fleets/<str:ref>/operations", views.FleetOperationsView.as_view(), name="fleet-operations"
     ),
     path(

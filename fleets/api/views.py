@@ -16,9 +16,10 @@ from fleets.api.auth import HasApiToken
 from fleets.api.errors import PayloadTooLarge
 from fleets.core.route_intent import build_route_intent
 from fleets.core.states import OperationKind
-from fleets.models import Fleet, Operation
+from fleets.models import Domain, Fleet, Operation
 from fleets.reconciler.tick import fleet_reconcile
 from fleets.services.operations import operation_request
+from fleets.services.provisioning import domain_provision_begin, domain_stop_request
 
 # Control bodies are a few bytes; refuse anything large before parsing it.
 MAX_CONTROL_BODY = 64 * 1024
@@ -29,7 +30,7 @@ ERRORS = {
         400: "invalid_request",
         401: "unauthorized",
         404: "fleet_not_found",
-        409: "operation_conflict",
+        409: "operation_conflict or provision_refused",
         413: "payload_too_large",
         422: "invalid_target",
     }.items()
@@ -149,6 +150,63 @@ class ReconcileView(HaruAPIView):
         return Response(
             {"fleetId": str(fleet.id), "operation": selectors.operation_json(result.operation())}
         )
+
+
+class _DomainActionView(HaruAPIView):
+    """Ask for a provisioning move; the provisioning pass makes it (never this request)."""
+
+    @staticmethod
+    def move(*, domain: Domain, actor: str) -> bool:
+        raise NotImplementedError
+
+    def act(self, request, ref: str, domain_ref: str) -> Response:
+        fleet = selectors.fleet_get(ref)
+        domain = selectors.domain_get(fleet, domain_ref)
+        moved = self.move(domain=domain, actor=self.actor(request))
+        snapshot = selectors.fleet_snapshot(fleet)
+        out = next(d for d in snapshot["domains"] if d["id"] == str(domain.id))
+        return Response(
+            {"status": "accepted" if moved else "unchanged", "domain": out},
+            status=202 if moved else 200,
+        )
+
+
+class DomainProvisionView(_DomainActionView):
+    @extend_schema(
+        request=None,
+        operation_id="provisionDomain",
+        responses={
+            200: s.DomainActionOut,
+            202: s.DomainActionOut,
+            **_errors(401, 404, 409, 413, 422),
+        },
+    )
+    def post(self, request, ref: str, domain: str):
+        """Provision (or re-provision) a failed or stopped domain that Haru launches itself."""
+        return self.act(request, ref, domain)
+
+    @staticmethod
+    def move(*, domain, actor: str) -> bool:
+        return domain_provision_begin(domain_id=domain.id, actor=actor, reason="manual")
+
+
+class DomainStopView(_DomainActionView):
+    @extend_schema(
+        request=None,
+        operation_id="stopDomain",
+        responses={
+            200: s.DomainActionOut,
+            202: s.DomainActionOut,
+            **_errors(401, 404, 409, 413, 422),
+        },
+    )
+    def post(self, request, ref: str, domain: str):
+        """Stop a standby that Haru provisioned: its cluster is stopped or torn down."""
+        return self.act(request, ref, domain)
+
+    @staticmethod
+    def move(*, domain, actor: str) -> bool:
+        return domain_stop_request(domain_id=domain.id, actor=actor)
 
 
 class FleetOperationsView(HaruAPIView):

@@ -34,6 +34,20 @@ DEFAULTS: dict[str, Any] = {
     # ratio of the card, not zero.
     "verifyGpuMaxUsedRatio": 0.25,
     "probe": {"prompt": "ping", "maxTokens": 4},
+    # Provisioned domains (provider skypilot/skyserve with driver settings; docs/drivers.md).
+    # A failed non-active domain is re-provisioned after the grace (it may come back by itself):
+    # one that failed as a standby, and one that was the active until a failover moved off it.
+    "replaceFailedStandby": True,
+    "replaceFailedActive": True,
+    "replaceFailedGraceMs": 60_000,
+    # From entering `provisioning` to the first good heartbeat; then the domain goes `failed`.
+    # Cloud launches of GPU nodes take minutes (image pull, weights); 30 min covers a cold one.
+    "provisionTimeoutMs": 1_800_000,
+    # Wait after a failed launch before the next candidate region/zone is tried.
+    "provisionRetryBackoffMs": 30_000,
+    # How a stopped domain is torn down: `down` deletes the cluster (nothing billed), `stop`
+    # keeps its disks (faster restart, disks billed). A domain's driver.stopMode wins.
+    "stopMode": "down",
 }
 
 _TIMEOUT_KEYS = (
@@ -47,7 +61,12 @@ _TIMEOUT_KEYS = (
     "switchActiveTimeoutMs",
     "sleepTimeoutMs",
     "startTrainingTimeoutMs",
+    "replaceFailedGraceMs",
+    "provisionTimeoutMs",
+    "provisionRetryBackoffMs",
 )
+_BOOL_KEYS = ("autoFailover", "replaceFailedStandby", "replaceFailedActive")
+STOP_MODES = ("down", "stop")
 
 # Which Policy field bounds each operation step (step names from fleets.core.states).
 _STEP_TIMEOUT_FIELDS = {
@@ -146,9 +165,13 @@ def validate_policy(raw: object, *, path: str = "policy") -> dict[str, Any]:
         if key not in raw:
             continue
         value, where = raw[key], f"{path}.{key}"
-        if key == "autoFailover":
+        if key in _BOOL_KEYS:
             if not isinstance(value, bool):
                 raise PolicyError(where, "must be true or false")
+            out[key] = value
+        elif key == "stopMode":
+            if value not in STOP_MODES:
+                raise PolicyError(where, 'must be "down" or "stop"')
             out[key] = value
         elif key in _TIMEOUT_KEYS:
             out[key] = _timeout(value, where)
@@ -177,6 +200,12 @@ class Policy:
     verify_gpu_max_used_ratio: float = DEFAULTS["verifyGpuMaxUsedRatio"]
     probe_prompt: str = DEFAULTS["probe"]["prompt"]
     probe_max_tokens: int = DEFAULTS["probe"]["maxTokens"]
+    replace_failed_standby: bool = DEFAULTS["replaceFailedStandby"]
+    replace_failed_active: bool = DEFAULTS["replaceFailedActive"]
+    replace_failed_grace_ms: int = DEFAULTS["replaceFailedGraceMs"]
+    provision_timeout_ms: int = DEFAULTS["provisionTimeoutMs"]
+    provision_retry_backoff_ms: int = DEFAULTS["provisionRetryBackoffMs"]
+    stop_mode: str = DEFAULTS["stopMode"]
 
     @classmethod
     def resolve(cls, raw: Mapping[str, Any] | None) -> Policy:
@@ -198,6 +227,12 @@ class Policy:
             verify_gpu_max_used_ratio=merged["verifyGpuMaxUsedRatio"],
             probe_prompt=merged["probe"]["prompt"],
             probe_max_tokens=merged["probe"]["maxTokens"],
+            replace_failed_standby=merged["replaceFailedStandby"],
+            replace_failed_active=merged["replaceFailedActive"],
+            replace_failed_grace_ms=merged["replaceFailedGraceMs"],
+            provision_timeout_ms=merged["provisionTimeoutMs"],
+            provision_retry_backoff_ms=merged["provisionRetryBackoffMs"],
+            stop_mode=merged["stopMode"],
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -216,6 +251,12 @@ class Policy:
             "startTrainingTimeoutMs": self.start_training_timeout_ms,
             "verifyGpuMaxUsedRatio": self.verify_gpu_max_used_ratio,
             "probe": {"prompt": self.probe_prompt, "maxTokens": self.probe_max_tokens},
+            "replaceFailedStandby": self.replace_failed_standby,
+            "replaceFailedActive": self.replace_failed_active,
+            "replaceFailedGraceMs": self.replace_failed_grace_ms,
+            "provisionTimeoutMs": self.provision_timeout_ms,
+            "provisionRetryBackoffMs": self.provision_retry_backoff_ms,
+            "stopMode": self.stop_mode,
         }
 
     def step_timeout_ms(self, step: str) -> int:

@@ -13,7 +13,9 @@ from fleets.core.states import IN_FLIGHT_OPERATION_STATES, OperationKind
 from fleets.errors import ServiceError
 from fleets.models import Fleet
 from fleets.reconciler.tick import fleet_reconcile
+from fleets.selectors import domain_get
 from fleets.services.operations import operation_request
+from fleets.services.provisioning import domain_provision_begin, domain_stop_request
 
 log = logging.getLogger(__name__)
 
@@ -72,3 +74,21 @@ def reconcile_now(*, fleet: Fleet, actor: str) -> ActionResult:
         tail = f"; {op.kind} of {op.target_domain.slug}: {where}"
     how = "reconciled" if result.ran else "a tick was already running; it will pick this up"
     return ActionResult(True, 200, "reconciled", f"{fleet.slug}: {how}{tail}")
+
+
+def provision_move(*, fleet: Fleet, action: str, target: str, actor: str) -> ActionResult:
+    """Provision (from failed or stopped) or stop a Haru-provisioned domain, as the API does;
+    the provisioning pass does the cloud work afterwards."""
+    try:
+        domain = domain_get(fleet, target)
+        if action == "provision":
+            moved = domain_provision_begin(domain_id=domain.id, actor=actor, reason="manual")
+            done = f"{domain.slug} is provisioning; the cluster is launched next"
+        else:
+            moved = domain_stop_request(domain_id=domain.id, actor=actor)
+            done = f"{domain.slug} is stopping; its cluster is torn down next"
+    except ServiceError as exc:
+        return ActionResult(False, exc.status, exc.code, exc.message)
+    if not moved:
+        return ActionResult(True, 200, "unchanged", f"{domain.slug}: nothing to do")
+    return ActionResult(True, 202, "accepted", done)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django import forms
 
-ACTIONS = ("promote", "demote", "reconcile")
+ACTIONS = ("promote", "demote", "reconcile", "provision", "stop")
 
 
 class ActionForm(forms.Form):
@@ -19,6 +19,6 @@ class ActionForm(forms.Form):
 
     def clean(self):
         data = super().clean() or {}
-        if self.action in ("promote", "demote") and not data.get("target"):
+        if self.action in ("promote", "demote", "provision", "stop") and not data.get("target"):
             self.add_error("target", "choose the domain to act on")
         return data

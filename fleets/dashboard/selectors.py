@@ -394,7 +394,26 @@ def _domain_card(
         "promote_note": promote.message,
         "can_demote": demote.outcome == "proceed",
         "demote_note": demote.message,
+        # Haru-provisioned domains: where provisioning stands, and which moves make sense now.
+        "managed": bool(d.driver),
+        "provisioning": _provisioning_text(d),
+        "can_provision": bool(d.driver) and role != "active" and d.state in ("failed", "stopped"),
+        "can_stop": bool(d.driver) and role != "active" and d.state not in ("stopping", "stopped"),
     }
+
+
+def _provisioning_text(d) -> str:
+    """One line for the card: phase, where, and the last driver error if any."""
+    if not d.driver:
+        return ""
+    status = d.driver_status or {}
+    parts = [status.get("phase") or "not launched"]
+    if status.get("where"):
+        parts.append(f"in {status['where']}")
+    error = status.get("lastError")
+    if isinstance(error, dict) and error.get("code"):
+        parts.append(f"last error {error['code']}: {str(error.get('message', ''))[:160]}")
+    return " · ".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------

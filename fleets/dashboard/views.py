@@ -119,6 +119,8 @@ def fleet_action(request, slug: str, action: str):
     actor = f"dashboard:{request.user.get_username()}"
     if action == "reconcile":
         result = actions.reconcile_now(fleet=fleet, actor=actor)
+    elif action in ("provision", "stop"):
+        result = actions.provision_move(fleet=fleet, action=action, target=target, actor=actor)
     else:
         kind = OperationKind.PROMOTE if action == "promote" else OperationKind.DEMOTE
         result = actions.request_operation(fleet=fleet, kind=kind, target=target, actor=actor)

@@ -19,6 +19,11 @@ from jsonschema import Draft202012Validator
 
 from fleets.core.policy import PolicyError, validate_policy
 from fleets.core.states import Provider, SlotKind
+from fleets.drivers.cloud_placement import (
+    CloudPlacementError,
+    parse_cloud_placement,
+    parse_driver_settings,
+)
 from fleets.errors import LayoutError
 from fleets.layouts.planning import (
     MEMORY_KEYS,
@@ -31,6 +36,8 @@ from fleets.layouts.planning import (
     plan_units,
     planned_profile,
 )
+from supervisor.config import parse_config as parse_supervisor_config
+from supervisor.strict_json import ConfigError as SupervisorConfigError
 
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
 
@@ -72,6 +79,8 @@ class DomainSpec:
     gpu_layout: dict[str, Any] = field(default_factory=dict)
     # The slots as written, before planning (re-planned on re-apply to keep placements).
     unplanned: list[SlotSpec] = field(default_factory=list)
+    # Launch settings of a domain Haru provisions itself; empty: static, or provisioned by hand.
+    driver: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -158,6 +167,36 @@ def read_layout_file(path: str | Path) -> Any:
         raise LayoutError([f"{p}: not valid {p.suffix.lstrip('.') or 'JSON'} ({exc})"]) from None
 
 
+def _driver_errors(d: dict[str, Any], dpath: str) -> list[str]:
+    """Check a provisioned domain's cloud placement, launch settings and supervisor config."""
+    provider = d.get("provider", "static")
+    if "driver" not in d:
+        return []
+    if provider == "static":
+        return [
+            f"{dpath}.driver: a static domain is never provisioned; drop driver or set provider"
+        ]
+    out = []
+    try:
+        parse_cloud_placement(d.get("placement", {}), path=f"{dpath}.placement")
+    except CloudPlacementError as exc:
+        out.append(str(exc))
+    try:
+        parse_driver_settings(d["driver"], provider=provider, path=f"{dpath}.driver")
+    except CloudPlacementError as exc:
+        out.append(str(exc))
+        return out
+    try:
+        # Relative paths resolve on the cluster; "/" only stands in for it here.
+        parse_supervisor_config(d["driver"]["supervisorConfig"], cwd=Path("/"))
+    except SupervisorConfigError as exc:
+        where = f"{dpath}.driver.supervisorConfig"
+        out.extend(
+            f"{where}.{e}" if not e.startswith("(root)") else f"{where}{e[6:]}" for e in exc.errors
+        )
+    return out
+
+
 def parse_layout(data: Any) -> Layout:
     """Validate `data` and return the normalized Layout; raise LayoutError listing every error."""
     errors = sorted(
@@ -184,6 +223,8 @@ def parse_layout(data: Any) -> Layout:
         seen_domains.setdefault(d["slug"], di)
         base_url = d.get("servingBaseUrl", "")
         planned = "gpus" in d
+        managed = "driver" in d
+        errors.extend(_driver_errors(d, dpath))
         slots: list[SlotSpec] = []
         seen_slots: dict[tuple[int, str], int] = {}
         seen_models: dict[str, str] = {}
@@ -220,7 +261,8 @@ def parse_layout(data: Any) -> Layout:
                     )
                 seen_models.setdefault(m["name"], mpath)
                 serving_url = m.get("servingUrl") or base_url
-                if not serving_url:
+                # A provisioned domain learns its serving URL from the cluster it gets.
+                if not serving_url and not managed:
                     errors.append(
                         f"{mpath}.servingUrl: required when the domain has no servingBaseUrl"
                     )
@@ -268,6 +310,7 @@ def parse_layout(data: Any) -> Layout:
                 slots=slots,
                 gpu_layout=gpu_layout,
                 unplanned=unplanned,
+                driver=dict(d.get("driver", {})),
             )
         )
 

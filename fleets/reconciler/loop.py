@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from django.db import close_old_connections
 
 from fleets.reconciler import kick
+from fleets.reconciler.provision import fleet_provision_tick
 from fleets.reconciler.tick import fleets_to_reconcile, tick_run
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,12 @@ class ReconcileLoop:
         self._stopping = False
         self._next_refresh = 0.0
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="haru-tick")
+        # Provisioning calls the `sky` CLI (seconds to minutes): its own threads, so a slow
+        # cloud never delays a fleet's heartbeats or failover.
+        self._provision_pool = ThreadPoolExecutor(
+            max_workers=2, thread_name_prefix="haru-provision"
+        )
+        self._provisioning: set[str] = set()
         self._thread = threading.Thread(target=self._run, name="haru-reconcile-loop", daemon=True)
 
     def start(self, *, install_kicker: bool = True) -> ReconcileLoop:
@@ -58,6 +65,7 @@ class ReconcileLoop:
         if self._thread.is_alive():
             self._thread.join(timeout)
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._provision_pool.shutdown(wait=True, cancel_futures=True)
         if kick._kicker == self.request:
             kick.install(None)
 
@@ -113,8 +121,30 @@ class ReconcileLoop:
             log.exception("reconcile tick of fleet %s failed", fleet_id)
         finally:
             close_old_connections()
+            self._provision_start(fleet_id)
             with self._cond:
                 self._running.discard(fleet_id)
                 when = time.monotonic() + delay
                 self._due[fleet_id] = min(self._due.get(fleet_id, when), when)
                 self._cond.notify_all()
+
+    def _provision_start(self, fleet_id: str) -> None:
+        with self._cond:
+            if fleet_id in self._provisioning or self._stopping:
+                return
+            self._provisioning.add(fleet_id)
+        try:
+            self._provision_pool.submit(self._provision, fleet_id)
+        except RuntimeError:  # shut down meanwhile
+            with self._cond:
+                self._provisioning.discard(fleet_id)
+
+    def _provision(self, fleet_id: str) -> None:
+        try:
+            fleet_provision_tick(fleet_id=fleet_id)
+        except Exception:  # noqa: BLE001 - one fleet's failure must not stop the loop
+            log.exception("provisioning pass of fleet %s failed", fleet_id)
+        finally:
+            close_old_connections()
+            with self._cond:
+                self._provisioning.discard(fleet_id)

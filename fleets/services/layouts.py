@@ -123,10 +123,15 @@ def _apply(layout: Layout, prune: bool, report: LayoutReport, actor: str) -> Non
             "provider": d.provider,
             "priority": d.priority,
             "placement": d.placement,
-            "supervisor_url": d.supervisor_url,
-            "serving_base_url": d.serving_base_url,
             "gpu_layout": d.gpu_layout,
+            "driver": d.driver,
         }
+        # A provisioned domain's URLs come from its cluster (fleets.services.provisioning);
+        # re-applying the file must not blank them.
+        if not d.driver or d.supervisor_url:
+            values["supervisor_url"] = d.supervisor_url
+        if not d.driver or d.serving_base_url:
+            values["serving_base_url"] = d.serving_base_url
         domain = Domain.objects.filter(fleet=fleet, slug=d.slug).first()
         if domain is None:
             domain = domain_add(domain=Domain(fleet=fleet, slug=d.slug, **values), now=now)
@@ -164,6 +169,8 @@ def _apply(layout: Layout, prune: bool, report: LayoutReport, actor: str) -> Non
                     "profile": m.profile,
                     "memory": m.memory,
                 }
+                if d.driver and not m.serving_url and binding is not None:
+                    del bvalues["serving_url"]  # set from the cluster at provisioning
                 if binding is None:
                     binding = ModelBinding.objects.create(domain=domain, name=m.name, **bvalues)
                     report.created.append(mlabel)
@@ -281,12 +288,22 @@ def _report_extras(
 
 # Postgres jsonb does not keep key order; export in the layout format's own order so a file
 # exported from either database diffs cleanly against the one it came from.
-_PLACEMENT_ORDER = ("cloud", "region", "accelerator", "acceleratorCount", "useSpot")
+_PLACEMENT_ORDER = (
+    "cloud",
+    "region",
+    "zones",
+    "fallbackRegions",
+    "accelerator",
+    "acceleratorCount",
+    "useSpot",
+    "diskSizeGb",
+    "image",
+)
 _TRAINING_ORDER = ("command", "checkpointDir")
 _GPU_ORDER = ("index", "count", "type", "memoryMiB", "nvlinkGroup", "numaNode", "mig")
 
 
-def _export_slot(s: Slot, planned: bool) -> dict[str, Any]:
+def _export_slot(s: Slot, planned: bool, provisioned: bool) -> dict[str, Any]:
     """One slot in the layout format; a planned slot leaves out what the planner chose."""
     out: dict[str, Any] = {"kind": s.kind}
     if not planned or s.allocation.get("pinned", True):
@@ -300,7 +317,10 @@ def _export_slot(s: Slot, planned: bool) -> dict[str, Any]:
     granted = s.allocation.get("servers", {})
     models: list[dict[str, Any]] = []
     for b in ModelBinding.objects.filter(slot=s).order_by("name"):
-        m: dict[str, Any] = {"name": b.name, "servingUrl": b.serving_url}
+        m: dict[str, Any] = {"name": b.name}
+        # A provisioned domain's serving URLs belong to its current cluster, not to the layout.
+        if not provisioned:
+            m["servingUrl"] = b.serving_url
         profile = dict(b.profile)
         memory = dict(b.memory)
         if planned:
@@ -342,9 +362,12 @@ def layout_export(fleet: Fleet) -> dict[str, Any]:
         dd["priority"] = d.priority
         if d.placement:
             dd["placement"] = _ordered(d.placement, _PLACEMENT_ORDER)
-        if d.supervisor_url:
+        if d.driver:
+            dd["driver"] = d.driver
+        # A provisioned domain's URLs belong to its current cluster, not to the layout.
+        if d.supervisor_url and not d.driver:
             dd["supervisorUrl"] = d.supervisor_url
-        if d.serving_base_url:
+        if d.serving_base_url and not d.driver:
             dd["servingBaseUrl"] = d.serving_base_url
         planned = bool(d.gpu_layout)
         if planned:
@@ -353,7 +376,7 @@ def layout_export(fleet: Fleet) -> dict[str, Any]:
                 if key in d.gpu_layout:
                     dd[key] = d.gpu_layout[key]
         dd["slots"] = [
-            _export_slot(s, planned)
+            _export_slot(s, planned, bool(d.driver))
             for s in Slot.objects.filter(domain=d).order_by("gpu_index", "kind")
         ]
         doc["domains"].append(dd)

@@ -22,6 +22,8 @@ ROUTES = [
     ("post", "/v1/fleets/demo/promote"),
     ("post", "/v1/fleets/demo/demote"),
     ("get", "/v1/fleets/demo/operations"),
+    ("post", "/v1/fleets/demo/domains/west/provision"),
+    ("post", "/v1/fleets/demo/domains/west/stop"),
     ("get", f"/v1/operations/{OP_ID}"),
     ("get", "/v1/openapi.json"),
     ("get", "/v1/docs"),
@@ -54,6 +56,7 @@ def test_route_list_covers_every_api_route():
         url.removeprefix("/v1/")
         .replace("fleets/demo", "fleets/<str:ref>", 1)
         .replace(OP_ID, "<str:operation_id>")
+        .replace("domains/west", "domains/<str:domain>")
         for _m, url in ROUTES
     }
     assert patterns <= covered
@@ -77,7 +80,10 @@ def test_route_with_a_wrong_token_is_401(
     assert api_token not in error["message"]
 
 
-@pytest.mark.parametrize(("method", "url"), [r for r in ROUTES if "reconcile" not in r[1]])
+# Provision and stop refuse the demo's static domains (409); tests/api/test_api_provisioning.py.
+@pytest.mark.parametrize(
+    ("method", "url"), [r for r in ROUTES if "reconcile" not in r[1] and "/domains/" not in r[1]]
+)
 def test_route_with_the_token_is_served(seeded_fleet, client_with_token, method, url):
     response = call(client_with_token, method, url)
     assert response.status_code in {200, 202, 404}, response.content[:300]

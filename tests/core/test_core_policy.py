@@ -20,6 +20,9 @@ TIMEOUT_KEYS = [
     "switchActiveTimeoutMs",
     "sleepTimeoutMs",
     "startTrainingTimeoutMs",
+    "replaceFailedGraceMs",
+    "provisionTimeoutMs",
+    "provisionRetryBackoffMs",
 ]
 
 
@@ -47,7 +50,24 @@ def test_defaults_match_the_design():
         "startTrainingTimeoutMs": 30000,
         "verifyGpuMaxUsedRatio": 0.25,
         "probe": {"prompt": "ping", "maxTokens": 4},
+        "replaceFailedStandby": True,
+        "replaceFailedActive": True,
+        "replaceFailedGraceMs": 60000,
+        "provisionTimeoutMs": 1800000,
+        "provisionRetryBackoffMs": 30000,
+        "stopMode": "down",
     }
+
+
+@pytest.mark.parametrize("key", ["replaceFailedStandby", "replaceFailedActive"])
+def test_replace_switches_must_be_booleans(key):
+    _refused({key: 1}, f"policy.{key}", "true or false")
+    assert validate_policy({key: False}) == {key: False}
+
+
+def test_stop_mode_is_down_or_stop():
+    _refused({"stopMode": "terminate"}, "policy.stopMode", "down")
+    assert Policy.resolve({"stopMode": "stop"}).stop_mode == "stop"
 
 
 def test_empty_policy_stores_nothing_and_resolves_to_defaults():
@@ -73,11 +93,16 @@ def test_resolve_maps_every_camel_case_key_to_its_field():
         **{key: 1000 + i for i, key in enumerate(TIMEOUT_KEYS)},
         "verifyGpuMaxUsedRatio": 0.5,
         "probe": {"prompt": "hello", "maxTokens": 32},
+        "replaceFailedStandby": False,
+        "replaceFailedActive": False,
+        "stopMode": "stop",
     }
     policy = Policy.resolve(raw)
     assert policy.to_json() == raw
     assert policy.heartbeat_stale_ms == 1000
     assert policy.start_training_timeout_ms == 1009
+    assert policy.provision_timeout_ms == 1011
+    assert (policy.replace_failed_standby, policy.replace_failed_active) == (False, False)
     assert policy.verify_gpu_max_used_ratio == 0.5
 
 

@@ -10,6 +10,7 @@ from django.test import Client
 
 from fleets.models import Domain, Event, Operation
 from fleets.services.operations import operation_request, operation_start
+from tests.drivers.managed_layout import seed_managed_fleet
 
 pytestmark = pytest.mark.django_db
 
@@ -228,3 +229,21 @@ def test_reconcile_now_runs_a_tick_like_the_api(staff_client, seeded_fleet):
     assert failed.count() == 2
     page = staff_client.get("/fleets/demo/").content.decode()
     assert "last heartbeat:" in page
+
+
+def test_provision_and_stop_buttons_act_on_managed_domains(staff_client, db):
+    seed_managed_fleet()
+    page = staff_client.get("/fleets/prov/").content.decode()
+    assert 'data-action="stop"' in page  # the managed standby
+    response = staff_client.post(
+        "/fleets/prov/actions/stop/", {"target": "west", "confirm": "on"},
+        HTTP_ACCEPT="application/json",
+    )  # fmt: skip
+    assert response.status_code == 202, response.content
+    assert Domain.objects.get(slug="west").state == "stopping"
+    refused = staff_client.post(
+        "/fleets/prov/actions/provision/", {"target": "east", "confirm": "on"},
+        HTTP_ACCEPT="application/json",
+    )  # fmt: skip
+    assert refused.status_code == 409
+    assert refused.json()["error"]["code"] == "provision_refused"

@@ -1,8 +1,9 @@
 """Run reconcile ticks from the command line: `python manage.py reconcile [--fleet SLUG] [--loop]`.
 
 Once (the default): one tick of each fleet, each result printed as a JSON line; for cron or
-for poking a stuck fleet by hand. With --loop: the same loop the server runs, in the foreground,
-until Ctrl-C.
+for poking a stuck fleet by hand. With --provision, each tick is followed by a provisioning pass
+(the `sky` CLI, for domains Haru provisions). With --loop: the same loop the server runs (ticks
+and provisioning passes), in the foreground, until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from fleets.reconciler.loop import ReconcileLoop
+from fleets.reconciler.provision import fleet_provision_tick
 from fleets.reconciler.tick import fleets_to_reconcile, tick_run
 from fleets.selectors import operation_json
 
@@ -30,6 +32,11 @@ class Command(BaseCommand):
             help="fleet slug or UUID (repeatable; default: HARU_RECONCILE_FLEETS, else all)",
         )
         parser.add_argument("--loop", action="store_true", help="keep ticking until interrupted")
+        parser.add_argument(
+            "--provision",
+            action="store_true",
+            help="also run a provisioning pass per fleet after its tick (calls the sky CLI)",
+        )
         parser.add_argument(
             "--interval-ms",
             type=int,
@@ -47,16 +54,16 @@ class Command(BaseCommand):
             raise CommandError(f"no such fleet: {', '.join(selection)}")
         for fleet_id in ids:
             result = tick_run(fleet_id=fleet_id, wait_s=10.0, actor="reconcile-command")
-            self.stdout.write(
-                json.dumps(
-                    {
-                        "fleetId": result.fleet_id,
-                        "ran": result.ran,
-                        "operation": operation_json(result.operation()),
-                        "nudgeMs": result.nudge_ms,
-                    }
-                )
-            )
+            line = {
+                "fleetId": result.fleet_id,
+                "ran": result.ran,
+                "operation": operation_json(result.operation()),
+                "nudgeMs": result.nudge_ms,
+            }
+            if opts["provision"]:
+                passed = fleet_provision_tick(fleet_id=fleet_id, actor="reconcile-command")
+                line["provisioned"] = {"ran": passed.ran, "busy": passed.busy}
+            self.stdout.write(json.dumps(line))
 
     def _loop(self, selection, interval_ms):
         interval = interval_ms or settings.HARU["reconcile_interval_ms"] or 5000

@@ -1,0 +1,2 @@
+"""Drivers for domains Haru provisions: SkyPilot and SkyServe through the `sky` CLI
+(docs/drivers.md)."""

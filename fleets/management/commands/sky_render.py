@@ -1,0 +1,75 @@
+"""Print what Haru would launch for a domain: `python manage.py sky_render FLEET DOMAIN`.
+
+The SkyPilot task YAML (or SkyServe service YAML) exactly as the provisioning pass renders it,
+for review before anything is launched; secrets appear as the references they are (the value
+travels only as `--secret NAME` from the environment, never in the file). Calls no cloud.
+"""
+
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError
+
+from fleets.drivers.cloud_placement import CloudPlacementError, parse_cloud_placement
+from fleets.drivers.render import cluster_name, for_review, render_domain
+from fleets.errors import FleetNotFound, InvalidTarget
+from fleets.selectors import domain_get, fleet_get
+
+
+class Command(BaseCommand):
+    help = "Print the SkyPilot/SkyServe YAML Haru would launch for a domain (no cloud calls)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("fleet", help="fleet slug or UUID")
+        parser.add_argument("domain", help="domain slug or UUID")
+        parser.add_argument(
+            "--candidate",
+            type=int,
+            default=None,
+            help="which region/zone of the placement's list to render (default: the one the "
+            "next launch would use)",
+        )
+
+    def handle(self, *args, **opts):
+        try:
+            fleet = fleet_get(opts["fleet"])
+        except FleetNotFound as exc:
+            raise CommandError(str(exc)) from None
+        try:
+            domain = domain_get(fleet, opts["domain"])
+        except InvalidTarget as exc:
+            raise CommandError(str(exc)) from None
+        if domain.provider == "static" or not domain.driver:
+            raise CommandError(
+                f"domain {domain.slug!r} is not provisioned by Haru (provider {domain.provider}"
+                f"{'' if domain.driver else ', no driver settings in the layout'})"
+            )
+        index = opts["candidate"]
+        if index is None:
+            index = int((domain.driver_status or {}).get("candidate", 0))
+        try:
+            candidates = parse_cloud_placement(domain.placement).candidates()
+            if not 0 <= index < len(candidates):
+                raise CommandError(
+                    f"--candidate must be 0 to {len(candidates) - 1} "
+                    f"({', '.join(c.label() for c in candidates)})"
+                )
+            rendered = render_domain(
+                provider=domain.provider,
+                fleet_slug=fleet.slug,
+                domain_slug=domain.slug,
+                placement=domain.placement,
+                driver=domain.driver,
+                candidate_index=index,
+            )
+        except CloudPlacementError as exc:
+            raise CommandError(str(exc)) from None
+        name = cluster_name(fleet.slug, domain.slug)
+        verb = "sky serve up -n" if domain.provider == "skyserve" else "sky launch -c"
+        secrets = " ".join(f"--secret {n}" for n in rendered.secret_names)
+        order = ", ".join(
+            f"{'>' if i == index else ' '}{c.label()}" for i, c in enumerate(candidates)
+        )
+        self.stdout.write(f"# {domain.provider} {fleet.slug}/{domain.slug} as {name}")
+        self.stdout.write(f"# launch order: {order}")
+        self.stdout.write(f"# launched with: {verb} {name} -y --async {secrets} <this file>")
+        self.stdout.write(for_review(rendered).rstrip("\n"))

@@ -1,0 +1,274 @@
+"""Provisioning writes: begin, advance a phase, record endpoints, fail, stop, stopped.
+
+Each is one conditional UPDATE on the domain guarded by its state and `provision_attempt` (the
+claim token: a worker that read attempt N writes only if nobody moved it since, and bumps it),
+checked first against the state table (`fleets.core.states`) and the phase table
+(`fleets.core.provisioning`). The `sky` CLI is never called here: callers call it before or
+after, outside any transaction.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from django.db import transaction
+
+from fleets import clock
+from fleets.core.provisioning import PHASES_OF_STATE, Phase, check_phase
+from fleets.core.states import DomainState, Provider, check_transition
+from fleets.errors import ServiceError
+from fleets.models import Domain, Fleet, ModelBinding
+from fleets.services.events import event_record
+
+
+class ProvisionRefused(ServiceError):
+    """An operator asked for a provisioning move the domain cannot make now."""
+
+    code = "provision_refused"
+    status = 409
+
+
+def is_managed(domain: Domain) -> bool:
+    """Whether Haru provisions this domain itself (a driver provider with launch settings)."""
+    return domain.provider in (Provider.SKYPILOT, Provider.SKYSERVE) and bool(domain.driver)
+
+
+def _fresh_status(phase: Phase, now: datetime, reason: str) -> dict[str, Any]:
+    return {
+        "phase": phase.value,
+        "startedAt": clock.iso(now),
+        "candidate": 0,
+        "launches": 0,
+        "reason": reason,
+    }
+
+
+def domain_provision_begin(
+    *, domain_id: UUID | str, actor: str, reason: str, from_states: frozenset[str] | None = None
+) -> bool:
+    """Move a managed domain to `provisioning`: from `stopped` it launches; from `failed` it
+    first tears the old cluster down (replace). Clears its URLs, which belong to the old
+    cluster. Return whether it moved; raise ProvisionRefused for a domain that cannot."""
+    domain = Domain.objects.filter(pk=domain_id).first()
+    if domain is None:
+        raise ProvisionRefused("domain not found")
+    if not is_managed(domain):
+        raise ProvisionRefused(
+            f"domain {domain.slug!r} is not provisioned by Haru (provider {domain.provider}"
+            f"{'' if domain.driver else ', no driver settings'})"
+        )
+    sources = from_states or frozenset({DomainState.FAILED, DomainState.STOPPED})
+    if domain.state not in sources:
+        raise ProvisionRefused(
+            f"domain {domain.slug!r} is {domain.state}; only a failed or stopped domain is "
+            "provisioned (stop it first to replace a live one)"
+        )
+    active = Fleet.objects.filter(pk=domain.fleet_id).values_list("active_domain_id", flat=True)
+    if active.first() == domain.id:
+        raise ProvisionRefused(
+            f"domain {domain.slug!r} is the active domain; promote another domain first"
+        )
+    check_transition("domain", domain.state, DomainState.PROVISIONING)
+    old_phase = (domain.driver_status or {}).get("phase", "")
+    phase = Phase.LAUNCH if domain.state == DomainState.STOPPED else Phase.REPLACE
+    check_phase(old_phase, phase)
+    now = clock.now()
+    with transaction.atomic():
+        moved = Domain.objects.filter(
+            pk=domain.id, state=domain.state, provision_attempt=domain.provision_attempt
+        ).update(
+            state=DomainState.PROVISIONING,
+            state_updated_at=now,
+            driver_status=_fresh_status(phase, now, reason),
+            provision_attempt=domain.provision_attempt + 1,
+            supervisor_url="",
+            serving_base_url="",
+        )
+        if moved:
+            event_record(
+                fleet_id=domain.fleet_id,
+                domain_id=domain.id,
+                kind="domain.provisioning",
+                actor=actor,
+                data={"from": domain.state, "to": DomainState.PROVISIONING, "reason": reason},
+            )
+    return bool(moved)
+
+
+def domain_phase_advance(
+    *,
+    domain: Domain,
+    to_phase: Phase,
+    updates: dict[str, Any] | None = None,
+    actor: str = "provisioner",
+    event: str | None = None,
+    event_data: dict[str, Any] | None = None,
+) -> Domain | None:
+    """Move the domain's driver phase if nobody moved it since `domain` was read; return the
+    domain as written, or None when another worker won."""
+    status = dict(domain.driver_status or {})
+    from_phase = status.get("phase", "")
+    if from_phase != to_phase:
+        check_phase(from_phase, to_phase)
+    if to_phase not in PHASES_OF_STATE.get(domain.state, frozenset()):
+        raise ValueError(f"phase {to_phase} does not belong to a {domain.state} domain")
+    status.update(updates or {})
+    status["phase"] = to_phase.value
+    with transaction.atomic():
+        moved = Domain.objects.filter(
+            pk=domain.id, state=domain.state, provision_attempt=domain.provision_attempt
+        ).update(driver_status=status, provision_attempt=domain.provision_attempt + 1)
+        if moved and event:
+            event_record(
+                fleet_id=domain.fleet_id,
+                domain_id=domain.id,
+                kind=event,
+                actor=actor,
+                data=event_data or {},
+            )
+    if not moved:
+        return None
+    domain.driver_status = status
+    domain.provision_attempt += 1
+    return domain
+
+
+def domain_endpoints_record(
+    *, domain: Domain, supervisor_url: str, serving_base_url: str, actor: str = "provisioner"
+) -> bool:
+    """Record the URLs of the cluster that came up (phase wait -> up), and point every model
+    binding the layout left without a URL (or at the old base) at the new serving base."""
+    status = dict(domain.driver_status or {})
+    check_phase(status.get("phase", ""), Phase.UP)
+    status.update(phase=Phase.UP.value, upAt=clock.iso(clock.now()))
+    with transaction.atomic():
+        moved = Domain.objects.filter(
+            pk=domain.id,
+            state=DomainState.PROVISIONING,
+            provision_attempt=domain.provision_attempt,
+        ).update(
+            supervisor_url=supervisor_url,
+            serving_base_url=serving_base_url,
+            driver_status=status,
+            provision_attempt=domain.provision_attempt + 1,
+        )
+        if moved:
+            if serving_base_url:
+                stale = {"", domain.serving_base_url} - {serving_base_url}
+                ModelBinding.objects.filter(domain_id=domain.id, serving_url__in=stale).update(
+                    serving_url=serving_base_url
+                )
+            event_record(
+                fleet_id=domain.fleet_id,
+                domain_id=domain.id,
+                kind="domain.provision.up",
+                actor=actor,
+                data={
+                    "supervisorUrl": supervisor_url,
+                    "servingBaseUrl": serving_base_url,
+                    "candidate": status.get("where"),
+                },
+            )
+    return bool(moved)
+
+
+def domain_provision_fail(
+    *, domain: Domain, error: dict[str, Any], actor: str = "provisioner"
+) -> bool:
+    """Give up this provisioning round: the domain goes `failed` with the driver's error."""
+    check_transition("domain", domain.state, DomainState.FAILED)
+    status = {**(domain.driver_status or {}), "lastError": error}
+    now = clock.now()
+    with transaction.atomic():
+        moved = Domain.objects.filter(
+            pk=domain.id, state=domain.state, provision_attempt=domain.provision_attempt
+        ).update(
+            state=DomainState.FAILED,
+            state_updated_at=now,
+            driver_status=status,
+            provision_attempt=domain.provision_attempt + 1,
+        )
+        if moved:
+            event_record(
+                fleet_id=domain.fleet_id,
+                domain_id=domain.id,
+                kind="domain.failed",
+                actor=actor,
+                data={
+                    "from": domain.state,
+                    "to": DomainState.FAILED,
+                    "reason": "provisioning",
+                    "error": error,
+                },
+            )
+    return bool(moved)
+
+
+def domain_stop_request(*, domain_id: UUID | str, actor: str, reason: str = "manual") -> bool:
+    """Move a managed, non-active domain to `stopping` (its cluster is torn down next)."""
+    domain = Domain.objects.filter(pk=domain_id).first()
+    if domain is None:
+        raise ProvisionRefused("domain not found")
+    if not is_managed(domain):
+        raise ProvisionRefused(
+            f"domain {domain.slug!r} is not provisioned by Haru; stop its hosts where they run"
+        )
+    if domain.state in (DomainState.STOPPING, DomainState.STOPPED):
+        return False  # asking twice is what was asked
+    active = Fleet.objects.filter(pk=domain.fleet_id).values_list("active_domain_id", flat=True)
+    if active.first() == domain.id:
+        raise ProvisionRefused(
+            f"domain {domain.slug!r} is the active domain; promote another domain first"
+        )
+    check_transition("domain", domain.state, DomainState.STOPPING)
+    old_phase = (domain.driver_status or {}).get("phase", "")
+    check_phase(old_phase, Phase.TEARDOWN)
+    now = clock.now()
+    with transaction.atomic():
+        moved = Domain.objects.filter(
+            pk=domain.id, state=domain.state, provision_attempt=domain.provision_attempt
+        ).update(
+            state=DomainState.STOPPING,
+            state_updated_at=now,
+            driver_status={
+                **(domain.driver_status or {}),
+                "phase": Phase.TEARDOWN.value,
+                "stopRequestedAt": clock.iso(now),
+            },
+            provision_attempt=domain.provision_attempt + 1,
+        )
+        if moved:
+            event_record(
+                fleet_id=domain.fleet_id,
+                domain_id=domain.id,
+                kind="domain.stopping",
+                actor=actor,
+                data={"from": domain.state, "to": DomainState.STOPPING, "reason": reason},
+            )
+    return bool(moved)
+
+
+def domain_stopped(*, domain: Domain, mode: str, actor: str = "provisioner") -> bool:
+    """Confirm the teardown: `stopping` -> `stopped`, URLs cleared (the cluster is gone)."""
+    check_transition("domain", domain.state, DomainState.STOPPED)
+    with transaction.atomic():
+        moved = Domain.objects.filter(
+            pk=domain.id, state=DomainState.STOPPING, provision_attempt=domain.provision_attempt
+        ).update(
+            state=DomainState.STOPPED,
+            state_updated_at=clock.now(),
+            supervisor_url="",
+            serving_base_url="",
+            provision_attempt=domain.provision_attempt + 1,
+        )
+        if moved:
+            event_record(
+                fleet_id=domain.fleet_id,
+                domain_id=domain.id,
+                kind="domain.stopped",
+                actor=actor,
+                data={"from": DomainState.STOPPING, "to": DomainState.STOPPED, "mode": mode},
+            )
+    return bool(moved)
