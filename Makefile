@@ -1,19 +1,16 @@
 # Two commands do all the set-up on a fresh machine: `make demo` and `make test`.
-PYTHON ?= python3.11
+# The interpreter: $(PYTHON) when set, else the first of Python 3.11-3.13 that actually runs
+# (on PATH, then ~/.pyenv); see tools/pick-python. Changing it rebuilds the venv.
+export PYTHON
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
 
 .PHONY: install demo test test-fast lint format migrations-check clean serve
 
-install: $(STAMP)
-
-$(STAMP): pyproject.toml constraints.txt
-	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) on PATH"; exit 1; }
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[server,dev]'
-	touch $(STAMP)
+# Always consulted: tools/ensure-venv returns at once when the stamp in the venv matches the
+# interpreter and the dependency files.
+install:
+	@tools/ensure-venv $(VENV)
 
 demo: install
 	$(PY) -m haru.demo
@@ -40,4 +37,4 @@ migrations-check: install
 	$(PY) manage.py makemigrations --check --dry-run
 
 clean:
-	rm -rf $(VENV) var .pytest_cache
+	rm -rf $(VENV) .venv-3.* var .pytest_cache
