@@ -20,6 +20,9 @@ PROBE_MAX_TOKENS_MAX = MAX_PROBE_TOKENS
 
 DEFAULTS: dict[str, Any] = {
     "autoFailover": False,
+    # A standby that is back and healthy but awake (a former active whose host returned after
+    # the promotion's own demote steps gave up) is demoted to standby posture by the reconciler.
+    "restoreStandbyOnReturn": True,
     "heartbeatStaleMs": 30_000,
     "degradedGraceMs": 60_000,
     "trainingStopGraceMs": 30_000,
@@ -146,7 +149,7 @@ def validate_policy(raw: object, *, path: str = "policy") -> dict[str, Any]:
         if key not in raw:
             continue
         value, where = raw[key], f"{path}.{key}"
-        if key == "autoFailover":
+        if key in ("autoFailover", "restoreStandbyOnReturn"):
             if not isinstance(value, bool):
                 raise PolicyError(where, "must be true or false")
             out[key] = value
@@ -164,6 +167,7 @@ class Policy:
     """A fully resolved fleet policy; field defaults equal `DEFAULTS`."""
 
     auto_failover: bool = DEFAULTS["autoFailover"]
+    restore_standby_on_return: bool = DEFAULTS["restoreStandbyOnReturn"]
     heartbeat_stale_ms: int = DEFAULTS["heartbeatStaleMs"]
     degraded_grace_ms: int = DEFAULTS["degradedGraceMs"]
     training_stop_grace_ms: int = DEFAULTS["trainingStopGraceMs"]
@@ -185,6 +189,7 @@ class Policy:
         merged = {**DEFAULTS, **given, "probe": {**DEFAULTS["probe"], **given.get("probe", {})}}
         return cls(
             auto_failover=merged["autoFailover"],
+            restore_standby_on_return=merged["restoreStandbyOnReturn"],
             heartbeat_stale_ms=merged["heartbeatStaleMs"],
             degraded_grace_ms=merged["degradedGraceMs"],
             training_stop_grace_ms=merged["trainingStopGraceMs"],
@@ -204,6 +209,7 @@ class Policy:
         """Return the resolved policy in the public camelCase shape of `DEFAULTS`."""
         return {
             "autoFailover": self.auto_failover,
+            "restoreStandbyOnReturn": self.restore_standby_on_return,
             "heartbeatStaleMs": self.heartbeat_stale_ms,
             "degradedGraceMs": self.degraded_grace_ms,
             "trainingStopGraceMs": self.training_stop_grace_ms,
