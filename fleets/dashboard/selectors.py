@@ -511,7 +511,7 @@ def overview_rows(*, now: datetime) -> list[dict[str, Any]]:
                     {
                         "kind": op.kind,
                         "state": op.state,
-                        "target": op.target_domain.slug,
+                        "target": op.target_slug,
                         "current_step": op.current_step,
                         "step_started_at": iso(op.step_started_at),
                         "reason": op.reason,
