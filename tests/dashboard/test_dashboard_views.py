@@ -228,3 +228,20 @@ def test_reconcile_now_runs_a_tick_like_the_api(staff_client, seeded_fleet):
     assert failed.count() == 2
     page = staff_client.get("/fleets/demo/").content.decode()
     assert "last heartbeat:" in page
+
+
+def test_login_page_prints_the_createsuperuser_command_of_this_installation(client):
+    import sys
+    from pathlib import Path
+
+    from django.conf import settings
+
+    page = client.get("/login/").content.decode()
+    python = Path(sys.executable)
+    expected = (
+        str(python.relative_to(settings.BASE_DIR))
+        if python.is_relative_to(settings.BASE_DIR)
+        else "python"
+    )
+    assert f"<code>{expected} manage.py createsuperuser</code>" in page
+    assert str(settings.BASE_DIR) not in page  # no absolute paths on a public page
