@@ -16,8 +16,10 @@ from celery import shared_task
 from celery.signals import worker_process_init
 from django.conf import settings
 
+from fleets import clock
 from fleets.reconciler import kick
 from fleets.reconciler.tick import fleets_to_reconcile, tick_run
+from fleets.services.retention import history_prune, retention_cutoff
 
 log = logging.getLogger(__name__)
 
@@ -90,3 +92,24 @@ def reconcile_all() -> list[str]:
         # Expire with the beat: a backlog of stale ticks after an outage is pure waste.
         reconcile_fleet.apply_async(args=[fleet_id], expires=_interval_s())
     return ids
+
+
+@shared_task(
+    name="fleets.prune_history",
+    acks_late=True,
+    soft_time_limit=600,
+    time_limit=900,
+    ignore_result=True,
+)
+def prune_history() -> dict:
+    """Drop events and finished operations older than HARU_EVENT_RETENTION_DAYS."""
+    days = settings.HARU["event_retention_days"]
+    report = history_prune(older_than=retention_cutoff(clock.now(), days))
+    if report.events or report.operations:
+        log.info(
+            "retention: pruned %d event(s), %d operation(s) older than %d day(s)",
+            report.events,
+            report.operations,
+            days,
+        )
+    return {"events": report.events, "operations": report.operations}

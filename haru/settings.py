@@ -37,6 +37,9 @@ def _load() -> dict:
             "reconcile_interval_ms": env.integer("HARU_RECONCILE_INTERVAL_MS", None, minimum=100),
             "reconcile_fleets": env.csv("HARU_RECONCILE_FLEETS"),
             "fleet_layout": env.raw("HARU_FLEET_LAYOUT"),
+            "event_retention_days": env.integer(
+                "HARU_EVENT_RETENTION_DAYS", 30, minimum=1, maximum=36500
+            ),
             "debug": env.boolean("HARU_DEBUG", False),
             "allowed_hosts": env.csv("HARU_ALLOWED_HOSTS") or ["*"],
             "secret_key": env.raw("HARU_SECRET_KEY"),
@@ -181,7 +184,13 @@ CELERY_BEAT_SCHEDULE = {
         "task": "fleets.reconcile_all",
         "schedule": _BEAT_S,
         "options": {"expires": _BEAT_S},
-    }
+    },
+    # Events and finished operations older than HARU_EVENT_RETENTION_DAYS, once an hour.
+    "prune-history": {
+        "task": "fleets.prune_history",
+        "schedule": 3600.0,
+        "options": {"expires": 3600.0},
+    },
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 

@@ -220,7 +220,7 @@ def failover_chart(fleet: Fleet, slugs: dict) -> chart_mod.Chart:
                 operation_id=str(op.id),
                 finished_at=op.finished_at or op.created_at,
                 reason=op.reason,
-                target=slugs.get(op.target_domain_id, "?"),
+                target=slugs.get(op.target_domain_id) or op.target_domain_slug or "?",
                 durations_ms=durations,
             )
         )
