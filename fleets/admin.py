@@ -195,9 +195,7 @@ class FleetAdmin(admin.ModelAdmin):
     @admin.display(description="in flight")
     def in_flight(self, obj):
         op = operation_in_flight(obj.id)
-        return (
-            f"{op.kind} -> {op.target_slug} ({op.current_step or op.state})" if op else "-"
-        )
+        return f"{op.kind} -> {op.target_slug} ({op.current_step or op.state})" if op else "-"
 
     @admin.display(description="dashboard")
     def dashboard(self, obj):

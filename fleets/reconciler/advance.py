@@ -23,7 +23,7 @@ from fleets.core.states import (
     OperationKind,
     OperationState,
 )
-from fleets.models import Id, Operation
+from fleets.models import Event, Id, Operation
 from fleets.reconciler import demote, metrics, posture, promote
 from fleets.reconciler.client import CALL_CAP_S, SupervisorClient
 from fleets.reconciler.steps import STEP_TIMEOUT, StepContext, StepResult
@@ -97,6 +97,8 @@ def operation_advance(
         if ctx.expired():
             _timeout(ctx, result, actor, client_for)
             continue
+        if result.trouble:
+            _record_retry(ctx, result, actor)
         wait_s = result.retry_ms / 1000
         if time.monotonic() - started + wait_s <= poll_s:
             time.sleep(wait_s)
@@ -125,6 +127,23 @@ def _record_done(ctx: StepContext, result: StepResult, actor: str) -> None:
         metrics.observe_step(kind=op.kind, step=step, outcome=result.outcome, seconds=seconds)
         if failover_s is not None:
             metrics.observe_failover(failover_s)
+
+
+def _record_retry(ctx: StepContext, result: StepResult, actor: str) -> None:
+    """Record one failed attempt of a step that will be tried again (the dashboard shows it)."""
+    op, step = ctx.operation, ctx.step
+    attempt = (
+        Event.objects.filter(operation_id=op.id, kind="operation.step.retry", step=step).count() + 1
+    )
+    event_record(
+        fleet_id=op.fleet_id,
+        operation_id=op.id,
+        domain_id=op.source_domain_id if step in BEST_EFFORT_STEPS else op.target_domain_id,
+        kind="operation.step.retry",
+        step=step,
+        actor=actor,
+        data={"attempt": attempt, "message": result.message[:500], "retryMs": result.retry_ms},
+    )
 
 
 def _timeout(

@@ -36,6 +36,10 @@ NO_INFERENCE_BINDINGS = "no_inference_bindings"
 # How soon a step waiting on the outside world is looked at again.
 RETRY_FAST_MS = 15
 RETRY_MS = 200
+# After a failed supervisor call (a wake that errored, an unreachable host) the step retries
+# this often, and each retry is an `operation.step.retry` event: the operator sees every
+# attempt, and a step budget of minutes makes a bounded number of events.
+TROUBLE_RETRY_MS = 1000
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,8 @@ class StepResult:
     message: str = ""
     # pending: when to look again, and what we are waiting for (kept for the timeout message)
     retry_ms: int = RETRY_MS
+    # pending because a supervisor call failed (each retry is recorded as an event)
+    trouble: bool = False
 
     @property
     def done(self) -> bool:
@@ -135,7 +141,9 @@ def supervisor_trouble(call: Call, *, on_target: bool, what: str) -> StepResult:
     assert call.error is not None
     if call.unauthorized and on_target:
         return failed(SUPERVISOR_UNAUTHORIZED, f"{what}: {call.error.message}")
-    return pending(f"{what}: {call.error.message}")
+    return StepResult(
+        PENDING, message=f"{what}: {call.error.message}", retry_ms=TROUBLE_RETRY_MS, trouble=True
+    )
 
 
 def percent(ratio: float) -> str:

@@ -172,3 +172,21 @@ def test_restore_on_return_off_leaves_the_returned_host_awake(
 
     assert not Operation.objects.filter(kind="demote").exists()
     assert slot_states(domains()["east"])["inference"] == "failed"
+
+
+def test_each_retry_of_a_failing_wake_is_an_event_until_the_step_times_out(
+    fleet, tick, hosts, domains, fake_clock
+):
+    tick()
+    hosts.hosts["west"].wake_fails = True
+    operation_request(fleet=fleet, kind="promote", target_domain_id=domains()["west"].id)
+
+    op = run_until_done(tick, limit=40, clock=fake_clock, step_ms=1000)
+
+    assert op.state == "failed" and op.error["code"] == "step_timeout"
+    retries = list(Event.objects.filter(operation=op, kind="operation.step.retry").order_by("id"))
+    assert len(retries) >= 2
+    assert {e.step for e in retries} == {"wake"}
+    assert [e.data["attempt"] for e in retries] == list(range(1, len(retries) + 1))
+    assert "wake failed" in retries[0].data["message"]
+    assert all(e.domain_id == domains()["west"].id for e in retries)
