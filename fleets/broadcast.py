@@ -244,6 +244,7 @@ def _send(fleet_id, message: dict) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
+
     async def send_both() -> None:
         await layer.group_send(fleet_group(fleet_id), message)
         await layer.group_send(ALL_FLEETS_GROUP, message)
