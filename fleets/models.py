@@ -191,7 +191,9 @@ class Operation(models.Model):
     target_domain = models.ForeignKey(
         Domain, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
-    target_domain_slug = models.CharField(max_length=63, blank=True, default="")
+    # db_default: replicas still running the previous release insert operations without this
+    # column while the migration is applied (deploy/README.md, "Upgrading").
+    target_domain_slug = models.CharField(max_length=63, blank=True, default="", db_default="")
     # The routing pointer captured when the operation was created: the domain a promotion
     # demotes afterwards, whatever the pointer says by then.
     source_domain = models.ForeignKey(

@@ -102,7 +102,8 @@ WSGI_APPLICATION = None
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        # Inside the package, so an installed wheel carries them (pyproject package-data).
+        "DIRS": [BASE_DIR / "haru" / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -149,7 +150,7 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "/static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_DIRS = [BASE_DIR / "haru" / "static"]
 # WhiteNoise serves assets straight from the finders: no collectstatic step, no STATIC_ROOT, no
 # CDN (the portal runs in closed networks).
 WHITENOISE_USE_FINDERS = True

@@ -38,7 +38,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='operation',
             name='target_domain_slug',
-            field=models.CharField(blank=True, default='', max_length=63),
+            field=models.CharField(blank=True, db_default='', default='', max_length=63),
         ),
         migrations.AlterField(
             model_name='operation',
