@@ -1,4 +1,4 @@
-"""Django settings, read from environment variables only (DESIGN.md section 6).
+"""Django settings, read from environment variables only (docs/design.md, "Configuration").
 
 Unset DATABASE_URL means the embedded default (a SQLite file under var/, WAL mode); unset
 REDIS_URL means the in-memory channel layer and no Celery broker. A malformed value stops

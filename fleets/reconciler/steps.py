@@ -24,7 +24,7 @@ DONE = "done"
 PENDING = "pending"
 FAILED = "failed"
 
-# Codes an operation can fail with (facts.md section 1).
+# Codes an operation can fail with (docs/design.md, "Error codes").
 SUPERVISOR_UNAUTHORIZED = "supervisor_unauthorized"
 STEP_TIMEOUT = "step_timeout"
 PROBE_FAILED = "probe_failed"
