@@ -15,7 +15,7 @@ def copy_target_slugs(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('fleets', '0001_initial'),
+        ('fleets', '0002_scheduling_columns'),
     ]
 
     operations = [
