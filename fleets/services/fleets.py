@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import uuid
+from typing import Any
+
 from django.db import transaction
 
 from fleets import clock
@@ -12,7 +15,7 @@ from fleets.selectors import iso, operation_json
 from fleets.services.layouts import layout_export
 
 
-def _event_json(event: Event) -> dict:
+def _event_json(event: Event) -> dict[str, Any]:
     return {
         "id": event.id,
         "kind": event.kind,
@@ -26,7 +29,7 @@ def _event_json(event: Event) -> dict:
     }
 
 
-def fleet_delete(*, fleet_id, actor: str) -> FleetArchive:
+def fleet_delete(*, fleet_id: uuid.UUID | str, actor: str) -> FleetArchive:
     """Delete a fleet with its domains, slots, models, operations and events.
 
     Refused (OperationConflict) while an operation is in flight: its steps would act on rows

@@ -9,10 +9,13 @@ lock. Fleet archives (fleet_delete) are never touched.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import transaction
+from django.db.models import QuerySet
 
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES, OperationKind, OperationState
 from fleets.models import Event, Fleet, Operation
@@ -32,7 +35,7 @@ class PruneReport:
     dry_run: bool = False
 
 
-def _kept_operation_ids() -> set:
+def _kept_operation_ids() -> set[uuid.UUID]:
     kept = set(
         Operation.objects.filter(state__in=IN_FLIGHT_OPERATION_STATES).values_list("id", flat=True)
     )
@@ -47,7 +50,7 @@ def _kept_operation_ids() -> set:
     return kept
 
 
-def _delete_in_batches(queryset) -> int:
+def _delete_in_batches(queryset: QuerySet[Any]) -> int:
     total = 0
     while True:
         ids = list(queryset.values_list("id", flat=True)[:BATCH])
