@@ -315,7 +315,7 @@ def recent_events(fleet: Fleet, slugs: dict, limit: int = EVENT_LIMIT) -> list[d
 
 # What a slot state proves about its models when it changed after the last heartbeat: the
 # operation that moved it checked the supervisor itself (a wake proven, a probe passed).
-_POSTURE_OF_SLOT = {
+_POSTURE_OF_SLOT: dict[str, str] = {
     InferenceState.SERVING: "awake",
     InferenceState.PROBING: "awake",
     InferenceState.WAKING: "waking",

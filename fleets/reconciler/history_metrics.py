@@ -49,7 +49,8 @@ class _Histogram:
         self.total += seconds
 
     def buckets(self) -> list[tuple[str, float]]:
-        out, running = [], 0
+        out: list[tuple[str, float]] = []
+        running = 0
         for bound, count in zip((*map(str, BUCKETS), "+Inf"), self.counts, strict=True):
             running += count
             out.append((bound, running))
@@ -66,14 +67,15 @@ def step_samples() -> Iterator[tuple[tuple[str, str, str], float]]:
         kind__in=_STEP_EVENT_KINDS, duration_ms__isnull=False, operation__isnull=False
     ).values_list("operation__kind", "step", "kind", "duration_ms")
     for op_kind, step, kind, ms in rows.iterator(chunk_size=2000):
-        yield (op_kind, step, _outcome(kind)), max(0, ms) / 1000
+        if ms is not None:  # the filter says so; the type does not
+            yield (op_kind, step, _outcome(kind)), max(0, ms) / 1000
     failed = Operation.objects.filter(
         state=OperationState.FAILED, step_started_at__isnull=False, finished_at__isnull=False
     ).values_list("kind", "error", "step_started_at", "finished_at")
     for op_kind, error, started, finished in failed.iterator(chunk_size=2000):
-        step = error.get("step") if isinstance(error, dict) else None
-        if step:
-            yield (op_kind, step, "failed"), max(0.0, (finished - started).total_seconds())
+        at = error.get("step") if isinstance(error, dict) else None
+        if isinstance(at, str) and at and started is not None and finished is not None:
+            yield (op_kind, at, "failed"), max(0.0, (finished - started).total_seconds())
 
 
 def failover_samples() -> Iterator[float]:

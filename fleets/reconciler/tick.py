@@ -182,7 +182,8 @@ def _maybe_restore_standby(fleet: Fleet, now: datetime, actor: str) -> None:
     last_failed: dict[str, datetime] = {}
     for domain_id, finished_at in failed:
         key = str(domain_id)
-        last_failed[key] = max(finished_at, last_failed.get(key, finished_at))
+        if finished_at is not None:  # the filter says so; the type does not
+            last_failed[key] = max(finished_at, last_failed.get(key, finished_at))
     target = standby_to_restore(fleet_view(fleet), now, last_failed)
     if target is None:
         return
