@@ -240,7 +240,8 @@ class Operation(models.Model):
         """The target domain's slug, also after a prune removed the domain."""
         if self.target_domain_slug:
             return self.target_domain_slug
-        return self.target_domain.slug if self.target_domain_id else ""
+        target = self.target_domain if self.target_domain_id else None
+        return target.slug if target is not None else ""
 
 
 class FleetArchive(models.Model):

@@ -40,9 +40,11 @@ from supervisor.records import ProcessStamp, StateDir
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 SERVER_PORT = 8700
+# Each host's simulated model servers (its supervisor config names the same ports).
+MODEL_PORTS: dict[str, tuple[int, ...]] = {"east": (18001, 18002), "west": (18011, 18012)}
 HOSTS = {
-    "east": {"port": 8701, "config": "examples/supervisor-east.json", "models": (18001, 18002)},
-    "west": {"port": 8702, "config": "examples/supervisor-west.json", "models": (18011, 18012)},
+    name: {"port": port, "config": f"examples/supervisor-{name}.json", "models": MODEL_PORTS[name]}
+    for name, port in (("east", 8701), ("west", 8702))
 }
 LAYOUT = "examples/fleet.two-domain.json"
 FLEET = "demo"
@@ -287,7 +289,7 @@ def print_instructions(fleet: dict | None) -> None:
         if supervisor
         else f"(the {active} supervisor is not running)"
     )
-    faults = f"http://127.0.0.1:{HOSTS[standby]['models'][0]}/_sim/faults"
+    faults = f"http://127.0.0.1:{MODEL_PORTS[standby][0]}/_sim/faults"
     say(
         f"""
 Haru demo is running (fleet "{FLEET}": east and west, simulated H100s).

@@ -111,7 +111,12 @@ class StepContext:
 
     @property
     def target(self) -> Domain:
-        return self.operation.target_domain
+        target = self.operation.target_domain
+        if target is None:
+            # Only a finished operation loses its target (a prune refuses while one is in
+            # flight), so this is a broken invariant, not a state to step through.
+            raise LookupError(f"operation {self.operation.id} has no target domain")
+        return target
 
     @property
     def source(self) -> Domain | None:
