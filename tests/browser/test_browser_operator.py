@@ -154,7 +154,8 @@ def test_a_failing_wake_shows_each_retry_the_step_clock_and_then_awake_models(po
         )
         assert page.locator('[data-domain-slug="west"] .posture-asleep').count() == 0
         assert page.evaluate("() => window.__servingButAsleep") == []
-        assert page.locator('[data-domain-slug="west"] [data-serving="yes"]').count() == 1
+        # The footer is server-rendered: it follows with the first fragment after the switch.
+        page.wait_for_selector('[data-domain-slug="west"] [data-serving="yes"]', timeout=15000)
     finally:
         faults(False)
         context.close()
