@@ -81,6 +81,8 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "channels",
+    # Beat's schedule lives in the database, editable in admin (fleets.services.schedule).
+    "django_celery_beat",
     "fleets",
 ]
 
@@ -177,23 +179,12 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = False
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-# Beat queues one tick per fleet (fleets.tasks.reconcile_all) every HARU_RECONCILE_INTERVAL_MS
-# (5 s when unset); each expires with the next beat, so an outage leaves no backlog.
-_BEAT_S = (HARU["reconcile_interval_ms"] or 5000) / 1000
-CELERY_BEAT_SCHEDULE = {
-    "reconcile-fleets": {
-        "task": "fleets.reconcile_all",
-        "schedule": _BEAT_S,
-        "options": {"expires": _BEAT_S},
-    },
-    # Events and finished operations older than HARU_EVENT_RETENTION_DAYS, once an hour.
-    "prune-history": {
-        "task": "fleets.prune_history",
-        "schedule": 3600.0,
-        "options": {"expires": 3600.0},
-    },
-}
-CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+# Beat reads its schedule from the database (django-celery-beat), so an operator changes the
+# reconcile interval in admin without a restart. The rows are seeded after `migrate` from
+# HARU_RECONCILE_INTERVAL_MS (fleets.services.schedule); nothing is declared here, because the
+# database scheduler would write declared entries over the operator's edits at every start.
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -45,6 +45,10 @@ def celery_procs(tmp_path):
         "HARU_SUPERVISOR_TOKEN": TOKEN,
         "HARU_VAR_DIR": str(tmp_path / "var"),
     }
+    # Beat reads its schedule from the database: the test's 300 ms, not the seeded default.
+    from fleets.services.schedule import beat_schedule_seed
+
+    beat_schedule_seed(reconcile_interval_ms=300, reset=True)
     procs = []
     for args in (
         [

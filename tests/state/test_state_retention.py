@@ -108,6 +108,8 @@ def test_retention_keeps_at_least_as_many_promotions_as_the_chart_shows():
 
 
 def test_beat_schedules_the_prune():
-    from django.conf import settings
+    from django_celery_beat.models import PeriodicTask
 
-    assert settings.CELERY_BEAT_SCHEDULE["prune-history"]["task"] == "fleets.prune_history"
+    from fleets.services.schedule import PRUNE_TASK
+
+    assert PeriodicTask.objects.get(name=PRUNE_TASK).task == "fleets.prune_history"
