@@ -11,7 +11,8 @@ from fleets.dashboard import chart
 from fleets.dashboard.drift import drift_status, expected_fingerprint
 from fleets.dashboard.report import gpu_bars, report_error, reported_models, reported_training
 from fleets.dashboard.selectors import fleet_page, overview_rows
-from fleets.models import Domain, Event, ModelBinding, Operation
+from fleets.models import Domain, Event, ModelBinding, Operation, Slot
+from fleets.services.events import event_record
 from fleets.services.operations import (
     operation_fail,
     operation_request,
@@ -393,7 +394,6 @@ def test_failing_heartbeat_of_the_active_makes_the_fleet_unhealthy(seeded_fleet,
 
 @pytest.mark.django_db
 def test_a_slot_woken_after_the_last_heartbeat_shows_its_models_awake(seeded_fleet, fake_clock):
-    from fleets.models import Slot
 
     west = Domain.objects.get(fleet=seeded_fleet, slug="west")
     asleep = {
@@ -427,7 +427,6 @@ def test_a_slot_woken_after_the_last_heartbeat_shows_its_models_awake(seeded_fle
 
 @pytest.mark.django_db
 def test_a_dead_active_does_not_read_serving_traffic(seeded_fleet, fake_clock):
-    from fleets.models import Slot
 
     Domain.objects.filter(fleet=seeded_fleet).update(last_seen_at=fake_clock.now())
     healthy = _card(fleet_page(seeded_fleet, now=fake_clock.now()), "east")
@@ -450,7 +449,6 @@ def test_a_dead_active_does_not_read_serving_traffic(seeded_fleet, fake_clock):
 def test_last_failover_is_when_routing_moved_not_when_the_promotion_finished(
     seeded_fleet, fake_clock
 ):
-    from fleets.services.events import event_record
 
     east = Domain.objects.get(fleet=seeded_fleet, slug="east")
     old = operation_request(fleet=seeded_fleet, kind="demote", target_domain_id="west").operation
@@ -469,7 +467,6 @@ def test_last_failover_is_when_routing_moved_not_when_the_promotion_finished(
 
 @pytest.mark.django_db
 def test_a_retrying_step_shows_its_latest_attempt_and_stays_running(seeded_fleet, fake_clock):
-    from fleets.services.events import event_record
 
     west = Domain.objects.get(fleet=seeded_fleet, slug="west")
     op = operation_request(fleet=seeded_fleet, kind="promote", target_domain_id=west.id).operation

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import re
 import socket
+import sys
+from pathlib import Path
 
 import pytest
+from django.conf import settings
 from django.test import Client
 
 from fleets.models import Domain, Event, Operation
@@ -231,10 +234,6 @@ def test_reconcile_now_runs_a_tick_like_the_api(staff_client, seeded_fleet):
 
 
 def test_login_page_prints_the_createsuperuser_command_of_this_installation(client):
-    import sys
-    from pathlib import Path
-
-    from django.conf import settings
 
     page = client.get("/login/").content.decode()
     python = Path(sys.executable)

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+import haru.asgi  # noqa: F401 - registers what a deployed server exports
+
 ROOT = Path(__file__).resolve().parents[2]
 NAME = re.compile(r"\bharu_[a-z_]+\b")
 # What Prometheus derives from an exported family: counters gain _total, histograms their series.
@@ -44,9 +46,6 @@ def _exported(client) -> set[str]:
 
 @pytest.mark.django_db
 def test_every_query_names_a_metric_haru_exports(client, seeded_fleet):
-    # What a deployed server registers: the production entry point imports the proxy too.
-    import haru.asgi  # noqa: F401
-
     exported = _exported(client)
     asked = {
         (name, source)

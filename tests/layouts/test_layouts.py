@@ -381,8 +381,6 @@ def test_prune_removes_a_standby_domain(seeded_fleet, layout_data):
 
 @pytest.mark.django_db
 def test_prune_of_a_domain_keeps_the_operations_that_targeted_it(seeded_fleet, layout_data):
-    from fleets.models import Operation
-    from fleets.services.operations import operation_request
 
     west = Domain.objects.get(slug="west")
     op = operation_request(fleet=seeded_fleet, kind="demote", target_domain_id=west.id).operation

@@ -13,6 +13,7 @@ import pytest
 
 from fleets.models import Event, Operation
 from fleets.reconciler import history_metrics
+from fleets.services.operations import operation_request
 from tests.reconciler.test_reconciler_flow import run_until_done
 
 pytestmark = pytest.mark.django_db
@@ -50,7 +51,6 @@ def test_a_failover_shows_its_steps_and_its_duration_in_metrics(
 
 
 def test_a_failed_step_counts_with_its_time_from_the_operation_row(fleet, tick, hosts, domains):
-    from fleets.services.operations import operation_request
 
     tick()
     hosts.hosts["west"].unauthorized = True

@@ -7,11 +7,13 @@ from io import StringIO
 
 import pytest
 from django.core.management import call_command
+from django_celery_beat.models import PeriodicTask
 
 from fleets import clock
 from fleets.dashboard.selectors import CHART_LIMIT, failover_chart
 from fleets.models import Domain, Event, Operation
 from fleets.services.retention import KEEP_PROMOTIONS, history_prune
+from fleets.services.schedule import PRUNE_TASK
 
 pytestmark = pytest.mark.django_db
 
@@ -108,8 +110,5 @@ def test_retention_keeps_at_least_as_many_promotions_as_the_chart_shows():
 
 
 def test_beat_schedules_the_prune():
-    from django_celery_beat.models import PeriodicTask
-
-    from fleets.services.schedule import PRUNE_TASK
 
     assert PeriodicTask.objects.get(name=PRUNE_TASK).task == "fleets.prune_history"

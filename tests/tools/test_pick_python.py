@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -124,7 +125,6 @@ def test_supported_versions_match_requires_python():
 
 def test_the_real_interpreter_running_the_suite_is_accepted():
     """The probe works against a real Python (imports venv and ensurepip, prints its path)."""
-    import sys
 
     env = {**os.environ, "PYTHON": sys.executable}
     result = subprocess.run(
