@@ -28,6 +28,10 @@ def _load() -> dict:
             "port": env.integer("PORT", 8700, minimum=1, maximum=65535),
             "api_token": env.raw("HARU_API_TOKEN"),
             "supervisor_token": env.raw("HARU_SUPERVISOR_TOKEN"),
+            "supervisor_max_response_bytes": env.integer(
+                "HARU_SUPERVISOR_MAX_RESPONSE_BYTES", 2 * 1024 * 1024, minimum=1024, maximum=2**31
+            ),
+            "json_max_depth": env.integer("HARU_JSON_MAX_DEPTH", 64, minimum=8, maximum=512),
             "default_fleet": env.raw("HARU_DEFAULT_FLEET"),
             "chat_header_timeout_ms": env.integer("HARU_CHAT_HEADER_TIMEOUT_MS", 30000, minimum=1),
             "snapshot_cache_ttl_ms": env.integer("HARU_SNAPSHOT_CACHE_TTL_MS", 2000, minimum=0),

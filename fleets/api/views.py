@@ -136,6 +136,10 @@ class ReconcileView(HaruAPIView):
                 "ReconcileOut",
                 {
                     "fleetId": drf_serializers.CharField(),
+                    "ran": drf_serializers.BooleanField(),
+                    "skipped": drf_serializers.ChoiceField(
+                        choices=["tick_lock_busy"], allow_null=True
+                    ),
                     "operation": s.OperationOut(allow_null=True),
                 },
             ),
@@ -143,12 +147,20 @@ class ReconcileView(HaruAPIView):
         },
     )
     def post(self, request, ref: str):
-        """Run one reconcile tick now; return the operation it advanced (or null)."""
+        """Run one reconcile tick now; return the operation it advanced (or null).
+
+        `ran: false, skipped: "tick_lock_busy"`: another tick held the fleet's lock past the
+        wait, so this one did not run (the operation shown is what is in flight, if any)."""
 
         fleet = selectors.fleet_get(ref)
         result = fleet_reconcile(fleet_id=fleet.id)
         return Response(
-            {"fleetId": str(fleet.id), "operation": selectors.operation_json(result.operation())}
+            {
+                "fleetId": str(fleet.id),
+                "ran": result.ran,
+                "skipped": None if result.ran else "tick_lock_busy",
+                "operation": selectors.operation_json(result.operation()),
+            }
         )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -21,8 +22,9 @@ import httpx
 from django.conf import settings
 
 from fleets.reconciler import metrics
+from fleets.reconciler.deadline import DeadlineTransport, deadline
 from haru.env import redact_url
-from supervisor.wire import contract
+from supervisor.wire import bounded_json, contract
 from supervisor.wire.shape import FEATURE_DRAIN, FEATURE_PROBE_MODELS, compact
 
 # httpx logs every request at INFO: one line per heartbeat per domain per second would bury
@@ -35,6 +37,9 @@ CALL_CAP_S = 10.0
 # Even a step past its budget gets one short final look, so a reply that lands right at the
 # deadline still counts.
 MIN_CALL_S = 0.25
+# Defaults for the limits `client_for` reads from settings (HARU_SUPERVISOR_MAX_RESPONSE_BYTES,
+# HARU_JSON_MAX_DEPTH): a status or GPU report is a few kilobytes and a few levels deep.
+MAX_RESPONSE_BYTES = 2 * 1024 * 1024
 # A held sleep answers within this share of the call's budget, leaving the rest for the answer.
 WAIT_SHARE = 0.8
 
@@ -252,8 +257,10 @@ def _shared_http() -> httpx.Client:
         if _http is None:
             # trust_env=False: an HTTP(S)_PROXY meant for the internet must never capture calls
             # to supervisors on private addresses.
+            # The default transport bounds every socket operation by the call's overall
+            # deadline (a trickling supervisor never resets it); tests inject their own.
             _http = httpx.Client(
-                transport=_transport,
+                transport=_transport if _transport is not None else DeadlineTransport(),
                 trust_env=False,
                 follow_redirects=False,
                 headers={"User-Agent": "haru-reconciler"},
@@ -334,8 +341,12 @@ class SupervisorClient:
         token: str | None,
         http: httpx.Client | None = None,
         on_error: ErrorHook | None = _count_error,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
+        max_depth: int = bounded_json.DEFAULT_MAX_DEPTH,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self._max_bytes = max_response_bytes
+        self._max_depth = max_depth
         self._where = redact_url(self.base_url)
         self._token = token
         self._http = http
@@ -435,47 +446,40 @@ class SupervisorClient:
         params: list[tuple[str, str]] | None = None,
     ) -> Call[Any]:
         http = self._http or _shared_http()
-        headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
+        # Ask for the body as sent: a compressed one could inflate far past the size cap.
+        headers = {"Accept-Encoding": "identity"}
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
         url = self.base_url + path
+        where = f"{method} {self._where}{path}"
+        budget = max(MIN_CALL_S, timeout)
+        # `budget` bounds the whole exchange (connect, headers, body), not each read.
         try:
-            response = http.request(
-                method,
-                url,
-                json=body if method == "POST" else None,
-                params=urlencode(params) if params else None,
-                headers=headers,
-                timeout=max(MIN_CALL_S, timeout),
-            )
+            with deadline(budget) as at:
+                read = self._exchange(http, method, url, body, params, headers, at, where)
         except httpx.TimeoutException:
-            return Call(
-                error=CallError(
-                    TIMEOUT, f"{method} {self._where}{path} timed out after {timeout:.1f}s"
-                )
-            )
+            return Call(error=CallError(TIMEOUT, f"{where} timed out after {budget:.1f}s"))
         except httpx.HTTPError as exc:
             # The exception text names the URL and the OS error, never our headers.
-            return Call(
-                error=CallError(
-                    NETWORK, f"{method} {self._where}{path}: {type(exc).__name__}: {exc}"
-                )
-            )
+            return Call(error=CallError(NETWORK, f"{where}: {type(exc).__name__}: {exc}"))
         except Exception as exc:  # noqa: BLE001 - a broken transport must not abort a tick
-            return Call(
-                error=CallError(NETWORK, f"{method} {self._where}{path}: {type(exc).__name__}")
-            )
-        status = response.status_code
+            return Call(error=CallError(NETWORK, f"{where}: {type(exc).__name__}"))
+        if isinstance(read, CallError):
+            return Call(error=read)
+        status, raw = read
         if status in (401, 403):
             return Call(
                 error=CallError(
                     UNAUTHORIZED,
-                    f"{method} {self._where}{path}: supervisor refused our token (HTTP {status})",
+                    f"{where}: supervisor refused our token (HTTP {status})",
                     status=status,
                 )
             )
+        refused: str | None = None
         try:
-            payload = response.json()
-        except ValueError:
-            payload = None
+            payload = bounded_json.loads(raw, max_depth=self._max_depth) if raw.strip() else None
+        except ValueError as exc:
+            payload, refused = None, str(exc)
         if not 200 <= status < 300:
             code, message = _envelope(payload)
             detail = f"{code}: {message}" if code else f"HTTP {status}"
@@ -488,15 +492,56 @@ class SupervisorClient:
                 )
             )
         if payload is None:
-            return Call(
-                error=CallError(BAD_BODY, f"{method} {self._where}{path}: body is not JSON", status)
-            )
+            why = f"body is not JSON ({refused})" if refused else "body is not JSON"
+            return Call(error=CallError(BAD_BODY, f"{where}: {why}"[:500], status))
         try:
             return Call(value=parse(payload))
         except BadBody as exc:
-            return Call(
-                error=CallError(BAD_BODY, f"{method} {self._where}{path}: {exc}"[:500], status)
-            )
+            return Call(error=CallError(BAD_BODY, f"{where}: {exc}"[:500], status))
+
+    def _exchange(
+        self,
+        http: httpx.Client,
+        method: str,
+        url: str,
+        body: Any,
+        params: list[tuple[str, str]] | None,
+        headers: dict[str, str],
+        at: float,
+        where: str,
+    ) -> tuple[int, bytes] | CallError:
+        """Send the request and read the body, refusing one past the size cap before it is
+        all read (a declared length at once, a chunked one as it arrives)."""
+        cap = self._max_bytes
+        with http.stream(
+            method,
+            url,
+            json=body if method == "POST" else None,
+            params=urlencode(params) if params else None,
+            headers=headers,
+            timeout=max(MIN_CALL_S, at - time.monotonic()),
+        ) as response:
+            status = response.status_code
+            if status in (401, 403):
+                return status, b""  # refused: what it says is not worth reading
+            too_big = CallError(BAD_BODY, f"{where}: body exceeds {cap} bytes", status)
+            declared = response.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > cap:
+                return too_big
+            if response.headers.get("content-encoding", "identity").lower() != "identity":
+                return CallError(BAD_BODY, f"{where}: body is encoded; identity asked", status)
+            chunks: list[bytes] = []
+            size = 0
+            # Identity only (checked above), so these are the bytes as sent.
+            for chunk in response.iter_bytes():
+                size += len(chunk)
+                if size > cap:
+                    return too_big
+                if time.monotonic() > at:
+                    # An injected transport bypasses the socket-level deadline.
+                    raise httpx.ReadTimeout("the call's overall deadline passed")
+                chunks.append(chunk)
+        return status, b"".join(chunks)
 
 
 def _envelope(payload: Any) -> tuple[str | None, str]:
@@ -511,4 +556,9 @@ def _envelope(payload: Any) -> tuple[str | None, str]:
 def client_for(supervisor_url: str) -> SupervisorClient:
     """Return a client for one supervisor, with the configured token."""
 
-    return SupervisorClient(supervisor_url, token=settings.HARU["supervisor_token"])
+    return SupervisorClient(
+        supervisor_url,
+        token=settings.HARU["supervisor_token"],
+        max_response_bytes=settings.HARU["supervisor_max_response_bytes"],
+        max_depth=settings.HARU["json_max_depth"],
+    )

@@ -258,14 +258,19 @@ def fleets_to_reconcile(selection: list[str] | None = None) -> list[str]:
     return out
 
 
-def fleet_reconcile(*, fleet_id: Id, actor: str = "api", wait_s: float = 10.0) -> TickResult:
+# How long `POST .../reconcile` waits for a running tick before saying it skipped.
+RECONCILE_WAIT_S = 10.0
+
+
+def fleet_reconcile(*, fleet_id: Id, actor: str = "api", wait_s: float | None = None) -> TickResult:
     """Run one tick now (the API's `POST .../reconcile`), waiting briefly for a running one.
 
     If a step still waits on the outside world afterwards, the process's tick driver (loop or
     Celery) is asked to look again soon.
     """
 
-    result = tick_run(fleet_id=fleet_id, wait_s=wait_s, actor=actor)
+    wait = RECONCILE_WAIT_S if wait_s is None else wait_s
+    result = tick_run(fleet_id=fleet_id, wait_s=wait, actor=actor)
     if result.nudge_ms is not None:
         kick.fleet_kick(result.fleet_id, delay_ms=result.nudge_ms)
     if result.operation_id is None:

@@ -12,6 +12,8 @@ from rest_framework.test import APIClient
 
 from fleets.models import Operation
 from fleets.reconciler import kick
+from fleets.reconciler import tick as tick_module
+from fleets.reconciler.locks import fleet_tick_lock
 from fleets.reconciler.loop import ReconcileLoop
 from fleets.services.operations import operation_request
 
@@ -26,12 +28,27 @@ def authed(api_client, api_token):
 def test_reconcile_endpoint_runs_a_tick_and_returns_the_operation(fleet, authed, domains):
     empty = authed.post("/v1/fleets/demo/reconcile")
     assert empty.status_code == 200
-    assert empty.json() == {"fleetId": str(fleet.id), "operation": None}
+    assert empty.json() == {
+        "fleetId": str(fleet.id),
+        "ran": True,
+        "skipped": None,
+        "operation": None,
+    }
 
     op = operation_request(fleet=fleet, kind="promote", target_domain_id=domains()["west"].id)
     body = authed.post(f"/v1/fleets/{fleet.id}/reconcile").json()
     assert body["operation"]["id"] == str(op.operation.id)
     assert body["operation"]["state"] in ("running", "succeeded")
+
+
+@pytest.mark.django_db
+def test_reconcile_endpoint_says_it_skipped_when_the_tick_lock_is_busy(fleet, authed, monkeypatch):
+    monkeypatch.setattr(tick_module, "RECONCILE_WAIT_S", 0.1)
+    with fleet_tick_lock(fleet.id, wait_s=0) as held:
+        assert held
+        busy = authed.post("/v1/fleets/demo/reconcile")
+    assert busy.status_code == 200
+    assert busy.json()["ran"] is False and busy.json()["skipped"] == "tick_lock_busy"
 
 
 @pytest.mark.django_db

@@ -1,0 +1,111 @@
+"""An overall deadline on every socket operation of a supervisor call.
+
+httpx's timeouts are per operation: a server that sends one byte every 0.5 s resets the read
+timeout forever, in the header phase as much as in the body. This network backend (httpcore's
+extension point) bounds each connect, read and write by what is left of the call's deadline, set
+by `deadline()` around the whole exchange, so a trickling supervisor is cut when the deadline
+passes, whatever phase it trickles in.
+"""
+
+from __future__ import annotations
+
+import time
+import typing
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+import httpcore
+import httpx
+
+_deadline: ContextVar[float | None] = ContextVar("haru_supervisor_deadline", default=None)
+
+
+@contextmanager
+def deadline(seconds: float) -> Iterator[float]:
+    """Bound every socket operation in this block (this thread) to `seconds` from now."""
+    at = time.monotonic() + seconds
+    token = _deadline.set(at)
+    try:
+        yield at
+    finally:
+        _deadline.reset(token)
+
+
+def _bounded(timeout: float | None, error: type[Exception]) -> float | None:
+    at = _deadline.get()
+    if at is None:
+        return timeout
+    left = at - time.monotonic()
+    if left <= 0:
+        raise error("the call's overall deadline passed")
+    return left if timeout is None else min(timeout, left)
+
+
+class _Stream(httpcore.NetworkStream):
+    def __init__(self, inner: httpcore.NetworkStream) -> None:
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, _bounded(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, _bounded(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(
+        self,
+        ssl_context: typing.Any,
+        server_hostname: str | None = None,
+        timeout: float | None = None,
+    ) -> httpcore.NetworkStream:
+        bounded = _bounded(timeout, httpcore.ConnectTimeout)
+        return _Stream(self._inner.start_tls(ssl_context, server_hostname, bounded))
+
+    def get_extra_info(self, info: str) -> typing.Any:
+        return self._inner.get_extra_info(info)
+
+
+class _Backend(httpcore.NetworkBackend):
+    def __init__(self) -> None:
+        self._inner = httpcore.SyncBackend()
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: typing.Iterable[typing.Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        bounded = _bounded(timeout, httpcore.ConnectTimeout)
+        return _Stream(self._inner.connect_tcp(host, port, bounded, local_address, socket_options))
+
+    def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,
+        socket_options: typing.Iterable[typing.Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        bounded = _bounded(timeout, httpcore.ConnectTimeout)
+        return _Stream(self._inner.connect_unix_socket(path, bounded, socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+class DeadlineTransport(httpx.HTTPTransport):
+    """httpx's own transport, its connection pool built on the deadline-bounded backend."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # Same pool httpx builds by default (TLS verified, keep-alive), plus our backend.
+        self._pool = httpcore.ConnectionPool(
+            ssl_context=httpx.create_ssl_context(),
+            max_connections=100,
+            max_keepalive_connections=20,
+            keepalive_expiry=5.0,
+            network_backend=_Backend(),
+        )

@@ -1,0 +1,87 @@
+"""Parse JSON from someone we do not trust: bounded nesting, no duplicate keys, one error type.
+
+Both sides use it (standard library only, no Django): the control plane for supervisor answers,
+REST and proxy bodies and admin fields, the supervisor for its routes. The standard parser
+recurses per nesting level, so `'[' * 100000` raises RecursionError (not ValueError) and a
+merely deep document parses but breaks every recursive consumer after it (schema validation,
+`json.dumps` into a row). Here anything the parser or the limits refuse is a `JSONRefused`,
+a ValueError, so callers that already handle bad JSON keep doing so.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+# Control-plane documents are a handful of levels deep (a layout: fleet > domains > slots >
+# models > engine > args); 64 leaves room for any honest one and stops hostile ones early.
+DEFAULT_MAX_DEPTH = 64
+
+
+class JSONRefused(ValueError):
+    """The text is not JSON, or breaks a limit; the message names where and why."""
+
+
+class _Pairs(dict):
+    """An object whose source repeated a key; the walk below reports it with its path."""
+
+    duplicates: list[str]
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    repeated: list[str] = []
+    for key, value in pairs:
+        if key in out:
+            repeated.append(key)
+        out[key] = value
+    if not repeated:
+        return out
+    marked = _Pairs(out)
+    marked.duplicates = repeated
+    return marked
+
+
+def _path(path: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
+
+
+def check_tree(value: Any, *, max_depth: int = DEFAULT_MAX_DEPTH, where: str = "") -> None:
+    """Refuse a parsed tree nested deeper than `max_depth` or holding a repeated key.
+
+    Iterative, so the check itself cannot overflow the stack it protects.
+    """
+    stack: list[tuple[Any, str, int]] = [(value, where, 1)]
+    while stack:
+        node, path, depth = stack.pop()
+        if not isinstance(node, dict | list):
+            continue
+        if depth > max_depth:
+            raise JSONRefused(f"{path or '(root)'}: nested deeper than {max_depth} levels")
+        if isinstance(node, _Pairs):
+            name = _path(path, node.duplicates[0])
+            raise JSONRefused(f"{name}: duplicate key {node.duplicates[0]!r}")
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, child in items:
+            if isinstance(child, dict | list):
+                stack.append((child, _path(path, key), depth + 1))
+
+
+def loads(
+    text: str | bytes | bytearray,
+    *,
+    max_depth: int = DEFAULT_MAX_DEPTH,
+    allow_duplicates: bool = False,
+) -> Any:
+    """Parse `text`; raise JSONRefused for bad JSON, nesting past `max_depth`, or (unless
+    allowed) a key repeated in one object, naming the path."""
+    try:
+        value = json.loads(text, object_pairs_hook=None if allow_duplicates else _object)
+    except RecursionError as exc:
+        raise JSONRefused(f"nested deeper than {max_depth} levels") from exc
+    except (ValueError, TypeError) as exc:
+        raise JSONRefused(f"not valid JSON: {exc}") from exc
+    check_tree(value, max_depth=max_depth)
+    return value
