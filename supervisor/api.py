@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -22,6 +21,7 @@ from supervisor.host import Host, InsufficientGpuMemory, InvalidTarget, ModelFai
 from supervisor.limits import MAX_MS, MAX_PROBE_PROMPT_CHARS, MAX_PROBE_TOKENS
 from supervisor.strict_json import ObjectReader
 from supervisor.training import SpawnFailed, TrainingBusy
+from supervisor.wire import bounded_json
 from supervisor.wire.shape import compact
 
 log = logging.getLogger(__name__)
@@ -30,15 +30,30 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 64 * 1024
 
 
+async def _read_capped(request: Request) -> bytes:
+    """Read the body, refusing one past MAX_BODY_BYTES before it is all read: a declared
+    Content-Length at once, a chunked body as soon as the bytes received pass the cap."""
+    too_big = ApiError(413, "payload_too_large", f"request body exceeds {MAX_BODY_BYTES} bytes")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise too_big
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise too_big
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def read_object(request: Request) -> ObjectReader:
     """Parse an optional JSON object body; an empty body reads as `{}`."""
-    body = await request.body()
-    if len(body) > MAX_BODY_BYTES:
-        raise ApiError(413, "payload_too_large", f"request body exceeds {MAX_BODY_BYTES} bytes")
+    body = await _read_capped(request)
     data: Any = {}
     if body.strip():
         try:
-            data = json.loads(body)
+            data = bounded_json.loads(body)
         except ValueError as exc:
             raise ApiError(400, "invalid_request", f"body is not valid JSON: {exc}") from exc
     if not isinstance(data, dict):

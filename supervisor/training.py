@@ -24,7 +24,7 @@ from typing import Any
 
 from supervisor.clock import Clock, iso_utc
 from supervisor.config import TrainingSlotConfig
-from supervisor.engines.launch import STRIPPED_ENV
+from supervisor.engines.launch import inherited_env
 from supervisor.processes import AdoptedProcess, ChildProcess, Spawner
 from supervisor.records import ProcessStamp, StateDir, TrainerRecord
 
@@ -46,8 +46,8 @@ class SpawnFailed(Exception):
 def trainer_env(
     slot: TrainingSlotConfig, environ: Mapping[str, str], host_env: Mapping[str, str]
 ) -> dict[str, str]:
-    """Build the trainer's environment: parent env + the contract's variables - secrets."""
-    env = {k: v for k, v in environ.items() if k not in STRIPPED_ENV}
+    """Build the trainer's environment: the parent's less secrets, + the contract's variables."""
+    env = inherited_env(environ)
     env.update(host_env)
     env["HARU_CHECKPOINT_DIR"] = str(slot.checkpoint_dir)
     env["HARU_GPU_INDEX"] = str(slot.gpu_index)

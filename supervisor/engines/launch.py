@@ -11,7 +11,27 @@ from supervisor.engines.profile import EngineProfile, GpuSpec
 
 # Variables a model server must never inherit from the supervisor: the token is the only outside
 # control credential on the host, and the config may carry paths the server has no use for.
-STRIPPED_ENV = ("HARU_SUPERVISOR_TOKEN", "HARU_SUPERVISOR_CONFIG")
+# Children (model servers, trainers) inherit the supervisor's environment minus anything that
+# looks like a credential: a name containing one of these words, in any case. Named, not
+# guessed per variable, so a new secret in the unit file is dropped without anyone listing it.
+SECRET_NAME_WORDS = ("TOKEN", "SECRET", "KEY", "PASSWORD")
+# Also dropped: the supervisor's own config, which names where its secrets live.
+STRIPPED_ENV = ("HARU_SUPERVISOR_CONFIG",)
+# Comma-separated names an operator lets through despite the words (HF_TOKEN for a gated
+# model, say). What the contract and the profile add on top is never scrubbed.
+CHILD_ENV_ALLOW = "HARU_CHILD_ENV_ALLOW"
+
+
+def inherited_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The part of the supervisor's environment a child may inherit (see SECRET_NAME_WORDS)."""
+    allow = {n.strip() for n in environ.get(CHILD_ENV_ALLOW, "").split(",") if n.strip()}
+    return {
+        k: v
+        for k, v in environ.items()
+        if k in allow
+        or (k not in STRIPPED_ENV and not any(w in k.upper() for w in SECRET_NAME_WORDS))
+    }
+
 
 # The bind address of every model server. Sleep and wake are unauthenticated dev endpoints;
 # the supervisor's authenticated API is the only way in from outside the host.
@@ -106,7 +126,7 @@ def build_env(
     generated.update(engine_env)
     generated.update(ctx.host_env)
     generated.update(profile.env)
-    env = {k: v for k, v in ctx.environ.items() if k not in STRIPPED_ENV}
+    env = inherited_env(ctx.environ)
     env.update(generated)
     return env, generated
 

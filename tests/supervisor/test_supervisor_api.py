@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -326,6 +327,51 @@ def test_oversized_bodies_are_refused(setup):
     response = client.post("/v1/probe", content=b"{" + b" " * 70_000 + b"}")
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "payload_too_large"
+
+
+def test_an_oversized_body_is_refused_before_it_is_all_read(setup):
+    # Straight at the ASGI app: the test client would buffer the whole body first.
+    client, under_test = setup
+    received = []
+    answer: list[dict] = []
+
+    async def receive():  # 256 MB in 64 KB chunks, no Content-Length
+        received.append(1)
+        return {"type": "http.request", "body": b" " * 65536, "more_body": len(received) < 4096}
+
+    async def send(message):
+        answer.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/probe",
+        "raw_path": b"/v1/probe",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"testserver"), (b"transfer-encoding", b"chunked")],
+        "client": ("127.0.0.1", 1),
+        "server": ("testserver", 80),
+    }
+    asyncio.run(under_test.app(scope, receive, send))
+    assert answer[0]["status"] == 413
+    assert len(received) <= 3  # stopped at the 64 KB cap, not after 256 MB
+
+    declared = client.post(
+        "/v1/probe", content=b"{}", headers={"Content-Length": str(256 * 1024 * 1024)}
+    )
+    assert declared.status_code == 413
+
+
+def test_deeply_nested_json_is_a_400_envelope(setup):
+    client, _ = setup
+    response = client.post("/v1/probe", content=b"[" * 60_000)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_request"
+    assert "nested deeper than" in response.json()["error"]["message"]
 
 
 def checked_client(app) -> TestClient:

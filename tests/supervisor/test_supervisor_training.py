@@ -340,3 +340,43 @@ def test_real_trainer_environment_holds_exactly_the_contract_and_no_token(tmp_pa
     assert env["HARU_GPU_INDEX"] == "0" and env["CUDA_VISIBLE_DEVICES"] == "0"
     assert "HARU_SUPERVISOR_TOKEN" not in env and "HARU_SUPERVISOR_CONFIG" not in env
     assert "tok-should-never-leak" not in json.dumps(env)
+
+
+def test_real_trainer_never_inherits_anything_named_like_a_secret(tmp_path):
+    dump = tmp_path / "env.json"
+    secrets = {
+        "HARU_API_TOKEN": "api-tok",
+        "AWS_SECRET_ACCESS_KEY": "aws-secret",
+        "PGPASSWORD": "pg-pass",
+        "openai_api_key": "lower-case-key",
+    }
+    parent = {
+        **PARENT_ENV,
+        **secrets,
+        "HF_TOKEN": "hf-allowed",
+        "HARU_CHILD_ENV_ALLOW": "HF_TOKEN",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+    }
+
+    async def scenario():
+        slot = TrainingSlot(
+            slot_config(tmp_path, command=sim_trainer("--dump-env", str(dump)), gpu=0),
+            spawner=AsyncioSpawner(),
+            clock=SystemClock(),
+            environ=parent,
+        )
+        try:
+            await slot.start()
+            await until(lambda: dump.exists() and dump.read_text().endswith("}"))
+            slot.stop(5000)
+            assert await slot.wait_idle(5)
+        finally:
+            slot.kill_now()
+
+    asyncio.run(scenario())
+    text = dump.read_text()
+    env = json.loads(text)
+    for name, value in secrets.items():
+        assert name not in env and value not in text
+    assert env["HF_TOKEN"] == "hf-allowed"  # let through by name, on purpose
+    assert env["PATH"] == PARENT_ENV["PATH"]
