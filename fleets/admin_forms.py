@@ -12,7 +12,9 @@ import re
 from functools import cache
 
 from django import forms
+from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.forms.fields import InvalidJSONInput, JSONString
 from jsonschema import Draft202012Validator
 
 from fleets.core.policy import PolicyError, validate_policy
@@ -25,6 +27,7 @@ from fleets.drivers.cloud_placement import (
 from fleets.errors import LayoutError
 from fleets.layouts.loader import SCHEMA_PATH, parse_layout
 from fleets.models import Domain, Fleet, ModelBinding, Slot
+from supervisor.wire import bounded_json
 
 
 @cache
@@ -69,6 +72,29 @@ class PrettyJSONField(forms.JSONField):
     def __init__(self, *args, rows: int = 8, cols: int = 70, **kwargs):
         kwargs.setdefault("widget", forms.Textarea(attrs={"rows": rows, "cols": cols}))
         super().__init__(*args, **kwargs)
+
+    def to_python(self, value):
+        # Django's own parse lets RecursionError through (a 500 for '[' * 100000) and keeps
+        # the last of two repeated keys silently; the bounded parser refuses both, by path.
+        if self.disabled or value in self.empty_values:
+            return super().to_python(value)
+        if isinstance(value, list | dict | int | float | JSONString):
+            return value
+        try:
+            converted = bounded_json.loads(value, max_depth=settings.HARU["json_max_depth"])
+        except ValueError as exc:
+            raise ValidationError(f"Enter valid JSON: {exc}", code="invalid") from None
+        return JSONString(converted) if isinstance(converted, str) else converted
+
+    def bound_data(self, data, initial):
+        if self.disabled:
+            return initial
+        if data is None:
+            return None
+        try:
+            return bounded_json.loads(data, max_depth=settings.HARU["json_max_depth"])
+        except ValueError:
+            return InvalidJSONInput(data)
 
     def prepare_value(self, value):
         if isinstance(value, str) or value is None:

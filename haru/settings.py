@@ -31,6 +31,9 @@ def _load() -> dict:
             "supervisor_max_response_bytes": env.integer(
                 "HARU_SUPERVISOR_MAX_RESPONSE_BYTES", 2 * 1024 * 1024, minimum=1024, maximum=2**31
             ),
+            "layout_max_bytes": env.integer(
+                "HARU_LAYOUT_MAX_BYTES", 4 * 1024 * 1024, minimum=1024, maximum=2**31
+            ),
             "json_max_depth": env.integer("HARU_JSON_MAX_DEPTH", 64, minimum=8, maximum=512),
             "default_fleet": env.raw("HARU_DEFAULT_FLEET"),
             "chat_header_timeout_ms": env.integer("HARU_CHAT_HEADER_TIMEOUT_MS", 30000, minimum=1),
@@ -200,7 +203,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["fleets.api.auth.HasApiToken"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["fleets.api.parsers.BoundedJSONParser"],
     "EXCEPTION_HANDLER": "fleets.api.errors.envelope_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,

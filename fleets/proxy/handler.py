@@ -15,6 +15,7 @@ from django.conf import settings
 from fleets.proxy import errors, metrics, upstream
 from fleets.proxy.snapshots import ROUTES, Route, Snapshot, clip
 from fleets.tokens import token_matches
+from supervisor.wire import bounded_json
 
 ENDPOINTS = {
     "/v1/chat/completions": "chat",
@@ -93,9 +94,10 @@ def fleet_ref(header: str | None) -> str:
 def requested_model(body: bytes) -> str:
     """Read `model` from the JSON body; the body itself is forwarded untouched."""
     try:
-        document = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise errors.invalid_request("request body is not valid JSON") from None
+        document = bounded_json.loads(body, max_depth=settings.HARU["json_max_depth"])
+    except ValueError as exc:
+        # Bad JSON, too deep (never a RecursionError's 500) or a repeated key.
+        raise errors.invalid_request(f"request body is not valid JSON: {exc}") from None
     if not isinstance(document, dict):
         raise errors.invalid_request("request body must be a JSON object")
     model = document.get("model")

@@ -116,6 +116,28 @@ def test_invalid_policy_value_is_an_error_on_the_policy_field(
     assert "autoFailver: unknown field" in errors["policy"][0]
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"autoFailover": true, "autoFailover": false}', "autoFailover: duplicate key"),
+        ("[" * 100_000, "nested deeper than"),
+    ],
+    ids=["repeated-key", "nested-100000-deep"],
+)
+def test_hostile_json_in_an_admin_field_is_an_error_on_that_field(
+    superuser_client, admin_form, seeded_fleet, text, message
+):
+    before = Fleet.objects.get(pk=seeded_fleet.pk).policy
+    data = _get_form(superuser_client, admin_form, seeded_fleet)
+    data["policy"] = text
+    response = superuser_client.post(_change_url(seeded_fleet), data)
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert list(errors) == ["policy"]
+    assert message in errors["policy"][0]
+    assert Fleet.objects.get(pk=seeded_fleet.pk).policy == before  # nothing saved
+
+
 def test_fleet_slug_pattern_is_enforced(superuser_client, admin_form, seeded_fleet):
     data = _get_form(superuser_client, admin_form, seeded_fleet)
     data["slug"] = "Demo_Fleet"

@@ -179,3 +179,17 @@ def test_wrong_method_on_an_action_is_405(seeded_fleet, client_with_token, envel
 def test_wrong_method_on_a_read_route_is_405(seeded_fleet, client_with_token, envelope):
     envelope(client_with_token.post("/v1/fleets", {}, format="json"), 405, "method_not_allowed")
     envelope(client_with_token.delete("/v1/fleets/demo"), 405, "method_not_allowed")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"[" * 60_000, b'{"targetDomainId": "west", "targetDomainId": "east"}'],  # under the 64 KB cap
+    ids=["nested-60000-deep", "repeated-key"],
+)
+@pytest.mark.parametrize("url", [PROMOTE, DEMOTE])
+def test_hostile_json_is_a_400_envelope_and_changes_nothing(
+    seeded_fleet, client_with_token, envelope, url, body
+):
+    response = client_with_token.post(url, data=body, content_type="application/json")
+    envelope(response, 400, "invalid_request")
+    assert Operation.objects.count() == 0

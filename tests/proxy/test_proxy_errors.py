@@ -46,8 +46,26 @@ async def test_models_listing_needs_the_token_too(haru, proxy_fleet, api_token):
 
 @pytest.mark.parametrize(
     "body",
-    [b"not json", b"", b"[1, 2]", b'{"messages": []}', b'{"model": 7}', b'{"model": ""}'],
-    ids=["garbage", "empty", "array", "no-model", "model-not-string", "model-empty"],
+    [
+        b"not json",
+        b"",
+        b"[1, 2]",
+        b'{"messages": []}',
+        b'{"model": 7}',
+        b'{"model": ""}',
+        b"[" * 100_000,
+        b'{"model": "a", "model": "b"}',
+    ],
+    ids=[
+        "garbage",
+        "empty",
+        "array",
+        "no-model",
+        "model-not-string",
+        "model-empty",
+        "nested-100000-deep",
+        "model-repeated",
+    ],
 )
 async def test_a_body_without_a_usable_model_is_invalid(haru, engines, proxy_fleet, body):
     assert error_of(await haru.post(CHAT, content=body)) == (400, "invalid_request")
