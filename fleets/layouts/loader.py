@@ -38,6 +38,7 @@ from fleets.layouts.planning import (
 )
 from supervisor.config import parse_config as parse_supervisor_config
 from supervisor.strict_json import ConfigError as SupervisorConfigError
+from supervisor.wire import bounded_json
 
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
 
@@ -152,19 +153,72 @@ def _leaf_errors(errors):
             yield error
 
 
-def read_layout_file(path: str | Path) -> Any:
-    """Read a JSON or YAML layout file; raise LayoutError naming the file when unreadable."""
+class _StrictYamlLoader(yaml.SafeLoader):
+    """YAML without aliases and without repeated keys.
+
+    An alias is refused where it is met, before anything is expanded: a 969-byte anchor bomb
+    otherwise grows to gigabytes. A repeated key is refused with its line, where PyYAML keeps
+    the last value silently (`autoFailover: true` then `autoFailover: false` read as false).
+    """
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise yaml.composer.ComposerError(
+                None, None, "aliases (*name) are not allowed in a layout", mark
+            )
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, str | int | float | bool):
+                continue  # SafeLoader refuses unhashable keys itself
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+# Defaults of the limits `seed_layout` reads from HARU_LAYOUT_MAX_BYTES and HARU_JSON_MAX_DEPTH.
+LAYOUT_MAX_BYTES = 4 * 1024 * 1024
+
+
+def read_layout_file(
+    path: str | Path,
+    *,
+    max_bytes: int = LAYOUT_MAX_BYTES,
+    max_depth: int = bounded_json.DEFAULT_MAX_DEPTH,
+) -> Any:
+    """Read a JSON or YAML layout file; raise LayoutError naming the file when unreadable, too
+    big, too deep, or when it repeats a key or uses a YAML alias."""
     p = Path(path)
+    limit, depth = max_bytes, max_depth
     try:
+        size = p.stat().st_size
+        if size > limit:
+            raise LayoutError([f"{p}: {size} bytes; a layout may be at most {limit}"])
         text = p.read_text()
     except OSError as exc:
         raise LayoutError([f"{p}: cannot read layout file ({exc.strerror})"]) from None
+    kind = p.suffix.lstrip(".") or "JSON"
     try:
         if p.suffix in {".yaml", ".yml"}:
-            return yaml.safe_load(text)
-        return json.loads(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise LayoutError([f"{p}: not valid {p.suffix.lstrip('.') or 'JSON'} ({exc})"]) from None
+            data = yaml.load(text, Loader=_StrictYamlLoader)  # noqa: S506 - a SafeLoader
+            bounded_json.check_tree(data, max_depth=depth)
+            return data
+        return bounded_json.loads(text, max_depth=depth)
+    except RecursionError:
+        raise LayoutError([f"{p}: not valid {kind} (nested deeper than {depth} levels)"]) from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise LayoutError([f"{p}: not valid {kind} ({exc.problem}{where})"]) from None
+    except (ValueError, yaml.YAMLError) as exc:
+        raise LayoutError([f"{p}: not valid {kind} ({exc})"]) from None
 
 
 def _driver_errors(d: dict[str, Any], dpath: str) -> list[str]:
@@ -446,6 +500,11 @@ def plan_slots(
     return [merged[k] for k in sorted(merged)]
 
 
-def load_layout(path: str | Path) -> Layout:
+def load_layout(
+    path: str | Path,
+    *,
+    max_bytes: int = LAYOUT_MAX_BYTES,
+    max_depth: int = bounded_json.DEFAULT_MAX_DEPTH,
+) -> Layout:
     """Read and validate a layout file."""
-    return parse_layout(read_layout_file(path))
+    return parse_layout(read_layout_file(path, max_bytes=max_bytes, max_depth=max_depth))

@@ -492,3 +492,68 @@ def test_seed_layout_process_exits_non_zero_on_a_bad_layout(tmp_path, layout_dat
     check = manage("seed_layout", "--dry-run", "--json")
     report = json.loads(check.stdout)
     assert (report["created"], report["updated"]) == ([], [])  # the bad run left no trace
+
+
+# -- hostile files: refused fast, with where, nothing written ---------------------------------
+
+BOMB = "\n".join(
+    ["a: &a [x, x, x, x, x, x, x, x, x]"]
+    + [
+        f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]"
+        for i in range(3)
+    ]
+)
+
+
+def test_a_yaml_alias_is_refused_before_anything_is_expanded(tmp_path):
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(BOMB)
+    with pytest.raises(LayoutError, match=r"bomb\.yaml: not valid yaml .*aliases .* not allowed"):
+        load_layout(bomb)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "where"),
+    [
+        (
+            "dup.json",
+            '{"slug": "demo", "policy": {"autoFailover": true, "autoFailover": false}}',
+            r"policy\.autoFailover: duplicate key",
+        ),
+        (
+            "dup.yaml",
+            "slug: demo\npolicy:\n  autoFailover: true\n  autoFailover: false\n",
+            r"duplicate key 'autoFailover'.*line 4",
+        ),
+    ],
+)
+def test_a_repeated_key_is_refused_with_where_it_is(tmp_path, name, text, where):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(LayoutError, match=where):
+        load_layout(path)
+
+
+@pytest.mark.parametrize(
+    ("name", "text"), [("deep.json", "[" * 100_000), ("deep.yaml", "[" * 100_000)]
+)
+def test_deep_nesting_is_a_layout_error_not_a_recursion_error(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(LayoutError, match="nested deeper than|not valid"):
+        load_layout(path)
+
+
+def test_a_layout_past_the_size_limit_is_refused_unread(tmp_path):
+    path = tmp_path / "big.json"
+    path.write_text('{"slug": "demo", "pad": "' + "x" * 5000 + '"}')
+    with pytest.raises(LayoutError, match=r"big\.json: 50\d\d bytes; a layout may be at most 4096"):
+        load_layout(path, max_bytes=4096)
+
+
+@pytest.mark.django_db
+def test_seed_layout_prints_a_clear_error_for_hostile_json(tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000)
+    with pytest.raises(CommandError, match=r"refused, nothing written:\n  .*nested deeper than"):
+        call_command("seed_layout", "--config", str(path))

@@ -37,7 +37,11 @@ class Command(BaseCommand):
     def handle(self, *args, **opts):
         path = opts["config"] or settings.HARU["fleet_layout"] or DEFAULT_LAYOUT
         try:
-            layout = load_layout(path)
+            layout = load_layout(
+                path,
+                max_bytes=settings.HARU["layout_max_bytes"],
+                max_depth=settings.HARU["json_max_depth"],
+            )
             report = layout_apply(layout=layout, prune=opts["prune"], dry_run=opts["dry_run"])
         except LayoutError as exc:
             raise CommandError(
