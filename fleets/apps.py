@@ -2,7 +2,10 @@ from typing import Any
 
 from django.apps import AppConfig
 from django.conf import settings
+from django.core import checks
 from django.db.models.signals import post_migrate
+
+from fleets.checks import short_tokens
 
 
 def _seed_beat_schedule(**_kwargs: Any) -> None:
@@ -24,4 +27,5 @@ class FleetsConfig(AppConfig):
         from fleets import placement_metrics  # noqa: F401, PLC0415
         from fleets.api import schema  # noqa: F401, PLC0415
 
+        checks.register(short_tokens, checks.Tags.security)
         post_migrate.connect(_seed_beat_schedule, sender=self, dispatch_uid="haru-beat-schedule")
