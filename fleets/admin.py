@@ -401,6 +401,18 @@ class DomainAdmin(admin.ModelAdmin):
 
     def _operation_action(self, request, queryset, kind: str):
         verb = "Promote" if kind == OperationKind.PROMOTE else "Demote"
+        if kind == OperationKind.PROMOTE:
+            # One fleet has one active: two of its domains selected is a mistake to refuse
+            # whole (promoting both would just run two operations back to back).
+            fleets = list(queryset.values_list("fleet__slug", flat=True))
+            twice = sorted({f for f in fleets if fleets.count(f) > 1})
+            if twice:
+                self.message_user(
+                    request,
+                    f"Select one domain per fleet to promote; nothing done ({', '.join(twice)})",
+                    messages.ERROR,
+                )
+                return None
         if not request.POST.get("confirm"):
             text = (
                 "Promote these domains? Training stops, models wake and are probed, then routing "

@@ -70,6 +70,13 @@ def operation_request(
         raise InvalidTarget(decision.message)
     target = decision.target
     if decision.outcome == "noop":
+        # "Already there" is only true if nothing is moving the fleet away from there: while
+        # another operation is in flight the answer is that operation, as for any request.
+        moving = Operation.objects.filter(
+            fleet_id=fleet.id, state__in=IN_FLIGHT_OPERATION_STATES
+        ).first()
+        if moving is not None:
+            raise _in_flight(moving)
         return RequestResult("already_active", None, False, view.route_revision, target.slug)
 
     for _attempt in range(3):
@@ -118,12 +125,16 @@ def operation_request(
                 continue  # the in-flight one finished between our INSERT and this read
             if existing.kind == kind and str(existing.target_domain_id) == target.id:
                 return RequestResult("accepted", existing, False, view.route_revision, target.slug)
-            raise OperationConflict(
-                f"{existing.kind} of domain {existing.target_domain_slug} is already in flight "
-                f"(operation {existing.id}, state {existing.state})",
-                operation=existing,
-            ) from None
+            raise _in_flight(existing) from None
     raise OperationConflict("operation state kept changing; retry the request")
+
+
+def _in_flight(existing: Operation) -> OperationConflict:
+    return OperationConflict(
+        f"{existing.kind} of domain {existing.target_domain_slug} is already in flight "
+        f"(operation {existing.id}, state {existing.state})",
+        operation=existing,
+    )
 
 
 def operation_start(*, operation_id: Id, actor: str = "reconciler") -> bool:

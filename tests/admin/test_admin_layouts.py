@@ -312,6 +312,21 @@ def test_promote_action_confirms_then_calls_the_service(superuser_client, seeded
     assert "promotion of west started" in done.content.decode()
 
 
+@pytest.mark.parametrize("confirm", [False, True])
+def test_promote_action_refuses_both_domains_of_one_fleet(superuser_client, seeded_fleet, confirm):
+    data = {
+        "action": "promote_domain",
+        "_selected_action": [str(d.pk) for d in Domain.objects.filter(fleet=seeded_fleet)],
+    }
+    if confirm:
+        data["confirm"] = "yes"
+    response = superuser_client.post("/admin/fleets/domain/", data, follow=True)
+    assert "Select one domain per fleet to promote; nothing done (demo)" in (
+        response.content.decode()
+    )
+    assert not Operation.objects.exists()
+
+
 def test_demote_action_reports_a_conflict_with_the_apis_message(superuser_client, seeded_fleet):
     west = _domain(seeded_fleet, "west")
     operation_request(fleet=seeded_fleet, kind="promote", target_domain_id=west.pk)

@@ -25,6 +25,17 @@ def test_promoting_the_active_is_200_already_active(seeded_fleet, client_with_to
     assert not Operation.objects.exists()
 
 
+def test_promoting_the_active_while_a_promotion_away_is_in_flight_is_409(
+    seeded_fleet, client_with_token, envelope
+):
+    away = post(client_with_token, PROMOTE, {"targetDomainId": "west"}).json()["operation"]
+    error = envelope(
+        post(client_with_token, PROMOTE, {"targetDomainId": "east"}), 409, "operation_conflict"
+    )
+    assert error["operation"]["id"] == away["id"]
+    assert Operation.objects.count() == 1
+
+
 @pytest.mark.parametrize("by", ["slug", "id", "upper-case slug", "upper-case id"])
 def test_promoting_a_standby_is_202_with_a_new_operation(seeded_fleet, client_with_token, by):
     west, east = Domain.objects.get(slug="west"), Domain.objects.get(slug="east")
