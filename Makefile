@@ -4,7 +4,16 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint format migrations-check clean serve
+# The torch tier (`-m torch`): real tensors behind the simulated engine and trainer, in a venv of
+# its own so the main one never gets torch. Built only where the machine's local CPU torch wheel
+# is; elsewhere the target says so and the tier skips. Rebuilt when its constraints change.
+TORCH_VENV := var/venvs/torch
+TORCH_STAMP := $(TORCH_VENV)/.installed
+TORCH_WHEEL_DIR ?= /opt/wheels
+TORCH_WHEEL := $(wildcard $(TORCH_WHEEL_DIR)/torch-2.13.0+cpu-cp311-*.whl)
+TORCH_PACKAGES := torch transformers peft safetensors starlette uvicorn httpx sniffio nvidia-ml-py
+
+.PHONY: install demo test test-fast lint format migrations-check clean serve torch-env gpu-wheels
 
 install: $(STAMP)
 
@@ -22,8 +31,27 @@ serve: install
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py serve
 
-test: install
+test: install torch-env
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+torch-env:
+ifeq ($(TORCH_WHEEL),)
+	@echo "torch-env: no local CPU torch wheel in $(TORCH_WHEEL_DIR); the torch tier will skip"
+else
+	@$(MAKE) --no-print-directory $(TORCH_STAMP)
+endif
+
+$(TORCH_STAMP): constraints-torch.txt
+	rm -rf $(TORCH_VENV)
+	$(PYTHON) -m venv $(TORCH_VENV)
+	$(TORCH_VENV)/bin/pip install -q --find-links $(TORCH_WHEEL_DIR) -c constraints-torch.txt $(TORCH_PACKAGES)
+	@# PyPI's CUDA builds of these break transformers' import against a CPU torch; none is needed.
+	$(TORCH_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	touch $@
+
+# Wheels the GPU machine's image lacks, for `bench/gpu_truth.sh --wheels var/gpu-wheels`.
+gpu-wheels:
+	bench/gpu_wheels.sh var/gpu-wheels
 
 test-fast: install
 	$(PY) -m pytest -m "not e2e and not browser" $(PYTEST_ARGS)

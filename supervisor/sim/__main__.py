@@ -10,6 +10,7 @@ import sys
 import uvicorn
 
 from supervisor.gpu.sim_state import ENV_VAR, SimGpuState
+from supervisor.sim import backends
 from supervisor.sim.engine import SimEngine, SimOptions, build_app
 
 
@@ -36,7 +37,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[SimOptions, str]:
     p.add_argument("--echo", action="store_true", help="answer with the last user message")
     p.add_argument("--start-asleep", action="store_true")
     p.add_argument("--log-level", default="warning")
+    backends.add_arguments(p)
     a = p.parse_args(argv)
+    backend_settings = backends.check_arguments(p, a)
     for name in ("weights_mib", "context_mib", "wake_latency_ms", "ttft_ms", "token_delay_ms"):
         if getattr(a, name) < 0:
             p.error(f"--{name.replace('_', '-')} must not be negative")
@@ -56,6 +59,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[SimOptions, str]:
         reply=a.reply,
         echo=a.echo,
         start_asleep=a.start_asleep,
+        backend=a.backend,
+        backend_settings=backend_settings,
     ), a.log_level
 
 
@@ -67,7 +72,13 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     state = SimGpuState(options.sim_state) if options.sim_state else None
-    engine = SimEngine(options, state)
+    backend = backends.build_backend(
+        options.backend,
+        options.backend_settings,
+        weights_mib=options.weights_mib,
+        gpu_index=options.gpu_index,
+    )
+    engine = SimEngine(options, state, backend)
     uvicorn.run(
         build_app(engine),
         host=options.host,

@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from supervisor.gpu.sim_state import SimGpuState
+from supervisor.sim.backends import WAKE_TAGS, SimBackend
 from supervisor.sim.inference import InferenceEndpoint
 
 log = logging.getLogger("supervisor.sim")
@@ -56,6 +57,9 @@ class SimOptions:
     reply: str | None = None
     echo: bool = False
     start_asleep: bool = False
+    backend: str = "sim"
+    # The torch backend's own settings (device, KV cache, weights file); empty for "sim".
+    backend_settings: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -95,12 +99,26 @@ class LastRequest:
 class SimEngine:
     """The engine's state: awake or asleep, memory held, faults, counters."""
 
-    def __init__(self, options: SimOptions, state: SimGpuState | None = None) -> None:
+    # A request that arrives while asleep waits this long for a wake before it is refused.
+    HOLD_S = 600.0
+
+    def __init__(
+        self,
+        options: SimOptions,
+        state: SimGpuState | None = None,
+        backend: SimBackend | None = None,
+    ) -> None:
         self.options = options
         self.state = state
+        self.backend = backend
         self.sleeping = options.start_asleep
+        # What a sleep took away and a wake has not brought back yet (vLLM's wake tags).
+        self.asleep_tags: set[str] = set(WAKE_TAGS) if options.start_asleep else set()
+        self.awake = asyncio.Event()
+        if not self.sleeping:
+            self.awake.set()
         self.sleep_level: int | None = 1 if options.start_asleep else None
-        self.loaded = options.load_ms <= 0
+        self.loaded = options.load_ms <= 0 and backend is None
         self.faults = Faults()
         self.stats = Stats()
         self.last_request: LastRequest | None = None
@@ -125,20 +143,31 @@ class SimEngine:
 
     # -- sleep and wake -------------------------------------------------------------------------
 
+    @property
+    def holds_while_asleep(self) -> bool:
+        """Hold requests that arrive while asleep until the wake, as vLLM does (real backends)."""
+        return self.backend is not None
+
     async def sleep(self, level: int) -> Response:
         async with self._transition:
             if self.faults.sleep_fails:
                 return _error(500, "simulated sleep failure")
             if not self.sleeping:
                 await asyncio.sleep(self.options.sleep_latency_ms / 1000)
+                if self.backend is not None:
+                    await asyncio.to_thread(self.backend.sleep, level)
+                self.awake.clear()
+                self.asleep_tags = set(WAKE_TAGS)
                 self.sleeping = True
                 self.sleep_level = level
                 self.stats.sleeps += 1
                 self.register_memory()
                 log.info("%s: asleep (level %s)", self.options.model, level)
-        return Response(status_code=200)
+        if self.backend is None:
+            return Response(status_code=200)
+        return JSONResponse({"status": "sleeping", "level": self.sleep_level})
 
-    async def wake(self) -> Response:
+    async def wake(self, tags: tuple[str, ...] | None = None) -> Response:
         async with self._transition:
             while self.faults.wake_hangs:
                 # Hang until the fault is cleared, like a wake stuck on a busy GPU.
@@ -148,12 +177,28 @@ class SimEngine:
                 return _error(500, "simulated wake failure")
             if self.sleeping:
                 await asyncio.sleep(self.options.wake_latency_ms / 1000)
+                wanted = frozenset(tags or WAKE_TAGS)
+                if self.backend is not None:
+                    await asyncio.to_thread(self.backend.wake, wanted)
+                self.asleep_tags -= wanted
+            if self.sleeping and not self.asleep_tags:
                 self.sleeping = False
                 self.sleep_level = None
                 self.stats.wakes += 1
                 self.register_memory()
+                self.awake.set()
                 log.info("%s: awake", self.options.model)
-        return Response(status_code=200)
+        if self.backend is None:
+            return Response(status_code=200)
+        status = "sleeping" if self.sleeping else "awake"
+        return JSONResponse({"status": status, "tags": list(tags) if tags else None})
+
+    async def backend_facts(self, *, checksum: bool) -> dict[str, Any] | None:
+        """The backend's memory facts; under the transition lock, so never mid-sleep."""
+        if self.backend is None:
+            return None
+        async with self._transition:
+            return await asyncio.to_thread(self.backend.describe, checksum=checksum)
 
     def set_faults(self, changes: dict[str, Any]) -> str | None:
         """Apply fault flags from the wire; return an error message for bad input."""
@@ -244,7 +289,20 @@ def build_app(engine: SimEngine) -> Starlette:
         return await engine.sleep(int(raw))
 
     async def wake_up(request: Request) -> Response:
-        return await engine.wake()
+        tags = tuple(request.query_params.getlist("tags"))
+        unknown = [t for t in tags if t not in WAKE_TAGS]
+        if unknown:
+            return _error(400, f"unknown wake tags {unknown} (known: {', '.join(WAKE_TAGS)})")
+        return await engine.wake(tags or None)
+
+    async def backend(request: Request) -> Response:
+        if (refused := _local_only(request)) is not None:
+            return refused
+        checksum = request.query_params.get("checksum") in ("1", "true")
+        facts = await engine.backend_facts(checksum=checksum)
+        if facts is None:
+            return _error(404, "this engine runs no memory backend (start it with --backend)")
+        return JSONResponse(facts)
 
     async def is_sleeping(request: Request) -> Response:
         if engine.faults.is_sleeping_garbage:
@@ -335,6 +393,8 @@ def build_app(engine: SimEngine) -> Starlette:
             if loader is not None:
                 loader.cancel()
             engine.release_memory()
+            if engine.backend is not None:
+                engine.backend.close()
 
     return Starlette(
         routes=[
@@ -348,6 +408,7 @@ def build_app(engine: SimEngine) -> Starlette:
             Route("/is_sleeping", is_sleeping, methods=["GET"]),
             Route("/_sim/faults", faults, methods=["GET", "POST"]),
             Route("/_sim/stats", stats, methods=["GET"]),
+            Route("/_sim/backend", backend, methods=["GET"]),
             Route("/_sim/last-request", last_request, methods=["GET"]),
             Route("/_sim/reset", reset, methods=["POST"]),
         ],
@@ -357,6 +418,10 @@ def build_app(engine: SimEngine) -> Starlette:
 
 async def _load(engine: SimEngine) -> None:
     await asyncio.sleep(engine.options.load_ms / 1000)
+    if engine.backend is not None:
+        await asyncio.to_thread(engine.backend.allocate)
+        if engine.sleeping:  # --start-asleep: load, then sleep, as a standby would
+            await asyncio.to_thread(engine.backend.sleep, 1)
     engine.loaded = True
     engine.register_memory()
     log.info("%s: loaded", engine.options.model)

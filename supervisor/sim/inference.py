@@ -59,6 +59,10 @@ class InferenceEndpoint:
             return  # the client left before sending its request
         engine.record_request(scope, body)
         engine.stats.requests += 1
+        if engine.sleeping and engine.holds_while_asleep:
+            # vLLM holds a request that arrives while asleep and answers it after the wake.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(engine.awake.wait(), engine.HOLD_S)
         if scope["method"] != "POST":
             await _send(send, 405, replies.openai_error("use POST", "invalid_request_error", 405))
             return
