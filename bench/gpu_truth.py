@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -266,6 +267,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _ok(response: httpx.Response) -> bool:
+    return response.status_code == 200
+
+
 def wait_http(url: str, ok: Callable[[httpx.Response], bool], timeout: float, proc=None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -343,7 +348,7 @@ def engine_round_trip(
     stages: list[dict[str, Any]] = []
     try:
         began = time.monotonic()
-        wait_http(f"{url}/health", lambda r: r.status_code == 200, START_TIMEOUT_S, proc)
+        wait_http(f"{url}/health", _ok, START_TIMEOUT_S, proc)
         with httpx.Client(base_url=url, timeout=600, trust_env=False) as c:
 
             def facts(checksum: bool = False) -> dict[str, Any]:
@@ -522,10 +527,12 @@ def promotion(plan: Plan, reader: MemoryReader) -> dict[str, Any]:
     steps: dict[str, float] = {}
     headers = {"Authorization": f"Bearer {token}"}
     try:
-        wait_http(f"{url}/healthz", lambda r: r.status_code == 200, 60, proc)
+        wait_http(f"{url}/healthz", _ok, 60, proc)
         with httpx.Client(base_url=url, headers=headers, timeout=600, trust_env=False) as c:
             # Standby posture: the engine loaded and asleep, the trainer holding the GPU.
             _until(lambda: c.get("/v1/ready").status_code == 200, START_TIMEOUT_S, "ready")
+            # Healthy once its weights are loaded and (--start-asleep) moved to host memory.
+            wait_http(f"http://127.0.0.1:{model_port}/health", _ok, START_TIMEOUT_S)
             c.post("/v1/training/start").raise_for_status()
             ckpt = plan.workdir / "ckpt-promotion"
             _until(lambda: ckpt.exists() and any(ckpt.iterdir()), START_TIMEOUT_S, "training")
@@ -603,25 +610,43 @@ def run(plan: Plan) -> dict[str, Any]:
         },
     }
     began = time.monotonic()
+    results["errors"] = errors = []
+
+    def attempt(what: str, step: Callable[[], Any]) -> Any:
+        # A GPU is lent for minutes: one failing step must not lose the figures of the others.
+        print(f"{time.monotonic() - began:6.1f}s {what}", flush=True)
+        try:
+            return step()
+        except Exception as exc:
+            errors.append({"step": what, "error": f"{type(exc).__name__}: {exc}"})
+            traceback.print_exc()
+            return None
+
     try:
         import torch  # noqa: PLC0415
 
         results["torch"] = torch.__version__
-        print(f"gpu truth on {results['gpu']['name']} ({plan.device}); 1/5 bandwidth", flush=True)
-        results["bandwidth"] = measure_bandwidth(plan)
-        pinned = results["bandwidth"]["pinnedH2DBytesPerS"]
-        results["engines"] = []
-        for size in plan.sizes_mib:
-            print(f"2-3/5 engine sleep and wake at {size} MiB", flush=True)
-            results["engines"].append(engine_round_trip(plan, reader, size, 1, pinned))
-        print(f"3/5 level-2 round trip at {plan.level2_mib} MiB", flush=True)
-        results["engines"].append(engine_round_trip(plan, reader, plan.level2_mib, 2, pinned))
-        results["trainer"] = []
+        print(f"gpu truth on {results['gpu']['name']} ({plan.device})", flush=True)
+        results["bandwidth"] = attempt("1/5 bandwidth", lambda: measure_bandwidth(plan))
+        pinned = (results["bandwidth"] or {}).get("pinnedH2DBytesPerS", 0.0)
+        results["engines"], results["trainer"] = [], []
+        for size, level in [(size, 1) for size in plan.sizes_mib] + [(plan.level2_mib, 2)]:
+            engine = attempt(
+                f"2-3/5 engine level-{level} sleep and wake at {size} MiB",
+                lambda s=size, lv=level: engine_round_trip(plan, reader, s, lv, pinned),
+            )
+            if engine is not None:
+                results["engines"].append(engine)
         for path in ("sigterm", "sigkill"):
-            print(f"4/5 trainer stop on the {path} path", flush=True)
-            results["trainer"].append(asyncio.run(trainer_stop(plan, reader, path)))
-        print("5/5 promotion through the supervisor", flush=True)
-        results["promotion"] = promotion(plan, reader)
+            trainer = attempt(
+                f"4/5 trainer stop on the {path} path",
+                lambda p=path: asyncio.run(trainer_stop(plan, reader, p)),
+            )
+            if trainer is not None:
+                results["trainer"].append(trainer)
+        results["promotion"] = attempt(
+            "5/5 promotion through the supervisor", lambda: promotion(plan, reader)
+        )
     finally:
         reader.close()
         results["durationS"] = time.monotonic() - began
@@ -647,7 +672,9 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     print(f"\nwritten: {path} (and .txt)")
     failed = [t for t in results["targets"] if t["pass"] is False]
-    return 1 if failed else 0
+    for e in results["errors"]:
+        print(f"ERROR in {e['step']}: {e['error']}")
+    return 1 if failed or results["errors"] else 0
 
 
 if __name__ == "__main__":

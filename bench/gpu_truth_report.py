@@ -34,21 +34,21 @@ def judge(results: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"name": name, "value": value, "target": target, "pass": ok if on_gpu else None})
 
     for e in results.get("engines", []):
-        size = f"{e['weightsMiB'] / 1024:g} GiB"
+        weights = size(e["weightsMiB"])
         if e["level"] == 1:
             fraction = e.get("wakeFractionOfPinned")
             add(
-                f"wake bandwidth, {size}",
+                f"wake bandwidth, {weights}",
                 fraction,
                 f">= {WAKE_FRACTION_TARGET:.0%} of pinned H2D",
                 fraction is not None and fraction >= WAKE_FRACTION_TARGET,
             )
-        add(f"bit-exact wake, {size} level {e['level']}", e["bitExact"], "true", e["bitExact"])
+        add(f"bit-exact wake, {weights} level {e['level']}", e["bitExact"], "true", e["bitExact"])
         for row in e["stages"]:
             if row.get("judged"):
                 a = agreement(row)
                 add(
-                    f"NVML vs torch, {size} {row['stage']}",
+                    f"NVML vs torch, {weights} {row['stage']}",
                     a,
                     f"<= {AGREEMENT_TARGET:.0%}",
                     a is not None and a <= AGREEMENT_TARGET,
@@ -66,6 +66,10 @@ def judge(results: dict[str, Any]) -> list[dict[str, Any]]:
     if promotion:
         add("promotion probe", promotion.get("probeOk"), "true", promotion.get("probeOk") is True)
     return out
+
+
+def size(mib: int) -> str:
+    return f"{mib / 1024:g} GiB" if mib >= 1024 else f"{mib} MiB"
 
 
 def _fmt(value: Any) -> str:
@@ -101,7 +105,7 @@ def render_table(results: dict[str, Any]) -> str:
     for e in results.get("engines", []):
         rate = e.get("wakeBytesPerS")
         lines.append(
-            f"{e['weightsMiB'] / 1024:g} GiB L{e['level']:<6} {_fmt(e.get('sleepS')):>8} "
+            f"{size(e['weightsMiB']) + ' L' + str(e['level']):<14} {_fmt(e.get('sleepS')):>8} "
             f"{_fmt(e.get('wakeWeightsS')):>8} {(rate or 0) / 1e9:>10.1f} "
             f"{_fmt(e.get('wakeFractionOfPinned')):>10} "
             f"{e['residueWhileAsleepBytes'] / 2**20:>12.0f} {_fmt(e['bitExact']):>6}"
