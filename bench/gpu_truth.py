@@ -36,14 +36,12 @@ import json
 import os
 import re
 import secrets
-import signal
+import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -55,6 +53,18 @@ sys.path.insert(0, str(ROOT))
 # Before torch initialises CUDA: number GPUs as NVML does, so --gpu-index means one card to both.
 os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
 
+from bench.gpu_truth_procs import (  # noqa: E402
+    START_TIMEOUT_S,
+    Plan,
+    child_env,
+    engine_args,
+    free_port,
+    ok_200,
+    stop_process,
+    trainer_command,
+    until,
+    wait_http,
+)
 from bench.gpu_truth_report import judge, render_table  # noqa: E402
 from supervisor.clock import SystemClock  # noqa: E402
 from supervisor.config import TrainingSlotConfig  # noqa: E402
@@ -67,32 +77,6 @@ MIB = 1024 * 1024
 GIB = 1024 * MIB
 # NVML rounds to MiB and the driver allocates in pages: "released" means back within this.
 RELEASE_SLACK_BYTES = 64 * MIB
-START_TIMEOUT_S = 180.0
-
-
-@dataclass
-class Plan:
-    """Every size and timing of one run; `--device cpu` shrinks them to seconds."""
-
-    device: str
-    gpu_index: int
-    sizes_mib: list[int]
-    kv_cache_mib: int
-    level2_mib: int
-    bandwidth_mib: int
-    trainer_memory_mib: int
-    grace_ms: int
-    out: Path
-    python: str
-    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="gpu-truth-")))
-
-    @property
-    def cuda(self) -> bool:
-        return self.device == "cuda"
-
-    @property
-    def state_file(self) -> Path:
-        return self.workdir / "sim-gpu.json"
 
 
 def parse_args(argv: list[str] | None = None) -> Plan:
@@ -241,95 +225,6 @@ def measure_bandwidth(plan: Plan) -> dict[str, Any]:
     return out
 
 
-# -- processes -----------------------------------------------------------------------------------
-
-
-def child_env(plan: Plan, extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HARU_")}
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p
-    )
-    env["PYTHONUNBUFFERED"] = "1"
-    # CUDA numbers GPUs as NVML does only with this; the supervisor sets it for its children.
-    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    env["CUDA_VISIBLE_DEVICES"] = str(plan.gpu_index)
-    if not plan.cuda:
-        env["HARU_SIM_GPU_STATE"] = str(plan.state_file)
-    env.update(extra or {})
-    return env
-
-
-def free_port() -> int:
-    import socket  # noqa: PLC0415
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _ok(response: httpx.Response) -> bool:
-    return response.status_code == 200
-
-
-def wait_http(url: str, ok: Callable[[httpx.Response], bool], timeout: float, proc=None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[:4]} exited with {proc.returncode} before {url}")
-        try:
-            if ok(httpx.get(url, timeout=5, trust_env=False)):
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not answer within {timeout:.0f}s")
-
-
-def stop_process(proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
-
-
-def engine_args(plan: Plan, weights_mib: int, *extra: str) -> list[str]:
-    return [
-        "--backend",
-        "torch",
-        "--device",
-        plan.device,
-        "--weights-mib",
-        str(weights_mib),
-        "--kv-cache-mib",
-        str(plan.kv_cache_mib),
-        "--chunk-mib",
-        "256" if plan.cuda else "8",
-        *extra,
-    ]
-
-
-def trainer_command(plan: Plan, *extra: str) -> list[str]:
-    return [
-        plan.python,
-        "-m",
-        "supervisor.sim.trainer",
-        "--backend",
-        "torch",
-        "--device",
-        plan.device,
-        "--memory-mib",
-        str(plan.trainer_memory_mib),
-        "--checkpoint-every-s",
-        "1",
-        "--min-step-s",
-        "0.01" if plan.cuda else "0.05",
-        *extra,
-    ]
-
-
 # -- step 3: sleep and wake ----------------------------------------------------------------------
 
 
@@ -348,7 +243,7 @@ def engine_round_trip(
     stages: list[dict[str, Any]] = []
     try:
         began = time.monotonic()
-        wait_http(f"{url}/health", _ok, START_TIMEOUT_S, proc)
+        wait_http(f"{url}/health", ok_200, START_TIMEOUT_S, proc)
         with httpx.Client(base_url=url, timeout=600, trust_env=False) as c:
 
             def facts(checksum: bool = False) -> dict[str, Any]:
@@ -527,15 +422,15 @@ def promotion(plan: Plan, reader: MemoryReader) -> dict[str, Any]:
     steps: dict[str, float] = {}
     headers = {"Authorization": f"Bearer {token}"}
     try:
-        wait_http(f"{url}/healthz", _ok, 60, proc)
+        wait_http(f"{url}/healthz", ok_200, 60, proc)
         with httpx.Client(base_url=url, headers=headers, timeout=600, trust_env=False) as c:
             # Standby posture: the engine loaded and asleep, the trainer holding the GPU.
-            _until(lambda: c.get("/v1/ready").status_code == 200, START_TIMEOUT_S, "ready")
+            until(lambda: c.get("/v1/ready").status_code == 200, START_TIMEOUT_S, "ready")
             # Healthy once its weights are loaded and (--start-asleep) moved to host memory.
-            wait_http(f"http://127.0.0.1:{model_port}/health", _ok, START_TIMEOUT_S)
+            wait_http(f"http://127.0.0.1:{model_port}/health", ok_200, START_TIMEOUT_S)
             c.post("/v1/training/start").raise_for_status()
             ckpt = plan.workdir / "ckpt-promotion"
-            _until(lambda: ckpt.exists() and any(ckpt.iterdir()), START_TIMEOUT_S, "training")
+            until(lambda: ckpt.exists() and any(ckpt.iterdir()), START_TIMEOUT_S, "training")
             standby_used = reader.used_bytes()
             began = time.monotonic()
             t = time.monotonic()
@@ -545,7 +440,7 @@ def promotion(plan: Plan, reader: MemoryReader) -> dict[str, Any]:
                 slots = c.get("/v1/training/status").json()["slots"]
                 return all(s["state"] == "idle" for s in slots)
 
-            _until(idle, plan.grace_ms / 1000 + 30, "training stop")
+            until(idle, plan.grace_ms / 1000 + 30, "training stop")
             steps["stop_training"] = time.monotonic() - t
             t = time.monotonic()
             limit = DEFAULTS["verifyGpuMaxUsedRatio"]
@@ -557,7 +452,7 @@ def promotion(plan: Plan, reader: MemoryReader) -> dict[str, Any]:
                 g = next(g for g in memory["gpus"] if g["index"] == plan.gpu_index)
                 return g["usedMiB"] / g["totalMiB"] <= limit
 
-            _until(verified, 30, "GPU memory released")
+            until(verified, 30, "GPU memory released")
             steps["verify_gpu"] = time.monotonic() - t
             t = time.monotonic()
             woke = c.post("/v1/vllm/wake", json={"gpuIndex": plan.gpu_index})
@@ -580,15 +475,6 @@ def promotion(plan: Plan, reader: MemoryReader) -> dict[str, Any]:
         "gpuAfterVerify": memory.get("gpus"),
         "verifyMaxUsedRatio": limit,
     }
-
-
-def _until(predicate: Callable[[], Any], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"{what}: not reached within {timeout:.0f}s")
 
 
 # -- the run -------------------------------------------------------------------------------------
@@ -669,6 +555,8 @@ def main(argv: list[str] | None = None) -> int:
     results = run(plan)
     table = render_table(results)
     path = write_results(plan, results, table)
+    # Level-2 weight files and checkpoints: gigabytes on a GPU host's small disk.
+    shutil.rmtree(plan.workdir, ignore_errors=True)
     print(table)
     print(f"\nwritten: {path} (and .txt)")
     failed = [t for t in results["targets"] if t["pass"] is False]

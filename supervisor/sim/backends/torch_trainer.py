@@ -36,6 +36,7 @@ from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from supervisor.gpu.sim_state import SimGpuState
 from supervisor.sim.backends import cuda_ordinal
 
 MIB = 1024 * 1024
@@ -310,9 +311,6 @@ def train(argv: list[str] | None = None) -> int:
             f"planned {planned / MIB:.1f} MiB, limit {limit_mib or 'none'}"
         )
         if state_file:
-            # Imported here: the simulated GPUs' state file is only there in simulated hosts.
-            from supervisor.gpu.sim_state import SimGpuState  # noqa: PLC0415
-
             sim_state = SimGpuState(state_file)
             sim_state.hold(gpu_index, -(-planned // MIB), "trainer")
         report.write(phase="training", step=step, plannedBytes=planned, ballastBytes=ballast.nbytes)
