@@ -8,7 +8,10 @@ STAMP := $(VENV)/.installed
 # its own so the main one never gets torch. Built only where the machine's local CPU torch wheel
 # is; elsewhere the target says so and the tier skips. Rebuilt when its constraints change.
 TORCH_VENV := var/venvs/torch
-TORCH_STAMP := $(TORCH_VENV)/.installed
+# Keyed by the constraints' content, not their mtime: a checkout or rebase touches the file
+# without changing it, and a rebuild costs minutes.
+TORCH_KEY := $(shell sha256sum constraints-torch.txt | cut -c1-16)
+TORCH_STAMP := $(TORCH_VENV)/.installed-$(TORCH_KEY)
 TORCH_WHEEL_DIR ?= /opt/wheels
 TORCH_WHEEL := $(wildcard $(TORCH_WHEEL_DIR)/torch-2.13.0+cpu-cp311-*.whl)
 TORCH_PACKAGES := torch transformers peft safetensors starlette uvicorn httpx sniffio nvidia-ml-py
@@ -41,7 +44,7 @@ else
 	@$(MAKE) --no-print-directory $(TORCH_STAMP)
 endif
 
-$(TORCH_STAMP): constraints-torch.txt
+$(TORCH_STAMP):
 	rm -rf $(TORCH_VENV)
 	$(PYTHON) -m venv $(TORCH_VENV)
 	$(TORCH_VENV)/bin/pip install -q --find-links $(TORCH_WHEEL_DIR) -c constraints-torch.txt $(TORCH_PACKAGES)

@@ -8,6 +8,7 @@ command to run) where it is there but the venv was not built.
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import subprocess
 from pathlib import Path
@@ -34,15 +35,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def torch_python() -> str:
     """The torch venv's interpreter; skip without the local wheel, fail without the venv."""
     python = TORCH_VENV / "bin" / "python"
-    if (TORCH_VENV / ".installed").exists() and python.exists():
+    # The stamp `make torch-env` leaves, keyed by the constraints it installed.
+    key = hashlib.sha256((REPO_ROOT / "constraints-torch.txt").read_bytes()).hexdigest()[:16]
+    if (TORCH_VENV / f".installed-{key}").exists() and python.exists():
         return str(python)
     if not glob.glob(os.path.join(WHEEL_DIR, WHEEL_GLOB)):
         pytest.skip(
             f"no local CPU torch wheel ({WHEEL_GLOB}) in {WHEEL_DIR}: the torch tier needs it"
         )
     pytest.fail(
-        f"the torch venv {TORCH_VENV} is not built; run `make torch-env` (the local torch "
-        "wheel is here, so this tier must run, not skip)"
+        f"the torch venv {TORCH_VENV} is missing or older than constraints-torch.txt; run "
+        "`make torch-env` (the local torch wheel is here, so this tier must run, not skip)"
     )
 
 
