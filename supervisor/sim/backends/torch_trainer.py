@@ -155,20 +155,35 @@ def batch_for(step: int, a: argparse.Namespace, device: torch.device) -> torch.T
 # -- checkpoints ---------------------------------------------------------------------------------
 
 
-def newest_checkpoint(directory: Path) -> Path | None:
-    """The newest complete checkpoint: a `step-N` dir whose state.json (written last) reads."""
+def checkpoints_newest_first(directory: Path) -> list[Path]:
+    """Every `step-N` checkpoint directory, newest first."""
     found: list[tuple[int, Path]] = []
     for entry in directory.iterdir() if directory.is_dir() else []:
         match = _CHECKPOINT.match(entry.name)
         if match and entry.is_dir():
             found.append((int(match.group(1)), entry))
-    for _, path in sorted(found, reverse=True):
+    return [path for _, path in sorted(found, reverse=True)]
+
+
+def resume(
+    directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device
+) -> int:
+    """Load the newest checkpoint that loads whole; return its step (0 when there is none).
+
+    A checkpoint torn by a crash mid-save, or whose adapter no longer matches its digest, is
+    skipped for the one before: losing a few steps beats a trainer that cannot start.
+    """
+    for path in checkpoints_newest_first(directory):
         try:
-            json.loads((path / "state.json").read_text())
-        except (OSError, ValueError):
-            continue  # torn by a crash mid-save: fall back to the one before
-        return path
-    return None
+            state = load_checkpoint(path, model, optimizer, device)
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:
+            log(f"skipping checkpoint {path.name}: {exc}")
+            continue
+        step = int(state["step"])
+        log(f"resumed from step {step} ({path}); adapter digest {state['adapterDigest']}")
+        return step
+    log(f"no checkpoint in {directory}; starting at step 0")
+    return 0
 
 
 def save_checkpoint(
@@ -297,14 +312,7 @@ def train(argv: list[str] | None = None) -> int:
             )
         ballast = torch.zeros(a.memory_mib * MIB, dtype=torch.uint8, device=device)
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=a.lr)
-        step = 0
-        newest = newest_checkpoint(checkpoint_dir)
-        if newest is not None:
-            state = load_checkpoint(newest, model, optimizer, device)
-            step = int(state["step"])
-            log(f"resumed from step {step} ({newest}); adapter digest {state['adapterDigest']}")
-        else:
-            log(f"no checkpoint in {checkpoint_dir}; starting at step 0")
+        step = resume(checkpoint_dir, model, optimizer, device)
         pinned = environ.get("CUDA_VISIBLE_DEVICES")
         log(
             f"training on {device} (GPU {gpu_index}, CUDA_VISIBLE_DEVICES={pinned}); "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 
@@ -45,8 +46,15 @@ def test_trainer_saves_on_sigterm_and_resumes_from_that_step(
     state = checkpoint_state(ckpt, step)
     assert state["reason"] == "sigterm" and state["step"] == step
 
+    # A newer checkpoint whose adapter does not match its digest (a bad disk, a torn copy) is
+    # skipped for the good one before it.
+    bad = ckpt / f"step-{step + 100:06d}"
+    shutil.copytree(ckpt / f"step-{step:06d}", bad)
+    (bad / "state.json").write_text(json.dumps({**state, "adapterDigest": "0" * 16}))
+
     resumed = run_torch([*TRAINER, "--max-steps", str(step + 3)], env=env)
     assert resumed.returncode == 0, resumed.stderr
+    assert f"skipping checkpoint {bad.name}" in resumed.stderr
     assert f"resumed from step {step} " in resumed.stderr
     # The adapter it loaded is the one that was saved (its digest is checked on load too).
     assert f"adapter digest {state['adapterDigest']}" in resumed.stderr
