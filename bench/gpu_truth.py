@@ -50,8 +50,6 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-# Before torch initialises CUDA: number GPUs as NVML does, so --gpu-index means one card to both.
-os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
 
 from bench.gpu_truth_procs import (  # noqa: E402
     START_TIMEOUT_S,
@@ -133,10 +131,10 @@ def parse_args(argv: list[str] | None = None) -> Plan:
 class MemoryReader:
     """Used memory of one GPU as the supervisor reports it: NVML, or simulated GPUs on a CPU."""
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, nvml: NvmlBackend | None = None) -> None:
         self.plan = plan
         self.source = "nvml" if plan.cuda else "sim-state"
-        self._nvml = NvmlBackend() if plan.cuda else None
+        self._nvml = (nvml or NvmlBackend()) if plan.cuda else None
         self._sim = None if plan.cuda else SimGpuState(plan.state_file)
 
     def used_bytes(self) -> int:
@@ -551,6 +549,9 @@ def write_results(plan: Plan, results: dict[str, Any], table: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Before torch initialises CUDA: number GPUs as NVML does, so --gpu-index means one card to
+    # both (the children get it from child_env, as the supervisor's children do).
+    os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     plan = parse_args(argv)
     results = run(plan)
     table = render_table(results)
