@@ -1,8 +1,9 @@
 # Two commands do all the set-up on a fresh machine: `make demo` and `make test`.
-PYTHON ?= python3.11
+# The interpreter: $(PYTHON) when set, else the first of Python 3.11-3.13 that actually runs
+# (on PATH, then ~/.pyenv); see tools/pick-python. Changing it rebuilds the venv.
+export PYTHON
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
 
 .PHONY: install demo test test-fast test-realengine vllm-venv test-torch torch-env gpu-wheels \
 	lint format migrations-check clean serve sky-env
@@ -23,19 +24,15 @@ TORCH_WHEEL_DIR ?= /opt/wheels
 TORCH_WHEEL := $(wildcard $(TORCH_WHEEL_DIR)/torch-2.13.0+cpu-cp311-*.whl)
 TORCH_PACKAGES := torch transformers peft safetensors starlette uvicorn httpx sniffio nvidia-ml-py
 
-install: $(STAMP)
-
-$(STAMP): pyproject.toml constraints.txt
-	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) on PATH"; exit 1; }
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[server,dev]'
-	touch $(STAMP)
+# Always consulted: tools/ensure-venv returns at once when the stamp in the venv matches the
+# interpreter and the dependency files.
+install:
+	@tools/ensure-venv $(VENV)
 
 sky-env: $(SKY_VENV)/.installed
 
 $(SKY_VENV)/.installed: sky-constraints.txt
-	test -x $(SKY_VENV)/bin/python || $(PYTHON) -m venv $(SKY_VENV)
+	test -x $(SKY_VENV)/bin/python || "$$(tools/pick-python)" -m venv $(SKY_VENV)
 	$(SKY_VENV)/bin/python -m pip install -q --upgrade pip
 	$(SKY_VENV)/bin/python -m pip install -q -c sky-constraints.txt skypilot
 	touch $@
@@ -73,7 +70,7 @@ endif
 
 $(TORCH_STAMP):
 	rm -rf $(TORCH_VENV)
-	$(PYTHON) -m venv $(TORCH_VENV)
+	"$$(PYTHON= tools/pick-python 3.11)" -m venv $(TORCH_VENV)
 	$(TORCH_VENV)/bin/pip install -q --find-links $(TORCH_WHEEL_DIR) -c constraints-torch.txt $(TORCH_PACKAGES)
 	@# PyPI's CUDA builds of these break transformers' import against a CPU torch; none is needed.
 	$(TORCH_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
@@ -98,4 +95,4 @@ migrations-check: install
 	$(PY) manage.py makemigrations --check --dry-run
 
 clean:
-	rm -rf $(VENV) $(SKY_VENV) var .pytest_cache
+	rm -rf $(VENV) .venv-3.* $(SKY_VENV) var .pytest_cache

@@ -25,9 +25,11 @@ from fleets.core.states import (
     OperationKind,
 )
 from fleets.dashboard import actions as dashboard_actions
-from fleets.models import Domain, Event, Fleet, ModelBinding, Operation, Slot
+from fleets.errors import ServiceError
+from fleets.models import Domain, Event, Fleet, FleetArchive, ModelBinding, Operation, Slot
 from fleets.selectors import operation_in_flight
 from fleets.services.events import event_record
+from fleets.services.fleets import fleet_delete
 from fleets.services.gpu_plan import domain_gpus_adopt, domain_plan, domain_plan_apply
 from fleets.services.inventory import domain_add, slot_add
 from fleets.services.layouts import layout_export
@@ -153,6 +155,40 @@ class FleetAdmin(admin.ModelAdmin):
     )
     actions = ["reconcile_now", "export_layout"]
 
+    # Deleting goes through fleet_delete: refused while an operation is in flight, and the
+    # fleet's operations and events are archived (FleetArchive) rather than lost. The stock
+    # confirmation page would demand delete permission on operations and events, which are
+    # read-only here on purpose; it lists them as archived instead.
+    def get_deleted_objects(self, objs, request):
+        fleets = list(objs)
+        busy = [
+            f"{f.slug}: {op.kind} of {op.target_slug} is in flight; wait for it or cancel it"
+            for f in fleets
+            if (op := operation_in_flight(f.id)) is not None
+        ]
+        summary = [
+            format_html(
+                "Fleet {} with {} domain(s); {} operation(s) and {} event(s) are archived, "
+                "not lost (Fleet archives in this admin)",
+                f.slug,
+                Domain.objects.filter(fleet=f).count(),
+                Operation.objects.filter(fleet=f).count(),
+                Event.objects.filter(fleet=f).count(),
+            )
+            for f in fleets
+        ]
+        return summary, {"fleets": len(fleets)}, set(), busy
+
+    def delete_model(self, request, obj):
+        try:
+            fleet_delete(fleet_id=obj.id, actor=_actor(request))
+        except ServiceError as exc:
+            self.message_user(request, exc.message, messages.ERROR)
+
+    def delete_queryset(self, request, queryset):
+        for fleet in queryset:
+            self.delete_model(request, fleet)
+
     @admin.display(description="active domain")
     def active(self, obj):
         return obj.active_domain.slug if obj.active_domain_id else "-"
@@ -160,9 +196,7 @@ class FleetAdmin(admin.ModelAdmin):
     @admin.display(description="in flight")
     def in_flight(self, obj):
         op = operation_in_flight(obj.id)
-        return (
-            f"{op.kind} -> {op.target_domain.slug} ({op.current_step or op.state})" if op else "-"
-        )
+        return f"{op.kind} -> {op.target_slug} ({op.current_step or op.state})" if op else "-"
 
     @admin.display(description="dashboard")
     def dashboard(self, obj):
@@ -457,6 +491,28 @@ class _ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
+@admin.register(FleetArchive)
+class FleetArchiveAdmin(_ReadOnlyAdmin):
+    list_display = ("slug", "deleted_at", "deleted_by", "operation_count", "event_count")
+    search_fields = ("slug", "fleet_id", "deleted_by")
+    readonly_fields = ("fleet_id", "slug", "deleted_at", "deleted_by", "archive_json")
+    exclude = ("layout", "operations", "events")
+
+    @admin.display(description="operations")
+    def operation_count(self, obj):
+        return len(obj.operations)
+
+    @admin.display(description="events")
+    def event_count(self, obj):
+        return len(obj.events)
+
+    @admin.display(description="layout, operations and events")
+    def archive_json(self, obj):
+        return _pretty_json(
+            {"layout": obj.layout, "operations": obj.operations, "events": obj.events}
+        )
+
+
 @admin.register(Operation)
 class OperationAdmin(_ReadOnlyAdmin):
     list_display = (
@@ -474,7 +530,7 @@ class OperationAdmin(_ReadOnlyAdmin):
     list_filter = ("fleet", "kind", "state", "reason", ("created_at", admin.DateFieldListFilter))
     search_fields = (
         "id",
-        "target_domain__slug",
+        "target_domain_slug",
         "fleet__slug",
         "requested_by",
         "current_step",
@@ -489,9 +545,9 @@ class OperationAdmin(_ReadOnlyAdmin):
     def short_id(self, obj):
         return str(obj.id)[:8]
 
-    @admin.display(description="target", ordering="target_domain__slug")
+    @admin.display(description="target", ordering="target_domain_slug")
     def target(self, obj):
-        return obj.target_domain.slug
+        return obj.target_slug
 
     @admin.display(description="error")
     def error_json(self, obj):

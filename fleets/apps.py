@@ -1,4 +1,15 @@
+from typing import Any
+
 from django.apps import AppConfig
+from django.conf import settings
+from django.db.models.signals import post_migrate
+
+
+def _seed_beat_schedule(**_kwargs: Any) -> None:
+    """After `migrate`: create the periodic tasks beat needs, leaving edited ones alone."""
+    from fleets.services.schedule import beat_schedule_seed  # noqa: PLC0415 - app registry
+
+    beat_schedule_seed(reconcile_interval_ms=settings.HARU["reconcile_interval_ms"])
 
 
 class FleetsConfig(AppConfig):
@@ -12,3 +23,5 @@ class FleetsConfig(AppConfig):
         # Registers the GPU plan collector; it reads models, so it waits for the registry.
         from fleets import placement_metrics  # noqa: F401, PLC0415
         from fleets.api import schema  # noqa: F401, PLC0415
+
+        post_migrate.connect(_seed_beat_schedule, sender=self, dispatch_uid="haru-beat-schedule")

@@ -69,6 +69,11 @@ def fleet_group(fleet_id) -> str:
     return f"fleet.{fleet_id}"
 
 
+# Every fleet's messages also go here: the overview listens to it, so a fleet created after the
+# socket opened (its first event is `layout.applied`) shows up at once.
+ALL_FLEETS_GROUP = "fleets.all"
+
+
 def bind_loop(loop: asyncio.AbstractEventLoop) -> None:
     """Remember the ASGI server's event loop (called by the live consumers on connect)."""
     global _server_loop
@@ -239,15 +244,19 @@ def _send(fleet_id, message: dict) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
-    group = fleet_group(fleet_id)
+
+    async def send_both() -> None:
+        await layer.group_send(fleet_group(fleet_id), message)
+        await layer.group_send(ALL_FLEETS_GROUP, message)
+
     try:
         loop = _server_loop
         if loop is not None and loop.is_running() and not loop.is_closed():
             # Wait for the hand-off so messages keep their order on the way to the browser.
-            future = asyncio.run_coroutine_threadsafe(layer.group_send(group, message), loop)
+            future = asyncio.run_coroutine_threadsafe(send_both(), loop)
             future.result(timeout=_HANDOFF_TIMEOUT_S)
             return
-        _own_loop().run_until_complete(layer.group_send(group, message))
+        _own_loop().run_until_complete(send_both())
     except Exception:  # noqa: BLE001 - the live layer is best effort by design
         log.warning("broadcast to fleet %s failed", fleet_id, exc_info=True)
 

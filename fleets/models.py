@@ -207,7 +207,15 @@ class Operation(models.Model):
     state = models.CharField(
         max_length=16, choices=_choices(OperationState), default=OperationState.PENDING
     )
-    target_domain = models.ForeignKey(Domain, on_delete=models.CASCADE, related_name="+")
+    # SET_NULL: a layout prune that removes the domain must not take the audit trail with it;
+    # the slug copied at creation keeps naming it (an in-flight operation's target is never
+    # pruned: the layout service refuses to prune while an operation is in flight).
+    target_domain = models.ForeignKey(
+        Domain, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # db_default: replicas still running the previous release insert operations without this
+    # column while the migration is applied (deploy/README.md, "Upgrading").
+    target_domain_slug = models.CharField(max_length=63, blank=True, default="", db_default="")
     # The routing pointer captured when the operation was created: the domain a promotion
     # demotes afterwards, whatever the pointer says by then.
     source_domain = models.ForeignKey(
@@ -248,6 +256,37 @@ class Operation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.id} ({self.state})"
+
+    @property
+    def target_slug(self) -> str:
+        """The target domain's slug, also after a prune removed the domain."""
+        if self.target_domain_slug:
+            return self.target_domain_slug
+        target = self.target_domain if self.target_domain_id else None
+        return target.slug if target is not None else ""
+
+
+class FleetArchive(models.Model):
+    """What a deleted fleet leaves behind: its layout, operations and events, as JSON.
+
+    Written by `fleet_delete` in the same transaction as the delete, so a fleet's history is
+    never lost silently. Event retention does not touch archives.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    fleet_id = models.UUIDField()
+    slug = models.CharField(max_length=63)
+    deleted_at = models.DateTimeField()
+    deleted_by = models.CharField(max_length=150, blank=True, default="")
+    layout = models.JSONField(default=dict)
+    operations = models.JSONField(default=list)
+    events = models.JSONField(default=list)
+
+    class Meta:
+        ordering = ["-deleted_at"]
+
+    def __str__(self) -> str:
+        return f"{self.slug} (deleted {self.deleted_at:%Y-%m-%d %H:%M:%S})"
 
 
 class Event(models.Model):

@@ -16,9 +16,11 @@ from celery import shared_task
 from celery.signals import worker_process_init
 from django.conf import settings
 
+from fleets import clock
 from fleets.reconciler import kick
 from fleets.reconciler.provision import fleet_provision_tick
 from fleets.reconciler.tick import fleets_to_reconcile, tick_run
+from fleets.services.retention import history_prune, retention_cutoff
 
 log = logging.getLogger(__name__)
 
@@ -112,3 +114,24 @@ def provision_fleet(fleet_id: str) -> dict:
     """Run one provisioning pass of one fleet (skipped if another pass holds it)."""
     result = fleet_provision_tick(fleet_id=fleet_id)
     return {"fleetId": fleet_id, "ran": result.ran, "busy": result.busy}
+
+
+@shared_task(
+    name="fleets.prune_history",
+    acks_late=True,
+    soft_time_limit=600,
+    time_limit=900,
+    ignore_result=True,
+)
+def prune_history() -> dict:
+    """Drop events and finished operations older than HARU_EVENT_RETENTION_DAYS."""
+    days = settings.HARU["event_retention_days"]
+    report = history_prune(older_than=retention_cutoff(clock.now(), days))
+    if report.events or report.operations:
+        log.info(
+            "retention: pruned %d event(s), %d operation(s) older than %d day(s)",
+            report.events,
+            report.operations,
+            days,
+        )
+    return {"events": report.events, "operations": report.operations}

@@ -6,8 +6,13 @@ with its reconcile loop, puts the standby in standby posture (models asleep, tra
 prints how to watch and how to break things, then prints the fleet's events as they happen.
 Ctrl-C stops every process it started.
 
-Subcommands, for a second terminal: `crash east|west` (the whole host dies), `start-host
-east|west` (bring it back), `stop` (kill whatever a previous demo left behind).
+Subcommands, for a second terminal: `crash active|standby|east|west` (the whole host dies),
+`restore active|standby|east|west` (bring it back and demote it to standby posture), `stop`
+(kill whatever a previous demo left behind).
+
+Only processes this demo started are ever signalled: the demo records each process it starts
+in var/demo/pids/ (pid, kernel start time, boot id, so a reused pid is never touched), and a
+host's model servers and trainers are the ones its supervisor recorded in its own state dir.
 
 The supervisor token is random per run, handed to the processes through their environment and
 kept in var/demo/state.json (mode 0600); it is never printed.
@@ -29,18 +34,20 @@ from pathlib import Path
 
 import httpx
 
+from supervisor.config import load_config, state_dir_for
+from supervisor.records import ProcessStamp, StateDir
+
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 SERVER_PORT = 8700
+# Each host's simulated model servers (its supervisor config names the same ports).
+MODEL_PORTS: dict[str, tuple[int, ...]] = {"east": (18001, 18002), "west": (18011, 18012)}
 HOSTS = {
-    "east": {"port": 8701, "config": "examples/supervisor-east.json", "models": (18001, 18002)},
-    "west": {"port": 8702, "config": "examples/supervisor-west.json", "models": (18011, 18012)},
+    name: {"port": port, "config": f"examples/supervisor-{name}.json", "models": MODEL_PORTS[name]}
+    for name, port in (("east", 8701), ("west", 8702))
 }
 LAYOUT = "examples/fleet.two-domain.json"
 FLEET = "demo"
-# Every process the demo starts carries this in its environment (and its children inherit it),
-# so cleanup finds them all, orphans of a crashed supervisor included.
-MARKER = "HARU_DEMO_RUN"
 
 
 def var_dir() -> Path:
@@ -60,30 +67,62 @@ def say(message: str = "") -> None:
 # -- processes ---------------------------------------------------------------------------------
 
 
-def demo_pids(host: str | None = None) -> list[int]:
-    """Return live processes started by any demo run (optionally only one host's)."""
-    needle = f"{MARKER}=".encode()
-    host_needle = f"HARU_DEMO_HOST={host}\0".encode() if host else None
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if needle in environ and (host_needle is None or host_needle in environ + b"\0"):
-            out.append(int(entry.name))
-    return out
+def pid_dir() -> Path:
+    path = demo_dir() / "pids"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
-def kill_pids(pids: list[int], sig: int = signal.SIGKILL) -> None:
-    for pid in pids:
-        # Each child leads its own process group (a trainer's workers die with it).
+def record_started(name: str, proc: subprocess.Popen) -> None:
+    """Remember a process this demo started (started in a new session: it leads its group)."""
+    stamp = ProcessStamp.of(proc.pid)
+    (pid_dir() / f"{name}.json").write_text(json.dumps(stamp.to_json()))
+
+
+def started(name: str) -> ProcessStamp | None:
+    """Return the recorded process `name` if it still runs (the same process, not a reused pid)."""
+    path = pid_dir() / f"{name}.json"
+    try:
+        stamp = ProcessStamp.from_json(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if stamp.is_alive():
+        return stamp
+    path.unlink(missing_ok=True)
+    return None
+
+
+def host_state_dir(name: str) -> Path:
+    """Where `name`'s supervisor records the model servers and trainers it started."""
+    spec = HOSTS[name]
+    config = load_config(spec["config"], cwd=REPO)
+    return state_dir_for(config, port=spec["port"], cwd=REPO)
+
+
+def host_processes(name: str) -> list[ProcessStamp]:
+    """Return the live processes of one demo host: its supervisor and what that recorded."""
+    stamps = [s for s in (started(name),) if s is not None]
+    records = StateDir(host_state_dir(name)).load()
+    stamps += [r.stamp for r in (*records.servers, *records.trainers) if r.stamp.is_alive()]
+    return stamps
+
+
+def demo_processes() -> list[ProcessStamp]:
+    """Return every live process this demo started: the server and both hosts'."""
+    server = started("server")
+    return [*([server] if server else []), *(p for name in HOSTS for p in host_processes(name))]
+
+
+def kill_processes(stamps: list[ProcessStamp], sig: int = signal.SIGKILL) -> int:
+    """Signal each still-live process's group (a trainer's workers die with it)."""
+    killed = 0
+    for stamp in stamps:
+        if not stamp.is_alive():  # checked again right before: the pid may be reused since
+            continue
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, sig)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
+            os.killpg(stamp.pgid, sig)
+            killed += 1
+    return killed
 
 
 def port_in_use(port: int) -> bool:
@@ -100,7 +139,7 @@ def base_env(run_id: str, token: str) -> dict[str, str]:
     # The demo is local development mode: embedded database, no broker, open loopback-only API.
     dropped = ("DATABASE_URL", "REDIS_URL", "HARU_API_TOKEN")
     env = {k: v for k, v in os.environ.items() if k not in dropped}
-    env.update({MARKER: run_id, "HARU_SUPERVISOR_TOKEN": token, "PYTHONUNBUFFERED": "1"})
+    env.update({"HARU_DEMO_RUN": run_id, "HARU_SUPERVISOR_TOKEN": token, "PYTHONUNBUFFERED": "1"})
     return env
 
 
@@ -124,6 +163,7 @@ def start_supervisor(name: str, state: dict) -> subprocess.Popen:
         start_new_session=True,
     )
     log.close()
+    record_started(name, proc)
     return proc
 
 
@@ -169,7 +209,7 @@ def preflight() -> None:
     busy += [p for h in HOSTS.values() for p in h["models"] if port_in_use(p)]
     if not busy:
         return
-    leftovers = demo_pids()
+    leftovers = demo_processes()
     hint = (
         f"{len(leftovers)} process(es) of an earlier demo are still running: stop them with "
         "`python -m haru.demo stop` (or Ctrl-C in that demo's terminal)."
@@ -207,7 +247,33 @@ def prepare_standbys(state: dict) -> None:
         say(f"  standby {domain['slug']}: demote {r.json().get('status', r.text[:200])}")
 
 
-def print_instructions(state: dict, procs: dict[str, subprocess.Popen]) -> None:
+def current_fleet() -> dict | None:
+    """Return the demo fleet's snapshot from the running server, or None if it is not up."""
+    try:
+        r = httpx.get(
+            f"http://127.0.0.1:{SERVER_PORT}/v1/fleets/{FLEET}", timeout=5, trust_env=False
+        )
+    except httpx.HTTPError:
+        return None
+    return r.json() if r.status_code == 200 else None
+
+
+def resolve_host(ref: str, fleet: dict | None) -> str:
+    """Map `active`/`standby` to a host by the fleet's current routing pointer; names pass."""
+    if ref in HOSTS:
+        return ref
+    if fleet is None:
+        raise SystemExit(
+            f"demo: the server on :{SERVER_PORT} is not answering, so which host is {ref} now "
+            f"is unknown; name the host instead ({' or '.join(HOSTS)})"
+        )
+    for domain in fleet.get("domains", []):
+        if domain.get("role") == ref and domain.get("slug") in HOSTS:
+            return domain["slug"]
+    raise SystemExit(f"demo: fleet {FLEET} has no {ref} domain right now")
+
+
+def print_instructions(fleet: dict | None) -> None:
     base = f"http://127.0.0.1:{SERVER_PORT}"
     chat = json.dumps({"model": "qwen-small", "messages": [{"role": "user", "content": "hi"}]})
     login = (
@@ -215,9 +281,19 @@ def print_instructions(state: dict, procs: dict[str, subprocess.Popen]) -> None:
         if os.environ.get("HARU_DEMO_PASSWORD")
         else "create a login first: .venv/bin/python manage.py createsuperuser"
     )
+    active = resolve_host("active", fleet)
+    standby = next(name for name in HOSTS if name != active)
+    supervisor = started(active)
+    kill = (
+        f"kill -KILL -- -{supervisor.pgid}"
+        if supervisor
+        else f"(the {active} supervisor is not running)"
+    )
+    faults = f"http://127.0.0.1:{MODEL_PORTS[standby][0]}/_sim/faults"
     say(
         f"""
 Haru demo is running (fleet "{FLEET}": east and west, simulated H100s).
+Right now {active} is active and {standby} is the standby.
 The API is open and bound to 127.0.0.1 only (no HARU_API_TOKEN: local development mode).
 
 Watch
@@ -229,17 +305,19 @@ Watch
   metrics       curl -s {base}/metrics | grep ^haru_
   logs          {demo_dir()}/*.log
 
-Break it
-  kill the active's supervisor:  kill -KILL -- -{procs["east"].pid}
-      (its model servers live on, like a partitioned host; to take the whole host down:
-       .venv/bin/python -m haru.demo crash east)
-  bring a host back:             .venv/bin/python -m haru.demo start-host east
-  make west's wake fail:         curl -s -XPOST http://127.0.0.1:18011/_sim/faults \\
+Break it (active and standby always mean the current ones, whichever host that is)
+  take the active host down:     .venv/bin/python -m haru.demo crash active
+  kill only its supervisor:      {kill}
+      (its model servers live on, like a partitioned host)
+  take the standby host down:    .venv/bin/python -m haru.demo crash standby
+  bring a host back:             .venv/bin/python -m haru.demo restore {active}
+      (starts its supervisor; a host that is not active is demoted to standby posture)
+  make the standby's wake fail:  curl -s -XPOST {faults} \\
                                    -H 'content-type: application/json' -d '{{"wakeFails": true}}'
       (clear it with {{"wakeFails": false}}; a failed promotion never moves routing)
   promote by hand:               curl -s -XPOST {base}/v1/fleets/{FLEET}/promote \\
                                    -H 'content-type: application/json' \\
-                                   -d '{{"targetDomainId": "west"}}'
+                                   -d '{{"targetDomainId": "{standby}"}}'
 
 The fleet's events follow. Ctrl-C stops everything.
 """
@@ -286,6 +364,11 @@ def follow_events(procs: dict[str, subprocess.Popen]) -> None:
             detail = event.data.get("reason") or event.data.get("message") or event.data.get("code")
             extra = f": {str(detail)[:120]}" if detail else ""
             say(f"{event.created_at:%H:%M:%S.%f}"[:12] + f" {event.kind}{where}{step}{took}{extra}")
+            if event.kind == "fleet.route.switched" and event.domain:
+                say(
+                    f"    {event.domain.slug} is active now: `crash active` takes it down; "
+                    "`restore standby` brings the other host back"
+                )
         for name, proc in procs.items():
             if proc.poll() is not None and name not in reported:
                 reported.add(name)
@@ -340,6 +423,7 @@ def run(fresh: bool) -> None:
             start_new_session=True,
         )
         log.close()
+        record_started("server", procs["server"])
         wait_until(
             lambda: (
                 httpx.get(f"http://127.0.0.1:{SERVER_PORT}/healthz", timeout=2).status_code == 200
@@ -349,7 +433,7 @@ def run(fresh: bool) -> None:
         )
         say("demo: putting the standby in standby posture (models asleep, trainer running)")
         prepare_standbys(state)
-        print_instructions(state, procs)
+        print_instructions(current_fleet())
         os.environ.update(env)
         follow_events(procs)
     except KeyboardInterrupt:
@@ -359,45 +443,74 @@ def run(fresh: bool) -> None:
 
 
 def shutdown(procs: dict[str, subprocess.Popen]) -> None:
-    """Stop the server, then the supervisors (they stop their children), then anything left."""
-    for name in ("server", *HOSTS):
-        proc = procs.get(name)
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGTERM)
+    """Stop the server, then the supervisors (they stop their children), then anything left.
+
+    The supervisors are found by their pid files, so one that `restore` started in another
+    terminal gets the same orderly SIGTERM as the ones this run started.
+    """
+    stamps = [stamp for name in ("server", *HOSTS) if (stamp := started(name)) is not None]
+    kill_processes(stamps, signal.SIGTERM)
     deadline = time.monotonic() + 15
     for proc in procs.values():
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(max(0.1, deadline - time.monotonic()))
-    leftovers = demo_pids()
-    kill_pids(leftovers)
-    say(f"demo: stopped ({len(procs)} started, {len(leftovers)} killed at the end)")
+    while any(stamp.is_alive() for stamp in stamps) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    killed = kill_processes(demo_processes())
+    say(f"demo: stopped ({len(procs)} started, {killed} killed at the end)")
+
+
+def restore(ref: str) -> None:
+    """Bring a host back: start its supervisor if it is down, then demote it if not active."""
+    state = load_state()
+    fleet = current_fleet()
+    host = resolve_host(ref, fleet)
+    if started(host) is None:
+        if port_in_use(HOSTS[host]["port"]):
+            raise SystemExit(
+                f"demo: port {HOSTS[host]['port']} is taken by a process this demo did not "
+                "start; find it with `ss -ltnp`"
+            )
+        proc = start_supervisor(host, state)
+        say(f"demo: {host} supervisor started (pid {proc.pid}); waiting until it is ready")
+        wait_until(lambda: supervisor_ready(host, state["supervisorToken"]), 60, host)
+    if fleet is None:
+        say("demo: the server is not running, so nothing was demoted")
+        return
+    role = next((d["role"] for d in fleet["domains"] if d["slug"] == host), None)
+    if role == "active":
+        say(f"demo: {host} is the active domain; it keeps serving")
+        return
+    r = api(state, "POST", f"/fleets/{FLEET}/demote", {"targetDomainId": host})
+    body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+    outcome = body.get("status") or body.get("error", {}).get("message") or r.text[:200]
+    say(f"demo: {host} demote to standby posture: {outcome}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m haru.demo", description=__doc__.split("\n")[0])
     parser.add_argument("--fresh", action="store_true", help="start from an empty database")
     sub = parser.add_subparsers(dest="command")
+    targets = ["active", "standby", *sorted(HOSTS)]
     crash = sub.add_parser("crash", help="take a host down: its supervisor and every child")
-    crash.add_argument("host", choices=sorted(HOSTS))
-    start = sub.add_parser("start-host", help="start a host's supervisor again")
-    start.add_argument("host", choices=sorted(HOSTS))
-    sub.add_parser("stop", help="kill every process a demo run left behind")
+    crash.add_argument("host", choices=targets)
+    back = sub.add_parser("restore", help="bring a host back and demote it to standby posture")
+    back.add_argument("host", choices=targets)
+    # The name the walk-through used before `restore`; kept so old notes still work.
+    start = sub.add_parser("start-host", help="same as restore")
+    start.add_argument("host", choices=targets)
+    sub.add_parser("stop", help="kill every process this demo started that is still running")
     args = parser.parse_args(argv)
     os.chdir(REPO)
     if args.command == "crash":
-        pids = demo_pids(args.host)
-        kill_pids(pids)
-        say(f"demo: {args.host} is down ({len(pids)} processes killed)")
-    elif args.command == "start-host":
-        if port_in_use(HOSTS[args.host]["port"]):
-            raise SystemExit(f"demo: {args.host}'s supervisor port is in use; it is still up")
-        proc = start_supervisor(args.host, load_state())
-        say(f"demo: {args.host} supervisor started (pid {proc.pid})")
+        host = resolve_host(args.host, current_fleet())
+        killed = kill_processes(host_processes(host))
+        say(f"demo: {host} is down ({killed} processes killed)")
+    elif args.command in ("restore", "start-host"):
+        restore(args.host)
     elif args.command == "stop":
-        pids = demo_pids()
-        kill_pids(pids)
-        say(f"demo: killed {len(pids)} leftover process(es)")
+        killed = kill_processes(demo_processes())
+        say(f"demo: killed {killed} leftover process(es)")
     else:
         run(args.fresh)
     return 0

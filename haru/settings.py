@@ -1,4 +1,4 @@
-"""Django settings, read from environment variables only (DESIGN.md section 6).
+"""Django settings, read from environment variables only (docs/design.md, "Configuration").
 
 Unset DATABASE_URL means the embedded default (a SQLite file under var/, WAL mode); unset
 REDIS_URL means the in-memory channel layer and no Celery broker. A malformed value stops
@@ -37,6 +37,9 @@ def _load() -> dict:
             "reconcile_interval_ms": env.integer("HARU_RECONCILE_INTERVAL_MS", None, minimum=100),
             "reconcile_fleets": env.csv("HARU_RECONCILE_FLEETS"),
             "fleet_layout": env.raw("HARU_FLEET_LAYOUT"),
+            "event_retention_days": env.integer(
+                "HARU_EVENT_RETENTION_DAYS", 30, minimum=1, maximum=36500
+            ),
             "debug": env.boolean("HARU_DEBUG", False),
             "allowed_hosts": env.csv("HARU_ALLOWED_HOSTS") or ["*"],
             "secret_key": env.raw("HARU_SECRET_KEY"),
@@ -81,6 +84,8 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "channels",
+    # Beat's schedule lives in the database, editable in admin (fleets.services.schedule).
+    "django_celery_beat",
     "fleets",
 ]
 
@@ -102,7 +107,8 @@ WSGI_APPLICATION = None
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        # Inside the package, so an installed wheel carries them (pyproject package-data).
+        "DIRS": [BASE_DIR / "haru" / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -149,7 +155,7 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "/static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_DIRS = [BASE_DIR / "haru" / "static"]
 # WhiteNoise serves assets straight from the finders: no collectstatic step, no STATIC_ROOT, no
 # CDN (the portal runs in closed networks).
 WHITENOISE_USE_FINDERS = True
@@ -176,17 +182,12 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = False
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-# Beat queues one tick per fleet (fleets.tasks.reconcile_all) every HARU_RECONCILE_INTERVAL_MS
-# (5 s when unset); each expires with the next beat, so an outage leaves no backlog.
-_BEAT_S = (HARU["reconcile_interval_ms"] or 5000) / 1000
-CELERY_BEAT_SCHEDULE = {
-    "reconcile-fleets": {
-        "task": "fleets.reconcile_all",
-        "schedule": _BEAT_S,
-        "options": {"expires": _BEAT_S},
-    }
-}
-CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+# Beat reads its schedule from the database (django-celery-beat), so an operator changes the
+# reconcile interval in admin without a restart. The rows are seeded after `migrate` from
+# HARU_RECONCILE_INTERVAL_MS (fleets.services.schedule); nothing is declared here, because the
+# database scheduler would write declared entries over the operator's edits at every start.
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

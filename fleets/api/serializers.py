@@ -59,7 +59,9 @@ class OperationOut(serializers.Serializer):
     fleetId = serializers.UUIDField()  # noqa: N815
     kind = serializers.ChoiceField(_values(OperationKind))
     state = serializers.ChoiceField(_values(OperationState))
-    targetDomainId = serializers.UUIDField()  # noqa: N815
+    # Null once a layout prune removed the domain; the slug, copied at creation, stays.
+    targetDomainId = serializers.UUIDField(allow_null=True)  # noqa: N815
+    targetDomainSlug = serializers.CharField(allow_null=True)  # noqa: N815
     sourceDomainId = serializers.UUIDField(allow_null=True)  # noqa: N815
     currentStep = serializers.CharField(allow_null=True)  # noqa: N815
     stepStartedAt = serializers.DateTimeField(allow_null=True)  # noqa: N815

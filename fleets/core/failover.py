@@ -6,6 +6,7 @@ in the database, where the decision is acted on.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -119,3 +120,40 @@ def should_escalate(fleet: FleetView, now: datetime, degraded_since: datetime | 
     if _age_ms(degraded_since, now) <= policy.degraded_grace_ms:
         return False
     return any(is_viable_standby(d, policy, now) for d in fleet.standbys)
+
+
+# After a failed restore, the same standby is not asked again for this long: a host whose models
+# refuse to sleep must not get a demotion per tick.
+RESTORE_RETRY_AFTER_MS = 300_000
+# A standby's inference slot reads failed when its supervisor answers but the models are awake
+# (the heartbeat rules), and serving while it was being promoted.
+_AWAKE_ON_STANDBY = frozenset({"failed", "serving"})
+
+
+def standby_to_restore(
+    fleet: FleetView, now: datetime, last_failed_restore: Mapping[str, datetime] | None = None
+) -> DomainView | None:
+    """Pick a standby that came back healthy but awake, to demote into standby posture.
+
+    This is the host that was the active, failed over, and returned after the promotion's
+    best-effort demote steps ran out of time: it reads ready with its models awake, costing a
+    GPU's worth of memory and its training time. With `restoreStandbyOnReturn` (the default)
+    the reconciler demotes it. `last_failed_restore` maps domain id to when its last demotion
+    failed; a recent one backs off (RESTORE_RETRY_AFTER_MS). The caller re-checks that nothing
+    is in flight, in the database.
+    """
+    if not fleet.policy.restore_standby_on_return or fleet.active is None:
+        return None
+    failed_at = last_failed_restore or {}
+    for domain in sorted(fleet.standbys, key=lambda d: d.slug):
+        if domain.state != DomainState.READY or not domain.supervisor_url:
+            continue
+        if domain.last_seen_at is None or is_stale(domain, fleet.policy, now):
+            continue
+        if not any(s.kind == "inference" and s.state in _AWAKE_ON_STANDBY for s in domain.slots):
+            continue
+        last = failed_at.get(domain.id)
+        if last is not None and _age_ms(last, now) < RESTORE_RETRY_AFTER_MS:
+            continue
+        return domain
+    return None

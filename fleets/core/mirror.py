@@ -1,6 +1,6 @@
 """Heartbeat mirroring: which state a slot or domain moves to, given what its supervisor says.
 
-Pure rules (facts.md "Heartbeats"); the reconciler reads the report, reduces each bound model
+Pure rules (docs/design.md, "Heartbeats"); the reconciler reads the report, reduces each bound model
 and trainer to a posture, asks these functions, and writes any move with a guarded CAS. Only
 steady-state pairs are mirrored: the in-between states (waking, probing, stopping, training's
 stopping) belong to the operation step that set them, and never move here.

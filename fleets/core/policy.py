@@ -20,6 +20,9 @@ PROBE_MAX_TOKENS_MAX = MAX_PROBE_TOKENS
 
 DEFAULTS: dict[str, Any] = {
     "autoFailover": False,
+    # A standby that is back and healthy but awake (a former active whose host returned after
+    # the promotion's own demote steps gave up) is demoted to standby posture by the reconciler.
+    "restoreStandbyOnReturn": True,
     "heartbeatStaleMs": 30_000,
     "degradedGraceMs": 60_000,
     "trainingStopGraceMs": 30_000,
@@ -65,7 +68,12 @@ _TIMEOUT_KEYS = (
     "provisionTimeoutMs",
     "provisionRetryBackoffMs",
 )
-_BOOL_KEYS = ("autoFailover", "replaceFailedStandby", "replaceFailedActive")
+_BOOL_KEYS = (
+    "autoFailover",
+    "restoreStandbyOnReturn",
+    "replaceFailedStandby",
+    "replaceFailedActive",
+)
 STOP_MODES = ("down", "stop")
 
 # Which Policy field bounds each operation step (step names from fleets.core.states).
@@ -187,6 +195,7 @@ class Policy:
     """A fully resolved fleet policy; field defaults equal `DEFAULTS`."""
 
     auto_failover: bool = DEFAULTS["autoFailover"]
+    restore_standby_on_return: bool = DEFAULTS["restoreStandbyOnReturn"]
     heartbeat_stale_ms: int = DEFAULTS["heartbeatStaleMs"]
     degraded_grace_ms: int = DEFAULTS["degradedGraceMs"]
     training_stop_grace_ms: int = DEFAULTS["trainingStopGraceMs"]
@@ -214,6 +223,7 @@ class Policy:
         merged = {**DEFAULTS, **given, "probe": {**DEFAULTS["probe"], **given.get("probe", {})}}
         return cls(
             auto_failover=merged["autoFailover"],
+            restore_standby_on_return=merged["restoreStandbyOnReturn"],
             heartbeat_stale_ms=merged["heartbeatStaleMs"],
             degraded_grace_ms=merged["degradedGraceMs"],
             training_stop_grace_ms=merged["trainingStopGraceMs"],
@@ -239,6 +249,7 @@ class Policy:
         """Return the resolved policy in the public camelCase shape of `DEFAULTS`."""
         return {
             "autoFailover": self.auto_failover,
+            "restoreStandbyOnReturn": self.restore_standby_on_return,
             "heartbeatStaleMs": self.heartbeat_stale_ms,
             "degradedGraceMs": self.degraded_grace_ms,
             "trainingStopGraceMs": self.training_stop_grace_ms,

@@ -71,7 +71,7 @@ def reconcile_now(*, fleet: Fleet, actor: str) -> ActionResult:
     if op is not None:
         in_flight = op.state in IN_FLIGHT_OPERATION_STATES
         where = (op.current_step or "not started") if in_flight else op.state
-        tail = f"; {op.kind} of {op.target_domain.slug}: {where}"
+        tail = f"; {op.kind} of {op.target_slug}: {where}"
     how = "reconciled" if result.ran else "a tick was already running; it will pick this up"
     return ActionResult(True, 200, "reconciled", f"{fleet.slug}: {how}{tail}")
 

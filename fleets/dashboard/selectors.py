@@ -12,6 +12,8 @@ from collections import defaultdict
 from datetime import datetime
 from typing import Any
 
+from django.db.models import Max
+
 from fleets.clock import iso
 from fleets.core.decisions import decide_demotion, decide_promotion
 from fleets.core.failover import is_stale, is_viable_standby
@@ -19,6 +21,7 @@ from fleets.core.read_model import FleetView
 from fleets.core.states import (
     IN_FLIGHT_OPERATION_STATES,
     DomainState,
+    InferenceState,
     OperationKind,
     OperationState,
     SlotKind,
@@ -43,7 +46,13 @@ CHART_LIMIT = 24
 # Event kinds an operator should notice at a glance in the timeline.
 _BAD = ("operation.failed", "domain.failed", "domain.heartbeat.failed", "operation.cancelled")
 _GOOD = ("fleet.route.switched", "operation.succeeded")
-_WARN = ("domain.degraded", "operation.step.timeout_best_effort", "domain.degraded.escalated")
+_WARN = (
+    "domain.degraded",
+    "operation.step.timeout_best_effort",
+    "domain.degraded.escalated",
+    "operation.step.retry",
+)
+RETRY_EVENT = "operation.step.retry"
 
 
 def _age_s(then: datetime | None, now: datetime) -> float | None:
@@ -131,8 +140,11 @@ def operation_progress(
 ) -> dict[str, Any]:
     """Return the step-by-step view of one operation: each step's status and elapsed time."""
     done: dict[str, Event] = {}
+    retries: dict[str, Event] = {}
     for e in step_events:
-        if e.step and e.kind.startswith("operation.step.") and e.step not in done:
+        if e.kind == RETRY_EVENT:
+            retries[e.step] = e  # the newest attempt (events come oldest first)
+        elif e.step and e.kind.startswith("operation.step.") and e.step not in done:
             done[e.step] = e
     error = op.error if isinstance(op.error, dict) else None
     running = op.state in IN_FLIGHT_OPERATION_STATES
@@ -151,6 +163,10 @@ def operation_progress(
             entry["ms"] = (
                 int(_age_s(op.step_started_at, now) * 1000) if op.step_started_at else None
             )
+            retry = retries.get(name)
+            if retry is not None:
+                data = retry.data if isinstance(retry.data, dict) else {}
+                entry["detail"] = f"retry {data.get('attempt', '?')}: {data.get('message', '')}"
         elif error and error.get("step") == name:
             entry["status"] = "failed"
             entry["detail"] = f"{error.get('code', '')}: {error.get('message', '')}"
@@ -191,7 +207,7 @@ def _step_events(op_ids: list) -> dict[Any, list[Event]]:
         return by_op
     rows = (
         Event.objects.filter(operation_id__in=op_ids, kind__startswith="operation.step.")
-        .only("operation_id", "kind", "step", "duration_ms", "created_at")
+        .only("operation_id", "kind", "step", "duration_ms", "data", "created_at")
         .order_by("id")
     )
     for e in rows:
@@ -221,7 +237,7 @@ def failover_chart(fleet: Fleet, slugs: dict) -> chart_mod.Chart:
                 operation_id=str(op.id),
                 finished_at=op.finished_at or op.created_at,
                 reason=op.reason,
-                target=slugs.get(op.target_domain_id, "?"),
+                target=slugs.get(op.target_domain_id) or op.target_domain_slug or "?",
                 durations_ms=durations,
             )
         )
@@ -298,6 +314,50 @@ def recent_events(fleet: Fleet, slugs: dict, limit: int = EVENT_LIMIT) -> list[d
 # ---------------------------------------------------------------------------------------------
 
 
+# What a slot state proves about its models when it changed after the last heartbeat: the
+# operation that moved it checked the supervisor itself (a wake proven, a probe passed).
+_POSTURE_OF_SLOT: dict[str, str] = {
+    InferenceState.SERVING: "awake",
+    InferenceState.PROBING: "awake",
+    InferenceState.WAKING: "waking",
+    InferenceState.SLEEPING: "asleep",
+}
+
+
+def _posture(seen, slot: Slot, report_at: datetime | None) -> str:
+    """Return a model's posture: the heartbeat's word, unless the slot moved since then.
+
+    Without this, a freshly promoted active read `serving` with its models `asleep` until the
+    next heartbeat replaced the report taken before the wake.
+    """
+    newer = report_at is None or (
+        slot.state_updated_at is not None and slot.state_updated_at > report_at
+    )
+    if newer and slot.state in _POSTURE_OF_SLOT:
+        return _POSTURE_OF_SLOT[slot.state]
+    if seen is None:
+        return "unreported"
+    if seen.sleeping is None:
+        return "unknown"
+    return "asleep" if seen.sleeping else "awake"
+
+
+def _serving_note(d: Domain, stale: bool, failing: str | None, inference: list) -> str:
+    """Return why an active domain is not serving traffic, or "" when it is."""
+    if d.state in (DomainState.FAILED, DomainState.STOPPING, DomainState.STOPPED):
+        return f"domain {d.state}"
+    if failing:
+        return f"heartbeat failing: {failing}"
+    if stale:
+        return "heartbeat stale"
+    down = [f"gpu{s['gpu_index']} {s['state']}" for s in inference if s["state"] != "serving"]
+    if down:
+        return "inference " + ", ".join(down)
+    if not inference:
+        return "no inference slot"
+    return ""
+
+
 def _domain_card(
     d: Domain,
     view: FleetView,
@@ -319,12 +379,7 @@ def _domain_card(
                 seen = models_seen.get(b.name)
                 expected = expected_fingerprint(b.profile, model_name=b.name, gpu_index=s.gpu_index)
                 reported_fp = seen.fingerprint if seen else None
-                if seen is None:
-                    posture = "unreported"
-                elif seen.sleeping is None:
-                    posture = "unknown"
-                else:
-                    posture = "asleep" if seen.sleeping else "awake"
+                posture = _posture(seen, s, d.last_seen_at)
                 models.append(
                     {
                         "name": b.name,
@@ -366,6 +421,11 @@ def _domain_card(
     gpu_indices = sorted({s.gpu_index for s in slots})
     heartbeat_age = _age_s(d.last_seen_at, now)
     stale = bool(dview and is_stale(dview, view.policy, now))
+    serving_note = (
+        _serving_note(d, stale, _heartbeat_errors([d]).get(str(d.id)), inference)
+        if role == "active"
+        else ""
+    )
     promote = decide_promotion(view, str(d.id))
     demote = decide_demotion(view, str(d.id))
     return {
@@ -390,6 +450,8 @@ def _domain_card(
         "has_report": bool(report),
         "inference": inference,
         "training": training,
+        "serving": role == "active" and not serving_note,
+        "serving_note": serving_note,
         "can_promote": promote.outcome == "proceed",
         "promote_note": promote.message,
         "can_demote": demote.outcome == "proceed",
@@ -492,11 +554,15 @@ def overview_rows(*, now: datetime) -> list[dict[str, Any]]:
             "target_domain"
         )
     }
-    last_failover = {}
-    for op in Operation.objects.filter(
-        kind=OperationKind.PROMOTE, state=OperationState.SUCCEEDED
-    ).order_by("fleet_id", "-finished_at"):
-        last_failover.setdefault(op.fleet_id, op)
+    # The last time routing moved, not when the last promotion finished: a promotion is still
+    # running its best-effort steps on the old active for up to sleepTimeoutMs after the switch,
+    # and the overview showed the previous failover's age meanwhile.
+    last_failover = dict(
+        Event.objects.filter(kind="fleet.route.switched")
+        .values("fleet_id")
+        .annotate(at=Max("created_at"))
+        .values_list("fleet_id", "at")
+    )
     domains_by_fleet: dict[Any, list[Domain]] = defaultdict(list)
     for d in Domain.objects.only("id", "fleet_id", "last_report"):
         domains_by_fleet[d.fleet_id].append(d)
@@ -533,7 +599,7 @@ def overview_rows(*, now: datetime) -> list[dict[str, Any]]:
                     {
                         "kind": op.kind,
                         "state": op.state,
-                        "target": op.target_domain.slug,
+                        "target": op.target_slug,
                         "current_step": op.current_step,
                         "step_started_at": iso(op.step_started_at),
                         "reason": op.reason,
@@ -541,8 +607,8 @@ def overview_rows(*, now: datetime) -> list[dict[str, Any]]:
                     if op
                     else None
                 ),
-                "last_failover_at": iso(lf.finished_at) if lf else None,
-                "last_failover_age": fmt_age(_age_s(lf.finished_at, now)) if lf else "",
+                "last_failover_at": iso(lf) if lf else None,
+                "last_failover_age": fmt_age(_age_s(lf, now)) if lf else "",
             }
         )
     return rows

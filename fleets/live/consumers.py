@@ -13,7 +13,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from fleets import broadcast
-from fleets.broadcast import fleet_group
+from fleets.broadcast import ALL_FLEETS_GROUP, fleet_group
 from fleets.models import Fleet
 
 # Close codes in the application range (4000-4999), so the browser can tell "log in again"
@@ -32,11 +32,6 @@ def _fleet_id(slug: str) -> str | None:
     return str(pk) if pk else None
 
 
-@database_sync_to_async
-def _all_fleet_ids() -> list[str]:
-    return [str(pk) for pk in Fleet.objects.values_list("id", flat=True)]
-
-
 class _RelayConsumer(AsyncJsonWebsocketConsumer):
     """Refuse sockets without a staff session; relay group messages verbatim."""
 
@@ -48,19 +43,18 @@ class _RelayConsumer(AsyncJsonWebsocketConsumer):
             # Closing before accept rejects the handshake (HTTP 403 to the browser).
             await self.close(code=CLOSE_UNAUTHORIZED)
             return
-        fleet_ids = await self.fleet_ids()
-        if fleet_ids is None:
+        groups = await self.groups_to_join()
+        if groups is None:
             await self.close(code=CLOSE_NOT_FOUND)
             return
         # Broadcasts from plain threads (the in-process reconcile loop) are handed to this loop.
         broadcast.bind_loop(asyncio.get_running_loop())
-        for fleet_id in fleet_ids:
-            group = fleet_group(fleet_id)
+        for group in groups:
             await self.channel_layer.group_add(group, self.channel_name)
             self.groups_joined.append(group)
         await self.accept()
 
-    async def fleet_ids(self) -> list[str] | None:
+    async def groups_to_join(self) -> list[str] | None:
         raise NotImplementedError
 
     async def disconnect(self, code):
@@ -81,13 +75,13 @@ class _RelayConsumer(AsyncJsonWebsocketConsumer):
 class FleetConsumer(_RelayConsumer):
     """One fleet's page: `ws/fleets/<slug>/`."""
 
-    async def fleet_ids(self):
+    async def groups_to_join(self):
         fleet_id = await _fleet_id(self.scope["url_route"]["kwargs"]["slug"])
-        return [fleet_id] if fleet_id else None
+        return [fleet_group(fleet_id)] if fleet_id else None
 
 
 class OverviewConsumer(_RelayConsumer):
-    """The overview page: every fleet that existed when the socket opened."""
+    """The overview page: every fleet, including those created after the socket opened."""
 
-    async def fleet_ids(self):
-        return await _all_fleet_ids()
+    async def groups_to_join(self):
+        return [ALL_FLEETS_GROUP]

@@ -29,7 +29,7 @@ def with_proxy(django_app):
     """Wrap Django's ASGI app so the proxy's paths never enter Django's middleware stack."""
 
     async def app(scope, receive, send):
-        if scope["type"] == "http" and scope["path"] in handler.ENDPOINTS:
+        if scope["type"] == "http" and handler.endpoint_of(scope["path"]) is not None:
             return await proxy_app(scope, receive, send)
         return await django_app(scope, receive, send)
 
@@ -37,13 +37,13 @@ def with_proxy(django_app):
 
 
 async def proxy_app(scope, receive, send) -> None:
-    """Serve POST /v1/chat/completions, POST /v1/completions and GET /v1/models."""
-    endpoint = handler.ENDPOINTS[scope["path"]]
+    """Serve POST /v1/chat/completions, POST /v1/completions, GET /v1/models[/{model}]."""
+    endpoint = handler.endpoint_of(scope["path"])
     # ASGI header names are lowercase bytes; a repeated name keeps its last value.
     headers = dict(scope["headers"])
     exchange = handler.Exchange()
     try:
-        if endpoint == "models":
+        if endpoint in ("models", "model"):
             await _models(scope, headers, send, exchange)
         else:
             await _forward(scope, headers, receive, send, exchange, endpoint)
@@ -58,7 +58,12 @@ async def _models(scope, headers, send, exchange: handler.Exchange) -> None:
     if scope["method"] != "GET":
         raise errors.method_not_allowed("GET")
     handler.authorize(handler.text(headers.get(b"authorization")))
-    body = await handler.models(headers=headers, exchange=exchange)
+    path = scope["path"]
+    if path.startswith(handler.MODEL_PREFIX):
+        name = path[len(handler.MODEL_PREFIX) :]
+        body = await handler.model_retrieve(name=name, headers=headers, exchange=exchange)
+    else:
+        body = await handler.models(headers=headers, exchange=exchange)
     out = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
     if exchange.stale:
         out.append(handler.STALE_HEADER)

@@ -21,6 +21,8 @@ ENDPOINTS = {
     "/v1/completions": "completions",
     "/v1/models": "models",
 }
+# GET /v1/models/{model} (the SDKs' models.retrieve); a model name may itself hold "/".
+MODEL_PREFIX = "/v1/models/"
 STALE_HEADER = (b"x-haru-routing", b"stale")
 perf = time.perf_counter
 
@@ -154,6 +156,32 @@ def response_headers(response: upstream.Response, exchange: Exchange) -> list:
     return out
 
 
+def endpoint_of(path: str) -> str | None:
+    """Return which proxy endpoint serves `path` ("model" for one model), or None."""
+    endpoint = ENDPOINTS.get(path)
+    if endpoint is None and path.startswith(MODEL_PREFIX) and len(path) > len(MODEL_PREFIX):
+        return "model"
+    return endpoint
+
+
+def _model_object(name: str) -> dict:
+    return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "haru"}
+
+
+async def model_retrieve(*, name: str, headers: dict[bytes, bytes], exchange: Exchange) -> bytes:
+    """Render GET /v1/models/{name}: the model if the active domain serves it now.
+
+    The same rules as a chat request naming it: 404 model_not_found (listing what is
+    available), 503 model_unavailable while it is bound but not serving, 503 no_active_domain.
+    """
+    resolved = await ROUTES.resolve(fleet_ref(text(headers.get(b"x-haru-fleet"))))
+    snapshot = resolved.snapshot
+    exchange.fleet, exchange.stale = snapshot.fleet_slug, resolved.stale
+    # Labelled only once known: a client's arbitrary name must not become a metric series.
+    exchange.model = pick(snapshot, name).model
+    return json.dumps(_model_object(name)).encode()
+
+
 async def models(*, headers: dict[bytes, bytes], exchange: Exchange) -> bytes:
     """Render GET /v1/models: what the active domain can serve now, in OpenAI's list format."""
     resolved = await ROUTES.resolve(fleet_ref(text(headers.get(b"x-haru-fleet"))))
@@ -161,13 +189,6 @@ async def models(*, headers: dict[bytes, bytes], exchange: Exchange) -> bytes:
     exchange.fleet, exchange.stale = snapshot.fleet_slug, resolved.stale
     if snapshot.active_domain_id is None:
         raise errors.no_active_domain(f"fleet {snapshot.fleet_slug} has no active domain")
-    created = int(time.time())
     return json.dumps(
-        {
-            "object": "list",
-            "data": [
-                {"id": name, "object": "model", "created": created, "owned_by": "haru"}
-                for name in snapshot.available
-            ],
-        }
+        {"object": "list", "data": [_model_object(name) for name in snapshot.available]}
     ).encode()

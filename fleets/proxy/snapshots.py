@@ -5,7 +5,7 @@ query and compares it with the cached snapshot: a pointer move therefore takes e
 very next request, and the TTL (HARU_SNAPSHOT_CACHE_TTL_MS) bounds only how stale non-routing
 state (domain and slot health) may be.
 
-Failure rules (DESIGN.md section 6, "the data path fails open"):
+Failure rules (docs/design.md, "Failure rules"):
 - the pointer read itself fails (store unreachable): serve the last snapshot this process saw
   for that fleet reference, marked stale. Safe: the pointer cannot move while the store is down.
 - the store answered but the state is unusable (a moved revision whose snapshot will not load,

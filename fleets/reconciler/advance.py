@@ -23,8 +23,8 @@ from fleets.core.states import (
     OperationKind,
     OperationState,
 )
-from fleets.models import Id, Operation
-from fleets.reconciler import demote, metrics, posture, promote
+from fleets.models import Event, Id, Operation
+from fleets.reconciler import demote, posture, promote
 from fleets.reconciler.client import CALL_CAP_S, SupervisorClient
 from fleets.reconciler.steps import STEP_TIMEOUT, StepContext, StepResult
 from fleets.services.events import event_record
@@ -97,6 +97,8 @@ def operation_advance(
         if ctx.expired():
             _timeout(ctx, result, actor, client_for)
             continue
+        if result.trouble:
+            _record_retry(ctx, result, actor)
         wait_s = result.retry_ms / 1000
         if time.monotonic() - started + wait_s <= poll_s:
             time.sleep(wait_s)
@@ -105,26 +107,34 @@ def operation_advance(
     return Advance(touched, 0)
 
 
-def _step_seconds(ctx: StepContext) -> float | None:
-    started = ctx.operation.step_started_at
-    return (clock.now() - started).total_seconds() if started else None
-
-
 def _record_done(ctx: StepContext, result: StepResult, actor: str) -> None:
+    # The step's event carries its duration, and the failover time below: the metrics are
+    # rebuilt from those rows at scrape time (fleets.reconciler.history_metrics).
     op, step = ctx.operation, ctx.step
     data = dict(result.data)
-    failover_s = None
     if step == "switch_route" and op.detected_at is not None and not data.get("alreadyActive"):
         # Failover time: from detecting the lost active to the pointer commit, just now.
-        failover_s = (clock.now() - op.detected_at).total_seconds()
-        data["failoverMs"] = int(failover_s * 1000)
-    seconds = _step_seconds(ctx)
-    if operation_step_done(
+        data["failoverMs"] = int((clock.now() - op.detected_at).total_seconds() * 1000)
+    operation_step_done(
         operation_id=op.id, step=step, actor=actor, outcome=result.outcome, data=data
-    ):
-        metrics.observe_step(kind=op.kind, step=step, outcome=result.outcome, seconds=seconds)
-        if failover_s is not None:
-            metrics.observe_failover(failover_s)
+    )
+
+
+def _record_retry(ctx: StepContext, result: StepResult, actor: str) -> None:
+    """Record one failed attempt of a step that will be tried again (the dashboard shows it)."""
+    op, step = ctx.operation, ctx.step
+    attempt = (
+        Event.objects.filter(operation_id=op.id, kind="operation.step.retry", step=step).count() + 1
+    )
+    event_record(
+        fleet_id=op.fleet_id,
+        operation_id=op.id,
+        domain_id=op.source_domain_id if step in BEST_EFFORT_STEPS else op.target_domain_id,
+        kind="operation.step.retry",
+        step=step,
+        actor=actor,
+        data={"attempt": attempt, "message": result.message[:500], "retryMs": result.retry_ms},
+    )
 
 
 def _timeout(
@@ -136,26 +146,24 @@ def _timeout(
     if step in BEST_EFFORT_STEPS:
         # The old active may be dead: advance anyway, and mark it degraded so nobody mistakes it
         # for a healthy standby until a heartbeat proves it.
-        seconds = _step_seconds(ctx)
-        if operation_step_done(
-            operation_id=op.id,
-            step=step,
-            actor=actor,
-            outcome="timeout_best_effort",
-            data={"message": message},
-        ):
-            metrics.observe_step(
-                kind=op.kind, step=step, outcome="timeout_best_effort", seconds=seconds
+        if (
+            operation_step_done(
+                operation_id=op.id,
+                step=step,
+                actor=actor,
+                outcome="timeout_best_effort",
+                data={"message": message},
             )
-            if op.source_domain_id is not None:
-                domain_transition(
-                    domain_id=op.source_domain_id,
-                    to_state=DomainState.DEGRADED,
-                    from_states={DomainState.READY},
-                    actor=actor,
-                    reason=message,
-                    operation_id=op.id,
-                )
+            and op.source_domain_id is not None
+        ):
+            domain_transition(
+                domain_id=op.source_domain_id,
+                to_state=DomainState.DEGRADED,
+                from_states={DomainState.READY},
+                actor=actor,
+                reason=message,
+                operation_id=op.id,
+            )
         return
     _fail(ctx, STEP_TIMEOUT, message, actor, client_for)
 
@@ -168,10 +176,8 @@ def _fail(
     client_for: Callable[[str], SupervisorClient],
 ) -> None:
     op, step = ctx.operation, ctx.step
-    seconds = _step_seconds(ctx)
     if not operation_fail(operation_id=op.id, step=step, code=code, message=message, actor=actor):
         return
-    metrics.observe_step(kind=op.kind, step=step, outcome="failed", seconds=seconds)
     log.warning("operation %s failed at %s: %s: %s", op.id, step, code, message)
     if op.kind == OperationKind.PROMOTE:
         # operation_fail has committed; the supervisor calls run outside any transaction.

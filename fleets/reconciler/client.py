@@ -1,4 +1,4 @@
-"""The server's side of the supervisor wire contract (DESIGN.md section 6).
+"""The server's side of the supervisor wire contract (docs/design.md, "Supervisor contract").
 
 Every call returns a `Call`: a validated value, or a `CallError` whose `kind` says what went
 wrong (unauthorized, network, timeout, http, bad_body). Nothing here raises on a bad answer, so a

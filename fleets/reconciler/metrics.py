@@ -1,10 +1,11 @@
 """The reconciler's Prometheus metrics, served by `GET /metrics` from the default registry.
 
 Durable state (domain state and role, heartbeat age, route revision, operations by kind and
-outcome) is read from the database at scrape time by `StateCollector`, so every server replica
-reports the same numbers whichever process ran the tick. Durations and supervisor call errors
-are observed where the tick runs (the server's loop in the embedded default; a Celery worker
-in production, see KNOWN_ISSUES.md).
+outcome) is read from the database at scrape time by `StateCollector`, and so are the step and
+failover durations (`fleets.reconciler.history_metrics`), so every server replica reports the
+same numbers whichever process ran the tick. Tick counts and durations and supervisor call
+errors are observed where the tick runs (the server's loop in the embedded default; a Celery
+worker in production, see KNOWN_ISSUES.md).
 """
 
 from __future__ import annotations
@@ -21,23 +22,13 @@ from prometheus_client.metrics_core import Metric
 from fleets import clock
 from fleets.core.states import DomainState, OperationKind, OperationState
 from fleets.models import Domain, Fleet, Operation
+from fleets.reconciler import history_metrics  # noqa: F401 - registers the step histograms
 
 log = logging.getLogger(__name__)
 
 # Step durations span a no-op (milliseconds) to a large model's wake (minutes).
 _STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
-STEP_DURATION = Histogram(
-    "haru_operation_step_duration_seconds",
-    "Duration of each operation step, from its start to done, timeout or failure.",
-    ["kind", "step", "outcome"],
-    buckets=_STEP_BUCKETS,
-)
-FAILOVER_DURATION = Histogram(
-    "haru_failover_duration_seconds",
-    "Automatic failovers: from detecting the lost active to the routing pointer commit.",
-    buckets=_STEP_BUCKETS,
-)
 SUPERVISOR_CALL_ERRORS = Counter(
     "haru_supervisor_call_errors_total",
     "Supervisor calls that produced no usable answer, by call and kind of error.",
@@ -166,13 +157,3 @@ _collector = StateCollector()
 # Already registered when the module is reloaded in a test run.
 with contextlib.suppress(ValueError):
     REGISTRY.register(_collector)
-
-
-def observe_step(*, kind: str, step: str, outcome: str, seconds: float | None) -> None:
-    if seconds is not None and seconds >= 0:
-        STEP_DURATION.labels(kind=kind, step=step, outcome=outcome).observe(seconds)
-
-
-def observe_failover(seconds: float) -> None:
-    if seconds >= 0:
-        FAILOVER_DURATION.observe(seconds)

@@ -260,7 +260,7 @@ def switch_route(ctx: StepContext) -> StepResult:
     revision = route_switch(
         fleet_id=op.fleet_id,
         operation_id=op.id,
-        target_domain_id=op.target_domain_id,
+        target_domain_id=ctx.target.id,
         expected_active_id=fleet["active_domain_id"],
         expected_revision=fleet["route_revision"],
         actor=ctx.actor,

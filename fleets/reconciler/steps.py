@@ -24,7 +24,7 @@ DONE = "done"
 PENDING = "pending"
 FAILED = "failed"
 
-# Codes an operation can fail with (facts.md section 1).
+# Codes an operation can fail with (docs/design.md, "Error codes").
 SUPERVISOR_UNAUTHORIZED = "supervisor_unauthorized"
 STEP_TIMEOUT = "step_timeout"
 PROBE_FAILED = "probe_failed"
@@ -38,6 +38,10 @@ INSUFFICIENT_GPU_MEMORY = "insufficient_gpu_memory"
 # How soon a step waiting on the outside world is looked at again.
 RETRY_FAST_MS = 15
 RETRY_MS = 200
+# After a failed supervisor call (a wake that errored, an unreachable host) the step retries
+# this often, and each retry is an `operation.step.retry` event: the operator sees every
+# attempt, and a step budget of minutes makes a bounded number of events.
+TROUBLE_RETRY_MS = 1000
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,8 @@ class StepResult:
     message: str = ""
     # pending: when to look again, and what we are waiting for (kept for the timeout message)
     retry_ms: int = RETRY_MS
+    # pending because a supervisor call failed (each retry is recorded as an event)
+    trouble: bool = False
 
     @property
     def done(self) -> bool:
@@ -107,7 +113,12 @@ class StepContext:
 
     @property
     def target(self) -> Domain:
-        return self.operation.target_domain
+        target = self.operation.target_domain
+        if target is None:
+            # Only a finished operation loses its target (a prune refuses while one is in
+            # flight), so this is a broken invariant, not a state to step through.
+            raise LookupError(f"operation {self.operation.id} has no target domain")
+        return target
 
     @property
     def source(self) -> Domain | None:
@@ -137,7 +148,9 @@ def supervisor_trouble(call: Call, *, on_target: bool, what: str) -> StepResult:
     assert call.error is not None
     if call.unauthorized and on_target:
         return failed(SUPERVISOR_UNAUTHORIZED, f"{what}: {call.error.message}")
-    return pending(f"{what}: {call.error.message}")
+    return StepResult(
+        PENDING, message=f"{what}: {call.error.message}", retry_ms=TROUBLE_RETRY_MS, trouble=True
+    )
 
 
 def percent(ratio: float) -> str:

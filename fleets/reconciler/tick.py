@@ -16,12 +16,18 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from fleets import clock
-from fleets.core.failover import NO_VIABLE_STANDBY, detect_failover, should_escalate
+from fleets.core.failover import (
+    NO_VIABLE_STANDBY,
+    RESTORE_RETRY_AFTER_MS,
+    detect_failover,
+    should_escalate,
+    standby_to_restore,
+)
 from fleets.core.read_model import FleetView
-from fleets.core.states import IN_FLIGHT_OPERATION_STATES, OperationKind
+from fleets.core.states import IN_FLIGHT_OPERATION_STATES, OperationKind, OperationState
 from fleets.errors import FleetNotFound, InvalidTarget, OperationConflict
 from fleets.models import Domain, Fleet, Id, Operation
 from fleets.reconciler import kick, metrics
@@ -106,9 +112,10 @@ def fleet_tick(
         ):
             view = fleet_view(fleet)
 
-    # 4. Failover detection.
+    # 4. Failover detection, then (nothing else started) a returned standby's posture.
     if not in_flight:
         _maybe_fail_over(fleet, view, now, actor)
+        _maybe_restore_standby(fleet, now, actor)
 
     # 5. Advance whatever is in flight now (including a promotion created just above).
     advance = operation_advance(
@@ -160,6 +167,39 @@ def _maybe_fail_over(fleet: Fleet, view: FleetView, now: datetime, actor: str) -
                 "detectedAt": clock.iso(now),
             },
         )
+
+
+def _maybe_restore_standby(fleet: Fleet, now: datetime, actor: str) -> None:
+    if Operation.objects.filter(fleet_id=fleet.id, state__in=IN_FLIGHT_OPERATION_STATES).exists():
+        return
+    since = now - timedelta(milliseconds=RESTORE_RETRY_AFTER_MS)
+    failed = Operation.objects.filter(
+        fleet_id=fleet.id,
+        kind=OperationKind.DEMOTE,
+        state=OperationState.FAILED,
+        finished_at__gte=since,
+    ).values_list("target_domain_id", "finished_at")
+    last_failed: dict[str, datetime] = {}
+    for domain_id, finished_at in failed:
+        key = str(domain_id)
+        if finished_at is not None:  # the filter says so; the type does not
+            last_failed[key] = max(finished_at, last_failed.get(key, finished_at))
+    target = standby_to_restore(fleet_view(fleet), now, last_failed)
+    if target is None:
+        return
+    try:
+        result = operation_request(
+            fleet=fleet,
+            kind=OperationKind.DEMOTE,
+            target_domain_id=target.id,
+            actor=actor,
+            reason="restore_standby",
+        )
+    except (OperationConflict, InvalidTarget) as exc:
+        log.info("fleet %s: standby posture not restored: %s", fleet.slug, exc)
+        return
+    if result.created:
+        log.warning("fleet %s: %s is back but awake; demoting it", fleet.slug, target.slug)
 
 
 def _report_no_standby(fleet: Fleet, view: FleetView, now: datetime) -> None:

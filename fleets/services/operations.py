@@ -79,6 +79,7 @@ def operation_request(
                     fleet_id=fleet.id,
                     kind=kind,
                     target_domain_id=target.id,
+                    target_domain_slug=target.slug,
                     state=OperationState.PENDING,
                     current_step="",
                     reason=reason,
@@ -118,7 +119,7 @@ def operation_request(
             if existing.kind == kind and str(existing.target_domain_id) == target.id:
                 return RequestResult("accepted", existing, False, view.route_revision, target.slug)
             raise OperationConflict(
-                f"{existing.kind} of domain {existing.target_domain.slug} is already in flight "
+                f"{existing.kind} of domain {existing.target_domain_slug} is already in flight "
                 f"(operation {existing.id}, state {existing.state})",
                 operation=existing,
             ) from None

@@ -181,6 +181,7 @@ def test_operation_detail_renders_the_public_contract(seeded_fleet, client_with_
         "kind": "promote",
         "state": "pending",
         "targetDomainId": str(west.id),
+        "targetDomainSlug": "west",
         "sourceDomainId": str(east.id),
         "currentStep": None,
         "stepStartedAt": None,

@@ -385,7 +385,7 @@ def portal(chromium_path, tmp_path_factory) -> Iterator[Portal]:
                     )
         _adopt_children(procs, f"http://127.0.0.1:{sup_ports['west']}", token)
         _adopt_children(procs, f"http://127.0.0.1:{sup_ports['east']}", token)
-        portal.extra.update(sup_ports=sup_ports, token=token)
+        portal.extra.update(sup_ports=sup_ports, token=token, env=env, configs=configs)
         yield portal
 
 

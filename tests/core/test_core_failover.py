@@ -11,6 +11,7 @@ from fleets.core.failover import (
     is_viable_standby,
     rank_standbys,
     should_escalate,
+    standby_to_restore,
 )
 from fleets.core.policy import Policy
 from fleets.core.read_model import DomainView, FleetView, ModelView, SlotView
@@ -240,3 +241,43 @@ def test_escalation_honours_a_custom_grace():
         domain("alpha", "degraded"), domain("beta"), policy=Policy(True, degraded_grace_ms=10)
     )
     assert should_escalate(f, NOW, NOW - timedelta(milliseconds=11))
+
+
+# --- standby_to_restore ------------------------------------------------------------------------
+
+
+def awake(slug: str, state: str = "ready", slot_state: str = "failed", **kw) -> DomainView:
+    return domain(slug, state, slots=(SlotView(f"{slug}-s0", 0, "inference", slot_state),), **kw)
+
+
+def test_a_ready_standby_with_awake_models_is_restored():
+    f = fleet(domain("alpha"), awake("beta"))
+    assert standby_to_restore(f, NOW).id == "id-beta"
+
+
+def test_a_standby_already_asleep_is_left_alone():
+    f = fleet(domain("alpha"), awake("beta", slot_state="sleeping"))
+    assert standby_to_restore(f, NOW) is None
+
+
+def test_the_active_is_never_restored_even_when_it_reads_awake():
+    f = fleet(awake("alpha", slot_state="serving"), domain("beta"))
+    assert standby_to_restore(f, NOW) is None
+
+
+def test_a_standby_not_yet_ready_or_stale_waits():
+    assert standby_to_restore(fleet(domain("alpha"), awake("beta", "degraded")), NOW) is None
+    assert (
+        standby_to_restore(fleet(domain("alpha"), awake("beta", last_seen_at=STALE)), NOW) is None
+    )
+
+
+def test_restore_backs_off_after_a_recent_failed_demotion():
+    f = fleet(domain("alpha"), awake("beta"))
+    assert standby_to_restore(f, NOW, {"id-beta": NOW - timedelta(seconds=10)}) is None
+    assert standby_to_restore(f, NOW, {"id-beta": NOW - timedelta(minutes=6)}).id == "id-beta"
+
+
+def test_restore_is_off_when_the_policy_says_so():
+    f = fleet(domain("alpha"), awake("beta"), policy=Policy(restore_standby_on_return=False))
+    assert standby_to_restore(f, NOW) is None

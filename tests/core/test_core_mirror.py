@@ -1,7 +1,7 @@
 """Every input of the heartbeat mirroring rules, checked against an independent spec.
 
-The spec below is written from the design (facts.md "Heartbeats"), not from the code under test:
-for each state and each kind of report it says where the state goes, and every other
+The spec below is written from the design (docs/design.md, "Heartbeats"), not from the code
+under test: for each state and each kind of report it says where the state goes, and every other
 combination must leave the state alone. Every move is also checked against the state tables.
 """
 

@@ -38,6 +38,7 @@ def _refused(raw, expected_path, rule_part, **kwargs):
 def test_defaults_match_the_design():
     assert DEFAULTS == {
         "autoFailover": False,
+        "restoreStandbyOnReturn": True,
         "heartbeatStaleMs": 30000,
         "degradedGraceMs": 60000,
         "trainingStopGraceMs": 30000,
@@ -90,6 +91,7 @@ def test_partial_probe_keeps_the_other_probe_default():
 def test_resolve_maps_every_camel_case_key_to_its_field():
     raw = {
         "autoFailover": True,
+        "restoreStandbyOnReturn": False,
         **{key: 1000 + i for i, key in enumerate(TIMEOUT_KEYS)},
         "verifyGpuMaxUsedRatio": 0.5,
         "probe": {"prompt": "hello", "maxTokens": 32},
@@ -100,6 +102,7 @@ def test_resolve_maps_every_camel_case_key_to_its_field():
     policy = Policy.resolve(raw)
     assert policy.to_json() == raw
     assert policy.heartbeat_stale_ms == 1000
+    assert policy.restore_standby_on_return is False
     assert policy.start_training_timeout_ms == 1009
     assert policy.provision_timeout_ms == 1011
     assert (policy.replace_failed_standby, policy.replace_failed_active) == (False, False)
@@ -233,3 +236,9 @@ def test_every_operation_step_has_its_budget():
 def test_unknown_step_has_no_budget():
     with pytest.raises(ValueError, match="unknown step"):
         Policy().step_timeout_ms("wake_vllm")
+
+
+def test_restore_standby_on_return_must_be_a_boolean():
+    _refused(
+        {"restoreStandbyOnReturn": "yes"}, "policy.restoreStandbyOnReturn", "must be true or false"
+    )

@@ -9,7 +9,7 @@ import pytest
 from fleets.core import states
 from fleets.core.states import InvalidTransition, allowed_sources, check_transition
 
-# Written from the design (facts.md section 1), not from the tables under test.
+# Written from the design (docs/design.md, "State tables"), not from the tables under test.
 STATES = {
     "domain": "provisioning ready degraded failed stopping stopped",
     "inference": "starting serving sleeping waking probing failed stopped",

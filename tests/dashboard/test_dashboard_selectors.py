@@ -11,7 +11,8 @@ from fleets.dashboard import chart
 from fleets.dashboard.drift import drift_status, expected_fingerprint
 from fleets.dashboard.report import gpu_bars, report_error, reported_models, reported_training
 from fleets.dashboard.selectors import fleet_page, overview_rows
-from fleets.models import Domain, Event, ModelBinding, Operation
+from fleets.models import Domain, Event, ModelBinding, Operation, Slot
+from fleets.services.events import event_record
 from fleets.services.operations import (
     operation_fail,
     operation_request,
@@ -389,3 +390,102 @@ def test_failing_heartbeat_of_the_active_makes_the_fleet_unhealthy(seeded_fleet,
     [row] = overview_rows(now=fake_clock.now())
     assert row["health"] == "bad"
     assert row["health_reasons"][0] == "active east: heartbeat failing (connection refused)"
+
+
+@pytest.mark.django_db
+def test_a_slot_woken_after_the_last_heartbeat_shows_its_models_awake(seeded_fleet, fake_clock):
+
+    west = Domain.objects.get(fleet=seeded_fleet, slug="west")
+    asleep = {
+        "slots": [
+            {
+                "gpuIndex": 0,
+                "kind": "inference",
+                "models": [
+                    {"name": "qwen-small", "sleeping": True},
+                    {"name": "llama-small", "sleeping": True},
+                ],
+            }
+        ]
+    }
+    Domain.objects.filter(pk=west.pk).update(last_report=asleep, last_seen_at=fake_clock.now())
+    fake_clock.advance(ms=500)
+    # The promotion proved the wake and passed the probe after that heartbeat.
+    Slot.objects.filter(domain=west, kind="inference").update(
+        state="serving", state_updated_at=fake_clock.now()
+    )
+
+    card = _card(fleet_page(seeded_fleet, now=fake_clock.now()), "west")
+
+    assert {m["posture"] for m in card["inference"][0]["models"]} == {"awake"}
+    # Once a heartbeat newer than the slot's change arrives, it speaks again.
+    fake_clock.advance(ms=500)
+    Domain.objects.filter(pk=west.pk).update(last_seen_at=fake_clock.now())
+    card = _card(fleet_page(seeded_fleet, now=fake_clock.now()), "west")
+    assert {m["posture"] for m in card["inference"][0]["models"]} == {"asleep"}
+
+
+@pytest.mark.django_db
+def test_a_dead_active_does_not_read_serving_traffic(seeded_fleet, fake_clock):
+
+    Domain.objects.filter(fleet=seeded_fleet).update(last_seen_at=fake_clock.now())
+    healthy = _card(fleet_page(seeded_fleet, now=fake_clock.now()), "east")
+    assert (healthy["serving"], healthy["serving_note"]) == (True, "")
+
+    Domain.objects.filter(fleet=seeded_fleet, slug="east").update(state="failed")
+    Slot.objects.filter(domain__slug="east", kind="inference").update(state="failed")
+    dead = _card(fleet_page(seeded_fleet, now=fake_clock.now()), "east")
+    assert dead["serving"] is False
+    assert dead["serving_note"] == "domain failed"
+
+    Domain.objects.filter(fleet=seeded_fleet, slug="east").update(state="ready")
+    fake_clock.advance(seconds=10)  # past the example's heartbeatStaleMs
+    assert _card(fleet_page(seeded_fleet, now=fake_clock.now()), "east")["serving_note"] == (
+        "heartbeat stale"
+    )
+
+
+@pytest.mark.django_db
+def test_last_failover_is_when_routing_moved_not_when_the_promotion_finished(
+    seeded_fleet, fake_clock
+):
+
+    east = Domain.objects.get(fleet=seeded_fleet, slug="east")
+    old = operation_request(fleet=seeded_fleet, kind="demote", target_domain_id="west").operation
+    Operation.objects.filter(pk=old.pk).update(
+        kind="promote", state="succeeded", finished_at=fake_clock.now()
+    )
+    fake_clock.advance(seconds=126)
+    # A promotion switched routing 4 s ago and is still on its best-effort steps.
+    event_record(fleet_id=seeded_fleet.id, domain_id=east.id, kind="fleet.route.switched")
+    fake_clock.advance(seconds=4)
+
+    [row] = overview_rows(now=fake_clock.now())
+
+    assert row["last_failover_age"] == "4.0s"
+
+
+@pytest.mark.django_db
+def test_a_retrying_step_shows_its_latest_attempt_and_stays_running(seeded_fleet, fake_clock):
+
+    west = Domain.objects.get(fleet=seeded_fleet, slug="west")
+    op = operation_request(fleet=seeded_fleet, kind="promote", target_domain_id=west.id).operation
+    operation_start(operation_id=op.id)
+    operation_step_done(operation_id=op.id, step="stop_training")
+    operation_step_done(operation_id=op.id, step="verify_gpu")
+    for attempt in (1, 2):
+        event_record(
+            fleet_id=seeded_fleet.id,
+            operation_id=op.id,
+            kind="operation.step.retry",
+            step="wake",
+            data={"attempt": attempt, "message": "wake: 502 wake failed"},
+        )
+
+    page = fleet_page(seeded_fleet, now=fake_clock.now())
+
+    wake = next(s for s in page["operation"]["steps"] if s["name"] == "wake")
+    assert wake["status"] == "running"
+    assert wake["detail"] == "retry 2: wake: 502 wake failed"
+    kinds = [e["kind"] for e in page["events"]]
+    assert kinds.count("operation.step.retry") == 2

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import re
 import socket
+import sys
+from pathlib import Path
 
 import pytest
+from django.conf import settings
 from django.test import Client
 
 from fleets.models import Domain, Event, Operation
@@ -247,3 +250,16 @@ def test_provision_and_stop_buttons_act_on_managed_domains(staff_client, db):
     )  # fmt: skip
     assert refused.status_code == 409
     assert refused.json()["error"]["code"] == "provision_refused"
+
+
+def test_login_page_prints_the_createsuperuser_command_of_this_installation(client):
+
+    page = client.get("/login/").content.decode()
+    python = Path(sys.executable)
+    expected = (
+        str(python.relative_to(settings.BASE_DIR))
+        if python.is_relative_to(settings.BASE_DIR)
+        else "python"
+    )
+    assert f"<code>{expected} manage.py createsuperuser</code>" in page
+    assert str(settings.BASE_DIR) not in page  # no absolute paths on a public page

@@ -19,6 +19,7 @@ from django.db import connection
 
 from fleets.models import Domain, Event, Operation
 from fleets.services.operations import operation_request
+from fleets.services.schedule import beat_schedule_seed
 from tests.e2e.harness import PYTHON, REPO, TOKEN, kill_group, wait_for
 
 pytestmark = [
@@ -45,6 +46,8 @@ def celery_procs(tmp_path):
         "HARU_SUPERVISOR_TOKEN": TOKEN,
         "HARU_VAR_DIR": str(tmp_path / "var"),
     }
+    # Beat reads its schedule from the database: the test's 300 ms, not the seeded default.
+    beat_schedule_seed(reconcile_interval_ms=300, reset=True)
     procs = []
     for args in (
         [

@@ -387,6 +387,22 @@ def test_prune_removes_a_standby_domain(seeded_fleet, layout_data):
 
 
 @pytest.mark.django_db
+def test_prune_of_a_domain_keeps_the_operations_that_targeted_it(seeded_fleet, layout_data):
+
+    west = Domain.objects.get(slug="west")
+    op = operation_request(fleet=seeded_fleet, kind="demote", target_domain_id=west.id).operation
+    Operation.objects.filter(pk=op.pk).update(state="succeeded")
+    layout_data["domains"] = layout_data["domains"][:1]
+
+    layout_apply(layout=parse_layout(layout_data), prune=True)
+
+    kept = Operation.objects.get(pk=op.pk)
+    assert kept.target_domain_id is None
+    assert kept.target_slug == "west"
+    assert kept.events.filter(kind="operation.requested.demote").exists()
+
+
+@pytest.mark.django_db
 def test_prune_refuses_to_remove_the_active_domain(seeded_fleet, layout_data, tmp_path):
     layout_data["domains"] = layout_data["domains"][1:]
     layout_data["activeDomainSlug"] = "west"

@@ -225,6 +225,19 @@ async def test_overview_socket_hears_every_fleet(channel_layer, demo, django_use
     await comm.disconnect()
 
 
+async def test_overview_socket_hears_a_fleet_created_after_it_connected(
+    channel_layer, demo, django_user_model
+):
+    client = await _login(django_user_model, "ops", staff=True)
+    comm = _communicator("/ws/overview/", client)
+    assert (await comm.connect())[0]
+    await sync_to_async(_seed_other_fleet)()
+    messages = await _drain(comm)
+    assert {m["fleet"]["slug"] for m in messages} == {"other"}
+    assert "layout.applied" in {m["event"]["kind"] for m in messages}
+    await comm.disconnect()
+
+
 async def test_messages_from_the_browser_are_ignored(channel_layer, demo, django_user_model):
     client = await _login(django_user_model, "ops", staff=True)
     comm = _communicator("/ws/fleets/demo/", client)

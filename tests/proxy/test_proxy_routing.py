@@ -96,6 +96,40 @@ async def test_models_lists_what_the_active_domain_serves(haru, engines, proxy_f
     assert [m["id"] for m in (await haru.get("/v1/models")).json()["data"]] == ["qwen-small"]
 
 
+async def test_the_openai_sdk_retrieves_a_served_model_and_gets_404_for_others(
+    haru, engines, proxy_fleet
+):
+    openai = pytest.importorskip("openai")
+    client = openai.AsyncOpenAI(
+        base_url=f"{haru.served.url}/v1",
+        api_key="unused-in-dev-mode",
+        default_headers={"X-Haru-Fleet": "demo"},
+        max_retries=0,
+    )
+    model = await client.models.retrieve("qwen-small")
+    assert (model.id, model.object, model.owned_by) == ("qwen-small", "model", "haru")
+    with pytest.raises(openai.NotFoundError) as missing:
+        await client.models.retrieve("no-such-model")
+    assert missing.value.body["code"] == "model_not_found"
+    listed = [m.id async for m in client.models.list()]
+    assert listed == ["llama-small", "qwen-small"]
+    await client.close()
+
+
+async def test_retrieving_a_bound_model_that_is_not_serving_is_503(haru, engines, proxy_fleet):
+    def llama_asleep():
+        Slot.objects.filter(domain__slug="east", bindings__name="llama-small").update(
+            state=InferenceState.SLEEPING
+        )
+
+    await sync_to_async(llama_asleep)()
+    response = await haru.get("/v1/models/llama-small")
+    assert error_of(response) == (503, "model_unavailable")
+    # A model name may hold a slash; an unknown one is a 404 naming what is available.
+    missing = await haru.get("/v1/models/org/other-model")
+    assert error_of(missing) == (404, "model_not_found")
+
+
 async def test_fleet_is_found_by_uuid_and_by_slug_in_any_case(haru, engines, proxy_fleet):
     for ref in (str(proxy_fleet.id), str(proxy_fleet.id).upper(), "DEMO", proxy_fleet.id.hex):
         response = await haru.post(CHAT, content=chat_body(), headers={"x-haru-fleet": ref})

@@ -9,17 +9,13 @@ redirects), and https.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import gzip
-import ipaddress
 import ssl
 from contextlib import asynccontextmanager, suppress
 from types import SimpleNamespace
 
 import pytest
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+import trustme
 
 from fleets.proxy import upstream
 from fleets.proxy.errors import ProxyError
@@ -450,44 +446,17 @@ async def test_cancelling_while_waiting_for_headers_hangs_up_on_the_server():
 
 @pytest.fixture(scope="module")
 def tls_files(tmp_path_factory):
-    """A throwaway CA and a certificate for 127.0.0.1 that it signed."""
-    x509 = pytest.importorskip("cryptography.x509")
+    """A throwaway CA and a certificate for 127.0.0.1 that it signed.
 
-    now = datetime.datetime.now(datetime.UTC)
-
-    def cert(subject, issuer, key, signer, *, ca, san=None):
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(hours=1))
-            .not_valid_after(now + datetime.timedelta(hours=1))
-            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-        )
-        if san is not None:
-            builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
-        return builder.sign(signer, hashes.SHA256())
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = cert("haru test ca", "haru test ca", ca_key, ca_key, ca=True)
-    key = ec.generate_private_key(ec.SECP256R1())
-    leaf = cert(
-        "127.0.0.1",
-        "haru test ca",
-        key,
-        ca_key,
-        ca=False,
-        san=[x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
-    )
+    trustme writes the key-usage and key-identifier extensions that Python 3.13's
+    VERIFY_X509_STRICT demands, so the same files verify on every supported Python.
+    """
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1")
     folder = tmp_path_factory.mktemp("tls")
-    pem = serialization.Encoding.PEM
-    (folder / "ca.pem").write_bytes(ca.public_bytes(pem))
-    (folder / "cert.pem").write_bytes(leaf.public_bytes(pem))
-    (folder / "key.pem").write_bytes(
-        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
+    ca.cert_pem.write_to_path(str(folder / "ca.pem"))
+    leaf.cert_chain_pems[0].write_to_path(str(folder / "cert.pem"))
+    leaf.private_key_pem.write_to_path(str(folder / "key.pem"))
     return folder
 
 

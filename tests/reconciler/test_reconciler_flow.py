@@ -117,3 +117,76 @@ def test_no_failover_without_auto_failover(fleet, tick, hosts, fake_clock):
     fake_clock.advance(ms=60_000)
     tick()
     assert not Operation.objects.exists()
+
+
+def _fail_over_with_east_dead(tick, hosts, fake_clock) -> Operation:
+    tick()
+    hosts.hosts["east"].down = True
+    tick()
+    fake_clock.advance(ms=3001)
+    return run_until_done(tick, clock=fake_clock, step_ms=5000)
+
+
+def test_a_former_active_back_late_and_awake_is_restored_to_standby_posture(
+    fleet, tick, hosts, domains, fake_clock
+):
+    failover = _fail_over_with_east_dead(tick, hosts, fake_clock)
+    assert failover.state == "succeeded"
+    east_host = hosts.hosts["east"]
+    # The host returns long after the promotion gave up on it: models awake, no trainer.
+    east_host.down = False
+    east_host.models = {m: False for m in east_host.models}
+    east_host.trainer, east_host.pid = "idle", None
+
+    # Heartbeats bring it from failed through degraded to ready; then the demotion starts.
+    for _ in range(4):
+        fake_clock.advance(ms=100)
+        tick()
+        if Operation.objects.filter(kind="demote").exists():
+            break
+    run_until_done(tick, clock=fake_clock, step_ms=100)
+    restore = Operation.objects.get(kind="demote")
+
+    assert restore.kind == "demote" and restore.reason == "restore_standby"
+    assert restore.target_domain_id == domains()["east"].id
+    assert restore.state == "succeeded", restore.error
+    assert all(east_host.models.values()) and east_host.trainer == "running"
+    assert slot_states(domains()["east"]) == {"inference": "sleeping", "training": "training"}
+    fleet.refresh_from_db()
+    assert fleet.active_domain_id == domains()["west"].id  # routing never moves
+
+
+def test_restore_on_return_off_leaves_the_returned_host_awake(
+    fleet, tick, hosts, domains, fake_clock
+):
+    fleet.policy = {**fleet.policy, "restoreStandbyOnReturn": False}
+    fleet.save(update_fields=["policy"])
+    _fail_over_with_east_dead(tick, hosts, fake_clock)
+    east_host = hosts.hosts["east"]
+    east_host.down = False
+    east_host.models = {m: False for m in east_host.models}
+
+    for _ in range(6):  # more ticks than the restore needs with the policy on
+        fake_clock.advance(ms=100)
+        tick()
+
+    assert not Operation.objects.filter(kind="demote").exists()
+    assert slot_states(domains()["east"])["inference"] == "failed"
+
+
+def test_each_retry_of_a_failing_wake_is_an_event_until_the_step_times_out(
+    fleet, tick, hosts, domains, fake_clock
+):
+    tick()
+    hosts.hosts["west"].wake_fails = True
+    operation_request(fleet=fleet, kind="promote", target_domain_id=domains()["west"].id)
+
+    op = run_until_done(tick, limit=40, clock=fake_clock, step_ms=1000)
+
+    assert op.state == "failed" and op.error["code"] == "step_timeout"
+    retries = list(Event.objects.filter(operation=op, kind="operation.step.retry").order_by("id"))
+    assert len(retries) >= 2
+    assert {e.step for e in retries} == {"wake"}
+    assert [e.data["attempt"] for e in retries] == list(range(1, len(retries) + 1))
+    assert "wake failed" in retries[0].data["message"]
+    assert all(e.domain_id == domains()["west"].id for e in retries)

@@ -49,6 +49,9 @@ def test_an_active_with_a_sleeping_model_is_degraded_then_recovers(fleet, tick, 
 
 
 def test_an_awake_standby_is_not_in_standby_posture(fleet, tick, hosts):
+    # Only the mirror here: the reconciler's own restore would put the models back to sleep.
+    fleet.policy = {**fleet.policy, "restoreStandbyOnReturn": False}
+    fleet.save(update_fields=["policy"])
     tick()
     hosts.hosts["west"].models["llama-small"] = False
     tick()

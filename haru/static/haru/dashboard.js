@@ -176,6 +176,14 @@
     }
     var op = f.operation;
     var inFlight = op && (op.state === "pending" || op.state === "running");
+    // The header's step clock counts from the step's own start, never the operation's.
+    scope.querySelectorAll("[data-step-since]").forEach(function (el) {
+      var since = inFlight ? (op.stepStartedAt || "") : "";
+      if (el.getAttribute("data-since") !== since) {
+        el.setAttribute("data-since", since);
+        if (!since) el.textContent = "";
+      }
+    });
     scope.querySelectorAll("[data-operation-step]").forEach(function (el) {
       var step = inFlight ? (op.currentStep || "") : "";
       el.setAttribute("data-operation-step", step);
