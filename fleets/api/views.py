@@ -231,7 +231,7 @@ class OperationDetailView(HaruAPIView):
         return Response(shapes.operation_json(selectors.operation_get(operation_id)))
 
 
-class _ApiDocsMixin:
+class _ApiDocsMixin(APIView):
     """Guard the schema and the docs page like every other /v1/ route.
 
     drf-spectacular serves them to anyone by default (SERVE_PERMISSIONS); the schema tells an
