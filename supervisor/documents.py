@@ -66,11 +66,29 @@ def with_limits(node: Any, *, in_rule: bool = False) -> Any:
     return node
 
 
+def inline_refs(node: Any, root: dict[str, Any] | None = None) -> Any:
+    """Replace every local `{"$ref": "#/$defs/NAME"}` by its definition.
+
+    jsonschema resolves a `$ref` on every validation, which costs several times the check
+    itself; a policy is validated on every read of a fleet, so the shipped schema is resolved
+    once, here. Only local, non-recursive references are used by the documents' schemas.
+    """
+    root = node if root is None else root
+    if isinstance(node, list):
+        return [inline_refs(item, root) for item in node]
+    if not isinstance(node, dict):
+        return node
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/") and len(node) == 1:
+        return inline_refs(root["$defs"][ref.removeprefix("#/$defs/")], root)
+    return {key: inline_refs(value, root) for key, value in node.items()}
+
+
 @cache
 def schema_validator(package: str, name: str) -> Any:
     """The strict validator of `<package>/schemas/<name>.json` (checked once, then cached)."""
     text = resources.files(package).joinpath("schemas", f"{name}.json").read_text("utf-8")
-    schema = with_limits(json.loads(text))
+    schema = inline_refs(with_limits(json.loads(text)))
     StrictValidator.check_schema(schema)
     return StrictValidator(schema)
 

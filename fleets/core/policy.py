@@ -6,8 +6,10 @@ rest from `DEFAULTS`, so changing a default reaches every fleet that did not pin
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from supervisor.documents import problems, schema_validator
@@ -87,9 +89,9 @@ def validate_policy(raw: object, *, path: str = "policy") -> dict[str, Any]:
     the first offending field. Unset keys stay unset: the result is what gets stored, and
     defaults are applied on read by `Policy.resolve`.
     """
-    found = problems(schema_validator("fleets.core", "policy"), raw, path)
-    if found:
-        raise PolicyError(*found[0])
+    validator = schema_validator("fleets.core", "policy")
+    if not validator.is_valid(raw):  # the common case (every read of a stored policy) is valid
+        raise PolicyError(*problems(validator, raw, path)[0])
     assert isinstance(raw, Mapping)  # the schema refuses anything else
     out: dict[str, Any] = {}
     for key in DEFAULTS:  # stored in the policy table's order
@@ -104,6 +106,21 @@ def validate_policy(raw: object, *, path: str = "policy") -> dict[str, Any]:
                 _storable(value["prompt"], f"{path}.probe.prompt")
         out[key] = value
     return out
+
+
+@lru_cache(maxsize=256)
+def _validated_text(text: str) -> dict[str, Any]:
+    return validate_policy(json.loads(text))
+
+
+def _validated(raw: object) -> dict[str, Any]:
+    """`validate_policy`, remembered per document: every fleet read resolves its stored policy,
+    and the schema check costs far more than the rest of a resolve."""
+    try:
+        text = json.dumps(raw, sort_keys=True)
+    except (TypeError, ValueError):  # not a JSON document: the check says why, uncached
+        return validate_policy(raw)
+    return _validated_text(text)  # shared: resolve only reads it
 
 
 @dataclass(frozen=True)
@@ -134,7 +151,7 @@ class Policy:
     @classmethod
     def resolve(cls, raw: Mapping[str, Any] | None) -> Policy:
         """Validate the stored operator keys and fill every unset key from `DEFAULTS`."""
-        given = validate_policy(raw if raw is not None else {})
+        given = _validated(raw if raw is not None else {})
         merged = {**DEFAULTS, **given, "probe": {**DEFAULTS["probe"], **given.get("probe", {})}}
         return cls(
             auto_failover=merged["autoFailover"],
