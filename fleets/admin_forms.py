@@ -13,6 +13,7 @@ from functools import cache
 
 from django import forms
 from django.core.exceptions import ValidationError
+from django.forms.formsets import DELETION_FIELD_NAME
 from jsonschema import Draft202012Validator
 
 from fleets.core.policy import PolicyError, validate_policy
@@ -25,6 +26,11 @@ from fleets.drivers.cloud_placement import (
 from fleets.errors import LayoutError
 from fleets.layouts.loader import SCHEMA_PATH, parse_layout
 from fleets.models import Domain, Fleet, ModelBinding, Slot
+
+
+def _marked_for_deletion(form: forms.BaseForm) -> bool:
+    """Whether a formset form's DELETE box is ticked (Django's private `_should_delete_form`)."""
+    return bool(form.cleaned_data.get(DELETION_FIELD_NAME, False))
 
 
 @cache
@@ -205,7 +211,8 @@ class DomainForm(forms.ModelForm):
         return {} if value in (None, "") else value
 
     def clean(self):
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data  # what ModelForm.clean returns, typed
         driver = data.get("driver")
         if driver:
             # The same rules as the layout loader: a launch Haru cannot make is refused here.
@@ -231,7 +238,7 @@ class DomainInlineFormSet(forms.BaseInlineFormSet):
         for i, form in enumerate(self.forms):
             if not hasattr(form, "cleaned_data") or not form.cleaned_data:
                 continue
-            if self.can_delete and self._should_delete_form(form):
+            if self.can_delete and _marked_for_deletion(form):
                 pointer = getattr(self.instance, "active_domain_id", None)
                 if form.instance.pk and form.instance.pk == pointer:
                     form.add_error(
@@ -292,7 +299,8 @@ class SlotForm(forms.ModelForm):
         return kind
 
     def clean(self):
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data  # what ModelForm.clean returns, typed
         if data.get("kind") == SlotKind.TRAINING:
             command = [line.strip() for line in (data.get("command") or "").splitlines()]
             command = [c for c in command if c]
@@ -320,7 +328,7 @@ class SlotInlineFormSet(forms.BaseInlineFormSet):
     def clean(self):
         seen: dict[tuple[int, str], int] = {}
         for i, form in enumerate(self.forms):
-            if not getattr(form, "cleaned_data", None) or self._should_delete_form(form):
+            if not getattr(form, "cleaned_data", None) or _marked_for_deletion(form):
                 continue
             key = (form.cleaned_data.get("gpu_index"), form.cleaned_data.get("kind"))
             if None in key:
@@ -417,7 +425,7 @@ class ModelBindingInlineFormSet(forms.BaseInlineFormSet):
     def clean(self):
         seen: dict[str, int] = {}
         for i, form in enumerate(self.forms):
-            if not getattr(form, "cleaned_data", None) or self._should_delete_form(form):
+            if not getattr(form, "cleaned_data", None) or _marked_for_deletion(form):
                 continue
             name = form.cleaned_data.get("name")
             if name in seen:
