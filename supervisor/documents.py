@@ -25,7 +25,7 @@ from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError
 
 from supervisor import limits
-from supervisor.strict_json import is_int, is_number
+from supervisor.strict_json import is_int, is_number, type_name
 
 _LIMIT_PREFIX = "$limits."
 
@@ -102,7 +102,26 @@ def json_path(parts: Iterable[Any], prefix: str = "") -> str:
 
 
 def rule_of(error: ValidationError) -> str:
-    """Turn a jsonschema error into the rule it broke, in the document's own words."""
+    """Turn a jsonschema error into the rule it broke, in the document's own words.
+
+    A worded rule may quote what it got: `{got}` is the value's type in words ("a string"),
+    `{value}` the value itself as JSON (`must be at least 1, got 0`).
+    """
+    return (
+        _worded(error)
+        .replace("{got}", type_name(error.instance))
+        .replace("{value}", _as_json(error.instance))
+    )
+
+
+def _as_json(value: Any) -> str:
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _worded(error: ValidationError) -> str:
     kind = error.validator
     schema = error.schema if isinstance(error.schema, dict) else {}
     worded = schema.get("x-rules", {}).get(kind)
@@ -135,10 +154,8 @@ def findings(error: ValidationError, prefix: str = "") -> list[tuple[str, str]]:
     if error.validator == "additionalProperties":
         # One finding per stray key, at the key's own path: `policy.autoFailver: unknown field`.
         extra = set(error.instance) - set(error.schema.get("properties", {}))
-        return [
-            (json_path([*parts, str(key)], prefix), "unknown field")
-            for key in sorted(extra, key=str)
-        ]
+        rule = str(error.schema.get("x-rules", {}).get("additionalProperties", "unknown field"))
+        return [(json_path([*parts, str(key)], prefix), rule) for key in sorted(extra, key=str)]
     if error.validator == "required":
         missing = [k for k in error.validator_value if k not in error.instance]
         return [(json_path([*parts, key], prefix), "is required") for key in missing]
