@@ -15,6 +15,7 @@ from django import forms
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.forms.fields import InvalidJSONInput, JSONString
+from django.forms.formsets import DELETION_FIELD_NAME
 from jsonschema import Draft202012Validator
 
 from fleets.core.policy import PolicyError, validate_policy
@@ -28,6 +29,11 @@ from fleets.errors import LayoutError
 from fleets.layouts.loader import SCHEMA_PATH, parse_layout
 from fleets.models import Domain, Fleet, ModelBinding, Slot
 from supervisor.wire import bounded_json
+
+
+def _marked_for_deletion(form: forms.BaseForm) -> bool:
+    """Whether a formset form's DELETE box is ticked (Django's private `_should_delete_form`)."""
+    return bool(form.cleaned_data.get(DELETION_FIELD_NAME, False))
 
 
 @cache
@@ -231,7 +237,8 @@ class DomainForm(forms.ModelForm):
         return {} if value in (None, "") else value
 
     def clean(self):
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data  # what ModelForm.clean returns, typed
         driver = data.get("driver")
         if driver:
             # The same rules as the layout loader: a launch Haru cannot make is refused here.
@@ -257,7 +264,7 @@ class DomainInlineFormSet(forms.BaseInlineFormSet):
         for i, form in enumerate(self.forms):
             if not hasattr(form, "cleaned_data") or not form.cleaned_data:
                 continue
-            if self.can_delete and self._should_delete_form(form):
+            if self.can_delete and _marked_for_deletion(form):
                 pointer = getattr(self.instance, "active_domain_id", None)
                 if form.instance.pk and form.instance.pk == pointer:
                     form.add_error(
@@ -318,7 +325,8 @@ class SlotForm(forms.ModelForm):
         return kind
 
     def clean(self):
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data  # what ModelForm.clean returns, typed
         if data.get("kind") == SlotKind.TRAINING:
             command = [line.strip() for line in (data.get("command") or "").splitlines()]
             command = [c for c in command if c]
@@ -346,7 +354,7 @@ class SlotInlineFormSet(forms.BaseInlineFormSet):
     def clean(self):
         seen: dict[tuple[int, str], int] = {}
         for i, form in enumerate(self.forms):
-            if not getattr(form, "cleaned_data", None) or self._should_delete_form(form):
+            if not getattr(form, "cleaned_data", None) or _marked_for_deletion(form):
                 continue
             key = (form.cleaned_data.get("gpu_index"), form.cleaned_data.get("kind"))
             if None in key:
@@ -443,7 +451,7 @@ class ModelBindingInlineFormSet(forms.BaseInlineFormSet):
     def clean(self):
         seen: dict[str, int] = {}
         for i, form in enumerate(self.forms):
-            if not getattr(form, "cleaned_data", None) or self._should_delete_form(form):
+            if not getattr(form, "cleaned_data", None) or _marked_for_deletion(form):
                 continue
             name = form.cleaned_data.get("name")
             if name in seen:

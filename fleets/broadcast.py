@@ -42,7 +42,7 @@ from django.db import close_old_connections, connection, connections
 from django.utils.dateparse import parse_datetime
 from prometheus_client import Counter
 
-from fleets import clock
+from fleets import clock, shapes
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES
 from fleets.models import Fleet, Operation
 
@@ -313,23 +313,25 @@ def fleet_state(fleet_id, operation_id=None) -> dict | None:
     if row is None:
         return None
     fid, slug, active_id, revision, op_id, kind, state, step, started, target, error = row
-    return {
-        "id": _uuid(fid),
-        "slug": slug,
-        "activeDomainId": _uuid(active_id),
-        "routeRevision": revision,
-        "operation": None
+    # Rendered by the same functions as the API (an unsaved model from the row; no query).
+    pointer = Fleet(
+        id=_uuid(fid), slug=slug, active_domain_id=_uuid(active_id), route_revision=revision
+    )
+    operation = (
+        None
         if op_id is None
-        else {
-            "id": _uuid(op_id),
-            "kind": kind,
-            "state": state,
-            "currentStep": step or None,
-            "stepStartedAt": clock.iso(_aware(started)),
-            "targetDomainId": _uuid(target),
-            "error": json.loads(error) if isinstance(error, str | bytes) else error,
-        },
-    }
+        else Operation(
+            id=_uuid(op_id),
+            kind=kind,
+            state=state,
+            current_step=step or "",
+            step_started_at=_aware(started),
+            target_domain_id=uuid.UUID(str(target)),  # never null; one spelling
+            error=json.loads(error) if isinstance(error, str | bytes) else error,
+        )
+    )
+    live = shapes.live_operation_json(operation)
+    return {**shapes.fleet_pointer_json(pointer), "operation": live}
 
 
 def _uuid(value) -> str | None:

@@ -1,17 +1,19 @@
-"""Cross-model reads: fleet lookup by slug or UUID, the core's FleetView, API snapshots."""
+"""Cross-model reads: fleet lookup by slug or UUID, the core's FleetView, API snapshots.
+
+The JSON shapes themselves are rendered by `fleets/shapes.py`."""
 
 from __future__ import annotations
 
 import uuid
 from typing import Any
 
-from fleets.clock import iso
 from fleets.core.decisions import find_domain
 from fleets.core.policy import Policy
 from fleets.core.read_model import DomainView, FleetView, ModelView, SlotView
-from fleets.core.states import IN_FLIGHT_OPERATION_STATES, SlotKind
+from fleets.core.states import IN_FLIGHT_OPERATION_STATES
 from fleets.errors import FleetNotFound, InvalidTarget, OperationNotFound
 from fleets.models import Domain, Fleet, Id, ModelBinding, Operation, Slot
+from fleets.shapes import fleet_json
 
 
 def _as_uuid(ref: str) -> uuid.UUID | None:
@@ -118,130 +120,13 @@ def operation_get(ref: str) -> Operation:
     return op
 
 
-def operation_json(op: Operation | None) -> dict[str, Any] | None:
-    """Render an operation in the public camelCase contract."""
-    if op is None:
-        return None
-    return {
-        "id": str(op.id),
-        "fleetId": str(op.fleet_id),
-        "kind": op.kind,
-        "state": op.state,
-        "targetDomainId": str(op.target_domain_id) if op.target_domain_id else None,
-        "targetDomainSlug": op.target_domain_slug or None,
-        "sourceDomainId": str(op.source_domain_id) if op.source_domain_id else None,
-        "currentStep": op.current_step or None,
-        "stepStartedAt": iso(op.step_started_at),
-        "routingCommitted": op.routing_committed,
-        "error": op.error,
-        "reason": op.reason,
-        "requestedBy": op.requested_by,
-        "createdAt": iso(op.created_at),
-        "startedAt": iso(op.started_at),
-        "finishedAt": iso(op.finished_at),
-    }
-
-
-# The driver_status keys operators see (phase, where it runs or was tried, the last error).
-_PROVISIONING_KEYS = (
-    "phase",
-    "where",
-    "cluster",
-    "launches",
-    "startedAt",
-    "launchedAt",
-    "upAt",
-    "nextAttemptAt",
-    "reason",
-    "lastError",
-)
-
-
-def domain_provisioning_json(domain: Domain) -> dict[str, Any] | None:
-    """Return where a provisioned domain's provisioning stands, or None for any other."""
-    if not domain.driver:
-        return None
-    status = domain.driver_status or {}
-    return {"managed": True, **{k: status[k] for k in _PROVISIONING_KEYS if k in status}}
-
-
 def fleet_snapshot(fleet: Fleet) -> dict[str, Any]:
-    """Return the full public snapshot of a fleet: policy resolved, roles derived."""
+    """Return the full public snapshot of a fleet as it is now (rendered by `shapes.fleet_json`)."""
     fleet.refresh_from_db()
-    domains = list(Domain.objects.filter(fleet=fleet))
-    slots = list(Slot.objects.filter(domain__fleet=fleet))
-    bindings = list(ModelBinding.objects.filter(domain__fleet=fleet))
-    out_domains = []
-    for d in domains:
-        d_slots = []
-        for s in slots:
-            if s.domain_id != d.id:
-                continue
-            entry: dict[str, Any] = {
-                "id": str(s.id),
-                "gpuIndex": s.gpu_index,
-                "gpuIndices": s.gpu_indices or [s.gpu_index],
-                "migInstance": s.mig_instance or None,
-                "kind": s.kind,
-                "state": s.state,
-                "stateUpdatedAt": iso(s.state_updated_at),
-                "spec": s.spec,
-                "allocation": s.allocation or None,
-            }
-            if s.kind == SlotKind.INFERENCE:
-                entry["models"] = [
-                    {
-                        "id": str(b.id),
-                        "name": b.name,
-                        "servingUrl": b.serving_url,
-                        "profile": b.profile or None,
-                        "memory": b.memory or None,
-                    }
-                    for b in bindings
-                    if b.slot_id == s.id
-                ]
-            else:
-                entry["pids"] = s.pids
-            d_slots.append(entry)
-        out_domains.append(
-            {
-                "id": str(d.id),
-                "slug": d.slug,
-                "displayName": d.display_name,
-                "role": "active" if d.id == fleet.active_domain_id else "standby",
-                "provider": d.provider,
-                "placement": d.placement,
-                "priority": d.priority,
-                "supervisorUrl": d.supervisor_url or None,
-                "servingBaseUrl": d.serving_base_url or None,
-                "gpuLayout": d.gpu_layout or None,
-                "state": d.state,
-                "lastSeenAt": iso(d.last_seen_at),
-                "stateUpdatedAt": iso(d.state_updated_at),
-                "slots": d_slots,
-                "provisioning": domain_provisioning_json(d),
-            }
-        )
-    return {
-        "id": str(fleet.id),
-        "slug": fleet.slug,
-        "displayName": fleet.display_name,
-        "activeDomainId": str(fleet.active_domain_id) if fleet.active_domain_id else None,
-        "routeRevision": fleet.route_revision,
-        "policy": Policy.resolve(fleet.policy).to_json(),
-        "domains": out_domains,
-        "operation": operation_json(operation_in_flight(fleet.id)),
-        "createdAt": iso(fleet.created_at),
-        "updatedAt": iso(fleet.updated_at),
-    }
-
-
-def fleet_summary(fleet: Fleet) -> dict[str, Any]:
-    """Return the short form used by the fleet list."""
-    return {
-        "id": str(fleet.id),
-        "slug": fleet.slug,
-        "displayName": fleet.display_name,
-        "activeDomainId": str(fleet.active_domain_id) if fleet.active_domain_id else None,
-        "routeRevision": fleet.route_revision,
-    }
+    return fleet_json(
+        fleet,
+        domains=Domain.objects.filter(fleet=fleet),
+        slots=Slot.objects.filter(domain__fleet=fleet),
+        bindings=ModelBinding.objects.filter(domain__fleet=fleet),
+        operation=operation_in_flight(fleet.id),
+    )

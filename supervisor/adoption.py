@@ -41,7 +41,8 @@ def adopt_children(host: Host, state: StateDir) -> list[asyncio.Task[None]]:
     servers = {(m.name, m.port): m for m in host.models if m.managed is not None}
     trainers = {slot.gpu_index: slot for slot in host.training}
     stopping: list[asyncio.Task[None]] = []
-    for record in [*loaded.servers, *loaded.trainers]:
+    records: list[Record] = [*loaded.servers, *loaded.trainers]
+    for record in records:
         what = describe(record)
         if not record.stamp.is_alive():
             log.info("%s is gone; deleting its record", what)

@@ -1,6 +1,7 @@
 """The host's config (`HARU_SUPERVISOR_CONFIG`): slots, models, trainers and the GPU backend.
 
-Parsing is strict: unknown fields are refused and every error names its JSON path and rule,
+Parsing is strict (the structure is `schemas/config.json`'s, checked through
+`supervisor/documents.py`): unknown fields are refused and every error names its JSON path and rule,
 because a supervisor that starts with a half-understood config is worse than one that refuses.
 Relative paths (checkpoint dirs, the simulated GPU state file, the state dir) resolve against the
 working directory the supervisor was started in.
@@ -9,17 +10,16 @@ working directory the supervisor was started in.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from supervisor.documents import problems, schema_validator
 from supervisor.engines.profile import EngineProfile, GpuSpec, parse_profile
 from supervisor.engines.registry import EngineRegistry, default_registry
-from supervisor.limits import MAX_MS
 from supervisor.secrets import SecretRef
-from supervisor.strict_json import MISSING, ConfigError, ObjectReader, child_path
+from supervisor.strict_json import ConfigError
 
 DEFAULT_GRACE_MS = 30_000
 DEFAULT_DRAIN_BUDGET_MS = 30_000
@@ -27,7 +27,6 @@ DEFAULT_SIM_GPU = {"index": 0, "totalMiB": 81920, "name": "SIM-H100", "computeCa
 # Engines an unmanaged server may be: each has an HTTP sleep protocol. llama.cpp has none, so
 # the supervisor can only put it on standby by stopping a process it started itself.
 UNMANAGED_ENGINES = ("vllm", "sglang", "sim")
-_HOST_LABEL = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 
 
 @dataclass(frozen=True)
@@ -174,61 +173,39 @@ def load_config(
 def parse_config(
     data: Any, *, cwd: Path, registry: EngineRegistry | None = None
 ) -> SupervisorConfig:
-    """Validate a parsed config document; raise ConfigError listing every problem."""
+    """Validate a parsed config document; raise ConfigError listing every problem.
+
+    The structure (types, ranges, required and unknown fields) is `schemas/config.json`'s; a
+    document that passes it gets the semantic pass below (names, the sim backend's fields,
+    secret references, engine profiles, rules across slots).
+    """
     registry = registry or default_registry()
+    structural = problems(schema_validator("supervisor", "config"), data)
+    if structural:
+        raise ConfigError([f"{where}: {rule}" for where, rule in structural])
     errors: list[str] = []
-    root = ObjectReader(data, "", errors)
-    if not root.ok:
-        raise ConfigError(errors)
-    host = root.str("host")
-    if host is not None and not _HOST_LABEL.match(host):
-        root.error("host", "must be lowercase letters, digits and single hyphens")
-    state_dir = root.str("stateDir")
-    if state_dir is not None and not state_dir.strip():
-        root.error("stateDir", "must not be empty")
-        state_dir = None
-    drain_budget_ms = root.int(
-        "drainBudgetMs", default=DEFAULT_DRAIN_BUDGET_MS, minimum=0, maximum=MAX_MS
-    )
-    gpu = _parse_gpu(root.raw("gpu"), "gpu", errors, cwd)
-    slots = _parse_slots(root.raw("slots", required=True), errors, cwd, registry)
-    plan = _parse_plan(root.raw("plan"), errors)
-    root.finish()
+    gpu = _parse_gpu(data.get("gpu"), errors, cwd)
+    slots = _parse_slots(data["slots"], errors, cwd, registry)
     if not errors:
         _check_cross_slot_rules(slots, gpu, errors, registry)
     if errors:
         raise ConfigError(errors)
+    state_dir = data.get("stateDir")
     return SupervisorConfig(
         slots=tuple(slots),
         gpu=gpu,
-        host=host,
+        host=data.get("host"),
         state_dir=_resolve(cwd, state_dir) if state_dir else None,
-        drain_budget_ms=DEFAULT_DRAIN_BUDGET_MS if drain_budget_ms is None else drain_budget_ms,
-        plan=plan,
+        drain_budget_ms=data.get("drainBudgetMs", DEFAULT_DRAIN_BUDGET_MS),
+        plan=_parse_plan(data.get("plan")),
     )
 
 
-def _parse_plan(raw: Any, errors: list[str]) -> PlanConfig:
-    if raw is MISSING:
+def _parse_plan(raw: dict[str, Any] | None) -> PlanConfig:
+    if raw is None:
         return PlanConfig()
-    r = ObjectReader(raw, "plan", errors)
-    if not r.ok:
-        return PlanConfig()
-    margin = r.int("safetyMarginMiB", default=0, minimum=0)
-    gpus_raw = r.list("gpus", required=True)
-    r.finish()
-    gpus: list[PlannedGpu] = []
-    for i, item in enumerate(gpus_raw or []):
-        g = ObjectReader(item, child_path(r.field_path("gpus"), i), errors)
-        if not g.ok:
-            continue
-        index = g.int("index", required=True, minimum=0, maximum=1023)
-        gpu_type = g.str("type", required=True)
-        memory = g.int("memoryMiB", required=True, minimum=1)
-        g.finish()
-        if index is not None and gpu_type is not None and memory is not None:
-            gpus.append(PlannedGpu(index, gpu_type, memory))
-    return PlanConfig(gpus=tuple(gpus), safety_margin_mib=margin or 0)
+    gpus = tuple(PlannedGpu(g["index"], g["type"], g["memoryMiB"]) for g in raw["gpus"])
+    return PlanConfig(gpus=gpus, safety_margin_mib=raw.get("safetyMarginMiB", 0))
 
 
 def state_dir_for(config: SupervisorConfig, *, port: int, cwd: Path) -> Path:
@@ -245,105 +222,69 @@ def state_dir_for(config: SupervisorConfig, *, port: int, cwd: Path) -> Path:
     return cwd / "var" / f"supervisor-{port}"
 
 
-def _parse_gpu(raw: Any, path: str, errors: list[str], cwd: Path) -> GpuConfig:
-    if raw is MISSING:
-        return GpuConfig(backend="nvml")
-    r = ObjectReader(raw, path, errors)
-    if not r.ok:
-        return GpuConfig(backend="nvml")
-    backend = r.str("backend", default="nvml")
-    if backend not in ("nvml", "sim"):
-        r.error("backend", f'must be "nvml" or "sim", got "{backend}"')
-        backend = "nvml"
-    state_file = r.str("simStateFile")
-    gpus_raw = r.raw("simGpus")
-    r.finish()
-    if backend == "nvml":
-        if state_file is not None:
-            r.error("simStateFile", 'is only for backend "sim"')
-        if gpus_raw is not MISSING:
-            r.error("simGpus", 'is only for backend "sim"')
+def _parse_gpu(raw: dict[str, Any] | None, errors: list[str], cwd: Path) -> GpuConfig:
+    raw = raw or {}
+    state_file = raw.get("simStateFile")
+    if raw.get("backend", "nvml") == "nvml":
+        for key in ("simStateFile", "simGpus"):
+            if key in raw:
+                errors.append(f'gpu.{key}: is only for backend "sim"')
         return GpuConfig(backend="nvml")
     if state_file is None:
-        r.error("simStateFile", 'is required for backend "sim"')
-    sim_gpus = _parse_sim_gpus(
-        [DEFAULT_SIM_GPU] if gpus_raw is MISSING else gpus_raw, r.field_path("simGpus"), errors
-    )
+        errors.append('gpu.simStateFile: is required for backend "sim"')
+    sim_gpus: list[SimGpuConfig] = []
+    seen: dict[int, str] = {}
+    for i, g in enumerate(raw.get("simGpus", [DEFAULT_SIM_GPU])):
+        path = f"gpu.simGpus[{i}]"
+        if g["index"] in seen:
+            errors.append(
+                f"{path}.index: GPU {g['index']} is already declared at {seen[g['index']]}"
+            )
+            continue
+        seen[g["index"]] = path
+        sim_gpus.append(
+            SimGpuConfig(
+                g["index"],
+                g["totalMiB"],
+                g.get("name", "SIM-GPU"),
+                g.get("computeCapability", "9.0"),
+                g.get("uuid"),
+            )
+        )
     return GpuConfig(
         backend="sim",
         sim_state_file=_resolve(cwd, state_file) if state_file else None,
-        sim_gpus=sim_gpus,
+        sim_gpus=tuple(sim_gpus),
     )
 
 
-def _parse_sim_gpus(raw: Any, path: str, errors: list[str]) -> tuple[SimGpuConfig, ...]:
-    if not isinstance(raw, list) or not raw:
-        errors.append(f"{path}: must be a non-empty list")
-        return ()
-    out: list[SimGpuConfig] = []
-    seen: dict[int, str] = {}
-    for i, item in enumerate(raw):
-        p = child_path(path, i)
-        g = ObjectReader(item, p, errors)
-        if not g.ok:
-            continue
-        index = g.int("index", required=True, minimum=0, maximum=1023)
-        total = g.int("totalMiB", required=True, minimum=1)
-        name = g.str("name", default="SIM-GPU")
-        cc = g.str("computeCapability", default="9.0")
-        uuid = g.str("uuid")
-        g.finish()
-        if cc is not None and not re.match(r"^\d+\.\d+$", cc):
-            g.error("computeCapability", f'must look like "8.9", got "{cc}"')
-        if index is None or total is None:
-            continue
-        if index in seen:
-            g.error("index", f"GPU {index} is already declared at {seen[index]}")
-            continue
-        seen[index] = p
-        out.append(SimGpuConfig(index, total, name or "SIM-GPU", cc or "9.0", uuid))
-    return tuple(out)
-
-
 def _parse_slots(
-    raw: Any, errors: list[str], cwd: Path, registry: EngineRegistry
+    raw: list[dict[str, Any]], errors: list[str], cwd: Path, registry: EngineRegistry
 ) -> list[SlotConfig]:
-    if raw is MISSING:
-        return []
-    if not isinstance(raw, list) or not raw:
-        errors.append("slots: must be a non-empty list of slots")
-        return []
     slots: list[SlotConfig] = []
     seen_slot: dict[tuple[int, str], str] = {}
     for i, item in enumerate(raw):
-        path = child_path("slots", i)
-        r = ObjectReader(item, path, errors)
-        if not r.ok:
-            continue
-        kind = r.str("kind", required=True)
-        gpu_index = r.int("gpuIndex", required=True, minimum=0, maximum=1023)
-        slot: SlotConfig | None = None
-        if kind == "inference":
-            slot = _parse_inference(r, gpu_index, registry, cwd)
-        elif kind == "training":
-            slot = _parse_training(r, gpu_index, cwd)
+        path = f"slots[{i}]"
+        gpu_index = item["gpuIndex"]
+        slot: SlotConfig | None
+        if item["kind"] == "inference":
+            slot = _parse_inference(item, path, errors, registry, cwd)
         else:
-            if kind is not None:
-                r.error("kind", f'must be "inference" or "training", got "{kind}"')
-            r.raw("models")
-            r.raw("command")
-            r.raw("checkpointDir")
-            r.raw("graceMs")
-        r.finish()
-        if slot is None or gpu_index is None:
+            slot = TrainingSlotConfig(
+                gpu_index=gpu_index,
+                command=tuple(item["command"]),
+                checkpoint_dir=_resolve(cwd, item["checkpointDir"]),
+                grace_ms=item.get("graceMs", DEFAULT_GRACE_MS),
+                memory_limit_mib=item.get("memoryLimitMiB"),
+            )
+        if slot is None:
             continue
         key = (gpu_index, slot.kind)
         if key in seen_slot:
             # The control plane addresses slots by (GPU, kind); two would be indistinguishable.
-            r.error(
-                "",
-                f"a {slot.kind} slot on GPU {gpu_index} is already declared at {seen_slot[key]};"
-                " (gpuIndex, kind) must be unique",
+            errors.append(
+                f"{path}: a {slot.kind} slot on GPU {gpu_index} is already declared at "
+                f"{seen_slot[key]}; (gpuIndex, kind) must be unique"
             )
             continue
         seen_slot[key] = path
@@ -352,135 +293,94 @@ def _parse_slots(
 
 
 def _parse_inference(
-    r: ObjectReader, gpu_index: int | None, registry: EngineRegistry, cwd: Path
+    item: dict[str, Any], path: str, errors: list[str], registry: EngineRegistry, cwd: Path
 ) -> InferenceSlotConfig | None:
-    raw_models = r.list("models", required=True)
-    if raw_models is None:
+    gpu_index = item["gpuIndex"]
+    models = [
+        _parse_model(raw, f"{path}.models[{j}]", errors, gpu_index, registry, cwd)
+        for j, raw in enumerate(item["models"])
+    ]
+    kept = tuple(m for m in models if m is not None)
+    if len(kept) != len(models):
         return None
-    if not raw_models:
-        r.error("models", "must list at least one model")
-        return None
-    models: list[ModelConfig] = []
-    for j, item in enumerate(raw_models):
-        model = _parse_model(
-            item, child_path(r.field_path("models"), j), r.errors, gpu_index, registry, cwd
-        )
-        if model is not None:
-            models.append(model)
-    if gpu_index is None or len(models) != len(raw_models):
-        return None
-    return InferenceSlotConfig(gpu_index=gpu_index, models=tuple(models))
+    return InferenceSlotConfig(gpu_index=gpu_index, models=kept)
 
 
 def _parse_model(
-    raw: Any,
+    raw: dict[str, Any],
     path: str,
     errors: list[str],
-    gpu_index: int | None,
+    gpu_index: int,
     registry: EngineRegistry,
     cwd: Path,
 ) -> ModelConfig | None:
     before = len(errors)
-    m = ObjectReader(raw, path, errors)
-    if not m.ok:
-        return None
-    name = m.str("name", required=True)
-    if name is not None:
-        if name != name.lower():
-            # Routing keys are lowercase and matched exactly; "Qwen" would never be routed to.
-            m.error("name", "must be lowercase")
-        elif any(c.isspace() for c in name):
-            m.error("name", "must not contain whitespace")
-        elif len(name) > 128:
-            m.error("name", "must be at most 128 characters")
-    port = m.int("port", required=True, minimum=1, maximum=65535)
-    memory_mib = m.int("memoryMiB", minimum=1)
-    residue_mib = m.int("sleepResidueMiB", minimum=0)
-    engine = m.str("engine")
-    profile_raw = m.raw("profile")
-    api_key = _parse_secret_ref(m.raw("apiKey"), m.field_path("apiKey"), errors, cwd)
-    m.finish()
+    name: str = raw["name"]
+    if name != name.lower():
+        # Routing keys are lowercase and matched exactly; "Qwen" would never be routed to.
+        errors.append(f"{path}.name: must be lowercase")
+    elif any(c.isspace() for c in name):
+        errors.append(f"{path}.name: must not contain whitespace")
+    engine = raw.get("engine")
+    api_key = _parse_secret_ref(raw.get("apiKey"), f"{path}.apiKey", errors, cwd)
     profile = None
-    if profile_raw is not MISSING and profile_raw is not None and name is not None:
+    if raw.get("profile") is not None:
         profile = parse_profile(
-            profile_raw,
-            m.field_path("profile"),
+            raw["profile"],
+            f"{path}.profile",
             errors,
             model_name=name,
-            default_gpu_index=gpu_index if gpu_index is not None else 0,
+            default_gpu_index=gpu_index,
             engine_names=registry.names(),
         )
         if profile is not None:
             if engine is not None and engine != profile.engine:
-                m.error("engine", f'is "{engine}" but the profile says "{profile.engine}"')
-            if gpu_index is not None and gpu_index not in profile.gpu_indices:
-                m.error(
-                    "profile",
-                    f"runs on GPUs {list(profile.gpu_indices)}, which do not include the "
-                    f"slot's GPU {gpu_index}",
+                errors.append(
+                    f'{path}.engine: is "{engine}" but the profile says "{profile.engine}"'
+                )
+            if gpu_index not in profile.gpu_indices:
+                errors.append(
+                    f"{path}.profile: runs on GPUs {list(profile.gpu_indices)}, which do not "
+                    f"include the slot's GPU {gpu_index}"
                 )
             for problem in registry.get(profile.engine).validate(profile, {}):
-                m.error("profile", problem)
+                errors.append(f"{path}.profile: {problem}")
     elif engine is not None and engine not in UNMANAGED_ENGINES:
         if engine in registry.names():
-            m.error(
-                "engine",
-                f'"{engine}" cannot sleep over HTTP; give the model a profile so the supervisor '
-                "can stop and start it",
+            errors.append(
+                f'{path}.engine: "{engine}" cannot sleep over HTTP; give the model a profile so '
+                "the supervisor can stop and start it"
             )
         else:
-            m.error("engine", f'unknown engine "{engine}" (known: {", ".join(registry.names())})')
-    if len(errors) > before or name is None or port is None:
+            errors.append(
+                f'{path}.engine: unknown engine "{engine}" (known: {", ".join(registry.names())})'
+            )
+    if len(errors) > before:
         return None
     return ModelConfig(
         name=name,
-        port=port,
-        gpu_index=gpu_index if gpu_index is not None else 0,
+        port=raw["port"],
+        gpu_index=gpu_index,
         engine=profile.engine if profile else (engine or "vllm"),
         profile=profile,
         path=path,
         api_key=api_key,
-        memory_mib=memory_mib,
-        sleep_residue_mib=residue_mib,
+        memory_mib=raw.get("memoryMiB"),
+        sleep_residue_mib=raw.get("sleepResidueMiB"),
     )
 
 
-def _parse_secret_ref(raw: Any, path: str, errors: list[str], cwd: Path) -> SecretRef | None:
+def _parse_secret_ref(
+    raw: dict[str, Any] | None, path: str, errors: list[str], cwd: Path
+) -> SecretRef | None:
     """`{"env": NAME}` or `{"file": PATH}`: a key by reference, never the key itself."""
-    if raw is MISSING or raw is None:
+    if raw is None:
         return None
-    r = ObjectReader(raw, path, errors)
-    if not r.ok:
-        return None
-    env = r.str("env")
-    file = r.str("file")
-    r.finish()
+    env, file = raw.get("env"), raw.get("file")
     if (env is None) == (file is None):
-        r.error("", 'must name exactly one of "env" (a variable) or "file" (a path)')
-        return None
-    if env is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", env):
-        r.error("env", "must be an environment variable name")
+        errors.append(f'{path}: must name exactly one of "env" (a variable) or "file" (a path)')
         return None
     return SecretRef(env=env, file=_resolve(cwd, file) if file else None)
-
-
-def _parse_training(r: ObjectReader, gpu_index: int | None, cwd: Path) -> TrainingSlotConfig | None:
-    command = r.str_list("command", required=True)
-    if command is not None and not command:
-        r.error("command", "must not be empty")
-        command = None
-    checkpoint_dir = r.str("checkpointDir", required=True)
-    grace_ms = r.int("graceMs", default=DEFAULT_GRACE_MS, minimum=1, maximum=MAX_MS)
-    limit = r.int("memoryLimitMiB", minimum=1)
-    if command is None or checkpoint_dir is None or gpu_index is None:
-        return None
-    return TrainingSlotConfig(
-        gpu_index=gpu_index,
-        command=tuple(command),
-        checkpoint_dir=_resolve(cwd, checkpoint_dir),
-        grace_ms=grace_ms or DEFAULT_GRACE_MS,
-        memory_limit_mib=limit,
-    )
 
 
 def _check_cross_slot_rules(

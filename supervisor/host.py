@@ -7,6 +7,7 @@ failures are raised as the domain exceptions below and mapped to HTTP in `api.py
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -542,7 +543,7 @@ class Host:
                 spawner=self.deps.spawner,
                 clock=self.clock,
                 port_in_use=self.deps.port_in_use,
-                on_running=lambda s=server: s.on_process_started(lambda: self.http),
+                on_running=functools.partial(server.on_process_started, lambda: self.http),
                 records=self.deps.state,
             )
             out.append(server)

@@ -181,15 +181,18 @@ class ManagedProcess:
     async def _supervise(self) -> None:
         backoff = self._backoff_initial
         while self._wanted:
+            proc: ChildProcess
             if self._adopt_next is not None:
-                proc, record = self._adopt_next
+                adopted, record = self._adopt_next
                 self._adopt_next = None
-                self._begin_run(proc, record, adopted=True)
+                self._begin_run(adopted, record, adopted=True)
+                proc = adopted
             else:
-                proc = await self._spawn(backoff)
-                if proc is None:
+                spawned = await self._spawn(backoff)
+                if spawned is None:
                     backoff = min(backoff * 2, self._backoff_max)
                     continue
+                proc = spawned
             began = self._clock.monotonic()
             if self._on_running is not None and not self.adopted:
                 self._on_running()

@@ -6,6 +6,7 @@ points at the exact field (`slots[1].models[0].name: must be lowercase`), not a 
 
 from __future__ import annotations
 
+import builtins
 import math
 from collections.abc import Callable
 from typing import Any
@@ -87,12 +88,12 @@ class ObjectReader:
 
     def str(
         self,
-        key: str,
+        key: builtins.str,
         *,
-        required: bool = False,
-        default: str | None = None,
-        allow_null: bool = False,
-    ) -> str | None:
+        required: builtins.bool = False,
+        default: builtins.str | None = None,
+        allow_null: builtins.bool = False,
+    ) -> builtins.str | None:
         ok, value = self._typed(key, required, lambda v: isinstance(v, str), "a string", allow_null)
         if not ok:
             return default
@@ -103,14 +104,14 @@ class ObjectReader:
 
     def int(
         self,
-        key: str,
+        key: builtins.str,
         *,
-        required: bool = False,
-        default: int | None = None,
-        minimum: int | None = None,
-        maximum: int | None = None,
-        allow_null: bool = False,
-    ) -> int | None:
+        required: builtins.bool = False,
+        default: builtins.int | None = None,
+        minimum: builtins.int | None = None,
+        maximum: builtins.int | None = None,
+        allow_null: builtins.bool = False,
+    ) -> builtins.int | None:
         ok, value = self._typed(key, required, is_int, "an integer", allow_null)
         if not ok:
             return default
@@ -124,26 +125,38 @@ class ObjectReader:
 
     def number(
         self,
-        key: str,
+        key: builtins.str,
         *,
-        required: bool = False,
-        default: float | None = None,
-        allow_null: bool = False,
-    ) -> float | None:
+        required: builtins.bool = False,
+        default: builtins.float | None = None,
+        allow_null: builtins.bool = False,
+    ) -> builtins.float | None:
         ok, value = self._typed(key, required, is_number, "a number", allow_null)
         return float(value) if ok else default
 
-    def bool(self, key: str, *, default: bool | None = None) -> bool | None:
+    def bool(
+        self, key: builtins.str, *, default: builtins.bool | None = None
+    ) -> builtins.bool | None:
         ok, value = self._typed(key, False, lambda v: isinstance(v, bool), "true or false", False)
         return value if ok else default
 
-    def list(self, key: str, *, required: bool = False, allow_null: bool = False) -> list | None:
+    def list(
+        self,
+        key: builtins.str,
+        *,
+        required: builtins.bool = False,
+        allow_null: builtins.bool = False,
+    ) -> builtins.list | None:
         ok, value = self._typed(key, required, lambda v: isinstance(v, list), "a list", allow_null)
         return value if ok else None
 
     def str_list(
-        self, key: str, *, required: bool = False, non_empty_items: bool = True
-    ) -> list[str] | None:
+        self,
+        key: builtins.str,
+        *,
+        required: builtins.bool = False,
+        non_empty_items: builtins.bool = True,
+    ) -> builtins.list[builtins.str] | None:
         items = self.list(key, required=required)
         if items is None:
             return None
@@ -158,7 +171,7 @@ class ObjectReader:
             out.append(item)
         return out
 
-    def str_map(self, key: str) -> dict[str, str] | None:
+    def str_map(self, key: builtins.str) -> builtins.dict[builtins.str, builtins.str] | None:
         ok, value = self._typed(key, False, lambda v: isinstance(v, dict), "an object", False)
         if not ok:
             return None

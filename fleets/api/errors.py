@@ -8,7 +8,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 
 from fleets.errors import ServiceError
-from fleets.selectors import operation_json
+from fleets.shapes import operation_json
 
 _CODES = {
     exceptions.NotAuthenticated: "unauthorized",

@@ -10,7 +10,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from fleets import clock, selectors
+from fleets import clock, selectors, shapes
 from fleets.api import serializers as s
 from fleets.api.auth import HasApiToken
 from fleets.api.errors import PayloadTooLarge
@@ -60,7 +60,7 @@ class HaruAPIView(APIView):
 class FleetListView(HaruAPIView):
     @extend_schema(responses={200: s.FleetListOut, **_errors(401)}, operation_id="listFleets")
     def get(self, request):
-        return Response({"fleets": [selectors.fleet_summary(f) for f in Fleet.objects.all()]})
+        return Response({"fleets": [shapes.fleet_summary_json(f) for f in Fleet.objects.all()]})
 
 
 class FleetDetailView(HaruAPIView):
@@ -94,7 +94,7 @@ class _OperationRequestView(HaruAPIView):
         if result.status == "already_active":
             return Response({"status": "already_active", "routeRevision": result.route_revision})
         return Response(
-            {"status": "accepted", "operation": selectors.operation_json(result.operation)},
+            {"status": "accepted", "operation": shapes.operation_json(result.operation)},
             status=202,
         )
 
@@ -159,7 +159,7 @@ class ReconcileView(HaruAPIView):
                 "fleetId": str(fleet.id),
                 "ran": result.ran,
                 "skipped": None if result.ran else "tick_lock_busy",
-                "operation": selectors.operation_json(result.operation()),
+                "operation": shapes.operation_json(result.operation()),
             }
         )
 
@@ -232,7 +232,7 @@ class FleetOperationsView(HaruAPIView):
         except ValueError:
             limit = 50
         ops = Operation.objects.filter(fleet=fleet).order_by("-created_at")[:limit]
-        return Response({"operations": [selectors.operation_json(op) for op in ops]})
+        return Response({"operations": [shapes.operation_json(op) for op in ops]})
 
 
 class OperationDetailView(HaruAPIView):
@@ -240,10 +240,10 @@ class OperationDetailView(HaruAPIView):
         responses={200: s.OperationOut, **_errors(401, 404)}, operation_id="getOperation"
     )
     def get(self, request, operation_id: str):
-        return Response(selectors.operation_json(selectors.operation_get(operation_id)))
+        return Response(shapes.operation_json(selectors.operation_get(operation_id)))
 
 
-class _ApiDocsMixin:
+class _ApiDocsMixin(APIView):
     """Guard the schema and the docs page like every other /v1/ route.
 
     drf-spectacular serves them to anyone by default (SERVE_PERMISSIONS); the schema tells an

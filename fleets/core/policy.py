@@ -1,4 +1,4 @@
-"""Fleet policy: defaults, strict validation and the resolved, typed view of it.
+"""Fleet policy: defaults, strict validation (`schemas/policy.json`) and its resolved view.
 
 A fleet stores only the keys its operator set (`validate_policy` output); every read resolves the
 rest from `DEFAULTS`, so changing a default reaches every fleet that did not pin the value.
@@ -6,17 +6,16 @@ rest from `DEFAULTS`, so changing a default reaches every fleet that did not pin
 
 from __future__ import annotations
 
-import math
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from functools import lru_cache
+from typing import Any
 
-from supervisor.limits import MAX_MS, MAX_PROBE_PROMPT_CHARS, MAX_PROBE_TOKENS
+from supervisor.documents import problems, schema_validator
 
-# The supervisor enforces the same limits on its side (supervisor/limits.py).
-MAX_TIMEOUT_MS = MAX_MS
-PROBE_PROMPT_MAX_CHARS = MAX_PROBE_PROMPT_CHARS
-PROBE_MAX_TOKENS_MAX = MAX_PROBE_TOKENS
+# The limits (milliseconds, the probe's bounds) are supervisor/limits.py's, named by the schema:
+# the supervisor enforces the same on its side.
 
 DEFAULTS: dict[str, Any] = {
     "autoFailover": False,
@@ -53,29 +52,6 @@ DEFAULTS: dict[str, Any] = {
     "stopMode": "down",
 }
 
-_TIMEOUT_KEYS = (
-    "heartbeatStaleMs",
-    "degradedGraceMs",
-    "trainingStopGraceMs",
-    "stopTrainingTimeoutMs",
-    "verifyGpuTimeoutMs",
-    "wakeTimeoutMs",
-    "probeTimeoutMs",
-    "switchActiveTimeoutMs",
-    "sleepTimeoutMs",
-    "startTrainingTimeoutMs",
-    "replaceFailedGraceMs",
-    "provisionTimeoutMs",
-    "provisionRetryBackoffMs",
-)
-_BOOL_KEYS = (
-    "autoFailover",
-    "restoreStandbyOnReturn",
-    "replaceFailedStandby",
-    "replaceFailedActive",
-)
-STOP_MODES = ("down", "stop")
-
 # Which Policy field bounds each operation step (step names from fleets.core.states).
 _STEP_TIMEOUT_FIELDS = {
     "stop_training": "stop_training_timeout_ms",
@@ -99,95 +75,55 @@ class PolicyError(ValueError):
         self.rule = rule
 
 
-def _is_int(value: object) -> TypeGuard[int]:
-    # bool is an int subclass; `true` is never a valid number of milliseconds.
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_keys(raw: Mapping[Any, Any], allowed: Mapping[str, Any], path: str) -> None:
-    # Strict on purpose: a misspelled `autoFailver` silently dropped would leave a safety
-    # switch at its default.
-    for key in sorted(raw, key=str):
-        if not isinstance(key, str) or key not in allowed:
-            raise PolicyError(f"{path}.{key}", "unknown field")
-
-
-def _timeout(value: object, path: str) -> int:
-    if not _is_int(value):
-        raise PolicyError(path, "must be an integer number of milliseconds")
-    if not 1 <= value <= MAX_TIMEOUT_MS:
-        raise PolicyError(path, f"must be between 1 and {MAX_TIMEOUT_MS}")
-    return int(value)
-
-
-def _ratio(value: object, path: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise PolicyError(path, "must be a number")
-    if not math.isfinite(value) or not 0 < value <= 1:
-        raise PolicyError(path, "must be greater than 0 and at most 1")
-    return float(value)
-
-
-def _prompt(value: object, path: str) -> str:
-    if not isinstance(value, str):
-        raise PolicyError(path, "must be a string")
-    if not 1 <= len(value) <= PROBE_PROMPT_MAX_CHARS:
-        raise PolicyError(path, f"must be 1 to {PROBE_PROMPT_MAX_CHARS} characters")
+def _storable(value: str, path: str) -> None:
     # Postgres jsonb refuses NUL and lone surrogates; refuse them here with a path instead of a
-    # database error at save time.
+    # database error at save time (the semantic pass: a schema cannot say it readably).
     if "\x00" in value:
         raise PolicyError(path, "must not contain NUL characters")
     if any(0xD800 <= ord(c) <= 0xDFFF for c in value):
         raise PolicyError(path, "must be valid Unicode (no lone surrogates)")
-    return value
-
-
-def _probe(value: object, path: str) -> dict[str, Any]:
-    if not isinstance(value, Mapping):
-        raise PolicyError(path, "must be an object")
-    _check_keys(value, DEFAULTS["probe"], path)
-    out: dict[str, Any] = {}
-    if "prompt" in value:
-        out["prompt"] = _prompt(value["prompt"], f"{path}.prompt")
-    if "maxTokens" in value:
-        tokens = value["maxTokens"]
-        if not _is_int(tokens) or not 1 <= tokens <= PROBE_MAX_TOKENS_MAX:
-            raise PolicyError(
-                f"{path}.maxTokens", f"must be an integer between 1 and {PROBE_MAX_TOKENS_MAX}"
-            )
-        out["maxTokens"] = int(tokens)
-    return out
 
 
 def validate_policy(raw: object, *, path: str = "policy") -> dict[str, Any]:
     """Validate an operator-written policy and return the normalized keys that were set.
 
-    Raise PolicyError naming the first offending field. Unset keys stay unset: the result is
-    what gets stored, and defaults are applied on read by `Policy.resolve`.
+    Structure and limits are `schemas/policy.json`'s (unknown keys first, then the keys in
+    `DEFAULTS` order, so the first error reported is deterministic); raise PolicyError naming
+    the first offending field. Unset keys stay unset: the result is what gets stored, and
+    defaults are applied on read by `Policy.resolve`.
     """
-    if not isinstance(raw, Mapping):
-        raise PolicyError(path, "must be an object")
-    _check_keys(raw, DEFAULTS, path)
+    validator = schema_validator("fleets.core", "policy")
+    if not validator.is_valid(raw):  # the common case (every read of a stored policy) is valid
+        raise PolicyError(*problems(validator, raw, path)[0])
+    assert isinstance(raw, Mapping)  # the schema refuses anything else
     out: dict[str, Any] = {}
-    for key in DEFAULTS:  # fixed order: the first error reported is deterministic
+    for key in DEFAULTS:  # stored in the policy table's order
         if key not in raw:
             continue
-        value, where = raw[key], f"{path}.{key}"
-        if key in _BOOL_KEYS:
-            if not isinstance(value, bool):
-                raise PolicyError(where, "must be true or false")
-            out[key] = value
-        elif key == "stopMode":
-            if value not in STOP_MODES:
-                raise PolicyError(where, 'must be "down" or "stop"')
-            out[key] = value
-        elif key in _TIMEOUT_KEYS:
-            out[key] = _timeout(value, where)
-        elif key == "verifyGpuMaxUsedRatio":
-            out[key] = _ratio(value, where)
-        else:  # probe
-            out[key] = _probe(value, where)
+        value = raw[key]
+        if key == "verifyGpuMaxUsedRatio":
+            value = float(value)
+        elif key == "probe":
+            value = {k: value[k] for k in DEFAULTS["probe"] if k in value}
+            if "prompt" in value:
+                _storable(value["prompt"], f"{path}.probe.prompt")
+        out[key] = value
     return out
+
+
+@lru_cache(maxsize=256)
+def _validated_text(text: str) -> dict[str, Any]:
+    return validate_policy(json.loads(text))
+
+
+def _validated(raw: object) -> dict[str, Any]:
+    """`validate_policy`, remembered per document: every fleet read resolves its stored policy,
+    and the schema check costs far more than the rest of a resolve."""
+    try:
+        text = json.dumps(raw, sort_keys=True)
+    except (TypeError, ValueError):  # not a JSON document: the check says why, uncached
+        return validate_policy(raw)
+    return _validated_text(text)  # shared: resolve only reads it
 
 
 @dataclass(frozen=True)
@@ -219,7 +155,7 @@ class Policy:
     @classmethod
     def resolve(cls, raw: Mapping[str, Any] | None) -> Policy:
         """Validate the stored operator keys and fill every unset key from `DEFAULTS`."""
-        given = validate_policy(raw if raw is not None else {})
+        given = _validated(raw if raw is not None else {})
         merged = {**DEFAULTS, **given, "probe": {**DEFAULTS["probe"], **given.get("probe", {})}}
         return cls(
             auto_failover=merged["autoFailover"],

@@ -17,12 +17,12 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
 from fleets import clock
+from fleets.clock import iso
 from fleets.core.states import OperationKind
 from fleets.dashboard import actions
 from fleets.dashboard.forms import ACTIONS, ActionForm
 from fleets.dashboard.selectors import fleet_page, overview_rows
 from fleets.models import Fleet
-from fleets.selectors import iso
 
 
 def staff_required(view):

@@ -18,6 +18,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from supervisor.strict_json import is_int
+
 CATALOGUE_PATH = Path(__file__).with_name("catalogue.json")
 
 # Bounds: SkyPilot takes any disk size, but a typo of 100000 GB is a bill, not a wish.
@@ -100,10 +102,6 @@ def catalogue() -> dict[str, Any]:
     return json.loads(CATALOGUE_PATH.read_text())["clouds"]
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _known(value: object, choices, path: str, what: str) -> str:
     if not isinstance(value, str) or not value:
         raise CloudPlacementError(path, "must be a non-empty string")
@@ -168,7 +166,7 @@ def parse_cloud_placement(raw: object, *, path: str = "placement") -> CloudPlace
     )
     count = raw.get("acceleratorCount", 1)
     allowed = known["accelerators"][accelerator]
-    if not _is_int(count) or count not in allowed:
+    if not is_int(count) or count not in allowed:
         counts = ", ".join(str(c) for c in allowed)
         raise CloudPlacementError(
             f"{path}.acceleratorCount",
@@ -178,7 +176,7 @@ def parse_cloud_placement(raw: object, *, path: str = "placement") -> CloudPlace
     if not isinstance(use_spot, bool):
         raise CloudPlacementError(f"{path}.useSpot", "must be true or false")
     disk = raw.get("diskSizeGb")
-    if disk is not None and (not _is_int(disk) or not DISK_MIN_GB <= disk <= DISK_MAX_GB):
+    if disk is not None and (not is_int(disk) or not DISK_MIN_GB <= disk <= DISK_MAX_GB):
         raise CloudPlacementError(
             f"{path}.diskSizeGb", f"must be an integer from {DISK_MIN_GB} to {DISK_MAX_GB}"
         )
@@ -287,7 +285,7 @@ def parse_driver_settings(raw: object, *, provider: str, path: str = "driver") -
     if stop_mode is not None and stop_mode not in STOP_MODES:
         raise CloudPlacementError(f"{path}.stopMode", 'must be "down" or "stop"')
     replicas = raw.get("replicas", 1)
-    if not _is_int(replicas) or not 1 <= replicas <= MAX_REPLICAS:
+    if not is_int(replicas) or not 1 <= replicas <= MAX_REPLICAS:
         raise CloudPlacementError(
             f"{path}.replicas", f"must be an integer from 1 to {MAX_REPLICAS}"
         )

@@ -37,6 +37,7 @@ from fleets.layouts.planning import (
     planned_profile,
 )
 from supervisor.config import parse_config as parse_supervisor_config
+from supervisor.documents import leaf_errors, messages
 from supervisor.strict_json import ConfigError as SupervisorConfigError
 from supervisor.wire import bounded_json
 
@@ -98,59 +99,6 @@ def _validator() -> Draft202012Validator:
     schema = json.loads(SCHEMA_PATH.read_text())
     Draft202012Validator.check_schema(schema)
     return Draft202012Validator(schema)
-
-
-def _path(parts) -> str:
-    out = ""
-    for part in parts:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(root)"
-
-
-def _rule(error) -> str:
-    """Turn a jsonschema error into the rule it broke, in the layout's own words."""
-    kind = error.validator
-    custom = error.schema.get("x-rule") if isinstance(error.schema, dict) else None
-    if custom and kind in {"pattern", "enum", "const", "maxLength"}:
-        return custom
-    if kind == "type":
-        return f"must be of type {error.validator_value}"
-    if kind in {"minimum", "maximum"}:
-        word = "at least" if kind == "minimum" else "at most"
-        return f"must be {word} {error.validator_value}"
-    if kind == "minLength":
-        return (
-            "must not be empty"
-            if error.validator_value == 1
-            else f"must be at least {error.validator_value} characters"
-        )
-    if kind == "maxLength":
-        return f"must be at most {error.validator_value} characters"
-    if kind == "minItems":
-        return f"must have at least {error.validator_value} item(s)"
-    return error.message
-
-
-def _messages(error) -> list[str]:
-    """Return the `path: rule` lines of one jsonschema error, each naming the field at fault."""
-    parts = list(error.absolute_path)
-    if error.validator == "additionalProperties":
-        # One line per stray key, at the key's own path, like policy's `policy.x: unknown field`.
-        extra = set(error.instance) - set(error.schema.get("properties", {}))
-        return [f"{_path([*parts, str(key)])}: unknown field" for key in sorted(extra, key=str)]
-    if error.validator == "required":
-        missing = [k for k in error.validator_value if k not in error.instance]
-        return [f"{_path([*parts, key])}: is required" for key in missing]
-    return [f"{_path(parts)}: {_rule(error)}"]
-
-
-def _leaf_errors(errors):
-    """Flatten if/then and $ref wrappers so each message points at the field that is wrong."""
-    for error in errors:
-        if error.context:
-            yield from _leaf_errors(error.context)
-        else:
-            yield error
 
 
 class _StrictYamlLoader(yaml.SafeLoader):
@@ -254,7 +202,7 @@ def _driver_errors(d: dict[str, Any], dpath: str) -> list[str]:
 def parse_layout(data: Any) -> Layout:
     """Validate `data` and return the normalized Layout; raise LayoutError listing every error."""
     errors = sorted(
-        {line for e in _leaf_errors(_validator().iter_errors(data)) for line in _messages(e)}
+        {line for e in leaf_errors(_validator().iter_errors(data)) for line in messages(e)}
     )
     if errors:
         raise LayoutError(errors)

@@ -83,7 +83,9 @@ async def _forward(scope, headers, receive, send, exchange: handler.Exchange, en
         return
 
     state = _Watch()
-    watcher = asyncio.create_task(_watch_disconnect(receive, asyncio.current_task(), state))
+    this_task = asyncio.current_task()
+    assert this_task is not None  # an ASGI app always runs in a task
+    watcher = asyncio.create_task(_watch_disconnect(receive, this_task, state))
     response: upstream.Response | None = None
     try:
         response = await handler.forward(
@@ -97,7 +99,8 @@ async def _forward(scope, headers, receive, send, exchange: handler.Exchange, en
                 "headers": handler.response_headers(response, exchange),
             }
         )
-        exchange.overhead += handler.perf() - headers_at
+        if exchange.overhead is not None:  # set by forward() before it returns
+            exchange.overhead += handler.perf() - headers_at
         try:
             async for chunk in response.aiter_raw():
                 exchange.first_byte()
@@ -118,7 +121,7 @@ async def _forward(scope, headers, receive, send, exchange: handler.Exchange, en
         if not state.gone:
             raise
         # Our watcher cancelled us because the client left: that is a normal end.
-        asyncio.current_task().uncancel()
+        this_task.uncancel()
         exchange.outcome = "client_disconnected"
     finally:
         state.done = True

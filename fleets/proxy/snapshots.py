@@ -130,11 +130,10 @@ def snapshot_build(rows: store.SnapshotRows, loaded_at: float) -> Snapshot:
     routes: dict[str, Route] = {}
     unavailable: dict[str, str] = {}
     if pointer.active_domain_id is not None:
-        if rows.domain_fleet_id != pointer.fleet_id:
+        slug, state = rows.domain_slug, rows.domain_state
+        if rows.domain_fleet_id != pointer.fleet_id or slug is None or state is None:
             raise Malformed("the active domain is missing or belongs to another fleet")
-        domain = DomainView(
-            id=pointer.active_domain_id, slug=rows.domain_slug, state=rows.domain_state
-        )
+        domain = DomainView(id=pointer.active_domain_id, slug=slug, state=state)
         for b in rows.bindings:
             if b.slot_kind != SlotKind.INFERENCE or b.slot_domain_id != pointer.active_domain_id:
                 raise Malformed(f"model {b.name!r} is bound to a slot that cannot serve it")
@@ -221,14 +220,16 @@ class RoutingCache:
 
     def _launch(self, key: str, as_id: uuid.UUID | None, reads: _Reads) -> None:
         target = reads.current
+        assert target is not None  # set by whoever launches the read
 
         def done(read: asyncio.Future) -> None:
+            failure = None if target.done() or read.cancelled() else read.exception()
             if target.done():
                 pass
             elif read.cancelled():
                 target.cancel()
-            elif read.exception() is not None:
-                target.set_exception(read.exception())
+            elif failure is not None:
+                target.set_exception(failure)
                 target.exception()  # retrieved: every waiter may have timed out already
             else:
                 target.set_result(read.result())

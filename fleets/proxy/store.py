@@ -77,7 +77,7 @@ def _sql() -> tuple[str, str]:
     quote = connections["default"].ops.quote_name
     meta = Fleet._meta
     cols = ", ".join(
-        quote(meta.get_field(name).column)
+        quote(meta.get_field(name).column)  # type: ignore[union-attr,arg-type]  # concrete fields
         for name in ("id", "slug", "active_domain", "route_revision")
     )
     table = quote(meta.db_table)
@@ -92,8 +92,10 @@ _SQL: tuple[str, str] | None = None
 
 
 def _uuid_text(value) -> str | None:
-    if value is None:
-        return None
+    return None if value is None else _uuid_str(value)
+
+
+def _uuid_str(value) -> str:
     # Postgres returns UUID objects, SQLite 32 hex characters: one canonical text form.
     return str(value) if isinstance(value, uuid.UUID) else str(uuid.UUID(str(value)))
 
@@ -147,7 +149,7 @@ def pointer_read(ref: str, as_id: uuid.UUID | None) -> Pointer | None:
             return None
         pointers = [
             Pointer(
-                fleet_id=_uuid_text(row[0]),
+                fleet_id=_uuid_str(row[0]),
                 slug=row[1],
                 active_domain_id=_uuid_text(row[2]),
                 revision=int(row[3]),
@@ -174,7 +176,7 @@ def snapshot_rows_read(fleet_id: str) -> SnapshotRows | None:
         if fleet is None:
             return None
         pointer = Pointer(
-            fleet_id=_uuid_text(fleet[0]),
+            fleet_id=_uuid_str(fleet[0]),
             slug=fleet[1],
             active_domain_id=_uuid_text(fleet[2]),
             revision=int(fleet[3]),
@@ -201,8 +203,8 @@ def snapshot_rows_read(fleet_id: str) -> SnapshotRows | None:
                 serving_url=url,
                 slot_kind=kind,
                 slot_state=state,
-                slot_domain_id=_uuid_text(slot_domain),
-                slot_id=_uuid_text(slot_id),
+                slot_domain_id=_uuid_str(slot_domain),
+                slot_id=_uuid_str(slot_id),
                 gpu_index=gpu_index,
             )
             for name, url, kind, state, slot_domain, slot_id, gpu_index in rows

@@ -149,11 +149,21 @@ def test_two_models_cannot_share_a_port():
 
 
 def test_every_error_is_reported_not_just_the_first():
+    # The structure (schemas/config.json) is checked first and every break of it is reported;
+    # the semantic pass runs on a well-formed document and reports all of its own, too.
     data = copy.deepcopy(VALID)
-    data["slots"][0]["models"][0]["name"] = "Qwen"
+    data["slots"][0]["models"][0]["port"] = 0
     data["slots"][1]["graceMs"] = -5
     data["bogus"] = True
     assert len(errors_of(data)) == 3
+    data = copy.deepcopy(VALID)
+    data["slots"][0]["models"][0]["name"] = "Qwen"
+    data["slots"][0]["models"][1]["name"] = "Llama"
+    data["slots"][0]["models"][1]["port"] = 8001
+    assert errors_of(data) == [
+        "slots[0].models[0].name: must be lowercase",
+        "slots[0].models[1].name: must be lowercase",
+    ]
 
 
 def test_profile_errors_carry_the_model_path_and_the_profile_rule():

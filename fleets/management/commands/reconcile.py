@@ -18,7 +18,7 @@ from django.core.management.base import BaseCommand, CommandError
 from fleets.reconciler.loop import ReconcileLoop
 from fleets.reconciler.provision import fleet_provision_tick
 from fleets.reconciler.tick import fleets_to_reconcile, tick_run
-from fleets.selectors import operation_json
+from fleets.shapes import operation_json
 
 
 class Command(BaseCommand):

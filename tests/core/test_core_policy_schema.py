@@ -1,0 +1,53 @@
+"""The policy schema file: shared limits filled in from supervisor/limits.py, strict numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleets.core.policy import PolicyError, validate_policy
+from supervisor import limits
+from supervisor.documents import StrictValidator, problems, schema_validator, with_limits
+
+
+def test_the_policy_schema_takes_its_limits_from_the_one_module_that_holds_them():
+    schema = schema_validator("fleets.core", "policy").schema
+    timeout = schema["$defs"]["timeout"]
+    assert timeout["maximum"] == limits.MAX_MS
+    assert timeout["x-rules"]["maximum"] == f"must be between 1 and {limits.MAX_MS}"
+    probe = schema["properties"]["probe"]["properties"]
+    assert probe["prompt"]["maxLength"] == limits.MAX_PROBE_PROMPT_CHARS
+    assert probe["maxTokens"]["maximum"] == limits.MAX_PROBE_TOKENS
+
+
+def test_a_limit_the_module_does_not_hold_is_refused_when_the_schema_loads():
+    with pytest.raises(KeyError):
+        with_limits({"maximum": "$limits.NO_SUCH_LIMIT"})
+
+
+@pytest.mark.parametrize(("value", "valid"), [(1, True), (1.0, False), (True, False)])
+def test_an_integer_is_an_int_and_not_a_bool_or_a_whole_float(value, valid):
+    validator = StrictValidator({"type": "integer"})
+    assert (problems(validator, value) == []) is valid
+
+
+def test_every_problem_is_reported_in_the_schema_order_with_unknown_keys_first():
+    found = problems(
+        schema_validator("fleets.core", "policy"),
+        {"wakeTimeoutMs": 0, "autoFailover": 1, "zzz": 1},
+        "policy",
+    )
+    assert found == [
+        ("policy.zzz", "unknown field"),
+        ("policy.autoFailover", "must be true or false"),
+        ("policy.wakeTimeoutMs", f"must be between 1 and {limits.MAX_MS}"),
+    ]
+    with pytest.raises(PolicyError) as err:
+        validate_policy({"wakeTimeoutMs": 0, "autoFailover": 1, "zzz": 1})
+    assert str(err.value) == "policy.zzz: unknown field"
+
+
+def test_validated_keys_come_back_in_the_policy_tables_order():
+    assert list(validate_policy({"stopMode": "stop", "autoFailover": True})) == [
+        "autoFailover",
+        "stopMode",
+    ]
