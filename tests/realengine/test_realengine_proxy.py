@@ -33,9 +33,10 @@ async def routed(engines, layout_data):
                 if domain["slug"] == "east"
                 else f"http://127.0.0.1:{closed_port()}"
             )
+            # The example plans its GPUs, so each model states its memory need.
             slot["models"] = [
-                {"name": MODEL, "servingUrl": url},
-                {"name": GHOST, "servingUrl": url},
+                {"name": MODEL, "servingUrl": url, "memoryMiB": 8192},
+                {"name": GHOST, "servingUrl": url, "memoryMiB": 8192},
             ]
     await sync_to_async(layout_apply)(layout=parse_layout(layout_data))
     async with httpx.AsyncClient(base_url=engines.plain.url, trust_env=False) as engine:
