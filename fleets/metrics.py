@@ -16,10 +16,9 @@ Open like /healthz: scrapers rarely carry tokens, and it holds no secrets.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from django.conf import settings
@@ -28,8 +27,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
-
-log = logging.getLogger(__name__)
 
 # Keyed by class: a module reloaded in a test run replaces its collector instead of adding one.
 _database_collectors: dict[str, Collector] = {}
@@ -57,26 +54,17 @@ class _HostFamilies:
         for family in self._files.collect():
             seen.add(family.name)
             yield family
-        for family in REGISTRY.collect():  # this process's own metric objects: no I/O
+        # This process's own metric objects declare every family; only Haru's are wanted
+        # (prometheus_client's process and GC collectors describe this process alone).
+        for family in REGISTRY.collect():
             if family.name.startswith("haru_") and family.name not in seen:
                 yield Metric(family.name, family.documentation, family.type, family.unit)
 
 
-class _Families:
-    def __init__(self, families: Callable[[], Iterable[Metric]]) -> None:
-        self._families = families
-
-    def collect(self) -> Iterable[Metric]:
-        return self._families()
-
-
-def scrape_registry(multiproc_dir: Path | None) -> CollectorRegistry:
+def scrape_registry(multiproc_dir: Path) -> CollectorRegistry:
     """What one scrape renders: the host's per-process series, plus the database's."""
     registry = CollectorRegistry(auto_describe=False)
-    if multiproc_dir is None:
-        registry.register(_Families(REGISTRY.collect))  # one process: its own counters
-    else:
-        registry.register(_HostFamilies(multiproc_dir))
+    registry.register(_HostFamilies(multiproc_dir))
     for collector in _database_collectors.values():
         registry.register(collector)
     return registry
@@ -103,9 +91,7 @@ def remove_dead_process_files(multiproc_dir: Path) -> int:
 
 def mark_this_process_dead() -> None:
     """On a worker's exit: drop its live-gauge files (its counters stay summed until restart)."""
-    multiproc_dir = settings.PROMETHEUS_MULTIPROC_DIR
-    if multiproc_dir is not None:
-        mark_process_dead(os.getpid(), path=str(multiproc_dir))
+    mark_process_dead(os.getpid(), path=str(settings.PROMETHEUS_MULTIPROC_DIR))
 
 
 def _is_running(pid: int) -> bool:
