@@ -131,10 +131,7 @@ _AWAKE_ON_STANDBY = frozenset({"failed", "serving"})
 
 
 def standby_to_restore(
-    fleet: FleetView,
-    now: datetime,
-    last_failed_restore: Mapping[str, datetime] | None = None,
-    posture_owned_elsewhere: frozenset[str] = frozenset(),
+    fleet: FleetView, now: datetime, last_failed_restore: Mapping[str, datetime] | None = None
 ) -> DomainView | None:
     """Pick a standby that came back healthy but awake, to demote into standby posture.
 
@@ -143,16 +140,13 @@ def standby_to_restore(
     GPU's worth of memory and its training time. With `restoreStandbyOnReturn` (the default)
     the reconciler demotes it. `last_failed_restore` maps domain id to when its last demotion
     failed; a recent one backs off (RESTORE_RETRY_AFTER_MS). The caller re-checks that nothing
-    is in flight, in the database. Domains in `posture_owned_elsewhere` (a freshly provisioned
-    standby, whose posture the provisioning pass asks for) are left to their owner.
+    is in flight, in the database.
     """
     if not fleet.policy.restore_standby_on_return or fleet.active is None:
         return None
     failed_at = last_failed_restore or {}
     for domain in sorted(fleet.standbys, key=lambda d: d.slug):
         if domain.state != DomainState.READY or not domain.supervisor_url:
-            continue
-        if domain.id in posture_owned_elsewhere:
             continue
         if domain.last_seen_at is None or is_stale(domain, fleet.policy, now):
             continue

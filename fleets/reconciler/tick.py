@@ -26,7 +26,6 @@ from fleets.core.failover import (
     should_escalate,
     standby_to_restore,
 )
-from fleets.core.provisioning import Phase
 from fleets.core.read_model import FleetView
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES, OperationKind, OperationState
 from fleets.errors import FleetNotFound, InvalidTarget, OperationConflict
@@ -185,15 +184,7 @@ def _maybe_restore_standby(fleet: Fleet, now: datetime, actor: str) -> None:
         key = str(domain_id)
         if finished_at is not None:  # the filter says so; the type does not
             last_failed[key] = max(finished_at, last_failed.get(key, finished_at))
-    # A provisioned domain that just came up gets its posture from the provisioning pass
-    # (reason provisioned_standby): two demotes racing for it would be refused or duplicated.
-    provisioning = frozenset(
-        str(pk)
-        for pk in Domain.objects.filter(
-            fleet_id=fleet.id, driver_status__phase=Phase.UP
-        ).values_list("id", flat=True)
-    )
-    target = standby_to_restore(fleet_view(fleet), now, last_failed, provisioning)
+    target = standby_to_restore(fleet_view(fleet), now, last_failed)
     if target is None:
         return
     try:

@@ -281,9 +281,3 @@ def test_restore_backs_off_after_a_recent_failed_demotion():
 def test_restore_is_off_when_the_policy_says_so():
     f = fleet(domain("alpha"), awake("beta"), policy=Policy(restore_standby_on_return=False))
     assert standby_to_restore(f, NOW) is None
-
-
-def test_a_standby_whose_posture_the_provisioning_pass_owns_is_left_to_it():
-    f = fleet(domain("alpha"), awake("beta"), awake("gamma"))
-    assert standby_to_restore(f, NOW, {}, frozenset({"id-beta"})).id == "id-gamma"
-    assert standby_to_restore(f, NOW, {}, frozenset({"id-beta", "id-gamma"})) is None
