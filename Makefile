@@ -5,11 +5,24 @@ export PYTHON
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test test-fast test-realengine vllm-venv lint format migrations-check clean serve sky-env
+.PHONY: install demo test test-fast test-realengine vllm-venv test-torch torch-env gpu-wheels \
+	lint format migrations-check clean serve sky-env
 
 # SkyPilot lives in its own virtualenv: its pins (uvicorn, click, starlette) conflict with ours.
 # Point HARU_SKY_VENV at it; the `skypilot` tests find it here too.
 SKY_VENV ?= .sky-venv
+
+# The torch tier (`-m torch`): real tensors behind the simulated engine and trainer, in a venv of
+# its own so the main one never gets torch. Built only where the machine's local CPU torch wheel
+# is; elsewhere the target says so and the tier skips. Rebuilt when its constraints change.
+TORCH_VENV := var/venvs/torch
+# Keyed by the constraints' content, not their mtime: a checkout or rebase touches the file
+# without changing it, and a rebuild costs minutes.
+TORCH_KEY := $(shell sha256sum constraints-torch.txt | cut -c1-16)
+TORCH_STAMP := $(TORCH_VENV)/.installed-$(TORCH_KEY)
+TORCH_WHEEL_DIR ?= /opt/wheels
+TORCH_WHEEL := $(wildcard $(TORCH_WHEEL_DIR)/torch-2.13.0+cpu-cp311-*.whl)
+TORCH_PACKAGES := torch transformers peft safetensors starlette uvicorn httpx sniffio nvidia-ml-py
 
 # Always consulted: tools/ensure-venv returns at once when the stamp in the venv matches the
 # interpreter and the dependency files.
@@ -42,6 +55,30 @@ vllm-venv:
 # Real vLLM servers; `make test` leaves these out (pyproject's addopts).
 test-realengine: install
 	$(PY) -m pytest -m realengine tests/realengine $(PYTEST_ARGS)
+
+# The torch backends as real processes; `make test` leaves these out (pyproject's addopts), as
+# it leaves out the 1 GB venv they need. Skips, saying why, only without the local torch wheel.
+test-torch: install torch-env
+	$(PY) -m pytest -m torch tests/supervisor/torch $(PYTEST_ARGS)
+
+torch-env:
+ifeq ($(TORCH_WHEEL),)
+	@echo "torch-env: no local CPU torch wheel in $(TORCH_WHEEL_DIR); the torch tier will skip"
+else
+	@$(MAKE) --no-print-directory $(TORCH_STAMP)
+endif
+
+$(TORCH_STAMP):
+	rm -rf $(TORCH_VENV)
+	"$$(PYTHON= tools/pick-python 3.11)" -m venv $(TORCH_VENV)
+	$(TORCH_VENV)/bin/pip install -q --find-links $(TORCH_WHEEL_DIR) -c constraints-torch.txt $(TORCH_PACKAGES)
+	@# PyPI's CUDA builds of these break transformers' import against a CPU torch; none is needed.
+	$(TORCH_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	touch $@
+
+# Wheels the GPU machine's image lacks, for `bench/gpu_truth.sh --wheels var/gpu-wheels`.
+gpu-wheels:
+	bench/gpu_wheels.sh var/gpu-wheels
 
 test-fast: install
 	$(PY) -m pytest -m "not e2e and not browser" $(PYTEST_ARGS)

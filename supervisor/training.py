@@ -1,8 +1,9 @@
 """Training slots: start the configured trainer, stop it with SIGTERM then SIGKILL.
 
 The trainer contract: the command is spawned exactly as written, in its own process group,
-with the parent environment plus HARU_CHECKPOINT_DIR, HARU_GPU_INDEX, CUDA_VISIBLE_DEVICES and,
-when the plan gives one, HARU_GPU_MEMORY_LIMIT_MIB (the most GPU memory it may use),
+with the parent environment plus HARU_CHECKPOINT_DIR, HARU_GPU_INDEX, CUDA_VISIBLE_DEVICES
+(numbered as NVML numbers GPUs: CUDA_DEVICE_ORDER=PCI_BUS_ID) and, when the plan gives one,
+HARU_GPU_MEMORY_LIMIT_MIB (the most GPU memory it may use),
 and without the supervisor's token or config. Failover never waits for a perfect checkpoint:
 after the grace period the group is killed, and trainers must resume from what they saved.
 
@@ -57,6 +58,10 @@ def trainer_env(
     # A trainer that guesses its GPU grabs GPU 0, which on a standby is usually where the
     # sleeping servers live; pinning it is what keeps the wake path free.
     env["CUDA_VISIBLE_DEVICES"] = str(slot.gpu_index)
+    # The pin is an NVML index, but CUDA numbers GPUs fastest-first unless told otherwise: on a
+    # host with mixed cards, "1" would be another GPU than the one verify_gpu watches. Model
+    # servers get the same from their launch environment.
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     return env
 
 

@@ -131,7 +131,10 @@ _AWAKE_ON_STANDBY = frozenset({"failed", "serving"})
 
 
 def standby_to_restore(
-    fleet: FleetView, now: datetime, last_failed_restore: Mapping[str, datetime] | None = None
+    fleet: FleetView,
+    now: datetime,
+    last_failed_restore: Mapping[str, datetime] | None = None,
+    being_provisioned: frozenset[str] = frozenset(),
 ) -> DomainView | None:
     """Pick a standby that came back healthy but awake, to demote into standby posture.
 
@@ -139,14 +142,18 @@ def standby_to_restore(
     best-effort demote steps ran out of time: it reads ready with its models awake, costing a
     GPU's worth of memory and its training time. With `restoreStandbyOnReturn` (the default)
     the reconciler demotes it. `last_failed_restore` maps domain id to when its last demotion
-    failed; a recent one backs off (RESTORE_RETRY_AFTER_MS). The caller re-checks that nothing
-    is in flight, in the database.
+    failed; a recent one backs off (RESTORE_RETRY_AFTER_MS). Domains in `being_provisioned`
+    are left to the provisioning pass, which settles a new node's posture itself: two passes
+    asking for the same demotion would only race. The caller re-checks that nothing is in
+    flight, in the database.
     """
     if not fleet.policy.restore_standby_on_return or fleet.active is None:
         return None
     failed_at = last_failed_restore or {}
     for domain in sorted(fleet.standbys, key=lambda d: d.slug):
         if domain.state != DomainState.READY or not domain.supervisor_url:
+            continue
+        if domain.id in being_provisioned:
             continue
         if domain.last_seen_at is None or is_stale(domain, fleet.policy, now):
             continue

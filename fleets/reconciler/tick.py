@@ -26,6 +26,7 @@ from fleets.core.failover import (
     should_escalate,
     standby_to_restore,
 )
+from fleets.core.provisioning import Phase
 from fleets.core.read_model import FleetView
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES, OperationKind, OperationState
 from fleets.errors import FleetNotFound, InvalidTarget, OperationConflict
@@ -184,7 +185,16 @@ def _maybe_restore_standby(fleet: Fleet, now: datetime, actor: str) -> None:
         key = str(domain_id)
         if finished_at is not None:  # the filter says so; the type does not
             last_failed[key] = max(finished_at, last_failed.get(key, finished_at))
-    target = standby_to_restore(fleet_view(fleet), now, last_failed)
+    # A node Haru launched is settled into standby posture by the provisioning pass (its phase
+    # is "up" until then); restoring it here too would race that pass for the same demotion.
+    unsettled = frozenset(
+        str(pk)
+        for pk, status in Domain.objects.filter(fleet_id=fleet.id)
+        .exclude(driver_status={})
+        .values_list("id", "driver_status")
+        if (status or {}).get("phase") not in ("", None, Phase.SETTLED)
+    )
+    target = standby_to_restore(fleet_view(fleet), now, last_failed, unsettled)
     if target is None:
         return
     try:

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 # NVML error codes this module reacts to (stable across NVML versions).
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_GPU_IS_LOST = 15
 NVML_DEVICE_MIG_ENABLE = 1
 
 
@@ -56,6 +57,7 @@ class NvmlBackend:
         # NVML init is process-wide; two threads racing to init would double-count its refcount.
         self._lock = threading.Lock()
         self._process_name = process_name or read_process_name
+        self._processes_hidden = False
 
     async def read(self) -> list[GpuFacts]:
         # NVML calls block (some for tens of milliseconds); keep them off the event loop.
@@ -158,6 +160,11 @@ class NvmlBackend:
         mode = _optional(nvml, getter, handle) if getter else None
         return mode is not None and bool(mode) and mode[0] == NVML_DEVICE_MIG_ENABLE
 
+    def _warn_processes_hidden(self, exc: Exception) -> None:
+        if not self._processes_hidden:
+            self._processes_hidden = True
+            log.warning("NVML lists no processes here (%s); reporting device memory only", exc)
+
     def _processes(self, nvml: Any, handle: Any) -> tuple[GpuProcess, ...]:
         seen: dict[int, GpuProcess] = {}
         getters = (
@@ -166,7 +173,17 @@ class NvmlBackend:
         )
         for getter in getters:
             fn = getattr(nvml, getter, None)
-            for proc in (_optional(nvml, fn, handle) if fn else None) or []:
+            try:
+                procs = _optional(nvml, fn, handle) if fn else None
+            except nvml.NVMLError as exc:
+                if getattr(exc, "value", None) == NVML_ERROR_GPU_IS_LOST:
+                    raise
+                # Per-process lists are detail: inside a sandbox (gVisor, some containers) they
+                # fail with no-permission or unknown while the device's own memory reads fine.
+                # Failing the whole read would fail verify_gpu and so every promotion there.
+                self._warn_processes_hidden(exc)
+                continue
+            for proc in procs or []:
                 pid = int(proc.pid)
                 if pid in seen:
                     continue

@@ -10,6 +10,7 @@ import sys
 import uvicorn
 
 from supervisor.gpu.sim_state import ENV_VAR, SimGpuState
+from supervisor.sim import backends
 from supervisor.sim.engine import SimEngine, SimOptions, build_app
 
 
@@ -43,7 +44,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[SimOptions, str]:
         help="like vLLM's: inference routes need this bearer key (default $VLLM_API_KEY)",
     )
     p.add_argument("--log-level", default="warning")
+    backends.add_arguments(p)
     a = p.parse_args(argv)
+    backend_settings = backends.check_arguments(p, a)
     for name in ("weights_mib", "context_mib", "wake_latency_ms", "ttft_ms", "token_delay_ms"):
         if getattr(a, name) < 0:
             p.error(f"--{name.replace('_', '-')} must not be negative")
@@ -66,6 +69,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[SimOptions, str]:
         max_model_len=a.max_model_len,
         server_load_tracking=a.enable_server_load_tracking,
         api_key=a.api_key,
+        backend=a.backend,
+        backend_settings=backend_settings,
     ), a.log_level
 
 
@@ -77,7 +82,13 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     state = SimGpuState(options.sim_state) if options.sim_state else None
-    engine = SimEngine(options, state)
+    backend = backends.build_backend(
+        options.backend,
+        options.backend_settings,
+        weights_mib=options.weights_mib,
+        gpu_index=options.gpu_index,
+    )
+    engine = SimEngine(options, state, backend)
     uvicorn.run(
         build_app(engine),
         host=options.host,

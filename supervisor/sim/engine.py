@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from supervisor.gpu.sim_state import SimGpuState
+from supervisor.sim.backends import WAKE_TAGS, SimBackend
 from supervisor.sim.inference import InferenceEndpoint
 
 log = logging.getLogger("supervisor.sim")
@@ -60,6 +61,9 @@ class SimOptions:
     server_load_tracking: bool = False
     # Like vLLM's --api-key: inference routes need `Authorization: Bearer <key>`.
     api_key: str | None = None
+    backend: str = "sim"
+    # The torch backend's own settings (device, KV cache, weights file); empty for "sim".
+    backend_settings: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -99,14 +103,21 @@ class LastRequest:
 class SimEngine:
     """The engine's state: awake or asleep, memory held, faults, counters."""
 
-    def __init__(self, options: SimOptions, state: SimGpuState | None = None) -> None:
+    def __init__(
+        self,
+        options: SimOptions,
+        state: SimGpuState | None = None,
+        backend: SimBackend | None = None,
+    ) -> None:
         self.options = options
         self.state = state
+        # Real memory behind sleep and wake (`--backend torch`); None for the plain simulator.
+        self.backend = backend
         self.sleeping = options.start_asleep
         self.sleep_level: int | None = 1 if options.start_asleep else None
         # vLLM sleeps by tag; a partial wake (`?tags=weights`) leaves it asleep until every
         # tag is back.
-        self.asleep_tags: set[str] = set(SLEEP_TAGS) if options.start_asleep else set()
+        self.asleep_tags: set[str] = set(WAKE_TAGS) if options.start_asleep else set()
         # Requests that arrive while generation is paused (asleep, or a sleep in progress)
         # are held, as vLLM holds them, and go on once this is set.
         self.resumed = asyncio.Event()
@@ -119,7 +130,8 @@ class SimEngine:
         self.generating = 0
         self.idle = asyncio.Event()
         self.idle.set()
-        self.loaded = options.load_ms <= 0
+        # A backend loads its weights in the background, as a real server does before /health.
+        self.loaded = options.load_ms <= 0 and backend is None
         self.faults = Faults()
         self.stats = Stats()
         self.last_request: LastRequest | None = None
@@ -158,9 +170,13 @@ class SimEngine:
                     self.abort_event = asyncio.Event()
                     await self.idle.wait()
                 await asyncio.sleep(self.options.sleep_latency_ms / 1000)
+                if self.backend is not None and level > 0:
+                    # After the drain, as vLLM offloads only once nothing generates. Level 0
+                    # only pauses scheduling: the memory stays where it is.
+                    await asyncio.to_thread(self.backend.sleep, level)
                 self.sleeping = True
                 self.sleep_level = level
-                self.asleep_tags = set(SLEEP_TAGS)
+                self.asleep_tags = set(WAKE_TAGS)
                 self.stats.sleeps += 1
                 self.register_memory()
                 log.info("%s: asleep (level %s)", self.options.model, level)
@@ -176,7 +192,12 @@ class SimEngine:
                 return _error(500, "simulated wake failure")
             if self.sleeping:
                 await asyncio.sleep(self.options.wake_latency_ms / 1000)
-                self.asleep_tags -= set(tags) if tags else set(SLEEP_TAGS)
+                wanted = frozenset(tags) if tags else frozenset(WAKE_TAGS)
+                # Only what is still asleep: a repeated `?tags=weights` moves nothing.
+                restore = wanted & self.asleep_tags
+                if self.backend is not None and self.sleep_level and restore:
+                    await asyncio.to_thread(self.backend.wake, restore)
+                self.asleep_tags -= wanted
                 if not self.asleep_tags:
                     self.sleeping = False
                     self.sleep_level = None
@@ -187,6 +208,13 @@ class SimEngine:
         if self.sleeping:
             return JSONResponse({"status": "sleeping", "tags": tags})
         return JSONResponse({"status": "awake", "tags": tags})
+
+    async def backend_facts(self, *, checksum: bool) -> dict[str, Any] | None:
+        """The backend's memory facts; under the transition lock, so never mid-sleep."""
+        if self.backend is None:
+            return None
+        async with self._transition:
+            return await asyncio.to_thread(self.backend.describe, checksum=checksum)
 
     def generation_started(self) -> asyncio.Event:
         """Count a generation in; return the event that aborts it."""
@@ -233,7 +261,6 @@ class SimEngine:
         return f"{prefix}-sim-{next(self._ids)}"
 
 
-SLEEP_TAGS = ("weights", "kv_cache")
 SLEEP_LEVELS = ("0", "1", "2")
 SLEEP_MODES = ("abort", "wait", "keep")
 
@@ -354,9 +381,18 @@ def build_app(engine: SimEngine) -> Starlette:
 
     async def wake_up(request: Request) -> Response:
         tags = request.query_params.getlist("tags") or None
-        if tags and any(t not in SLEEP_TAGS for t in tags):
+        if tags and any(t not in WAKE_TAGS for t in tags):
             return _query_error("tags", f"Invalid tags {tags}: expected weights or kv_cache")
         return await engine.wake(tags)
+
+    async def backend(request: Request) -> Response:
+        if (refused := _local_only(request)) is not None:
+            return refused
+        checksum = request.query_params.get("checksum") in ("1", "true")
+        facts = await engine.backend_facts(checksum=checksum)
+        if facts is None:
+            return _error(404, "this engine runs no memory backend (start it with --backend)")
+        return JSONResponse(facts)
 
     async def is_sleeping(request: Request) -> Response:
         if engine.faults.is_sleeping_garbage:
@@ -447,6 +483,8 @@ def build_app(engine: SimEngine) -> Starlette:
             if loader is not None:
                 loader.cancel()
             engine.release_memory()
+            if engine.backend is not None:
+                engine.backend.close()
 
     return Starlette(
         routes=[
@@ -461,6 +499,7 @@ def build_app(engine: SimEngine) -> Starlette:
             Route("/load", load, methods=["GET"]),
             Route("/_sim/faults", faults, methods=["GET", "POST"]),
             Route("/_sim/stats", stats, methods=["GET"]),
+            Route("/_sim/backend", backend, methods=["GET"]),
             Route("/_sim/last-request", last_request, methods=["GET"]),
             Route("/_sim/reset", reset, methods=["POST"]),
         ],
@@ -470,6 +509,10 @@ def build_app(engine: SimEngine) -> Starlette:
 
 async def _load(engine: SimEngine) -> None:
     await asyncio.sleep(engine.options.load_ms / 1000)
+    if engine.backend is not None:
+        await asyncio.to_thread(engine.backend.allocate)
+        if engine.sleeping:  # --start-asleep: load, then sleep, as a standby would
+            await asyncio.to_thread(engine.backend.sleep, 1)
     engine.loaded = True
     engine.register_memory()
     log.info("%s: loaded", engine.options.model)

@@ -4,6 +4,7 @@
 - writes a checkpoint every few seconds, atomically (write, fsync, rename);
 - holds simulated GPU memory on HARU_GPU_INDEX while it runs (and with `--leak-mib`, some that
   stays held after it dies, to test the supervisor's pre-wake memory check);
+- with `--backend torch`, trains a real LoRA adapter instead (`backends/torch_trainer.py`);
 - on SIGTERM saves within `--sigterm-save-s` and exits 0, or with `--ignore-sigterm` keeps
   going, so the supervisor's SIGKILL path can be tested.
 
@@ -69,6 +70,7 @@ def write_checkpoint(directory: Path, step: int, reason: str) -> Path:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m supervisor.sim.trainer")
+    p.add_argument("--backend", choices=("sim", "torch"), default="sim", help="torch: real")
     p.add_argument("--checkpoint-every-s", type=float, default=2.0)
     p.add_argument("--step-s", type=float, default=0.1, help="time one training step takes")
     p.add_argument("--memory-mib", type=int, default=0, help="simulated GPU memory to hold")
@@ -86,7 +88,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def wants_torch(argv: list[str]) -> bool:
+    """Whether `--backend torch` was asked for (read before parsing: the two take other flags)."""
+    for i, arg in enumerate(argv):
+        if arg == "--backend=torch" or (arg == "--backend" and argv[i + 1 : i + 2] == ["torch"]):
+            return True
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if wants_torch(argv):
+        try:
+            # A real training loop; torch is a heavy optional dependency, loaded only for this.
+            from supervisor.sim.backends.torch_trainer import main as torch_main  # noqa: PLC0415
+        except ImportError as exc:
+            log(f"--backend torch needs torch, transformers, peft and safetensors: {exc}")
+            return 2
+
+        return torch_main(argv)
     args = parse_args(argv)
     raw_dir = os.environ.get("HARU_CHECKPOINT_DIR")
     if not raw_dir:

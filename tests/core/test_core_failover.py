@@ -278,6 +278,12 @@ def test_restore_backs_off_after_a_recent_failed_demotion():
     assert standby_to_restore(f, NOW, {"id-beta": NOW - timedelta(minutes=6)}).id == "id-beta"
 
 
+def test_a_standby_being_provisioned_is_left_to_the_provisioning_pass():
+    f = fleet(domain("alpha"), awake("beta"))
+    assert standby_to_restore(f, NOW, being_provisioned=frozenset({"id-beta"})) is None
+    assert standby_to_restore(f, NOW, being_provisioned=frozenset({"id-other"})).id == "id-beta"
+
+
 def test_restore_is_off_when_the_policy_says_so():
     f = fleet(domain("alpha"), awake("beta"), policy=Policy(restore_standby_on_return=False))
     assert standby_to_restore(f, NOW) is None

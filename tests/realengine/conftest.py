@@ -32,7 +32,7 @@ SUPERVISOR_TOKEN = "realengine-supervisor-token-0123"
 EAST_KEY_ENV = "HARU_REALENGINE_EAST_KEY"
 EAST_KEY = "sk-realengine-east-4f1c9a7d"
 START_TIMEOUT_S = 300
-# Fast start on CPU (see docs/real-engines.md): eager mode, one process, a tiny KV cache.
+# Fast start on CPU (see docs/vllm-on-cpu.md): eager mode, one process, a tiny KV cache.
 VLLM_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "VLLM_CPU_KVCACHE_SPACE": "1",

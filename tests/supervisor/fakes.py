@@ -129,6 +129,8 @@ class FakeGpu:
     # A MIG GPU: the parent's memory query is unsupported and these instances hold the memory.
     migs: list[FakeMig] | None = None
     names_as_bytes: bool = False
+    # An NVML error code the process lists fail with (a sandbox that hides other processes).
+    process_error: int | None = None
 
 
 class FakeNvml:
@@ -217,9 +219,13 @@ class FakeNvml:
         if gpu.migs is not None:
             # Under MIG, processes are listed per instance, not on the parent.
             raise FakeNvmlError(NOT_SUPPORTED)
+        if gpu.process_error is not None:
+            raise FakeNvmlError(gpu.process_error)
         return gpu.processes
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> list[FakeProcess]:
+        if handle[0] == "gpu" and self._gpu(handle).process_error is not None:
+            raise FakeNvmlError(self._gpu(handle).process_error)
         return []
 
 

@@ -76,6 +76,8 @@ def test_child_environment_adds_the_contract_and_drops_the_secrets(tmp_path):
             "HARU_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
             "HARU_GPU_INDEX": "1",
             "CUDA_VISIBLE_DEVICES": "1",
+            # Else CUDA's fastest-first numbering can pin another card than NVML's index 1.
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         }
         assert "HARU_SUPERVISOR_TOKEN" not in env and "HARU_SUPERVISOR_CONFIG" not in env
         assert env["PATH"] == PARENT_ENV["PATH"]
@@ -335,7 +337,12 @@ def test_real_trainer_environment_holds_exactly_the_contract_and_no_token(tmp_pa
     asyncio.run(scenario())
     env = json.loads(dump.read_text())
     added = set(env) - set(parent)
-    assert added == {"HARU_CHECKPOINT_DIR", "HARU_GPU_INDEX", "CUDA_VISIBLE_DEVICES"}
+    assert added == {
+        "HARU_CHECKPOINT_DIR",
+        "HARU_GPU_INDEX",
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+    }
     assert env["HARU_CHECKPOINT_DIR"] == str(tmp_path / "ckpt")
     assert env["HARU_GPU_INDEX"] == "0" and env["CUDA_VISIBLE_DEVICES"] == "0"
     assert "HARU_SUPERVISOR_TOKEN" not in env and "HARU_SUPERVISOR_CONFIG" not in env

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Download the wheels `bench/gpu_truth.sh --wheels DIR` carries to a GPU host whose image lacks
+# them: the supervisor's HTTP stack, at the versions constraints.txt pins, for CPython 3.12.
+#
+#     bench/gpu_wheels.sh DIR        (or `make gpu-wheels`: DIR = var/gpu-wheels)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir="${1:?usage: bench/gpu_wheels.sh DIR}"
+pins=$(grep -iE '^(starlette|uvicorn|sniffio)==' constraints.txt)
+[ "$(echo "$pins" | wc -l)" -eq 3 ] || { echo "constraints.txt lacks a pin: $pins" >&2; exit 2; }
+mkdir -p "$dir"
+# shellcheck disable=SC2086 # one pin per word
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
+  -d "$dir" $pins
+du -sh "$dir"
+ls "$dir"
