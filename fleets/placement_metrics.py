@@ -8,13 +8,12 @@ refusals (`haru_placement_refusals_total`) are counted where the layout was plan
 
 from __future__ import annotations
 
-import contextlib
 import logging
 
-from prometheus_client import REGISTRY
 from prometheus_client.core import GaugeMetricFamily
 
 from fleets.dashboard.allocation import gpu_allocations
+from fleets.metrics import register_database_collector
 from fleets.models import Domain, ModelBinding, Slot
 
 log = logging.getLogger(__name__)
@@ -77,5 +76,4 @@ class GpuPlanCollector:
 
 
 _collector = GpuPlanCollector()
-with contextlib.suppress(ValueError):
-    REGISTRY.register(_collector)
+register_database_collector(_collector)

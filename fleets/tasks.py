@@ -13,10 +13,11 @@ import logging
 
 import redis
 from celery import shared_task
-from celery.signals import worker_process_init
+from celery.signals import worker_process_init, worker_process_shutdown
 from django.conf import settings
 
 from fleets import clock
+from fleets.metrics import mark_this_process_dead
 from fleets.reconciler import kick
 from fleets.reconciler.provision import fleet_provision_tick
 from fleets.reconciler.tick import fleets_to_reconcile, tick_run
@@ -60,6 +61,12 @@ def celery_kicker(fleet_id: str, delay_ms: int) -> None:
 def _install_kicker(**_kwargs) -> None:
     # Inside a worker, operations created by a tick (auto-failover) are kicked through Celery.
     kick.install(celery_kicker)
+
+
+@worker_process_shutdown.connect
+def _mark_metrics_dead(**_kwargs) -> None:
+    # The pool process's counters stay in the host's metrics directory for /metrics to sum.
+    mark_this_process_dead()
 
 
 @shared_task(

@@ -1,5 +1,6 @@
 """ASGI entry point: Django for HTTP, Channels for the dashboard's WebSocket."""
 
+import atexit
 import gc
 import os
 
@@ -14,6 +15,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from fleets.live.urls import websocket_urlpatterns  # noqa: E402
+from fleets.metrics import mark_this_process_dead  # noqa: E402
 from fleets.proxy.asgi import with_proxy  # noqa: E402
 
 application = ProtocolTypeRouter(
@@ -26,6 +28,10 @@ application = ProtocolTypeRouter(
         ),
     }
 )
+
+# Each uvicorn worker imports this module: on its exit, prometheus_client's live gauges of this
+# process are dropped from the host's metrics directory (its counters stay in the sums).
+atexit.register(mark_this_process_dead)
 
 # Everything built so far (Django, the app registry, URL patterns) lives as long as the process:
 # move it out of the garbage collector's scans, so collections on the chat path stay short

@@ -7,6 +7,7 @@ start-up with ImproperlyConfigured naming the variable.
 
 from __future__ import annotations
 
+import os
 import secrets
 from pathlib import Path
 
@@ -17,6 +18,15 @@ from haru import env
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env.raw("HARU_VAR_DIR") or BASE_DIR / "var")
+
+# prometheus_client's multiprocess mode, per host: every process that loads these settings
+# (server workers, Celery workers, management commands) keeps its counters and histograms in
+# files here, and /metrics sums them (fleets/metrics.py). Exported to the environment because
+# prometheus_client reads it once, when first imported, which is after the settings. The server
+# removes dead processes' files when it starts.
+PROMETHEUS_MULTIPROC_DIR = Path(env.raw("PROMETHEUS_MULTIPROC_DIR") or VAR_DIR / "prometheus")
+PROMETHEUS_MULTIPROC_DIR.mkdir(parents=True, exist_ok=True)
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(PROMETHEUS_MULTIPROC_DIR)
 
 
 def _load() -> dict:

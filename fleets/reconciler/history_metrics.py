@@ -12,16 +12,15 @@ tell the whole story. They count what the retention window keeps
 from __future__ import annotations
 
 import bisect
-import contextlib
 import logging
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
-from prometheus_client import REGISTRY
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from fleets.core.states import OperationState
+from fleets.metrics import register_database_collector
 from fleets.models import Event, Operation
 
 log = logging.getLogger(__name__)
@@ -139,6 +138,4 @@ class HistoryCollector(Collector):
 
 
 _collector = HistoryCollector()
-# Already registered when the module is reloaded in a test run.
-with contextlib.suppress(ValueError):
-    REGISTRY.register(_collector)
+register_database_collector(_collector)

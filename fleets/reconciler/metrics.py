@@ -10,17 +10,17 @@ worker in production, see KNOWN_ISSUES.md).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Iterator
 
 from django.db.models import Count
-from prometheus_client import REGISTRY, Counter, Histogram
+from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from fleets import clock
 from fleets.core.states import DomainState, OperationKind, OperationState
+from fleets.metrics import register_database_collector
 from fleets.models import Domain, Fleet, Operation
 from fleets.reconciler import history_metrics  # noqa: F401 - registers the step histograms
 
@@ -154,6 +154,4 @@ class StateCollector:
 
 
 _collector = StateCollector()
-# Already registered when the module is reloaded in a test run.
-with contextlib.suppress(ValueError):
-    REGISTRY.register(_collector)
+register_database_collector(_collector)

@@ -14,6 +14,7 @@ import uvicorn
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from fleets.metrics import remove_dead_process_files
 from fleets.reconciler import kick
 from fleets.reconciler.loop import ReconcileLoop
 from fleets.tasks import celery_kicker
@@ -70,6 +71,12 @@ class Command(BaseCommand):
             )
         if opts["no_reconcile_loop"]:
             os.environ["HARU_RECONCILE_INTERVAL_MS"] = ""  # workers re-read settings
+        removed = remove_dead_process_files(settings.PROMETHEUS_MULTIPROC_DIR)
+        log.info(
+            "metrics: %s (removed %d files of exited processes)",
+            settings.PROMETHEUS_MULTIPROC_DIR,
+            removed,
+        )
         loop = None if opts["no_reconcile_loop"] else _start_tick_driver()
         self.stdout.write(f"haru serving on http://{host}:{port}")
         try:
