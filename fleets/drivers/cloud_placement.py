@@ -121,19 +121,19 @@ def _str_list(value: object, path: str, limit: int) -> list[str]:
     return value
 
 
-_PLACEMENT_KEYS = frozenset(
-    {
-        "cloud",
-        "region",
-        "zones",
-        "fallbackRegions",
-        "accelerator",
-        "acceleratorCount",
-        "useSpot",
-        "diskSizeGb",
-        "image",
-    }
+# A domain's placement fields, in the layout format's own order (the exporter writes them so).
+PLACEMENT_FIELDS = (
+    "cloud",
+    "region",
+    "zones",
+    "fallbackRegions",
+    "accelerator",
+    "acceleratorCount",
+    "useSpot",
+    "diskSizeGb",
+    "image",
 )
+_PLACEMENT_KEYS = frozenset(PLACEMENT_FIELDS)
 
 
 def parse_cloud_placement(raw: object, *, path: str = "placement") -> CloudPlacement:

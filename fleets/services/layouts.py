@@ -20,6 +20,7 @@ from fleets.core.states import (
     IN_FLIGHT_OPERATION_STATES,
     SlotKind,
 )
+from fleets.drivers.cloud_placement import PLACEMENT_FIELDS
 from fleets.errors import LayoutError
 from fleets.layouts.loader import DomainSpec, Layout, SlotSpec, plan_slots
 from fleets.layouts.planning import PLANNED_PROFILE_KEYS
@@ -288,17 +289,7 @@ def _report_extras(
 
 # Postgres jsonb does not keep key order; export in the layout format's own order so a file
 # exported from either database diffs cleanly against the one it came from.
-_PLACEMENT_ORDER = (
-    "cloud",
-    "region",
-    "zones",
-    "fallbackRegions",
-    "accelerator",
-    "acceleratorCount",
-    "useSpot",
-    "diskSizeGb",
-    "image",
-)
+_PLACEMENT_ORDER = PLACEMENT_FIELDS
 _TRAINING_ORDER = ("command", "checkpointDir")
 _GPU_ORDER = ("index", "count", "type", "memoryMiB", "nvlinkGroup", "numaNode", "mig")
 
