@@ -183,15 +183,19 @@ class _DomainActionView(HaruAPIView):
         )
 
 
+# Provision and stop answer alike: 202 when the domain moved, 200 when it already had.
+_DOMAIN_ACTION_RESPONSES = {
+    200: s.DomainActionOut,
+    202: s.DomainActionOut,
+    **_errors(401, 404, 409, 413, 422),
+}
+
+
 class DomainProvisionView(_DomainActionView):
     @extend_schema(
         request=None,
         operation_id="provisionDomain",
-        responses={
-            200: s.DomainActionOut,
-            202: s.DomainActionOut,
-            **_errors(401, 404, 409, 413, 422),
-        },
+        responses=_DOMAIN_ACTION_RESPONSES,
     )
     def post(self, request, ref: str, domain: str):
         """Provision (or re-provision) a failed or stopped domain that Haru launches itself."""
@@ -206,11 +210,7 @@ class DomainStopView(_DomainActionView):
     @extend_schema(
         request=None,
         operation_id="stopDomain",
-        responses={
-            200: s.DomainActionOut,
-            202: s.DomainActionOut,
-            **_errors(401, 404, 409, 413, 422),
-        },
+        responses=_DOMAIN_ACTION_RESPONSES,
     )
     def post(self, request, ref: str, domain: str):
         """Stop a standby that Haru provisioned: its cluster is stopped or torn down."""
