@@ -12,20 +12,21 @@ django_asgi = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from fleets.live.origin import SameOriginValidator  # noqa: E402
 from fleets.live.urls import websocket_urlpatterns  # noqa: E402
 from fleets.metrics import mark_this_process_dead  # noqa: E402
 from fleets.proxy.asgi import with_proxy  # noqa: E402
+from haru.host_guard import AllowedHostsGuard  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         # The chat proxy's paths skip Django's middleware stack and body buffering: that costs
         # more than the proxy's whole latency budget (bench/proxy.py --compare-django).
-        "http": with_proxy(django_asgi),
-        "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
-        ),
+        # The Host check runs first: the proxy's paths never reach Django's own (DNS rebinding).
+        "http": AllowedHostsGuard(with_proxy(django_asgi)),
+        # Only pages this server served may open a socket (fleets/live/origin.py).
+        "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
 

@@ -31,18 +31,27 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TypedDict
 
 import httpx
 
 from supervisor.config import load_config, state_dir_for
-from supervisor.records import ProcessStamp, StateDir
+from supervisor.records import ProcessStamp, Record, StateDir
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 SERVER_PORT = 8700
 # Each host's simulated model servers (its supervisor config names the same ports).
 MODEL_PORTS: dict[str, tuple[int, ...]] = {"east": (18001, 18002), "west": (18011, 18012)}
-HOSTS = {
+
+
+class DemoHost(TypedDict):
+    port: int  # the supervisor's
+    config: str
+    models: tuple[int, ...]
+
+
+HOSTS: dict[str, DemoHost] = {
     name: {"port": port, "config": f"examples/supervisor-{name}.json", "models": MODEL_PORTS[name]}
     for name, port in (("east", 8701), ("west", 8702))
 }
@@ -103,7 +112,8 @@ def host_processes(name: str) -> list[ProcessStamp]:
     """Return the live processes of one demo host: its supervisor and what that recorded."""
     stamps = [s for s in (started(name),) if s is not None]
     records = StateDir(host_state_dir(name)).load()
-    stamps += [r.stamp for r in (*records.servers, *records.trainers) if r.stamp.is_alive()]
+    both: list[Record] = [*records.servers, *records.trainers]
+    stamps += [r.stamp for r in both if r.stamp.is_alive()]
     return stamps
 
 

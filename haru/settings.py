@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -58,7 +59,15 @@ def _load() -> dict:
                 "HARU_EVENT_RETENTION_DAYS", 30, minimum=1, maximum=36500
             ),
             "debug": env.boolean("HARU_DEBUG", False),
-            "allowed_hosts": env.csv("HARU_ALLOWED_HOSTS") or ["*"],
+            "allowed_hosts": env.csv("HARU_ALLOWED_HOSTS"),
+            "trusted_origins": env.csv("HARU_TRUSTED_ORIGINS"),
+            "behind_tls": env.boolean("HARU_BEHIND_TLS", False),
+            "login_failure_limit": env.integer(
+                "HARU_LOGIN_FAILURE_LIMIT", 5, minimum=1, maximum=1000
+            ),
+            "login_lockout_minutes": env.integer(
+                "HARU_LOGIN_LOCKOUT_MINUTES", 15, minimum=1, maximum=7 * 24 * 60
+            ),
             "secret_key": env.raw("HARU_SECRET_KEY"),
             # SkyPilot's own virtualenv (its pins conflict with ours); `make sky-env` makes it.
             # Unset: `sky` from PATH.
@@ -87,7 +96,23 @@ def _secret_key() -> str:
 
 SECRET_KEY = _secret_key()
 DEBUG = HARU["debug"]
-ALLOWED_HOSTS = HARU["allowed_hosts"]
+# Without an API token the API is open to whoever reaches it; a page that rebinds its own DNS
+# name to 127.0.0.1 would reach it under that name, so only loopback names are answered unless
+# HARU_ALLOWED_HOSTS lists others. With a token, every name (the token guards the API).
+LOOPBACK_HOSTS = ["localhost", "127.0.0.1", "[::1]"]
+ALLOWED_HOSTS = HARU["allowed_hosts"] or (["*"] if HARU["api_token"] else LOOPBACK_HOSTS)
+# Pages on other origins allowed to POST forms and open the dashboard's WebSocket
+# (fleets/live/origin.py), e.g. "https://haru.example.com" behind a proxy that rewrites Host.
+CSRF_TRUSTED_ORIGINS = HARU["trusted_origins"]
+
+if HARU["behind_tls"]:
+    # TLS ends in a reverse proxy (deploy/nginx): cookies only over HTTPS, browsers told to stay
+    # on HTTPS for a year, and the proxy's X-Forwarded-Proto says the request was HTTPS. Only
+    # safe when the server is reachable through that proxy alone (it binds loopback there).
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = 365 * 24 * 60 * 60
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -103,6 +128,8 @@ INSTALLED_APPS = [
     "channels",
     # Beat's schedule lives in the database, editable in admin (fleets.services.schedule).
     "django_celery_beat",
+    # Login throttling (AXES_* below).
+    "axes",
     "fleets",
 ]
 
@@ -115,6 +142,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as its documentation asks: turns a locked-out login into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "haru.urls"
@@ -161,6 +190,25 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         }
     )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Login throttling (django-axes): failures are rows in the database, so every server process and
+# replica counts the same ones. After HARU_LOGIN_FAILURE_LIMIT failures for one username from
+# one address, log-in as that username from that address is refused (429, even with the right
+# password) for HARU_LOGIN_LOCKOUT_MINUTES; a success before the limit starts the count again.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = HARU["login_failure_limit"]
+AXES_COOLOFF_TIME = timedelta(minutes=HARU["login_lockout_minutes"])
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+# Behind the TLS proxy, the address the proxy saw (haru/client_address.py).
+AXES_CLIENT_IP_CALLABLE = "haru.client_address.client_address"
+# Haru's own events record what operators do; a row per successful log-in would only grow.
+AXES_DISABLE_ACCESS_LOG = True
+AXES_VERBOSE = False
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

@@ -20,6 +20,7 @@ from supervisor.engines.profile import EngineProfile, GpuSpec, parse_profile
 from supervisor.engines.registry import EngineRegistry, default_registry
 from supervisor.secrets import SecretRef
 from supervisor.strict_json import ConfigError
+from supervisor.wire import bounded_json
 
 DEFAULT_GRACE_MS = 30_000
 DEFAULT_DRAIN_BUDGET_MS = 30_000
@@ -155,11 +156,17 @@ def read_config_source(source: str, cwd: Path) -> tuple[Any, str]:
         except OSError as exc:
             raise ConfigError([f"(root): cannot read config file {path}: {exc.strerror}"]) from exc
     try:
-        return json.loads(text), origin
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            [f"(root): {origin} is not valid JSON: {exc.msg} at line {exc.lineno}"]
-        ) from exc
+        # Bounded and strict: a key written twice would otherwise keep its last value silently.
+        return bounded_json.loads(text), origin
+    except bounded_json.JSONRefused as exc:
+        cause = exc.__cause__
+        if isinstance(cause, json.JSONDecodeError):
+            message = f"(root): {origin} is not valid JSON: {cause.msg} at line {cause.lineno}"
+        elif isinstance(cause, RecursionError):
+            message = f"(root): {origin} is not valid JSON: {exc}"
+        else:
+            message = f"{exc} (in {origin})"
+        raise ConfigError([message]) from exc
 
 
 def load_config(

@@ -66,29 +66,41 @@ def with_limits(node: Any, *, in_rule: bool = False) -> Any:
     return node
 
 
-def inline_refs(node: Any, root: dict[str, Any] | None = None) -> Any:
-    """Replace every local `{"$ref": "#/$defs/NAME"}` by its definition.
+def inline_refs(node: Any, root: dict[str, Any] | None = None, package: str | None = None) -> Any:
+    """Replace every `{"$ref": "#/$defs/NAME"}` by its definition, and every
+    `{"$ref": "OTHER.json"}` by that sibling schema file of `package` (itself inlined).
 
     jsonschema resolves a `$ref` on every validation, which costs several times the check
     itself; a policy is validated on every read of a fleet, so the shipped schema is resolved
-    once, here. Only local, non-recursive references are used by the documents' schemas.
+    once, here. Only non-recursive references are used by the documents' schemas.
     """
     root = node if root is None else root
     if isinstance(node, list):
-        return [inline_refs(item, root) for item in node]
+        return [inline_refs(item, root, package) for item in node]
     if not isinstance(node, dict):
         return node
     ref = node.get("$ref")
-    if isinstance(ref, str) and ref.startswith("#/$defs/") and len(node) == 1:
-        return inline_refs(root["$defs"][ref.removeprefix("#/$defs/")], root)
-    return {key: inline_refs(value, root) for key, value in node.items()}
+    if isinstance(ref, str) and len(node) == 1:
+        if ref.startswith("#/$defs/"):
+            return inline_refs(root["$defs"][ref.removeprefix("#/$defs/")], root, package)
+        if ref.endswith(".json") and "/" not in ref and package is not None:
+            other = _schema_text(package, ref.removesuffix(".json"))
+            # A sibling's identity keys may only sit at a document's root.
+            body = {k: v for k, v in other.items() if k not in {"$schema", "$id"}}
+            return inline_refs(body, body, package)
+    return {key: inline_refs(value, root, package) for key, value in node.items()}
+
+
+def _schema_text(package: str, name: str) -> dict[str, Any]:
+    text = resources.files(package).joinpath("schemas", f"{name}.json").read_text("utf-8")
+    loaded: dict[str, Any] = with_limits(json.loads(text))
+    return loaded
 
 
 @cache
 def schema_validator(package: str, name: str) -> Any:
     """The strict validator of `<package>/schemas/<name>.json` (checked once, then cached)."""
-    text = resources.files(package).joinpath("schemas", f"{name}.json").read_text("utf-8")
-    schema = inline_refs(with_limits(json.loads(text)))
+    schema = inline_refs(_schema_text(package, name), package=package)
     StrictValidator.check_schema(schema)
     return StrictValidator(schema)
 
@@ -159,6 +171,12 @@ def findings(error: ValidationError, prefix: str = "") -> list[tuple[str, str]]:
     if error.validator == "required":
         missing = [k for k in error.validator_value if k not in error.instance]
         return [(json_path([*parts, key], prefix), "is required") for key in missing]
+    schema_path = list(error.relative_schema_path)
+    if len(schema_path) >= 2 and schema_path[-2] == "additionalProperties" and parts:
+        # A map's value is named by its key at the map's path (`env: value of "A" must be a
+        # string`): keys are free text (environment names), which a dotted path would blur.
+        key = parts.pop()
+        return [(json_path(parts, prefix), f'value of "{key}" {rule_of(error)}')]
     return [(json_path(parts, prefix), rule_of(error))]
 
 

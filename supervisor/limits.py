@@ -12,3 +12,11 @@ MAX_MS = 2**31 - 1
 # The readiness probe: a short prompt and a few tokens prove a model answers.
 MAX_PROBE_PROMPT_CHARS = 8192
 MAX_PROBE_TOKENS = 256
+# GPU indices as NVML numbers them; a host with more than 1024 GPUs is not a host.
+MAX_GPU_INDEX = 1023
+# Tensor/pipeline parallel degree, nodes per group and GPUs per profile.
+MAX_PARALLEL = 1024
+MAX_PORT = 65535
+# Items in one engine profile's lists and maps (extraArgs, env): generous for any honest
+# profile, small enough that a pasted blob is refused before it reaches a command line.
+MAX_PROFILE_ITEMS = 1024

@@ -1,7 +1,10 @@
-"""Read JSON objects strictly, collecting every error with the JSON path it concerns.
+"""JSON value kinds, the refused-document error, and the supervisor API's request reader.
 
-Config and engine profiles are operator-written; a typo must stop start-up with a message that
-points at the exact field (`slots[1].models[0].name: must be lowercase`), not a stack trace.
+Operator documents (the supervisor config and its engine profiles) are JSON Schema files checked
+through `supervisor/documents.py`, which takes "an int but not a bool" from here. `ObjectReader`
+reads the few fields of the supervisor API's request bodies (`supervisor/api.py`); those bodies'
+schemas are the wire contract's (`supervisor/wire/schemas/`), which the supervisor does not yet
+enforce itself.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 import builtins
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
 _MISSING = object()
 
@@ -54,14 +57,8 @@ class ObjectReader:
         where = child_path(self.path, key) if key != "" else (self.path or "(root)")
         self.errors.append(f"{where}: {rule}")
 
-    def field_path(self, key: str) -> str:
-        return child_path(self.path, key)
-
-    def has(self, key: str) -> bool:
-        return key in self._data
-
     def raw(self, key: str, *, required: bool = False) -> Any:
-        """Return a field untouched (or `_MISSING`), for callers that validate it themselves."""
+        """Return a field untouched, or `_MISSING`."""
         self._seen.add(key)
         if key not in self._data:
             if required:
@@ -123,23 +120,6 @@ class ObjectReader:
             return default
         return value
 
-    def number(
-        self,
-        key: builtins.str,
-        *,
-        required: builtins.bool = False,
-        default: builtins.float | None = None,
-        allow_null: builtins.bool = False,
-    ) -> builtins.float | None:
-        ok, value = self._typed(key, required, is_number, "a number", allow_null)
-        return float(value) if ok else default
-
-    def bool(
-        self, key: builtins.str, *, default: builtins.bool | None = None
-    ) -> builtins.bool | None:
-        ok, value = self._typed(key, False, lambda v: isinstance(v, bool), "true or false", False)
-        return value if ok else default
-
     def list(
         self,
         key: builtins.str,
@@ -171,19 +151,6 @@ class ObjectReader:
             out.append(item)
         return out
 
-    def str_map(self, key: builtins.str) -> builtins.dict[builtins.str, builtins.str] | None:
-        ok, value = self._typed(key, False, lambda v: isinstance(v, dict), "an object", False)
-        if not ok:
-            return None
-        for k, v in value.items():
-            if not isinstance(v, str):
-                self.error(key, f'value of "{k}" must be a string, got {type_name(v)}')
-                return None
-            if not k:
-                self.error(key, "keys must not be empty")
-                return None
-        return dict(value)
-
     def finish(self) -> None:
         """Refuse every field that no reader asked for."""
         for key in self._data:
@@ -191,12 +158,12 @@ class ObjectReader:
                 self.error(key, "is not a known field")
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: Any) -> TypeGuard[int]:
     """Accept JSON integers only; `true` is not 1 here."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def is_number(value: Any) -> bool:
+def is_number(value: Any) -> TypeGuard[int | float]:
     return (
         isinstance(value, (int, float))
         and not isinstance(value, bool)
@@ -219,6 +186,3 @@ def type_name(value: Any) -> str:
     if isinstance(value, dict):
         return "an object"
     return type(value).__name__
-
-
-MISSING = _MISSING

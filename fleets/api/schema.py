@@ -1,6 +1,6 @@
-"""OpenAPI descriptions of Haru's authentication schemes (drf-spectacular extensions)."""
+"""drf-spectacular extensions: Haru's authentication schemes, and closed request bodies."""
 
-from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.extensions import OpenApiAuthenticationExtension, OpenApiSerializerExtension
 
 
 class BearerTokenScheme(OpenApiAuthenticationExtension):
@@ -26,3 +26,16 @@ class StaffSessionScheme(OpenApiAuthenticationExtension):
             "name": "sessionid",
             "description": "A logged-in staff user's session (dashboard, browsable docs).",
         }
+
+
+class StrictSerializerSchema(OpenApiSerializerExtension):
+    """A strict serializer refuses fields it does not name (400); its schema says so, so a
+    client generated from the schema and the server agree (`additionalProperties: false`)."""
+
+    target_class = "fleets.api.serializers.StrictSerializer"
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema, direction):
+        schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        schema["additionalProperties"] = False
+        return schema

@@ -59,6 +59,10 @@ def _age_s(then: datetime | None, now: datetime) -> float | None:
     return None if then is None else max(0.0, (now - then).total_seconds())
 
 
+def _elapsed_ms(then: datetime, now: datetime) -> int:
+    return int(max(0.0, (now - then).total_seconds()) * 1000)
+
+
 def fmt_age(seconds: float | None) -> str:
     """Render an age compactly: 4.2s, 3m 10s, 2h 05m, 3d 4h."""
     if seconds is None:
@@ -160,9 +164,7 @@ def operation_progress(
         elif running and op.state == OperationState.RUNNING and name == op.current_step:
             entry["status"] = "running"
             entry["since"] = iso(op.step_started_at)
-            entry["ms"] = (
-                int(_age_s(op.step_started_at, now) * 1000) if op.step_started_at else None
-            )
+            entry["ms"] = _elapsed_ms(op.step_started_at, now) if op.step_started_at else None
             retry = retries.get(name)
             if retry is not None:
                 data = retry.data if isinstance(retry.data, dict) else {}
@@ -178,7 +180,7 @@ def operation_progress(
         steps.append(entry)
     end = op.finished_at or now
     start = op.started_at or op.created_at
-    total_ms = int(_age_s(start, end) * 1000) if start else None
+    total_ms = _elapsed_ms(start, end) if start else None
     return {
         "id": str(op.id),
         "short_id": str(op.id)[:8],
@@ -507,8 +509,8 @@ def fleet_page(fleet: Fleet, *, now: datetime) -> dict[str, Any]:
     last = in_flight or Operation.objects.filter(fleet=fleet).order_by("-created_at").first()
     operation = None
     if last is not None:
-        events = _step_events([last.id]).get(last.id, [])
-        operation = operation_progress(last, events, now, slugs)
+        step_events = _step_events([last.id]).get(last.id, [])
+        operation = operation_progress(last, step_events, now, slugs)
     events = recent_events(fleet, slugs)
     health, reasons = fleet_health(view, now, _heartbeat_errors(domains))
     return {
@@ -540,7 +542,8 @@ def _heartbeat_errors(domains) -> dict[str, str]:
     for d in domains:
         heartbeat = d.last_report.get("heartbeat") if isinstance(d.last_report, dict) else None
         if isinstance(heartbeat, dict) and heartbeat.get("ok") is False:
-            error = heartbeat.get("error") if isinstance(heartbeat.get("error"), dict) else {}
+            raw_error = heartbeat.get("error")
+            error = raw_error if isinstance(raw_error, dict) else {}
             out[str(d.id)] = str(error.get("message") or "unreachable")[:120]
     return out
 

@@ -1,4 +1,5 @@
-"""WebSocket routes; `haru/asgi.py` wraps them in session auth and an allowed-hosts check."""
+"""WebSocket routes; `haru/asgi.py` wraps them in session auth and a same-origin check
+(`fleets/live/origin.py`)."""
 
 from django.urls import path
 

@@ -117,7 +117,7 @@ class Response:
         self._chunks.append(data)
         self._buffered += len(data)
         if self._buffered > _HIGH_WATER:
-            self._conn.transport.pause_reading()
+            self._conn.live_transport.pause_reading()
         self._wake()
 
     def _finish(self, error: Exception | None = None) -> None:
@@ -150,7 +150,7 @@ class Response:
                 chunk = self._chunks.popleft()
                 self._buffered -= len(chunk)
                 if self._buffered <= _LOW_WATER:
-                    self._conn.transport.resume_reading()
+                    self._conn.live_transport.resume_reading()
                 yield chunk
                 continue
             if self.error is not None:
@@ -179,6 +179,13 @@ class _Connection(asyncio.Protocol):
         self.response_started = False  # a byte of the current response has arrived
         self._informational = False
 
+    @property
+    def live_transport(self) -> asyncio.Transport:
+        """The transport, which asyncio sets (connection_made) before create_connection returns,
+        so every connection the pool hands out has one."""
+        assert self.transport is not None
+        return self.transport
+
     # asyncio.Protocol
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -204,15 +211,17 @@ class _Connection(asyncio.Protocol):
             self.response._lost(exc)
 
     # httptools callbacks (must not raise)
+    # data_received feeds the parser only while a response is current; the `is None` checks
+    # only narrow the type.
     def on_header(self, name: bytes, value: bytes) -> None:
-        if not self._informational:
+        if not self._informational and self.response is not None:
             self.response._header(name, value)
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
         # 1xx (100 Continue, 103 Early Hints) precede the real response: skip them.
         self._informational = status < 200
-        if self._informational:
+        if self._informational or self.response is None:
             return
         self.response.status = status
         self.keep_alive = self.parser.should_keep_alive()
@@ -220,13 +229,15 @@ class _Connection(asyncio.Protocol):
             self.response.headers_done.set_result(None)
 
     def on_body(self, body: bytes) -> None:
-        self.response._body(body)
+        if self.response is not None:
+            self.response._body(body)
 
     def on_message_complete(self) -> None:
         if self._informational:
             self._informational = False
             return
-        self.response._finish()
+        if self.response is not None:
+            self.response._finish()
 
     def close(self) -> None:
         self.closed = True
@@ -237,11 +248,11 @@ class _Connection(asyncio.Protocol):
         response, self.response = self.response, None
         if response is not None and not response.complete:
             # Unread body: closing is how the model server learns the client went away.
-            self.transport.abort()
+            self.live_transport.abort()
             self.closed = True
             return
         if reuse and self.keep_alive and not self.closed:
-            self.transport.resume_reading()  # in case flow control paused it
+            self.live_transport.resume_reading()  # in case flow control paused it
             self.idle_since = time.monotonic()
             self.pool._idle_push(self)
         else:
@@ -268,7 +279,7 @@ class Pool:
         while stack:
             conn = stack.pop()
             fresh = now - conn.idle_since < IDLE_EXPIRY_S
-            if fresh and not conn.closed and not conn.transport.is_closing():
+            if fresh and not conn.closed and not conn.live_transport.is_closing():
                 return conn
             conn.close()
         return None
@@ -310,7 +321,7 @@ class Pool:
         conn.response_started = False
         try:
             try:
-                conn.transport.writelines((head, body))
+                conn.live_transport.writelines((head, body))
             except RuntimeError as exc:  # uvloop refuses writes on a transport that just closed
                 raise UpstreamClosed("connection closed before the request was sent") from exc
             await response.headers_done
@@ -318,7 +329,7 @@ class Pool:
             # Timed out, cancelled (the client left) or failed: never reuse a connection with
             # a request in flight; closing it also tells the model server to stop.
             conn.response = None
-            conn.transport.abort()
+            conn.live_transport.abort()
             conn.closed = True
             raise
         return response

@@ -1,16 +1,17 @@
-"""Engine profiles: how one model server is launched, parsed strictly from config JSON."""
+"""Engine profiles: how one model server is launched, checked against `schemas/profile.json`."""
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from supervisor.strict_json import MISSING, ObjectReader, child_path, is_int, is_number, type_name
+from supervisor.documents import json_path, problems, schema_validator
+from supervisor.strict_json import is_int, is_number
 
 _CC_PATTERN = re.compile(r"^\d+\.\d+$")
-_IFNAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:@-]{1,64}$")
 
 
 @dataclass(frozen=True)
@@ -119,10 +120,6 @@ class EngineProfile:
         }
 
 
-SLEEP_MODES = ("native", "api-only")
-ENTRYPOINTS = ("serve", "api-server")
-
-
 def parse_profile(
     data: Any,
     path: str,
@@ -132,140 +129,102 @@ def parse_profile(
     default_gpu_index: int,
     engine_names: tuple[str, ...],
 ) -> EngineProfile | None:
-    """Parse one profile object; record errors under `path` and return None when it is unusable.
+    """Check one profile; record errors under `path` and return None when it is unusable.
 
-    Only shape and range are checked here. Rules that depend on the engine or the hardware
-    (parallel layout, GPU mixing, quantization) belong to the adapters' `validate`.
+    The structure is `schemas/profile.json`'s; the semantic pass below says what a schema
+    cannot (the registry's engine names, the served name, GPUs listed twice). Both run on every
+    document, so an operator sees every problem at once. Rules that depend on the engine or the
+    hardware (parallel layout, GPU mixing, fabric, quantization) belong to the adapters'
+    `validate`.
     """
-    before = len(errors)
-    r = ObjectReader(data, path, errors)
-    if not r.ok:
+    structural = problems(schema_validator("supervisor", "profile"), data, path)
+    found = [f"{where}: {rule}" for where, rule in structural]
+    found += semantic_problems(data, path, model_name=model_name, engine_names=engine_names)
+    errors.extend(found)
+    if found:
         return None
-    engine = r.str("engine", required=True)
-    if engine is not None and engine not in engine_names:
-        r.error("engine", f'unknown engine "{engine}" (known: {", ".join(engine_names)})')
-    name = r.str("name", default=model_name)
-    served = r.str("servedModelName", default=model_name)
-    if served is not None and served != model_name:
+    return _profile_of(data, model_name, default_gpu_index)
+
+
+def semantic_problems(
+    data: Any, path: str, *, model_name: str, engine_names: tuple[str, ...]
+) -> list[str]:
+    """What the schema cannot say, as `path: rule` lines; fields of the wrong type are left to
+    the schema's messages."""
+    if not isinstance(data, dict):
+        return []
+    out: list[str] = []
+    at = functools.partial(json_path, prefix=path)
+    engine = data.get("engine")
+    if isinstance(engine, str) and engine.strip() and engine not in engine_names:
+        known = ", ".join(engine_names)
+        out.append(f'{at(["engine"])}: unknown engine "{engine}" (known: {known})')
+    served = data.get("servedModelName")
+    if isinstance(served, str) and served.strip() and served != model_name:
         # The control plane routes by model name and the server answers to its served name;
         # if they differed, every routed request would get a 404 from the engine.
-        r.error("servedModelName", f'must equal the model name "{model_name}", got "{served}"')
-    model_path = r.str("modelPath")
-    tp = r.int("tensorParallel", default=1, minimum=1, maximum=1024)
-    pp = r.int("pipelineParallel", default=1, minimum=1, maximum=1024)
-    nodes = r.int("nodes", default=1, minimum=1, maximum=1024)
-    gpus_per_node = r.int("gpusPerNode", minimum=1, maximum=1024)
-    node_rank = r.int("nodeRank", default=0, minimum=0)
-    leader_addr = r.str("leaderAddr")
-    leader_port = r.int("leaderPort", minimum=1, maximum=65535)
-    gpus = _parse_gpus(r, default_gpu_index)
-    fabric = _parse_fabric(r)
-    mgmt = r.str("managementInterface")
-    if mgmt is not None and not _IFNAME_PATTERN.match(mgmt):
-        r.error("managementInterface", f'"{mgmt}" is not a network interface name')
-    quantization = r.str("quantization")
-    gmu = r.number("gpuMemoryUtilization")
-    if gmu is not None and not 0.0 < gmu <= 1.0:
-        r.error("gpuMemoryUtilization", f"must be in (0, 1], got {gmu}")
-        gmu = None
-    extra_args: list[str] = r.str_list("extraArgs") or []
-    env = r.str_map("env") or {}
-    executable = r.str("executable")
-    sleep_mode = r.str("sleepMode", default="native")
-    if sleep_mode not in SLEEP_MODES:
-        r.error("sleepMode", f'must be one of {", ".join(SLEEP_MODES)}, got "{sleep_mode}"')
-    entrypoint = r.str("entrypoint", default="serve")
-    if entrypoint not in ENTRYPOINTS:
-        r.error("entrypoint", f'must be one of {", ".join(ENTRYPOINTS)}, got "{entrypoint}"')
-    r.finish()
-    if len(errors) > before:
+        out.append(
+            f'{at(["servedModelName"])}: must equal the model name "{model_name}", got "{served}"'
+        )
+    gpus = data.get("gpus")
+    seen: set[int] = set()
+    for i, item in enumerate(gpus if isinstance(gpus, list) else []):
+        index = item.get("index") if isinstance(item, dict) else item
+        if is_int(index) and index in seen:
+            out.append(f"{at(['gpus', i])}: GPU {index} is listed twice")
+        elif is_int(index):
+            seen.add(index)
+        cc = item.get("computeCapability") if isinstance(item, dict) else None
+        if (is_number(cc) or isinstance(cc, str)) and _compute_capability(cc) is None:
+            where = at(["gpus", i, "computeCapability"])
+            out.append(f'{where}: must look like "8.9", got {cc!r}')
+    return out
+
+
+def _compute_capability(raw: Any) -> str | None:
+    """`"8.9"` for "8.9" or 8.9; None for a form that is not `major.minor`."""
+    if raw is None:
         return None
+    text = f"{float(raw):.1f}" if is_number(raw) else raw
+    return text if isinstance(text, str) and _CC_PATTERN.match(text) else None
+
+
+def _profile_of(data: dict[str, Any], model_name: str, default_gpu_index: int) -> EngineProfile:
+    """Build the profile from a document both passes accepted."""
+    fabric = data.get("fabric")
+    quantization = data.get("quantization")
     return EngineProfile(
-        engine=engine or "",
-        name=name or model_name,
+        engine=data["engine"],
+        name=data.get("name", model_name),
         served_model_name=model_name,
-        model_path=model_path,
-        tensor_parallel=tp or 1,
-        pipeline_parallel=pp or 1,
-        nodes=nodes or 1,
-        gpus_per_node=gpus_per_node,
-        node_rank=node_rank or 0,
-        leader_addr=leader_addr,
-        leader_port=leader_port,
-        gpus=gpus,
-        fabric=fabric,
-        management_interface=mgmt,
+        model_path=data.get("modelPath"),
+        tensor_parallel=data.get("tensorParallel", 1),
+        pipeline_parallel=data.get("pipelineParallel", 1),
+        nodes=data.get("nodes", 1),
+        gpus_per_node=data.get("gpusPerNode"),
+        node_rank=data.get("nodeRank", 0),
+        leader_addr=data.get("leaderAddr"),
+        leader_port=data.get("leaderPort"),
+        gpus=tuple(_gpu_of(item) for item in data.get("gpus", [default_gpu_index])),
+        fabric=Fabric(fabric["name"], tuple(fabric["hcas"])) if fabric else None,
+        management_interface=data.get("managementInterface"),
         quantization=quantization.lower() if quantization else None,
-        gpu_memory_utilization=gmu,
-        extra_args=tuple(extra_args),
-        env=env,
-        executable=executable,
-        sleep_mode=sleep_mode or "native",
-        entrypoint=entrypoint or "serve",
+        gpu_memory_utilization=(
+            float(data["gpuMemoryUtilization"]) if "gpuMemoryUtilization" in data else None
+        ),
+        extra_args=tuple(data.get("extraArgs", ())),
+        env=dict(data.get("env", {})),
+        executable=data.get("executable"),
+        sleep_mode=data.get("sleepMode", "native"),
+        entrypoint=data.get("entrypoint", "serve"),
     )
 
 
-def _parse_gpus(r: ObjectReader, default_gpu_index: int) -> tuple[GpuSpec, ...]:
-    raw = r.raw("gpus")
-    if raw is MISSING:
-        return (GpuSpec(index=default_gpu_index),)
-    path = r.field_path("gpus")
-    if not isinstance(raw, list) or not raw:
-        r.error("gpus", f"must be a non-empty list, got {type_name(raw)}")
-        return ()
-    out: list[GpuSpec] = []
-    seen: set[int] = set()
-    for i, item in enumerate(raw):
-        item_path = child_path(path, i)
-        if is_int(item):
-            spec = GpuSpec(index=item)
-        else:
-            g = ObjectReader(item, item_path, r.errors)
-            if not g.ok:
-                continue
-            index = g.int("index", required=True, minimum=0)
-            gpu_type = g.str("type")
-            cc_raw = g.raw("computeCapability")
-            g.finish()
-            cc = _parse_compute_capability(cc_raw, child_path(item_path, "computeCapability"), r)
-            if index is None:
-                continue
-            spec = GpuSpec(index=index, type=gpu_type, compute_capability=cc)
-        if spec.index < 0:
-            r.errors.append(f"{item_path}: GPU index must be at least 0, got {spec.index}")
-            continue
-        if spec.index in seen:
-            r.errors.append(f"{item_path}: GPU {spec.index} is listed twice")
-            continue
-        seen.add(spec.index)
-        out.append(spec)
-    return tuple(out)
-
-
-def _parse_compute_capability(raw: Any, path: str, r: ObjectReader) -> str | None:
-    if raw is MISSING or raw is None:
-        return None
-    if is_number(raw):
-        raw = f"{float(raw):.1f}"
-    if not isinstance(raw, str) or not _CC_PATTERN.match(raw):
-        r.errors.append(f'{path}: must look like "8.9", got {raw!r}')
-        return None
-    return raw
-
-
-def _parse_fabric(r: ObjectReader) -> Fabric | None:
-    raw = r.raw("fabric")
-    if raw is MISSING or raw is None:
-        return None
-    f = ObjectReader(raw, r.field_path("fabric"), r.errors)
-    if not f.ok:
-        return None
-    name = f.str("name", required=True)
-    hcas = f.str_list("hcas", required=True)
-    f.finish()
-    if hcas is not None and not hcas:
-        f.error("hcas", "must list at least one adapter")
-        return None
-    if name is None or hcas is None:
-        return None
-    return Fabric(name=name, hcas=tuple(hcas))
+def _gpu_of(item: int | dict[str, Any]) -> GpuSpec:
+    if isinstance(item, int):
+        return GpuSpec(index=item)
+    return GpuSpec(
+        index=item["index"],
+        type=item.get("type"),
+        compute_capability=_compute_capability(item.get("computeCapability")),
+    )

@@ -123,3 +123,25 @@ def test_the_live_message_renders_its_operation_like_the_api(
     assert {key: state[key] for key in state if key != "operation"} == {
         key: summary[key] for key in ("id", "slug", "activeDomainId", "routeRevision")
     }
+
+
+@pytest.mark.parametrize("action", ["promote", "demote"])
+def test_request_bodies_refuse_unknown_fields_in_the_schema_and_in_behaviour(
+    schema, seeded_fleet, client_with_token, action
+):
+    # The published schema, as written (not closed by as_json_schema): what a generated client
+    # would read. It must say what the server does with an unknown field: refuse it.
+    path = f"/v1/fleets/{{ref}}/{action}"
+    ref = schema["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    body_schema = schema["components"]["schemas"][ref["$ref"].rsplit("/", 1)[-1]]
+    assert body_schema["additionalProperties"] is False
+    extra = {"targetDomainId": "west", "force": True}
+    assert (
+        list(jsonschema.Draft202012Validator(body_schema).iter_errors({"targetDomainId": "west"}))
+        == []
+    )
+    assert list(jsonschema.Draft202012Validator(body_schema).iter_errors(extra))
+    response = client_with_token.post(f"/v1/fleets/demo/{action}", extra, format="json")
+    assert response.status_code == 400
+    assert "force: unknown field" in response.json()["error"]["message"]
+    assert not Operation.objects.exists()

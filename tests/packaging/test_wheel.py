@@ -40,7 +40,11 @@ def test_the_wheel_holds_templates_static_files_schemas_and_migrations(wheel):
         | _files(ROOT / "haru" / "static")
         | _files(ROOT / "fleets" / "migrations")
         | {"fleets/layouts/schema.json", "supervisor/__main__.py", "haru/settings.py"}
-        | {"supervisor/schemas/config.json", "fleets/core/schemas/policy.json"}
+        | {
+            "supervisor/schemas/config.json",
+            "supervisor/schemas/profile.json",
+            "fleets/core/schemas/policy.json",
+        }
     ):
         if "__pycache__" in needed:
             continue

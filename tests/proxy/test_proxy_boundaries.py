@@ -38,7 +38,7 @@ async def raw_post(port: int, target: bytes, body: bytes) -> bytes:
     """Send a request line exactly as given (no client-side path normalization)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(
-        b"POST " + target + b" HTTP/1.1\r\nhost: x\r\nx-haru-fleet: demo\r\n"
+        b"POST " + target + b" HTTP/1.1\r\nhost: 127.0.0.1\r\nx-haru-fleet: demo\r\n"
         b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
         % len(body)
         + body

@@ -133,7 +133,7 @@ async def test_declared_oversize_body_is_refused_without_being_read(
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     # Headers only: a server that waited for the body would never answer.
     writer.write(
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-haru-fleet: demo\r\n"
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\nx-haru-fleet: demo\r\n"
         b"content-type: application/json\r\ncontent-length: 1000000\r\n\r\n"
     )
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
@@ -148,7 +148,7 @@ async def test_chunked_body_is_refused_once_it_passes_the_limit(
     haru_settings(chat_max_body_bytes=64)
     reader, writer = await asyncio.open_connection("127.0.0.1", haru.served.port)
     writer.write(
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-haru-fleet: demo\r\n"
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\nx-haru-fleet: demo\r\n"
         b"transfer-encoding: chunked\r\n\r\n"
     )
     # 100 bytes in two chunks, and never the terminating chunk: the answer must not wait for it.

@@ -270,3 +270,27 @@ def test_example_ports_match_the_two_domain_layout():
     assert {m.name: m.port for m in east.models} == {"qwen-small": 18001, "llama-small": 18002}
     assert {m.name: m.port for m in west.models} == {"qwen-small": 18011, "llama-small": 18012}
     assert east.gpu.sim_state_file != west.gpu.sim_state_file
+
+
+def test_a_profile_structure_is_checked_by_the_config_schema_with_its_path():
+    data = with_changes(
+        ["slots", 0, "models", 1, "profile"],
+        {"engine": "vllm", "gpus": [0, {"index": 1, "bogus": 1}], "env": {"A": 1}},
+    )
+    assert errors_of(data) == [
+        "slots[0].models[1].profile.gpus[1].bogus: is not a known field",
+        'slots[0].models[1].profile.env: value of "A" must be a string, got a number',
+    ]
+    # A null profile is no profile (an unmanaged server), not a type error.
+    assert parse_config(with_changes(["slots", 0, "models", 1, "profile"], None), cwd=Path("/"))
+
+
+def test_a_key_written_twice_in_the_config_file_is_refused_with_its_path(tmp_path):
+    path = tmp_path / "supervisor.json"
+    text = json.dumps(VALID).replace('"port": 8002', '"port": 8002, "port": 8003')
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(str(path), cwd=tmp_path)
+    assert info.value.errors == [f"slots[0].models[1].port: duplicate key 'port' (in {path})"]
+    with pytest.raises(ConfigError, match=r"^host: duplicate key 'host' \(in HARU_SUPERVISOR"):
+        load_config('{"host": "a", "host": "b", "slots": []}', cwd=tmp_path)

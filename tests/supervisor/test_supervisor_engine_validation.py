@@ -237,3 +237,113 @@ def test_shape_errors_name_the_json_path():
     ]
     for line in expected:
         assert line in errors, (line, errors)
+
+
+def shape_errors(profile: Any, model_name: str = "qwen-small") -> list[str]:
+    errors: list[str] = []
+    result = parse_profile(
+        profile,
+        "p",
+        errors,
+        model_name=model_name,
+        default_gpu_index=0,
+        engine_names=REGISTRY.names(),
+    )
+    assert (result is None) == bool(errors)
+    return errors
+
+
+@pytest.mark.parametrize(
+    ("profile", "expected"),
+    [
+        ("vllm", "p: must be an object, got a string"),
+        ({}, "p.engine: is required"),
+        (
+            {"engine": "vllm", "tensorParallel": 1025},
+            "p.tensorParallel: must be at most 1024, got 1025",
+        ),
+        ({"engine": "vllm", "nodes": True}, "p.nodes: must be an integer, got a boolean"),
+        ({"engine": "vllm", "nodeRank": 5000}, "p.nodeRank: must be at most 1024, got 5000"),
+        ({"engine": "vllm", "leaderPort": 70000}, "p.leaderPort: must be at most 65535, got 70000"),
+        ({"engine": "vllm", "gpus": []}, "p.gpus: must be a non-empty list, got an empty list"),
+        ({"engine": "vllm", "gpus": "0"}, "p.gpus: must be a non-empty list, got a string"),
+        ({"engine": "vllm", "gpus": [-1]}, "p.gpus[0]: GPU index must be at least 0, got -1"),
+        ({"engine": "vllm", "gpus": [1024]}, "p.gpus[0]: GPU index must be at most 1023, got 1024"),
+        (
+            {"engine": "vllm", "gpus": ["0"]},
+            "p.gpus[0]: must be a GPU index or an object, got a string",
+        ),
+        ({"engine": "vllm", "gpus": [{"type": "H100"}]}, "p.gpus[0].index: is required"),
+        (
+            {"engine": "vllm", "gpus": [{"index": 0, "uuid": "x"}]},
+            "p.gpus[0].uuid: is not a known field",
+        ),
+        (
+            {"engine": "vllm", "gpus": [{"index": 0, "computeCapability": [8]}]},
+            'p.gpus[0].computeCapability: must look like "8.9", got a list',
+        ),
+        ({"engine": "vllm", "fabric": {"name": "ib"}}, "p.fabric.hcas: is required"),
+        (
+            {"engine": "vllm", "fabric": {"name": "ib", "hcas": [""]}},
+            "p.fabric.hcas[0]: must not be empty",
+        ),
+        (
+            {"engine": "vllm", "managementInterface": "eth 0"},
+            'p.managementInterface: "eth 0" is not a network interface name',
+        ),
+        (
+            {"engine": "vllm", "gpuMemoryUtilization": 0},
+            "p.gpuMemoryUtilization: must be in (0, 1], got 0",
+        ),
+        (
+            {"engine": "vllm", "extraArgs": ["--x", 3]},
+            "p.extraArgs[1]: must be a string, got a number",
+        ),
+        (
+            {"engine": "vllm", "extraArgs": ["--x"] * 1025},
+            "p.extraArgs: must list at most 1024 arguments",
+        ),
+        ({"engine": "vllm", "env": {"": "x"}}, "p.env: keys must not be empty"),
+        ({"engine": "vllm", "env": []}, "p.env: must be an object, got a list"),
+        ({"engine": "vllm", "modelPath": "  "}, "p.modelPath: must not be empty"),
+        (
+            {"engine": "vllm", "sleepMode": "deep"},
+            'p.sleepMode: must be one of native, api-only, got "deep"',
+        ),
+        ({"engine": "vllm", "entrypoint": 1}, "p.entrypoint: must be a string, got a number"),
+    ],
+)
+def test_the_profile_schema_refuses_with_the_field_path(profile, expected):
+    assert expected in shape_errors(profile)
+
+
+def test_schema_and_semantic_rules_are_reported_together():
+    # The semantic pass runs beside the schema: an operator fixes everything in one round.
+    errors = shape_errors({"engine": "tgi", "servedModelName": "x", "nodes": 0})
+    assert errors == [
+        "p.nodes: must be at least 1, got 0",
+        'p.engine: unknown engine "tgi" (known: llamacpp, sglang, sim, vllm)',
+        'p.servedModelName: must equal the model name "qwen-small", got "x"',
+    ]
+
+
+def test_a_valid_profile_fills_defaults_and_reads_gpu_facts():
+    errors: list[str] = []
+    profile = parse_profile(
+        {
+            "engine": "vllm",
+            "quantization": "AWQ",
+            "fabric": None,
+            "gpus": [2, {"index": 3, "type": "H100", "computeCapability": 9}],
+        },
+        "p",
+        errors,
+        model_name="m",
+        default_gpu_index=0,
+        engine_names=REGISTRY.names(),
+    )
+    assert errors == []
+    assert profile is not None
+    assert profile.gpus == (GpuSpec(2), GpuSpec(3, "H100", "9.0"))
+    assert (profile.name, profile.served_model_name, profile.quantization) == ("m", "m", "awq")
+    assert (profile.tensor_parallel, profile.nodes, profile.fabric) == (1, 1, None)
