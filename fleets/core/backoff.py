@@ -46,7 +46,8 @@ def backoff_delay_ms(failures: int, policy: Policy) -> int:
     if failures <= 0:
         return 0
     doublings = min(failures - 1, _MAX_DOUBLINGS)
-    return min(policy.failover_backoff_max_ms, policy.failover_backoff_ms * 2**doublings)
+    delay: int = policy.failover_backoff_ms << doublings
+    return min(policy.failover_backoff_max_ms, delay)
 
 
 def failover_backoffs(attempts: Iterable[Attempt], policy: Policy) -> dict[str, Backoff]:

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 
+from fleets.clock import iso
 from fleets.core.states import (
     IN_FLIGHT_OPERATION_STATES,
     DomainState,
@@ -111,10 +112,13 @@ def fleet_no_standby_report(
     now: datetime,
     every_ms: int,
     reason: str,
+    next_attempt_at: datetime | None = None,
     actor: str = "reconciler",
 ) -> bool:
     """Record "the active is lost and no standby can take over" at most once per `every_ms`
-    per fleet, however many processes tick it; return whether this call recorded it."""
+    per fleet, however many processes tick it; return whether this call recorded it.
+
+    `next_attempt_at`: when the reason is a backoff, when the first held standby is due."""
     with transaction.atomic():
         moved = (
             Fleet.objects.filter(pk=fleet_id)
@@ -131,7 +135,10 @@ def fleet_no_standby_report(
                 domain_id=active_domain_id,
                 kind="failover.no_viable_standby",
                 actor=actor,
-                data={"reason": reason},
+                data={
+                    "reason": reason,
+                    **({"nextAttemptAt": iso(next_attempt_at)} if next_attempt_at else {}),
+                },
             )
     return bool(moved)
 
