@@ -77,9 +77,7 @@ def test_stop_mode_is_down_or_stop():
 
 def test_failover_backoff_cap_must_not_be_below_its_first_step():
     _refused({"failoverBackoffMaxMs": 10_000}, "policy.failoverBackoffMaxMs", "(15000); got 10000")
-    _refused(
-        {"failoverBackoffMs": 400_000}, "policy.failoverBackoffMaxMs", "(400000); got 300000"
-    )
+    _refused({"failoverBackoffMs": 400_000}, "policy.failoverBackoffMaxMs", "(400000); got 300000")
     _refused(
         {"failoverBackoffMs": 5_000, "failoverBackoffMaxMs": 4_999},
         "policy.failoverBackoffMaxMs",

@@ -31,9 +31,7 @@ def expected(failover: str, kind: str, committed: bool, serving: bool) -> bool:
     return not (committed or serving)
 
 
-CASES = list(
-    itertools.product(FAILOVERS, ["promote", "demote"], [False, True], [False, True])
-)
+CASES = list(itertools.product(FAILOVERS, ["promote", "demote"], [False, True], [False, True]))
 
 
 @pytest.mark.parametrize(("failover", "kind", "committed", "serving"), CASES)
