@@ -18,6 +18,7 @@ from fleets.core.states import (
     IN_FLIGHT_OPERATION_STATES,
     DomainState,
     InferenceState,
+    OperationKind,
     SlotKind,
     check_transition,
 )
@@ -61,7 +62,7 @@ def domain_escalate(
 
     One conditional UPDATE checks, all at once: the domain is still degraded and has been since
     before the grace; it is still the fleet's active; the fleet's autoFailover is on; a viable
-    standby exists; and no operation is in flight. Return whether it moved.
+    standby exists; and no promotion is in flight. Return whether it moved.
     """
     check_transition("domain", DomainState.DEGRADED, DomainState.FAILED)
     is_active = Exists(
@@ -69,9 +70,13 @@ def domain_escalate(
     )
     # autoFailover defaults to false, so only an explicit true (JSON true) counts.
     auto_failover = Exists(Fleet.objects.filter(pk=OuterRef("fleet_id"), policy__autoFailover=True))
+    # A promotion in flight is already moving routing; a demote is not, and must not hold back
+    # the escalation (the tick then pre-empts it, fleets.core.preemption).
     idle = ~Exists(
         Operation.objects.filter(
-            fleet_id=OuterRef("fleet_id"), state__in=IN_FLIGHT_OPERATION_STATES
+            fleet_id=OuterRef("fleet_id"),
+            state__in=IN_FLIGHT_OPERATION_STATES,
+            kind=OperationKind.PROMOTE,
         )
     )
     guard = Domain.objects.filter(

@@ -232,6 +232,35 @@ def test_a_demote_stuck_on_a_failing_sleep_is_preempted_when_the_active_crashes(
     assert failover.started_at is not None  # started in the same tick, not queued
 
 
+def test_a_degraded_active_escalates_past_a_stuck_demote_and_fails_over(
+    fleet, tick, hosts, domains, fake_clock
+):
+    west = hosts.hosts["west"]
+    west.trainer, west.pid = "idle", None
+    west.start_without_pid = True  # the trainer never proves it runs: start_training waits
+    tick()
+    demote = operation_request(
+        fleet=fleet, kind="demote", target_domain_id=domains()["west"].id
+    ).operation
+    tick()
+    demote.refresh_from_db()
+    assert (demote.state, demote.current_step) == ("running", "start_training")
+
+    hosts.hosts["east"].models["qwen-small"] = True  # reachable, but not serving everything
+    tick()
+    assert domains()["east"].state == "degraded"
+    fake_clock.advance(ms=5001)  # past degradedGraceMs of the demo policy
+
+    tick()
+
+    assert domains()["east"].state == "failed"
+    demote.refresh_from_db()
+    assert (demote.state, demote.error["code"]) == ("cancelled", "preempted")
+    failover = Operation.objects.exclude(pk=demote.pk).get()
+    assert (failover.kind, failover.reason) == ("promote", "auto_failover")
+    assert failover.started_at is not None
+
+
 def test_an_in_flight_promotion_of_a_serving_standby_is_not_preempted(
     fleet, tick, hosts, domains, fake_clock
 ):
