@@ -2,8 +2,8 @@
 
 Layout fields (slugs, URLs, placement, policy, slots, models) are editable with the layout
 loader's validation. The routing pointer, the revision and every state field are read-only: they
-move only through operations. The actions (promote, demote, reconcile) call the same services
-as the API, after a confirmation page.
+move only through operations. The actions (promote, demote, reconcile, cancel an operation) call
+the same services as the API, after a confirmation page.
 """
 
 from __future__ import annotations
@@ -534,6 +534,7 @@ class OperationAdmin(_ReadOnlyAdmin):
         "state",
         "target",
         "current_step",
+        "cleanup",
         "reason",
         "requested_by",
         "created_at",
@@ -552,6 +553,27 @@ class OperationAdmin(_ReadOnlyAdmin):
     list_select_related = ("fleet", "target_domain")
     readonly_fields = ("error_json",)
     exclude = ("error",)
+    actions = ["cancel_operations"]
+
+    @admin.action(description="Cancel the selected in-flight operations")
+    def cancel_operations(self, request, queryset):
+        """Cancel through the same service as the API; rows stay read-only otherwise."""
+        if not request.POST.get("confirm"):
+            return _confirm(
+                self,
+                request,
+                queryset,
+                action="cancel_operations",
+                title="Cancel operations",
+                text="Cancel these operations? Each stops between steps and routing does not "
+                "move; a cancelled promotion's target is put back in standby posture:",
+            )
+        for op in queryset.select_related("fleet"):
+            result = dashboard_actions.cancel_operation(
+                fleet=op.fleet, operation_id=str(op.id), actor=_actor(request)
+            )
+            _report(self, request, result, f"{op.fleet.slug}/{str(op.id)[:8]}")
+        return None
 
     @admin.display(description="id", ordering="id")
     def short_id(self, obj):

@@ -53,3 +53,17 @@ class LayoutError(ServiceError):
     def __init__(self, errors: list[str]) -> None:
         super().__init__("; ".join(errors))
         self.errors = errors
+
+
+class OperationNotCancellable(ServiceError):
+    """A cancel that came too late: the operation finished, or its routing already moved.
+
+    `code` says which (`operation_finished`, `routing_committed`); `operation` is the row.
+    """
+
+    code = "operation_finished"
+    status = 409
+
+    def __init__(self, message: str, *, code: str | None = None, operation: Any = None) -> None:
+        super().__init__(message, code=code)
+        self.operation = operation

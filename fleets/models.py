@@ -14,6 +14,7 @@ from django.db import models
 from django.db.models import Q
 
 from fleets.core.states import (
+    CleanupState,
     DomainState,
     InferenceState,
     OperationKind,
@@ -224,8 +225,19 @@ class Operation(models.Model):
     current_step = models.CharField(max_length=32, blank=True, default="")
     step_started_at = models.DateTimeField(null=True, blank=True)
     routing_committed = models.BooleanField(default=False)
-    # {step, code, message} when the operation failed.
+    # {step, code, message} when the operation failed or was cancelled.
     error = models.JSONField(null=True, blank=True)
+    # A failed or cancelled promotion's clean-up (CleanupState), recorded with the failure and
+    # finished by whichever tick gets to it; the lease keeps two ticks from running it at once
+    # and lets the next one take over from a worker that died mid-way.
+    cleanup = models.CharField(
+        max_length=16,
+        blank=True,
+        default="",  # CleanupState.NONE, spelt as stored so migrations need no enum
+        db_default="",
+        choices=_choices(CleanupState),
+    )
+    cleanup_lease_until = models.DateTimeField(null=True, blank=True)
     reason = models.CharField(max_length=64, blank=True, default="manual")
     requested_by = models.CharField(max_length=150, blank=True, default="")
     # When the failure that triggered an automatic promotion was detected, for failover timing.

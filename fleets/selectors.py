@@ -7,10 +7,11 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from fleets.core.backoff import Attempt, Backoff, failover_backoffs
 from fleets.core.decisions import find_domain
 from fleets.core.policy import Policy
 from fleets.core.read_model import DomainView, FleetView, ModelView, SlotView
-from fleets.core.states import IN_FLIGHT_OPERATION_STATES
+from fleets.core.states import IN_FLIGHT_OPERATION_STATES, OperationKind, OperationState
 from fleets.errors import FleetNotFound, InvalidTarget, OperationNotFound
 from fleets.models import Domain, Fleet, Id, ModelBinding, Operation, Slot
 from fleets.shapes import fleet_json
@@ -120,6 +121,33 @@ def operation_get(ref: str) -> Operation:
     return op
 
 
+# The reason of a promotion the reconciler requested on its own (fleets.reconciler.tick).
+AUTO_FAILOVER = "auto_failover"
+# How many recent promotions the backoff looks back over: more failures in a row than this
+# cannot change a delay that doubled to its cap long before.
+_BACKOFF_LOOKBACK = 32
+
+
+def failover_backoff_state(fleet_id: Id, policy: Policy) -> dict[str, Backoff]:
+    """Return each standby's backoff after failed automatic promotions (fleets.core.backoff).
+
+    Automatic attempts that failed or were cancelled count; a succeeded promotion, automatic or
+    an operator's, ends the episode. An operator's failed promotion does not count: backoff
+    guards against the reconciler repeating itself, not against an operator.
+    """
+    rows = (
+        Operation.objects.filter(fleet_id=fleet_id, kind=OperationKind.PROMOTE)
+        .order_by("-created_at")
+        .values_list("target_domain_id", "state", "finished_at", "reason")[:_BACKOFF_LOOKBACK]
+    )
+    attempts = [
+        Attempt(str(target), state, finished_at)
+        for target, state, finished_at, reason in rows
+        if target is not None and (reason == AUTO_FAILOVER or state == OperationState.SUCCEEDED)
+    ]
+    return failover_backoffs(attempts, policy)
+
+
 def fleet_snapshot(fleet: Fleet) -> dict[str, Any]:
     """Return the full public snapshot of a fleet as it is now (rendered by `shapes.fleet_json`)."""
     fleet.refresh_from_db()
@@ -129,4 +157,5 @@ def fleet_snapshot(fleet: Fleet) -> dict[str, Any]:
         slots=Slot.objects.filter(domain__fleet=fleet),
         bindings=ModelBinding.objects.filter(domain__fleet=fleet),
         operation=operation_in_flight(fleet.id),
+        backoffs=failover_backoff_state(fleet.id, Policy.resolve(fleet.policy)),
     )

@@ -8,10 +8,11 @@ drift apart. Rendering only: the database reads that feed them are in `fleets/se
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fleets.clock import iso
+from fleets.core.backoff import Backoff
 from fleets.core.policy import Policy
 from fleets.core.states import SlotKind
 from fleets.models import Domain, Fleet, ModelBinding, Operation, Slot
@@ -33,6 +34,7 @@ def operation_json(op: Operation | None) -> dict[str, Any] | None:
         "stepStartedAt": iso(op.step_started_at),
         "routingCommitted": op.routing_committed,
         "error": op.error,
+        "cleanup": op.cleanup or None,
         "reason": op.reason,
         "requestedBy": op.requested_by,
         "createdAt": iso(op.created_at),
@@ -136,12 +138,24 @@ def slot_json(slot: Slot, bindings: Iterable[ModelBinding]) -> dict[str, Any]:
     return entry
 
 
+def failover_backoff_json(backoff: Backoff | None) -> dict[str, Any] | None:
+    """Render a standby's backoff after failed automatic promotions (`FailoverBackoffOut`)."""
+    if backoff is None:
+        return None
+    return {
+        "failures": backoff.failures,
+        "lastFailedAt": iso(backoff.last_failed_at),
+        "nextAttemptAt": iso(backoff.next_attempt_at),
+    }
+
+
 def domain_json(
     domain: Domain,
     *,
     active_domain_id: Any,
     slots: Iterable[Slot],
     bindings: Iterable[ModelBinding],
+    backoff: Backoff | None = None,
 ) -> dict[str, Any]:
     """Render one domain (`DomainOut`); `slots` may hold other domains' slots, they are skipped."""
     bindings = list(bindings)
@@ -161,6 +175,7 @@ def domain_json(
         "stateUpdatedAt": iso(domain.state_updated_at),
         "slots": [slot_json(s, bindings) for s in slots if s.domain_id == domain.id],
         "provisioning": domain_provisioning_json(domain),
+        "failoverBackoff": failover_backoff_json(backoff),
     }
 
 
@@ -171,14 +186,22 @@ def fleet_json(
     slots: Iterable[Slot],
     bindings: Iterable[ModelBinding],
     operation: Operation | None,
+    backoffs: Mapping[str, Backoff] | None = None,
 ) -> dict[str, Any]:
     """Render the full public snapshot of a fleet (`FleetOut`): policy resolved, roles derived."""
     slots, bindings = list(slots), list(bindings)
+    held = backoffs or {}
     return {
         **fleet_summary_json(fleet),
         "policy": Policy.resolve(fleet.policy).to_json(),
         "domains": [
-            domain_json(d, active_domain_id=fleet.active_domain_id, slots=slots, bindings=bindings)
+            domain_json(
+                d,
+                active_domain_id=fleet.active_domain_id,
+                slots=slots,
+                bindings=bindings,
+                backoff=held.get(str(d.id)),
+            )
             for d in domains
         ],
         "operation": operation_json(operation),

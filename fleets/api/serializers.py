@@ -7,7 +7,14 @@ from enum import StrEnum
 
 from rest_framework import serializers
 
-from fleets.core.states import DomainState, OperationKind, OperationState, Provider, SlotKind
+from fleets.core.states import (
+    CleanupState,
+    DomainState,
+    OperationKind,
+    OperationState,
+    Provider,
+    SlotKind,
+)
 
 
 def _values(enum: type[StrEnum]) -> list[str]:
@@ -68,6 +75,12 @@ class OperationOut(serializers.Serializer):
     stepStartedAt = serializers.DateTimeField(allow_null=True)  # noqa: N815
     routingCommitted = serializers.BooleanField()  # noqa: N815
     error = ErrorBody(allow_null=True)
+    cleanup = serializers.ChoiceField(
+        [c.value for c in CleanupState if c.value],
+        allow_null=True,
+        help_text="A failed or cancelled promotion's clean-up of its target (sleep, restart "
+        "training): pending until a tick finishes it; null when none is needed.",
+    )
     reason = serializers.CharField()
     requestedBy = serializers.CharField()  # noqa: N815
     createdAt = serializers.DateTimeField()  # noqa: N815
@@ -120,6 +133,17 @@ class SlotOut(serializers.Serializer):
     pids = serializers.ListField(child=serializers.IntegerField(), required=False)
 
 
+class FailoverBackoffOut(serializers.Serializer):
+    failures = serializers.IntegerField(
+        help_text="Automatic promotions of this domain that failed (or were cancelled) in a row."
+    )
+    lastFailedAt = serializers.DateTimeField()  # noqa: N815
+    nextAttemptAt = serializers.DateTimeField(  # noqa: N815
+        help_text="Auto-failover does not pick this domain before then (policy "
+        "failoverBackoffMs, doubling per failure up to failoverBackoffMaxMs)."
+    )
+
+
 class DomainOut(serializers.Serializer):
     id = serializers.UUIDField()
     slug = serializers.CharField()
@@ -141,6 +165,7 @@ class DomainOut(serializers.Serializer):
     slots = SlotOut(many=True)
     # Only for a domain Haru provisions: phase, where, launches, lastError {code, message}.
     provisioning = serializers.DictField(allow_null=True)
+    failoverBackoff = FailoverBackoffOut(allow_null=True)  # noqa: N815
 
 
 class FleetSummaryOut(serializers.Serializer):
@@ -189,6 +214,11 @@ class RouteIntentOut(serializers.Serializer):
 
 class OperationListOut(serializers.Serializer):
     operations = OperationOut(many=True)
+
+
+class CancelledOut(serializers.Serializer):
+    status = serializers.ChoiceField(["cancelled"])
+    operation = OperationOut()
 
 
 class DomainActionOut(serializers.Serializer):

@@ -23,6 +23,11 @@ urlpatterns = [
         "fleets/<str:ref>/operations", views.FleetOperationsView.as_view(), name="fleet-operations"
     ),
     path(
+        "fleets/<str:ref>/operations/<str:operation_id>/cancel",
+        views.OperationCancelView.as_view(),
+        name="operation-cancel",
+    ),
+    path(
         "operations/<str:operation_id>",
         views.OperationDetailView.as_view(),
         name="operation-detail",

@@ -18,7 +18,7 @@ from fleets.core.route_intent import build_route_intent
 from fleets.core.states import OperationKind
 from fleets.models import Domain, Fleet, Operation
 from fleets.reconciler.tick import fleet_reconcile
-from fleets.services.operations import operation_request
+from fleets.services.operations import operation_cancel_request, operation_request
 from fleets.services.provisioning import domain_provision_begin, domain_stop_request
 
 # Control bodies are a few bytes; refuse anything large before parsing it.
@@ -30,7 +30,7 @@ ERRORS = {
         400: "invalid_request",
         401: "unauthorized",
         404: "fleet_not_found",
-        409: "operation_conflict or provision_refused",
+        409: "operation_conflict, provision_refused, operation_finished or routing_committed",
         413: "payload_too_large",
         422: "invalid_target",
     }.items()
@@ -233,6 +233,28 @@ class FleetOperationsView(HaruAPIView):
             limit = 50
         ops = Operation.objects.filter(fleet=fleet).order_by("-created_at")[:limit]
         return Response({"operations": [shapes.operation_json(op) for op in ops]})
+
+
+class OperationCancelView(HaruAPIView):
+    @extend_schema(
+        request=None,
+        operation_id="cancelOperation",
+        responses={200: s.CancelledOut, **_errors(401, 404, 409, 413)},
+    )
+    def post(self, request, ref: str, operation_id: str):
+        """Cancel an in-flight operation of this fleet.
+
+        The reconciler stops it between steps: a step already talking to a supervisor finishes
+        its call, and routing never moves once the cancel is recorded. A cancelled promotion's
+        target is put back in standby posture by the next tick (`cleanup` reads `pending` until
+        then). 409 `operation_finished` when it already ended; 409 `routing_committed` when a
+        promotion already moved routing (only its best-effort steps on the old active remain).
+        """
+        fleet = selectors.fleet_get(ref)
+        op = operation_cancel_request(
+            fleet_id=fleet.id, operation_id=operation_id, actor=self.actor(request)
+        )
+        return Response({"status": "cancelled", "operation": shapes.operation_json(op)})
 
 
 class OperationDetailView(HaruAPIView):

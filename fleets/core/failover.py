@@ -17,6 +17,8 @@ from fleets.core.states import PROMOTABLE_DOMAIN_STATES, DomainState
 ACTIVE_FAILED = "active_failed"
 ACTIVE_STALE = "active_stale"
 NO_VIABLE_STANDBY = "no_viable_standby"
+# Every standby that could take over is waiting out its backoff after failed attempts.
+FAILOVER_BACKOFF = "failover_backoff"
 
 _STATE_RANK: dict[str, int] = {DomainState.READY: 0, DomainState.DEGRADED: 1}
 
@@ -72,11 +74,15 @@ class FailoverDecision:
     reason: str
 
 
-def detect_failover(fleet: FleetView, now: datetime) -> FailoverDecision | None:
+def detect_failover(
+    fleet: FleetView, now: datetime, held: Mapping[str, datetime] | None = None
+) -> FailoverDecision | None:
     """Decide whether the reconciler should promote a standby on its own, and which one.
 
     Return None when there is nothing to do: autoFailover off, no routing pointer, or an
-    active that is neither failed nor stale.
+    active that is neither failed nor stale. `held` maps the standbys still backing off after
+    failed automatic promotions (fleets.core.backoff) to their next attempt: they are passed
+    over, and when nobody else can take over the answer is FAILOVER_BACKOFF.
     """
     policy, active = fleet.policy, fleet.active
     if not policy.auto_failover or active is None:
@@ -88,21 +94,26 @@ def detect_failover(fleet: FleetView, now: datetime) -> FailoverDecision | None:
     else:
         return None
     ranked = rank_standbys(fleet, now)
-    target = next((d for d in ranked if is_viable_standby(d, policy, now)), None)
+    waiting = held or {}
+    candidates = [d for d in ranked if d.id not in waiting]
+    target = next((d for d in candidates if is_viable_standby(d, policy, now)), None)
     if target is None:
         # The active already serves nothing, so a long shot beats certain downtime: any
         # promotable standby with a supervisor and bindings; the probe still guards routing.
-        target = next(
-            (
-                d
-                for d in ranked
-                if d.state in PROMOTABLE_DOMAIN_STATES and d.supervisor_url and d.has_bindings
-            ),
-            None,
-        )
+        target = next((d for d in candidates if _long_shot(d)), None)
     if target is None:
+        if any(d.id in waiting and _long_shot(d) for d in ranked):
+            return FailoverDecision(None, FAILOVER_BACKOFF)
         return FailoverDecision(None, NO_VIABLE_STANDBY)
     return FailoverDecision(target.id, reason)
+
+
+def _long_shot(domain: DomainView) -> bool:
+    return (
+        domain.state in PROMOTABLE_DOMAIN_STATES
+        and bool(domain.supervisor_url)
+        and domain.has_bindings
+    )
 
 
 def should_escalate(fleet: FleetView, now: datetime, degraded_since: datetime | None) -> bool:

@@ -50,6 +50,11 @@ DEFAULTS: dict[str, Any] = {
     # How a stopped domain is torn down: `down` deletes the cluster (nothing billed), `stop`
     # keeps its disks (faster restart, disks billed). A domain's driver.stopMode wins.
     "stopMode": "down",
+    # After a failed automatic promotion, that standby waits failoverBackoffMs before the next
+    # attempt, doubling per failure in a row up to failoverBackoffMaxMs (fleets.core.backoff):
+    # a standby whose probe keeps failing gets a few attempts a minute, not one per tick.
+    "failoverBackoffMs": 15_000,
+    "failoverBackoffMaxMs": 300_000,
 }
 
 # Which Policy field bounds each operation step (step names from fleets.core.states).
@@ -108,7 +113,21 @@ def validate_policy(raw: object, *, path: str = "policy") -> dict[str, Any]:
             if "prompt" in value:
                 _storable(value["prompt"], f"{path}.probe.prompt")
         out[key] = value
+    _backoff_in_order(out, path)
     return out
+
+
+def _backoff_in_order(given: Mapping[str, Any], path: str) -> None:
+    """Refuse a backoff cap below its first step (each side resolved against the defaults)."""
+    if "failoverBackoffMs" not in given and "failoverBackoffMaxMs" not in given:
+        return
+    first = given.get("failoverBackoffMs", DEFAULTS["failoverBackoffMs"])
+    cap = given.get("failoverBackoffMaxMs", DEFAULTS["failoverBackoffMaxMs"])
+    if cap < first:
+        raise PolicyError(
+            f"{path}.failoverBackoffMaxMs",
+            f"must be at least failoverBackoffMs ({first}); got {cap}",
+        )
 
 
 @lru_cache(maxsize=256)
@@ -151,6 +170,8 @@ class Policy:
     provision_timeout_ms: int = DEFAULTS["provisionTimeoutMs"]
     provision_retry_backoff_ms: int = DEFAULTS["provisionRetryBackoffMs"]
     stop_mode: str = DEFAULTS["stopMode"]
+    failover_backoff_ms: int = DEFAULTS["failoverBackoffMs"]
+    failover_backoff_max_ms: int = DEFAULTS["failoverBackoffMaxMs"]
 
     @classmethod
     def resolve(cls, raw: Mapping[str, Any] | None) -> Policy:
@@ -179,6 +200,8 @@ class Policy:
             provision_timeout_ms=merged["provisionTimeoutMs"],
             provision_retry_backoff_ms=merged["provisionRetryBackoffMs"],
             stop_mode=merged["stopMode"],
+            failover_backoff_ms=merged["failoverBackoffMs"],
+            failover_backoff_max_ms=merged["failoverBackoffMaxMs"],
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -204,6 +227,8 @@ class Policy:
             "provisionTimeoutMs": self.provision_timeout_ms,
             "provisionRetryBackoffMs": self.provision_retry_backoff_ms,
             "stopMode": self.stop_mode,
+            "failoverBackoffMs": self.failover_backoff_ms,
+            "failoverBackoffMaxMs": self.failover_backoff_max_ms,
         }
 
     def step_timeout_ms(self, step: str) -> int:

@@ -56,6 +56,20 @@ class OperationState(StrEnum):
     CANCELLED = "cancelled"
 
 
+class CleanupState(StrEnum):
+    """Putting a failed or cancelled promotion's target back in standby posture.
+
+    Recorded with the failure, in the same transaction, so a worker that dies before the
+    clean-up runs leaves it `pending` for the next tick instead of losing it.
+    """
+
+    NONE = ""
+    PENDING = "pending"
+    DONE = "done"  # standby posture proven (models asleep, training running)
+    INCOMPLETE = "incomplete"  # ran, posture not proven: left to restoreStandbyOnReturn
+    SKIPPED = "skipped"  # nothing to do, or another operation (or routing) owns the target
+
+
 class Provider(StrEnum):
     STATIC = "static"
     SKYPILOT = "skypilot"

@@ -14,7 +14,7 @@ from fleets.errors import ServiceError
 from fleets.models import Fleet
 from fleets.reconciler.tick import fleet_reconcile
 from fleets.selectors import domain_get
-from fleets.services.operations import operation_request
+from fleets.services.operations import operation_cancel_request, operation_request
 from fleets.services.provisioning import domain_provision_begin, domain_stop_request
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,26 @@ def request_operation(*, fleet: Fleet, kind: str, target: str, actor: str) -> Ac
         "accepted",
         f"{verb} of {result.target_slug} {how} (operation {op_id[:8]})",
         op_id or None,
+    )
+
+
+def cancel_operation(*, fleet: Fleet, operation_id: str, actor: str) -> ActionResult:
+    """Cancel an in-flight operation of the fleet, exactly as the API does."""
+    try:
+        op = operation_cancel_request(fleet_id=fleet.id, operation_id=operation_id, actor=actor)
+    except ServiceError as exc:
+        return ActionResult(False, exc.status, exc.code, exc.message)
+    tail = (
+        "; its target goes back to standby posture at the next tick"
+        if op.kind == OperationKind.PROMOTE
+        else ""
+    )
+    return ActionResult(
+        True,
+        200,
+        "cancelled",
+        f"{op.kind} of {op.target_slug} cancelled (operation {str(op.id)[:8]}){tail}",
+        str(op.id),
     )
 
 

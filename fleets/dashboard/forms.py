@@ -1,10 +1,10 @@
-"""Forms of the dashboard's action buttons (promote, demote, reconcile)."""
+"""Forms of the dashboard's action buttons (promote, demote, reconcile, cancel, ...)."""
 
 from __future__ import annotations
 
 from django import forms
 
-ACTIONS = ("promote", "demote", "reconcile", "provision", "stop")
+ACTIONS = ("promote", "demote", "reconcile", "provision", "stop", "cancel")
 
 
 class ActionForm(forms.Form):
@@ -21,4 +21,6 @@ class ActionForm(forms.Form):
         data = super().clean() or {}
         if self.action in ("promote", "demote", "provision", "stop") and not data.get("target"):
             self.add_error("target", "choose the domain to act on")
+        if self.action == "cancel" and not data.get("target"):
+            self.add_error("target", "name the operation to cancel")
         return data

@@ -15,6 +15,7 @@ from typing import Any
 from django.db.models import Max
 
 from fleets.clock import iso
+from fleets.core.backoff import Backoff
 from fleets.core.decisions import decide_demotion, decide_promotion
 from fleets.core.failover import is_stale, is_viable_standby
 from fleets.core.read_model import FleetView
@@ -38,7 +39,7 @@ from fleets.dashboard.report import (
     reported_training,
 )
 from fleets.models import Domain, Event, Fleet, ModelBinding, Operation, Slot
-from fleets.selectors import fleet_view
+from fleets.selectors import failover_backoff_state, fleet_view
 
 EVENT_LIMIT = 60
 CHART_LIMIT = 24
@@ -197,6 +198,9 @@ def operation_progress(
         "started_at": iso(op.started_at),
         "finished_at": iso(op.finished_at),
         "routing_committed": op.routing_committed,
+        # An operator may cancel until routing moves (the service refuses after).
+        "can_cancel": running and not op.routing_committed,
+        "cleanup": op.cleanup,
         "error": error,
         "steps": steps,
         "total": chart_mod.fmt_ms(total_ms) if total_ms is not None else "",
@@ -360,12 +364,22 @@ def _serving_note(d: Domain, stale: bool, failing: str | None, inference: list) 
     return ""
 
 
+def _backoff_text(backoff: Backoff | None, now: datetime) -> str:
+    """One line for a standby auto-failover is holding back after failed attempts."""
+    if backoff is None or backoff.next_attempt_at <= now:
+        return ""
+    wait = fmt_age(_age_s(now, backoff.next_attempt_at))
+    failures = f"{backoff.failures} failed automatic promotion{'s' if backoff.failures > 1 else ''}"
+    return f"{failures} in a row; auto-failover tries it again in {wait}"
+
+
 def _domain_card(
     d: Domain,
     view: FleetView,
     slots: list[Slot],
     bindings: list[ModelBinding],
     now: datetime,
+    backoff: Backoff | None = None,
 ) -> dict[str, Any]:
     dview = view.domain(str(d.id))
     report = d.last_report if isinstance(d.last_report, dict) else {}
@@ -458,6 +472,8 @@ def _domain_card(
         "promote_note": promote.message,
         "can_demote": demote.outcome == "proceed",
         "demote_note": demote.message,
+        "failover_backoff": _backoff_text(backoff, now),
+        "failover_next_attempt_at": iso(backoff.next_attempt_at) if backoff else None,
         # Haru-provisioned domains: where provisioning stands, and which moves make sense now.
         "managed": bool(d.driver),
         "provisioning": _provisioning_text(d),
@@ -492,6 +508,7 @@ def fleet_page(fleet: Fleet, *, now: datetime) -> dict[str, Any]:
     slots = list(Slot.objects.filter(domain__fleet=fleet))
     bindings = list(ModelBinding.objects.filter(domain__fleet=fleet))
     slugs = {d.id: d.slug for d in domains}
+    backoffs = failover_backoff_state(fleet.id, view.policy)
     cards = [
         _domain_card(
             d,
@@ -499,6 +516,7 @@ def fleet_page(fleet: Fleet, *, now: datetime) -> dict[str, Any]:
             [s for s in slots if s.domain_id == d.id],
             [b for b in bindings if b.domain_id == d.id],
             now,
+            backoffs.get(str(d.id)),
         )
         for d in domains
     ]

@@ -95,7 +95,8 @@ def fleet_live(request, slug: str):
 @require_POST
 @staff_required
 def fleet_action(request, slug: str, action: str):
-    """Promote, demote or reconcile; unconfirmed requests get a confirmation page first."""
+    """Promote, demote, reconcile, cancel, provision or stop; unconfirmed requests get a
+    confirmation page first."""
     fleet = _fleet(slug)
     if fleet is None or action not in ACTIONS:
         return _not_found(request, slug)
@@ -119,6 +120,8 @@ def fleet_action(request, slug: str, action: str):
     actor = f"dashboard:{request.user.get_username()}"
     if action == "reconcile":
         result = actions.reconcile_now(fleet=fleet, actor=actor)
+    elif action == "cancel":
+        result = actions.cancel_operation(fleet=fleet, operation_id=target, actor=actor)
     elif action in ("provision", "stop"):
         result = actions.provision_move(fleet=fleet, action=action, target=target, actor=actor)
     else:

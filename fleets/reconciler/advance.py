@@ -12,7 +12,6 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from fleets import clock
 from fleets.core.policy import Policy
@@ -24,14 +23,18 @@ from fleets.core.states import (
     OperationState,
 )
 from fleets.models import Event, Id, Operation
-from fleets.reconciler import demote, posture, promote
-from fleets.reconciler.client import CALL_CAP_S, SupervisorClient
+from fleets.reconciler import demote, promote
+from fleets.reconciler.cleanup import cleanup_run
+from fleets.reconciler.client import SupervisorClient
 from fleets.reconciler.steps import STEP_TIMEOUT, StepContext, StepResult
 from fleets.services.events import event_record
 from fleets.services.operations import operation_fail, operation_start, operation_step_done
 from fleets.services.transitions import domain_transition
 
 log = logging.getLogger(__name__)
+
+# The clean-up right after a failure, by name so a test can skip it as a dying worker would.
+cleanup_after_failure = cleanup_run
 
 EXECUTORS: dict[str, Mapping[str, Callable[[StepContext], StepResult]]] = {
     OperationKind.PROMOTE: promote.EXECUTORS,
@@ -180,57 +183,6 @@ def _fail(
         return
     log.warning("operation %s failed at %s: %s: %s", op.id, step, code, message)
     if op.kind == OperationKind.PROMOTE:
-        # operation_fail has committed; the supervisor calls run outside any transaction.
-        promotion_cleanup(operation=op, policy=ctx.policy, client_for=client_for, actor=actor)
-
-
-def promotion_cleanup(
-    *,
-    operation: Operation,
-    policy: Policy,
-    client_for: Callable[[str], SupervisorClient],
-    actor: str = "reconciler",
-) -> None:
-    """Best effort: put a failed promotion's target back in standby posture, as events.
-
-    Sleep its models; restart training only once the sleep is proven, as for the old active.
-    A failure here is recorded and left to the operator (or a demote): the operation has
-    already failed and routing never moved.
-    """
-    target = operation.target_domain
-    if target is None or not target.supervisor_url:
-        return
-    client = client_for(target.supervisor_url)
-
-    def record(kind: str, **data: Any) -> None:
-        event_record(
-            fleet_id=operation.fleet_id,
-            domain_id=target.id,
-            operation_id=operation.id,
-            kind=f"operation.cleanup.{kind}",
-            actor=actor,
-            data=data,
-        )
-
-    def call_cap(budget_ms: int) -> Callable[[], float]:
-        return lambda: min(CALL_CAP_S, budget_ms / 1000)
-
-    slept = posture.ensure_asleep(
-        client=client,
-        domain=target,
-        timeout=call_cap(policy.sleep_timeout_ms),
-        operation_id=operation.id,
-        actor=actor,
-    )
-    record("sleep", ok=slept.reached, message=slept.message)
-    if not slept.reached:
-        record("training", ok=False, skipped=True, message="sleep not proven; training left off")
-        return
-    trained = posture.ensure_training(
-        client=client,
-        domain=target,
-        timeout=call_cap(policy.start_training_timeout_ms),
-        operation_id=operation.id,
-        actor=actor,
-    )
-    record("training", ok=trained.reached, message=trained.message)
+        # operation_fail has committed the clean-up as pending; the supervisor calls run here,
+        # outside any transaction, and the next tick finishes them if this worker dies first.
+        cleanup_after_failure(operation=op, policy=ctx.policy, client_for=client_for, actor=actor)

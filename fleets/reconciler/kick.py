@@ -4,8 +4,9 @@ The process entry point installs the driver: the server's in-process loop (`loop
 Celery task queue (`fleets.tasks`, in the server with a broker and in every worker). With none
 installed (tests, management commands) a kick does nothing, so nothing ticks behind a test's back.
 
-Installing also registers the kick with `operations.on_operation_created`: a promote or demote
-starts right after its commit instead of at the next beat.
+Installing also registers the kick with `operations.on_operation_created` and
+`on_operation_ended`: a promote or demote starts right after its commit instead of at the next
+beat, and a cancelled one's clean-up runs at once.
 """
 
 from __future__ import annotations
@@ -25,14 +26,23 @@ def _on_operation_created(fleet_id: str, operation_id: str) -> None:
     fleet_kick(fleet_id, delay_ms=0)
 
 
+def _on_operation_ended(fleet_id: str) -> None:
+    fleet_kick(fleet_id, delay_ms=0)
+
+
 def install(kicker: Kicker | None) -> Kicker | None:
     """Make `kicker(fleet_id, delay_ms)` the driver of this process; return the previous one."""
     global _kicker
     previous, _kicker = _kicker, kicker
-    if kicker is not None and _on_operation_created not in operations.on_operation_created:
-        operations.on_operation_created.append(_on_operation_created)
-    if kicker is None and _on_operation_created in operations.on_operation_created:
-        operations.on_operation_created.remove(_on_operation_created)
+    hooks: list[tuple[list, Callable]] = [
+        (operations.on_operation_created, _on_operation_created),
+        (operations.on_operation_ended, _on_operation_ended),
+    ]
+    for registry, hook in hooks:
+        if kicker is not None and hook not in registry:
+            registry.append(hook)
+        if kicker is None and hook in registry:
+            registry.remove(hook)
     return previous
 
 

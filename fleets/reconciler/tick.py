@@ -3,8 +3,12 @@
 1. heartbeat every domain's supervisor, concurrently (HTTP, outside any transaction);
 2. mirror slot health and domain states;
 3. escalate an active degraded past `degradedGraceMs` (every condition inside one UPDATE);
-4. detect failover and request the promotion (`reason="auto_failover"`);
-5. advance the in-flight operation through every step that completes at once.
+4. detect failover: a lost active pre-empts an in-flight operation that cannot lead to a
+   serving domain (fleets.core.preemption), then the promotion is requested
+   (`reason="auto_failover"`), passing over standbys still backing off after failed attempts;
+5. advance the in-flight operation through every step that completes at once;
+6. finish the clean-ups of failed or cancelled promotions still pending (a cancel from the API,
+   a pre-emption, or a worker that died right after a failure).
 
 `tick_run` wraps it in the fleet's tick lock; `fleet_tick` is the bare tick (safe to run
 concurrently: every write is a conditional UPDATE; the race tests run it from 8 threads).
@@ -19,31 +23,39 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from fleets import clock
+from fleets.core.backoff import held_targets
 from fleets.core.failover import (
-    NO_VIABLE_STANDBY,
     RESTORE_RETRY_AFTER_MS,
+    FailoverDecision,
     detect_failover,
     should_escalate,
     standby_to_restore,
 )
+from fleets.core.preemption import PREEMPTED, InFlight, leads_to_serving, should_preempt
 from fleets.core.provisioning import Phase
 from fleets.core.read_model import FleetView
-from fleets.core.states import IN_FLIGHT_OPERATION_STATES, OperationKind, OperationState
+from fleets.core.states import (
+    IN_FLIGHT_OPERATION_STATES,
+    CleanupState,
+    OperationKind,
+    OperationState,
+)
 from fleets.errors import FleetNotFound, InvalidTarget, OperationConflict
 from fleets.models import Domain, Fleet, Id, Operation
 from fleets.reconciler import kick, metrics
 from fleets.reconciler.advance import operation_advance
+from fleets.reconciler.cleanup import pending_cleanups_run
 from fleets.reconciler.client import SupervisorClient, client_for
 from fleets.reconciler.heartbeat import heartbeat_apply, heartbeats_collect
 from fleets.reconciler.locks import fleet_tick_lock
-from fleets.selectors import fleet_get, fleet_view
+from fleets.selectors import AUTO_FAILOVER, failover_backoff_state, fleet_get, fleet_view
 from fleets.services.escalation import (
     domain_escalate,
     fleet_no_standby_clear,
     fleet_no_standby_report,
 )
 from fleets.services.events import event_record
-from fleets.services.operations import operation_request
+from fleets.services.operations import operation_cancel, operation_request
 
 log = logging.getLogger(__name__)
 
@@ -113,25 +125,61 @@ def fleet_tick(
         ):
             view = fleet_view(fleet)
 
-    # 4. Failover detection, then (nothing else started) a returned standby's posture.
+    # 4. Failover: pre-empt what blocks it, detect, then (nothing else started) a returned
+    # standby's posture. Standbys still backing off after failed attempts are passed over.
+    held = held_targets(failover_backoff_state(fleet.id, policy), now)
+    if in_flight:
+        in_flight = not _maybe_preempt(fleet, view, now, held, actor)
     if not in_flight:
-        _maybe_fail_over(fleet, view, now, actor)
+        _maybe_fail_over(fleet, view, now, held, actor)
         _maybe_restore_standby(fleet, now, actor)
 
     # 5. Advance whatever is in flight now (including a promotion created just above).
     advance = operation_advance(
         fleet_id=fleet.id, client_for=client_factory, budget_s=budget_s, poll_s=poll_s, actor=actor
     )
+
+    # 6. Clean-ups left pending; after the advance, so a failover never waits behind them.
+    pending_cleanups_run(fleet_id=fleet.id, policy=policy, client_for=client_factory, actor=actor)
     return TickResult(str(fleet.id), True, advance.operation_id, advance.nudge_ms)
 
 
-def _maybe_fail_over(fleet: Fleet, view: FleetView, now: datetime, actor: str) -> None:
-    decision = detect_failover(view, now)
+def _maybe_preempt(
+    fleet: Fleet, view: FleetView, now: datetime, held: dict[str, datetime], actor: str
+) -> bool:
+    """Cancel the in-flight operation if a lost active pre-empts it; True if none is left."""
+    op = Operation.objects.filter(fleet_id=fleet.id, state__in=IN_FLIGHT_OPERATION_STATES).first()
+    if op is None:
+        return True
+    decision = detect_failover(view, now, held)
+    current = InFlight(
+        kind=op.kind,
+        target_id=str(op.target_domain_id) if op.target_domain_id else None,
+        routing_committed=op.routing_committed,
+    )
+    serving = leads_to_serving(view, current, now)
+    if decision is None or not should_preempt(decision, current, leads_to_serving=serving):
+        return False
+    message = (
+        f"pre-empted: the active is lost ({decision.reason}) and this {op.kind} of "
+        f"{op.target_slug} does not lead to a serving domain; failing over"
+    )
+    if operation_cancel(operation_id=op.id, actor=actor, message=message, reason=PREEMPTED):
+        log.warning("fleet %s: %s %s %s", fleet.slug, op.kind, op.id, message)
+    return not Operation.objects.filter(
+        fleet_id=fleet.id, state__in=IN_FLIGHT_OPERATION_STATES
+    ).exists()
+
+
+def _maybe_fail_over(
+    fleet: Fleet, view: FleetView, now: datetime, held: dict[str, datetime], actor: str
+) -> None:
+    decision = detect_failover(view, now, held)
     if decision is None:
         fleet_no_standby_clear(fleet_id=fleet.id)
         return
     if decision.target_id is None:
-        _report_no_standby(fleet, view, now)
+        _report_no_standby(fleet, view, now, decision, held)
         return
     try:
         result = operation_request(
@@ -139,7 +187,7 @@ def _maybe_fail_over(fleet: Fleet, view: FleetView, now: datetime, actor: str) -
             kind=OperationKind.PROMOTE,
             target_domain_id=decision.target_id,
             actor=actor,
-            reason="auto_failover",
+            reason=AUTO_FAILOVER,
             detected_at=now,
         )
     except (OperationConflict, InvalidTarget) as exc:
@@ -187,12 +235,20 @@ def _maybe_restore_standby(fleet: Fleet, now: datetime, actor: str) -> None:
             last_failed[key] = max(finished_at, last_failed.get(key, finished_at))
     # A node Haru launched is settled into standby posture by the provisioning pass (its phase
     # is "up" until then); restoring it here too would race that pass for the same demotion.
+    # Likewise a failed promotion's target whose clean-up is still pending: that clean-up is
+    # the same demotion.
     unsettled = frozenset(
         str(pk)
         for pk, status in Domain.objects.filter(fleet_id=fleet.id)
         .exclude(driver_status={})
         .values_list("id", "driver_status")
         if (status or {}).get("phase") not in ("", None, Phase.SETTLED)
+    ) | frozenset(
+        str(pk)
+        for pk in Operation.objects.filter(
+            fleet_id=fleet.id, cleanup=CleanupState.PENDING
+        ).values_list("target_domain_id", flat=True)
+        if pk is not None
     )
     target = standby_to_restore(fleet_view(fleet), now, last_failed, unsettled)
     if target is None:
@@ -212,15 +268,26 @@ def _maybe_restore_standby(fleet: Fleet, now: datetime, actor: str) -> None:
         log.warning("fleet %s: %s is back but awake; demoting it", fleet.slug, target.slug)
 
 
-def _report_no_standby(fleet: Fleet, view: FleetView, now: datetime) -> None:
+def _report_no_standby(
+    fleet: Fleet,
+    view: FleetView,
+    now: datetime,
+    decision: FailoverDecision,
+    held: dict[str, datetime],
+) -> None:
     if fleet_no_standby_report(
         fleet_id=fleet.id,
         active_domain_id=view.active_domain_id,
         now=now,
         every_ms=NO_STANDBY_EVENT_EVERY_MS,
-        reason=NO_VIABLE_STANDBY,
+        reason=decision.reason,
+        next_attempt_at=min(held.values()) if held else None,
     ):
-        log.error("fleet %s: the active is lost and no standby can take over", fleet.slug)
+        log.error(
+            "fleet %s: the active is lost and no standby can take over (%s)",
+            fleet.slug,
+            decision.reason,
+        )
 
 
 def tick_run(

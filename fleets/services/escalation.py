@@ -13,10 +13,12 @@ from datetime import datetime, timedelta
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 
+from fleets.clock import iso
 from fleets.core.states import (
     IN_FLIGHT_OPERATION_STATES,
     DomainState,
     InferenceState,
+    OperationKind,
     SlotKind,
     check_transition,
 )
@@ -60,7 +62,7 @@ def domain_escalate(
 
     One conditional UPDATE checks, all at once: the domain is still degraded and has been since
     before the grace; it is still the fleet's active; the fleet's autoFailover is on; a viable
-    standby exists; and no operation is in flight. Return whether it moved.
+    standby exists; and no promotion is in flight. Return whether it moved.
     """
     check_transition("domain", DomainState.DEGRADED, DomainState.FAILED)
     is_active = Exists(
@@ -68,9 +70,13 @@ def domain_escalate(
     )
     # autoFailover defaults to false, so only an explicit true (JSON true) counts.
     auto_failover = Exists(Fleet.objects.filter(pk=OuterRef("fleet_id"), policy__autoFailover=True))
+    # A promotion in flight is already moving routing; a demote is not, and must not hold back
+    # the escalation (the tick then pre-empts it, fleets.core.preemption).
     idle = ~Exists(
         Operation.objects.filter(
-            fleet_id=OuterRef("fleet_id"), state__in=IN_FLIGHT_OPERATION_STATES
+            fleet_id=OuterRef("fleet_id"),
+            state__in=IN_FLIGHT_OPERATION_STATES,
+            kind=OperationKind.PROMOTE,
         )
     )
     guard = Domain.objects.filter(
@@ -111,10 +117,13 @@ def fleet_no_standby_report(
     now: datetime,
     every_ms: int,
     reason: str,
+    next_attempt_at: datetime | None = None,
     actor: str = "reconciler",
 ) -> bool:
     """Record "the active is lost and no standby can take over" at most once per `every_ms`
-    per fleet, however many processes tick it; return whether this call recorded it."""
+    per fleet, however many processes tick it; return whether this call recorded it.
+
+    `next_attempt_at`: when the reason is a backoff, when the first held standby is due."""
     with transaction.atomic():
         moved = (
             Fleet.objects.filter(pk=fleet_id)
@@ -131,7 +140,10 @@ def fleet_no_standby_report(
                 domain_id=active_domain_id,
                 kind="failover.no_viable_standby",
                 actor=actor,
-                data={"reason": reason},
+                data={
+                    "reason": reason,
+                    **({"nextAttemptAt": iso(next_attempt_at)} if next_attempt_at else {}),
+                },
             )
     return bool(moved)
 

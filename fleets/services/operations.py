@@ -8,18 +8,20 @@ kind and target) or reports as a conflict.
 from __future__ import annotations
 
 import functools
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Subquery
+from django.db.models import Q, Subquery
 
 from fleets import clock
 from fleets.core.decisions import decide_demotion, decide_promotion
 from fleets.core.states import (
     IN_FLIGHT_OPERATION_STATES,
+    CleanupState,
     InferenceState,
     OperationKind,
     OperationState,
@@ -28,7 +30,12 @@ from fleets.core.states import (
     check_transition,
     steps_for,
 )
-from fleets.errors import InvalidTarget, OperationConflict
+from fleets.errors import (
+    InvalidTarget,
+    OperationConflict,
+    OperationNotCancellable,
+    OperationNotFound,
+)
 from fleets.models import Fleet, Id, Operation, Slot
 from fleets.selectors import fleet_view
 from fleets.services.events import event_record
@@ -37,6 +44,9 @@ from fleets.services.transitions import slot_transition
 # Called (after commit) with the operation id whenever an operation is created, so the
 # reconciler can start it at once instead of at the next beat. The reconciler registers here.
 on_operation_created: list[Callable[[str, str], None]] = []
+# Called (after commit) with the fleet id when an operator or a pre-emption ends an operation:
+# its clean-up, and whatever waited behind it, should not wait for the next beat.
+on_operation_ended: list[Callable[[str], None]] = []
 
 
 @dataclass(frozen=True)
@@ -232,7 +242,8 @@ def operation_fail(
     A promotion whose routing has committed is never failed here: the pointer already moved, so
     the guard `routing_committed=False` keeps an operation from reading "failed" while serving.
     Cleanup: the target's waking/probing slots go to failed (the next heartbeat mirrors their
-    real posture) and training slots caught in stopping go back to training.
+    real posture) and training slots caught in stopping go back to training; the supervisor
+    side of it (sleep, restart training) is recorded as a pending clean-up on the operation.
     """
     op = (
         Operation.objects.filter(pk=operation_id)
@@ -244,12 +255,18 @@ def operation_fail(
     check_transition("operation", op["state"], OperationState.FAILED)
     now = clock.now()
     error = {"step": step, "code": code, "message": message}
+    promotion = op["kind"] == OperationKind.PROMOTE
     with transaction.atomic():
         moved = Operation.objects.filter(
             pk=operation_id,
             state=op["state"],
             routing_committed=False,
-        ).update(state=OperationState.FAILED, error=error, finished_at=now)
+        ).update(
+            state=OperationState.FAILED,
+            error=error,
+            finished_at=now,
+            cleanup=CleanupState.PENDING if promotion else CleanupState.NONE,
+        )
         if not moved:
             return False
         event_record(
@@ -261,7 +278,7 @@ def operation_fail(
             step=step,
             data=error,
         )
-        if op["kind"] == OperationKind.PROMOTE:
+        if promotion:
             _undo_promotion_half_moves(op["target_domain_id"], operation_id, actor)
     return True
 
@@ -292,29 +309,158 @@ def _undo_promotion_half_moves(target_domain_id: Id, operation_id: Id, actor: st
             )
 
 
+# Why an operation was cancelled (the error code it ends with).
+CANCELLED_BY_OPERATOR = "cancelled"
+# Message sizes are bounded: an operator's note or a reason never grows the row without limit.
+_MAX_MESSAGE = 500
+
+
 def operation_cancel(
-    *, operation_id: Id, actor: str, message: str = "cancelled by operator"
+    *,
+    operation_id: Id,
+    actor: str,
+    message: str = "cancelled by operator",
+    reason: str = CANCELLED_BY_OPERATOR,
 ) -> bool:
-    """Cancel an in-flight operation that has not committed routing."""
-    op = Operation.objects.filter(pk=operation_id).values("fleet_id", "state").first()
-    if op is None or op["state"] not in IN_FLIGHT_OPERATION_STATES:
+    """Cancel an in-flight operation that has not committed routing; False if it could not.
+
+    One conditional UPDATE on (state, current step, routing not committed): a cancel that
+    commits before the switch step keeps the pointer where it is (the switch's CAS requires a
+    running operation), and a switch that commits first makes this refuse. A promotion's target
+    is put back as a failed one is: half-moves undone here, the supervisor side left as a
+    pending clean-up for the tick (never an external call inside this transaction).
+    """
+    for _attempt in range(3):
+        op = (
+            Operation.objects.filter(pk=operation_id)
+            .values("kind", "fleet_id", "target_domain_id", "state", "current_step")
+            .first()
+        )
+        if op is None or op["state"] not in IN_FLIGHT_OPERATION_STATES:
+            return False
+        check_transition("operation", op["state"], OperationState.CANCELLED)
+        promotion = op["kind"] == OperationKind.PROMOTE
+        error = {"step": op["current_step"], "code": reason, "message": message[:_MAX_MESSAGE]}
+        with transaction.atomic():
+            moved = Operation.objects.filter(
+                pk=operation_id,
+                state=op["state"],
+                current_step=op["current_step"],
+                routing_committed=False,
+            ).update(
+                state=OperationState.CANCELLED,
+                finished_at=clock.now(),
+                error=error,
+                cleanup=CleanupState.PENDING if promotion else CleanupState.NONE,
+            )
+            if moved:
+                event_record(
+                    fleet_id=op["fleet_id"],
+                    operation_id=operation_id,
+                    domain_id=op["target_domain_id"],
+                    kind="operation.cancelled",
+                    actor=actor,
+                    step=op["current_step"] or "",
+                    data={"reason": reason, "message": error["message"]},
+                )
+                if promotion:
+                    _undo_promotion_half_moves(op["target_domain_id"], operation_id, actor)
+                for hook in on_operation_ended:
+                    transaction.on_commit(functools.partial(hook, str(op["fleet_id"])))
+                return True
+        still = Operation.objects.filter(pk=operation_id).values("state", "routing_committed")
+        row = still.first()
+        if row is None or row["state"] not in IN_FLIGHT_OPERATION_STATES:
+            return False
+        if row["routing_committed"]:
+            return False
+        # The step moved on between the read and the UPDATE: read again.
+    return False
+
+
+def operation_cancel_request(*, fleet_id: Id, operation_id: str, actor: str) -> Operation:
+    """Cancel an operation of `fleet_id` for an operator (API, dashboard, admin).
+
+    Raises OperationNotFound when the operation is not this fleet's, OperationNotCancellable
+    (409) when it already finished or its routing committed. Returns the cancelled row.
+    """
+    op = _fleet_operation(fleet_id, operation_id)
+    if operation_cancel(operation_id=op.id, actor=actor):
+        op.refresh_from_db()
+        return op
+    op.refresh_from_db()
+    if op.state not in IN_FLIGHT_OPERATION_STATES:
+        raise OperationNotCancellable(
+            f"{op.kind} {op.id} already finished ({op.state})", operation=op
+        )
+    if op.routing_committed:
+        raise OperationNotCancellable(
+            f"{op.kind} {op.id} has already moved routing (step {op.current_step}); "
+            "only its best-effort steps on the old active remain",
+            code="routing_committed",
+            operation=op,
+        )
+    raise OperationConflict(f"{op.kind} {op.id} kept changing; retry the cancel", operation=op)
+
+
+def _fleet_operation(fleet_id: Id, operation_id: str) -> Operation:
+    try:
+        as_id = uuid.UUID(str(operation_id))
+    except ValueError:
+        as_id = None
+    op = (
+        Operation.objects.filter(pk=as_id, fleet_id=fleet_id)
+        .select_related("fleet", "target_domain", "source_domain")
+        .first()
+        if as_id is not None
+        else None
+    )
+    if op is None:
+        raise OperationNotFound(f"operation {operation_id!r} not found in this fleet")
+    return op
+
+
+# -- the clean-up after a failed or cancelled promotion ------------------------------------------
+
+
+def operation_cleanup_claim(*, operation_id: Id, lease_ms: int) -> bool:
+    """Take the pending clean-up for `lease_ms`; False while another tick holds it.
+
+    The lease, not a flag, because the holder may die: the next tick after the lease ends takes
+    over, and the clean-up's steps are check-and-nudge, so a second run does no harm.
+    """
+    now = clock.now()
+    return bool(
+        Operation.objects.filter(pk=operation_id, cleanup=CleanupState.PENDING)
+        .filter(Q(cleanup_lease_until__isnull=True) | Q(cleanup_lease_until__lte=now))
+        .update(cleanup_lease_until=now + timedelta(milliseconds=lease_ms))
+    )
+
+
+def operation_cleanup_finish(
+    *,
+    operation_id: Id,
+    outcome: CleanupState,
+    actor: str = "reconciler",
+    data: dict[str, Any] | None = None,
+) -> bool:
+    """Record the clean-up's outcome, once: the first finisher wins, a late one changes nothing."""
+    if outcome in (CleanupState.NONE, CleanupState.PENDING):
+        raise ValueError(f"a clean-up cannot finish as {outcome!r}")
+    row = Operation.objects.filter(pk=operation_id).values("fleet_id", "target_domain_id").first()
+    if row is None:
         return False
-    check_transition("operation", op["state"], OperationState.CANCELLED)
     with transaction.atomic():
-        moved = Operation.objects.filter(
-            pk=operation_id,
-            state=op["state"],
-            routing_committed=False,
-        ).update(
-            state=OperationState.CANCELLED,
-            finished_at=clock.now(),
-            error={"step": "", "code": "cancelled", "message": message},
+        moved = Operation.objects.filter(pk=operation_id, cleanup=CleanupState.PENDING).update(
+            cleanup=outcome, cleanup_lease_until=None
         )
         if moved:
             event_record(
-                fleet_id=op["fleet_id"],
+                fleet_id=row["fleet_id"],
                 operation_id=operation_id,
-                kind="operation.cancelled",
+                domain_id=row["target_domain_id"],
+                kind="operation.cleanup.finished",
                 actor=actor,
+                data={"outcome": str(outcome), **(data or {})},
             )
     return bool(moved)

@@ -25,6 +25,7 @@ ROUTES = [
     ("post", "/v1/fleets/demo/domains/west/provision"),
     ("post", "/v1/fleets/demo/domains/west/stop"),
     ("get", f"/v1/operations/{OP_ID}"),
+    ("post", f"/v1/fleets/demo/operations/{OP_ID}/cancel"),
     ("get", "/v1/openapi.json"),
     ("get", "/v1/docs"),
 ]

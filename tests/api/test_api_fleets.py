@@ -187,6 +187,7 @@ def test_operation_detail_renders_the_public_contract(seeded_fleet, client_with_
         "stepStartedAt": None,
         "routingCommitted": False,
         "error": None,
+        "cleanup": None,
         "reason": "manual",
         "requestedBy": "api:alice",
         "createdAt": body["createdAt"],

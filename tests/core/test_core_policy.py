@@ -23,6 +23,8 @@ TIMEOUT_KEYS = [
     "replaceFailedGraceMs",
     "provisionTimeoutMs",
     "provisionRetryBackoffMs",
+    "failoverBackoffMs",
+    "failoverBackoffMaxMs",
 ]
 
 
@@ -57,6 +59,8 @@ def test_defaults_match_the_design():
         "provisionTimeoutMs": 1800000,
         "provisionRetryBackoffMs": 30000,
         "stopMode": "down",
+        "failoverBackoffMs": 15000,
+        "failoverBackoffMaxMs": 300000,
     }
 
 
@@ -69,6 +73,21 @@ def test_replace_switches_must_be_booleans(key):
 def test_stop_mode_is_down_or_stop():
     _refused({"stopMode": "terminate"}, "policy.stopMode", "down")
     assert Policy.resolve({"stopMode": "stop"}).stop_mode == "stop"
+
+
+def test_failover_backoff_cap_must_not_be_below_its_first_step():
+    _refused({"failoverBackoffMaxMs": 10_000}, "policy.failoverBackoffMaxMs", "(15000); got 10000")
+    _refused({"failoverBackoffMs": 400_000}, "policy.failoverBackoffMaxMs", "(400000); got 300000")
+    _refused(
+        {"failoverBackoffMs": 5_000, "failoverBackoffMaxMs": 4_999},
+        "policy.failoverBackoffMaxMs",
+        "got 4999",
+    )
+    _refused({"failoverBackoffMs": 0}, "policy.failoverBackoffMs", "between 1 and")
+    ok = {"failoverBackoffMs": 1_000, "failoverBackoffMaxMs": 1_000}
+    assert validate_policy(ok) == ok
+    resolved = Policy.resolve(ok)
+    assert (resolved.failover_backoff_ms, resolved.failover_backoff_max_ms) == (1_000, 1_000)
 
 
 def test_empty_policy_stores_nothing_and_resolves_to_defaults():
@@ -158,8 +177,13 @@ def test_timeouts_must_be_integers_in_range(key, value, rule):
 
 @pytest.mark.parametrize("key", TIMEOUT_KEYS)
 def test_timeout_bounds_are_inclusive(key):
-    assert validate_policy({key: 1}) == {key: 1}
-    assert validate_policy({key: 2**31 - 1}) == {key: 2**31 - 1}
+    # The backoff's cap may not sit below its first step: move the other side out of the way.
+    other = {"failoverBackoffMs": {"failoverBackoffMaxMs": 2**31 - 1}}.get(key, {})
+    if key == "failoverBackoffMaxMs":
+        other = {"failoverBackoffMs": 1}
+    for value in (1, 2**31 - 1):
+        raw = {key: value, **other}
+        assert validate_policy(raw) == raw
 
 
 @pytest.mark.parametrize("value", [0, 0.0, -0.1, 1.01, float("nan"), float("inf"), True, "0.5"])

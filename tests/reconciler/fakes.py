@@ -42,6 +42,7 @@ class FakeHost:
     bad_body: bool = False
     wake_fails: bool = False
     wake_noop: bool = False  # answers 200 but nothing wakes (a hung engine behind it)
+    sleep_fails: bool = False  # POST /v1/vllm/sleep answers 502: the models stay awake
     probe_fails: set[str] = field(default_factory=set)
     stop_polls: int = 0  # status reads a stop takes before the trainer is gone
     ignore_stop: bool = False  # the trainer never exits
@@ -218,6 +219,8 @@ class FakeHost:
                         self.effects["woke"] += 1
             return httpx.Response(200, json={"ok": True, "action": "wake"})
         if (method, path) == ("POST", "/v1/vllm/sleep"):
+            if self.sleep_fails:
+                return _error(502, "sleep_failed", "sleep failed for every model")
             for name, asleep in self.models.items():
                 if not asleep:
                     self.models[name] = True

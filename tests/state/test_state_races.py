@@ -15,7 +15,12 @@ from django.db import connection
 from rest_framework.test import APIClient
 
 from fleets.models import Domain, Event, Fleet, Operation
-from fleets.services.operations import operation_fail, operation_request, operation_start
+from fleets.services.operations import (
+    operation_cancel,
+    operation_fail,
+    operation_request,
+    operation_start,
+)
 from fleets.services.route_pointer import route_switch
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -102,7 +107,8 @@ def test_pointer_moves_from_one_read_revision_have_exactly_one_winner(seeded_fle
     assert Event.objects.filter(kind="fleet.route.switched").count() == 1
 
 
-def test_switch_racing_a_failure_never_both_moves_and_fails(seeded_fleet):
+@pytest.mark.parametrize("ending", ["failed", "cancelled"])
+def test_switch_racing_a_failure_or_a_cancel_never_both_moves_and_ends(seeded_fleet, ending):
     fleet = seeded_fleet
     for _round in range(10):
         fleet.refresh_from_db()
@@ -120,6 +126,8 @@ def test_switch_racing_a_failure_never_both_moves_and_fails(seeded_fleet):
                     expected_active_id=before[0],
                     expected_revision=before[1],
                 )
+            if ending == "cancelled":
+                return operation_cancel(operation_id=op.id, actor="ops")
             return operation_fail(operation_id=op.id, step="probe", code="probe_failed", message="")
 
         switched, failed = run_together(2, act)
@@ -133,5 +141,6 @@ def test_switch_racing_a_failure_never_both_moves_and_fails(seeded_fleet):
             # Test scaffolding: finish the operation so the next round may start one.
             Operation.objects.filter(pk=op.id).update(state="succeeded")
         else:
-            assert (op.state, op.routing_committed) == ("failed", False)
+            assert (op.state, op.routing_committed) == (ending, False)
+            assert op.cleanup == "pending"
             assert (fleet.active_domain_id, fleet.route_revision) == before

@@ -1,0 +1,155 @@
+"""The clean-up after a failed or cancelled promotion: its target back in standby posture.
+
+`operation_fail` and `operation_cancel` record the clean-up as pending on the operation, in the
+transaction that ends it; this module does the supervisor side (sleep the models, restart
+training once the sleep is proven) outside any transaction, then records the outcome. The tick
+that failed the operation runs it at once; a pending one left by a worker that died, or by a
+cancel from the API, is finished by the next tick of the fleet (`pending_cleanups_run`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from fleets.core.policy import Policy
+from fleets.core.states import IN_FLIGHT_OPERATION_STATES, CleanupState
+from fleets.models import Fleet, Id, Operation
+from fleets.reconciler import posture
+from fleets.reconciler.client import CALL_CAP_S, SupervisorClient
+from fleets.services.events import event_record
+from fleets.services.operations import operation_cleanup_claim, operation_cleanup_finish
+
+log = logging.getLogger(__name__)
+
+# How long a tick holds a clean-up: both postures take at most three calls each, every call
+# capped at CALL_CAP_S, so a holder alive past this is not running it any more.
+CLEANUP_LEASE_MS = 90_000
+# Clean-ups finished per tick: a fleet with a backlog (many failures while no worker ran)
+# catches up over a few ticks instead of one unbounded one.
+MAX_CLEANUPS_PER_TICK = 4
+
+
+def pending_cleanups(fleet_id: Id) -> list[Operation]:
+    """Return the fleet's operations whose clean-up is still pending, oldest first."""
+    return list(
+        Operation.objects.filter(fleet_id=fleet_id, cleanup=CleanupState.PENDING)
+        .select_related("target_domain")
+        .order_by("finished_at")[:MAX_CLEANUPS_PER_TICK]
+    )
+
+
+def pending_cleanups_run(
+    *,
+    fleet_id: Id,
+    policy: Policy,
+    client_for: Callable[[str], SupervisorClient],
+    actor: str = "reconciler",
+) -> int:
+    """Finish the fleet's pending clean-ups; return how many this tick finished."""
+    return sum(
+        cleanup_run(operation=op, policy=policy, client_for=client_for, actor=actor)
+        for op in pending_cleanups(fleet_id)
+    )
+
+
+def cleanup_run(
+    *,
+    operation: Operation,
+    policy: Policy,
+    client_for: Callable[[str], SupervisorClient],
+    actor: str = "reconciler",
+) -> bool:
+    """Claim the operation's pending clean-up, do it, record the outcome; False if not ours."""
+    if not operation_cleanup_claim(operation_id=operation.id, lease_ms=CLEANUP_LEASE_MS):
+        return False
+    skip = _skip_reason(operation)
+    if skip is not None:
+        return operation_cleanup_finish(
+            operation_id=operation.id,
+            outcome=CleanupState.SKIPPED,
+            actor=actor,
+            data={"message": skip},
+        )
+    reached = promotion_cleanup(
+        operation=operation, policy=policy, client_for=client_for, actor=actor
+    )
+    outcome = CleanupState.DONE if reached else CleanupState.INCOMPLETE
+    if not reached:
+        log.warning("operation %s: clean-up of its target incomplete", operation.id)
+    return operation_cleanup_finish(operation_id=operation.id, outcome=outcome, actor=actor)
+
+
+def _skip_reason(operation: Operation) -> str | None:
+    """Say why the target must be left alone now, or None to clean it up."""
+    target = operation.target_domain
+    if target is None:
+        return "the target domain is gone"
+    if not target.supervisor_url:
+        return f"domain {target.slug} has no supervisor URL"
+    # Never sleep what serves traffic, nor what another operation is moving (a failover that
+    # pre-empted this one may have picked the same domain).
+    active = Fleet.objects.filter(pk=operation.fleet_id).values_list("active_domain_id", flat=True)
+    if active.first() == target.id:
+        return f"domain {target.slug} is the active domain now"
+    moving = Operation.objects.filter(
+        fleet_id=operation.fleet_id,
+        state__in=IN_FLIGHT_OPERATION_STATES,
+        target_domain_id=target.id,
+    ).first()
+    if moving is not None:
+        return f"{moving.kind} {moving.id} now drives domain {target.slug}"
+    return None
+
+
+def promotion_cleanup(
+    *,
+    operation: Operation,
+    policy: Policy,
+    client_for: Callable[[str], SupervisorClient],
+    actor: str = "reconciler",
+) -> bool:
+    """Best effort: put the target back in standby posture, each move recorded as an event.
+
+    Sleep its models; restart training only once the sleep is proven, as for the old active.
+    Return whether the posture was reached; when not, the restore-standby pass (policy
+    `restoreStandbyOnReturn`) or an operator's demote finishes it.
+    """
+    target = operation.target_domain
+    assert target is not None and target.supervisor_url  # _skip_reason checked
+    client = client_for(target.supervisor_url)
+
+    def record(kind: str, **data: Any) -> None:
+        event_record(
+            fleet_id=operation.fleet_id,
+            domain_id=target.id,
+            operation_id=operation.id,
+            kind=f"operation.cleanup.{kind}",
+            actor=actor,
+            data=data,
+        )
+
+    def call_cap(budget_ms: int) -> Callable[[], float]:
+        return lambda: min(CALL_CAP_S, budget_ms / 1000)
+
+    slept = posture.ensure_asleep(
+        client=client,
+        domain=target,
+        timeout=call_cap(policy.sleep_timeout_ms),
+        operation_id=operation.id,
+        actor=actor,
+    )
+    record("sleep", ok=slept.reached, message=slept.message)
+    if not slept.reached:
+        record("training", ok=False, skipped=True, message="sleep not proven; training left off")
+        return False
+    trained = posture.ensure_training(
+        client=client,
+        domain=target,
+        timeout=call_cap(policy.start_training_timeout_ms),
+        operation_id=operation.id,
+        actor=actor,
+    )
+    record("training", ok=trained.reached, message=trained.message)
+    return trained.reached
