@@ -23,7 +23,7 @@ from fleets.core.states import (
     OperationKind,
     OperationState,
 )
-from fleets.models import Event, Id, Operation
+from fleets.models import Domain, Event, Id, Operation
 from fleets.reconciler import demote, posture, promote
 from fleets.reconciler.client import CALL_CAP_S, SupervisorClient
 from fleets.reconciler.steps import STEP_TIMEOUT, StepContext, StepResult
@@ -56,7 +56,7 @@ class Advance:
 def operation_advance(
     *,
     fleet_id: Id,
-    client_for: Callable[[str], SupervisorClient],
+    client_for: Callable[[Domain], SupervisorClient],
     budget_s: float,
     poll_s: float,
     actor: str = "reconciler",
@@ -138,7 +138,10 @@ def _record_retry(ctx: StepContext, result: StepResult, actor: str) -> None:
 
 
 def _timeout(
-    ctx: StepContext, result: StepResult, actor: str, client_for: Callable[[str], SupervisorClient]
+    ctx: StepContext,
+    result: StepResult,
+    actor: str,
+    client_for: Callable[[Domain], SupervisorClient],
 ) -> None:
     op, step = ctx.operation, ctx.step
     budget = ctx.budget_ms
@@ -173,7 +176,7 @@ def _fail(
     code: str,
     message: str,
     actor: str,
-    client_for: Callable[[str], SupervisorClient],
+    client_for: Callable[[Domain], SupervisorClient],
 ) -> None:
     op, step = ctx.operation, ctx.step
     if not operation_fail(operation_id=op.id, step=step, code=code, message=message, actor=actor):
@@ -188,7 +191,7 @@ def promotion_cleanup(
     *,
     operation: Operation,
     policy: Policy,
-    client_for: Callable[[str], SupervisorClient],
+    client_for: Callable[[Domain], SupervisorClient],
     actor: str = "reconciler",
 ) -> None:
     """Best effort: put a failed promotion's target back in standby posture, as events.
@@ -200,7 +203,7 @@ def promotion_cleanup(
     target = operation.target_domain
     if target is None or not target.supervisor_url:
         return
-    client = client_for(target.supervisor_url)
+    client = client_for(target)
 
     def record(kind: str, **data: Any) -> None:
         event_record(
