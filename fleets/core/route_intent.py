@@ -42,7 +42,7 @@ def _target(domain: DomainView, *, active: bool) -> dict[str, Any]:
     return {
         "domainId": domain.id,
         "domainSlug": domain.slug,
-        "endpointUrl": without_userinfo(domain.serving_base_url),
+        "endpointUrl": without_userinfo(domain.serving_base_url or "") or None,
         "eligible": active and bool(domain.serving_base_url) and any(m["eligible"] for m in models),
         "weight": 1 if active else 0,
         "models": models,

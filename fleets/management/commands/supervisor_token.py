@@ -30,9 +30,7 @@ class Command(BaseCommand):
                 f"{MASTER_KEY_ENV} is not set: per-domain tokens are derived from it "
                 "(README, 'Credentials')"
             )
-        domain = (
-            Domain.objects.filter(fleet__slug=fleet_slug, slug=domain_slug).only("id").first()
-        )
+        domain = Domain.objects.filter(fleet__slug=fleet_slug, slug=domain_slug).only("id").first()
         if domain is None:
             known = sorted(
                 Domain.objects.filter(fleet__slug=fleet_slug).values_list("slug", flat=True)
