@@ -16,6 +16,9 @@ import trustme
 from fleets.reconciler import client
 from tests.reconciler.fakes import FakeHost
 
+# A real TLS server on a loopback socket, in a thread.
+pytestmark = pytest.mark.integration
+
 
 class _Supervisor(BaseHTTPRequestHandler):
     body = json.dumps(FakeHost(models={"llama-small": False})._status()).encode()

@@ -27,6 +27,7 @@ def real_transport():
     client.use_transport(previous)
 
 
+@pytest.mark.integration
 def test_a_supervisor_serves_https_to_a_client_holding_the_ca(
     processes, tools, tmp_path, settings, real_transport
 ):
