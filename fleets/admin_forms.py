@@ -20,6 +20,7 @@ from jsonschema import Draft202012Validator
 
 from fleets.core.policy import PolicyError, validate_policy
 from fleets.core.states import SlotKind
+from fleets.core.urls import USERINFO_RULE, has_userinfo, supervisor_url_problem
 from fleets.drivers.cloud_placement import (
     CloudPlacementError,
     parse_cloud_placement,
@@ -60,6 +61,16 @@ def validate_slug(value: str) -> None:
 def validate_url(value: str) -> None:
     if value:
         _check_pattern(value, _def("url"))
+        if has_userinfo(value):
+            raise ValidationError(USERINFO_RULE)
+
+
+def validate_supervisor_url(value: str) -> None:
+    """The URL rules, plus HARU_SUPERVISOR_HOSTS: a supervisor token goes to allowed hosts only."""
+    validate_url(value)
+    problem = value and supervisor_url_problem(value, settings.HARU["supervisor_hosts"])
+    if problem:
+        raise ValidationError(problem)
 
 
 def validate_model_name(value: str) -> None:
@@ -205,7 +216,7 @@ class DomainForm(forms.ModelForm):
 
     def clean_supervisor_url(self):
         value = self.cleaned_data.get("supervisor_url") or ""
-        validate_url(value)
+        validate_supervisor_url(value)
         return value
 
     def clean_serving_base_url(self):

@@ -5,7 +5,7 @@ from django.conf import settings
 from django.core import checks
 from django.db.models.signals import post_migrate
 
-from fleets.checks import short_tokens
+from fleets.checks import scoped_tokens, shared_supervisor_token, short_tokens
 
 
 def _seed_beat_schedule(**_kwargs: Any) -> None:
@@ -28,4 +28,6 @@ class FleetsConfig(AppConfig):
         from fleets.api import schema  # noqa: F401, PLC0415
 
         checks.register(short_tokens, checks.Tags.security)
+        checks.register(shared_supervisor_token, checks.Tags.security)
+        checks.register(scoped_tokens, checks.Tags.security)
         post_migrate.connect(_seed_beat_schedule, sender=self, dispatch_uid="haru-beat-schedule")

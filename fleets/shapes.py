@@ -15,6 +15,7 @@ from fleets.clock import iso
 from fleets.core.backoff import Backoff
 from fleets.core.policy import Policy
 from fleets.core.states import SlotKind
+from fleets.core.urls import without_userinfo
 from fleets.models import Domain, Fleet, ModelBinding, Operation, Slot
 
 
@@ -112,7 +113,7 @@ def model_json(binding: ModelBinding) -> dict[str, Any]:
     return {
         "id": str(binding.id),
         "name": binding.name,
-        "servingUrl": binding.serving_url,
+        "servingUrl": without_userinfo(binding.serving_url),
         "profile": binding.profile or None,
         "memory": binding.memory or None,
     }
@@ -167,8 +168,9 @@ def domain_json(
         "provider": domain.provider,
         "placement": domain.placement,
         "priority": domain.priority,
-        "supervisorUrl": domain.supervisor_url or None,
-        "servingBaseUrl": domain.serving_base_url or None,
+        # Credentials stripped from rows stored before URLs with them were refused.
+        "supervisorUrl": without_userinfo(domain.supervisor_url) or None,
+        "servingBaseUrl": without_userinfo(domain.serving_base_url) or None,
         "gpuLayout": domain.gpu_layout or None,
         "state": domain.state,
         "lastSeenAt": iso(domain.last_seen_at),

@@ -1,22 +1,56 @@
-"""The API token check shared by the REST API and the chat proxy.
+"""The API token checks shared by the REST API and the chat proxy.
 
-At the bottom of the layers (it reads only the settings), so the proxy authenticates without
-importing the REST API and DRF.
+Two scopes: the operator token (HARU_API_TOKEN) may call everything; a chat token
+(HARU_CHAT_TOKENS) may call only the OpenAI-compatible chat endpoints, so a token handed to an
+application cannot promote, demote or read the fleet. At the bottom of the layers (it reads only
+the settings), so the proxy authenticates without importing the REST API and DRF. Tokens are
+compared in constant time and never logged.
 """
 
 from __future__ import annotations
 
 import hmac
+from enum import Enum
 
 from django.conf import settings
 
 
-def token_matches(header: str | None) -> bool:
-    """Return whether an Authorization header carries the configured API token."""
-    expected = settings.HARU["api_token"]
-    if not expected or not header:
-        return False
+class Scope(Enum):
+    OPERATOR = "operator"
+    CHAT = "chat"
+
+
+def presented_token(header: str | None) -> str | None:
+    """Return the bearer token an Authorization header carries, or None."""
+    if not header:
+        return None
     scheme, _, presented = header.partition(" ")
     if scheme.lower() != "bearer":
-        return False
-    return hmac.compare_digest(presented.strip().encode(), expected.encode())
+        return None
+    return presented.strip() or None
+
+
+def token_scope(header: str | None) -> Scope | None:
+    """Return the scope of the token an Authorization header carries (None: no known token)."""
+    presented = presented_token(header)
+    if presented is None:
+        return None
+    raw = presented.encode()
+    expected = settings.HARU["api_token"]
+    if expected and hmac.compare_digest(raw, expected.encode()):
+        return Scope.OPERATOR
+    # Every chat token is compared, so the time taken does not say which one was close.
+    matched = False
+    for token in settings.HARU["chat_tokens"]:
+        matched |= hmac.compare_digest(raw, token.encode())
+    return Scope.CHAT if matched else None
+
+
+def chat_auth_required() -> bool:
+    """Whether the chat endpoints need a token: any token configured turns it on."""
+    return bool(settings.HARU["api_token"] or settings.HARU["chat_tokens"])
+
+
+def chat_allowed(header: str | None) -> bool:
+    """Whether a request may call the chat endpoints (operator and chat tokens both may)."""
+    return not chat_auth_required() or token_scope(header) is not None

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from urllib.parse import urlsplit
+
+from fleets.core.urls import HostPatternError, parse_host_patterns
 
 
 class ConfigError(Exception):
@@ -96,3 +99,22 @@ def redact_url(value: str) -> str:
         return value
     netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
     return parts._replace(netloc=netloc).geturl()
+
+
+def host_patterns(name: str, env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """Return `name` as host allow-list patterns (globs or CIDR networks), comma-separated."""
+    try:
+        return parse_host_patterns(csv(name, env))
+    except HostPatternError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+
+
+def existing_file(name: str, env: Mapping[str, str] | None = None) -> str | None:
+    """Return `name` when it names a readable file (a CA bundle: a typo must stop start-up,
+    not silently fall back to another trust store)."""
+    value = raw(name, env)
+    if value is None:
+        return None
+    if not Path(value).is_file():
+        raise ConfigError(f"{name}: no such file: {value}")
+    return value

@@ -38,7 +38,17 @@ def _load() -> dict:
             "redis_url": env.url("REDIS_URL", ("redis", "rediss")),
             "port": env.integer("PORT", 8700, minimum=1, maximum=65535),
             "api_token": env.raw("HARU_API_TOKEN"),
+            # Deprecated: one token for every supervisor. Still sent (with a warning) for a
+            # migration period; HARU_SUPERVISOR_MASTER_KEY derives one token per domain.
             "supervisor_token": env.raw("HARU_SUPERVISOR_TOKEN"),
+            "supervisor_master_key": env.raw("HARU_SUPERVISOR_MASTER_KEY"),
+            # Opt-in allow-list of supervisor hosts (globs or CIDR networks); empty: any host.
+            "supervisor_hosts": env.host_patterns("HARU_SUPERVISOR_HOSTS"),
+            # CA certificates (PEM) that HTTPS supervisors' certificates must chain to, instead
+            # of the system's; unset: the system's trust store.
+            "supervisor_ca_bundle": env.existing_file("HARU_SUPERVISOR_CA_BUNDLE"),
+            # Tokens that may call the chat endpoints only (never the REST API).
+            "chat_tokens": env.csv("HARU_CHAT_TOKENS"),
             "supervisor_max_response_bytes": env.integer(
                 "HARU_SUPERVISOR_MAX_RESPONSE_BYTES", 2 * 1024 * 1024, minimum=1024, maximum=2**31
             ),

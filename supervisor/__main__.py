@@ -11,6 +11,8 @@ Configured by environment variables:
   PORT                       listen port (default 8701)
   HARU_SUPERVISOR_HOST       bind address (default 127.0.0.1)
   HARU_SUPERVISOR_TOKEN      bearer token for every /v1/ route; unset = loopback only
+  HARU_SUPERVISOR_TLS_CERT   PEM certificate (chain) for HTTPS; with HARU_SUPERVISOR_TLS_KEY
+  HARU_SUPERVISOR_TLS_KEY    PEM private key for HTTPS; unset (both) = plain HTTP
   HARU_SUPERVISOR_LOG_LEVEL  debug | info | warning | error (default info)
 """
 

@@ -182,6 +182,8 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         log.warning("HARU_SUPERVISOR_TOKEN is shorter than 16 characters; use a longer one")
     if not is_loopback(settings.bind_host):
         log.info("listening beyond loopback on %s (token required)", settings.bind_host)
+    if settings.tls_cert is not None:
+        log.info("serving HTTPS with the certificate in %s", settings.tls_cert)
     try:
         sock = bind_socket(settings.bind_host, settings.port)
     except OSError as exc:
@@ -217,6 +219,8 @@ def main(environ: Mapping[str, str] | None = None) -> int:
             lifespan="on",
             timeout_graceful_shutdown=GRACEFUL_HTTP_S,
             log_config=None,
+            ssl_certfile=settings.tls_cert,
+            ssl_keyfile=settings.tls_key,
         ),
         host,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -22,6 +23,9 @@ class Settings:
     token: str | None
     config_source: str
     log_level: str
+    # HTTPS: PEM certificate (chain) and private key; both or neither.
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
     @property
     def token_is_weak(self) -> bool:
@@ -46,7 +50,7 @@ def is_loopback(host: str) -> bool:
 
 
 def settings_from_env(environ: Mapping[str, str]) -> Settings:
-    """Validate PORT, HARU_SUPERVISOR_HOST, _TOKEN, _CONFIG and _LOG_LEVEL."""
+    """Validate PORT, HARU_SUPERVISOR_HOST, _TOKEN, _CONFIG, _TLS_CERT/_KEY and _LOG_LEVEL."""
     port_raw = _get(environ, "PORT")
     port = DEFAULT_PORT
     if port_raw is not None:
@@ -65,6 +69,19 @@ def settings_from_env(environ: Mapping[str, str]) -> Settings:
             f"refusing to listen on {bind_host} without HARU_SUPERVISOR_TOKEN: the supervisor "
             "controls model servers and trainers; set a token, or bind 127.0.0.1"
         )
+    tls_cert = _get(environ, "HARU_SUPERVISOR_TLS_CERT")
+    tls_key = _get(environ, "HARU_SUPERVISOR_TLS_KEY")
+    if (tls_cert is None) != (tls_key is None):
+        raise SettingsError(
+            "HARU_SUPERVISOR_TLS_CERT and HARU_SUPERVISOR_TLS_KEY go together: set both for "
+            "HTTPS, or neither"
+        )
+    for name, path in (
+        ("HARU_SUPERVISOR_TLS_CERT", tls_cert),
+        ("HARU_SUPERVISOR_TLS_KEY", tls_key),
+    ):
+        if path is not None and not os.path.isfile(path):
+            raise SettingsError(f"{name}: no such file: {path}")
     log_level = (_get(environ, "HARU_SUPERVISOR_LOG_LEVEL") or "info").strip().lower()
     if log_level not in ("debug", "info", "warning", "error"):
         raise SettingsError(
@@ -76,4 +93,6 @@ def settings_from_env(environ: Mapping[str, str]) -> Settings:
         token=token,
         config_source=config_source,
         log_level=log_level,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
     )

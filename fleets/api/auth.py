@@ -2,6 +2,7 @@
 
 HARU_API_TOKEN set: a request needs `Authorization: Bearer <token>` (constant-time comparison) or
 a logged-in staff session (so operators can use the browsable docs and the dashboard's calls).
+A chat token (HARU_CHAT_TOKENS) is refused here with 403: it may call the chat endpoints only.
 Unset: the server binds loopback only (see `manage.py serve`) and the API is open.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 from django.conf import settings
 from rest_framework import authentication, exceptions, permissions
 
-from fleets.tokens import token_matches
+from fleets.tokens import Scope, token_scope
 
 
 class _Token:
@@ -24,6 +25,16 @@ class _Token:
         return self.username
 
 
+class ChatTokenRefused(exceptions.PermissionDenied):
+    """A valid token of the wrong scope: known, so 403 (not 401), and saying which is needed."""
+
+    default_code = "token_scope"
+    default_detail = (
+        "this token may only call the chat endpoints (/v1/chat/completions, /v1/completions, "
+        "/v1/models); the REST API needs the operator token (HARU_API_TOKEN)"
+    )
+
+
 class BearerTokenAuthentication(authentication.BaseAuthentication):
     def authenticate(self, request):
         if not settings.HARU["api_token"]:
@@ -31,8 +42,11 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         header = request.META.get("HTTP_AUTHORIZATION")
         if header is None:
             return None  # maybe a session; the permission decides
-        if not token_matches(header):
+        scope = token_scope(header)
+        if scope is None:
             raise exceptions.AuthenticationFailed("invalid bearer token")
+        if scope is not Scope.OPERATOR:
+            raise ChatTokenRefused()
         return (_Token(), "token")
 
     def authenticate_header(self, request) -> str:

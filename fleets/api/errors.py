@@ -64,6 +64,7 @@ def envelope_exception_handler(exc, context):
     if isinstance(exc, Http404):
         return envelope("not_found", str(exc) or "not found", 404)
     if isinstance(exc, exceptions.APIException):
+        # Exact types only: a subclass (ChatTokenRefused) keeps its own, more precise code.
         code = _CODES.get(type(exc)) or getattr(exc, "default_code", "error")
         if isinstance(exc, exceptions.ValidationError):
             message = "; ".join(_flatten(exc.detail))

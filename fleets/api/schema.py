@@ -11,7 +11,9 @@ class BearerTokenScheme(OpenApiAuthenticationExtension):
         return {
             "type": "http",
             "scheme": "bearer",
-            "description": "HARU_API_TOKEN (required on /v1/ when the server has one set)",
+            "description": "HARU_API_TOKEN, the operator token (required on /v1/ when the "
+            "server has one set). A chat token (HARU_CHAT_TOKENS) is refused here with 403 "
+            "`token_scope`: it may call the chat endpoints only.",
         }
 
 

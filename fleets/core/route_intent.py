@@ -11,6 +11,7 @@ from typing import Any
 from fleets.core.failover import rank_standbys
 from fleets.core.read_model import DomainView, FleetView, ModelView
 from fleets.core.states import PROMOTABLE_DOMAIN_STATES, InferenceState
+from fleets.core.urls import without_userinfo
 
 
 def format_timestamp(moment: datetime) -> str:
@@ -33,7 +34,7 @@ def _target(domain: DomainView, *, active: bool) -> dict[str, Any]:
     models = [
         {
             "name": m.name,
-            "servingUrl": m.serving_url,
+            "servingUrl": without_userinfo(m.serving_url),
             "eligible": active and is_model_routable(domain, m),
         }
         for m in sorted(domain.models, key=lambda m: m.name)
@@ -41,7 +42,7 @@ def _target(domain: DomainView, *, active: bool) -> dict[str, Any]:
     return {
         "domainId": domain.id,
         "domainSlug": domain.slug,
-        "endpointUrl": domain.serving_base_url,
+        "endpointUrl": without_userinfo(domain.serving_base_url or "") or None,
         "eligible": active and bool(domain.serving_base_url) and any(m["eligible"] for m in models),
         "weight": 1 if active else 0,
         "models": models,

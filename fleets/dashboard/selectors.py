@@ -29,6 +29,7 @@ from fleets.core.states import (
     TrainingState,
     steps_for,
 )
+from fleets.core.urls import without_userinfo
 from fleets.dashboard import chart as chart_mod
 from fleets.dashboard.allocation import gpu_allocations, plan_mismatches
 from fleets.dashboard.drift import drift_status, expected_fingerprint
@@ -399,7 +400,7 @@ def _domain_card(
                 models.append(
                     {
                         "name": b.name,
-                        "serving_url": b.serving_url,
+                        "serving_url": without_userinfo(b.serving_url),
                         "posture": posture,
                         "error": seen.error if seen else None,
                         "drift": drift_status(reported_fp, expected),
@@ -454,8 +455,8 @@ def _domain_card(
         "provider": d.provider,
         "placement": _placement_text(d.placement),
         "priority": d.priority,
-        "supervisor_url": d.supervisor_url,
-        "serving_base_url": d.serving_base_url,
+        "supervisor_url": without_userinfo(d.supervisor_url),
+        "serving_base_url": without_userinfo(d.serving_base_url),
         "last_seen_at": iso(d.last_seen_at),
         "heartbeat_age": fmt_age(heartbeat_age),
         "stale": stale,

@@ -19,6 +19,7 @@ from jsonschema import Draft202012Validator
 
 from fleets.core.policy import PolicyError, validate_policy
 from fleets.core.states import Provider, SlotKind
+from fleets.core.urls import USERINFO_RULE, has_userinfo
 from fleets.drivers.cloud_placement import (
     CloudPlacementError,
     parse_cloud_placement,
@@ -224,6 +225,11 @@ def parse_layout(data: Any) -> Layout:
             )
         seen_domains.setdefault(d["slug"], di)
         base_url = d.get("servingBaseUrl", "")
+        errors.extend(
+            f"{dpath}.{key}: {USERINFO_RULE}"
+            for key in ("supervisorUrl", "servingBaseUrl")
+            if has_userinfo(d.get(key, ""))
+        )
         planned = "gpus" in d
         managed = "driver" in d
         errors.extend(_driver_errors(d, dpath))
@@ -262,6 +268,8 @@ def parse_layout(data: Any) -> Layout:
                         f"{d['slug']!r} (also {seen_models[m['name']]})"
                     )
                 seen_models.setdefault(m["name"], mpath)
+                if has_userinfo(m.get("servingUrl", "")):
+                    errors.append(f"{mpath}.servingUrl: {USERINFO_RULE}")
                 serving_url = m.get("servingUrl") or base_url
                 # A provisioned domain learns its serving URL from the cluster it gets.
                 if not serving_url and not managed:

@@ -14,7 +14,7 @@ from django.conf import settings
 
 from fleets.proxy import errors, metrics, upstream
 from fleets.proxy.snapshots import ROUTES, Route, Snapshot, clip
-from fleets.tokens import token_matches
+from fleets.tokens import chat_allowed
 from supervisor.wire import bounded_json
 
 ENDPOINTS = {
@@ -62,8 +62,9 @@ def text(value: bytes | None) -> str | None:
 
 
 def authorize(authorization: str | None) -> None:
-    """Refuse the request unless it carries HARU_API_TOKEN (when one is configured)."""
-    if settings.HARU["api_token"] and not token_matches(authorization):
+    """Refuse the request unless it carries the operator token or a chat token (when any token
+    is configured)."""
+    if not chat_allowed(authorization):
         raise errors.unauthorized()
 
 

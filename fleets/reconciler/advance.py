@@ -22,7 +22,7 @@ from fleets.core.states import (
     OperationKind,
     OperationState,
 )
-from fleets.models import Event, Id, Operation
+from fleets.models import Domain, Event, Id, Operation
 from fleets.reconciler import demote, promote
 from fleets.reconciler.cleanup import cleanup_run
 from fleets.reconciler.client import SupervisorClient
@@ -59,7 +59,7 @@ class Advance:
 def operation_advance(
     *,
     fleet_id: Id,
-    client_for: Callable[[str], SupervisorClient],
+    client_for: Callable[[Domain], SupervisorClient],
     budget_s: float,
     poll_s: float,
     actor: str = "reconciler",
@@ -141,7 +141,10 @@ def _record_retry(ctx: StepContext, result: StepResult, actor: str) -> None:
 
 
 def _timeout(
-    ctx: StepContext, result: StepResult, actor: str, client_for: Callable[[str], SupervisorClient]
+    ctx: StepContext,
+    result: StepResult,
+    actor: str,
+    client_for: Callable[[Domain], SupervisorClient],
 ) -> None:
     op, step = ctx.operation, ctx.step
     budget = ctx.budget_ms
@@ -176,7 +179,7 @@ def _fail(
     code: str,
     message: str,
     actor: str,
-    client_for: Callable[[str], SupervisorClient],
+    client_for: Callable[[Domain], SupervisorClient],
 ) -> None:
     op, step = ctx.operation, ctx.step
     if not operation_fail(operation_id=op.id, step=step, code=code, message=message, actor=actor):

@@ -15,7 +15,7 @@ from typing import Any
 
 from fleets.core.policy import Policy
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES, CleanupState
-from fleets.models import Fleet, Id, Operation
+from fleets.models import Domain, Fleet, Id, Operation
 from fleets.reconciler import posture
 from fleets.reconciler.client import CALL_CAP_S, SupervisorClient
 from fleets.services.events import event_record
@@ -44,7 +44,7 @@ def pending_cleanups_run(
     *,
     fleet_id: Id,
     policy: Policy,
-    client_for: Callable[[str], SupervisorClient],
+    client_for: Callable[[Domain], SupervisorClient],
     actor: str = "reconciler",
 ) -> int:
     """Finish the fleet's pending clean-ups; return how many this tick finished."""
@@ -58,7 +58,7 @@ def cleanup_run(
     *,
     operation: Operation,
     policy: Policy,
-    client_for: Callable[[str], SupervisorClient],
+    client_for: Callable[[Domain], SupervisorClient],
     actor: str = "reconciler",
 ) -> bool:
     """Claim the operation's pending clean-up, do it, record the outcome; False if not ours."""
@@ -107,7 +107,7 @@ def promotion_cleanup(
     *,
     operation: Operation,
     policy: Policy,
-    client_for: Callable[[str], SupervisorClient],
+    client_for: Callable[[Domain], SupervisorClient],
     actor: str = "reconciler",
 ) -> bool:
     """Best effort: put the target back in standby posture, each move recorded as an event.
@@ -118,7 +118,7 @@ def promotion_cleanup(
     """
     target = operation.target_domain
     assert target is not None and target.supervisor_url  # _skip_reason checked
-    client = client_for(target.supervisor_url)
+    client = client_for(target)
 
     def record(kind: str, **data: Any) -> None:
         event_record(

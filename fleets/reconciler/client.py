@@ -15,17 +15,21 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import urlencode
 
 import httpx
 from django.conf import settings
 
+from fleets.core.urls import host_allowed, scrub_urls, without_userinfo
 from fleets.reconciler import metrics
 from fleets.reconciler.deadline import DeadlineTransport, deadline
-from haru.env import redact_url
+from fleets.supervisor_tokens import LEGACY_TOKEN_ENV, credentials_for, warn_once
 from supervisor.wire import bounded_json, contract
 from supervisor.wire.shape import FEATURE_DRAIN, FEATURE_PROBE_MODELS, compact
+
+if TYPE_CHECKING:
+    from fleets.models import Domain
 
 # httpx logs every request at INFO: one line per heartbeat per domain per second would bury
 # everything else. Quiet it unless the logging config chose a level for it.
@@ -48,6 +52,8 @@ NETWORK = "network"
 TIMEOUT = "timeout"
 HTTP = "http"
 BAD_BODY = "bad_body"
+# Never sent: the supervisor's host is not in HARU_SUPERVISOR_HOSTS.
+REFUSED = "refused"
 
 T = TypeVar("T")
 
@@ -248,19 +254,28 @@ def parse_ack(body: Any) -> dict[str, Any]:
 _lock = threading.Lock()
 _transport: httpx.BaseTransport | None = None
 _http: httpx.Client | None = None
+# The CA bundle `_http` verifies HTTPS supervisors with (rebuilt when the setting changes).
+_http_ca_bundle: str | None = None
 
 
 def _shared_http() -> httpx.Client:
     """Return the process-wide HTTP client: pooled keep-alive connections to every supervisor."""
-    global _http
+    global _http, _http_ca_bundle
+    ca_bundle = settings.HARU["supervisor_ca_bundle"]
     with _lock:
+        if _http is not None and ca_bundle != _http_ca_bundle:
+            _http.close()
+            _http = None
         if _http is None:
+            _http_ca_bundle = ca_bundle
             # trust_env=False: an HTTP(S)_PROXY meant for the internet must never capture calls
             # to supervisors on private addresses.
             # The default transport bounds every socket operation by the call's overall
             # deadline (a trickling supervisor never resets it); tests inject their own.
             _http = httpx.Client(
-                transport=_transport if _transport is not None else DeadlineTransport(),
+                transport=(
+                    _transport if _transport is not None else DeadlineTransport(ca_bundle=ca_bundle)
+                ),
                 trust_env=False,
                 follow_redirects=False,
                 headers={"User-Agent": "haru-reconciler"},
@@ -272,6 +287,7 @@ def use_transport(transport: httpx.BaseTransport | None) -> httpx.BaseTransport 
     """Route every supervisor call through `transport` (tests); return the previous one."""
     global _transport, _http
     forget_features()  # other peers behind another transport
+    forget_tokens()
     with _lock:
         previous, _transport = _transport, transport
         old, _http = _http, None
@@ -307,6 +323,18 @@ def forget_features() -> None:
         _features.clear()
 
 
+# Supervisors (by domain) that, during the migration from the shared token, refused their own
+# token and accepted the shared one: sent the shared one first until they accept their own.
+_tokens_lock = threading.Lock()
+_on_shared_token: set[str] = set()
+
+
+def forget_tokens() -> None:
+    """Forget which supervisors still take the shared token (tests)."""
+    with _tokens_lock:
+        _on_shared_token.clear()
+
+
 def _model_selector(models: Sequence[str] | None) -> list[tuple[str, str]]:
     """The original's selector: one `model` query parameter per name, a lone "" for none."""
     if models is None:
@@ -339,16 +367,27 @@ class SupervisorClient:
         base_url: str,
         *,
         token: str | None,
+        fallback_token: str | None = None,
+        key: str | None = None,
+        allowed_hosts: Sequence[str] = (),
         http: httpx.Client | None = None,
         on_error: ErrorHook | None = _count_error,
         max_response_bytes: int = MAX_RESPONSE_BYTES,
         max_depth: int = bounded_json.DEFAULT_MAX_DEPTH,
     ) -> None:
+        """`token` is sent as the bearer token; `fallback_token` (the deprecated shared one,
+        during the migration only) is sent once after this supervisor refuses `token`, and
+        remembered under `key` (the domain) when it is accepted. A host outside
+        `allowed_hosts` (when not empty) is never called."""
         self.base_url = base_url.rstrip("/")
         self._max_bytes = max_response_bytes
         self._max_depth = max_depth
-        self._where = redact_url(self.base_url)
+        # Never shown with credentials: messages land in events, the dashboard and logs.
+        self._where = without_userinfo(self.base_url)
         self._token = token
+        self._fallback = fallback_token if fallback_token != token else None
+        self._key = key or self._where
+        self._allowed = host_allowed(self.base_url, allowed_hosts)
         self._http = http
         self._on_error = on_error
 
@@ -445,23 +484,37 @@ class SupervisorClient:
         body: Any,
         params: list[tuple[str, str]] | None = None,
     ) -> Call[Any]:
-        http = self._http or _shared_http()
-        # Ask for the body as sent: a compressed one could inflate far past the size cap.
-        headers = {"Accept-Encoding": "identity"}
-        if self._token:
-            headers["Authorization"] = f"Bearer {self._token}"
-        url = self.base_url + path
         where = f"{method} {self._where}{path}"
+        if not self._allowed:
+            return Call(
+                error=CallError(
+                    REFUSED,
+                    f"{where}: not called: the host is not in HARU_SUPERVISOR_HOSTS, and a "
+                    "supervisor token is only sent to an allowed host",
+                )
+            )
+        http = self._http or _shared_http()
+        url = self.base_url + path
         budget = max(MIN_CALL_S, timeout)
-        # `budget` bounds the whole exchange (connect, headers, body), not each read.
+        # `budget` bounds the whole exchange (connect, headers, body), not each read; a retry
+        # with the fallback token shares it.
         try:
             with deadline(budget) as at:
-                read = self._exchange(http, method, url, body, params, headers, at, where)
+                for token in self._tokens():
+                    # Ask for the body as sent: a compressed one could inflate past the cap.
+                    headers = {"Accept-Encoding": "identity"}
+                    if token:
+                        headers["Authorization"] = f"Bearer {token}"
+                    read = self._exchange(http, method, url, body, params, headers, at, where)
+                    if not (isinstance(read, tuple) and read[0] in (401, 403)):
+                        self._learn_token(token)
+                        break
         except httpx.TimeoutException:
             return Call(error=CallError(TIMEOUT, f"{where} timed out after {budget:.1f}s"))
         except httpx.HTTPError as exc:
             # The exception text names the URL and the OS error, never our headers.
-            return Call(error=CallError(NETWORK, f"{where}: {type(exc).__name__}: {exc}"))
+            text = scrub_urls(f"{exc}")
+            return Call(error=CallError(NETWORK, f"{where}: {type(exc).__name__}: {text}"))
         except Exception as exc:  # noqa: BLE001 - a broken transport must not abort a tick
             return Call(error=CallError(NETWORK, f"{where}: {type(exc).__name__}"))
         if isinstance(read, CallError):
@@ -498,6 +551,34 @@ class SupervisorClient:
             return Call(value=parse(payload))
         except BadBody as exc:
             return Call(error=CallError(BAD_BODY, f"{where}: {exc}"[:500], status))
+
+    def _tokens(self) -> list[str | None]:
+        """The tokens to present, in order: the domain's own first, unless this supervisor was
+        last seen taking only the shared one."""
+        if self._fallback is None:
+            return [self._token]
+        with _tokens_lock:
+            shared_first = self._key in _on_shared_token
+        if shared_first:
+            return [self._fallback, self._token]
+        return [self._token, self._fallback]
+
+    def _learn_token(self, accepted: str | None) -> None:
+        if self._fallback is None:
+            return
+        shared = accepted == self._fallback
+        with _tokens_lock:
+            if shared:
+                _on_shared_token.add(self._key)
+            else:
+                _on_shared_token.discard(self._key)
+        if shared:
+            warn_once(
+                f"shared-token:{self._key}",
+                f"supervisor {self._where} (domain {self._key}) refused its own token and "
+                f"accepted the shared {LEGACY_TOKEN_ENV}: give it its own "
+                "(manage.py supervisor_token <fleet>/<domain>), then unset the shared one",
+            )
 
     def _exchange(
         self,
@@ -553,12 +634,15 @@ def _envelope(payload: Any) -> tuple[str | None, str]:
     return None, ""
 
 
-def client_for(supervisor_url: str) -> SupervisorClient:
-    """Return a client for one supervisor, with the configured token."""
-
+def client_for(domain: Domain) -> SupervisorClient:
+    """Return a client for one domain's supervisor, with that domain's token."""
+    credentials = credentials_for(domain.id)
     return SupervisorClient(
-        supervisor_url,
-        token=settings.HARU["supervisor_token"],
+        domain.supervisor_url,
+        token=credentials.token,
+        fallback_token=credentials.fallback,
+        key=str(domain.id),
+        allowed_hosts=settings.HARU["supervisor_hosts"],
         max_response_bytes=settings.HARU["supervisor_max_response_bytes"],
         max_depth=settings.HARU["json_max_depth"],
     )

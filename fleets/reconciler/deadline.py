@@ -9,6 +9,7 @@ passes, whatever phase it trickles in.
 
 from __future__ import annotations
 
+import ssl
 import time
 import typing
 from collections.abc import Iterator
@@ -96,14 +97,24 @@ class _Backend(httpcore.NetworkBackend):
         self._inner.sleep(seconds)
 
 
+def supervisor_ssl_context(ca_bundle: str | None) -> ssl.SSLContext:
+    """TLS for supervisors: verified against `ca_bundle` alone when given (supervisors across
+    clouds often carry certificates from the operator's own CA), else the system's store."""
+    if ca_bundle is None:
+        return httpx.create_ssl_context()
+    # cafile only: the bundle replaces the system store, so a certificate from a public CA
+    # cannot impersonate a supervisor. Still verified: hostname checks and CERT_REQUIRED.
+    return ssl.create_default_context(cafile=ca_bundle)
+
+
 class DeadlineTransport(httpx.HTTPTransport):
     """httpx's own transport, its connection pool built on the deadline-bounded backend."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, ca_bundle: str | None = None) -> None:
         super().__init__()
         # Same pool httpx builds by default (TLS verified, keep-alive), plus our backend.
         self._pool = httpcore.ConnectionPool(
-            ssl_context=httpx.create_ssl_context(),
+            ssl_context=supervisor_ssl_context(ca_bundle),
             max_connections=100,
             max_keepalive_connections=20,
             keepalive_expiry=5.0,

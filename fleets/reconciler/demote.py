@@ -48,7 +48,7 @@ def sleep(ctx: StepContext) -> StepResult:
     if refusal is not None:
         return refusal
     result = posture.ensure_asleep(
-        client=ctx.client_for(ctx.target.supervisor_url),
+        client=ctx.client_for(ctx.target),
         domain=ctx.target,
         timeout=ctx.call_timeout,
         operation_id=ctx.operation.id,
@@ -63,7 +63,7 @@ def start_training(ctx: StepContext) -> StepResult:
     if refusal is not None:
         return refusal
     result = posture.ensure_training(
-        client=ctx.client_for(ctx.target.supervisor_url),
+        client=ctx.client_for(ctx.target),
         domain=ctx.target,
         timeout=ctx.call_timeout,
         operation_id=ctx.operation.id,

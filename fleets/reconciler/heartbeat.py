@@ -112,7 +112,7 @@ def heartbeat_timeout(policy: Policy) -> float:
 
 
 def heartbeats_collect(
-    domains: list[Domain], *, policy: Policy, client_for: Callable[[str], SupervisorClient]
+    domains: list[Domain], *, policy: Policy, client_for: Callable[[Domain], SupervisorClient]
 ) -> list[Beat]:
     """Ask every domain's supervisor for `/v1/status` (and GPU memory), concurrently."""
     timeout = heartbeat_timeout(policy)
@@ -121,7 +121,7 @@ def heartbeats_collect(
         observed = clock.now()
         if not domain.supervisor_url:
             return Beat(domain, observed, None)
-        client: SupervisorClient = client_for(domain.supervisor_url)
+        client: SupervisorClient = client_for(domain)
         gpu = _gpu_read_start(domain, client, timeout=timeout, now=observed)
         return Beat(domain, observed, client.status(timeout=timeout), gpu)
 

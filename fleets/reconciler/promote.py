@@ -36,7 +36,7 @@ def _target_client(ctx: StepContext) -> SupervisorClient | None:
     target = ctx.target
     if not target.supervisor_url:
         return None
-    return ctx.client_for(target.supervisor_url)
+    return ctx.client_for(target)
 
 
 def _no_supervisor(ctx: StepContext) -> StepResult:
@@ -302,7 +302,7 @@ def _old_active(ctx: StepContext) -> tuple[SupervisorClient, Domain] | StepResul
         return done("skipped", reason="the old active is the active domain again")
     if not source.supervisor_url:
         return done("skipped", reason=f"domain {source.slug} has no supervisor URL")
-    return ctx.client_for(source.supervisor_url), source
+    return ctx.client_for(source), source
 
 
 def demote_old_sleep(ctx: StepContext) -> StepResult:

@@ -47,7 +47,6 @@ from fleets.drivers.sky_cli import (
     SkySecretMissing,
     classify_failure,
 )
-from fleets.drivers.tokens import supervisor_token_for
 from fleets.errors import InvalidTarget, OperationConflict
 from fleets.models import Domain, Fleet, Id, Operation
 from fleets.reconciler.locks import fleet_tick_lock
@@ -55,6 +54,7 @@ from fleets.services import provisioning as svc
 from fleets.services.events import event_record
 from fleets.services.operations import operation_request
 from fleets.services.transitions import domain_transition
+from fleets.supervisor_tokens import supervisor_token_for
 
 log = logging.getLogger(__name__)
 
@@ -283,14 +283,16 @@ def _provision(domain: Domain, policy: Policy, sky: SkyCli, actor: str) -> bool:
             settings=driver,
             candidate=where,
         )
-        token = supervisor_token_for(domain)
+        # The domain's own token (derived from the master key): the node never holds the key,
+        # nor another domain's token.
+        token = supervisor_token_for(domain.id)
         if not token:
             # The supervisor listens beyond loopback on a cloud node and refuses to without one.
             _backoff(
                 claimed,
                 SkySecretMissing(
-                    "HARU_SUPERVISOR_TOKEN is not set: a provisioned supervisor must require a "
-                    "token"
+                    "HARU_SUPERVISOR_MASTER_KEY is not set: a provisioned supervisor must "
+                    "require a token"
                 ),
                 policy,
                 len(candidates),

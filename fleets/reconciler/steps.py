@@ -86,7 +86,7 @@ class StepContext:
     operation: Operation
     policy: Policy
     step: str
-    client_for: Callable[[str], SupervisorClient]
+    client_for: Callable[[Domain], SupervisorClient]
     actor: str = "reconciler"
 
     @property

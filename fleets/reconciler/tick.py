@@ -85,7 +85,7 @@ class TickResult:
 def fleet_tick(
     *,
     fleet_id: Id,
-    client_factory: Callable[[str], SupervisorClient] = client_for,
+    client_factory: Callable[[Domain], SupervisorClient] = client_for,
     budget_s: float = TICK_BUDGET_S,
     poll_s: float = TICK_POLL_S,
     actor: str = "reconciler",
@@ -294,7 +294,7 @@ def tick_run(
     *,
     fleet_id: Id,
     wait_s: float = 0.0,
-    client_factory: Callable[[str], SupervisorClient] = client_for,
+    client_factory: Callable[[Domain], SupervisorClient] = client_for,
     budget_s: float = TICK_BUDGET_S,
     poll_s: float = TICK_POLL_S,
     actor: str = "reconciler",

@@ -11,6 +11,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Model
 
@@ -20,6 +21,7 @@ from fleets.core.states import (
     IN_FLIGHT_OPERATION_STATES,
     SlotKind,
 )
+from fleets.core.urls import supervisor_url_problem, without_userinfo
 from fleets.drivers.cloud_placement import PLACEMENT_FIELDS
 from fleets.errors import LayoutError
 from fleets.layouts.loader import DomainSpec, Layout, SlotSpec, plan_slots
@@ -68,6 +70,7 @@ def layout_apply(
     *, layout: Layout, prune: bool = False, dry_run: bool = False, actor: str = "seed_layout"
 ) -> LayoutReport:
     """Create or update the fleet described by `layout`; return what changed."""
+    _refuse_supervisor_hosts(layout)
     report = LayoutReport(dry_run=dry_run)
     try:
         with transaction.atomic():
@@ -77,6 +80,19 @@ def layout_apply(
     except _DryRun:
         pass
     return report
+
+
+def _refuse_supervisor_hosts(layout: Layout) -> None:
+    """Refuse, before writing anything, a supervisor URL Haru would never call (credentials in
+    it, or a host outside HARU_SUPERVISOR_HOSTS)."""
+    patterns = settings.HARU["supervisor_hosts"]
+    errors = [
+        f"domains[{i}].supervisorUrl: {problem}"
+        for i, d in enumerate(layout.domains)
+        if d.supervisor_url and (problem := supervisor_url_problem(d.supervisor_url, patterns))
+    ]
+    if errors:
+        raise LayoutError(errors)
 
 
 def _apply(layout: Layout, prune: bool, report: LayoutReport, actor: str) -> None:
@@ -311,7 +327,7 @@ def _export_slot(s: Slot, planned: bool, provisioned: bool) -> dict[str, Any]:
         m: dict[str, Any] = {"name": b.name}
         # A provisioned domain's serving URLs belong to its current cluster, not to the layout.
         if not provisioned:
-            m["servingUrl"] = b.serving_url
+            m["servingUrl"] = without_userinfo(b.serving_url)
         profile = dict(b.profile)
         memory = dict(b.memory)
         if planned:
@@ -357,9 +373,9 @@ def layout_export(fleet: Fleet) -> dict[str, Any]:
             dd["driver"] = d.driver
         # A provisioned domain's URLs belong to its current cluster, not to the layout.
         if d.supervisor_url and not d.driver:
-            dd["supervisorUrl"] = d.supervisor_url
+            dd["supervisorUrl"] = without_userinfo(d.supervisor_url)
         if d.serving_base_url and not d.driver:
-            dd["servingBaseUrl"] = d.serving_base_url
+            dd["servingBaseUrl"] = without_userinfo(d.serving_base_url)
         planned = bool(d.gpu_layout)
         if planned:
             dd["gpus"] = [_ordered(g, _GPU_ORDER) for g in d.gpu_layout.get("gpus", [])]

@@ -18,6 +18,7 @@ from django.db import transaction
 from fleets import clock
 from fleets.core.provisioning import PHASES_OF_STATE, Phase, check_phase
 from fleets.core.states import DomainState, Provider, check_transition
+from fleets.core.urls import without_userinfo
 from fleets.errors import ServiceError
 from fleets.models import Domain, Fleet, ModelBinding
 from fleets.services.events import event_record
@@ -166,8 +167,9 @@ def domain_endpoints_record(
                 kind="domain.provision.up",
                 actor=actor,
                 data={
-                    "supervisorUrl": supervisor_url,
-                    "servingBaseUrl": serving_base_url,
+                    # Events are shown and exported: never a URL's credentials.
+                    "supervisorUrl": without_userinfo(supervisor_url),
+                    "servingBaseUrl": without_userinfo(serving_base_url),
                     "candidate": status.get("where"),
                 },
             )

@@ -9,8 +9,9 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 
+from fleets.core.credentials import derive_supervisor_token
 from fleets.core.states import DomainState
-from fleets.drivers.sky_cli import SkyCli
+from fleets.drivers.sky_cli import SkyCli, subprocess_exec
 from fleets.layouts.loader import load_layout
 from fleets.models import Domain, Event, Fleet, ModelBinding
 from fleets.reconciler.provision import fleet_provision_tick
@@ -213,6 +214,27 @@ def test_no_launch_without_a_supervisor_token(run, fake_sky, settings):
     assert d.driver_status["phase"] == "backoff"
     assert d.driver_status["lastError"]["code"] == "sky_secret_missing"
     assert not [c for c in fake_sky.calls() if c["argv"][0] == "launch"]
+
+
+def test_a_node_is_launched_with_its_domains_own_token_and_never_the_key(fleet, fake_sky, settings):
+    master = "master-key-for-tests-0123456789abcdefghij"
+    settings.HARU = {**settings.HARU, "supervisor_master_key": master}
+    envs: list[dict[str, str]] = []
+
+    def recording(argv, env, timeout):
+        if "launch" in argv:
+            envs.append(dict(env))
+        return subprocess_exec(argv, env, timeout)
+
+    def sky():
+        return SkyCli(venv=str(fake_sky.venv), environ=fake_sky.environ, exec_=recording)
+
+    for _ in range(2):
+        fleet_provision_tick(fleet_id=fleet.id, sky_factory=sky)
+    (launched,) = envs
+    assert launched["HARU_SUPERVISOR_TOKEN"] == derive_supervisor_token(master, west().id)
+    assert launched["HARU_SUPERVISOR_TOKEN"] != TOKEN  # not the shared one, though it is set
+    assert master not in "".join(launched.values())
 
 
 SERVE_TABLE = """Services

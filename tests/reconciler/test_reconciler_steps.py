@@ -315,7 +315,7 @@ def probe_errors() -> float:
 def test_probe_learns_from_status_that_the_supervisor_refuses_the_models_field(promotion, hosts):
     seen = original_style_probe(hosts.hosts["west"])
     before = probe_errors()
-    client_for(Domain.objects.get(slug="west").supervisor_url).status(
+    client_for(Domain.objects.get(slug="west")).status(
         timeout=1
     )  # a heartbeat whose answer lists no `features`
     result = promote.probe(ctx_for(at_step(promotion, "probe")))

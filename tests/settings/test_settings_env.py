@@ -24,6 +24,10 @@ SERVER_VARS = (
     "PORT",
     "HARU_API_TOKEN",
     "HARU_SUPERVISOR_TOKEN",
+    "HARU_SUPERVISOR_MASTER_KEY",
+    "HARU_SUPERVISOR_HOSTS",
+    "HARU_SUPERVISOR_CA_BUNDLE",
+    "HARU_CHAT_TOKENS",
     "HARU_DEFAULT_FLEET",
     "HARU_CHAT_HEADER_TIMEOUT_MS",
     "HARU_SNAPSHOT_CACHE_TTL_MS",
@@ -75,6 +79,9 @@ MALFORMED = [
     ("HARU_CHAT_HEADER_TIMEOUT_MS", "1.5", "HARU_CHAT_HEADER_TIMEOUT_MS: must be an integer"),
     ("HARU_SNAPSHOT_CACHE_TTL_MS", "-3", "HARU_SNAPSHOT_CACHE_TTL_MS: must be between 0"),
     ("HARU_DEBUG", "maybe", "HARU_DEBUG: must be a boolean"),
+    ("HARU_SUPERVISOR_HOSTS", "10.0.0.0/40", "HARU_SUPERVISOR_HOSTS: '10.0.0.0/40' is not a"),
+    ("HARU_SUPERVISOR_HOSTS", "a b", "HARU_SUPERVISOR_HOSTS: 'a b' is not a host name pattern"),
+    ("HARU_SUPERVISOR_CA_BUNDLE", "/no/such/ca.pem", "HARU_SUPERVISOR_CA_BUNDLE: no such file"),
 ]
 
 
