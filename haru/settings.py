@@ -53,6 +53,11 @@ def _load() -> dict:
             ),
             "reconcile_interval_ms": env.integer("HARU_RECONCILE_INTERVAL_MS", None, minimum=100),
             "reconcile_fleets": env.csv("HARU_RECONCILE_FLEETS"),
+            # How long a fleet's tick lease lasts unrenewed (fleets/reconciler/locks.py): the
+            # most a frozen or killed worker delays its fleet's next tick.
+            "tick_lease_ms": env.integer(
+                "HARU_TICK_LEASE_MS", 15_000, minimum=2_000, maximum=600_000
+            ),
             "fleet_layout": env.raw("HARU_FLEET_LAYOUT"),
             "event_retention_days": env.integer(
                 "HARU_EVENT_RETENTION_DAYS", 30, minimum=1, maximum=36500

@@ -115,7 +115,8 @@ class ReconcileLoop:
         delay = self.interval_s
         try:
             result = tick_run(fleet_id=fleet_id)
-            if result.ran and result.nudge_ms is not None:
+            # Ran: a step waits. Skipped: look again when the holder's lease runs out.
+            if result.nudge_ms is not None:
                 delay = min(delay, result.nudge_ms / 1000)
         except Exception:  # noqa: BLE001 - one fleet's failure must not stop the loop
             log.exception("reconcile tick of fleet %s failed", fleet_id)
