@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 # (its lease then runs out unrenewed, HARU_TICK_LEASE_MS later).
 SOFT_LIMIT_S = 45
 HARD_LIMIT_S = 60
+# The broker client's bounds (see also the CELERY_BROKER_* settings in haru/settings.py).
+BROKER_CONNECT_TIMEOUT_S = 1.0
+BROKER_SOCKET_TIMEOUT_S = 2.0
 # Follow-ups of one fleet are deduplicated for this long, so beat plus nudges never pile up.
 _NUDGE_DEDUPE_MS = 1000
 
@@ -38,7 +41,21 @@ _NUDGE_DEDUPE_MS = 1000
 def _redis():
     """Return this process's Redis client (a connection pool, safe to share across threads)."""
 
-    return redis.Redis.from_url(settings.HARU["redis_url"])
+    # Bounded: a kick or a probe against a stopped or frozen Redis fails in about a second,
+    # and the server's own loop takes the tick (fleets.reconciler.driver).
+    return redis.Redis.from_url(
+        settings.HARU["redis_url"],
+        socket_connect_timeout=BROKER_CONNECT_TIMEOUT_S,
+        socket_timeout=BROKER_SOCKET_TIMEOUT_S,
+    )
+
+
+def broker_ping() -> bool:
+    """Whether the broker answers a PING within its bounded timeouts."""
+    try:
+        return bool(_redis().ping())
+    except redis.RedisError:
+        return False
 
 
 def _interval_s() -> float:

@@ -8,6 +8,9 @@ process delays a fleet by at most one lease (`HARU_TICK_LEASE_MS`, default 15 s:
 more than the longest stretch a tick spends between checkpoints, one supervisor call capped at
 10 s). Nothing lives on a database session, so it works behind a transaction-mode pooler.
 
+A holder that was a process of this host and no longer exists (SIGKILL, Celery's hard time
+limit) is taken over at once: the holder id names the host, PID namespace and PID.
+
 Fail closed: a holder whose renewal finds the lease taken over, or that could not confirm it
 within its length, raises `LeaseLost` at the next checkpoint and writes nothing more. The lease
 only avoids duplicate supervisor calls and wasted work; correctness never depends on it, because
@@ -44,10 +47,41 @@ def tick_lease_s() -> float:
     return float(settings.HARU["tick_lease_ms"]) / 1000
 
 
+def _pid_namespace() -> str:
+    """This process's PID namespace (containers sharing a host name do not share it)."""
+    try:
+        return os.readlink("/proc/self/ns/pid").removeprefix("pid:[").removesuffix("]")
+    except OSError:
+        return "-"
+
+
+_HOST = f"{socket.gethostname()[:48]}:{_pid_namespace()[:16]}"
+
+
 def _holder_id() -> str:
     # Unique per acquisition (two threads of one process exclude each other as two processes
-    # do); host and PID make the row readable to an operator.
-    return f"{socket.gethostname()[:48]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+    # do); host, PID namespace and PID make the row readable and let a process on the same host
+    # see that the holder is gone (`_local_and_dead`).
+    return f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+def _local_and_dead(holder: str) -> bool:
+    """Whether `holder` was a process of this host (and PID namespace) that no longer exists.
+
+    A worker killed with SIGKILL (or by Celery's hard time limit) is then taken over at once
+    instead of one lease later. A reused PID only makes us wait for the deadline, as for a
+    holder on another host.
+    """
+    parts = holder.rsplit(":", 2)  # host:pidns, pid, nonce
+    if len(parts) != 3 or parts[0] != _HOST or not parts[1].isdigit():
+        return False
+    try:
+        os.kill(int(parts[1]), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # exists (EPERM: another user's process)
+        return False
+    return False
 
 
 class TickLease:
@@ -75,6 +109,14 @@ class TickLease:
         sent = clock.get_clock().monotonic()
         now = clock.now()
         taken = lease_acquire(name=self.name, holder=self.holder, now=now, ttl=self._ttl())
+        if not taken.acquired and taken.holder and _local_and_dead(taken.holder):
+            taken = lease_acquire(
+                name=self.name,
+                holder=self.holder,
+                now=now,
+                ttl=self._ttl(),
+                dead_holder=taken.holder,
+            )
         self.acquired = taken.acquired
         if taken.acquired:
             self._confirmed_mono = sent

@@ -27,11 +27,19 @@ class Taken:
 
     acquired: bool
     expires_at: datetime | None  # acquired: our deadline; not acquired: the holder's
-    taken_over_from: str = ""  # acquired from a holder whose lease had run out
+    taken_over_from: str = ""  # acquired from a holder whose lease had run out (or was dead)
+    holder: str = ""  # not acquired: who holds it
 
 
-def lease_acquire(*, name: str, holder: str, now: datetime, ttl: timedelta) -> Taken:
-    """Take the lease `name` for `holder` until `now + ttl` if it is free or has expired."""
+def lease_acquire(
+    *, name: str, holder: str, now: datetime, ttl: timedelta, dead_holder: str = ""
+) -> Taken:
+    """Take the lease `name` for `holder` until `now + ttl` if it is free or has expired.
+
+    `dead_holder`: a holder the caller knows is gone (a process of this host that no longer
+    exists); its lease is taken at once, still guarded by that exact holder being the one on
+    the row.
+    """
     until = now + ttl
     previous = Lease.objects.filter(name=name).values("holder", "expires_at").first()
     if previous is None:
@@ -44,6 +52,8 @@ def lease_acquire(*, name: str, holder: str, now: datetime, ttl: timedelta) -> T
             # conditional UPDATE, which decides against the row as it is now.
             previous = Lease.objects.filter(name=name).values("holder", "expires_at").first()
     free = Q(holder="") | Q(expires_at__isnull=True) | Q(expires_at__lt=now)
+    if dead_holder:
+        free |= Q(holder=dead_holder)
     taken = (
         Lease.objects.filter(name=name)
         .filter(free)
@@ -51,13 +61,22 @@ def lease_acquire(*, name: str, holder: str, now: datetime, ttl: timedelta) -> T
     )
     if taken:
         stale_holder = ""
-        if previous is not None and previous["holder"] and previous["expires_at"] is not None:
-            stale_holder = previous["holder"] if previous["expires_at"] < now else ""
+        if previous is not None and previous["holder"]:
+            expired = previous["expires_at"] is not None and previous["expires_at"] < now
+            if expired or previous["holder"] == dead_holder:
+                stale_holder = previous["holder"]
         if stale_holder:
-            log.warning("lease %s: taken over from %s (expired)", name, stale_holder)
+            log.warning(
+                "lease %s: taken over from %s (%s)",
+                name,
+                stale_holder,
+                "gone" if stale_holder == dead_holder else "expired",
+            )
         return Taken(True, until, stale_holder)
-    current = Lease.objects.filter(name=name).values_list("expires_at", flat=True).first()
-    return Taken(False, current)
+    current = Lease.objects.filter(name=name).values("holder", "expires_at").first()
+    if current is None:
+        return Taken(False, None)
+    return Taken(False, current["expires_at"], holder=current["holder"])
 
 
 def lease_renew(*, name: str, holder: str, now: datetime, ttl: timedelta) -> datetime | None:

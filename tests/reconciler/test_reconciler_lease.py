@@ -3,12 +3,15 @@ holder that lost it writes nothing more (issue 11, finding 11)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 from datetime import timedelta
 
 import pytest
 from django.db import connection
 
 from fleets.models import Lease, Operation
+from fleets.reconciler import locks
 from fleets.reconciler.locks import (
     LeaseLost,
     TickLease,
@@ -121,3 +124,21 @@ def test_the_lease_needs_no_session_state(fleet):
         lease.check()
     connection.close()
     assert Lease.objects.get(name=tick_lease_name(fleet.id)).holder == ""
+
+
+@pytest.mark.django_db
+def test_a_holder_process_of_this_host_that_died_is_taken_over_at_once(fleet, fake_clock):
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # reaped: its PID names no process now
+    dead = f"{locks._HOST}:{gone.pid}:deadbeef0000"
+    alive = f"{locks._HOST}:{os.getpid()}:cafe00000000"
+    elsewhere = f"other-host:4026531836:{gone.pid}:deadbeef0000"
+    for holder, taken in ((alive, False), (elsewhere, False), (dead, True)):
+        Lease.objects.update_or_create(
+            name=tick_lease_name(fleet.id),
+            defaults={
+                "holder": holder,
+                "expires_at": fake_clock.now() + timedelta(seconds=tick_lease_s()),
+            },
+        )
+        assert tick_run(fleet_id=fleet.id, poll_s=0).ran is taken, holder
