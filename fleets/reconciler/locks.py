@@ -27,6 +27,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 from django.conf import settings
 
@@ -75,13 +76,20 @@ def _local_and_dead(holder: str) -> bool:
     parts = holder.rsplit(":", 2)  # host:pidns, pid, nonce
     if len(parts) != 3 or parts[0] != _HOST or not parts[1].isdigit():
         return False
+    pid = int(parts[1])
     try:
-        os.kill(int(parts[1]), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return True
     except OSError:  # exists (EPERM: another user's process)
         return False
-    return False
+    # Killed but not yet reaped by its parent (a Celery pool process just SIGKILLed): a zombie
+    # runs no code and holds nothing.
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[:1] == ["Z"]
 
 
 class TickLease:

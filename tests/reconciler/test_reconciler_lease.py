@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -142,3 +144,17 @@ def test_a_holder_process_of_this_host_that_died_is_taken_over_at_once(fleet, fa
             },
         )
         assert tick_run(fleet_id=fleet.id, poll_s=0).ran is taken, holder
+
+
+@pytest.mark.django_db
+def test_a_killed_holder_not_yet_reaped_counts_as_gone(fleet, fake_clock):
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        child.kill()
+        for _ in range(100):  # killed, not waited for: a zombie
+            if Path(f"/proc/{child.pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z":
+                break
+            time.sleep(0.01)
+        assert locks._local_and_dead(f"{locks._HOST}:{child.pid}:feed00000000")
+    finally:
+        child.wait()
