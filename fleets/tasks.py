@@ -100,7 +100,10 @@ def reconcile_fleet(fleet_id: str) -> dict:
     # Ran: a step waits. Skipped: look again when the holder's lease runs out (a killed or
     # frozen holder is taken over then, not at the next beat).
     if result.nudge_ms is not None:
-        _redis().delete(f"haru:nudge:{fleet_id}")
+        if result.ran:
+            # This tick was the follow-up: let the next one be queued. A skipped tick leaves the
+            # pending follow-up in place (one per fleet, however many beats skip meanwhile).
+            _redis().delete(f"haru:nudge:{fleet_id}")
         celery_kicker(fleet_id, max(result.nudge_ms, 1))
     return {"fleetId": fleet_id, "ran": result.ran, "nudgeMs": result.nudge_ms}
 

@@ -209,6 +209,9 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # about two seconds (the server then ticks the fleet itself, fleets/reconciler/driver.py), and
 # the worker reconnects within a second of Redis returning (fleets/celery_consumer.py).
 CELERY_BROKER_CONNECTION_TIMEOUT = 2.0
+# Retry for as long as the outage lasts: with 1 s between attempts Celery's default of 100
+# retries would end the worker after 100 s without Redis.
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "socket_connect_timeout": 2.0,
     "socket_timeout": 5.0,  # above the worker's 1 s BRPOP, below any tick's patience
