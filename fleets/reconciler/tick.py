@@ -104,12 +104,12 @@ def fleet_tick(
     # write lock, a long transaction) delays the tick but cannot age a heartbeat that was just
     # answered into a stale one (issue 11, finding 6).
     observed = clock.now()
-    checkpoint()
     in_flight = Operation.objects.filter(
         fleet_id=fleet.id, state__in=IN_FLIGHT_OPERATION_STATES
     ).exists()
     active_id = Fleet.objects.filter(pk=fleet.id).values_list("active_domain_id", flat=True).get()
     for beat in beats:
+        checkpoint()  # a slow database can make these writes outlast a lease
         heartbeat_apply(beat, active_domain_id=active_id, operation_in_flight=in_flight)
 
     # 3. Escalation: the core says whether it is due; the UPDATE re-checks it all.
