@@ -30,6 +30,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
+from django.db import DatabaseError, connection
 
 from fleets import clock
 from fleets.models import Id
@@ -162,9 +163,16 @@ class TickLease:
 
     def release(self) -> None:
         if self.acquired and not self._lost:
-            # Unreachable database: the lease simply runs out.
-            with contextlib.suppress(Exception):
+            try:
                 lease_release(name=self.name, holder=self.holder)
+            except DatabaseError:
+                # The tick most likely failed on the same broken connection (a database restart):
+                # one retry on a fresh connection gives the fleet back now instead of one lease
+                # later. Still unreachable: the lease simply runs out.
+                if not connection.in_atomic_block:
+                    with contextlib.suppress(Exception):
+                        connection.close()
+                        lease_release(name=self.name, holder=self.holder)
         self.acquired = False
 
 

@@ -10,7 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
 
 from fleets.models import Lease, Operation
 from fleets.reconciler import locks
@@ -158,3 +158,15 @@ def test_a_killed_holder_not_yet_reaped_counts_as_gone(fleet, fake_clock):
         assert locks._local_and_dead(f"{locks._HOST}:{child.pid}:feed00000000")
     finally:
         child.wait()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_tick_cut_off_by_a_database_restart_gives_its_lease_back(fleet):
+    # A restart terminates every connection: the tick fails on its broken connection, and the
+    # release retries once on a fresh one instead of leaving the fleet held for a lease.
+    with fleet_tick_lock(fleet.id) as lease:
+        assert lease
+        with pytest.raises(OperationalError), connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+    assert Lease.objects.get(name=tick_lease_name(fleet.id)).holder == ""
