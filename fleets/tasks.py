@@ -2,7 +2,7 @@
 
 Tasks take ids, are idempotent (a tick only moves what the world already shows), acknowledge
 late (a worker that dies mid-tick leaves the message to be redelivered) and run under time
-limits. Ticks of one fleet never overlap: the tick holds the fleet's lock
+limits. Ticks of one fleet never overlap: the tick holds the fleet's lease
 (`fleets.reconciler.locks`) and a second one skips.
 """
 
@@ -27,9 +27,12 @@ log = logging.getLogger(__name__)
 
 # A tick starts no step after 5 s and each supervisor call is capped at 10 s; the soft limit
 # leaves room for a heartbeat round plus one capped call, the hard limit kills a stuck worker
-# (its lock goes with its database connection).
+# (its lease then runs out unrenewed, HARU_TICK_LEASE_MS later).
 SOFT_LIMIT_S = 45
 HARD_LIMIT_S = 60
+# The broker client's bounds (see also the CELERY_BROKER_* settings in haru/settings.py).
+BROKER_CONNECT_TIMEOUT_S = 1.0
+BROKER_SOCKET_TIMEOUT_S = 2.0
 # Follow-ups of one fleet are deduplicated for this long, so beat plus nudges never pile up.
 _NUDGE_DEDUPE_MS = 1000
 
@@ -38,7 +41,21 @@ _NUDGE_DEDUPE_MS = 1000
 def _redis():
     """Return this process's Redis client (a connection pool, safe to share across threads)."""
 
-    return redis.Redis.from_url(settings.HARU["redis_url"])
+    # Bounded: a kick or a probe against a stopped or frozen Redis fails in about a second,
+    # and the server's own loop takes the tick (fleets.reconciler.driver).
+    return redis.Redis.from_url(
+        settings.HARU["redis_url"],
+        socket_connect_timeout=BROKER_CONNECT_TIMEOUT_S,
+        socket_timeout=BROKER_SOCKET_TIMEOUT_S,
+    )
+
+
+def broker_ping() -> bool:
+    """Whether the broker answers a PING within its bounded timeouts."""
+    try:
+        return bool(_redis().ping())
+    except redis.RedisError:
+        return False
 
 
 def _interval_s() -> float:
@@ -80,8 +97,13 @@ def _mark_metrics_dead(**_kwargs) -> None:
 def reconcile_fleet(fleet_id: str) -> dict:
     """Run one tick of one fleet (skipped if another tick holds it); re-queue if a step waits."""
     result = tick_run(fleet_id=fleet_id)
-    if result.ran and result.nudge_ms is not None:
-        _redis().delete(f"haru:nudge:{fleet_id}")
+    # Ran: a step waits. Skipped: look again when the holder's lease runs out (a killed or
+    # frozen holder is taken over then, not at the next beat).
+    if result.nudge_ms is not None:
+        if result.ran:
+            # This tick was the follow-up: let the next one be queued. A skipped tick leaves the
+            # pending follow-up in place (one per fleet, however many beats skip meanwhile).
+            _redis().delete(f"haru:nudge:{fleet_id}")
         celery_kicker(fleet_id, max(result.nudge_ms, 1))
     return {"fleetId": fleet_id, "ran": result.ran, "nudgeMs": result.nudge_ms}
 

@@ -17,6 +17,7 @@ from fleets.live.origin import SameOriginValidator  # noqa: E402
 from fleets.live.urls import websocket_urlpatterns  # noqa: E402
 from fleets.metrics import mark_this_process_dead  # noqa: E402
 from fleets.proxy.asgi import with_proxy  # noqa: E402
+from fleets.reconciler.driver import SERVE_WORKER_ENV, start_for_server  # noqa: E402
 from haru.host_guard import AllowedHostsGuard  # noqa: E402
 
 application = ProtocolTypeRouter(
@@ -29,6 +30,13 @@ application = ProtocolTypeRouter(
         "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
+
+# `serve --workers N`: each worker drives the ticks of the operations it accepts (a kick-only
+# loop, or Celery with this process as the fallback), so they start at once whichever worker
+# took the request; the parent ticks every fleet (fleets/reconciler/driver.py).
+if os.environ.get(SERVE_WORKER_ENV):
+    _driver = start_for_server(role="worker")
+    atexit.register(_driver.stop)
 
 # Each uvicorn worker imports this module: on its exit, prometheus_client's live gauges of this
 # process are dropped from the host's metrics directory (its counters stay in the sums).

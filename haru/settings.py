@@ -64,6 +64,11 @@ def _load() -> dict:
             ),
             "reconcile_interval_ms": env.integer("HARU_RECONCILE_INTERVAL_MS", None, minimum=100),
             "reconcile_fleets": env.csv("HARU_RECONCILE_FLEETS"),
+            # How long a fleet's tick lease lasts unrenewed (fleets/reconciler/locks.py): the
+            # most a frozen or killed worker delays its fleet's next tick.
+            "tick_lease_ms": env.integer(
+                "HARU_TICK_LEASE_MS", 15_000, minimum=2_000, maximum=600_000
+            ),
             "fleet_layout": env.raw("HARU_FLEET_LAYOUT"),
             "event_retention_days": env.integer(
                 "HARU_EVENT_RETENTION_DAYS", 30, minimum=1, maximum=36500
@@ -257,6 +262,29 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = False
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Failover must not wait on the broker (issue 11, finding 15; docs/tick-lease.md): every
+# broker call is bounded, so a stopped or frozen Redis fails a publish within
+# about two seconds (the server then ticks the fleet itself, fleets/reconciler/driver.py), and
+# the worker reconnects within a second of Redis returning (fleets/celery_consumer.py).
+CELERY_BROKER_CONNECTION_TIMEOUT = 2.0
+# Retry for as long as the outage lasts: with 1 s between attempts Celery's default of 100
+# retries would end the worker after 100 s without Redis.
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "socket_connect_timeout": 2.0,
+    "socket_timeout": 5.0,  # above the worker's 1 s BRPOP, below any tick's patience
+    "max_retries": 2,
+    "interval_start": 0,
+    "interval_step": 0.25,
+    "interval_max": 0.5,
+}
+CELERY_TASK_PUBLISH_RETRY_POLICY = {
+    "max_retries": 2,
+    "interval_start": 0,
+    "interval_step": 0.25,
+    "interval_max": 0.5,
+}
+CELERY_WORKER_CONSUMER = "fleets.celery_consumer:Consumer"
 # Beat reads its schedule from the database (django-celery-beat), so an operator changes the
 # reconcile interval in admin without a restart. The rows are seeded after `migrate` from
 # HARU_RECONCILE_INTERVAL_MS (fleets.services.schedule); nothing is declared here, because the

@@ -63,15 +63,19 @@ def operation_advance(
     budget_s: float,
     poll_s: float,
     actor: str = "reconciler",
+    checkpoint: Callable[[], None] | None = None,
 ) -> Advance:
     """Run the in-flight operation's steps until one waits, the operation ends, or time is up.
 
     `budget_s` bounds starting new nudges; `poll_s` bounds how long a waiting step is re-polled
     inside this call before handing back with a nudge (0: hand back at once, as unit tests do).
+    `checkpoint` runs before every step (the tick's lease check).
     """
     started = time.monotonic()
     touched = None
     for _ in range(_MAX_MOVES):
+        if checkpoint is not None:
+            checkpoint()  # the tick's lease: renewed here, or LeaseLost before any other write
         op = (
             Operation.objects.filter(fleet_id=fleet_id, state__in=IN_FLIGHT_OPERATION_STATES)
             .select_related("fleet", "target_domain", "source_domain")

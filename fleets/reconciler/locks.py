@@ -1,92 +1,202 @@
-"""One tick per fleet at a time, across threads, processes and machines.
+"""One tick per fleet at a time, across threads, processes and machines: a lease with a deadline.
 
-PostgreSQL: a session-level advisory lock keyed by the fleet. It lives on the tick's own
-database connection, so a worker that dies (or is killed by Celery's hard time limit) drops
-its connection and the lock with it: nothing to expire, nothing to clean up.
-SQLite (the embedded default, one host): an flock on a file under the var dir, which the kernel
-releases when the holder dies.
+The tick takes the row `tick:<fleet id>` (`fleets.services.leases`) by a conditional UPDATE and
+renews it at checkpoints while it runs (`TickLease.check`, called between heartbeats, decisions
+and every operation step). A holder that freezes (SIGSTOP, a stuck VM, a swapped-out process)
+or dies stops renewing, so another worker takes the fleet over once the lease runs out: a frozen
+process delays a fleet by at most one lease (`HARU_TICK_LEASE_MS`, default 15 s: a few seconds
+more than the longest stretch a tick spends between checkpoints, one supervisor call capped at
+10 s). Nothing lives on a database session, so it works behind a transaction-mode pooler.
 
-The lock only avoids duplicate supervisor calls and wasted work; correctness never depends on
-it, because every state change is a conditional UPDATE.
+A holder that was a process of this host and no longer exists (SIGKILL, Celery's hard time
+limit) is taken over at once: the holder id names the host, PID namespace and PID.
+
+Fail closed: a holder whose renewal finds the lease taken over, or that could not confirm it
+within its length, raises `LeaseLost` at the next checkpoint and writes nothing more. The lease
+only avoids duplicate supervisor calls and wasted work; correctness never depends on it, because
+every state change is a conditional UPDATE (a write from a holder that lost its lease between a
+checkpoint and the write is refused by the same guards that order two concurrent ticks).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
 import os
+import socket
 import time
+import uuid
 from collections.abc import Iterator
-from contextlib import AbstractContextManager
+from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection
 
+from fleets import clock
 from fleets.models import Id
+from fleets.services.leases import lease_acquire, lease_release, lease_renew
 
 _POLL_S = 0.05
+# Renew once a third of the lease has gone by: two renewals can be missed before it runs out.
+_RENEW_FRACTION = 1 / 3
 
 
-def _advisory_key(fleet_id: Id) -> int:
-    # A signed 64-bit key from the fleet id; a stable namespace prefix keeps clear of other
-    # users of advisory locks in the same database.
-    digest = hashlib.blake2b(f"haru.tick:{fleet_id}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
+class LeaseLost(Exception):
+    """The lease was taken over (or could not be confirmed in time): stop, write nothing more."""
 
 
-@contextlib.contextmanager
-def _pg_lock(fleet_id: Id, wait_s: float) -> Iterator[bool]:
-    key = _advisory_key(fleet_id)
-    deadline = time.monotonic() + wait_s
-    with connection.cursor() as cursor:
-        while True:
-            cursor.execute("SELECT pg_try_advisory_lock(%s)", [key])
-            got = cursor.fetchone()[0]
-            if got or time.monotonic() >= deadline:
-                break
-            time.sleep(_POLL_S)
+def tick_lease_s() -> float:
+    return float(settings.HARU["tick_lease_ms"]) / 1000
+
+
+def _pid_namespace() -> str:
+    """This process's PID namespace (containers sharing a host name do not share it)."""
     try:
-        yield bool(got)
-    finally:
-        if got:
-            with contextlib.suppress(Exception), connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_unlock(%s)", [key])
+        return os.readlink("/proc/self/ns/pid").removeprefix("pid:[").removesuffix("]")
+    except OSError:
+        return "-"
 
 
-def _lock_dir() -> Path:
-    path = Path(settings.VAR_DIR) / "locks"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+_HOST = f"{socket.gethostname()[:48]}:{_pid_namespace()[:16]}"
 
 
-@contextlib.contextmanager
-def _file_lock(fleet_id: Id, wait_s: float) -> Iterator[bool]:
-    fd = os.open(_lock_dir() / f"tick-{fleet_id}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    deadline = time.monotonic() + wait_s
-    got = False
+def _holder_id() -> str:
+    # Unique per acquisition (two threads of one process exclude each other as two processes
+    # do); host, PID namespace and PID make the row readable and let a process on the same host
+    # see that the holder is gone (`_local_and_dead`).
+    return f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+def _local_and_dead(holder: str) -> bool:
+    """Whether `holder` was a process of this host (and PID namespace) that no longer exists.
+
+    A worker killed with SIGKILL (or by Celery's hard time limit) is then taken over at once
+    instead of one lease later. A reused PID only makes us wait for the deadline, as for a
+    holder on another host.
+    """
+    parts = holder.rsplit(":", 2)  # host:pidns, pid, nonce
+    if len(parts) != 3 or parts[0] != _HOST or not parts[1].isdigit():
+        return False
+    pid = int(parts[1])
     try:
-        while True:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # exists (EPERM: another user's process)
+        return False
+    # Killed but not yet reaped by its parent (a Celery pool process just SIGKILLed): a zombie
+    # runs no code and holds nothing.
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[:1] == ["Z"]
+
+
+class TickLease:
+    """A lease this process took (or tried to take). Truthy when held."""
+
+    def __init__(self, name: str, ttl_s: float) -> None:
+        self.name = name
+        self.ttl_s = ttl_s
+        self.holder = _holder_id()
+        self.acquired = False
+        self.taken_over_from = ""
+        self.retry_in_s: float | None = None  # not acquired: when the holder's lease runs out
+        # When the last take/renew was *sent*, on the injectable clock's monotonic reading (a
+        # test's fake clock moving past the lease is a frozen holder).
+        self._confirmed_mono = 0.0
+        self._lost = False
+
+    def __bool__(self) -> bool:
+        return self.acquired
+
+    def _ttl(self) -> timedelta:
+        return timedelta(seconds=self.ttl_s)
+
+    def try_take(self) -> bool:
+        sent = clock.get_clock().monotonic()
+        now = clock.now()
+        taken = lease_acquire(name=self.name, holder=self.holder, now=now, ttl=self._ttl())
+        if not taken.acquired and taken.holder and _local_and_dead(taken.holder):
+            taken = lease_acquire(
+                name=self.name,
+                holder=self.holder,
+                now=now,
+                ttl=self._ttl(),
+                dead_holder=taken.holder,
+            )
+        self.acquired = taken.acquired
+        if taken.acquired:
+            self._confirmed_mono = sent
+            self.taken_over_from = taken.taken_over_from
+            self.retry_in_s = None
+        elif taken.expires_at is not None:
+            self.retry_in_s = max(0.0, (taken.expires_at - now).total_seconds())
+        return self.acquired
+
+    def held(self) -> bool:
+        """Whether this holder may still act, as far as it can tell without asking."""
+        return (
+            self.acquired
+            and not self._lost
+            and clock.get_clock().monotonic() < self._confirmed_mono + self.ttl_s
+        )
+
+    def check(self) -> None:
+        """A checkpoint: renew when a third of the lease has gone; raise LeaseLost if it is gone.
+
+        A database error while renewing propagates (the tick fails, nothing more is written); a
+        renewal that finds another holder, or a checkpoint reached after the lease's own length
+        without a confirmed renewal, raises LeaseLost.
+        """
+        if not self.acquired or self._lost:
+            raise LeaseLost(self.name)
+        if clock.get_clock().monotonic() - self._confirmed_mono < self.ttl_s * _RENEW_FRACTION:
+            return
+        sent = clock.get_clock().monotonic()
+        renewed = lease_renew(name=self.name, holder=self.holder, now=clock.now(), ttl=self._ttl())
+        if renewed is None:
+            self._lost = True
+            raise LeaseLost(f"{self.name}: taken over by another holder")
+        self._confirmed_mono = sent
+
+    def release(self) -> None:
+        if self.acquired and not self._lost:
             try:
-                # flock locks belong to the open file description: two threads of one process
-                # exclude each other as two processes do.
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                got = True
-            except BlockingIOError:
-                got = False
-            if got or time.monotonic() >= deadline:
-                break
-            time.sleep(_POLL_S)
-        yield got
+                lease_release(name=self.name, holder=self.holder)
+            except DatabaseError:
+                # The tick most likely failed on the same broken connection (a database restart):
+                # one retry on a fresh connection gives the fleet back now instead of one lease
+                # later. Still unreachable: the lease simply runs out.
+                if not connection.in_atomic_block:
+                    with contextlib.suppress(Exception):
+                        connection.close()
+                        lease_release(name=self.name, holder=self.holder)
+        self.acquired = False
+
+
+@contextlib.contextmanager
+def lease_held(
+    name: str, *, wait_s: float = 0.0, ttl_s: float | None = None
+) -> Iterator[TickLease]:
+    """Hold the lease `name` for the block; yields the lease, truthy if taken within `wait_s`."""
+    lease = TickLease(name, tick_lease_s() if ttl_s is None else ttl_s)
+    deadline = time.monotonic() + wait_s
+    while not lease.try_take() and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
+    try:
+        yield lease
     finally:
-        if got:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
+        lease.release()
 
 
-def fleet_tick_lock(fleet_id: Id, *, wait_s: float = 0.0) -> AbstractContextManager[bool]:
-    """Hold the fleet's tick lock; yields whether it was acquired within `wait_s`."""
-    if connection.vendor == "postgresql":
-        return _pg_lock(fleet_id, wait_s)
-    return _file_lock(fleet_id, wait_s)
+def tick_lease_name(fleet_id: Id) -> str:
+    return f"tick:{fleet_id}"
+
+
+def fleet_tick_lock(
+    fleet_id: Id, *, wait_s: float = 0.0
+) -> contextlib.AbstractContextManager[TickLease]:
+    """Hold the fleet's tick lease; yields the lease, truthy if it was taken within `wait_s`."""
+    return lease_held(tick_lease_name(fleet_id), wait_s=wait_s)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from django.db import close_old_connections
@@ -23,14 +24,27 @@ from fleets.reconciler.tick import fleets_to_reconcile, tick_run
 log = logging.getLogger(__name__)
 
 
+def _always() -> bool:
+    return True
+
+
 class ReconcileLoop:
     """Drive ticks from background threads of this process."""
 
     def __init__(
-        self, *, interval_ms: int, fleets: list[str] | None = None, workers: int = 4
+        self,
+        *,
+        interval_ms: int,
+        fleets: list[str] | None = None,
+        workers: int = 4,
+        periodic: Callable[[], bool] | None = None,
     ) -> None:
         self.interval_s = interval_ms / 1000
         self.selection = list(fleets or [])
+        # Whether to tick every fleet each interval now (default: always). While it says no,
+        # only requested fleets (kicks) and their nudges are ticked: a server whose Celery does
+        # the beat, or a server worker that only drives what it kicked (`driver.py`).
+        self._periodic = periodic or _always
         self._cond = threading.Condition()
         self._due: dict[str, float] = {}
         self._running: set[str] = set()
@@ -69,6 +83,12 @@ class ReconcileLoop:
         if kick._kicker == self.request:
             kick.install(None)
 
+    def wake(self) -> None:
+        """Re-read the periodic gate now (it just opened): tick every fleet without waiting."""
+        with self._cond:
+            self._next_refresh = 0.0
+            self._cond.notify_all()
+
     def request(self, fleet_id: str, delay_ms: int = 0) -> None:
         """Tick `fleet_id` within `delay_ms` (sooner if it was due sooner anyway)."""
         when = time.monotonic() + delay_ms / 1000
@@ -96,7 +116,8 @@ class ReconcileLoop:
         while True:
             now = time.monotonic()
             if now >= self._next_refresh:
-                self._refresh()
+                if self._periodic():
+                    self._refresh()
                 self._next_refresh = now + self.interval_s
             with self._cond:
                 if self._stopping:
@@ -112,20 +133,24 @@ class ReconcileLoop:
                 self._cond.wait(max(0.0, until - time.monotonic()))
 
     def _tick(self, fleet_id: str) -> None:
-        delay = self.interval_s
+        delay: float | None = self.interval_s if self._periodic() else None
         try:
             result = tick_run(fleet_id=fleet_id)
-            if result.ran and result.nudge_ms is not None:
-                delay = min(delay, result.nudge_ms / 1000)
+            # Ran: a step waits. Skipped: look again when the holder's lease runs out.
+            if result.nudge_ms is not None:
+                nudge = result.nudge_ms / 1000
+                delay = nudge if delay is None else min(delay, nudge)
         except Exception:  # noqa: BLE001 - one fleet's failure must not stop the loop
             log.exception("reconcile tick of fleet %s failed", fleet_id)
         finally:
             close_old_connections()
-            self._provision_start(fleet_id)
+            if self._periodic():  # provisioning follows the beat, not a kick
+                self._provision_start(fleet_id)
             with self._cond:
                 self._running.discard(fleet_id)
-                when = time.monotonic() + delay
-                self._due[fleet_id] = min(self._due.get(fleet_id, when), when)
+                if delay is not None:
+                    when = time.monotonic() + delay
+                    self._due[fleet_id] = min(self._due.get(fleet_id, when), when)
                 self._cond.notify_all()
 
     def _provision_start(self, fleet_id: str) -> None:

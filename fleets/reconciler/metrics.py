@@ -36,7 +36,9 @@ SUPERVISOR_CALL_ERRORS = Counter(
 )
 TICKS = Counter(
     "haru_reconcile_ticks_total",
-    "Reconcile ticks by outcome (ok, skipped: another tick held the fleet, error).",
+    "Reconcile ticks by outcome (ok, skipped: another tick held the fleet's lease, taken_over: "
+    "took an expired or dead holder's lease, lease_lost: stopped after another took it over, "
+    "error).",
     ["outcome"],
 )
 TICK_DURATION = Histogram(

@@ -49,7 +49,7 @@ from fleets.drivers.sky_cli import (
 )
 from fleets.errors import InvalidTarget, OperationConflict
 from fleets.models import Domain, Fleet, Id, Operation
-from fleets.reconciler.locks import fleet_tick_lock
+from fleets.reconciler.locks import LeaseLost, lease_held
 from fleets.services import provisioning as svc
 from fleets.services.events import event_record
 from fleets.services.operations import operation_request
@@ -61,6 +61,9 @@ log = logging.getLogger(__name__)
 # A launch whose request id never got recorded (the worker died between the claim and the
 # call) is looked at again after this long.
 LOST_LAUNCH_S = 120
+# A provisioning pass renews its lease per domain, and one domain's `sky` calls are capped
+# (status --refresh at 90 s): the lease outlasts the worst domain, matching Celery's hard limit.
+PROVISION_LEASE_S = 330.0
 
 
 def sky_for() -> SkyCli:
@@ -89,8 +92,8 @@ def fleet_provision_tick(
 ) -> ProvisionResult:
     """Run one provisioning pass over the fleet's managed domains, under the fleet's
     provisioning lock; skip (ran=False) if another pass holds it."""
-    with fleet_tick_lock(f"provision:{fleet_id}") as acquired:
-        if not acquired:
+    with lease_held(f"provision:{fleet_id}", ttl_s=PROVISION_LEASE_S) as lease:
+        if not lease:
             return ProvisionResult(str(fleet_id), ran=False)
         fleet = Fleet.objects.filter(pk=fleet_id).first()
         if fleet is None:
@@ -102,6 +105,11 @@ def fleet_provision_tick(
         sky: SkyCli | None = None
         busy = False
         for domain in domains:
+            try:
+                lease.check()  # renewed per domain
+            except LeaseLost as exc:
+                log.warning("provisioning of fleet %s stopped: %s", fleet_id, exc)
+                return ProvisionResult(str(fleet_id), ran=False)
             try:
                 if sky is None and _needs_sky(domain):
                     sky = sky_factory()

@@ -10,7 +10,7 @@
 6. finish the clean-ups of failed or cancelled promotions still pending (a cancel from the API,
    a pre-emption, or a worker that died right after a failure).
 
-`tick_run` wraps it in the fleet's tick lock; `fleet_tick` is the bare tick (safe to run
+`tick_run` wraps it in the fleet's tick lease; `fleet_tick` is the bare tick (safe to run
 concurrently: every write is a conditional UPDATE; the race tests run it from 8 threads).
 """
 
@@ -47,7 +47,7 @@ from fleets.reconciler.advance import operation_advance
 from fleets.reconciler.cleanup import pending_cleanups_run
 from fleets.reconciler.client import SupervisorClient, client_for
 from fleets.reconciler.heartbeat import heartbeat_apply, heartbeats_collect
-from fleets.reconciler.locks import fleet_tick_lock
+from fleets.reconciler.locks import LeaseLost, fleet_tick_lock
 from fleets.selectors import AUTO_FAILOVER, failover_backoff_state, fleet_get, fleet_view
 from fleets.services.escalation import (
     domain_escalate,
@@ -67,6 +67,8 @@ TICK_BUDGET_S = 5.0
 TICK_POLL_S = 2.0
 # How often "nobody can take over" is recorded while it stays true, per fleet and process.
 NO_STANDBY_EVENT_EVERY_MS = 60_000
+# A skipped tick looks again this long after the holder's lease runs out (clock skew, latency).
+LEASE_RETRY_SLACK_MS = 250
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,10 @@ class TickResult:
         return Operation.objects.filter(pk=self.operation_id).first()
 
 
+def _no_checkpoint() -> None:
+    """A bare tick (tests, the race suite) has no lease to renew."""
+
+
 def fleet_tick(
     *,
     fleet_id: Id,
@@ -89,8 +95,13 @@ def fleet_tick(
     budget_s: float = TICK_BUDGET_S,
     poll_s: float = TICK_POLL_S,
     actor: str = "reconciler",
+    checkpoint: Callable[[], None] = _no_checkpoint,
 ) -> TickResult:
-    """Run one tick for one fleet without taking its lock (see `tick_run`)."""
+    """Run one tick for one fleet without taking its lease (see `tick_run`).
+
+    `checkpoint` is called between phases and steps; the lease's raises `LeaseLost` once this
+    tick may no longer write (see `fleets.reconciler.locks`).
+    """
     fleet = Fleet.objects.filter(pk=fleet_id).first()
     if fleet is None:
         return TickResult(str(fleet_id), ran=True)
@@ -100,16 +111,23 @@ def fleet_tick(
     # 1-2. Heartbeats: read all, then apply each.
     domains = list(Domain.objects.filter(fleet=fleet))
     beats = heartbeats_collect(domains, policy=policy, client_for=client_factory)
+    # Liveness is judged as of this round's observation: the moment its answers were in, on
+    # this clock, before any database write. A database that stalls the writes below (a held
+    # write lock, a long transaction) delays the tick but cannot age a heartbeat that was just
+    # answered into a stale one (issue 11, finding 6).
+    observed = clock.now()
     in_flight = Operation.objects.filter(
         fleet_id=fleet.id, state__in=IN_FLIGHT_OPERATION_STATES
     ).exists()
     active_id = Fleet.objects.filter(pk=fleet.id).values_list("active_domain_id", flat=True).get()
     for beat in beats:
+        checkpoint()  # a slow database can make these writes outlast a lease
         heartbeat_apply(beat, active_domain_id=active_id, operation_in_flight=in_flight)
 
     # 3. Escalation: the core says whether it is due; the UPDATE re-checks it all.
+    checkpoint()
     view = fleet_view(fleet)
-    now = clock.now()
+    now = observed
     if view.active is not None:
         degraded_since = (
             Domain.objects.filter(pk=view.active.id)
@@ -136,7 +154,12 @@ def fleet_tick(
 
     # 5. Advance whatever is in flight now (including a promotion created just above).
     advance = operation_advance(
-        fleet_id=fleet.id, client_for=client_factory, budget_s=budget_s, poll_s=poll_s, actor=actor
+        fleet_id=fleet.id,
+        client_for=client_factory,
+        budget_s=budget_s,
+        poll_s=poll_s,
+        actor=actor,
+        checkpoint=checkpoint,
     )
 
     # 6. Clean-ups left pending; after the advance, so a failover never waits behind them.
@@ -299,12 +322,20 @@ def tick_run(
     poll_s: float = TICK_POLL_S,
     actor: str = "reconciler",
 ) -> TickResult:
-    """Run one tick under the fleet's lock; skip (ran=False) if another tick holds it."""
+    """Run one tick under the fleet's lease; skip (ran=False) if another tick holds it.
+
+    A skipped tick says when the holder's lease runs out (`nudge_ms`), so the driver looks again
+    then: a holder that was killed or frozen is taken over one lease later, not one beat later.
+    """
     started = time.monotonic()
-    with fleet_tick_lock(fleet_id, wait_s=wait_s) as acquired:
-        if not acquired:
+    with fleet_tick_lock(fleet_id, wait_s=wait_s) as lease:
+        if not lease:
             metrics.TICKS.labels(outcome="skipped").inc()
-            return TickResult(str(fleet_id), ran=False)
+            retry = lease.retry_in_s
+            nudge = None if retry is None else int(retry * 1000) + LEASE_RETRY_SLACK_MS
+            return TickResult(str(fleet_id), ran=False, nudge_ms=nudge)
+        if lease.taken_over_from:
+            metrics.TICKS.labels(outcome="taken_over").inc()
         try:
             result = fleet_tick(
                 fleet_id=fleet_id,
@@ -312,7 +343,14 @@ def tick_run(
                 budget_s=budget_s,
                 poll_s=poll_s,
                 actor=actor,
+                checkpoint=lease.check,
             )
+        except LeaseLost as exc:
+            # Another worker took the fleet over while this one was frozen or slow: it owns
+            # the fleet now, and this tick stops without another write.
+            log.warning("fleet %s: tick stopped: %s", fleet_id, exc)
+            metrics.TICKS.labels(outcome="lease_lost").inc()
+            return TickResult(str(fleet_id), ran=False)
         except Exception:
             metrics.TICKS.labels(outcome="error").inc()
             raise

@@ -372,10 +372,10 @@ class ServerProc:
             check=check,
         )
 
-    def start(self) -> ServerProc:
+    def start(self, *args: str) -> ServerProc:
         log = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
         self.proc = subprocess.Popen(
-            [PYTHON, "manage.py", "serve", "--port", str(self.port)],
+            [PYTHON, "manage.py", "serve", "--port", str(self.port), *args],
             cwd=REPO,
             env=self.env,
             stdout=log,

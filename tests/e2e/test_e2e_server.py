@@ -44,15 +44,15 @@ def served(tmp_path, make_hosts, server_db):
     """Return a function starting (east, west, server) with a seeded fleet `e2e`."""
     servers: list[ServerProc] = []
 
-    def start(policy: dict | None = None, **host_kwargs):
+    def start(policy: dict | None = None, serve_args=(), server_env=None, **host_kwargs):
         east, west = make_hosts(**host_kwargs)
-        server = ServerProc(tmp_path, env=server_db)
+        server = ServerProc(tmp_path, env={**server_db, **(server_env or {})})
         servers.append(server)
         layout = tmp_path / "layout.json"
         layout.write_text(json.dumps(fleet_layout(east, west, policy)))
         server.manage("migrate", "--noinput", "-v0")
         server.manage("seed_layout", "--config", str(layout))
-        server.start()
+        server.start(*serve_args)
         wait_for(lambda: all(d["lastSeenAt"] for d in fleet(server)["domains"]), 15, "heartbeats")
         return east, west, server
 
@@ -122,3 +122,24 @@ def test_a_server_killed_mid_step_leaves_nothing_that_blocks_the_next_one(served
     assert intent(server)["active"]["domainSlug"] == "west"
     assert intent(server)["revision"] == 2
     assert [o["id"] for o in operations(server)] == [op_id]  # resumed, not re-created
+
+
+def test_serve_with_several_workers_starts_a_promotion_in_the_worker_that_took_it(served):
+    # A long interval: the parent's periodic loop would start the promotion a minute from now;
+    # the worker that accepted it drives it at once (fleets/reconciler/driver.py).
+    east, west, server = served(
+        serve_args=("--workers", "2"), server_env={"HARU_RECONCILE_INTERVAL_MS": "60000"}
+    )
+    target = next(d["id"] for d in fleet(server)["domains"] if d["slug"] == "west")
+    accepted = server.api("POST", "/fleets/e2e/promote", {"targetDomainId": target})
+    assert accepted.status_code == 202
+    op_id = accepted.json()["operation"]["id"]
+    op = wait_for(
+        lambda: (
+            (o := server.api("GET", f"/operations/{op_id}").json())["state"] == "succeeded" and o
+        ),
+        30,
+        "the promotion driven by the serving worker",
+    )
+    assert op["routingCommitted"]
+    assert intent(server)["revision"] == 2

@@ -15,9 +15,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from fleets.metrics import remove_dead_process_files
-from fleets.reconciler import kick
-from fleets.reconciler.loop import ReconcileLoop
-from fleets.tasks import celery_kicker
+from fleets.reconciler.driver import SERVE_WORKER_ENV, start_for_server
 
 log = logging.getLogger("haru.serve")
 
@@ -77,46 +75,29 @@ class Command(BaseCommand):
             settings.PROMETHEUS_MULTIPROC_DIR,
             removed,
         )
-        loop = None if opts["no_reconcile_loop"] else _start_tick_driver()
+        workers = opts["workers"]
+        if workers < 1:
+            raise CommandError("--workers must be at least 1")
+        driver = None
+        if not opts["no_reconcile_loop"]:
+            # One process: it serves and ticks. Several: this parent ticks every fleet each
+            # interval, and each worker drives the ticks of what it accepted (haru/asgi.py reads
+            # the variable), all under the fleets' tick leases (fleets/reconciler/driver.py).
+            driver = start_for_server(role="single" if workers == 1 else "parent")
+            if workers > 1:
+                os.environ[SERVE_WORKER_ENV] = "1"
         self.stdout.write(f"haru serving on http://{host}:{port}")
         try:
             uvicorn.run(
                 "haru.asgi:application",
                 host=host,
                 port=port,
-                workers=opts["workers"],
+                workers=workers,
                 log_level="info",
                 access_log=opts["access_log"],
                 lifespan="off",
                 proxy_headers=False,
             )
         finally:
-            if loop is not None:
-                loop.stop()
-
-
-def _start_tick_driver():
-    """Decide who drives reconcile ticks for this server; return the loop it started, if any.
-
-    With a broker (REDIS_URL) Celery beat and workers tick, and new operations are queued to
-    them. Without one, HARU_RECONCILE_INTERVAL_MS starts the in-process loop here (with
-    --workers > 1 it runs in this parent process, and new operations wait for its next round).
-    """
-
-    if settings.HARU["redis_url"]:
-        # Only with a broker: importing it creates this process's Celery app from the settings
-        # (broker, beat schedule); a server without a broker has no use for one.
-        import haru.celery  # noqa: F401, PLC0415
-
-        kick.install(celery_kicker)
-        log.info("reconcile ticks: Celery (run `celery -A haru worker` and `celery -A haru beat`)")
-        return None
-    interval = settings.HARU["reconcile_interval_ms"]
-    if not interval:
-        log.warning(
-            "HARU_RECONCILE_INTERVAL_MS is not set and there is no broker: nothing drives "
-            "reconcile ticks, so automatic failover is OFF (POST .../reconcile still works)"
-        )
-        return None
-
-    return ReconcileLoop(interval_ms=interval, fleets=settings.HARU["reconcile_fleets"]).start()
+            if driver is not None:
+                driver.stop()

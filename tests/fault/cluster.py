@@ -1,0 +1,364 @@
+"""A whole deployment the fault tests may break: its own PostgreSQL cluster and redis-server
+(so they can be stopped, restarted and stalled without touching anyone else's), the server, two
+Celery workers, beat, and two supervisors with simulated engines (`tests/e2e/harness.py`).
+
+Every process runs in its own session and is killed by process group at teardown; the database
+cluster and Redis are stopped at the end of the session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psycopg
+
+from tests.e2e.harness import (
+    PYTHON,
+    REPO,
+    TOKEN,
+    ServerProc,
+    SimHost,
+    fleet_layout,
+    free_port,
+    kill_group,
+    put_in_standby_posture,
+    wait_for,
+)
+
+PG_BIN = next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)), None)
+# Short enough that a takeover shows within seconds, long enough for a loaded CI machine's
+# heartbeat round plus one step call between checkpoints.
+LEASE_MS = 5000
+INTERVAL_MS = 500
+# The steps every promotion records; the two best-effort ones on the old active are skipped
+# when it is dead (an auto-failover from a crashed host).
+REQUIRED_STEPS = {"stop_training", "verify_gpu", "wake", "probe", "switch_route"}
+
+
+def tools_missing() -> str | None:
+    """Why the suite cannot run here, or None."""
+    if PG_BIN is None or not (PG_BIN / "initdb").exists():
+        return "PostgreSQL server binaries (initdb, pg_ctl) are not installed"
+    if shutil.which("redis-server") is None:
+        return "redis-server is not installed"
+    if os.geteuid() == 0 and shutil.which("runuser") is None:
+        return "running as root without runuser: initdb refuses root"
+    return None
+
+
+class OwnPostgres:
+    """A throwaway PostgreSQL cluster in a temporary directory, on a port of its own."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="haru-fault-pg-"))
+        self.data = self.dir / "data"
+        self.log = self.dir / "postgres.log"
+        self.port = free_port()
+        self._as: list[str] = []
+        if os.geteuid() == 0:
+            # initdb refuses to run as root: the cluster belongs to the postgres user.
+            user = pwd.getpwnam("postgres")
+            os.chown(self.dir, user.pw_uid, user.pw_gid)
+            self._as = ["runuser", "-u", "postgres", "--"]
+
+    def _run(self, *args: str, timeout: float = 60) -> None:
+        subprocess.run(
+            [*self._as, *args], check=True, capture_output=True, timeout=timeout, cwd=self.dir
+        )
+
+    def init(self) -> OwnPostgres:
+        self._run(
+            str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust",
+            "-E", "UTF8", "--no-sync",
+        )  # fmt: skip
+        return self.start()
+
+    def start(self) -> OwnPostgres:
+        options = (
+            f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
+            "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+        )
+        self._run(
+            str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-o", options,
+            "-w", "-t", "60", "start",
+        )  # fmt: skip
+        return self
+
+    def stop(self, mode: str = "fast") -> None:
+        self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def restart(self) -> float:
+        """Restart with `-m fast` (every connection is terminated); return seconds it took."""
+        started = time.monotonic()
+        self.stop("fast")
+        self.start()
+        return time.monotonic() - started
+
+    def url(self, db: str) -> str:
+        return f"postgres://postgres@127.0.0.1:{self.port}/{db}"
+
+    def sql(self, query: str, params: tuple = (), db: str = "postgres") -> list[tuple]:
+        with psycopg.connect(self.url(db), autocommit=True, connect_timeout=10) as conn:
+            cursor = conn.execute(query, params)
+            return cursor.fetchall() if cursor.description else []
+
+    def destroy(self) -> None:
+        with contextlib.suppress(Exception):
+            self.stop("immediate")
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class OwnRedis:
+    """A redis-server of the suite's own, which a test may stop and start again."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        self.dir = workdir
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> OwnRedis:
+        self.proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.dir),
+            ],  # fmt: skip
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        wait_for(self.up, 10, "redis-server up")
+        return self
+
+    def up(self) -> bool:
+        with contextlib.suppress(OSError), socket_to(self.port):
+            return True
+        return False
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def flush(self) -> None:
+        subprocess.run(
+            ["redis-cli", "-p", str(self.port), "flushall"], check=True, capture_output=True
+        )
+
+
+@contextlib.contextmanager
+def socket_to(port: int) -> Iterator[None]:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=0.5)
+    try:
+        yield
+    finally:
+        sock.close()
+
+
+class Deployment:
+    """One fleet over two simulated hosts, driven by the server, two Celery workers and beat."""
+
+    def __init__(
+        self, workdir: Path, pg: OwnPostgres, redis: OwnRedis, template: str, policy: dict
+    ) -> None:
+        self.dir = workdir
+        self.pg = pg
+        self.redis = redis
+        self.db = f"fault_{uuid.uuid4().hex[:10]}"
+        pg.sql(f'CREATE DATABASE "{self.db}" TEMPLATE "{template}"')
+        redis.flush()
+        self.east = SimHost("east", workdir)
+        self.west = SimHost("west", workdir, start_asleep=True)
+        self.east.start()
+        self.west.start()
+        put_in_standby_posture(self.west)
+        self.env = {
+            "DATABASE_URL": pg.url(self.db),
+            "REDIS_URL": redis.url,
+            "HARU_RECONCILE_INTERVAL_MS": str(INTERVAL_MS),
+            "HARU_TICK_LEASE_MS": str(LEASE_MS),
+            "HARU_SUPERVISOR_TOKEN": TOKEN,
+        }
+        self.server = ServerProc(workdir, env=self.env)
+        self.server.env["REDIS_URL"] = redis.url  # ServerProc defaults to the embedded loop
+        layout = workdir / "layout.json"
+        layout.write_text(json.dumps(fleet_layout(self.east, self.west, policy)))
+        self.server.manage("seed_layout", "--config", str(layout))
+        self.workers: dict[str, subprocess.Popen] = {}
+        self.beat: subprocess.Popen | None = None
+        self.server.start()
+        for name in ("w1", "w2"):
+            self.start_worker(name)
+        self.start_beat()
+        wait_for(self.heartbeats_in, 60, "heartbeats of both domains", every=0.2)
+
+    # -- processes -------------------------------------------------------------------------
+
+    def _celery(self, name: str, *args: str) -> subprocess.Popen:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HARU_")}
+        env.update(self.env, HARU_VAR_DIR=str(self.dir / name / "var"), PYTHONUNBUFFERED="1")
+        (self.dir / name).mkdir(exist_ok=True)
+        log = open(self.dir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(
+            [PYTHON, "-m", "celery", "-A", "haru", *args],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        return proc
+
+    def start_worker(self, name: str) -> None:
+        self.workers[name] = self._celery(
+            name, "worker", "--loglevel", "INFO", "--concurrency", "1", "--without-gossip",
+            "--without-mingle", "--without-heartbeat", "--hostname", f"{name}@%h",
+        )  # fmt: skip
+
+    def start_beat(self) -> None:
+        self.beat = self._celery(
+            "beat", "beat", "--loglevel", "INFO", "--schedule", str(self.dir / "beat-schedule")
+        )
+
+    def log(self, name: str) -> str:
+        path = self.dir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def tasks_done(self, name: str) -> int:
+        """How many reconcile tasks worker `name` has finished (its log, one child each)."""
+        return len(re.findall(r"Task fleets\.reconcile_fleet\[[^\]]+\] succeeded", self.log(name)))
+
+    def teardown(self) -> None:
+        for proc in [*self.workers.values(), self.beat]:
+            if proc is not None and proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGCONT)
+                kill_group(proc.pid)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(10)
+        self.server.kill()
+        self.east.crash()
+        self.west.crash()
+        with contextlib.suppress(Exception):
+            self.pg.sql(f'DROP DATABASE IF EXISTS "{self.db}" WITH (FORCE)')
+
+    # -- state, read straight from the database ---------------------------------------------
+
+    def q(self, query: str, params: tuple = ()) -> list[tuple]:
+        return self.pg.sql(query, params, db=self.db)
+
+    def heartbeats_in(self) -> bool:
+        rows = self.q("SELECT last_seen_at FROM fleets_domain")
+        return len(rows) == 2 and all(r[0] is not None for r in rows)
+
+    def revision(self) -> int:
+        return self.q("SELECT route_revision FROM fleets_fleet")[0][0]
+
+    def active_slug(self) -> str:
+        return self.q(
+            "SELECT d.slug FROM fleets_fleet f JOIN fleets_domain d ON d.id = f.active_domain_id"
+        )[0][0]
+
+    def domain_id(self, slug: str) -> str:
+        return str(self.q("SELECT id FROM fleets_domain WHERE slug = %s", (slug,))[0][0])
+
+    def operation(self, op_id: str) -> dict:
+        row = self.q(
+            "SELECT state, current_step, routing_committed FROM fleets_operation WHERE id = %s",
+            (op_id,),
+        )[0]
+        return {"state": row[0], "step": row[1], "routingCommitted": row[2]}
+
+    def operations(self) -> list[tuple]:
+        return self.q("SELECT id, kind, state, reason FROM fleets_operation ORDER BY created_at")
+
+    def lease_holder(self) -> str:
+        rows = self.q("SELECT holder FROM fleets_lease WHERE name LIKE 'tick:%%'")
+        return rows[0][0] if rows else ""
+
+    def steps_done(self, op_id: str) -> list[str]:
+        return [
+            r[0]
+            for r in self.q(
+                "SELECT step FROM fleets_event WHERE operation_id = %s AND kind = "
+                "'operation.step.done' ORDER BY id",
+                (op_id,),
+            )
+        ]
+
+    def promote(self, slug: str = "west") -> str:
+        response = self.server.api(
+            "POST", "/fleets/e2e/promote", {"targetDomainId": self.domain_id(slug)}
+        )
+        assert response.status_code == 202, response.text
+        return response.json()["operation"]["id"]
+
+    def assert_invariants(self, promotions: int) -> None:
+        """Routing moved once per succeeded promotion; nothing stuck; every step once."""
+        ops = self.operations()
+        assert not [o for o in ops if o[2] in ("pending", "running")], ops
+        succeeded = [o for o in ops if o[1] == "promote" and o[2] == "succeeded"]
+        assert len(succeeded) == promotions, ops
+        assert self.revision() == 1 + promotions
+        for op in succeeded:
+            steps = self.steps_done(str(op[0]))
+            assert len(steps) == len(set(steps)), steps  # no step recorded twice
+            assert set(steps) >= REQUIRED_STEPS, steps  # none lost
+            if op[3] != "auto_failover":  # a planned one also sleeps the old active: all seven
+                assert len(steps) == 7, steps
+
+    def server_healthy(self) -> bool:
+        return httpx.get(f"{self.server.url}/healthz", timeout=5, trust_env=False).is_success
+
+
+def pid_of(holder: str) -> int:
+    """The PID in a lease holder id (`host:pidns:pid:nonce`)."""
+    return int(holder.rsplit(":", 2)[1])
+
+
+def prepare_template(pg: OwnPostgres, workdir: Path) -> str:
+    """Migrate one database to copy for each test (migrations take longer than a copy)."""
+    name = "fault_template"
+    pg.sql(f'CREATE DATABASE "{name}"')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HARU_")}
+    env.update(
+        DATABASE_URL=pg.url(name),
+        HARU_VAR_DIR=str(workdir / "var"),
+        HARU_RECONCILE_INTERVAL_MS=str(INTERVAL_MS),  # seeds beat's schedule
+    )
+    env.pop("REDIS_URL", None)
+    subprocess.run(
+        [PYTHON, "manage.py", "migrate", "--noinput", "-v0"],
+        cwd=REPO,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return name

@@ -1,0 +1,48 @@
+"""The fault suite's deployment: one PostgreSQL cluster and one Redis for the session, a fresh
+database, supervisors, server, workers and beat for each test."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.fault.cluster import Deployment, OwnPostgres, OwnRedis, prepare_template, tools_missing
+
+
+@pytest.fixture(scope="session")
+def backing(tmp_path_factory):
+    """(PostgreSQL cluster, Redis, template database) of the suite's own."""
+    missing = tools_missing()
+    if missing:
+        pytest.skip(missing)
+    workdir = tmp_path_factory.mktemp("fault-backing")
+    pg = OwnPostgres().init()
+    redis = OwnRedis(workdir).start()
+    try:
+        template = prepare_template(pg, workdir)
+        yield pg, redis, template
+    finally:
+        redis.stop()
+        pg.destroy()
+
+
+@pytest.fixture
+def deploy(backing, tmp_path):
+    """Return `deploy(policy)`: a running deployment of the fleet `e2e`; torn down after."""
+    pg, redis, template = backing
+    made: list[Deployment] = []
+
+    def make(policy: dict | None = None) -> Deployment:
+        if not redis.up():
+            redis.start()
+        deployment = Deployment(tmp_path, pg, redis, template, policy or {})
+        made.append(deployment)
+        return deployment
+
+    yield make
+    for deployment in made:
+        deployment.teardown()
+
+
+def figure(name: str, value: float, unit: str = "s") -> None:
+    """Print one figure for the closing note (run with -s, as `make test-fault` does)."""
+    print(f"\nFAULT FIGURE {name}: {value:.2f} {unit}", flush=True)
