@@ -10,11 +10,12 @@ import ipaddress
 import logging
 import os
 
-import uvicorn
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+from uvicorn.supervisors import Multiprocess, multiprocess
 
 from fleets.metrics import remove_dead_process_files
+from fleets.proxy.drain import DrainingServer, graceful_config
 from fleets.reconciler import kick
 from fleets.reconciler.loop import ReconcileLoop
 from fleets.tasks import celery_kicker
@@ -79,17 +80,25 @@ class Command(BaseCommand):
         )
         loop = None if opts["no_reconcile_loop"] else _start_tick_driver()
         self.stdout.write(f"haru serving on http://{host}:{port}")
+        config = graceful_config(
+            app="haru.asgi:application",
+            host=host,
+            port=port,
+            workers=opts["workers"],
+            log_level="info",
+            access_log=opts["access_log"],
+            lifespan="off",
+            proxy_headers=False,
+        )
+        server = DrainingServer(config)
         try:
-            uvicorn.run(
-                "haru.asgi:application",
-                host=host,
-                port=port,
-                workers=opts["workers"],
-                log_level="info",
-                access_log=opts["access_log"],
-                lifespan="off",
-                proxy_headers=False,
-            )
+            if config.workers > 1:
+                # uvicorn's supervisor builds each worker's Server itself: have it build ours,
+                # so every worker drains (readiness first, held requests answered) on SIGTERM.
+                multiprocess.Server = DrainingServer  # type: ignore[misc]
+                Multiprocess(config, sockets=[config.bind_socket()]).run()
+            else:
+                server.run()
         finally:
             if loop is not None:
                 loop.stop()
