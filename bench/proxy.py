@@ -553,7 +553,7 @@ def main() -> int:
     if cpu is not None:
         print(
             f"  CPU per request, raw upstream, non-streaming, c={args.cpu_concurrency}: "
-            f"haru {cpu['haru_us']:.0f} us, bare asyncio responder {cpu['bare_us']:.0f} us, "
+            f"haru {cpu['haru_us']:.0f} us, bare asyncio relay {cpu['bare_us']:.0f} us, "
             f"ratio {cpu['ratio']:.2f}x (target <= 2x)"
         )
     if args.json:

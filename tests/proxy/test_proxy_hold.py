@@ -7,6 +7,7 @@ Real servers on real sockets (conftest): Haru's ASGI app, two model-server doubl
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import pytest
@@ -242,3 +243,41 @@ async def test_the_pointer_is_reused_within_the_poll_bound_and_a_push_ends_it(
     # ...until its revision is pushed.
     FEED.publish(str(proxy_fleet.id), proxy_fleet.route_revision + 5)
     assert (await haru.post(CHAT, content=chat_body())).json()["engine"] == "west"
+
+
+async def test_a_refused_connection_is_reported_to_the_reconciler(
+    haru, engines, proxy_fleet, hold_settings, monkeypatch
+):
+    """The contract's data-path report: fleet, the active domain, the model, when it failed."""
+    from fleets.reconciler import datapath  # noqa: PLC0415 - patched at its module boundary
+
+    reports = []
+    monkeypatch.setattr(datapath, "report_unreachable", lambda *args: reports.append(args))
+    hold_settings(chat_hold_ms=0)
+    await east_refuses(proxy_fleet)
+    before = time.time()
+    assert error_of(await haru.post(CHAT, content=chat_body())) == (502, "upstream_unreachable")
+    east = await sync_to_async(lambda: proxy_fleet.domains.get(slug="east"))()
+    assert len(reports) == 1
+    fleet_id, domain_id, model, failed_at = reports[0]
+    assert (fleet_id, domain_id, model) == (str(proxy_fleet.id), str(east.id), "qwen-small")
+    assert before <= failed_at <= time.time()
+    # A model server that answers (even 503) is reachable: nothing to report.
+    engines["east"].status = 503
+    await sync_to_async(ModelBinding.objects.filter(domain__slug="east", name="qwen-small").update)(
+        serving_url=engines["east"].url
+    )
+    hold_settings(chat_hold_ms=0, chat_hold_poll_ms=0, snapshot_cache_ttl_ms=0)
+    assert error_of(await haru.post(CHAT, content=chat_body())) == (503, "model_unavailable")
+    assert len(reports) == 1
+
+
+async def test_the_hold_series_are_exported(haru, engines, proxy_fleet, hold_settings):
+    hold_settings(chat_hold_ms=100, chat_hold_poll_ms=20)
+    await east_refuses(proxy_fleet)
+    assert (await haru.post(CHAT, content=chat_body())).status_code == 503
+    text = (await haru.get("/metrics")).text
+    assert "haru_proxy_held " in text or "haru_proxy_held{" in text
+    assert "haru_proxy_holds_total" in text
+    assert 'haru_proxy_hold_released_total{outcome="expired"}' in text
+    assert 'haru_proxy_hold_seconds_bucket{le="0.25",outcome="expired"}' in text
