@@ -21,6 +21,7 @@ from types import FrameType
 
 import uvicorn
 from django.conf import settings
+from uvicorn.supervisors import multiprocess
 
 from fleets.proxy.hold import HOLDS
 
@@ -87,3 +88,16 @@ class DrainingServer(uvicorn.Server):
         if HOLDS.count:
             log.warning("drain budget spent: answering %d held requests 503", HOLDS.count)
         HOLDS.release_all()
+
+
+class DrainingProcess(multiprocess.Process):
+    """A uvicorn worker process that runs a DrainingServer (`--workers N`).
+
+    Pickled by reference into each spawned worker, so the worker builds our server class too.
+    """
+
+    @property
+    def server(self) -> uvicorn.Server:
+        if self._server is None:
+            self._server = DrainingServer(config=self.config)
+        return self._server

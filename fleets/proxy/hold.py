@@ -14,6 +14,7 @@ the slot at once (`Hold.close` in a finally).
 from __future__ import annotations
 
 import time
+from typing import NoReturn
 
 from django.conf import settings
 from prometheus_client import Counter, Gauge, Histogram
@@ -90,6 +91,8 @@ class Hold:
     async def wait(self, fleet_id: str, why: ProxyError) -> None:
         """Wait for a routing change of `fleet_id` or the next retry; raise when the hold ends."""
         self.why = why
+        if self._holds.released:
+            self._drained()
         # 0 (the pointer read on every request) still waits a little between retries.
         poll_s = max(settings.HARU["chat_hold_poll_ms"], 10) / 1000
         remaining = self.deadline - time.monotonic()
@@ -103,10 +106,13 @@ class Hold:
         self._backoff = min(self._backoff * 2 or poll_s, RETRY_MAX_S) if FEED.up else poll_s
         await FEED.wait(fleet_id, min(remaining, self._backoff))
         if self._holds.released:
-            self.close("drained")
-            raise errors.draining(
-                "this server is shutting down and no domain took the request in its drain budget"
-            )
+            self._drained()
+
+    def _drained(self) -> NoReturn:
+        self.close("drained")
+        raise errors.draining(
+            "this server is shutting down and no domain took the request in its drain budget"
+        )
 
     def close(self, outcome: str) -> None:
         """Count the hold's end once (forwarded, expired, disconnected, drained)."""

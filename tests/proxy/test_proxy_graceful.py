@@ -60,8 +60,8 @@ def slow_engine():
     server.shutdown()
 
 
-@pytest.fixture
-def served(tmp_path, slow_engine):
+@pytest.fixture(params=[1, 2], ids=["one-worker", "two-workers"])
+def served(request, tmp_path, slow_engine):
     env = {k: v for k, v in os.environ.items() if k not in SERVER_VARS}
     env.update(
         HARU_VAR_DIR=str(tmp_path / "var"),
@@ -107,7 +107,8 @@ def served(tmp_path, slow_engine):
     port = free_port()
     log = (tmp_path / "serve.log").open("w")
     proc = subprocess.Popen(
-        [*manage, "serve", "--port", str(port), "--no-reconcile-loop"],
+        [*manage, "serve", "--port", str(port), "--no-reconcile-loop"]
+        + ["--workers", str(request.param)],
         cwd=ROOT,
         env=env,
         stdout=log,

@@ -15,7 +15,7 @@ from django.core.management.base import BaseCommand, CommandError
 from uvicorn.supervisors import Multiprocess, multiprocess
 
 from fleets.metrics import remove_dead_process_files
-from fleets.proxy.drain import DrainingServer, graceful_config
+from fleets.proxy.drain import DrainingProcess, DrainingServer, graceful_config
 from fleets.reconciler import kick
 from fleets.reconciler.loop import ReconcileLoop
 from fleets.tasks import celery_kicker
@@ -93,9 +93,10 @@ class Command(BaseCommand):
         server = DrainingServer(config)
         try:
             if config.workers > 1:
-                # uvicorn's supervisor builds each worker's Server itself: have it build ours,
-                # so every worker drains (readiness first, held requests answered) on SIGTERM.
-                multiprocess.Server = DrainingServer  # type: ignore[misc]
+                # uvicorn's supervisor builds its worker processes from this module global, and
+                # each builds its own Server: have them build ours, so every worker drains
+                # (readiness first, held requests answered) on SIGTERM.
+                multiprocess.Process = DrainingProcess  # type: ignore[misc]
                 Multiprocess(config, sockets=[config.bind_socket()]).run()
             else:
                 server.run()
