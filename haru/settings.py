@@ -53,6 +53,9 @@ def _load() -> dict:
             # over from the pushed routing revision when the push channel is down.
             "chat_hold_ms": env.integer("HARU_CHAT_HOLD_MS", 10000, minimum=0, maximum=600_000),
             "chat_hold_max": env.integer("HARU_CHAT_HOLD_MAX", 1000, minimum=0, maximum=1_000_000),
+            "chat_hold_max_bytes": env.integer(
+                "HARU_CHAT_HOLD_MAX_BYTES", 256 * 1024 * 1024, minimum=0, maximum=2**40
+            ),
             "chat_hold_poll_ms": env.integer(
                 "HARU_CHAT_HOLD_POLL_MS", 250, minimum=0, maximum=10_000
             ),

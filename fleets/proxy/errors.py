@@ -86,8 +86,8 @@ def hold_capacity(limit: int) -> ProxyError:
     return ProxyError(
         503,
         "hold_capacity_exceeded",
-        f"the model cannot take requests now and {limit} requests (HARU_CHAT_HOLD_MAX) are "
-        f"already waiting on this server; retry",
+        f"the model cannot take requests now and this server already holds as many waiting "
+        f"requests as it may (HARU_CHAT_HOLD_MAX {limit}, or HARU_CHAT_HOLD_MAX_BYTES); retry",
         headers=[(b"retry-after", b"1")],
     )
 

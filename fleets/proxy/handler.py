@@ -158,7 +158,7 @@ async def forward(
                         held.close("forwarded")
                     return response
             if held is None:
-                held = hold.HOLDS.admit(why)
+                held = hold.HOLDS.admit(why, len(body))
             await held.wait(snapshot.fleet_id, why)
     except asyncio.CancelledError:
         if held is not None:

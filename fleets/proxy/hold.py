@@ -6,8 +6,9 @@ says the model is bound on the active but cannot take traffic now (the active fa
 is under way). A held request waits for the routing change itself (`push.FEED`: Postgres NOTIFY,
 Redis, or in-process), retries on a backoff that is bounded by HARU_CHAT_HOLD_POLL_MS while the
 push channel is down, and is forwarded the first time an attempt succeeds. Bounds: each request
-waits at most HARU_CHAT_HOLD_MS, and at most HARU_CHAT_HOLD_MAX wait at once in this process;
-past either, 503 with Retry-After. A client that leaves while held cancels its task, which frees
+waits at most HARU_CHAT_HOLD_MS, and at most HARU_CHAT_HOLD_MAX requests holding at most
+HARU_CHAT_HOLD_MAX_BYTES of bodies wait at once in this process; past either, 503 with
+Retry-After. A client that leaves while held cancels its task, which frees
 the slot at once (`Hold.close` in a finally).
 """
 
@@ -51,20 +52,24 @@ class Holds:
 
     def __init__(self) -> None:
         self.count = 0
+        self.bytes = 0  # request bodies kept in memory by held requests
         self.released = False  # a drain ended: every hold answers 503 now
 
-    def admit(self, why: ProxyError) -> Hold:
-        """Start holding one request, or raise: holding off, cap reached, or draining."""
-        hold_ms, cap = settings.HARU["chat_hold_ms"], settings.HARU["chat_hold_max"]
+    def admit(self, why: ProxyError, size: int) -> Hold:
+        """Start holding one request of `size` body bytes, or raise: holding off, a cap
+        reached (count or bytes), or draining."""
+        haru = settings.HARU
+        hold_ms, cap = haru["chat_hold_ms"], haru["chat_hold_max"]
         if not hold_ms or self.released:
             raise why
-        if self.count >= cap:
+        if self.count >= cap or self.bytes + size > haru["chat_hold_max_bytes"]:
             RELEASED.labels("refused_cap").inc()
             raise errors.hold_capacity(cap)
         self.count += 1
+        self.bytes += size
         HELD.inc()
         HELD_TOTAL.inc()
-        return Hold(self, why, hold_ms / 1000)
+        return Hold(self, why, hold_ms / 1000, size)
 
     def release_all(self) -> None:
         """End of a drain: wake every held request; each answers 503 with Retry-After."""
@@ -78,10 +83,11 @@ class Holds:
 class Hold:
     """One held request: its deadline, its retry backoff, and how it ended."""
 
-    __slots__ = ("_holds", "why", "started", "deadline", "_backoff", "_closed")
+    __slots__ = ("_holds", "why", "started", "deadline", "_backoff", "_closed", "_size")
 
-    def __init__(self, holds: Holds, why: ProxyError, hold_s: float) -> None:
+    def __init__(self, holds: Holds, why: ProxyError, hold_s: float, size: int) -> None:
         self._holds = holds
+        self._size = size
         self.why = why
         self.started = time.monotonic()
         self.deadline = self.started + hold_s
@@ -120,6 +126,7 @@ class Hold:
             return
         self._closed = True
         self._holds.count -= 1
+        self._holds.bytes -= self._size
         HELD.dec()
         RELEASED.labels(outcome).inc()
         HOLD_SECONDS.labels(outcome).observe(time.monotonic() - self.started)

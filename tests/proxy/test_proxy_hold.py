@@ -30,7 +30,12 @@ def hold_settings(settings):
     def apply(**changes):
         settings.HARU = {**settings.HARU, **changes}
 
-    apply(chat_hold_ms=30_000, chat_hold_poll_ms=10_000, chat_hold_max=1000)
+    apply(
+        chat_hold_ms=30_000,
+        chat_hold_poll_ms=10_000,
+        chat_hold_max=1000,
+        chat_hold_max_bytes=1 << 30,
+    )
     hold.HOLDS.reset()
     yield apply
     hold.HOLDS.reset()
@@ -185,6 +190,21 @@ async def test_past_the_cap_the_answer_is_503_with_retry_after(
     assert released("refused_cap") == refused + 1
     await sync_to_async(promote)(proxy_fleet, "west")
     assert (await asyncio.wait_for(first, 5)).json()["engine"] == "west"
+
+
+async def test_past_the_byte_cap_the_answer_is_503_at_once(
+    haru, engines, proxy_fleet, hold_settings
+):
+    body = chat_body()
+    hold_settings(chat_hold_max_bytes=len(body) * 2 - 1)  # room for one body, not two
+    await east_refuses(proxy_fleet)
+    first = asyncio.create_task(haru.post(CHAT, content=body))
+    await until_held(1)
+    assert hold.HOLDS.bytes == len(body)
+    assert error_of(await haru.post(CHAT, content=body)) == (503, "hold_capacity_exceeded")
+    await sync_to_async(promote)(proxy_fleet, "west")
+    assert (await asyncio.wait_for(first, 5)).json()["engine"] == "west"
+    assert hold.HOLDS.bytes == 0
 
 
 async def test_an_expired_hold_is_503_with_retry_after(haru, engines, proxy_fleet, hold_settings):
