@@ -152,11 +152,12 @@ async def forward(
                 why = err
             else:
                 exchange.model = route.model
-                response, why = await _attempt(route, snapshot, headers, body, endpoint, exchange)
-                if response is not None:
+                sent = await _attempt(route, snapshot, headers, body, endpoint, exchange)
+                if not isinstance(sent, errors.ProxyError):
                     if held is not None:
                         held.close("forwarded")
-                    return response
+                    return sent
+                why = sent
             if held is None:
                 held = hold.HOLDS.admit(why, len(body))
             await held.wait(snapshot.fleet_id, why)
@@ -177,8 +178,8 @@ async def _attempt(
     body: bytes,
     endpoint: str,
     exchange: Exchange,
-) -> tuple[upstream.Response | None, errors.ProxyError]:
-    """Send once; return the response, or None and why the upstream provably did not start it."""
+) -> upstream.Response | errors.ProxyError:
+    """Send once; return the response, or why the upstream provably did not start it."""
     target = route.targets[endpoint]
     head = upstream.request_head(target, headers, len(body))
     if exchange.overhead is None:
@@ -196,17 +197,17 @@ async def _attempt(
         datapath.report_unreachable(
             snapshot.fleet_id, snapshot.active_domain_id or "", route.model, time.time()
         )
-        return None, errors.upstream_unreachable(
+        return errors.upstream_unreachable(
             f"model server for {route.model!r} refused the connection ({exc})"
         )
     if response.status == 503:
         # "Service Unavailable" before any body: the server says it did not handle it.
         await response.aclose()
-        return None, errors.model_unavailable(
+        return errors.model_unavailable(
             f"model server for {route.model!r} answered 503 (unavailable); retry"
         )
     exchange.outcome = "ok" if response.status < 400 else f"upstream_{response.status // 100}xx"
-    return response, errors.model_unavailable("")
+    return response
 
 
 def response_headers(response: upstream.Response, exchange: Exchange) -> list:
