@@ -80,10 +80,12 @@ class RevisionFeed:
             self._tasks.append(loop.create_task(self._keep(name, listen), name=f"push-{name}"))
 
     async def stop(self) -> None:
+        """Stop this loop's listeners (tests, shutdown); another loop's are only forgotten."""
         tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if self.loop is asyncio.get_running_loop():
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         self._up.clear()
         self.loop = None
 

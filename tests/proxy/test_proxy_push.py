@@ -11,10 +11,13 @@ import asyncio
 import psycopg
 import pytest
 import redis
+from asgiref.sync import sync_to_async
 from django.db import connections
 
 from fleets.proxy.push import FEED, RevisionFeed, parse
+from fleets.services import route_publish
 from fleets.services.route_publish import PG_CHANNEL, REDIS_CHANNEL, payload
+from tests.proxy.test_proxy_routing import promote
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -46,10 +49,11 @@ async def test_publish_wakes_waiters_and_ignores_older_revisions(feed):
     feed.publish("f", 3)
     assert await waiter is True
     assert feed.newer("f", 2) and not feed.newer("f", 3)
-    feed.publish("f", 2)  # out of order: never goes backwards
-    assert not feed.newer("f", 2) or feed.newer("f", 2)  # still 3
-    assert feed.newer("f", 2)
-    assert await feed.wait("f", 0.05) is False
+    waiter = asyncio.create_task(feed.wait("f", 0.2))
+    await asyncio.sleep(0)
+    feed.publish("f", 2)  # out of order: never goes backwards, wakes nobody
+    assert feed.newer("f", 2) and not feed.newer("f", 3)
+    assert await waiter is False
 
 
 async def test_without_a_push_channel_nothing_is_up_and_waits_time_out(feed, settings):
@@ -125,3 +129,34 @@ async def test_the_route_switch_reaches_this_process_feed(feed):
     from fleets.services.route_publish import on_route_committed  # noqa: PLC0415
 
     assert FEED.publish_threadsafe in on_route_committed
+
+
+@pytest.mark.postgres
+async def test_the_route_switch_notifies_listeners_when_it_commits(
+    feed, settings, proxy_fleet, monkeypatch
+):
+    settings.HARU = {**settings.HARU, "redis_url": None}
+    monkeypatch.setattr(route_publish, "on_route_committed", [])  # only the NOTIFY may wake it
+    feed.ensure_started()
+    await until(lambda: "postgres" in feed.channels_up())
+    fleet_id = str(proxy_fleet.id)
+    waiter = asyncio.create_task(feed.wait(fleet_id, 10))
+    revision = await sync_to_async(promote)(proxy_fleet, "west")
+    assert await asyncio.wait_for(waiter, 5) is True
+    assert feed.newer(fleet_id, revision - 1) and not feed.newer(fleet_id, revision)
+
+
+@pytest.mark.redis
+async def test_the_route_switch_publishes_to_redis_after_commit(
+    feed, settings, proxy_fleet, monkeypatch
+):
+    if connections["default"].vendor == "postgresql":
+        pytest.skip("the NOTIFY would wake it too: this one is for Redis alone")
+    monkeypatch.setattr(route_publish, "on_route_committed", [])  # only Redis may wake it
+    feed.ensure_started()
+    await until(lambda: "redis" in feed.channels_up())
+    fleet_id = str(proxy_fleet.id)
+    waiter = asyncio.create_task(feed.wait(fleet_id, 10))
+    revision = await sync_to_async(promote)(proxy_fleet, "west")
+    assert await asyncio.wait_for(waiter, 5) is True
+    assert feed.newer(fleet_id, revision - 1)
