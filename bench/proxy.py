@@ -26,6 +26,19 @@ replaced by that library (bench/upstream_clients.py, the same uvicorn settings a
 serve`); `haru` (the default) is the hand-written client in fleets/proxy/upstream.py. Run it
 once per client to re-measure that choice.
 Every process started here runs in its own process group and is killed on exit.
+
+CPU per request (`--cpu-concurrency`, default 8; 0 skips it): Haru's process CPU seconds (user +
+system, from /proc) over the requests it served in the measured window, next to the same figure
+for a bare asyncio relay (asyncio streams on the standard loop, no framework) that passes the
+same requests to the same raw upstream; both in one run, so the ratio compares like with like.
+Where Haru's time goes (cProfile of `manage.py serve` under this load, docs/proxy-hold.md): the
+event loop's socket I/O and uvicorn's protocol (`httptools_impl.send`, `data_received`) on the
+client side, the same again on the upstream side (`upstream._exchange`'s write, the response
+parse), then the proxy's own flow, the body's JSON check and the Prometheus updates; before the
+poll-bounded pointer reuse, a pointer read on the database thread per request (an executor hop,
+a query and a loop wake-up) was the largest single item Haru itself added. Measured on the
+shared 2-core machine, c=8, alternating runs: 174 and 201 us before, 126 and 101 us after,
+against 29 to 36 us for the relay.
 """
 
 from __future__ import annotations
@@ -117,6 +130,51 @@ def run_upstream(port: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# The CPU baseline: a bare asyncio pass-through (asyncio streams on the standard event loop, no
+# framework, no routing, no accounting) that relays each request to the same raw upstream over
+# one keep-alive connection per client connection and relays its answer back: the same answer
+# Haru serves, by the least work that can serve it through a proxy. Haru's CPU per request is
+# compared with this one's, in one run.
+
+
+async def _read_message(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    lower = head.lower()
+    at = lower.find(b"content-length:")
+    if at < 0:
+        return head
+    end = lower.index(b"\r\n", at)
+    return head + await reader.readexactly(int(lower[at + 15 : end]))
+
+
+def run_bare(port: int, upstream_port: int) -> None:
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", upstream_port)
+        try:
+            while True:
+                up_writer.write(await _read_message(reader))
+                writer.write(await _read_message(up_reader))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+            up_writer.close()
+
+    async def serve() -> None:
+        server = await asyncio.start_server(relay, "127.0.0.1", port)
+        await server.serve_forever()
+
+    asyncio.run(serve())
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# ---------------------------------------------------------------------------------------------
 # The load generator: keep-alive connections sending pre-built requests.
 
 
@@ -165,17 +223,27 @@ async def _worker(port, payload, deadline, warmup_until, latencies, failures):
         writer.close()
 
 
-async def _measure(port, payload, concurrency, seconds, warmup):
+async def _measure(port, payload, concurrency, seconds, warmup, pid=None):
+    """Load `port` for warm-up + `seconds`; with `pid`, also that process's CPU per request."""
     latencies: list[float] = []
     failures: list[int] = []
     begin = time.perf_counter()
     warmup_until = begin + warmup
     deadline = warmup_until + seconds
+    cpu: list[float] = []
+
+    async def sample_cpu() -> None:
+        await asyncio.sleep(warmup_until - time.perf_counter())
+        cpu.append(_cpu_seconds(pid))
+        await asyncio.sleep(deadline - time.perf_counter())
+        cpu.append(_cpu_seconds(pid))
+
     await asyncio.gather(
         *(
             _worker(port, payload, deadline, warmup_until, latencies, failures)
             for _ in range(concurrency)
-        )
+        ),
+        *([sample_cpu()] if pid is not None else []),
     )
     if failures:
         raise RuntimeError(f"{len(failures)} requests failed, e.g. status {failures[0]}")
@@ -185,6 +253,8 @@ async def _measure(port, payload, concurrency, seconds, warmup):
         "p50_ms": statistics.median(latencies) * 1000,
         "p99_ms": latencies[int(len(latencies) * 0.99) - 1] * 1000,
         "n": len(latencies),
+        # Requests finishing after the second sample are not counted: one per worker at most.
+        **({"cpu_us": (cpu[1] - cpu[0]) / len(latencies) * 1e6} if pid is not None else {}),
     }
 
 
@@ -349,6 +419,27 @@ async def _run(args, upstream_ports: dict[str, int], haru_ports: dict[str, int])
     return rows
 
 
+async def _cpu_compare(args, bare_port, bare_pid, haru_port, haru_pid, raw_port) -> dict:
+    """Process CPU seconds per request: Haru proxying vs the bare responder, in one run.
+
+    Both serve the same completion bytes to the same load generator at the same concurrency;
+    Haru's figure is its own process only (the raw upstream behind it is not counted).
+    """
+    _, direct, via = next(_scenarios(MODELS["raw"], raw_port, haru_port))
+    bare_request = _request(bare_port, "/v1/chat/completions", direct.split(b"\r\n\r\n", 1)[1], {})
+    c, seconds, warmup = args.cpu_concurrency, args.seconds, args.warmup
+    bare = await _measure(bare_port, bare_request, c, seconds, warmup, pid=bare_pid)
+    haru = await _measure(haru_port, via, c, seconds, warmup, pid=haru_pid)
+    return {
+        "c": c,
+        "bare_us": bare["cpu_us"],
+        "haru_us": haru["cpu_us"],
+        "ratio": haru["cpu_us"] / bare["cpu_us"],
+        "bare_rps": bare["rps"],
+        "haru_rps": haru["rps"],
+    }
+
+
 def _print_row(row) -> None:
     d, h = row["direct"], row["haru"]
     print(
@@ -391,10 +482,22 @@ def main() -> int:
         help="also measure haru.asgi under uvicorn without its access log (path 'quiet')",
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON at the end")
+    parser.add_argument(
+        "--cpu-concurrency",
+        type=int,
+        default=8,
+        help="concurrency of the CPU-per-request comparison (0: skip it)",
+    )
     parser.add_argument("--serve-raw", type=int, help=argparse.SUPPRESS)  # internal: serve it
+    parser.add_argument(
+        "--serve-bare", type=int, nargs=2, help=argparse.SUPPRESS
+    )  # internal: serve it
     args = parser.parse_args()
     if args.serve_raw:
         run_upstream(args.serve_raw)
+        return 0
+    if args.serve_bare:
+        run_bare(*args.serve_bare)
         return 0
 
     try:
@@ -419,8 +522,10 @@ def main() -> int:
             paths = ["lean"]
             paths += ["quiet"] * args.compare_access_log + ["django"] * args.compare_django
             haru_ports = {path: _free_port() for path in paths}
-            for path, port in haru_ports.items():
-                _start_haru(procs, env, port, path, args.client)
+            haru_procs = {
+                path: _start_haru(procs, env, port, path, args.client)
+                for path, port in haru_ports.items()
+            }
             print(
                 f"upstreams {upstream_ports}, haru {haru_ports}, one worker each, "
                 f"{args.seconds:g} s per run after {args.warmup:g} s warm-up, "
@@ -428,6 +533,23 @@ def main() -> int:
                 flush=True,
             )
             rows = asyncio.run(_run(args, upstream_ports, haru_ports))
+            cpu = None
+            if args.cpu_concurrency and "raw" in upstream_ports:
+                bare_port = _free_port()
+                bare = procs.start(
+                    [PYTHON, __file__, "--serve-bare", str(bare_port), str(upstream_ports["raw"])]
+                )
+                _wait_port(bare_port, bare, "bare responder")
+                cpu = asyncio.run(
+                    _cpu_compare(
+                        args,
+                        bare_port,
+                        bare.pid,
+                        haru_ports["lean"],
+                        haru_procs["lean"].pid,
+                        upstream_ports["raw"],
+                    )
+                )
     finally:
         procs.stop_all()
     print(f"summary (the served path, haru.asgi, upstream client {args.client}):")
@@ -441,8 +563,14 @@ def main() -> int:
         if row["c"] == max(args.concurrency):
             ratio = row["haru"]["rps"] / row["direct"]["rps"]
             print(f"  throughput via haru, {where}: {ratio:.1%} of direct (target >= 50%)")
+    if cpu is not None:
+        print(
+            f"  CPU per request, raw upstream, non-streaming, c={args.cpu_concurrency}: "
+            f"haru {cpu['haru_us']:.0f} us, bare asyncio relay {cpu['bare_us']:.0f} us, "
+            f"ratio {cpu['ratio']:.2f}x (target <= 2x)"
+        )
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps({"rows": rows, "cpu": cpu} if cpu else rows, indent=2))
     return 0
 
 

@@ -59,6 +59,23 @@ def _load() -> dict:
             "default_fleet": env.raw("HARU_DEFAULT_FLEET"),
             "chat_header_timeout_ms": env.integer("HARU_CHAT_HEADER_TIMEOUT_MS", 30000, minimum=1),
             "snapshot_cache_ttl_ms": env.integer("HARU_SNAPSHOT_CACHE_TTL_MS", 2000, minimum=0),
+            # Hold and forward (docs/proxy-hold.md): how long a request may wait for a domain
+            # that can serve it, how many may wait per process, and the poll bound that takes
+            # over from the pushed routing revision when the push channel is down.
+            "chat_hold_ms": env.integer("HARU_CHAT_HOLD_MS", 10000, minimum=0, maximum=600_000),
+            "chat_hold_max": env.integer("HARU_CHAT_HOLD_MAX", 1000, minimum=0, maximum=1_000_000),
+            "chat_hold_max_bytes": env.integer(
+                "HARU_CHAT_HOLD_MAX_BYTES", 256 * 1024 * 1024, minimum=0, maximum=2**40
+            ),
+            "chat_hold_poll_ms": env.integer(
+                "HARU_CHAT_HOLD_POLL_MS", 250, minimum=0, maximum=10_000
+            ),
+            # Graceful restart: after SIGTERM, how long /readyz says 503 before the listener
+            # closes, and how long in-flight and held requests then get to finish.
+            "drain_ready_ms": env.integer("HARU_DRAIN_READY_MS", 1000, minimum=0, maximum=60_000),
+            "drain_budget_ms": env.integer(
+                "HARU_DRAIN_BUDGET_MS", 15000, minimum=0, maximum=600_000
+            ),
             "chat_max_body_bytes": env.integer(
                 "HARU_CHAT_MAX_BODY_BYTES", 32 * 1024 * 1024, minimum=1, maximum=2**40
             ),

@@ -19,7 +19,7 @@ import logging
 
 from django.conf import settings
 
-from fleets.proxy import errors, handler, upstream
+from fleets.proxy import drain, errors, handler, upstream
 from fleets.proxy.errors import ProxyError
 
 log = logging.getLogger("haru.proxy")
@@ -29,8 +29,11 @@ def with_proxy(django_app):
     """Wrap Django's ASGI app so the proxy's paths never enter Django's middleware stack."""
 
     async def app(scope, receive, send):
-        if scope["type"] == "http" and handler.endpoint_of(scope["path"]) is not None:
-            return await proxy_app(scope, receive, send)
+        if scope["type"] == "http":
+            if handler.endpoint_of(scope["path"]) is not None:
+                return await proxy_app(scope, receive, send)
+            if scope["path"] == drain.READYZ:
+                return await drain.readyz(send)
         return await django_app(scope, receive, send)
 
     return app

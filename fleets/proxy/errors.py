@@ -74,7 +74,26 @@ def upstream_timeout(message: str) -> ProxyError:
 
 
 def upstream_unreachable(message: str) -> ProxyError:
-    return ProxyError(502, "upstream_unreachable", message)
+    # The model server may be restarting or a failover may be under way: worth a retry.
+    return ProxyError(502, "upstream_unreachable", message, headers=[(b"retry-after", b"1")])
+
+
+def hold_expired(message: str) -> ProxyError:
+    return ProxyError(503, "model_unavailable", message, headers=[(b"retry-after", b"1")])
+
+
+def hold_capacity(limit: int) -> ProxyError:
+    return ProxyError(
+        503,
+        "hold_capacity_exceeded",
+        f"the model cannot take requests now and this server already holds as many waiting "
+        f"requests as it may (HARU_CHAT_HOLD_MAX {limit}, or HARU_CHAT_HOLD_MAX_BYTES); retry",
+        headers=[(b"retry-after", b"1")],
+    )
+
+
+def draining(message: str) -> ProxyError:
+    return ProxyError(503, "server_draining", message, headers=[(b"retry-after", b"1")])
 
 
 def method_not_allowed(allowed: str) -> ProxyError:

@@ -7,13 +7,15 @@ run this, so the two answer alike; they differ only in how bytes come in and go 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
 from django.conf import settings
 
-from fleets.proxy import errors, metrics, upstream
+from fleets.proxy import errors, hold, metrics, upstream
 from fleets.proxy.snapshots import ROUTES, Route, Snapshot, clip
+from fleets.reconciler import datapath
 from fleets.tokens import chat_allowed
 from supervisor.wire import bounded_json
 
@@ -131,23 +133,80 @@ async def forward(
 ) -> upstream.Response:
     """Route the request and send it upstream; return the response once its headers are in.
 
-    `headers` are the request's, lowercase names. Raises ProxyError for every refusal.
+    `headers` are the request's, lowercase names. Raises ProxyError for every refusal. When the
+    active cannot take the request and provably did not start it, the request is held
+    (fleets/proxy/hold.py) and sent again once routing changes or the model server is back.
     """
     model = requested_model(body)
-    resolved = await ROUTES.resolve(fleet_ref(text(headers.get(b"x-haru-fleet"))))
-    exchange.fleet, exchange.stale = resolved.snapshot.fleet_slug, resolved.stale
-    route = pick(resolved.snapshot, model)
-    exchange.model = route.model
+    ref = fleet_ref(text(headers.get(b"x-haru-fleet")))
+    held: hold.Hold | None = None
+    try:
+        while True:
+            resolved = await ROUTES.resolve(ref)
+            snapshot = resolved.snapshot
+            exchange.fleet, exchange.stale = snapshot.fleet_slug, resolved.stale
+            try:
+                route = pick(snapshot, model)
+            except errors.ProxyError as err:
+                if err.code != "model_unavailable":
+                    raise
+                why = err
+            else:
+                exchange.model = route.model
+                sent = await _attempt(route, snapshot, headers, body, endpoint, exchange)
+                if not isinstance(sent, errors.ProxyError):
+                    if held is not None:
+                        held.close("forwarded")
+                    return sent
+                why = sent
+            if held is None:
+                held = hold.HOLDS.admit(why, len(body))
+            await held.wait(snapshot.fleet_id, why)
+    except asyncio.CancelledError:
+        if held is not None:
+            held.close("disconnected")  # the watcher cancels this task when the client leaves
+        raise
+    except BaseException:
+        if held is not None:
+            held.close("failed")  # a refusal met while held (expired/drained closed already)
+        raise
+
+
+async def _attempt(
+    route: Route,
+    snapshot: Snapshot,
+    headers: dict[bytes, bytes],
+    body: bytes,
+    endpoint: str,
+    exchange: Exchange,
+) -> upstream.Response | errors.ProxyError:
+    """Send once; return the response, or why the upstream provably did not start it."""
     target = route.targets[endpoint]
     head = upstream.request_head(target, headers, len(body))
-    exchange.overhead = perf() - exchange.arrived
-    response = await upstream.open_stream(
-        target,
-        head,
-        body,
-        timeout_ms=settings.HARU["chat_header_timeout_ms"],
-        model=route.model,
-    )
+    if exchange.overhead is None:
+        exchange.overhead = perf() - exchange.arrived
+    try:
+        response = await upstream.open_stream(
+            target,
+            head,
+            body,
+            timeout_ms=settings.HARU["chat_header_timeout_ms"],
+            model=route.model,
+        )
+    except upstream.NotStarted as exc:
+        # Seen by the data path first: the reconciler confirms it with a targeted heartbeat.
+        datapath.report_unreachable(
+            snapshot.fleet_id, snapshot.active_domain_id or "", route.model, time.time()
+        )
+        return errors.upstream_unreachable(
+            f"model server for {route.model!r} refused the connection ({exc})"
+        )
+    if response.status == 503:
+        # "Service Unavailable" before any body: the server says it did not handle it.
+        await response.aclose()
+        return errors.model_unavailable(
+            f"model server for {route.model!r} answered 503 (unavailable); retry"
+        )
     exchange.outcome = "ok" if response.status < 400 else f"upstream_{response.status // 100}xx"
     return response
 

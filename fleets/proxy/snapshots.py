@@ -1,9 +1,14 @@
-"""The per-process routing snapshot cache, re-validated against the pointer on every request.
+"""The per-process routing snapshot cache, re-validated against the pointer within a poll bound.
 
-Each request reads the fleet's pointer (`route_revision`, `active_domain_id`) with one indexed
-query and compares it with the cached snapshot: a pointer move therefore takes effect on the
-very next request, and the TTL (HARU_SNAPSHOT_CACHE_TTL_MS) bounds only how stale non-routing
-state (domain and slot health) may be.
+A request reads the fleet's pointer (`route_revision`, `active_domain_id`) with one indexed
+query and compares it with the cached snapshot, unless this process read it less than
+HARU_CHAT_HOLD_POLL_MS ago and no newer revision was pushed since (`push.FEED`: Postgres NOTIFY,
+Redis, or the CAS in this process). A pointer move therefore takes effect at once when pushed,
+and within the poll bound when not (0 reads it on every request); the planned promotion puts
+the old active to sleep only after a grace longer than that bound. The TTL
+(HARU_SNAPSHOT_CACHE_TTL_MS) bounds only how stale non-routing state (domain and slot health)
+may be. Profiled in bench/proxy.py: the per-request read was the largest single cost of the
+healthy path.
 
 Failure rules (docs/design.md, "Failure rules"):
 - the pointer read itself fails (store unreachable): serve the last snapshot this process saw
@@ -32,6 +37,7 @@ from fleets.core.route_intent import is_model_routable
 from fleets.core.states import SlotKind
 from fleets.models import SLUG_REGEX
 from fleets.proxy import errors, store
+from fleets.proxy.push import FEED
 from fleets.proxy.upstream import Target
 
 log = logging.getLogger("haru.proxy")
@@ -188,8 +194,11 @@ class RoutingCache:
         self._loading: dict[str, asyncio.Future] = {}
         self._reads: dict[str, _Reads] = {}
         self._logged: dict[tuple[str, str], float] = {}
+        # When each reference's pointer was last read (asked), for the poll-bounded reuse.
+        self._checked: dict[str, float] = {}
 
     def clear(self) -> None:
+        self._checked.clear()
         self._snapshots.clear()
         self._aliases.clear()
         self._loading.clear()
@@ -241,9 +250,33 @@ class RoutingCache:
 
         store.run(store.pointer_read, key, as_id).add_done_callback(done)
 
+    def _fresh(self, key: str) -> Resolved | None:
+        """The cached snapshot, if its pointer was read within the poll bound and no newer
+        revision was pushed since: the healthy path then skips the database entirely."""
+        fleet_id = self._aliases.get(key)
+        if fleet_id is None:
+            return None
+        cached = self._snapshots.get(fleet_id)
+        checked = self._checked.get(key)
+        if cached is None or checked is None or FEED.newer(fleet_id, cached.revision):
+            return None
+        haru = settings.HARU
+        now = clock.get_clock().monotonic()
+        if (
+            now - checked < haru["chat_hold_poll_ms"] / 1000
+            and now - cached.loaded_at < haru["snapshot_cache_ttl_ms"] / 1000
+        ):
+            return Resolved(cached, stale=False)
+        return None
+
     async def resolve(self, ref: str) -> Resolved:
         """Return the routing snapshot to serve `ref` with, or raise a ProxyError."""
+        FEED.ensure_started()
         key, as_id = parse_ref(ref)
+        fresh = self._fresh(key)
+        if fresh is not None:
+            return fresh
+        asked_at = clock.get_clock().monotonic()
         try:
             async with asyncio.timeout(POINTER_READ_TIMEOUT_S):
                 pointer = await self._pointer_read(key, as_id)
@@ -256,6 +289,9 @@ class RoutingCache:
             self._forget_alias(key)
             raise errors.fleet_not_found(f"fleet {clip(ref)!r} not found")
         self._aliases[key] = pointer.fleet_id
+        if len(self._checked) > 4096:  # references are client-chosen: keep this bounded
+            self._checked.clear()
+        self._checked[key] = asked_at
 
         cached = self._snapshots.get(pointer.fleet_id)
         if cached is not None and _same_route(cached, pointer):
@@ -342,6 +378,7 @@ class RoutingCache:
         self._note(fleet_id, "closed", why)
 
     def _forget_alias(self, key: str) -> None:
+        self._checked.pop(key, None)
         fleet_id = self._aliases.pop(key, None)
         if fleet_id is not None:
             self._forget_fleet(fleet_id)
@@ -351,6 +388,7 @@ class RoutingCache:
         self._snapshots.pop(fleet_id, None)
         for alias in [a for a, f in self._aliases.items() if f == fleet_id]:
             del self._aliases[alias]
+            self._checked.pop(alias, None)
 
     def _note(self, key: str, verdict: str, message: str) -> None:
         # Rate-limited: during an outage every request takes this path.

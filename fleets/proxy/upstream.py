@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import errno
 import ssl
 import time
 from dataclasses import dataclass
@@ -74,6 +75,17 @@ FORWARD_RESPONSE_HEADERS = frozenset(
 
 class UpstreamClosed(Exception):
     """The model server closed the connection or sent a malformed response."""
+
+
+_DOWN_ERRNOS = frozenset({errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN})
+
+
+class NotStarted(Exception):
+    """The model server provably never received the request: sending it elsewhere is safe.
+
+    Only a connection that could not be opened (refused, reset or unreachable while
+    connecting) proves it: no byte of the request left this process.
+    """
 
 
 @dataclass(frozen=True)
@@ -291,13 +303,21 @@ class Pool:
             if self._ssl is None:
                 self._ssl = tls_context()
             ssl_context = self._ssl
-        _, conn = await loop.create_connection(
-            lambda: _Connection(self, target.origin),
-            target.host,
-            target.port,
-            ssl=ssl_context,
-            server_hostname=target.host if ssl_context else None,
-        )
+        try:
+            _, conn = await loop.create_connection(
+                lambda: _Connection(self, target.origin),
+                target.host,
+                target.port,
+                ssl=ssl_context,
+                server_hostname=target.host if ssl_context else None,
+            )
+        except (ConnectionError, OSError) as exc:
+            # Refused, reset or unreachable while connecting: nothing was sent, and the server
+            # (or its host) is down, so another domain may take it. A TLS or DNS failure is a
+            # configuration fault: answered at once, never held.
+            if isinstance(exc, ConnectionError) or exc.errno in _DOWN_ERRNOS:
+                raise NotStarted(type(exc).__name__) from exc
+            raise
         return conn
 
     async def send(self, target: Target, head: bytes, body: bytes) -> Response:
@@ -313,7 +333,13 @@ class Pool:
                 raise
         # The reused connection died before any response byte: the server dropped it idle and
         # never saw the request, so one retry on a fresh connection is safe.
-        return await self._exchange(await self._connect(target), head, body)
+        try:
+            fresh_conn = await self._connect(target)
+        except NotStarted as exc:
+            # The request did go out on the reused connection, to a server now gone: it may
+            # have started it, so it must not be sent anywhere else.
+            raise UpstreamClosed(f"connection closed, then {exc}") from exc
+        return await self._exchange(fresh_conn, head, body)
 
     async def _exchange(self, conn: _Connection, head: bytes, body: bytes) -> Response:
         response = Response(conn)
@@ -405,6 +431,8 @@ async def open_stream(
         raise errors.upstream_timeout(
             f"model server for {model!r} sent no response headers within {timeout_ms} ms"
         ) from None
+    except NotStarted:
+        raise  # the caller may hold it and send it elsewhere
     except (OSError, UpstreamClosed) as exc:
         raise errors.upstream_unreachable(
             f"model server for {model!r} is unreachable ({type(exc).__name__})"

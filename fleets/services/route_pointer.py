@@ -12,6 +12,7 @@ from fleets import clock
 from fleets.core.states import OperationKind, OperationState
 from fleets.models import Domain, Fleet, Id, Operation
 from fleets.services.events import event_record
+from fleets.services.route_publish import revision_publish
 
 # Postgres does it in one statement: the CTE locks the operation row (so a concurrent fail
 # waits for us, or we see it failed), moves the pointer only where pointer and revision are what
@@ -74,6 +75,7 @@ def route_switch(
         else:
             new_revision = _switch_serialized(params)
         if new_revision is not None:
+            revision_publish(str(fleet_id), new_revision)
             event_record(
                 fleet_id=fleet_id,
                 operation_id=operation_id,

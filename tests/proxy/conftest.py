@@ -22,6 +22,7 @@ from django.db import connections
 from fleets.layouts.loader import parse_layout
 from fleets.models import Fleet
 from fleets.proxy import store, upstream
+from fleets.proxy.push import FEED
 from fleets.proxy.snapshots import ROUTES
 from fleets.services.layouts import layout_apply
 
@@ -195,6 +196,7 @@ async def proxy_isolation():
     ROUTES.clear()
     yield
     ROUTES.clear()
+    await FEED.stop()  # its listener connections belong to this test's loop
     await upstream.pool_close()
     # Closing here lets the test database be flushed and dropped (Postgres refuses to drop a
     # database that sessions are still connected to).

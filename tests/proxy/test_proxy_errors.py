@@ -168,13 +168,30 @@ async def test_body_at_the_limit_passes(haru, engines, proxy_fleet, haru_setting
     assert error_of(await haru.post(CHAT, content=body)) == (413, "payload_too_large")
 
 
-async def test_model_server_down_is_upstream_unreachable(haru, proxy_fleet):
+async def test_model_server_down_is_upstream_unreachable(haru, proxy_fleet, haru_settings):
+    haru_settings(chat_hold_ms=0)  # holding off: the refusal is answered at once
     await sync_to_async(
         ModelBinding.objects.filter(domain__fleet=proxy_fleet, name="qwen-small").update
     )(serving_url=f"http://127.0.0.1:{closed_port()}")
     response = await haru.post(CHAT, content=chat_body())
     assert error_of(response) == (502, "upstream_unreachable")
+    # Worth a retry (a restart, a failover): SDKs honour Retry-After.
+    assert response.headers["retry-after"] == "1"
     # The message names the model, not the internal address.
+    assert "127.0.0.1" not in response.json()["error"]["message"]
+
+
+async def test_model_server_down_for_the_whole_hold_is_503_with_retry_after(
+    haru, proxy_fleet, haru_settings
+):
+    haru_settings(chat_hold_ms=300, chat_hold_poll_ms=50)
+    await sync_to_async(
+        ModelBinding.objects.filter(domain__fleet=proxy_fleet, name="qwen-small").update
+    )(serving_url=f"http://127.0.0.1:{closed_port()}")
+    response = await haru.post(CHAT, content=chat_body())
+    assert error_of(response) == (503, "model_unavailable")
+    assert response.headers["retry-after"] == "1"
+    assert "HARU_CHAT_HOLD_MS" in response.json()["error"]["message"]
     assert "127.0.0.1" not in response.json()["error"]["message"]
 
 
@@ -204,7 +221,10 @@ async def test_errors_are_json_envelopes(haru, proxy_fleet):
     assert set(response.json()["error"]) == {"code", "message"}
 
 
-async def test_gone_fleet_is_not_found(haru, proxy_fleet):
+async def test_gone_fleet_is_not_found(haru, proxy_fleet, haru_settings):
+    haru_settings(chat_hold_poll_ms=50)
     assert (await haru.post(CHAT, content=chat_body())).status_code == 200
     await sync_to_async(Fleet.objects.filter(pk=proxy_fleet.pk).update)(slug="renamed")
+    # Nothing pushed this change: the proxy sees it once its poll bound has passed.
+    await asyncio.sleep(0.06)
     assert error_of(await haru.post(CHAT, content=chat_body())) == (404, "fleet_not_found")

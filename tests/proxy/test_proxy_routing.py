@@ -23,8 +23,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture(autouse=True)
 def long_ttl(settings):
-    """Keep snapshots fresh for a minute: whatever changes routing here does so inside the TTL."""
-    settings.HARU = {**settings.HARU, "snapshot_cache_ttl_ms": 60_000}
+    """Keep snapshots fresh for a minute: whatever changes routing here does so inside the TTL.
+
+    The pointer is read on every request (poll bound 0): these tests pin that path; the
+    poll-bounded reuse is tested in test_proxy_hold.py.
+    """
+    settings.HARU = {**settings.HARU, "snapshot_cache_ttl_ms": 60_000, "chat_hold_poll_ms": 0}
 
 
 def promote(fleet: Fleet, slug: str) -> int:

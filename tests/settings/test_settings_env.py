@@ -32,6 +32,12 @@ SERVER_VARS = (
     "HARU_CHAT_HEADER_TIMEOUT_MS",
     "HARU_SNAPSHOT_CACHE_TTL_MS",
     "HARU_CHAT_MAX_BODY_BYTES",
+    "HARU_CHAT_HOLD_MS",
+    "HARU_CHAT_HOLD_MAX",
+    "HARU_CHAT_HOLD_MAX_BYTES",
+    "HARU_CHAT_HOLD_POLL_MS",
+    "HARU_DRAIN_READY_MS",
+    "HARU_DRAIN_BUDGET_MS",
     "HARU_RECONCILE_INTERVAL_MS",
     "HARU_RECONCILE_FLEETS",
     "HARU_FLEET_LAYOUT",
@@ -78,6 +84,10 @@ MALFORMED = [
     ("HARU_CHAT_MAX_BODY_BYTES", "0", "HARU_CHAT_MAX_BODY_BYTES: must be between 1"),
     ("HARU_CHAT_HEADER_TIMEOUT_MS", "1.5", "HARU_CHAT_HEADER_TIMEOUT_MS: must be an integer"),
     ("HARU_SNAPSHOT_CACHE_TTL_MS", "-3", "HARU_SNAPSHOT_CACHE_TTL_MS: must be between 0"),
+    ("HARU_CHAT_HOLD_MS", "-1", "HARU_CHAT_HOLD_MS: must be between 0 and 600000"),
+    ("HARU_CHAT_HOLD_MAX", "lots", "HARU_CHAT_HOLD_MAX: must be an integer"),
+    ("HARU_CHAT_HOLD_POLL_MS", "20000", "HARU_CHAT_HOLD_POLL_MS: must be between 0 and 10000"),
+    ("HARU_DRAIN_BUDGET_MS", "-5", "HARU_DRAIN_BUDGET_MS: must be between 0"),
     ("HARU_DEBUG", "maybe", "HARU_DEBUG: must be a boolean"),
     ("HARU_SUPERVISOR_HOSTS", "10.0.0.0/40", "HARU_SUPERVISOR_HOSTS: '10.0.0.0/40' is not a"),
     ("HARU_SUPERVISOR_HOSTS", "a b", "HARU_SUPERVISOR_HOSTS: 'a b' is not a host name pattern"),
@@ -137,3 +147,20 @@ def test_redact_url_hides_the_password_only():
     assert env.redact_url("redis://:pw@h:6379/0") == "redis://:***@h:6379/0"
     assert env.redact_url("postgres://u:pw@h/db") == "postgres://u:***@h/db"
     assert env.redact_url("postgres://u@h/db") == "postgres://u@h/db"
+
+
+def test_hold_and_drain_defaults(tmp_path):
+    """The names and defaults the proxy and the reconciler share (the poll bound above all)."""
+    keys = ("chat_hold_ms", "chat_hold_max", "chat_hold_poll_ms", "drain_ready_ms")
+    code = "import django; django.setup(); from django.conf import settings as s; print(*("
+    code += ", ".join(f"s.HARU[{k!r}]" for k in keys + ("drain_budget_ms",))
+    code += "))"
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=clean_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.stdout.split() == ["10000", "1000", "250", "1000", "15000"], result.stderr

@@ -10,11 +10,12 @@ import ipaddress
 import logging
 import os
 
-import uvicorn
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+from uvicorn.supervisors import Multiprocess, multiprocess
 
 from fleets.metrics import remove_dead_process_files
+from fleets.proxy.drain import DrainingProcess, DrainingServer, graceful_config
 from fleets.reconciler.driver import SERVE_WORKER_ENV, start_for_server
 
 log = logging.getLogger("haru.serve")
@@ -87,17 +88,26 @@ class Command(BaseCommand):
             if workers > 1:
                 os.environ[SERVE_WORKER_ENV] = "1"
         self.stdout.write(f"haru serving on http://{host}:{port}")
+        config = graceful_config(
+            app="haru.asgi:application",
+            host=host,
+            port=port,
+            workers=workers,
+            log_level="info",
+            access_log=opts["access_log"],
+            lifespan="off",
+            proxy_headers=False,
+        )
+        server = DrainingServer(config)
         try:
-            uvicorn.run(
-                "haru.asgi:application",
-                host=host,
-                port=port,
-                workers=workers,
-                log_level="info",
-                access_log=opts["access_log"],
-                lifespan="off",
-                proxy_headers=False,
-            )
+            if config.workers > 1:
+                # uvicorn's supervisor builds its worker processes from this module global, and
+                # each builds its own Server: have them build ours, so every worker drains
+                # (readiness first, held requests answered) on SIGTERM.
+                multiprocess.Process = DrainingProcess  # type: ignore[misc]
+                Multiprocess(config, sockets=[config.bind_socket()]).run()
+            else:
+                server.run()
         finally:
             if driver is not None:
                 driver.stop()

@@ -1,0 +1,65 @@
+"""Tell every proxy that a routing pointer moved: Postgres NOTIFY, Redis, and this process.
+
+The proxies (fleets/proxy/push.py) wake held requests on it and stop reusing their cached
+pointer. Delivery is best effort by design: a proxy that misses it still reads the pointer
+within HARU_CHAT_HOLD_POLL_MS, so nothing here may fail the move.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import redis
+from django.conf import settings
+from django.db import connection, transaction
+
+log = logging.getLogger(__name__)
+
+PG_CHANNEL = "haru_route"
+REDIS_CHANNEL = "haru:route"
+PUBLISH_TIMEOUT_S = 0.5
+
+# Called after commit with (fleet_id, revision) in the committing process; the proxy's feed
+# registers itself here (services never import the proxy).
+on_route_committed: list[Callable[[str, int], None]] = []
+
+_redis: redis.Redis | None = None
+
+
+def payload(fleet_id: str, revision: int) -> str:
+    return f"{fleet_id}:{int(revision)}"
+
+
+def revision_publish(fleet_id: str, revision: int) -> None:
+    """Announce `revision` of `fleet_id`; call it inside the transaction that moved it.
+
+    On Postgres the NOTIFY is part of that transaction: delivered exactly when it commits. The
+    Redis message and the in-process hooks go out on commit. Never raises.
+    """
+    fleet_id = str(fleet_id)
+    message = payload(fleet_id, revision)
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, %s)", [PG_CHANNEL, message])
+    transaction.on_commit(lambda: _after_commit(fleet_id, revision, message))
+
+
+def _after_commit(fleet_id: str, revision: int, message: str) -> None:
+    for hook in list(on_route_committed):
+        try:
+            hook(fleet_id, revision)
+        except Exception:  # noqa: BLE001 - a hook's failure must not fail the commit's caller
+            log.warning("route change hook failed", exc_info=True)
+    url = settings.HARU["redis_url"]
+    if not url:
+        return
+    global _redis
+    try:
+        if _redis is None:
+            _redis = redis.Redis.from_url(
+                url, socket_timeout=PUBLISH_TIMEOUT_S, socket_connect_timeout=PUBLISH_TIMEOUT_S
+            )
+        _redis.publish(REDIS_CHANNEL, message)
+    except Exception:  # noqa: BLE001 - proxies fall back to their bounded poll
+        log.warning("could not publish the route change of fleet %s to Redis", fleet_id)
