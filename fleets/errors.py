@@ -53,3 +53,10 @@ class LayoutError(ServiceError):
     def __init__(self, errors: list[str]) -> None:
         super().__init__("; ".join(errors))
         self.errors = errors
+
+
+class SupervisorUnavailable(ServiceError):
+    """A request that needs a supervisor's answer did not get one (unreachable, timed out)."""
+
+    code = "supervisor_unavailable"
+    status = 502

@@ -184,6 +184,9 @@ class ModelBinding(models.Model):
     profile = models.JSONField(default=dict, blank=True)
     # The layout's memory request: {memoryMiB | memoryFraction, exclusive, sleepResidueMiB}.
     memory = models.JSONField(default=dict, blank=True)
+    # The layout's golden-probe settings: {deterministic?: false, adapters?: [LoRA names]}.
+    # db_default: replicas still on the previous release insert bindings without this column.
+    golden = models.JSONField(default=dict, blank=True, db_default={})
 
     class Meta:
         ordering = ["domain", "name"]
@@ -264,6 +267,53 @@ class Operation(models.Model):
             return self.target_domain_slug
         target = self.target_domain if self.target_domain_id else None
         return target.slug if target is not None else ""
+
+
+class GoldenBaseline(models.Model):
+    """The answer a model (or one of its LoRA adapters) gave a golden probe when known good.
+
+    Keyed per model, adapter, profile fingerprint, engine version and probe request: a changed
+    profile, engine or probe legitimately changes the answer, so each gets its own baseline.
+    Written only by services/baselines.py; every write is an event.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    fleet = models.ForeignKey(Fleet, on_delete=models.CASCADE, related_name="baselines")
+    model_name = models.CharField(max_length=200)
+    adapter = models.CharField(max_length=200, blank=True, default="")
+    profile_fingerprint = models.CharField(max_length=64)
+    engine_version = models.CharField(max_length=64, blank=True, default="")
+    request_fingerprint = models.CharField(max_length=64)
+    answer_sha256 = models.CharField(max_length=64)
+    # The answer itself (bounded by the supervisor), so a mismatch shows expected against got.
+    answer = models.TextField(blank=True, default="")
+    # Where and why it was recorded; SET_NULL: a pruned domain keeps its fleet's baselines.
+    domain = models.ForeignKey(
+        Domain, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    reason = models.CharField(max_length=32)
+    recorded_by = models.CharField(max_length=150, blank=True, default="")
+    recorded_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["fleet", "model_name", "adapter", "-recorded_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=[
+                    "fleet",
+                    "model_name",
+                    "adapter",
+                    "profile_fingerprint",
+                    "engine_version",
+                    "request_fingerprint",
+                ],
+                name="golden_baseline_one_per_key",
+            )
+        ]
+
+    def __str__(self) -> str:
+        target = f"{self.model_name}:{self.adapter}" if self.adapter else self.model_name
+        return f"{target} @ {self.engine_version or 'unknown engine'}"
 
 
 class FleetArchive(models.Model):

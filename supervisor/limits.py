@@ -12,3 +12,5 @@ MAX_MS = 2**31 - 1
 # The readiness probe: a short prompt and a few tokens prove a model answers.
 MAX_PROBE_PROMPT_CHARS = 8192
 MAX_PROBE_TOKENS = 256
+# A golden probe: at most this many LoRA adapters per model are probed, each one completion.
+MAX_PROBE_ADAPTERS = 16

@@ -194,3 +194,36 @@ class OperationListOut(serializers.Serializer):
 class DomainActionOut(serializers.Serializer):
     status = serializers.ChoiceField(["accepted", "unchanged"])
     domain = DomainOut()
+
+
+class BaselineRecordRequest(StrictSerializer):
+    domainId = StrictCharField(  # noqa: N815
+        max_length=100,
+        required=False,
+        help_text="The serving domain to record from (UUID or slug); default the active.",
+    )
+
+
+class BaselineOut(serializers.Serializer):
+    model = serializers.CharField()
+    adapter = serializers.CharField(allow_null=True)
+    profileFingerprint = serializers.CharField()  # noqa: N815
+    engineVersion = serializers.CharField(allow_null=True)  # noqa: N815
+    requestFingerprint = serializers.CharField()  # noqa: N815
+    answerSha256 = serializers.CharField()  # noqa: N815
+    answer = serializers.CharField()
+    domain = serializers.CharField(allow_null=True)
+    reason = serializers.ChoiceField(choices=["first_serving", "operator"])
+    recordedBy = serializers.CharField()  # noqa: N815
+    recordedAt = serializers.DateTimeField()  # noqa: N815
+
+
+class BaselineListOut(serializers.Serializer):
+    baselines = BaselineOut(many=True)
+
+
+class BaselineRecordOut(serializers.Serializer):
+    domain = serializers.CharField()
+    recorded = serializers.ListField(child=serializers.CharField())
+    unchanged = serializers.ListField(child=serializers.CharField())
+    skipped = serializers.ListField(child=serializers.CharField())

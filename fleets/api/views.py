@@ -14,9 +14,13 @@ from fleets import clock, selectors, shapes
 from fleets.api import serializers as s
 from fleets.api.auth import HasApiToken
 from fleets.api.errors import PayloadTooLarge
+from fleets.core.policy import Policy
 from fleets.core.route_intent import build_route_intent
 from fleets.core.states import OperationKind
+from fleets.errors import InvalidTarget
 from fleets.models import Domain, Fleet, Operation
+from fleets.reconciler.client import client_for
+from fleets.reconciler.golden import record_baselines
 from fleets.reconciler.tick import fleet_reconcile
 from fleets.services.operations import operation_request
 from fleets.services.provisioning import domain_provision_begin, domain_stop_request
@@ -33,6 +37,7 @@ ERRORS = {
         409: "operation_conflict or provision_refused",
         413: "payload_too_large",
         422: "invalid_target",
+        502: "supervisor_unavailable",
     }.items()
 }
 
@@ -160,6 +165,51 @@ class ReconcileView(HaruAPIView):
                 "ran": result.ran,
                 "skipped": None if result.ran else "tick_lock_busy",
                 "operation": shapes.operation_json(result.operation()),
+            }
+        )
+
+
+class BaselinesView(HaruAPIView):
+    @extend_schema(
+        responses={200: s.BaselineListOut, **_errors(401, 404)}, operation_id="listBaselines"
+    )
+    def get(self, request, ref: str):
+        """The fleet's golden baselines: what each model and LoRA adapter answered when known
+        good, per profile fingerprint and engine version."""
+        fleet = selectors.fleet_get(ref)
+        return Response({"baselines": [shapes.baseline_json(b) for b in fleet.baselines.all()]})
+
+    @extend_schema(
+        request=s.BaselineRecordRequest,
+        operation_id="recordBaselines",
+        responses={200: s.BaselineRecordOut, **_errors(400, 401, 404, 413, 422, 502)},
+    )
+    def post(self, request, ref: str):
+        """Probe a serving domain (default: the active) and record its answers as the golden
+        baselines, replacing any that differ: how an expected drift (an engine upgrade) is
+        accepted. Each write is a `golden.baseline.recorded` event."""
+        fleet = selectors.fleet_get(ref)
+        body = s.BaselineRecordRequest(data=request.data if request.data else {})
+        body.is_valid(raise_exception=True)
+        domain_ref = body.validated_data.get("domainId")
+        if domain_ref:
+            domain = selectors.domain_get(fleet, domain_ref)
+        elif fleet.active_domain_id is not None:
+            domain = Domain.objects.get(pk=fleet.active_domain_id)
+        else:
+            raise InvalidTarget("the fleet has no active domain; name a serving one (domainId)")
+        done = record_baselines(
+            domain=domain,
+            policy=Policy.resolve(fleet.policy),
+            actor=self.actor(request),
+            client_for=client_for,
+        )
+        return Response(
+            {
+                "domain": domain.slug,
+                "recorded": done.recorded,
+                "unchanged": done.unchanged,
+                "skipped": done.skipped,
             }
         )
 

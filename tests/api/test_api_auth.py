@@ -22,6 +22,7 @@ ROUTES = [
     ("post", "/v1/fleets/demo/promote"),
     ("post", "/v1/fleets/demo/demote"),
     ("get", "/v1/fleets/demo/operations"),
+    ("get", "/v1/fleets/demo/baselines"),
     ("post", "/v1/fleets/demo/domains/west/provision"),
     ("post", "/v1/fleets/demo/domains/west/stop"),
     ("get", f"/v1/operations/{OP_ID}"),
