@@ -142,6 +142,10 @@ class FleetAdmin(admin.ModelAdmin):
     fieldsets = (
         (None, {"fields": ("slug", "display_name", "policy")}),
         (
+            "Failover drills (check-only: the standby wakes and is probed, routing never moves)",
+            {"fields": ("drill_interval_minutes", "drill_window_start", "drill_window_end")},
+        ),
+        (
             "Routing (moves only through operations)",
             {"fields": ("active", "route_revision")},
         ),

@@ -55,6 +55,18 @@ class Fleet(models.Model):
     # (null while the fleet is fine): the report is rate-limited across every process ticking
     # this fleet by a guarded update of this column (services/escalation.py).
     no_standby_reported_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # The drill schedule (fleets/core/drills.py), set in admin: a check-only drill of the
+    # standby every `drill_interval_minutes` (null: only when asked for), inside the daily UTC
+    # window [start, end) (both null: any time; end <= start wraps midnight).
+    drill_interval_minutes = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Run a drill this often (minutes); empty: never."
+    )
+    drill_window_start = models.TimeField(
+        null=True, blank=True, help_text="Start of the daily drill window (UTC)."
+    )
+    drill_window_end = models.TimeField(
+        null=True, blank=True, help_text="End of the daily drill window (UTC)."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

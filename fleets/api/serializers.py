@@ -196,6 +196,14 @@ class DomainActionOut(serializers.Serializer):
     domain = DomainOut()
 
 
+class DrillRequest(StrictSerializer):
+    targetDomainId = StrictCharField(  # noqa: N815
+        max_length=100,
+        required=False,
+        help_text="The standby to drill (UUID or slug); default the one a failover would take.",
+    )
+
+
 class BaselineRecordRequest(StrictSerializer):
     domainId = StrictCharField(  # noqa: N815
         max_length=100,

@@ -132,6 +132,32 @@ class DemoteView(_OperationRequestView):
         return super().post(request, ref)
 
 
+class DrillView(HaruAPIView):
+    @extend_schema(
+        request=s.DrillRequest,
+        operation_id="drillFleet",
+        responses={202: s.AcceptedOut, **_errors(400, 401, 404, 409, 413, 422)},
+    )
+    def post(self, request, ref: str):
+        """Run a check-only failover drill now: the standby stops training, wakes, passes its
+        golden probe, sleeps and trains again; routing never moves. Refused (409) while any
+        operation is in flight and (422) while anything is degraded."""
+        fleet = selectors.fleet_get(ref)
+        body = s.DrillRequest(data=request.data if request.data else {})
+        body.is_valid(raise_exception=True)
+        result = operation_request(
+            fleet=fleet,
+            kind=OperationKind.DRILL,
+            target_domain_id=body.validated_data.get("targetDomainId"),
+            actor=self.actor(request),
+            reason="manual_drill",
+        )
+        return Response(
+            {"status": "accepted", "operation": shapes.operation_json(result.operation)},
+            status=202,
+        )
+
+
 class ReconcileView(HaruAPIView):
     @extend_schema(
         request=None,

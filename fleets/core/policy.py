@@ -50,6 +50,13 @@ DEFAULTS: dict[str, Any] = {
     # How a stopped domain is torn down: `down` deletes the cluster (nothing billed), `stop`
     # keeps its disks (faster restart, disks billed). A domain's driver.stopMode wins.
     "stopMode": "down",
+    # Failover readiness (fleets/core/readiness.py): a standby trainer whose last checkpoint is
+    # older than this is not checkpointing; a passing drill older than this proves too little.
+    "checkpointMaxAgeMs": 3_600_000,
+    "drillMaxAgeMs": 604_800_000,
+    # The recovery time objective: the p95 failover (drills and real ones, detection to
+    # routing moved) the fleet promises; /metrics exports it beside the measured p95.
+    "rtoMs": 300_000,
 }
 
 # Which Policy field bounds each operation step (step names from fleets.core.states).
@@ -151,6 +158,9 @@ class Policy:
     provision_timeout_ms: int = DEFAULTS["provisionTimeoutMs"]
     provision_retry_backoff_ms: int = DEFAULTS["provisionRetryBackoffMs"]
     stop_mode: str = DEFAULTS["stopMode"]
+    checkpoint_max_age_ms: int = DEFAULTS["checkpointMaxAgeMs"]
+    drill_max_age_ms: int = DEFAULTS["drillMaxAgeMs"]
+    rto_ms: int = DEFAULTS["rtoMs"]
 
     @classmethod
     def resolve(cls, raw: Mapping[str, Any] | None) -> Policy:
@@ -179,6 +189,9 @@ class Policy:
             provision_timeout_ms=merged["provisionTimeoutMs"],
             provision_retry_backoff_ms=merged["provisionRetryBackoffMs"],
             stop_mode=merged["stopMode"],
+            checkpoint_max_age_ms=merged["checkpointMaxAgeMs"],
+            drill_max_age_ms=merged["drillMaxAgeMs"],
+            rto_ms=merged["rtoMs"],
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -204,6 +217,9 @@ class Policy:
             "provisionTimeoutMs": self.provision_timeout_ms,
             "provisionRetryBackoffMs": self.provision_retry_backoff_ms,
             "stopMode": self.stop_mode,
+            "checkpointMaxAgeMs": self.checkpoint_max_age_ms,
+            "drillMaxAgeMs": self.drill_max_age_ms,
+            "rtoMs": self.rto_ms,
         }
 
     def step_timeout_ms(self, step: str) -> int:

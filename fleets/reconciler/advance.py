@@ -24,7 +24,7 @@ from fleets.core.states import (
     OperationState,
 )
 from fleets.models import Event, Id, Operation
-from fleets.reconciler import demote, posture, promote
+from fleets.reconciler import demote, drill, posture, promote
 from fleets.reconciler.client import CALL_CAP_S, SupervisorClient
 from fleets.reconciler.steps import STEP_TIMEOUT, StepContext, StepResult
 from fleets.services.events import event_record
@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 EXECUTORS: dict[str, Mapping[str, Callable[[StepContext], StepResult]]] = {
     OperationKind.PROMOTE: promote.EXECUTORS,
     OperationKind.DEMOTE: demote.EXECUTORS,
+    OperationKind.DRILL: drill.EXECUTORS,
 }
 # A runaway guard: seven promote steps, each recorded once, plus a start.
 _MAX_MOVES = 32
@@ -179,9 +180,11 @@ def _fail(
     if not operation_fail(operation_id=op.id, step=step, code=code, message=message, actor=actor):
         return
     log.warning("operation %s failed at %s: %s: %s", op.id, step, code, message)
-    if op.kind == OperationKind.PROMOTE:
+    if op.kind in (OperationKind.PROMOTE, OperationKind.DRILL):
         # operation_fail has committed; the supervisor calls run outside any transaction.
         promotion_cleanup(operation=op, policy=ctx.policy, client_for=client_for, actor=actor)
+    if op.kind == OperationKind.DRILL:
+        drill.alert_failed(operation=op, step=step, code=code, message=message, actor=actor)
 
 
 def promotion_cleanup(

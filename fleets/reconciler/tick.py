@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from fleets import clock
+from fleets.core.drills import DrillSchedule, drill_due
 from fleets.core.failover import (
     NO_VIABLE_STANDBY,
     RESTORE_RETRY_AFTER_MS,
@@ -117,6 +118,7 @@ def fleet_tick(
     if not in_flight:
         _maybe_fail_over(fleet, view, now, actor)
         _maybe_restore_standby(fleet, now, actor)
+        _maybe_drill(fleet, now, actor)
 
     # 5. Advance whatever is in flight now (including a promotion created just above).
     advance = operation_advance(
@@ -168,6 +170,34 @@ def _maybe_fail_over(fleet: Fleet, view: FleetView, now: datetime, actor: str) -
                 "detectedAt": clock.iso(now),
             },
         )
+
+
+def _maybe_drill(fleet: Fleet, now: datetime, actor: str) -> None:
+    """Request the scheduled drill when it is due; a refusal (something degraded, an operation
+    in flight, no viable standby) just waits for a later tick inside the window."""
+    schedule = DrillSchedule(
+        fleet.drill_interval_minutes, fleet.drill_window_start, fleet.drill_window_end
+    )
+    if not schedule.enabled:
+        return
+    last = (
+        Operation.objects.filter(fleet_id=fleet.id, kind=OperationKind.DRILL)
+        .order_by("-created_at")
+        .values_list("created_at", flat=True)
+        .first()
+    )
+    if not drill_due(schedule, last, now):
+        return
+    try:
+        operation_request(
+            fleet=fleet,
+            kind=OperationKind.DRILL,
+            target_domain_id=None,
+            actor=actor,
+            reason="scheduled_drill",
+        )
+    except (OperationConflict, InvalidTarget) as exc:
+        log.info("fleet %s: scheduled drill not started: %s", fleet.slug, exc)
 
 
 def _maybe_restore_standby(fleet: Fleet, now: datetime, actor: str) -> None:

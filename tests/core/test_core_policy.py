@@ -57,6 +57,9 @@ def test_defaults_match_the_design():
         "provisionTimeoutMs": 1800000,
         "provisionRetryBackoffMs": 30000,
         "stopMode": "down",
+        "checkpointMaxAgeMs": 3600000,
+        "drillMaxAgeMs": 604800000,
+        "rtoMs": 300000,
     }
 
 
@@ -98,9 +101,14 @@ def test_resolve_maps_every_camel_case_key_to_its_field():
         "replaceFailedStandby": False,
         "replaceFailedActive": False,
         "stopMode": "stop",
+        "checkpointMaxAgeMs": 60000,
+        "drillMaxAgeMs": 86400000,
+        "rtoMs": 45000,
     }
     policy = Policy.resolve(raw)
     assert policy.to_json() == raw
+    assert (policy.checkpoint_max_age_ms, policy.drill_max_age_ms) == (60000, 86400000)
+    assert policy.rto_ms == 45000
     assert policy.heartbeat_stale_ms == 1000
     assert policy.restore_standby_on_return is False
     assert policy.start_training_timeout_ms == 1009
