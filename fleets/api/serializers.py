@@ -163,6 +163,27 @@ class FleetOut(FleetSummaryOut):
     updatedAt = serializers.DateTimeField()  # noqa: N815
 
 
+class ReadinessReasonOut(serializers.Serializer):
+    check = serializers.ChoiceField(
+        ["standby", "modelsAsleep", "baselines", "wakeMemory", "trainer", "drill"]
+    )
+    ok = serializers.BooleanField(allow_null=True, help_text="null: not known")
+    message = serializers.CharField()
+    at = serializers.DateTimeField(allow_null=True, help_text="When the fact was observed.")
+    ageMs = serializers.IntegerField(allow_null=True)  # noqa: N815
+
+
+class ReadinessOut(serializers.Serializer):
+    verdict = serializers.ChoiceField(["ready", "at_risk", "not_ready"])
+    standby = serializers.CharField(allow_null=True, help_text="The standby a failover takes.")
+    evaluatedAt = serializers.DateTimeField()  # noqa: N815
+    reasons = ReadinessReasonOut(many=True)
+
+
+class FleetDetailOut(FleetOut):
+    failoverReadiness = ReadinessOut()  # noqa: N815
+
+
 class RouteModelOut(serializers.Serializer):
     name = serializers.CharField()
     servingUrl = serializers.URLField()  # noqa: N815
@@ -185,6 +206,7 @@ class RouteIntentOut(serializers.Serializer):
     generatedAt = serializers.DateTimeField()  # noqa: N815
     active = RouteTargetOut(allow_null=True)
     standbys = RouteTargetOut(many=True)
+    failoverReadiness = ReadinessOut()  # noqa: N815
 
 
 class OperationListOut(serializers.Serializer):

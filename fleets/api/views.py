@@ -19,6 +19,7 @@ from fleets.core.route_intent import build_route_intent
 from fleets.core.states import OperationKind
 from fleets.errors import InvalidTarget
 from fleets.models import Domain, Fleet, Operation
+from fleets.readiness import fleet_readiness
 from fleets.reconciler.client import client_for
 from fleets.reconciler.golden import record_baselines
 from fleets.reconciler.tick import fleet_reconcile
@@ -69,9 +70,11 @@ class FleetListView(HaruAPIView):
 
 
 class FleetDetailView(HaruAPIView):
-    @extend_schema(responses={200: s.FleetOut, **_errors(401, 404)}, operation_id="getFleet")
+    @extend_schema(responses={200: s.FleetDetailOut, **_errors(401, 404)}, operation_id="getFleet")
     def get(self, request, ref: str):
-        return Response(selectors.fleet_snapshot(selectors.fleet_get(ref)))
+        fleet = selectors.fleet_get(ref)
+        snapshot = selectors.fleet_snapshot(fleet)
+        return Response({**snapshot, "failoverReadiness": fleet_readiness(fleet).to_json()})
 
 
 class RouteIntentView(HaruAPIView):
@@ -79,8 +82,13 @@ class RouteIntentView(HaruAPIView):
         responses={200: s.RouteIntentOut, **_errors(401, 404)}, operation_id="getRouteIntent"
     )
     def get(self, request, ref: str):
-        view = selectors.fleet_view(selectors.fleet_get(ref))
-        return Response(build_route_intent(view, clock.now()))
+        fleet = selectors.fleet_get(ref)
+        view = selectors.fleet_view(fleet)
+        now = clock.now()
+        intent = build_route_intent(view, now)
+        # Routers can hold traffic policy on it (alert, or refuse a planned maintenance).
+        intent["failoverReadiness"] = fleet_readiness(fleet, view, now).to_json()
+        return Response(intent)
 
 
 class _OperationRequestView(HaruAPIView):
