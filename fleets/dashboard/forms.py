@@ -1,10 +1,10 @@
-"""Forms of the dashboard's action buttons (promote, demote, reconcile)."""
+"""Forms of the dashboard's action buttons (promote, demote, reconcile, drill, ...)."""
 
 from __future__ import annotations
 
 from django import forms
 
-ACTIONS = ("promote", "demote", "reconcile", "provision", "stop")
+ACTIONS = ("promote", "demote", "reconcile", "provision", "stop", "drill", "baseline")
 
 
 class ActionForm(forms.Form):
