@@ -510,12 +510,15 @@ class Host:
                 )
                 for adapter in (None, *dict.fromkeys(wanted.get(m.name, ())))
             ]
-            results = list(await asyncio.gather(*calls))
-            if seed is not None:
-                version = await engine_version(http, port=m.port, headers=headers)
-                for r in results:
-                    r["engineVersion"] = version
-            return results
+            if seed is None:
+                return list(await asyncio.gather(*calls))
+            # The version read runs beside the probes, within their budget: it must never
+            # lengthen the failover's probe step.
+            version_call = engine_version(
+                http, port=m.port, headers=headers, timeout_s=timeout_ms / 1000
+            )
+            probed, version = await asyncio.gather(asyncio.gather(*calls), version_call)
+            return [{**r, "engineVersion": version} for r in probed]
 
         per_model = await asyncio.gather(*(one(m) for m in targets))
         every = [*(r for rs in per_model for r in rs), *missing]

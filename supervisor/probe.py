@@ -81,17 +81,21 @@ async def probe_model(
 
 
 async def engine_version(
-    http: httpx.AsyncClient, *, port: int, headers: dict[str, str] | None = None
+    http: httpx.AsyncClient,
+    *,
+    port: int,
+    headers: dict[str, str] | None = None,
+    timeout_s: float = VERSION_TIMEOUT_S,
 ) -> str | None:
     """The engine's version (vLLM's `GET /version`), or None when it does not say.
 
     A golden answer is only comparable within one engine version, so the control plane keys
     its fingerprints by it; not knowing it is not a probe failure.
     """
+    budget = min(VERSION_TIMEOUT_S, timeout_s)
     try:
         response = await asyncio.wait_for(
-            http.get(f"{base_url(port)}/version", headers=headers, timeout=VERSION_TIMEOUT_S),
-            VERSION_TIMEOUT_S,
+            http.get(f"{base_url(port)}/version", headers=headers, timeout=budget), budget
         )
         version = response.json().get("version") if response.status_code == 200 else None
     except (TimeoutError, httpx.HTTPError, ValueError, AttributeError):

@@ -197,7 +197,8 @@ def _maybe_drill(fleet: Fleet, now: datetime, actor: str) -> None:
             reason="scheduled_drill",
         )
     except (OperationConflict, InvalidTarget) as exc:
-        log.info("fleet %s: scheduled drill not started: %s", fleet.slug, exc)
+        # Debug: while the fleet is degraded this repeats on every tick of the window.
+        log.debug("fleet %s: scheduled drill not started: %s", fleet.slug, exc)
 
 
 def _maybe_restore_standby(fleet: Fleet, now: datetime, actor: str) -> None:
