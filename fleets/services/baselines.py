@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from fleets import clock
 from fleets.core.golden import GoldenKey, Recorded, answer_sha256
@@ -90,7 +90,13 @@ def baseline_record(
             if previous is not None and previous.answer_sha256 == values["answer_sha256"]:
                 continue  # the same answer again: nothing changed, nothing to record
             if previous is None:
-                GoldenBaseline.objects.create(**lookup, **values)
+                try:
+                    with transaction.atomic():  # a savepoint: the loser keeps its transaction
+                        GoldenBaseline.objects.create(**lookup, **values)
+                except IntegrityError:
+                    # Another tick recorded this key first: a first serving never overwrites
+                    # it, and an operator's re-record can simply be asked again.
+                    continue
             else:
                 GoldenBaseline.objects.filter(pk=previous.pk).update(**values)
             written.append(key.label)

@@ -68,3 +68,37 @@ def test_an_unknown_field_is_refused(seeded_fleet, client_with_token, envelope):
     response = client_with_token.post(URL, {"domain": "west"}, format="json")
     envelope(response, 400, "invalid_request")
     assert not GoldenBaseline.objects.exists()
+
+
+def test_a_key_recorded_meanwhile_by_another_process_is_left_alone(seeded_fleet, monkeypatch):
+    fleet = Fleet.objects.get(slug="demo")
+    record = {
+        "fleet_id": fleet.id,
+        "domain_id": None,
+        "baselines": [NewBaseline(KEY, "mine")],
+        "reason": OPERATOR,
+        "actor": "api:ops",
+        "replace": False,
+    }
+
+    # The other process's row lands between our look-up and our insert.
+    def racing_lookup():
+        GoldenBaseline.objects.create(
+            fleet=fleet,
+            model_name=KEY.model,
+            adapter=KEY.adapter,
+            profile_fingerprint=KEY.profile_fingerprint,
+            engine_version=KEY.engine_version,
+            request_fingerprint=KEY.request_fingerprint,
+            answer_sha256="0" * 64,
+            answer="theirs",
+            reason="first_serving",
+            recorded_at=fleet.created_at,
+        )
+        return GoldenBaseline.objects.none()  # our look-up saw nothing
+
+    monkeypatch.setattr(GoldenBaseline.objects, "select_for_update", racing_lookup)
+    assert baseline_record(**record) == []
+    monkeypatch.undo()
+    assert GoldenBaseline.objects.get().answer == "theirs"
+    assert not Event.objects.filter(kind="golden.baseline.recorded").exists()
