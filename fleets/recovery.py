@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fleets.core.policy import Policy
 from fleets.core.recovery import (
     DRILL,
@@ -9,6 +11,7 @@ from fleets.core.recovery import (
     RECOVERY_WINDOW,
     RecoverySample,
     RecoverySummary,
+    over_objective,
     sample,
     summarize,
 )
@@ -54,3 +57,20 @@ def recovery_samples(fleet: Fleet, window: int = RECOVERY_WINDOW) -> list[Recove
 def recovery_summaries(fleet: Fleet) -> dict[str, RecoverySummary]:
     samples = recovery_samples(fleet)
     return {kind: summarize(kind, samples) for kind in (DRILL, FAILOVER)}
+
+
+def recovery_report(fleet: Fleet) -> dict[str, Any]:
+    """The published recovery time (`RecoveryOut`): p50/p95 per kind against the objective,
+    and every sample's detection, steps and total, newest first."""
+    rto = Policy.resolve(fleet.policy).rto_ms
+    samples = recovery_samples(fleet)
+    summaries = {kind: summarize(kind, samples) for kind in (DRILL, FAILOVER)}
+    return {
+        "objectiveMs": rto,
+        "window": RECOVERY_WINDOW,
+        "overObjective": any(over_objective(x, rto) for x in summaries.values()),
+        **{kind: x.to_json() for kind, x in summaries.items()},
+        "samples": [
+            x.to_json() for x in sorted(samples, key=lambda x: x.finished_at, reverse=True)
+        ],
+    }

@@ -257,3 +257,30 @@ class BaselineRecordOut(serializers.Serializer):
     recorded = serializers.ListField(child=serializers.CharField())
     unchanged = serializers.ListField(child=serializers.CharField())
     skipped = serializers.ListField(child=serializers.CharField())
+
+
+class RecoverySampleOut(serializers.Serializer):
+    kind = serializers.ChoiceField(["drill", "failover"])
+    finishedAt = serializers.DateTimeField()  # noqa: N815
+    detectionMs = serializers.IntegerField(  # noqa: N815
+        help_text="The detection bound (policy heartbeatStaleMs): not measurable from inside."
+    )
+    stepsMs = serializers.DictField(child=serializers.IntegerField())  # noqa: N815
+    totalMs = serializers.IntegerField()  # noqa: N815
+
+
+class RecoverySummaryOut(serializers.Serializer):
+    kind = serializers.ChoiceField(["drill", "failover"])
+    count = serializers.IntegerField()
+    p50Ms = serializers.FloatField(allow_null=True)  # noqa: N815
+    p95Ms = serializers.FloatField(allow_null=True)  # noqa: N815
+    last = RecoverySampleOut(allow_null=True)
+
+
+class RecoveryOut(serializers.Serializer):
+    objectiveMs = serializers.IntegerField()  # noqa: N815
+    window = serializers.IntegerField()
+    overObjective = serializers.BooleanField()  # noqa: N815
+    drill = RecoverySummaryOut()
+    failover = RecoverySummaryOut()
+    samples = RecoverySampleOut(many=True)

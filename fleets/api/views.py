@@ -23,6 +23,7 @@ from fleets.readiness import fleet_readiness
 from fleets.reconciler.client import client_for
 from fleets.reconciler.golden import record_baselines
 from fleets.reconciler.tick import fleet_reconcile
+from fleets.recovery import recovery_report
 from fleets.services.operations import operation_request
 from fleets.services.provisioning import domain_provision_begin, domain_stop_request
 
@@ -246,6 +247,14 @@ class BaselinesView(HaruAPIView):
                 "skipped": done.skipped,
             }
         )
+
+
+class RecoveryView(HaruAPIView):
+    @extend_schema(responses={200: s.RecoveryOut, **_errors(401, 404)}, operation_id="getRecovery")
+    def get(self, request, ref: str):
+        """The published recovery time: p50/p95 of the last N drills and automatic failovers
+        against the policy's rtoMs, and each sample's detection, steps and total."""
+        return Response(recovery_report(selectors.fleet_get(ref)))
 
 
 class _DomainActionView(HaruAPIView):

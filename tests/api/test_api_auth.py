@@ -23,6 +23,7 @@ ROUTES = [
     ("post", "/v1/fleets/demo/demote"),
     ("get", "/v1/fleets/demo/operations"),
     ("get", "/v1/fleets/demo/baselines"),
+    ("get", "/v1/fleets/demo/recovery"),
     ("post", "/v1/fleets/demo/drill"),
     ("post", "/v1/fleets/demo/domains/west/provision"),
     ("post", "/v1/fleets/demo/domains/west/stop"),

@@ -58,3 +58,18 @@ def test_an_automatic_failover_is_published_as_a_recovery_sample(
     }
     assert sorted(verdicts.values()) == [0, 0, 1]
     assert "haru_drill_last_passed{" not in text  # no drill has finished yet
+
+    report = client.get("/v1/fleets/demo/recovery").json()
+    assert report["objectiveMs"] == 45_000 and report["window"] == 20
+    assert report["overObjective"] is (expected_s * 1000 > 45_000)
+    (only,) = report["samples"]
+    assert only["kind"] == "failover" and only["detectionMs"] == detection
+    assert only["stepsMs"] == durations and only["totalMs"] == expected_s * 1000
+    assert report["failover"]["p95Ms"] == expected_s * 1000
+    assert report["drill"] == {
+        "kind": "drill",
+        "count": 0,
+        "p50Ms": None,
+        "p95Ms": None,
+        "last": None,
+    }
