@@ -3,7 +3,8 @@
 1. heartbeat every domain's supervisor, concurrently (HTTP, outside any transaction);
 2. mirror slot health and domain states;
 3. escalate an active degraded past `degradedGraceMs` (every condition inside one UPDATE);
-4. detect failover and request the promotion (`reason="auto_failover"`);
+4. detect failover and request the promotion (`reason="auto_failover"`); with nothing in
+   flight, restore a returned standby's posture, then request a drill that is due;
 5. advance the in-flight operation through every step that completes at once.
 
 `tick_run` wraps it in the fleet's tick lock; `fleet_tick` is the bare tick (safe to run
