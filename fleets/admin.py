@@ -26,7 +26,16 @@ from fleets.core.states import (
 )
 from fleets.dashboard import actions as dashboard_actions
 from fleets.errors import ServiceError
-from fleets.models import Domain, Event, Fleet, FleetArchive, ModelBinding, Operation, Slot
+from fleets.models import (
+    Domain,
+    Event,
+    Fleet,
+    FleetArchive,
+    GoldenBaseline,
+    ModelBinding,
+    Operation,
+    Slot,
+)
 from fleets.selectors import operation_in_flight
 from fleets.services.events import event_record
 from fleets.services.fleets import fleet_delete
@@ -142,6 +151,10 @@ class FleetAdmin(admin.ModelAdmin):
     fieldsets = (
         (None, {"fields": ("slug", "display_name", "policy")}),
         (
+            "Failover drills (check-only: the standby wakes and is probed, routing never moves)",
+            {"fields": ("drill_interval_minutes", "drill_window_start", "drill_window_end")},
+        ),
+        (
             "Routing (moves only through operations)",
             {"fields": ("active", "route_revision")},
         ),
@@ -153,7 +166,7 @@ class FleetAdmin(admin.ModelAdmin):
             },
         ),
     )
-    actions = ["reconcile_now", "export_layout"]
+    actions = ["reconcile_now", "run_drill", "record_baselines", "export_layout"]
 
     # Deleting goes through fleet_delete: refused while an operation is in flight, and the
     # fleet's operations and events are archived (FleetArchive) rather than lost. The stock
@@ -273,6 +286,46 @@ class FleetAdmin(admin.ModelAdmin):
             )
         for fleet in queryset:
             result = dashboard_actions.reconcile_now(fleet=fleet, actor=_actor(request))
+            _report(self, request, result, fleet.slug)
+        return None
+
+    @admin.action(description="Record golden baselines from the active domain")
+    def record_baselines(self, request, queryset):
+        if not request.POST.get("confirm"):
+            return _confirm(
+                self,
+                request,
+                queryset,
+                action="record_baselines",
+                title="Record golden baselines",
+                text="Probe each fleet's active domain and record its answers as the golden "
+                "baselines (after an expected change, such as an engine upgrade; each replaced "
+                "baseline is an event):",
+            )
+        for fleet in queryset:
+            result = dashboard_actions.record_baseline(
+                fleet=fleet, target=None, actor=_actor(request)
+            )
+            _report(self, request, result, fleet.slug)
+        return None
+
+    @admin.action(description="Run a failover drill now")
+    def run_drill(self, request, queryset):
+        if not request.POST.get("confirm"):
+            return _confirm(
+                self,
+                request,
+                queryset,
+                action="run_drill",
+                title="Run a failover drill",
+                text="Drill each fleet's standby now: training stops, the models wake and must "
+                "answer their golden probes, then sleep and training restarts. Routing never "
+                "moves:",
+            )
+        for fleet in queryset:
+            result = dashboard_actions.request_drill(
+                fleet=fleet, target=None, actor=_actor(request)
+            )
             _report(self, request, result, fleet.slug)
         return None
 
@@ -621,3 +674,21 @@ admin.site.site_header = "Haru administration"
 admin.site.site_title = "Haru admin"
 admin.site.index_title = "Fleet layouts, operations and events"
 admin.site.site_url = "/"
+
+
+@admin.register(GoldenBaseline)
+class GoldenBaselineAdmin(_ReadOnlyAdmin):
+    """Read-only: baselines change only through "Record golden baselines" (an event each)."""
+
+    list_display = (
+        "fleet",
+        "model_name",
+        "adapter",
+        "engine_version",
+        "reason",
+        "recorded_by",
+        "recorded_at",
+    )
+    list_filter = ("fleet", "reason")
+    search_fields = ("model_name", "adapter", "engine_version")
+    list_select_related = ("fleet",)

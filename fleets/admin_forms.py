@@ -18,6 +18,7 @@ from django.forms.fields import InvalidJSONInput, JSONString
 from django.forms.formsets import DELETION_FIELD_NAME
 from jsonschema import Draft202012Validator
 
+from fleets.core.drills import DrillSchedule, schedule_problems
 from fleets.core.policy import PolicyError, validate_policy
 from fleets.core.states import SlotKind
 from fleets.core.urls import USERINFO_RULE, has_userinfo, supervisor_url_problem
@@ -136,7 +137,26 @@ class FleetForm(forms.ModelForm):
 
     class Meta:
         model = Fleet
-        fields = ["slug", "display_name", "policy"]
+        fields = [
+            "slug",
+            "display_name",
+            "policy",
+            "drill_interval_minutes",
+            "drill_window_start",
+            "drill_window_end",
+        ]
+
+    def clean(self):
+        data = super().clean() or {}
+        schedule = DrillSchedule(
+            data.get("drill_interval_minutes"),
+            data.get("drill_window_start"),
+            data.get("drill_window_end"),
+        )
+        problems = schedule_problems(schedule)
+        if problems:
+            raise ValidationError(problems)
+        return data
 
     def clean_slug(self):
         slug = self.cleaned_data["slug"]

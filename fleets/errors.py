@@ -67,3 +67,10 @@ class OperationNotCancellable(ServiceError):
     def __init__(self, message: str, *, code: str | None = None, operation: Any = None) -> None:
         super().__init__(message, code=code)
         self.operation = operation
+
+
+class SupervisorUnavailable(ServiceError):
+    """A request that needs a supervisor's answer did not get one (unreachable, timed out)."""
+
+    code = "supervisor_unavailable"
+    status = 502

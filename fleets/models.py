@@ -56,6 +56,18 @@ class Fleet(models.Model):
     # (null while the fleet is fine): the report is rate-limited across every process ticking
     # this fleet by a guarded update of this column (services/escalation.py).
     no_standby_reported_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # The drill schedule (fleets/core/drills.py), set in admin: a check-only drill of the
+    # standby every `drill_interval_minutes` (null: only when asked for), inside the daily UTC
+    # window [start, end) (both null: any time; end <= start wraps midnight).
+    drill_interval_minutes = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Run a drill this often (minutes); empty: never."
+    )
+    drill_window_start = models.TimeField(
+        null=True, blank=True, help_text="Start of the daily drill window (UTC)."
+    )
+    drill_window_end = models.TimeField(
+        null=True, blank=True, help_text="End of the daily drill window (UTC)."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -185,6 +197,9 @@ class ModelBinding(models.Model):
     profile = models.JSONField(default=dict, blank=True)
     # The layout's memory request: {memoryMiB | memoryFraction, exclusive, sleepResidueMiB}.
     memory = models.JSONField(default=dict, blank=True)
+    # The layout's golden-probe settings: {deterministic?: false, adapters?: [LoRA names]}.
+    # db_default: replicas still on the previous release insert bindings without this column.
+    golden = models.JSONField(default=dict, blank=True, db_default={})
 
     class Meta:
         ordering = ["domain", "name"]
@@ -276,6 +291,53 @@ class Operation(models.Model):
             return self.target_domain_slug
         target = self.target_domain if self.target_domain_id else None
         return target.slug if target is not None else ""
+
+
+class GoldenBaseline(models.Model):
+    """The answer a model (or one of its LoRA adapters) gave a golden probe when known good.
+
+    Keyed per model, adapter, profile fingerprint, engine version and probe request: a changed
+    profile, engine or probe legitimately changes the answer, so each gets its own baseline.
+    Written only by services/baselines.py; every write is an event.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    fleet = models.ForeignKey(Fleet, on_delete=models.CASCADE, related_name="baselines")
+    model_name = models.CharField(max_length=200)
+    adapter = models.CharField(max_length=200, blank=True, default="")
+    profile_fingerprint = models.CharField(max_length=64)
+    engine_version = models.CharField(max_length=64, blank=True, default="")
+    request_fingerprint = models.CharField(max_length=64)
+    answer_sha256 = models.CharField(max_length=64)
+    # The answer itself (bounded by the supervisor), so a mismatch shows expected against got.
+    answer = models.TextField(blank=True, default="")
+    # Where and why it was recorded; SET_NULL: a pruned domain keeps its fleet's baselines.
+    domain = models.ForeignKey(
+        Domain, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    reason = models.CharField(max_length=32)
+    recorded_by = models.CharField(max_length=150, blank=True, default="")
+    recorded_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["fleet", "model_name", "adapter", "-recorded_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=[
+                    "fleet",
+                    "model_name",
+                    "adapter",
+                    "profile_fingerprint",
+                    "engine_version",
+                    "request_fingerprint",
+                ],
+                name="golden_baseline_one_per_key",
+            )
+        ]
+
+    def __str__(self) -> str:
+        target = f"{self.model_name}:{self.adapter}" if self.adapter else self.model_name
+        return f"{target} @ {self.engine_version or 'unknown engine'}"
 
 
 class FleetArchive(models.Model):

@@ -16,7 +16,7 @@ from fleets.core.backoff import Backoff
 from fleets.core.policy import Policy
 from fleets.core.states import SlotKind
 from fleets.core.urls import without_userinfo
-from fleets.models import Domain, Fleet, ModelBinding, Operation, Slot
+from fleets.models import Domain, Fleet, GoldenBaseline, ModelBinding, Operation, Slot
 
 
 def operation_json(op: Operation | None) -> dict[str, Any] | None:
@@ -209,4 +209,21 @@ def fleet_json(
         "operation": operation_json(operation),
         "createdAt": iso(fleet.created_at),
         "updatedAt": iso(fleet.updated_at),
+    }
+
+
+def baseline_json(b: GoldenBaseline) -> dict[str, Any]:
+    """Render one golden baseline (`BaselineOut`)."""
+    return {
+        "model": b.model_name,
+        "adapter": b.adapter or None,
+        "profileFingerprint": b.profile_fingerprint,
+        "engineVersion": b.engine_version or None,
+        "requestFingerprint": b.request_fingerprint,
+        "answerSha256": b.answer_sha256,
+        "answer": b.answer,
+        "domain": b.domain.slug if b.domain is not None else None,
+        "reason": b.reason,
+        "recordedBy": b.recorded_by,
+        "recordedAt": iso(b.recorded_at),
     }

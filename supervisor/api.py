@@ -18,7 +18,12 @@ from supervisor.auth import BearerAuth
 from supervisor.errors import ApiError, error_body
 from supervisor.gpu.facts import GpuQueryFailed, GpuUnavailable
 from supervisor.host import Host, InsufficientGpuMemory, InvalidTarget, ModelFailures, ShuttingDown
-from supervisor.limits import MAX_MS, MAX_PROBE_PROMPT_CHARS, MAX_PROBE_TOKENS
+from supervisor.limits import (
+    MAX_MS,
+    MAX_PROBE_ADAPTERS,
+    MAX_PROBE_PROMPT_CHARS,
+    MAX_PROBE_TOKENS,
+)
 from supervisor.strict_json import ObjectReader
 from supervisor.training import SpawnFailed, TrainingBusy
 from supervisor.wire import bounded_json
@@ -152,6 +157,8 @@ async def probe(request: Request) -> JSONResponse:
     max_tokens = reader.int("maxTokens", default=4, minimum=1, maximum=MAX_PROBE_TOKENS)
     timeout_ms = reader.int("timeoutMs", default=60_000, minimum=1, maximum=MAX_MS)
     models = reader.str_list("models")
+    seed = reader.int("seed", minimum=0, maximum=MAX_MS)
+    adapters = _probe_adapters(reader)
     finish_reading(reader)
     if models is None:
         models = model_selection(request)
@@ -164,8 +171,35 @@ async def probe(request: Request) -> JSONResponse:
         max_tokens=max_tokens or 4,
         timeout_ms=timeout_ms or 60_000,
         models=models,
+        seed=seed,
+        adapters=adapters,
     )
     return wire(result)
+
+
+def _probe_adapters(reader: ObjectReader) -> dict[str, list[str]] | None:
+    """Read `adapters` ({model: [LoRA adapter names]}), bounded per model."""
+    if not reader.has("adapters"):
+        return None
+    raw = reader.raw("adapters")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        reader.error("adapters", "must be an object of model name to adapter names")
+        return None
+    out: dict[str, list[str]] = {}
+    for model, names in raw.items():
+        if not model:
+            reader.error("adapters", "model names must not be empty")
+            return None
+        if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+            reader.error("adapters", f"{model}: must be a list of non-empty strings")
+            return None
+        if len(names) > MAX_PROBE_ADAPTERS:
+            reader.error("adapters", f"{model}: at most {MAX_PROBE_ADAPTERS} adapters")
+            return None
+        out[model] = list(names)
+    return out
 
 
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:

@@ -32,7 +32,7 @@ from supervisor.gpu.plan_check import plan_mismatches
 from supervisor.gpu.sim_state import ENV_VAR as SIM_STATE_ENV
 from supervisor.managed import ManagedProcess, tcp_port_in_use
 from supervisor.model_servers import ModelServer, SleepReading
-from supervisor.probe import probe_model
+from supervisor.probe import engine_version, probe_model
 from supervisor.processes import AsyncioSpawner, Spawner
 from supervisor.records import StateDir
 from supervisor.secrets import SecretUnavailable
@@ -460,12 +460,21 @@ class Host:
         return {"gpus": [g.to_json() for g in gpus], "backend": self.gpu.name}
 
     async def probe(
-        self, *, prompt: str, max_tokens: int, timeout_ms: int, models: Sequence[str] | None
+        self,
+        *,
+        prompt: str,
+        max_tokens: int,
+        timeout_ms: int,
+        models: Sequence[str] | None,
+        seed: int | None = None,
+        adapters: Mapping[str, Sequence[str]] | None = None,
     ) -> dict[str, Any]:
         """Probe every served model (or the named ones) concurrently.
 
         A named model this host does not serve fails its own result instead of the whole call:
         the caller judges each of its models, and one wrong name must not hide the others.
+        `adapters` adds one probe per LoRA adapter of a model; with a `seed` every probe is
+        golden (greedy, seeded) and each result carries its answer and the engine's version.
         """
         targets = [m for m in self.models if m.serves_http]
         missing: list[dict[str, Any]] = []
@@ -478,25 +487,41 @@ class Host:
             ]
             targets = [m for m in targets if m.name in models]
         http = self.http
+        wanted = adapters or {}
 
-        async def one(m: ModelServer) -> dict[str, Any]:
+        async def one(m: ModelServer) -> list[dict[str, Any]]:
             try:
                 headers = m.auth_headers()
             except SecretUnavailable as exc:
-                return {"model": m.name, "ok": False, "latencyMs": 0, "error": f"api key: {exc}"}
-            return await probe_model(
-                http,
-                name=m.name,
-                port=m.port,
-                prompt=prompt,
-                max_tokens=max_tokens,
-                timeout_s=timeout_ms / 1000,
-                clock=self.clock,
-                headers=headers,
+                failed = {"model": m.name, "ok": False, "latencyMs": 0, "error": f"api key: {exc}"}
+                return [failed]
+            calls = [
+                probe_model(
+                    http,
+                    name=m.name,
+                    port=m.port,
+                    prompt=prompt,
+                    max_tokens=max_tokens,
+                    timeout_s=timeout_ms / 1000,
+                    clock=self.clock,
+                    headers=headers,
+                    adapter=adapter,
+                    seed=seed,
+                )
+                for adapter in (None, *dict.fromkeys(wanted.get(m.name, ())))
+            ]
+            if seed is None:
+                return list(await asyncio.gather(*calls))
+            # The version read runs beside the probes, within their budget: it must never
+            # lengthen the failover's probe step.
+            version_call = engine_version(
+                http, port=m.port, headers=headers, timeout_s=timeout_ms / 1000
             )
+            probed, version = await asyncio.gather(asyncio.gather(*calls), version_call)
+            return [{**r, "engineVersion": version} for r in probed]
 
-        results = await asyncio.gather(*(one(m) for m in targets))
-        every = [*results, *missing]
+        per_model = await asyncio.gather(*(one(m) for m in targets))
+        every = [*(r for rs in per_model for r in rs), *missing]
         return {"ok": bool(every) and all(r["ok"] for r in every), "results": every}
 
     # -- construction ------------------------------------------------------------------------

@@ -20,3 +20,5 @@ MAX_PORT = 65535
 # Items in one engine profile's lists and maps (extraArgs, env): generous for any honest
 # profile, small enough that a pasted blob is refused before it reaches a command line.
 MAX_PROFILE_ITEMS = 1024
+# A golden probe: at most this many LoRA adapters per model are probed, each one completion.
+MAX_PROBE_ADAPTERS = 16

@@ -57,6 +57,9 @@ class ObjectReader:
         where = child_path(self.path, key) if key != "" else (self.path or "(root)")
         self.errors.append(f"{where}: {rule}")
 
+    def has(self, key: str) -> bool:
+        return key in self._data
+
     def raw(self, key: str, *, required: bool = False) -> Any:
         """Return a field untouched, or `_MISSING`."""
         self._seen.add(key)

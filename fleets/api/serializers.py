@@ -188,6 +188,27 @@ class FleetOut(FleetSummaryOut):
     updatedAt = serializers.DateTimeField()  # noqa: N815
 
 
+class ReadinessReasonOut(serializers.Serializer):
+    check = serializers.ChoiceField(
+        ["standby", "modelsAsleep", "baselines", "wakeMemory", "trainer", "drill"]
+    )
+    ok = serializers.BooleanField(allow_null=True, help_text="null: not known")
+    message = serializers.CharField()
+    at = serializers.DateTimeField(allow_null=True, help_text="When the fact was observed.")
+    ageMs = serializers.IntegerField(allow_null=True)  # noqa: N815
+
+
+class ReadinessOut(serializers.Serializer):
+    verdict = serializers.ChoiceField(["ready", "at_risk", "not_ready"])
+    standby = serializers.CharField(allow_null=True, help_text="The standby a failover takes.")
+    evaluatedAt = serializers.DateTimeField()  # noqa: N815
+    reasons = ReadinessReasonOut(many=True)
+
+
+class FleetDetailOut(FleetOut):
+    failoverReadiness = ReadinessOut()  # noqa: N815
+
+
 class RouteModelOut(serializers.Serializer):
     name = serializers.CharField()
     servingUrl = serializers.URLField()  # noqa: N815
@@ -210,6 +231,7 @@ class RouteIntentOut(serializers.Serializer):
     generatedAt = serializers.DateTimeField()  # noqa: N815
     active = RouteTargetOut(allow_null=True)
     standbys = RouteTargetOut(many=True)
+    failoverReadiness = ReadinessOut()  # noqa: N815
 
 
 class OperationListOut(serializers.Serializer):
@@ -224,3 +246,71 @@ class CancelledOut(serializers.Serializer):
 class DomainActionOut(serializers.Serializer):
     status = serializers.ChoiceField(["accepted", "unchanged"])
     domain = DomainOut()
+
+
+class DrillRequest(StrictSerializer):
+    targetDomainId = StrictCharField(  # noqa: N815
+        max_length=100,
+        required=False,
+        help_text="The standby to drill (UUID or slug); default the one a failover would take.",
+    )
+
+
+class BaselineRecordRequest(StrictSerializer):
+    domainId = StrictCharField(  # noqa: N815
+        max_length=100,
+        required=False,
+        help_text="The serving domain to record from (UUID or slug); default the active.",
+    )
+
+
+class BaselineOut(serializers.Serializer):
+    model = serializers.CharField()
+    adapter = serializers.CharField(allow_null=True)
+    profileFingerprint = serializers.CharField()  # noqa: N815
+    engineVersion = serializers.CharField(allow_null=True)  # noqa: N815
+    requestFingerprint = serializers.CharField()  # noqa: N815
+    answerSha256 = serializers.CharField()  # noqa: N815
+    answer = serializers.CharField()
+    domain = serializers.CharField(allow_null=True)
+    reason = serializers.ChoiceField(choices=["first_serving", "operator"])
+    recordedBy = serializers.CharField()  # noqa: N815
+    recordedAt = serializers.DateTimeField()  # noqa: N815
+
+
+class BaselineListOut(serializers.Serializer):
+    baselines = BaselineOut(many=True)
+
+
+class BaselineRecordOut(serializers.Serializer):
+    domain = serializers.CharField()
+    recorded = serializers.ListField(child=serializers.CharField())
+    unchanged = serializers.ListField(child=serializers.CharField())
+    skipped = serializers.ListField(child=serializers.CharField())
+
+
+class RecoverySampleOut(serializers.Serializer):
+    kind = serializers.ChoiceField(["drill", "failover"])
+    finishedAt = serializers.DateTimeField()  # noqa: N815
+    detectionMs = serializers.IntegerField(  # noqa: N815
+        help_text="The detection bound (policy heartbeatStaleMs): not measurable from inside."
+    )
+    stepsMs = serializers.DictField(child=serializers.IntegerField())  # noqa: N815
+    totalMs = serializers.IntegerField()  # noqa: N815
+
+
+class RecoverySummaryOut(serializers.Serializer):
+    kind = serializers.ChoiceField(["drill", "failover"])
+    count = serializers.IntegerField()
+    p50Ms = serializers.FloatField(allow_null=True)  # noqa: N815
+    p95Ms = serializers.FloatField(allow_null=True)  # noqa: N815
+    last = RecoverySampleOut(allow_null=True)
+
+
+class RecoveryOut(serializers.Serializer):
+    objectiveMs = serializers.IntegerField()  # noqa: N815
+    window = serializers.IntegerField()
+    overObjective = serializers.BooleanField()  # noqa: N815
+    drill = RecoverySummaryOut()
+    failover = RecoverySummaryOut()
+    samples = RecoverySampleOut(many=True)

@@ -8,6 +8,9 @@ urlpatterns = [
     path("fleets/<str:ref>/route-intent", views.RouteIntentView.as_view(), name="route-intent"),
     path("fleets/<str:ref>/promote", views.PromoteView.as_view(), name="fleet-promote"),
     path("fleets/<str:ref>/demote", views.DemoteView.as_view(), name="fleet-demote"),
+    path("fleets/<str:ref>/recovery", views.RecoveryView.as_view(), name="fleet-recovery"),
+    path("fleets/<str:ref>/drill", views.DrillView.as_view(), name="fleet-drill"),
+    path("fleets/<str:ref>/baselines", views.BaselinesView.as_view(), name="fleet-baselines"),
     path("fleets/<str:ref>/reconcile", views.ReconcileView.as_view(), name="fleet-reconcile"),
     path(
         "fleets/<str:ref>/domains/<str:domain>/provision",

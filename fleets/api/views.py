@@ -14,10 +14,16 @@ from fleets import clock, selectors, shapes
 from fleets.api import serializers as s
 from fleets.api.auth import HasApiToken
 from fleets.api.errors import PayloadTooLarge
+from fleets.core.policy import Policy
 from fleets.core.route_intent import build_route_intent
 from fleets.core.states import OperationKind
+from fleets.errors import InvalidTarget
 from fleets.models import Domain, Fleet, Operation
+from fleets.readiness import fleet_readiness
+from fleets.reconciler.client import client_for
+from fleets.reconciler.golden import record_baselines
 from fleets.reconciler.tick import fleet_reconcile
+from fleets.recovery import recovery_report
 from fleets.services.operations import operation_cancel_request, operation_request
 from fleets.services.provisioning import domain_provision_begin, domain_stop_request
 
@@ -33,6 +39,7 @@ ERRORS = {
         409: "operation_conflict, provision_refused, operation_finished or routing_committed",
         413: "payload_too_large",
         422: "invalid_target",
+        502: "supervisor_unavailable",
     }.items()
 }
 
@@ -64,9 +71,11 @@ class FleetListView(HaruAPIView):
 
 
 class FleetDetailView(HaruAPIView):
-    @extend_schema(responses={200: s.FleetOut, **_errors(401, 404)}, operation_id="getFleet")
+    @extend_schema(responses={200: s.FleetDetailOut, **_errors(401, 404)}, operation_id="getFleet")
     def get(self, request, ref: str):
-        return Response(selectors.fleet_snapshot(selectors.fleet_get(ref)))
+        fleet = selectors.fleet_get(ref)
+        snapshot = selectors.fleet_snapshot(fleet)
+        return Response({**snapshot, "failoverReadiness": fleet_readiness(fleet).to_json()})
 
 
 class RouteIntentView(HaruAPIView):
@@ -74,8 +83,13 @@ class RouteIntentView(HaruAPIView):
         responses={200: s.RouteIntentOut, **_errors(401, 404)}, operation_id="getRouteIntent"
     )
     def get(self, request, ref: str):
-        view = selectors.fleet_view(selectors.fleet_get(ref))
-        return Response(build_route_intent(view, clock.now()))
+        fleet = selectors.fleet_get(ref)
+        view = selectors.fleet_view(fleet)
+        now = clock.now()
+        intent = build_route_intent(view, now)
+        # Routers can hold traffic policy on it (alert, or refuse a planned maintenance).
+        intent["failoverReadiness"] = fleet_readiness(fleet, view, now).to_json()
+        return Response(intent)
 
 
 class _OperationRequestView(HaruAPIView):
@@ -127,6 +141,32 @@ class DemoteView(_OperationRequestView):
         return super().post(request, ref)
 
 
+class DrillView(HaruAPIView):
+    @extend_schema(
+        request=s.DrillRequest,
+        operation_id="drillFleet",
+        responses={202: s.AcceptedOut, **_errors(400, 401, 404, 409, 413, 422)},
+    )
+    def post(self, request, ref: str):
+        """Run a check-only failover drill now: the standby stops training, wakes, passes its
+        golden probe, sleeps and trains again; routing never moves. Refused (409) while any
+        operation is in flight and (422) while anything is degraded."""
+        fleet = selectors.fleet_get(ref)
+        body = s.DrillRequest(data=request.data if request.data else {})
+        body.is_valid(raise_exception=True)
+        result = operation_request(
+            fleet=fleet,
+            kind=OperationKind.DRILL,
+            target_domain_id=body.validated_data.get("targetDomainId"),
+            actor=self.actor(request),
+            reason="manual_drill",
+        )
+        return Response(
+            {"status": "accepted", "operation": shapes.operation_json(result.operation)},
+            status=202,
+        )
+
+
 class ReconcileView(HaruAPIView):
     @extend_schema(
         request=None,
@@ -162,6 +202,59 @@ class ReconcileView(HaruAPIView):
                 "operation": shapes.operation_json(result.operation()),
             }
         )
+
+
+class BaselinesView(HaruAPIView):
+    @extend_schema(
+        responses={200: s.BaselineListOut, **_errors(401, 404)}, operation_id="listBaselines"
+    )
+    def get(self, request, ref: str):
+        """The fleet's golden baselines: what each model and LoRA adapter answered when known
+        good, per profile fingerprint and engine version."""
+        fleet = selectors.fleet_get(ref)
+        return Response({"baselines": [shapes.baseline_json(b) for b in fleet.baselines.all()]})
+
+    @extend_schema(
+        request=s.BaselineRecordRequest,
+        operation_id="recordBaselines",
+        responses={200: s.BaselineRecordOut, **_errors(400, 401, 404, 413, 422, 502)},
+    )
+    def post(self, request, ref: str):
+        """Probe a serving domain (default: the active) and record its answers as the golden
+        baselines, replacing any that differ: how an expected drift (an engine upgrade) is
+        accepted. Each write is a `golden.baseline.recorded` event."""
+        fleet = selectors.fleet_get(ref)
+        body = s.BaselineRecordRequest(data=request.data if request.data else {})
+        body.is_valid(raise_exception=True)
+        domain_ref = body.validated_data.get("domainId")
+        if domain_ref:
+            domain = selectors.domain_get(fleet, domain_ref)
+        elif fleet.active_domain_id is not None:
+            domain = Domain.objects.get(pk=fleet.active_domain_id)
+        else:
+            raise InvalidTarget("the fleet has no active domain; name a serving one (domainId)")
+        done = record_baselines(
+            domain=domain,
+            policy=Policy.resolve(fleet.policy),
+            actor=self.actor(request),
+            client_for=client_for,
+        )
+        return Response(
+            {
+                "domain": domain.slug,
+                "recorded": done.recorded,
+                "unchanged": done.unchanged,
+                "skipped": done.skipped,
+            }
+        )
+
+
+class RecoveryView(HaruAPIView):
+    @extend_schema(responses={200: s.RecoveryOut, **_errors(401, 404)}, operation_id="getRecovery")
+    def get(self, request, ref: str):
+        """The published recovery time: p50/p95 of the last N drills and automatic failovers
+        against the policy's rtoMs, and each sample's detection, steps and total."""
+        return Response(recovery_report(selectors.fleet_get(ref)))
 
 
 class _DomainActionView(HaruAPIView):

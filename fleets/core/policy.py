@@ -55,6 +55,13 @@ DEFAULTS: dict[str, Any] = {
     # a standby whose probe keeps failing gets a few attempts a minute, not one per tick.
     "failoverBackoffMs": 15_000,
     "failoverBackoffMaxMs": 300_000,
+    # Failover readiness (fleets/core/readiness.py): a standby trainer whose last checkpoint is
+    # older than this is not checkpointing; a passing drill older than this proves too little.
+    "checkpointMaxAgeMs": 3_600_000,
+    "drillMaxAgeMs": 604_800_000,
+    # The recovery time objective: the p95 failover (drills and real ones, detection to
+    # routing moved) the fleet promises; /metrics exports it beside the measured p95.
+    "rtoMs": 300_000,
 }
 
 # Which Policy field bounds each operation step (step names from fleets.core.states).
@@ -172,6 +179,9 @@ class Policy:
     stop_mode: str = DEFAULTS["stopMode"]
     failover_backoff_ms: int = DEFAULTS["failoverBackoffMs"]
     failover_backoff_max_ms: int = DEFAULTS["failoverBackoffMaxMs"]
+    checkpoint_max_age_ms: int = DEFAULTS["checkpointMaxAgeMs"]
+    drill_max_age_ms: int = DEFAULTS["drillMaxAgeMs"]
+    rto_ms: int = DEFAULTS["rtoMs"]
 
     @classmethod
     def resolve(cls, raw: Mapping[str, Any] | None) -> Policy:
@@ -202,6 +212,9 @@ class Policy:
             stop_mode=merged["stopMode"],
             failover_backoff_ms=merged["failoverBackoffMs"],
             failover_backoff_max_ms=merged["failoverBackoffMaxMs"],
+            checkpoint_max_age_ms=merged["checkpointMaxAgeMs"],
+            drill_max_age_ms=merged["drillMaxAgeMs"],
+            rto_ms=merged["rtoMs"],
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -229,6 +242,9 @@ class Policy:
             "stopMode": self.stop_mode,
             "failoverBackoffMs": self.failover_backoff_ms,
             "failoverBackoffMaxMs": self.failover_backoff_max_ms,
+            "checkpointMaxAgeMs": self.checkpoint_max_age_ms,
+            "drillMaxAgeMs": self.drill_max_age_ms,
+            "rtoMs": self.rto_ms,
         }
 
     def step_timeout_ms(self, step: str) -> int:

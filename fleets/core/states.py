@@ -46,6 +46,8 @@ class SlotKind(StrEnum):
 class OperationKind(StrEnum):
     PROMOTE = "promote"
     DEMOTE = "demote"
+    # Proves a standby can take over without moving routing (fleets/core/drills.py).
+    DRILL = "drill"
 
 
 class OperationState(StrEnum):
@@ -140,6 +142,9 @@ PROMOTE_STEPS = (
     "demote_old_train",
 )
 DEMOTE_STEPS = ("sleep", "start_training")
+# A check-only failover drill: the promotion's steps on the standby up to its golden probe,
+# then back into standby posture; routing never moves.
+DRILL_STEPS = ("stop_training", "verify_gpu", "wake", "probe", "sleep", "start_training")
 # Steps after the pointer moved: they act on the old active and never fail the operation.
 BEST_EFFORT_STEPS = frozenset({"demote_old_sleep", "demote_old_train"})
 
@@ -150,6 +155,8 @@ def steps_for(kind: str) -> tuple[str, ...]:
         return PROMOTE_STEPS
     if kind == OperationKind.DEMOTE:
         return DEMOTE_STEPS
+    if kind == OperationKind.DRILL:
+        return DRILL_STEPS
     # A typo must not silently run the demote plan.
     raise ValueError(f"unknown operation kind {kind!r}")
 

@@ -9,9 +9,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from fleets.core.policy import Policy
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES, OperationKind
-from fleets.errors import ServiceError
-from fleets.models import Fleet
+from fleets.errors import InvalidTarget, ServiceError
+from fleets.models import Domain, Fleet
+from fleets.reconciler.client import client_for
+from fleets.reconciler.golden import record_baselines
 from fleets.reconciler.tick import fleet_reconcile
 from fleets.selectors import domain_get
 from fleets.services.operations import operation_cancel_request, operation_request
@@ -112,3 +115,47 @@ def provision_move(*, fleet: Fleet, action: str, target: str, actor: str) -> Act
     if not moved:
         return ActionResult(True, 200, "unchanged", f"{domain.slug}: nothing to do")
     return ActionResult(True, 202, "accepted", done)
+
+
+def request_drill(*, fleet: Fleet, target: str | None, actor: str) -> ActionResult:
+    """Request a check-only drill of `target` (default: the standby a failover would take)."""
+    try:
+        result = operation_request(
+            fleet=fleet,
+            kind=OperationKind.DRILL,
+            target_domain_id=target,
+            actor=actor,
+            reason="manual_drill",
+        )
+    except ServiceError as exc:
+        return ActionResult(False, exc.status, exc.code, exc.message)
+    op_id = str(result.operation.id) if result.operation is not None else ""
+    how = "started" if result.created else "already in flight; joined"
+    return ActionResult(
+        True,
+        202,
+        "accepted",
+        f"drill of {result.target_slug} {how} (operation {op_id[:8]})",
+        op_id or None,
+    )
+
+
+def record_baseline(*, fleet: Fleet, target: str | None, actor: str) -> ActionResult:
+    """Record the golden baselines from `target` (default: the active), as the API does."""
+    try:
+        if target:
+            domain = domain_get(fleet, target)
+        elif fleet.active_domain_id is not None:
+            domain = Domain.objects.get(pk=fleet.active_domain_id)
+        else:
+            raise InvalidTarget("the fleet has no active domain")
+        done = record_baselines(
+            domain=domain,
+            policy=Policy.resolve(fleet.policy),
+            actor=actor,
+            client_for=client_for,
+        )
+    except ServiceError as exc:
+        return ActionResult(False, exc.status, exc.code, exc.message)
+    recorded = ", ".join(done.recorded) or "nothing new"
+    return ActionResult(True, 200, "recorded", f"baselines from {domain.slug}: {recorded}")

@@ -1,10 +1,10 @@
-"""Forms of the dashboard's action buttons (promote, demote, reconcile, cancel, ...)."""
+"""Forms of the dashboard's action buttons (promote, demote, reconcile, cancel, drill, ...)."""
 
 from __future__ import annotations
 
 from django import forms
 
-ACTIONS = ("promote", "demote", "reconcile", "provision", "stop", "cancel")
+ACTIONS = ("promote", "demote", "reconcile", "provision", "stop", "cancel", "drill", "baseline")
 
 
 class ActionForm(forms.Form):

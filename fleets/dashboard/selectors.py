@@ -33,6 +33,7 @@ from fleets.core.urls import without_userinfo
 from fleets.dashboard import chart as chart_mod
 from fleets.dashboard.allocation import gpu_allocations, plan_mismatches
 from fleets.dashboard.drift import drift_status, expected_fingerprint
+from fleets.dashboard.proof import proof_context
 from fleets.dashboard.report import (
     gpu_bars,
     report_error,
@@ -552,6 +553,7 @@ def fleet_page(fleet: Fleet, *, now: datetime) -> dict[str, Any]:
         "last_event_id": events[0]["id"] if events else 0,
         "chart": failover_chart(fleet, slugs),
         "generated_at": iso(now),
+        **proof_context(fleet, view, now),
     }
 
 

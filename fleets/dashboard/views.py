@@ -124,6 +124,10 @@ def fleet_action(request, slug: str, action: str):
         result = actions.cancel_operation(fleet=fleet, operation_id=target, actor=actor)
     elif action in ("provision", "stop"):
         result = actions.provision_move(fleet=fleet, action=action, target=target, actor=actor)
+    elif action == "drill":
+        result = actions.request_drill(fleet=fleet, target=target or None, actor=actor)
+    elif action == "baseline":
+        result = actions.record_baseline(fleet=fleet, target=target or None, actor=actor)
     else:
         kind = OperationKind.PROMOTE if action == "promote" else OperationKind.DEMOTE
         result = actions.request_operation(fleet=fleet, kind=kind, target=target, actor=actor)

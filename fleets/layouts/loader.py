@@ -43,6 +43,8 @@ from supervisor.strict_json import ConfigError as SupervisorConfigError
 from supervisor.wire import bounded_json
 
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
+# A model's golden-probe keys, kept as written in ModelBinding.golden.
+GOLDEN_KEYS = ("deterministic", "adapters")
 
 
 @dataclass
@@ -52,6 +54,8 @@ class ModelSpec:
     profile: dict[str, Any]
     # What the layout asks for: memoryMiB / memoryFraction / exclusive / sleepResidueMiB.
     memory: dict[str, Any] = field(default_factory=dict)
+    # The golden probe's settings: {deterministic?: false, adapters?: [...]}; empty: defaults.
+    golden: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -289,7 +293,8 @@ def parse_layout(data: Any) -> Layout:
                 memory = {k: m[k] for k in MEMORY_KEYS if k in m}
                 if "memoryMiB" in memory and "memoryFraction" in memory:
                     errors.append(f"{mpath}: give memoryMiB or memoryFraction, not both")
-                models.append(ModelSpec(m["name"], serving_url, profile, memory))
+                golden = {k: m[k] for k in GOLDEN_KEYS if k in m}
+                models.append(ModelSpec(m["name"], serving_url, profile, memory, golden))
             spec = {"sleepLevel": s.get("sleepLevel", 1)}
             for extra in ("gpuType", "topology"):
                 if extra in s:
@@ -433,6 +438,7 @@ def plan_slots(
                     m.profile, placed.gpu_indices, servers[m.name]["gpuMemoryUtilization"]
                 ),
                 m.memory,
+                m.golden,
             )
             for m in slot.models
         ]

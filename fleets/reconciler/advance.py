@@ -23,7 +23,7 @@ from fleets.core.states import (
     OperationState,
 )
 from fleets.models import Domain, Event, Id, Operation
-from fleets.reconciler import demote, promote
+from fleets.reconciler import demote, drill, promote
 from fleets.reconciler.cleanup import cleanup_run
 from fleets.reconciler.client import SupervisorClient
 from fleets.reconciler.steps import STEP_TIMEOUT, StepContext, StepResult
@@ -39,6 +39,7 @@ cleanup_after_failure = cleanup_run
 EXECUTORS: dict[str, Mapping[str, Callable[[StepContext], StepResult]]] = {
     OperationKind.PROMOTE: promote.EXECUTORS,
     OperationKind.DEMOTE: demote.EXECUTORS,
+    OperationKind.DRILL: drill.EXECUTORS,
 }
 # A runaway guard: seven promote steps, each recorded once, plus a start.
 _MAX_MOVES = 32
@@ -189,7 +190,9 @@ def _fail(
     if not operation_fail(operation_id=op.id, step=step, code=code, message=message, actor=actor):
         return
     log.warning("operation %s failed at %s: %s: %s", op.id, step, code, message)
-    if op.kind == OperationKind.PROMOTE:
+    if op.kind in (OperationKind.PROMOTE, OperationKind.DRILL):
         # operation_fail has committed the clean-up as pending; the supervisor calls run here,
         # outside any transaction, and the next tick finishes them if this worker dies first.
         cleanup_after_failure(operation=op, policy=ctx.policy, client_for=client_for, actor=actor)
+    if op.kind == OperationKind.DRILL:
+        drill.alert_failed(operation=op, step=step, code=code, message=message, actor=actor)

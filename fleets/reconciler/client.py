@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import urlencode
 
@@ -26,7 +26,12 @@ from fleets.reconciler import metrics
 from fleets.reconciler.deadline import DeadlineTransport, deadline
 from fleets.supervisor_tokens import LEGACY_TOKEN_ENV, credentials_for, warn_once
 from supervisor.wire import bounded_json, contract
-from supervisor.wire.shape import FEATURE_DRAIN, FEATURE_PROBE_MODELS, compact
+from supervisor.wire.shape import (
+    FEATURE_DRAIN,
+    FEATURE_PROBE_GOLDEN,
+    FEATURE_PROBE_MODELS,
+    compact,
+)
 
 if TYPE_CHECKING:
     from fleets.models import Domain
@@ -165,15 +170,22 @@ class ProbeResult:
     ok: bool
     latency_ms: int | None = None
     error: str | None = None
+    # Golden probes (feature probe.golden): the LoRA adapter probed (None: the base model),
+    # the answer text and the engine's version.
+    adapter: str | None = None
+    answer: str | None = None
+    engine_version: str | None = None
 
 
 @dataclass(frozen=True)
 class ProbeReport:
     ok: bool
     results: tuple[ProbeResult, ...]
+    # Whether the answers were asked for greedy and seeded: only then are they comparable.
+    golden: bool = False
 
-    def result(self, model: str) -> ProbeResult | None:
-        return next((r for r in self.results if r.model == model), None)
+    def result(self, model: str, adapter: str | None = None) -> ProbeResult | None:
+        return next((r for r in self.results if r.model == model and r.adapter == adapter), None)
 
 
 def _checked(schema: str, body: Any, where: str) -> dict[str, Any]:
@@ -235,7 +247,13 @@ def parse_probe(body: Any) -> ProbeReport:
     root = _checked("probe.response", body, "probe")
     results = tuple(
         ProbeResult(
-            model=r["model"], ok=r["ok"], latency_ms=int(r["latencyMs"]), error=r.get("error")
+            model=r["model"],
+            ok=r["ok"],
+            latency_ms=int(r["latencyMs"]),
+            error=r.get("error"),
+            adapter=r.get("adapter"),
+            answer=r.get("answer"),
+            engine_version=r.get("engineVersion"),
         )
         for r in root["results"]
     )
@@ -435,8 +453,15 @@ class SupervisorClient:
         timeout_ms: int,
         models: Sequence[str] | None,
         timeout: float,
+        seed: int | None = None,
+        adapters: Mapping[str, Sequence[str]] | None = None,
     ) -> Call[ProbeReport]:
         """Probe the named models (all when None).
+
+        `seed` asks for a golden probe and `adapters` for one probe per LoRA adapter; both go
+        only to a supervisor that advertises `probe.golden` (learned from a status read), and
+        the report says whether the answers were golden, so the caller can fall back to
+        "it answers" with one that does not.
 
         The selection always rides in the query, which the original supervisor reads (or, in
         its older releases, ignores and probes everything: the caller judges only its own
@@ -447,6 +472,25 @@ class SupervisorClient:
         body: dict[str, Any] = {"prompt": prompt, "maxTokens": max_tokens, "timeoutMs": timeout_ms}
         params = _model_selector(models)
         known = learned_features(self.base_url)
+        golden = seed is not None and FEATURE_PROBE_GOLDEN in (known or ())
+        if golden:
+            body["seed"] = seed
+            if adapters:
+                body["adapters"] = {m: list(names) for m, names in adapters.items() if names}
+        result = self._probe_call(body, params, models, known, timeout)
+        still = FEATURE_PROBE_GOLDEN in (learned_features(self.base_url) or ())
+        if golden and still and result.value is not None:
+            return Call(value=replace(result.value, golden=True), error=None)
+        return result
+
+    def _probe_call(
+        self,
+        body: dict[str, Any],
+        params: list[tuple[str, str]],
+        models: Sequence[str] | None,
+        known: frozenset[str] | None,
+        timeout: float,
+    ) -> Call[ProbeReport]:
         if models is None or (known is not None and FEATURE_PROBE_MODELS not in known):
             return self._call("probe", "POST", "/v1/probe", timeout, parse_probe, body, params)
         result = self._send(
@@ -454,8 +498,13 @@ class SupervisorClient:
         )
         if result.error is not None and result.error.status == 400:
             # Refused: an original supervisor, or ours replaced by one. Remember, resend once.
-            learn_features(self.base_url, (known or frozenset()) - {FEATURE_PROBE_MODELS})
-            return self._call("probe", "POST", "/v1/probe", timeout, parse_probe, body, params)
+            # Everything beyond the original contract goes, golden fields included.
+            learn_features(
+                self.base_url,
+                (known or frozenset()) - {FEATURE_PROBE_MODELS, FEATURE_PROBE_GOLDEN},
+            )
+            plain = {k: v for k, v in body.items() if k not in ("seed", "adapters")}
+            return self._call("probe", "POST", "/v1/probe", timeout, parse_probe, plain, params)
         if result.error is not None and self._on_error is not None:
             self._on_error("probe", result.error)
         return result

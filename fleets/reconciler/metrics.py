@@ -22,7 +22,10 @@ from fleets import clock
 from fleets.core.states import DomainState, OperationKind, OperationState
 from fleets.metrics import register_database_collector
 from fleets.models import Domain, Fleet, Operation
-from fleets.reconciler import history_metrics  # noqa: F401 - registers the step histograms
+from fleets.reconciler import (
+    history_metrics,  # noqa: F401 - registers the step histograms
+    readiness_metrics,  # noqa: F401 - registers readiness and recovery
+)
 
 log = logging.getLogger(__name__)
 

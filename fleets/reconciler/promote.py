@@ -7,9 +7,10 @@ the old active (the operation's recorded source) and never fail the operation.
 
 from __future__ import annotations
 
+from fleets.core.golden import PROBE_MISMATCH, Verdict
 from fleets.core.states import InferenceState, TrainingState
 from fleets.models import Domain, Event, Fleet, Operation
-from fleets.reconciler import posture
+from fleets.reconciler import golden, posture
 from fleets.reconciler.client import StatusReport, SupervisorClient
 from fleets.reconciler.steps import (
     CAS_LOST,
@@ -28,6 +29,7 @@ from fleets.reconciler.steps import (
     supervisor_trouble,
     training_slots,
 )
+from fleets.services.baselines import FIRST_SERVING, baseline_record
 from fleets.services.route_pointer import route_switch
 from fleets.services.transitions import slot_transition
 
@@ -196,7 +198,8 @@ def wake(ctx: StepContext) -> StepResult:
 
 
 def probe(ctx: StepContext) -> StepResult:
-    """Probe every bound model; any failure is final and routing never moves."""
+    """Golden-probe every bound model and LoRA adapter; any failure is final, routing never
+    moves. A woken model must reproduce its baseline answer (fleets.core.golden)."""
     slots, models = bound_inference(ctx.target)
     if not models:
         return failed(NO_INFERENCE_BINDINGS, f"domain {ctx.target.slug} has no model bindings")
@@ -204,14 +207,10 @@ def probe(ctx: StepContext) -> StepResult:
     if client is None:
         return _no_supervisor(ctx)
     timeout = ctx.call_timeout()
+    targets = golden.targets_of(ctx.target)
     # The supervisor must answer before our own call gives up on it.
-    probe_ms = max(50, int(timeout * 900))
-    result = client.probe(
-        prompt=ctx.policy.probe_prompt,
-        max_tokens=ctx.policy.probe_max_tokens,
-        timeout_ms=probe_ms,
-        models=models,
-        timeout=timeout,
+    result = golden.ask(
+        client, targets, ctx.policy, timeout=timeout, timeout_ms=max(50, int(timeout * 900))
     )
     probed = result.value
     if probed is None:
@@ -219,15 +218,25 @@ def probe(ctx: StepContext) -> StepResult:
             # The supervisor does not serve a bound model: no retry will change that.
             return failed(PROBE_FAILED, f"probe: {result.error.message}")
         return supervisor_trouble(result, on_target=True, what="probe")
-    problems = []
-    for name in models:
-        r = probed.result(name)
-        if r is None:
-            problems.append(f"{name}: not probed")
-        elif not r.ok:
-            problems.append(f"{name}: {r.error or 'failed'}")
+    judged = golden.judge_all(ctx.operation.fleet_id, targets, probed, ctx.policy)
+    problems = [j.message for _, j in judged if j.verdict == Verdict.FAILED]
     if problems:
         return failed(PROBE_FAILED, "probe failed: " + "; ".join(problems))
+    mismatched = [j.message for _, j in judged if j.verdict == Verdict.MISMATCH]
+    if mismatched:
+        return failed(
+            PROBE_MISMATCH, "answer differs from its golden baseline: " + "; ".join(mismatched)
+        )
+    # The first serving of this profile and engine: what it answers now is the baseline.
+    baseline_record(
+        fleet_id=ctx.operation.fleet_id,
+        domain_id=ctx.target.id,
+        baselines=golden.unrecorded(judged),
+        reason=FIRST_SERVING,
+        actor=ctx.actor,
+        operation_id=ctx.operation.id,
+        replace=False,
+    )
     for slot in slots:
         paths: dict[str, tuple[InferenceState, ...]] = {
             InferenceState.WAKING: (InferenceState.PROBING, InferenceState.SERVING),
@@ -245,8 +254,10 @@ def probe(ctx: StepContext) -> StepResult:
                 operation_id=ctx.operation.id,
             )
             current = to_state
-    latencies = {r.model: r.latency_ms for r in probed.results if r.model in models}
-    return done(latencyMs=latencies)
+    latencies = {
+        r.model: r.latency_ms for r in probed.results if r.model in models and r.adapter is None
+    }
+    return done(latencyMs=latencies, golden=golden.summary(judged))
 
 
 def switch_route(ctx: StepContext) -> StepResult:

@@ -6,9 +6,11 @@
 4. detect failover: a lost active pre-empts an in-flight operation that cannot lead to a
    serving domain (fleets.core.preemption), then the promotion is requested
    (`reason="auto_failover"`), passing over standbys still backing off after failed attempts;
+   with nothing in flight, restore a returned standby's posture, then request a drill that is
+   due;
 5. advance the in-flight operation through every step that completes at once;
-6. finish the clean-ups of failed or cancelled promotions still pending (a cancel from the API,
-   a pre-emption, or a worker that died right after a failure).
+6. finish the clean-ups of failed or cancelled promotions and drills still pending (a cancel
+   from the API, a pre-emption, or a worker that died right after a failure).
 
 `tick_run` wraps it in the fleet's tick lease; `fleet_tick` is the bare tick (safe to run
 concurrently: every write is a conditional UPDATE; the race tests run it from 8 threads).
@@ -24,6 +26,7 @@ from datetime import datetime, timedelta
 
 from fleets import clock
 from fleets.core.backoff import held_targets
+from fleets.core.drills import DrillSchedule, drill_due
 from fleets.core.failover import (
     RESTORE_RETRY_AFTER_MS,
     FailoverDecision,
@@ -151,6 +154,7 @@ def fleet_tick(
     if not in_flight:
         _maybe_fail_over(fleet, view, now, held, actor)
         _maybe_restore_standby(fleet, now, actor)
+        _maybe_drill(fleet, now, actor)
 
     # 5. Advance whatever is in flight now (including a promotion created just above).
     advance = operation_advance(
@@ -239,6 +243,35 @@ def _maybe_fail_over(
                 "detectedAt": clock.iso(now),
             },
         )
+
+
+def _maybe_drill(fleet: Fleet, now: datetime, actor: str) -> None:
+    """Request the scheduled drill when it is due; a refusal (something degraded, an operation
+    in flight, no viable standby) just waits for a later tick inside the window."""
+    schedule = DrillSchedule(
+        fleet.drill_interval_minutes, fleet.drill_window_start, fleet.drill_window_end
+    )
+    if not schedule.enabled:
+        return
+    last = (
+        Operation.objects.filter(fleet_id=fleet.id, kind=OperationKind.DRILL)
+        .order_by("-created_at")
+        .values_list("created_at", flat=True)
+        .first()
+    )
+    if not drill_due(schedule, last, now):
+        return
+    try:
+        operation_request(
+            fleet=fleet,
+            kind=OperationKind.DRILL,
+            target_domain_id=None,
+            actor=actor,
+            reason="scheduled_drill",
+        )
+    except (OperationConflict, InvalidTarget) as exc:
+        # Debug: while the fleet is degraded this repeats on every tick of the window.
+        log.debug("fleet %s: scheduled drill not started: %s", fleet.slug, exc)
 
 
 def _maybe_restore_standby(fleet: Fleet, now: datetime, actor: str) -> None:

@@ -185,6 +185,7 @@ def _apply(layout: Layout, prune: bool, report: LayoutReport, actor: str) -> Non
                     "serving_url": m.serving_url,
                     "profile": m.profile,
                     "memory": m.memory,
+                    "golden": m.golden,
                 }
                 if d.driver and not m.serving_url and binding is not None:
                     del bvalues["serving_url"]  # set from the cluster at provisioning
@@ -338,6 +339,7 @@ def _export_slot(s: Slot, planned: bool, provisioned: bool) -> dict[str, Any]:
                 # The need came from the profile's own fraction; keep it as the request.
                 memory["memoryFraction"] = granted[b.name]["gpuMemoryUtilization"]
         m.update(_ordered(memory))
+        m.update({k: b.golden[k] for k in ("deterministic", "adapters") if k in b.golden})
         if profile:
             m["profile"] = _ordered(profile)
         models.append(m)

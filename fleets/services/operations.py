@@ -19,6 +19,7 @@ from django.db.models import Q, Subquery
 
 from fleets import clock
 from fleets.core.decisions import decide_demotion, decide_promotion
+from fleets.core.drills import decide_drill
 from fleets.core.states import (
     IN_FLIGHT_OPERATION_STATES,
     CleanupState,
@@ -62,20 +63,36 @@ def operation_request(
     *,
     fleet: Fleet,
     kind: str,
-    target_domain_id: str,
+    target_domain_id: str | None,
     actor: str = "api",
     reason: str = "manual",
     detected_at: datetime | None = None,
 ) -> RequestResult:
-    """Create a promote/demote operation, or join the in-flight one with the same kind/target.
+    """Create a promote/demote/drill operation, or join the in-flight one with the same kind
+    and target.
 
-    `target_domain_id` is a domain id or slug; the core's decision resolves it, once. Raises
+    `target_domain_id` is a domain id or slug (None for a drill: the standby a failover would
+    take); the core's decision resolves it, once. Raises
     InvalidTarget when the core refuses the target and OperationConflict when another operation
     is in flight.
     """
     view = fleet_view(fleet)
-    decide = decide_promotion if kind == OperationKind.PROMOTE else decide_demotion
-    decision = decide(view, str(target_domain_id))
+    if kind == OperationKind.DRILL:
+        moving = Operation.objects.filter(
+            fleet_id=fleet.id, state__in=IN_FLIGHT_OPERATION_STATES
+        ).first()
+        if moving is not None and moving.kind != OperationKind.DRILL:
+            # Said first and plainly: a drill never competes with a real operation.
+            raise OperationConflict(
+                f"no drill while an operation is in flight: {moving.kind} of domain "
+                f"{moving.target_domain_slug} (operation {moving.id}, state {moving.state})",
+                operation=moving,
+            )
+        ref = str(target_domain_id) if target_domain_id else None
+        decision = decide_drill(view, ref, clock.now())
+    else:
+        decide = decide_promotion if kind == OperationKind.PROMOTE else decide_demotion
+        decision = decide(view, str(target_domain_id))
     if decision.outcome == "reject" or decision.target is None:
         raise InvalidTarget(decision.message)
     target = decision.target
@@ -255,7 +272,9 @@ def operation_fail(
     check_transition("operation", op["state"], OperationState.FAILED)
     now = clock.now()
     error = {"step": step, "code": code, "message": message}
-    promotion = op["kind"] == OperationKind.PROMOTE
+    # A promotion or a drill may have woken its target: both leave a clean-up to restore
+    # standby posture.
+    promotion = op["kind"] in (OperationKind.PROMOTE, OperationKind.DRILL)
     with transaction.atomic():
         moved = Operation.objects.filter(
             pk=operation_id,
@@ -339,7 +358,9 @@ def operation_cancel(
         if op is None or op["state"] not in IN_FLIGHT_OPERATION_STATES:
             return False
         check_transition("operation", op["state"], OperationState.CANCELLED)
-        promotion = op["kind"] == OperationKind.PROMOTE
+        # A promotion or a drill may have woken its target: both leave a clean-up to restore
+        # standby posture.
+        promotion = op["kind"] in (OperationKind.PROMOTE, OperationKind.DRILL)
         error = {"step": op["current_step"], "code": reason, "message": message[:_MAX_MESSAGE]}
         with transaction.atomic():
             moved = Operation.objects.filter(

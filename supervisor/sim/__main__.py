@@ -43,6 +43,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[SimOptions, str]:
         default=os.environ.get("VLLM_API_KEY") or None,
         help="like vLLM's: inference routes need this bearer key (default $VLLM_API_KEY)",
     )
+    p.add_argument(
+        "--lora-modules",
+        nargs="*",
+        default=[],
+        metavar="NAME=PATH",
+        help="as vLLM's: LoRA adapters served under their own names (the path is not read)",
+    )
     p.add_argument("--log-level", default="warning")
     backends.add_arguments(p)
     a = p.parse_args(argv)
@@ -65,6 +72,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[SimOptions, str]:
         load_ms=a.load_ms,
         reply=a.reply,
         echo=a.echo,
+        lora_modules=tuple(m.split("=", 1)[0] for m in a.lora_modules),
         start_asleep=a.start_asleep,
         max_model_len=a.max_model_len,
         server_load_tracking=a.enable_server_load_tracking,

@@ -37,7 +37,14 @@ FAULT_NAMES = {
     "inference5xx": "inference_5xx",
     "isSleepingGarbage": "is_sleeping_garbage",
     "crash": "crash",
+    # The failures a golden probe exists to catch (vLLM issue 53888): a wake after which the
+    # model answers differently, or after which its LoRA adapters silently stop applying.
+    # Each takes effect at the next wake and lasts until the engine is reset.
+    "answerDriftsAfterWake": "answer_drifts_after_wake",
+    "adaptersLostAfterWake": "adapters_lost_after_wake",
 }
+# What `GET /version` answers, as vLLM's does: golden fingerprints are kept per engine version.
+SIM_ENGINE_VERSION = "sim-1"
 
 
 @dataclass
@@ -56,6 +63,8 @@ class SimOptions:
     load_ms: int = 0
     reply: str | None = None
     echo: bool = False
+    # As vLLM's --lora-modules NAME=PATH: extra served names, each answering in its own way.
+    lora_modules: tuple[str, ...] = ()
     start_asleep: bool = False
     max_model_len: int = 4096
     server_load_tracking: bool = False
@@ -74,6 +83,8 @@ class Faults:
     inference_5xx: bool = False
     is_sleeping_garbage: bool = False
     crash: bool = False
+    answer_drifts_after_wake: bool = False
+    adapters_lost_after_wake: bool = False
 
     def to_json(self) -> dict[str, bool]:
         return {wire: getattr(self, attr) for wire, attr in FAULT_NAMES.items()}
@@ -139,6 +150,9 @@ class SimEngine:
         self._transition = asyncio.Lock()
         self._faults_changed = asyncio.Event()
         self.reply = options.reply or f"Hello from {options.model}, a simulated model server."
+        # Set by a wake while the matching fault is on (see FAULT_NAMES); cleared by a reset.
+        self.drifted = False
+        self.adapters_lost = False
 
     # -- memory ---------------------------------------------------------------------------------
 
@@ -202,6 +216,8 @@ class SimEngine:
                     self.sleeping = False
                     self.sleep_level = None
                     self.stats.wakes += 1
+                    self.drifted |= self.faults.answer_drifts_after_wake
+                    self.adapters_lost |= self.faults.adapters_lost_after_wake
                     self.register_memory()
                     self.resumed.set()
                     log.info("%s: awake", self.options.model)
@@ -215,6 +231,20 @@ class SimEngine:
             return None
         async with self._transition:
             return await asyncio.to_thread(self.backend.describe, checksum=checksum)
+
+    def serves(self, name: object) -> bool:
+        """Whether `name` is the served model or one of its LoRA adapters."""
+        return name == self.options.model or name in self.options.lora_modules
+
+    def reply_for(self, name: str) -> str:
+        """The answer for the model or adapter `name`: fixed, so deterministic by construction,
+        unless a fault made a wake change it."""
+        base = self.reply
+        if self.drifted:
+            base = f"Drifted after wake: {base}"
+        if name != self.options.model and not self.adapters_lost:
+            return f"{base} Adapter {name} applied."
+        return base
 
     def generation_started(self) -> asyncio.Event:
         """Count a generation in; return the event that aborts it."""
@@ -346,6 +376,9 @@ def build_app(engine: SimEngine) -> Starlette:
             }
         )
 
+    async def version(request: Request) -> Response:
+        return JSONResponse({"version": SIM_ENGINE_VERSION})
+
     async def load(request: Request) -> Response:
         # As vLLM: the count only with --enable-server-load-tracking, otherwise always 0.
         tracked = engine.options.server_load_tracking
@@ -468,6 +501,7 @@ def build_app(engine: SimEngine) -> Starlette:
         engine.stats = Stats(inflight=engine.stats.inflight)
         engine.last_request = None
         engine.set_faults({k: False for k in FAULT_NAMES})
+        engine.drifted = engine.adapters_lost = False
         return JSONResponse({"ok": True})
 
     @asynccontextmanager
@@ -497,6 +531,7 @@ def build_app(engine: SimEngine) -> Starlette:
             Route("/wake_up", wake_up, methods=["POST"]),
             Route("/is_sleeping", is_sleeping, methods=["GET"]),
             Route("/load", load, methods=["GET"]),
+            Route("/version", version, methods=["GET"]),
             Route("/_sim/faults", faults, methods=["GET", "POST"]),
             Route("/_sim/stats", stats, methods=["GET"]),
             Route("/_sim/backend", backend, methods=["GET"]),

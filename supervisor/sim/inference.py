@@ -108,11 +108,11 @@ class InferenceEndpoint:
         completion = replies.plan_completion(
             request_id=engine.next_id("chatcmpl" if self.chat else "cmpl"),
             created=int(time.time()),
-            model=engine.options.model,
+            model=admitted["model"],
             body=body,
             payload=admitted,
             chat=self.chat,
-            reply=engine.reply,
+            reply=engine.reply_for(admitted["model"]),
             echo=engine.options.echo,
         )
         abort = engine.generation_started()
@@ -141,7 +141,7 @@ class InferenceEndpoint:
             return 400, replies.openai_error("body is not valid JSON", "BadRequestError", 400)
         if not isinstance(payload, dict):
             return 400, replies.openai_error("body must be an object", "BadRequestError", 400)
-        if payload.get("model") != engine.options.model:
+        if not engine.serves(payload.get("model")):
             # vLLM's own wording and envelope, so a proxy passing it through is tested on it.
             message = (
                 f"The model `{payload.get('model')}` does not exist. "

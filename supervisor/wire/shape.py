@@ -15,7 +15,10 @@ NULLABLE_KEYS = frozenset({"sleeping"})
 # control plane can learn it before using it (the original refuses unknown request fields).
 FEATURE_PROBE_MODELS = "probe.models"
 FEATURE_DRAIN = "sleep.drain"
-FEATURES = (FEATURE_PROBE_MODELS, FEATURE_DRAIN)
+# The probe body's `seed` and `adapters`: golden probes (greedy, seeded, answers returned) and
+# one probe per LoRA adapter.
+FEATURE_PROBE_GOLDEN = "probe.golden"
+FEATURES = (FEATURE_PROBE_MODELS, FEATURE_DRAIN, FEATURE_PROBE_GOLDEN)
 
 
 def compact(value: Any) -> Any:

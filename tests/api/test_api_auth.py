@@ -22,6 +22,9 @@ ROUTES = [
     ("post", "/v1/fleets/demo/promote"),
     ("post", "/v1/fleets/demo/demote"),
     ("get", "/v1/fleets/demo/operations"),
+    ("get", "/v1/fleets/demo/baselines"),
+    ("get", "/v1/fleets/demo/recovery"),
+    ("post", "/v1/fleets/demo/drill"),
     ("post", "/v1/fleets/demo/domains/west/provision"),
     ("post", "/v1/fleets/demo/domains/west/stop"),
     ("get", f"/v1/operations/{OP_ID}"),
@@ -82,8 +85,14 @@ def test_route_with_a_wrong_token_is_401(
 
 
 # Provision and stop refuse the demo's static domains (409); tests/api/test_api_provisioning.py.
+# A drill needs a standby with a fresh heartbeat (422 here); tests/api/test_api_drills.py.
 @pytest.mark.parametrize(
-    ("method", "url"), [r for r in ROUTES if "reconcile" not in r[1] and "/domains/" not in r[1]]
+    ("method", "url"),
+    [
+        r
+        for r in ROUTES
+        if "reconcile" not in r[1] and "/domains/" not in r[1] and "/drill" not in r[1]
+    ],
 )
 def test_route_with_the_token_is_served(seeded_fleet, client_with_token, method, url):
     response = call(client_with_token, method, url)

@@ -127,7 +127,19 @@ def test_unknown_fleet_is_a_404_envelope(seeded_fleet, client_with_token, envelo
 def test_route_intent_names_the_active_and_ranked_standbys(seeded_fleet, client_with_token):
     body = client_with_token.get("/v1/fleets/demo/route-intent").json()
     east, west = Domain.objects.get(slug="east"), Domain.objects.get(slug="west")
-    assert set(body) == {"fleetId", "fleetSlug", "revision", "generatedAt", "active", "standbys"}
+    assert set(body) == {
+        "fleetId",
+        "fleetSlug",
+        "revision",
+        "generatedAt",
+        "active",
+        "standbys",
+        "failoverReadiness",
+    }
+    # Never heard from: the standby is not viable, and the verdict says so.
+    readiness = body["failoverReadiness"]
+    assert readiness["verdict"] == "not_ready" and readiness["standby"] == "west"
+    assert readiness["reasons"][0]["message"] == "west has never answered a heartbeat"
     assert (body["fleetId"], body["fleetSlug"], body["revision"]) == (
         str(seeded_fleet.id),
         "demo",

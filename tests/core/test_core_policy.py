@@ -61,6 +61,9 @@ def test_defaults_match_the_design():
         "stopMode": "down",
         "failoverBackoffMs": 15000,
         "failoverBackoffMaxMs": 300000,
+        "checkpointMaxAgeMs": 3600000,
+        "drillMaxAgeMs": 604800000,
+        "rtoMs": 300000,
     }
 
 
@@ -117,9 +120,14 @@ def test_resolve_maps_every_camel_case_key_to_its_field():
         "replaceFailedStandby": False,
         "replaceFailedActive": False,
         "stopMode": "stop",
+        "checkpointMaxAgeMs": 60000,
+        "drillMaxAgeMs": 86400000,
+        "rtoMs": 45000,
     }
     policy = Policy.resolve(raw)
     assert policy.to_json() == raw
+    assert (policy.checkpoint_max_age_ms, policy.drill_max_age_ms) == (60000, 86400000)
+    assert policy.rto_ms == 45000
     assert policy.heartbeat_stale_ms == 1000
     assert policy.restore_standby_on_return is False
     assert policy.start_training_timeout_ms == 1009

@@ -11,8 +11,9 @@ import pytest
 from django.conf import settings
 from django.test import Client
 
+from fleets import clock
 from fleets.models import Domain, Event, Operation
-from fleets.services.operations import operation_request, operation_start
+from fleets.services.operations import operation_fail, operation_request, operation_start
 from tests.drivers.managed_layout import seed_managed_fleet
 
 pytestmark = pytest.mark.django_db
@@ -263,3 +264,47 @@ def test_login_page_prints_the_createsuperuser_command_of_this_installation(clie
     )
     assert f"<code>{expected} manage.py createsuperuser</code>" in page
     assert str(settings.BASE_DIR) not in page  # no absolute paths on a public page
+
+
+def test_the_fleet_page_shows_the_verdict_and_a_failed_drill_in_red(staff_client, seeded_fleet):
+    page = staff_client.get("/fleets/demo/").content.decode()
+    # Never heard from: no viable standby, and the page says why.
+    assert 'data-readiness="not_ready"' in page
+    assert "west has never answered a heartbeat" in page
+    assert 'data-drill-state="none"' in page
+
+    Domain.objects.filter(fleet=seeded_fleet).update(last_seen_at=clock.now())
+    drill = operation_request(fleet=seeded_fleet, kind="drill", target_domain_id=None).operation
+    operation_start(operation_id=drill.id)
+    operation_fail(
+        operation_id=drill.id, step="probe", code="probe_mismatch", message="qwen: expected x"
+    )
+    page = staff_client.get("/fleets/demo/live/").content.decode()
+    assert "drill-panel drill-failed" in page and 'data-drill-state="failed"' in page
+    assert "the last drill failed: probe_mismatch: qwen: expected x" in page
+
+
+def test_a_drill_from_the_dashboard_is_refused_with_the_apis_message_while_in_flight(
+    staff_client, seeded_fleet
+):
+    operation_request(fleet=seeded_fleet, kind="promote", target_domain_id=_west(seeded_fleet).id)
+    response = staff_client.post(
+        "/fleets/demo/actions/drill/", {"confirm": "on"}, HTTP_ACCEPT="application/json"
+    )
+    assert response.status_code == 409
+    assert response.json()["error"]["message"].startswith(
+        "no drill while an operation is in flight: promote of domain west"
+    )
+    assert not Operation.objects.filter(kind="drill").exists()
+
+
+def test_recording_a_baseline_from_a_sleeping_standby_is_refused_on_the_page(
+    staff_client, seeded_fleet
+):
+    response = staff_client.post(
+        "/fleets/demo/actions/baseline/",
+        {"target": "west", "confirm": "on"},
+        HTTP_ACCEPT="application/json",
+    )
+    assert response.status_code == 422
+    assert "west is not serving" in response.json()["error"]["message"]

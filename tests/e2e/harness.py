@@ -103,12 +103,15 @@ class SimHost:
         start_asleep: bool = False,
         weights_mib: int = 6144,
         planned_memory: bool = False,
+        adapters: dict[str, list[str]] | None = None,
     ) -> None:
         self.name = name
         self.dir = workdir / name
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.model_ports = {m: free_port() for m in MODELS}
+        # LoRA adapters each model serves (the sim answers them by name, as vLLM does).
+        self.adapters = adapters or {}
         self.checkpoints = self.dir / "checkpoints"
         self.log_path = self.dir / "supervisor.log"
         self.proc: subprocess.Popen | None = None
@@ -137,7 +140,17 @@ class SimHost:
                         {
                             "name": m,
                             "port": p,
-                            "profile": {"engine": "sim", "extraArgs": engine_args},
+                            "profile": {
+                                "engine": "sim",
+                                "extraArgs": [
+                                    *engine_args,
+                                    *(
+                                        ["--lora-modules", *(f"{a}=/dev/null" for a in names)]
+                                        if (names := self.adapters.get(m))
+                                        else []
+                                    ),
+                                ],
+                            },
                             # As `manage.py supervisor_config` writes them from the plan.
                             **(
                                 {"memoryMiB": weights_mib + 768, "sleepResidueMiB": 768}
@@ -190,7 +203,11 @@ class SimHost:
                     "gpuIndex": 0,
                     "sleepLevel": 1,
                     "models": [
-                        {"name": m, "servingUrl": f"http://127.0.0.1:{p}"}
+                        {
+                            "name": m,
+                            "servingUrl": f"http://127.0.0.1:{p}",
+                            **({"adapters": self.adapters[m]} if m in self.adapters else {}),
+                        }
                         for m, p in self.model_ports.items()
                     ],
                 },

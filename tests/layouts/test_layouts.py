@@ -557,3 +557,33 @@ def test_seed_layout_prints_a_clear_error_for_hostile_json(tmp_path):
     path.write_text("[" * 100_000)
     with pytest.raises(CommandError, match=r"refused, nothing written:\n  .*nested deeper than"):
         call_command("seed_layout", "--config", str(path))
+
+
+@pytest.mark.django_db
+def test_golden_probe_settings_are_stored_per_binding_and_exported_back(layout_data):
+    data = copy.deepcopy(layout_data)
+    qwen = data["domains"][0]["slots"][0]["models"][1]
+    assert qwen["name"] == "qwen-small"
+    qwen.update(deterministic=False, adapters=["qwen-sql", "qwen-chat"])
+    layout_apply(layout=parse_layout(data))
+    fleet = Fleet.objects.get()
+    binding = ModelBinding.objects.get(domain__slug="east", name="qwen-small")
+    assert binding.golden == {"deterministic": False, "adapters": ["qwen-sql", "qwen-chat"]}
+    assert ModelBinding.objects.get(domain__slug="east", name="llama-small").golden == {}
+    exported = layout_export(fleet)
+    again = exported["domains"][0]["slots"][0]["models"][1]
+    assert (again["deterministic"], again["adapters"]) == (False, ["qwen-sql", "qwen-chat"])
+    report = layout_apply(layout=parse_layout(exported))
+    assert report.updated == []
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("adapters", "qwen-sql"), ("adapters", [""]), ("adapters", ["a", "a"]), ("deterministic", 0)],
+)
+def test_bad_golden_probe_settings_are_refused(layout_data, field, value):
+    data = copy.deepcopy(layout_data)
+    data["domains"][0]["slots"][0]["models"][1][field] = value
+    with pytest.raises(LayoutError) as caught:
+        parse_layout(data)
+    assert any(f".models[1].{field}" in e for e in caught.value.errors), caught.value.errors

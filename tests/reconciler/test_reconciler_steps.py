@@ -330,7 +330,9 @@ def test_probe_falls_back_once_and_remembers_it_for_that_supervisor(promotion, h
     for _ in range(2):
         result = promote.probe(ctx_for(at_step(promotion, "probe")))
         assert result.done, result.message
-    with_models = ["maxTokens", "models", "prompt", "timeoutMs"]
+    # The promotion's earlier status reads learned ours (probe.models, probe.golden); the
+    # original that replaced it refuses both, and the resend carries neither.
+    with_models = ["maxTokens", "models", "prompt", "seed", "timeoutMs"]
     without = ["maxTokens", "prompt", "timeoutMs"]
     assert seen == [with_models, without, without]  # the second probe asks once
     assert probe_errors() == before  # the refused first try is not a supervisor error

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -252,6 +253,10 @@ class FakeServerState:
     api_key: str | None = None
     calls: list[str] = field(default_factory=list)
     sleep_queries: list[str] = field(default_factory=list)
+    # What GET /version answers (vLLM's); None: 404, like an engine that does not say.
+    version: str | None = None
+    # Every chat completion body received, parsed (a golden probe's fields are checked on it).
+    chat_bodies: list[Any] = field(default_factory=list)
 
 
 class FakeModelServers:
@@ -295,7 +300,10 @@ class FakeModelServers:
             return httpx.Response(200, json={"is_sleeping": value})
         if path == "/health":
             return httpx.Response(200)
+        if path == "/version" and server.version is not None:
+            return httpx.Response(200, json={"version": server.version})
         if path == "/v1/chat/completions":
+            server.chat_bodies.append(json.loads(request.content or b"{}"))
             if (
                 server.api_key
                 and request.headers.get("authorization") != f"Bearer {server.api_key}"

@@ -228,6 +228,52 @@ def test_probe_validates_its_body(setup):
     assert client.post("/v1/probe", json={"prompt": "x" * 9000}).status_code == 400
 
 
+def test_a_golden_probe_is_greedy_and_seeded_and_returns_each_answer_and_the_engine(api):
+    state = servers(p18001={"reply": "Hello qwen", "version": "0.11.2"})
+    under_test = api(CONFIG, servers=state)
+    with checked_client(under_test.app) as client:
+        status = client.get("/v1/status").json()
+        assert "probe.golden" in status["features"]
+        body = client.post(
+            "/v1/probe",
+            json={"models": ["qwen-small"], "seed": 1337, "adapters": {"qwen-small": ["sql"]}},
+        ).json()
+    assert body["ok"] is True
+    base, sql = body["results"]
+    assert base == {**base, "model": "qwen-small", "answer": "Hello qwen"}
+    assert "adapter" not in base and base["engineVersion"] == "0.11.2"
+    assert sql == {**sql, "model": "qwen-small", "adapter": "sql", "answer": "Hello qwen"}
+    sent = state[18001].chat_bodies
+    assert sorted(b["model"] for b in sent) == ["qwen-small", "sql"]  # the adapter by name
+    assert all(b["temperature"] == 0 and b["seed"] == 1337 for b in sent)
+
+
+def test_a_plain_probe_sends_no_sampling_fields_and_returns_no_answer(api):
+    state = servers()
+    under_test = api(CONFIG, servers=state)
+    with checked_client(under_test.app) as client:
+        body = client.post("/v1/probe", json={"models": ["big"]}).json()
+    assert "answer" not in body["results"][0] and "engineVersion" not in body["results"][0]
+    assert "seed" not in state[18003].chat_bodies[0]
+    assert "temperature" not in state[18003].chat_bodies[0]
+
+
+@pytest.mark.parametrize(
+    "adapters",
+    [["sql"], {"qwen-small": "sql"}, {"qwen-small": [""]}, {"qwen-small": ["a"] * 17}],
+)
+def test_a_bad_adapter_selection_is_refused(setup, adapters):
+    client, _ = setup
+    response = client.post("/v1/probe", json={"seed": 1, "adapters": adapters})
+    assert response.status_code == 400
+    assert response.json()["error"]["message"].startswith("adapters")
+
+
+def test_a_negative_seed_is_refused(setup):
+    client, _ = setup
+    assert client.post("/v1/probe", json={"seed": -1}).status_code == 400
+
+
 def test_probe_of_a_model_the_host_does_not_serve_fails_that_model_only(setup):
     client, _ = setup
     body = client.post("/v1/probe", json={"models": ["qwen-small", "nope"]}).json()

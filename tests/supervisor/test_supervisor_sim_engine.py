@@ -259,3 +259,43 @@ def test_crash_fault_kills_the_process_and_its_memory_goes_with_it(processes, to
     httpx.post(f"{sim.url}/_sim/faults", json={"crash": True}, timeout=5)
     assert sim.proc.wait(timeout=5) == 70
     assert state.used_mib(0) == 0
+
+
+@pytest.fixture(scope="module")
+def with_lora(module_processes, tools):
+    """An engine serving a LoRA adapter, as vLLM's --lora-modules does."""
+    return tools.start_sim(module_processes, "qwen-small", "--lora-modules", "qwen-sql=/dev/null")
+
+
+def _answer(c: httpx.Client, model: str) -> str:
+    body = chat(model, "ping", temperature=0, seed=1337, max_tokens=32)
+    response = c.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]["message"]["content"]
+
+
+def test_the_sim_answers_the_same_until_a_fault_makes_a_wake_change_it(with_lora):
+    with httpx.Client(base_url=with_lora.url, timeout=10, trust_env=False) as c:
+        c.post("/_sim/reset")
+        c.post("/wake_up")
+        assert c.get("/version").json() == {"version": "sim-1"}
+        base, sql = _answer(c, "qwen-small"), _answer(c, "qwen-sql")
+        assert sql == f"{base} Adapter qwen-sql applied."
+        assert (_answer(c, "qwen-small"), _answer(c, "qwen-sql")) == (base, sql)  # deterministic
+
+        # The faults take effect at the next wake, not before.
+        c.post("/_sim/faults", json={"adaptersLostAfterWake": True})
+        assert _answer(c, "qwen-sql") == sql
+        c.post("/sleep?level=1")
+        c.post("/wake_up")
+        assert _answer(c, "qwen-sql") == base  # the adapter silently stopped applying
+        assert _answer(c, "qwen-small") == base
+
+        c.post("/_sim/faults", json={"answerDriftsAfterWake": True})
+        c.post("/sleep?level=1")
+        c.post("/wake_up")
+        assert _answer(c, "qwen-small") == f"Drifted after wake: {base}"
+
+        c.post("/_sim/reset")
+        assert _answer(c, "qwen-sql") == sql
+        assert c.post("/v1/chat/completions", json=chat("other", "ping")).status_code == 404

@@ -1,0 +1,244 @@
+"""Can we fail over right now? One verdict, and every reason behind it with its age.
+
+`not_ready`: a failover now would fail (no viable standby, or the memory its wake needs is
+taken). `at_risk`: it would probably work, but something that proves it is missing or stale
+(models awake on the standby, no golden baseline, a trainer that stopped checkpointing, no
+recent passing drill, facts not known). `ready`: every check passed, on facts this fresh.
+
+Pure: the caller gathers the facts (fleets/readiness.py) and supplies the clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from fleets.core.failover import is_stale, is_viable_standby, rank_standbys
+from fleets.core.read_model import DomainView, FleetView
+from fleets.core.states import InferenceState, SlotKind
+
+READY = "ready"
+AT_RISK = "at_risk"
+NOT_READY = "not_ready"
+VERDICTS = (READY, AT_RISK, NOT_READY)
+
+# The checks, in the order the fleet page lists them.
+STANDBY = "standby"
+MODELS_ASLEEP = "modelsAsleep"
+BASELINES = "baselines"
+WAKE_MEMORY = "wakeMemory"
+TRAINER = "trainer"
+DRILL = "drill"
+# A failed check of these means a failover now would fail; of the others, that it is unproven.
+_BLOCKING = frozenset({STANDBY, WAKE_MEMORY})
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    index: int
+    used_mib: float
+    total_mib: float
+
+
+@dataclass(frozen=True)
+class TrainerFacts:
+    gpu_index: int
+    state: str  # the supervisor's: idle, running, stopping ("unknown" when not reported)
+    last_checkpoint_at: datetime | None
+
+
+@dataclass(frozen=True)
+class StandbyFacts:
+    """What the database knows of one standby beyond its DomainView."""
+
+    gpus: tuple[GpuFacts, ...] = ()
+    gpus_read_at: datetime | None = None
+    # GPU index -> MiB its wake restores (the plan's need less the sleep residue); empty when
+    # the layout plans no memory, so the need is unknown.
+    wake_mib: Mapping[int, float] | None = None
+    trainers: tuple[TrainerFacts, ...] = ()
+    missing_baselines: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class DrillFacts:
+    finished_at: datetime
+    passed: bool
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Reason:
+    check: str
+    ok: bool | None  # None: not known
+    message: str
+    at: datetime | None = None  # when the fact was observed
+
+    def to_json(self, now: datetime) -> dict[str, Any]:
+        return {
+            "check": self.check,
+            "ok": self.ok,
+            "message": self.message,
+            "at": self.at.isoformat() if self.at else None,
+            "ageMs": _age_ms(self.at, now) if self.at else None,
+        }
+
+
+@dataclass(frozen=True)
+class Readiness:
+    verdict: str
+    standby: str | None  # the slug of the standby a failover would take
+    reasons: tuple[Reason, ...]
+    evaluated_at: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "standby": self.standby,
+            "evaluatedAt": self.evaluated_at.isoformat(),
+            "reasons": [r.to_json(self.evaluated_at) for r in self.reasons],
+        }
+
+
+def _age_ms(at: datetime, now: datetime) -> int:
+    return max(0, int((now - at).total_seconds() * 1000))
+
+
+def _seconds(ms: float) -> str:
+    return f"{ms / 1000:.0f} s" if ms < 120_000 else f"{ms / 60_000:.0f} min"
+
+
+def pick_standby(fleet: FleetView, now: datetime) -> DomainView | None:
+    """The standby a failover would take now: the first viable one in failover order, else
+    the first ranked one (so its reasons say what is wrong with it)."""
+    ranked = rank_standbys(fleet, now)
+    viable = next((d for d in ranked if is_viable_standby(d, fleet.policy, now)), None)
+    return viable or (ranked[0] if ranked else None)
+
+
+def _standby_reason(fleet: FleetView, standby: DomainView, now: datetime) -> Reason:
+    seen = standby.last_seen_at
+    if is_viable_standby(standby, fleet.policy, now):
+        return Reason(STANDBY, True, f"{standby.slug} is ready and its heartbeat fresh", seen)
+    if seen is None:
+        why = "has never answered a heartbeat"
+    elif is_stale(standby, fleet.policy, now):
+        why = f"heartbeat stale ({_seconds(_age_ms(seen, now))} old)"
+    elif standby.state != "ready":
+        why = f"is {standby.state}"
+    elif not standby.supervisor_url:
+        why = "has no supervisor URL"
+    elif not standby.has_bindings:
+        why = "has no model bindings"
+    else:
+        why = "has a failed inference slot"
+    return Reason(STANDBY, False, f"{standby.slug} {why}", seen)
+
+
+def _asleep_reason(standby: DomainView) -> Reason:
+    bound = {m.slot_id for m in standby.models}
+    awake = sorted(
+        f"GPU {s.gpu_index} {s.state}"
+        for s in standby.slots
+        if s.kind == SlotKind.INFERENCE and s.id in bound and s.state != InferenceState.SLEEPING
+    )
+    if awake:
+        return Reason(MODELS_ASLEEP, False, "not in standby posture: " + ", ".join(awake))
+    return Reason(MODELS_ASLEEP, True, "every bound model is asleep")
+
+
+def _baselines_reason(facts: StandbyFacts) -> Reason:
+    if facts.missing_baselines:
+        missing = ", ".join(facts.missing_baselines)
+        return Reason(BASELINES, False, f"no golden baseline yet for {missing}")
+    return Reason(BASELINES, True, "every model and adapter has a golden baseline")
+
+
+def _memory_reason(facts: StandbyFacts) -> Reason:
+    at = facts.gpus_read_at
+    if facts.wake_mib is None:
+        return Reason(WAKE_MEMORY, None, "the layout plans no memory: the wake's need is unknown")
+    if not facts.gpus:
+        return Reason(WAKE_MEMORY, None, "no GPU memory reading from the standby yet", at)
+    short = []
+    for index, need in sorted(facts.wake_mib.items()):
+        gpu = next((g for g in facts.gpus if g.index == index), None)
+        if gpu is None:
+            short.append(f"GPU {index} not reported")
+            continue
+        free = gpu.total_mib - gpu.used_mib
+        if free < need:
+            short.append(f"GPU {index} has {free:.0f} MiB free, the wake needs {need:.0f}")
+    if short:
+        return Reason(WAKE_MEMORY, False, "; ".join(short), at)
+    return Reason(WAKE_MEMORY, True, "the memory each wake restores is free on every GPU", at)
+
+
+def _trainer_reason(facts: StandbyFacts, max_age_ms: int, now: datetime) -> Reason:
+    if not facts.trainers:
+        return Reason(TRAINER, True, "no trainer on the standby")
+    problems, oldest = [], None
+    for t in facts.trainers:
+        at = t.last_checkpoint_at
+        if at is not None and (oldest is None or at < oldest):
+            oldest = at
+        if t.state != "running":
+            problems.append(f"GPU {t.gpu_index} trainer {t.state}")
+        elif at is None:
+            problems.append(f"GPU {t.gpu_index} trainer has not checkpointed")
+        elif _age_ms(at, now) > max_age_ms:
+            problems.append(
+                f"GPU {t.gpu_index} last checkpoint {_seconds(_age_ms(at, now))} ago "
+                f"(limit {_seconds(max_age_ms)})"
+            )
+    if problems:
+        return Reason(TRAINER, False, "; ".join(problems), oldest)
+    return Reason(TRAINER, True, "every trainer is checkpointing", oldest)
+
+
+def _drill_reason(drill: DrillFacts | None, max_age_ms: int, now: datetime) -> Reason:
+    if drill is None:
+        return Reason(DRILL, None, "no drill has run yet")
+    if not drill.passed:
+        return Reason(DRILL, False, f"the last drill failed: {drill.message}", drill.finished_at)
+    age = _age_ms(drill.finished_at, now)
+    if age > max_age_ms:
+        return Reason(
+            DRILL,
+            False,
+            f"the last drill passed {_seconds(age)} ago (limit {_seconds(max_age_ms)})",
+            drill.finished_at,
+        )
+    return Reason(DRILL, True, "the last drill passed", drill.finished_at)
+
+
+def failover_readiness(
+    fleet: FleetView,
+    facts: Mapping[str, StandbyFacts],
+    last_drill: DrillFacts | None,
+    now: datetime,
+) -> Readiness:
+    """Judge whether a failover now would succeed; `facts` is keyed by domain id."""
+    policy = fleet.policy
+    standby = pick_standby(fleet, now)
+    if standby is None:
+        reason = Reason(STANDBY, False, "the fleet has no standby domain")
+        return Readiness(NOT_READY, None, (reason,), now)
+    own = facts.get(standby.id, StandbyFacts())
+    reasons = (
+        _standby_reason(fleet, standby, now),
+        _asleep_reason(standby),
+        _baselines_reason(own),
+        _memory_reason(own),
+        _trainer_reason(own, policy.checkpoint_max_age_ms, now),
+        _drill_reason(last_drill, policy.drill_max_age_ms, now),
+    )
+    if any(r.ok is False and r.check in _BLOCKING for r in reasons):
+        verdict = NOT_READY
+    elif all(r.ok is True for r in reasons):
+        verdict = READY
+    else:
+        verdict = AT_RISK
+    return Readiness(verdict, standby.slug, reasons, now)

@@ -1,0 +1,102 @@
+"""Published recovery time: how long a failover takes, per fleet, from its drills and real ones.
+
+A sample is detection plus every step a failover runs before routing moves. A real automatic
+failover measures the steps from its detection to the routing commit; a drill measures the same
+steps on the same standby (it stops just before the switch, which is one compare-and-swap).
+Detection itself cannot be measured from inside (the active died at an unknown moment before
+its heartbeat went stale), so it counts as its bound, the policy's `heartbeatStaleMs`: the
+published figure is what a customer would wait at worst for detection, plus what was measured.
+
+Pure: the caller reads the step events; `summarize` gives p50 and p95 over the last N.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+# The steps of a failover up to the routing commit (the promotion's PROMOTE_STEPS prefix).
+FAILOVER_PATH = ("stop_training", "verify_gpu", "wake", "probe", "switch_route")
+# p50/p95 over this many most recent samples of each kind.
+RECOVERY_WINDOW = 20
+DRILL = "drill"
+FAILOVER = "failover"
+
+
+@dataclass(frozen=True)
+class RecoverySample:
+    kind: str  # drill or failover
+    finished_at: datetime
+    detection_ms: int
+    steps_ms: Mapping[str, int]
+
+    @property
+    def total_ms(self) -> int:
+        return self.detection_ms + sum(self.steps_ms.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "finishedAt": self.finished_at.isoformat(),
+            "detectionMs": self.detection_ms,
+            "stepsMs": dict(self.steps_ms),
+            "totalMs": self.total_ms,
+        }
+
+
+def sample(
+    kind: str, finished_at: datetime, steps_ms: Mapping[str, int], detection_ms: int
+) -> RecoverySample | None:
+    """Build a sample from an operation's step durations; None unless every step of the
+    failover path that this kind runs was recorded (a partial one would understate)."""
+    wanted = FAILOVER_PATH if kind == FAILOVER else FAILOVER_PATH[:-1]
+    if any(step not in steps_ms for step in wanted):
+        return None
+    steps = {step: max(0, int(steps_ms[step])) for step in wanted}
+    return RecoverySample(kind, finished_at, max(0, detection_ms), steps)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The nearest-rank percentile (q in 0..1) of a non-empty sequence."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[rank - 1]
+
+
+@dataclass(frozen=True)
+class RecoverySummary:
+    kind: str
+    count: int
+    p50_ms: float | None
+    p95_ms: float | None
+    last: RecoverySample | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "count": self.count,
+            "p50Ms": self.p50_ms,
+            "p95Ms": self.p95_ms,
+            "last": self.last.to_json() if self.last else None,
+        }
+
+
+def summarize(
+    kind: str, samples: Sequence[RecoverySample], window: int = RECOVERY_WINDOW
+) -> RecoverySummary:
+    """p50 and p95 of the newest `window` samples of `kind`."""
+    mine = sorted((s for s in samples if s.kind == kind), key=lambda s: s.finished_at)[-window:]
+    if not mine:
+        return RecoverySummary(kind, 0, None, None, None)
+    totals = [float(s.total_ms) for s in mine]
+    return RecoverySummary(
+        kind, len(mine), percentile(totals, 0.5), percentile(totals, 0.95), mine[-1]
+    )
+
+
+def over_objective(summary: RecoverySummary, rto_ms: int) -> bool:
+    """Whether the published p95 drifted above the recovery time objective."""
+    return summary.p95_ms is not None and summary.p95_ms > rto_ms

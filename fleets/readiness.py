@@ -1,0 +1,136 @@
+"""Gather what the readiness verdict needs from the database, then ask the core.
+
+Reads only: heartbeat reports, the layout's plan, baselines and the last drill. The verdict's
+rules are fleets.core.readiness's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from datetime import datetime
+
+from fleets import clock
+from fleets.core.golden import profile_fingerprint, request_fingerprint, target_label
+from fleets.core.policy import Policy
+from fleets.core.read_model import FleetView
+from fleets.core.readiness import (
+    DrillFacts,
+    GpuFacts,
+    Readiness,
+    StandbyFacts,
+    TrainerFacts,
+    failover_readiness,
+    pick_standby,
+)
+from fleets.core.states import OperationKind, OperationState, SlotKind
+from fleets.dashboard.report import report_gpus, reported_training
+from fleets.models import Domain, Fleet, GoldenBaseline, Id, ModelBinding, Operation, Slot
+from fleets.selectors import fleet_view
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _gpus(report: dict) -> tuple[GpuFacts, ...]:
+    out = []
+    for g in report_gpus(report):
+        index, used, total = g.get("index"), _number(g.get("usedMiB")), _number(g.get("totalMiB"))
+        if isinstance(index, int) and used is not None and total is not None:
+            out.append(GpuFacts(index, used, total))
+    return tuple(out)
+
+
+def _wake_mib(slots: list[Slot], bound_slot_ids: Collection[object]) -> dict[int, float] | None:
+    """MiB each GPU must have free for the wake: the plan's need less the sleep residue."""
+    need: dict[int, float] = {}
+    for slot in slots:
+        if slot.kind != SlotKind.INFERENCE or slot.id not in bound_slot_ids:
+            continue
+        servers = (slot.allocation or {}).get("servers")
+        if not isinstance(servers, dict) or not servers:
+            return None  # planned by hand: the need is not known
+        per_gpu = sum(
+            max(0.0, (_number(s.get("needMiB")) or 0.0) - (_number(s.get("sleepResidueMiB")) or 0))
+            for s in servers.values()
+            if isinstance(s, dict)
+        )
+        for index in slot.gpu_indices or [slot.gpu_index]:
+            need[index] = need.get(index, 0.0) + per_gpu
+    return need
+
+
+def _missing_baselines(domain: Domain, policy: Policy) -> tuple[str, ...]:
+    request = request_fingerprint(policy.probe_prompt, policy.probe_max_tokens)
+    recorded = set(
+        GoldenBaseline.objects.filter(
+            fleet_id=domain.fleet_id, request_fingerprint=request
+        ).values_list("model_name", "adapter", "profile_fingerprint")
+    )
+    missing = []
+    for b in ModelBinding.objects.filter(domain=domain).order_by("name"):
+        if b.golden.get("deterministic", True) is False:
+            continue
+        profile = profile_fingerprint(b.profile)
+        for adapter in ("", *b.golden.get("adapters", ())):
+            if (b.name, adapter, profile) not in recorded:
+                missing.append(target_label(b.name, adapter))
+    return tuple(missing)
+
+
+def standby_facts(domain: Domain, policy: Policy) -> StandbyFacts:
+    slots = list(Slot.objects.filter(domain=domain))
+    bound = set(ModelBinding.objects.filter(domain=domain).values_list("slot_id", flat=True))
+    report = domain.last_report if isinstance(domain.last_report, dict) else {}
+    reported = reported_training(report)
+    trainers = []
+    for slot in slots:
+        if slot.kind != SlotKind.TRAINING:
+            continue
+        seen = reported.get(slot.gpu_index)
+        trainers.append(
+            TrainerFacts(
+                slot.gpu_index,
+                (seen.state or "unknown") if seen else "unknown",
+                seen.checkpoint_at if seen else None,
+            )
+        )
+    return StandbyFacts(
+        gpus=_gpus(report),
+        gpus_read_at=domain.gpus_read_at,
+        wake_mib=_wake_mib(slots, bound),
+        trainers=tuple(trainers),
+        missing_baselines=_missing_baselines(domain, policy),
+    )
+
+
+def last_drill(fleet_id: Id) -> DrillFacts | None:
+    op = (
+        Operation.objects.filter(
+            fleet_id=fleet_id,
+            kind=OperationKind.DRILL,
+            state__in=[OperationState.SUCCEEDED, OperationState.FAILED],
+            finished_at__isnull=False,
+        )
+        .order_by("-finished_at")
+        .first()
+    )
+    if op is None or op.finished_at is None:
+        return None
+    error = op.error or {}
+    message = f"{error.get('code', '')}: {error.get('message', '')}" if error else ""
+    return DrillFacts(op.finished_at, op.state == OperationState.SUCCEEDED, message[:300])
+
+
+def fleet_readiness(
+    fleet: Fleet, view: FleetView | None = None, now: datetime | None = None
+) -> Readiness:
+    """The fleet's failover readiness now."""
+    view = view or fleet_view(fleet)
+    now = now or clock.now()
+    standby = pick_standby(view, now)
+    facts = {}
+    if standby is not None:
+        domain = Domain.objects.get(pk=standby.id)
+        facts[standby.id] = standby_facts(domain, view.policy)
+    return failover_readiness(view, facts, last_drill(fleet.id), now)

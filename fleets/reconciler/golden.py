@@ -1,0 +1,226 @@
+"""Golden probes against a domain's supervisor: ask, judge against the baselines, record.
+
+Shared by the promotion's probe step and the operator's "record baseline" action. The rules
+(what matches, what a key is) are fleets.core.golden's; this module only gathers the inputs
+from the database and the supervisor, outside any transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fleets.core.golden import (
+    GOLDEN_SEED,
+    Judgement,
+    ProbeAnswer,
+    Verdict,
+    judge,
+    key_for,
+    request_fingerprint,
+    target_label,
+)
+from fleets.core.policy import Policy
+from fleets.core.states import InferenceState
+from fleets.errors import InvalidTarget, SupervisorUnavailable
+from fleets.models import Domain, ModelBinding, Slot
+from fleets.reconciler.client import Call, ProbeReport, ProbeResult, SupervisorClient
+from fleets.services.baselines import OPERATOR, NewBaseline, baseline_record, baselines_for
+
+
+@dataclass(frozen=True)
+class Target:
+    """One thing a golden probe asks: a bound model, or one LoRA adapter of it."""
+
+    binding: ModelBinding
+    adapter: str  # "" for the base model
+
+    @property
+    def deterministic(self) -> bool:
+        return self.binding.golden.get("deterministic", True) is not False
+
+
+def targets_of(domain: Domain) -> list[Target]:
+    """Every bound model of the domain and every LoRA adapter its layout names, by name."""
+    out: list[Target] = []
+    for binding in ModelBinding.objects.filter(domain=domain).order_by("name"):
+        out.append(Target(binding, ""))
+        out.extend(Target(binding, a) for a in binding.golden.get("adapters", ()))
+    return out
+
+
+def ask(
+    client: SupervisorClient,
+    targets: list[Target],
+    policy: Policy,
+    *,
+    timeout: float,
+    timeout_ms: int,
+) -> Call[ProbeReport]:
+    """Send one golden probe for every target (the supervisor probes them concurrently)."""
+    models = list(dict.fromkeys(t.binding.name for t in targets))
+    adapters: dict[str, list[str]] = {}
+    for t in targets:
+        if t.adapter:
+            adapters.setdefault(t.binding.name, []).append(t.adapter)
+    return client.probe(
+        prompt=policy.probe_prompt,
+        max_tokens=policy.probe_max_tokens,
+        timeout_ms=timeout_ms,
+        models=models,
+        timeout=timeout,
+        seed=GOLDEN_SEED,
+        adapters=adapters,
+    )
+
+
+def _answer(result: ProbeResult | None) -> ProbeAnswer | None:
+    if result is None:
+        return None
+    return ProbeAnswer(
+        model=result.model,
+        adapter=result.adapter or "",
+        ok=result.ok,
+        error=result.error,
+        answer=result.answer,
+        engine_version=result.engine_version,
+    )
+
+
+def judge_all(
+    fleet_id: object, targets: list[Target], report: ProbeReport, policy: Policy
+) -> list[tuple[Target, Judgement]]:
+    """Judge every target's answer against the fleet's baselines."""
+    request = request_fingerprint(policy.probe_prompt, policy.probe_max_tokens)
+    if not report.golden:
+        # A supervisor without `probe.golden` probed the base models only, plainly.
+        targets = [t for t in targets if not t.adapter]
+    answers = {t: _answer(report.result(t.binding.name, t.adapter or None)) for t in targets}
+    keys = [
+        key_for(a, profile=t.binding.profile, request=request)
+        for t, a in answers.items()
+        if a is not None and a.ok
+    ]
+    recorded = baselines_for(str(fleet_id), keys)
+    return [
+        (
+            t,
+            judge(
+                answers[t],
+                model=t.binding.name,
+                adapter=t.adapter,
+                profile=t.binding.profile,
+                request=request,
+                deterministic=t.deterministic,
+                golden=report.golden,
+                baselines=recorded,
+            ),
+        )
+        for t in targets
+    ]
+
+
+def unrecorded(judged: list[tuple[Target, Judgement]]) -> list[NewBaseline]:
+    """The answers that become baselines: those with no baseline for their key yet."""
+    return [
+        NewBaseline(j.key, j.got)
+        for _, j in judged
+        if j.verdict == Verdict.UNRECORDED and j.key is not None and j.got is not None
+    ]
+
+
+def summary(judged: list[tuple[Target, Judgement]]) -> dict[str, str]:
+    """What the step's event keeps: each target's verdict, by label."""
+    return {
+        (f"{t.binding.name}:{t.adapter}" if t.adapter else t.binding.name): j.verdict.value
+        for t, j in judged
+    }
+
+
+# An operator's "record baseline" waits at most this long for the probe: a request thread.
+RECORD_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Recording:
+    domain: Domain
+    recorded: list[str]  # labels whose baseline was written (new, or a replaced drift)
+    unchanged: list[str]  # labels that already had this very answer
+    skipped: list[str]  # labels not comparable (deterministic: false)
+
+
+def record_baselines(
+    *,
+    domain: Domain,
+    policy: Policy,
+    actor: str,
+    client_for: Callable[[Domain], SupervisorClient],
+    timeout_s: float = RECORD_TIMEOUT_S,
+) -> Recording:
+    """Probe a serving domain and record what it answers as the golden baselines.
+
+    The operator's word that this domain is known good: an expected drift (an engine upgrade)
+    is accepted this way, each write an event naming the answer it replaced. Refused, with
+    nothing recorded, unless every bound model of the domain serves (a sleeping vLLM holds a
+    request until it wakes), and when the supervisor cannot probe golden or a model fails.
+    """
+    targets = targets_of(domain)
+    if not targets:
+        raise InvalidTarget(f"domain {domain.slug} has no model bindings")
+    if not domain.supervisor_url:
+        raise InvalidTarget(f"domain {domain.slug} has no supervisor URL")
+    slot_ids = {t.binding.slot_id for t in targets}
+    idle = list(
+        Slot.objects.filter(pk__in=slot_ids)
+        .exclude(state=InferenceState.SERVING)
+        .values_list("gpu_index", "state")
+    )
+    if idle:
+        where = ", ".join(f"GPU {gpu} {state}" for gpu, state in idle)
+        raise InvalidTarget(
+            f"domain {domain.slug} is not serving ({where}): record baselines on a domain "
+            "whose models are awake and known good, normally the active"
+        )
+    client = client_for(domain)
+    result = ask(client, targets, policy, timeout=timeout_s, timeout_ms=int(timeout_s * 900))
+    report = result.value
+    if report is None:
+        why = result.error.message if result.error is not None else "no answer"
+        raise SupervisorUnavailable(f"probe of {domain.slug}: {why}")
+    if not report.golden:
+        raise InvalidTarget(
+            f"the supervisor of {domain.slug} cannot run golden probes (feature probe.golden)"
+        )
+    judged = judge_all(domain.fleet_id, targets, report, policy)
+    failures = [j.message for _, j in judged if j.verdict == Verdict.FAILED]
+    if failures:
+        raise InvalidTarget("probe failed, nothing recorded: " + "; ".join(failures))
+    new = [
+        NewBaseline(j.key, answer)
+        for t, j in judged
+        if j.key is not None and (answer := _answer_text(report, t)) is not None
+    ]
+    written = baseline_record(
+        fleet_id=domain.fleet_id,
+        domain_id=domain.id,
+        baselines=new,
+        reason=OPERATOR,
+        actor=actor,
+        replace=True,
+    )
+    labels = [n.key.label for n in new]
+    return Recording(
+        domain=domain,
+        recorded=written,
+        unchanged=[label for label in labels if label not in written],
+        skipped=[
+            target_label(t.binding.name, t.adapter)
+            for t, j in judged
+            if j.verdict == Verdict.ANSWERED
+        ],
+    )
+
+
+def _answer_text(report: ProbeReport, target: Target) -> str | None:
+    result = report.result(target.binding.name, target.adapter or None)
+    return result.answer if result is not None else None

@@ -1,0 +1,104 @@
+"""Readiness, drill and recovery-time series, read from the database at scrape time.
+
+- `haru_failover_readiness{fleet, verdict}`: 1 for the verdict the fleet is in (alert on
+  `verdict="not_ready"`);
+- `haru_drill_last_passed{fleet}` and `haru_drill_last_finished_timestamp_seconds{fleet}`: the
+  last finished drill (absent before the first; a 0 is a failed drill, the alert);
+- `haru_recovery_seconds{fleet, kind, quantile}` over the last N drills and automatic failovers
+  (kind drill or failover; quantile 0.5 and 0.95), `haru_recovery_samples{fleet, kind}`, and
+  `haru_recovery_objective_seconds{fleet}` (policy rtoMs): deploy/prometheus alerts when the
+  p95 drifts above the objective.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from fleets import clock
+from fleets.core.policy import Policy
+from fleets.core.readiness import VERDICTS
+from fleets.metrics import register_database_collector
+from fleets.models import Fleet
+from fleets.readiness import fleet_readiness, last_drill
+from fleets.recovery import recovery_summaries
+
+log = logging.getLogger(__name__)
+
+_FAMILIES: dict[str, tuple[str, list[str]]] = {
+    "haru_failover_readiness": (
+        "1 for the failover readiness verdict of each fleet.",
+        ["fleet", "verdict"],
+    ),
+    "haru_drill_last_passed": (
+        "1 when the fleet's last finished drill passed, 0 when it failed.",
+        ["fleet"],
+    ),
+    "haru_drill_last_finished_timestamp_seconds": (
+        "When the fleet's last drill finished (Unix time).",
+        ["fleet"],
+    ),
+    "haru_recovery_seconds": (
+        "Recovery time (detection bound plus the failover steps up to routing moved) over the "
+        "last N drills or automatic failovers.",
+        ["fleet", "kind", "quantile"],
+    ),
+    "haru_recovery_samples": (
+        "How many drills or automatic failovers the recovery quantiles cover.",
+        ["fleet", "kind"],
+    ),
+    "haru_recovery_objective_seconds": (
+        "The fleet's recovery time objective (policy rtoMs).",
+        ["fleet"],
+    ),
+}
+
+
+def _families() -> dict[str, GaugeMetricFamily]:
+    return {
+        name: GaugeMetricFamily(name, doc, labels=labels)
+        for name, (doc, labels) in _FAMILIES.items()
+    }
+
+
+class ReadinessCollector:
+    def describe(self) -> list[Metric]:
+        # Declared up front so registering never runs a query (import time has no database).
+        return list(_families().values())
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            families = self._collect()
+        except Exception:  # noqa: BLE001 - haru_state_store_up says the store is down
+            log.warning("metrics: readiness unreadable", exc_info=True)
+            return
+        yield from families.values()
+
+    def _collect(self) -> dict[str, GaugeMetricFamily]:
+        f = _families()
+        now = clock.now()
+        for fleet in Fleet.objects.all():
+            verdict = fleet_readiness(fleet, now=now).verdict
+            for v in VERDICTS:
+                f["haru_failover_readiness"].add_metric([fleet.slug, v], 1 if v == verdict else 0)
+            drill = last_drill(fleet.id)
+            if drill is not None:
+                f["haru_drill_last_passed"].add_metric([fleet.slug], 1 if drill.passed else 0)
+                f["haru_drill_last_finished_timestamp_seconds"].add_metric(
+                    [fleet.slug], drill.finished_at.timestamp()
+                )
+            for kind, summary in recovery_summaries(fleet).items():
+                f["haru_recovery_samples"].add_metric([fleet.slug, kind], summary.count)
+                for q, ms in (("0.5", summary.p50_ms), ("0.95", summary.p95_ms)):
+                    if ms is not None:
+                        f["haru_recovery_seconds"].add_metric([fleet.slug, kind, q], ms / 1000)
+            rto = Policy.resolve(fleet.policy).rto_ms
+            f["haru_recovery_objective_seconds"].add_metric([fleet.slug], rto / 1000)
+        return f
+
+
+_collector = ReadinessCollector()
+register_database_collector(_collector)

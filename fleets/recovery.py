@@ -1,0 +1,76 @@
+"""Gather recovery samples (fleets.core.recovery) from the operations and their step events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleets.core.policy import Policy
+from fleets.core.recovery import (
+    DRILL,
+    FAILOVER,
+    RECOVERY_WINDOW,
+    RecoverySample,
+    RecoverySummary,
+    over_objective,
+    sample,
+    summarize,
+)
+from fleets.core.states import OperationKind, OperationState
+from fleets.models import Event, Fleet, Operation
+
+
+def recovery_samples(fleet: Fleet, window: int = RECOVERY_WINDOW) -> list[RecoverySample]:
+    """The newest `window` successful drills and automatic failovers of the fleet, as samples."""
+    detection = Policy.resolve(fleet.policy).heartbeat_stale_ms
+    out: list[RecoverySample] = []
+    for kind, name, extra in (
+        (OperationKind.DRILL, DRILL, {}),
+        (OperationKind.PROMOTE, FAILOVER, {"reason": "auto_failover"}),
+    ):
+        ops = list(
+            Operation.objects.filter(
+                fleet=fleet,
+                kind=kind,
+                state=OperationState.SUCCEEDED,
+                finished_at__isnull=False,
+                **extra,
+            )
+            .order_by("-finished_at")
+            .values_list("id", "finished_at")[:window]
+        )
+        steps: dict[object, dict[str, int]] = {op_id: {} for op_id, _ in ops}
+        rows = Event.objects.filter(
+            operation_id__in=list(steps), kind="operation.step.done", duration_ms__isnull=False
+        ).values_list("operation_id", "step", "duration_ms")
+        for op_id, step, ms in rows:
+            if ms is not None:
+                steps[op_id][step] = ms
+        for op_id, finished_at in ops:
+            if finished_at is None:
+                continue
+            s = sample(name, finished_at, steps[op_id], detection)
+            if s is not None:
+                out.append(s)
+    return out
+
+
+def recovery_summaries(fleet: Fleet) -> dict[str, RecoverySummary]:
+    samples = recovery_samples(fleet)
+    return {kind: summarize(kind, samples) for kind in (DRILL, FAILOVER)}
+
+
+def recovery_report(fleet: Fleet) -> dict[str, Any]:
+    """The published recovery time (`RecoveryOut`): p50/p95 per kind against the objective,
+    and every sample's detection, steps and total, newest first."""
+    rto = Policy.resolve(fleet.policy).rto_ms
+    samples = recovery_samples(fleet)
+    summaries = {kind: summarize(kind, samples) for kind in (DRILL, FAILOVER)}
+    return {
+        "objectiveMs": rto,
+        "window": RECOVERY_WINDOW,
+        "overObjective": any(over_objective(x, rto) for x in summaries.values()),
+        **{kind: x.to_json() for kind, x in summaries.items()},
+        "samples": [
+            x.to_json() for x in sorted(samples, key=lambda x: x.finished_at, reverse=True)
+        ],
+    }

@@ -1,0 +1,149 @@
+"""The readiness verdict and the drill rules: pure, on hand-built views."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, time, timedelta
+
+from fleets.core.drills import DrillSchedule, decide_drill, drill_due, in_window
+from fleets.core.drills import schedule_problems as problems
+from fleets.core.policy import Policy
+from fleets.core.read_model import DomainView, FleetView, ModelView, SlotView
+from fleets.core.readiness import (
+    AT_RISK,
+    NOT_READY,
+    READY,
+    DrillFacts,
+    GpuFacts,
+    StandbyFacts,
+    TrainerFacts,
+    failover_readiness,
+)
+
+NOW = datetime(2026, 1, 1, 3, 0, tzinfo=UTC)
+FRESH = NOW - timedelta(seconds=1)
+
+
+def domain(slug: str, state: str = "ready", slot_state: str = "sleeping", **kw) -> DomainView:
+    kw.setdefault("last_seen_at", FRESH)
+    kw.setdefault("supervisor_url", f"http://{slug}:8701")
+    slots = (
+        SlotView(f"{slug}-s0", 0, "inference", slot_state),
+        SlotView(f"{slug}-t0", 0, "training", "training"),
+    )
+    models = (ModelView("qwen", f"http://{slug}:9000", f"{slug}-s0", 0, slot_state),)
+    return DomainView(id=f"id-{slug}", slug=slug, state=state, slots=slots, models=models, **kw)
+
+
+def fleet(*domains: DomainView) -> FleetView:
+    return FleetView("f1", "prod", "id-east", 3, Policy(), domains)
+
+
+GOOD = StandbyFacts(
+    gpus=(GpuFacts(0, used_mib=40_000, total_mib=81_920),),
+    gpus_read_at=NOW - timedelta(seconds=5),
+    wake_mib={0: 8_192},
+    trainers=(TrainerFacts(0, "running", NOW - timedelta(minutes=2)),),
+)
+PASSED = DrillFacts(NOW - timedelta(hours=3), passed=True)
+
+
+def verdict(*domains, facts=GOOD, drill=PASSED):
+    return failover_readiness(fleet(*domains), {"id-west": facts}, drill, NOW)
+
+
+def reason(readiness, check):
+    return next(r for r in readiness.reasons if r.check == check)
+
+
+def test_everything_proven_and_fresh_is_ready_with_each_reason_aged():
+    r = verdict(domain("east", slot_state="serving"), domain("west"))
+    assert r.verdict == READY and r.standby == "west"
+    body = r.to_json()
+    assert [x["check"] for x in body["reasons"]] == [
+        "standby", "modelsAsleep", "baselines", "wakeMemory", "trainer", "drill"
+    ]  # fmt: skip
+    assert reason(r, "drill").to_json(NOW)["ageMs"] == 3 * 3_600_000
+    assert reason(r, "standby").to_json(NOW)["ageMs"] == 1000
+
+
+def test_a_stale_standby_or_its_wake_memory_taken_means_not_ready():
+    stale = domain("west", last_seen_at=NOW - timedelta(minutes=5))
+    r = verdict(domain("east", slot_state="serving"), stale)
+    assert r.verdict == NOT_READY and "heartbeat stale" in reason(r, "standby").message
+    leaked = StandbyFacts(
+        gpus=(GpuFacts(0, used_mib=78_000, total_mib=81_920),),
+        gpus_read_at=NOW,
+        wake_mib={0: 8_192},
+        trainers=GOOD.trainers,
+    )
+    r = verdict(domain("east", slot_state="serving"), domain("west"), facts=leaked)
+    assert r.verdict == NOT_READY
+    assert reason(r, "wakeMemory").message == "GPU 0 has 3920 MiB free, the wake needs 8192"
+
+
+def test_unproven_things_put_the_fleet_at_risk_and_say_which():
+    east = domain("east", slot_state="serving")
+    no_drill = verdict(east, domain("west"), drill=None)
+    assert no_drill.verdict == AT_RISK and reason(no_drill, "drill").ok is None
+    failed = verdict(east, domain("west"), drill=DrillFacts(NOW, False, "probe_mismatch: qwen"))
+    assert failed.verdict == AT_RISK and "probe_mismatch" in reason(failed, "drill").message
+    awake = verdict(east, domain("west", slot_state="serving"))
+    assert awake.verdict == AT_RISK and reason(awake, "modelsAsleep").ok is False
+    stalled = StandbyFacts(
+        gpus=GOOD.gpus,
+        gpus_read_at=NOW,
+        wake_mib=GOOD.wake_mib,
+        trainers=(TrainerFacts(0, "running", NOW - timedelta(hours=2)),),
+        missing_baselines=("qwen (adapter sql)",),
+    )
+    r = verdict(east, domain("west"), facts=stalled)
+    assert r.verdict == AT_RISK
+    assert "last checkpoint 120 min ago" in reason(r, "trainer").message
+    assert reason(r, "baselines").message == "no golden baseline yet for qwen (adapter sql)"
+    unplanned = StandbyFacts(trainers=GOOD.trainers)
+    assert reason(verdict(east, domain("west"), facts=unplanned), "wakeMemory").ok is None
+
+
+def test_a_fleet_without_a_standby_is_not_ready():
+    r = verdict(domain("east", slot_state="serving"))
+    assert r.verdict == NOT_READY and r.standby is None
+
+
+# -- drills ------------------------------------------------------------------------------------
+
+
+def test_a_drill_is_due_every_interval_inside_its_window_only():
+    schedule = DrillSchedule(60, time(2, 0), time(4, 0))
+    assert drill_due(schedule, None, NOW)
+    assert not drill_due(schedule, NOW - timedelta(minutes=59), NOW)
+    assert drill_due(schedule, NOW - timedelta(minutes=60), NOW)
+    assert not drill_due(schedule, None, NOW.replace(hour=4))  # the end is exclusive
+    assert not drill_due(DrillSchedule(None), None, NOW)  # no interval: only by hand
+
+
+def test_a_window_may_wrap_midnight():
+    wraps = DrillSchedule(60, time(23, 0), time(1, 0))
+    assert in_window(wraps, NOW.replace(hour=23, minute=30))
+    assert in_window(wraps, NOW.replace(hour=0, minute=30))
+    assert not in_window(wraps, NOW)
+
+
+def test_a_bad_schedule_is_refused_with_reasons():
+    assert problems(DrillSchedule(0)) == ["drill interval must be 1 to 129600 minutes"]
+    assert problems(DrillSchedule(5, time(1, 0), None))[0].startswith("give both ends")
+    assert problems(DrillSchedule(5, time(1, 0), time(1, 0))) == [
+        "the drill window is empty (start equals end)"
+    ]
+    assert problems(DrillSchedule(5, time(1, 0), time(2, 0))) == []
+
+
+def test_a_drill_picks_the_failover_standby_and_refuses_troubled_fleets():
+    east = domain("east", slot_state="serving")
+    ok = decide_drill(fleet(east, domain("west")), None, NOW)
+    assert ok.outcome == "proceed" and ok.target is not None and ok.target.slug == "west"
+    degraded = decide_drill(fleet(east, domain("west", state="degraded")), None, NOW)
+    assert degraded.outcome == "reject" and "west is degraded" in degraded.message
+    active = decide_drill(fleet(east, domain("west")), "east", NOW)
+    assert active.outcome == "reject" and "is the active domain" in active.message
+    stale = domain("west", last_seen_at=NOW - timedelta(minutes=5))
+    assert decide_drill(fleet(east, stale), None, NOW).outcome == "reject"

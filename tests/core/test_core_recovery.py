@@ -1,0 +1,41 @@
+"""Recovery samples and their published quantiles."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from fleets.core.recovery import over_objective, percentile, sample, summarize
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+DRILL_STEPS = {"stop_training": 500, "verify_gpu": 20, "wake": 900, "probe": 80}
+
+
+def test_a_drill_sample_is_detection_plus_the_failover_path_before_the_switch():
+    s = sample("drill", T0, {**DRILL_STEPS, "sleep": 400, "start_training": 300}, 3000)
+    assert s is not None
+    assert s.total_ms == 3000 + 1500  # sleep and training restart are not recovery
+    assert s.to_json()["stepsMs"] == DRILL_STEPS
+
+
+def test_a_sample_missing_a_step_of_the_path_is_left_out_rather_than_understated():
+    assert sample("drill", T0, {"wake": 900}, 3000) is None
+    assert sample("failover", T0, DRILL_STEPS, 3000) is None  # no switch_route recorded
+
+
+def test_p50_and_p95_cover_the_newest_window_only():
+    samples = [
+        sample("drill", T0 + timedelta(minutes=i), {**DRILL_STEPS, "wake": 900 + i * 100}, 0)
+        for i in range(30)
+    ]
+    summary = summarize("drill", [s for s in samples if s], window=20)
+    assert summary.count == 20
+    # Newest 20: i = 10..29, totals 2500..4400 by 100.
+    assert summary.p50_ms == 3400 and summary.p95_ms == 4300
+    assert summary.last is not None and summary.last.finished_at == T0 + timedelta(minutes=29)
+    assert over_objective(summary, 4000) and not over_objective(summary, 4300)
+    assert summarize("failover", [s for s in samples if s]).p95_ms is None
+
+
+def test_nearest_rank_percentile():
+    assert percentile([5, 1, 3], 0.5) == 3
+    assert percentile([1.0], 0.95) == 1.0

@@ -1,0 +1,163 @@
+"""Golden probes end to end: real supervisors and simulated engines that answer differently
+after a wake (a drifted model, or a LoRA adapter that silently stopped applying)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleets.core.policy import Policy
+from fleets.errors import InvalidTarget
+from fleets.layouts.loader import parse_layout
+from fleets.models import Domain, Event, Fleet, GoldenBaseline
+from fleets.reconciler.client import client_for
+from fleets.reconciler.golden import record_baselines
+from fleets.services.layouts import layout_apply
+from tests.e2e.harness import fleet_layout
+from tests.e2e.test_e2e_failover import (
+    assert_nothing_in_flight,
+    assert_routing_never_moved,
+    finished,
+    promote,
+    seen,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.integration]
+
+ADAPTERS = {"qwen-small": ["qwen-sql"]}
+
+
+def record_from_active(fleet: Fleet):
+    fleet.refresh_from_db()
+    return record_baselines(
+        domain=Domain.objects.get(pk=fleet.active_domain_id),
+        policy=Policy.resolve(fleet.policy),
+        actor="api:operator",
+        client_for=client_for,
+    )
+
+
+@pytest.fixture
+def golden_hosts(make_hosts):
+    def make():
+        return make_hosts(east={"adapters": ADAPTERS}, west={"adapters": ADAPTERS})
+
+    return make
+
+
+@pytest.mark.parametrize(
+    ("fault", "named", "expected", "got"),
+    [
+        # vLLM issue 53888: after a wake the adapter no longer applies, with no error.
+        (
+            "adaptersLostAfterWake",
+            "qwen-small (adapter qwen-sql)",
+            "Adapter qwen-sql applied.",
+            "a simulated model server.",
+        ),
+        ("answerDriftsAfterWake", "qwen-small", "Hello from", "Drifted after wake"),
+    ],
+)
+def test_an_answer_that_changed_over_the_wake_fails_the_promotion_with_probe_mismatch(
+    golden_hosts, make_fleet, drive, fault, named, expected, got
+):
+    east, west = golden_hosts()
+    fleet = make_fleet(east, west, {"probe": {"prompt": "ping", "maxTokens": 16}})
+    drive(fleet, seen(fleet))
+    recording = record_from_active(fleet)
+    assert sorted(recording.recorded) == [
+        "llama-small",
+        "qwen-small",
+        "qwen-small (adapter qwen-sql)",
+    ]
+    west.fault("qwen-small", **{fault: True})
+
+    op = drive(fleet, finished(promote(fleet)))
+
+    assert op.state == "failed"
+    assert op.error["step"] == "probe" and op.error["code"] == "probe_mismatch"
+    message = op.error["message"]
+    assert f"{named}: expected" in message
+    assert expected in message.split(", got ")[0] and got in message.split(", got ")[1]
+    assert "llama-small" not in message
+    assert_routing_never_moved(fleet)
+    assert_nothing_in_flight(fleet)
+    # Back in standby posture: asleep again, trainer running.
+    assert set(west.asleep().values()) == {True}
+    assert west.trainer()["state"] == "running"
+    # The mismatch never overwrote the known-good baseline.
+    assert not GoldenBaseline.objects.filter(fleet=fleet, reason="first_serving").exists()
+
+
+def test_the_first_serving_records_the_baseline_and_a_later_wake_must_reproduce_it(
+    golden_hosts, make_fleet, drive
+):
+    east, west = golden_hosts()
+    fleet = make_fleet(east, west)
+    drive(fleet, seen(fleet))
+
+    first = drive(fleet, finished(promote(fleet, "west")))
+    assert first.state == "succeeded", first.error
+    recorded = Event.objects.filter(fleet=fleet, kind="golden.baseline.recorded")
+    assert {(e.data["model"], e.data["adapter"], e.data["reason"]) for e in recorded} == {
+        ("llama-small", None, "first_serving"),
+        ("qwen-small", None, "first_serving"),
+        ("qwen-small", "qwen-sql", "first_serving"),
+    }
+    assert {e.data["engineVersion"] for e in recorded} == {"sim-1"}
+    # East was demoted by the promotion; its wake back must answer what west answered.
+    drive(fleet, lambda: set(east.asleep().values()) == {True})
+    east.fault("llama-small", answerDriftsAfterWake=True)
+
+    back = drive(fleet, finished(promote(fleet, "east")))
+
+    assert back.state == "failed" and back.error["code"] == "probe_mismatch"
+    assert "llama-small: expected" in back.error["message"]
+    fleet.refresh_from_db()
+    assert fleet.active_domain.slug == "west"
+
+
+def test_a_model_the_layout_marks_non_deterministic_only_has_to_answer(
+    golden_hosts, make_fleet, drive
+):
+    east, west = golden_hosts()
+    data = fleet_layout(east, west)
+    for domain in data["domains"]:
+        for slot in domain["slots"]:
+            for model in slot.get("models", []):
+                if model["name"] == "qwen-small":
+                    model["deterministic"] = False
+    layout_apply(layout=parse_layout(data))
+    fleet = Fleet.objects.get(slug=data["slug"])
+    drive(fleet, seen(fleet))
+    recording = record_from_active(fleet)
+    assert recording.recorded == ["llama-small"]
+    assert sorted(recording.skipped) == ["qwen-small", "qwen-small (adapter qwen-sql)"]
+    west.fault("qwen-small", answerDriftsAfterWake=True, adaptersLostAfterWake=True)
+
+    op = drive(fleet, finished(promote(fleet)))
+
+    assert op.state == "succeeded", op.error
+    done = Event.objects.get(operation=op, kind="operation.step.done", step="probe")
+    assert done.data["golden"] == {
+        "llama-small": "match",
+        "qwen-small": "answered",
+        "qwen-small:qwen-sql": "answered",
+    }
+
+
+def test_recording_a_baseline_is_refused_on_a_sleeping_standby_with_nothing_recorded(
+    golden_hosts, make_fleet, drive
+):
+    east, west = golden_hosts()
+    fleet = make_fleet(east, west)
+    drive(fleet, seen(fleet))
+
+    with pytest.raises(InvalidTarget, match="west is not serving"):
+        record_baselines(
+            domain=Domain.objects.get(fleet=fleet, slug="west"),
+            policy=Policy.resolve(fleet.policy),
+            actor="api:operator",
+            client_for=client_for,
+        )
+    assert not GoldenBaseline.objects.filter(fleet=fleet).exists()
+    assert not Event.objects.filter(fleet=fleet, kind="golden.baseline.recorded").exists()

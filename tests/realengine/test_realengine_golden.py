@@ -1,0 +1,67 @@
+"""Golden probes on real vLLM: greedy and seeded, a model answers the same across a sleep.
+
+Random weights are still deterministic at temperature 0 with a seed, so the tiny model gives
+the control plane a real fingerprint to keep; a level-1 sleep and wake must not change it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fleets.core.golden import (
+    GOLDEN_SEED,
+    ProbeAnswer,
+    Recorded,
+    Verdict,
+    answer_sha256,
+    judge,
+    key_for,
+    request_fingerprint,
+)
+from tests.realengine.conftest import MODEL, supervisor_client
+
+pytestmark = pytest.mark.realengine
+
+PROBE = {"prompt": "Count: one two three", "maxTokens": 8, "timeoutMs": 120_000}
+
+
+def golden_probe(client) -> dict:
+    body = client.post("/v1/probe", json={**PROBE, "seed": GOLDEN_SEED}).json()
+    assert body["ok"] is True, body
+    (result,) = [r for r in body["results"] if r["model"] == MODEL]
+    return result
+
+
+def as_answer(result: dict) -> ProbeAnswer:
+    return ProbeAnswer(
+        result["model"], "", result["ok"], None, result["answer"], result.get("engineVersion")
+    )
+
+
+def test_a_golden_probe_recorded_before_sleep_matches_after_wake(engines):
+    request = request_fingerprint(PROBE["prompt"], PROBE["maxTokens"])
+    profile = {"engine": "vllm", "model": MODEL}
+    with supervisor_client(engines.east.url) as east:
+        status = east.get("/v1/status").json()
+        assert "probe.golden" in status["features"]
+        before = golden_probe(east)
+        assert before["answer"], before
+        assert before.get("engineVersion"), before  # vLLM's GET /version
+        key = key_for(as_answer(before), profile=profile, request=request)
+        baselines = {key: Recorded(answer_sha256(before["answer"]), before["answer"])}
+
+        assert east.post("/v1/vllm/sleep").status_code == 200
+        assert east.post("/v1/vllm/wake").status_code == 200
+        after = golden_probe(east)
+
+    verdict = judge(
+        as_answer(after),
+        model=MODEL,
+        adapter="",
+        profile=profile,
+        request=request,
+        deterministic=True,
+        golden=True,
+        baselines=baselines,
+    )
+    assert verdict.verdict == Verdict.MATCH, (before["answer"], after["answer"])

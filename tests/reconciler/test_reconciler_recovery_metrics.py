@@ -1,0 +1,75 @@
+"""Published recovery time and failover readiness in /metrics, rebuilt from the database."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from fleets.core.policy import Policy
+from fleets.models import Event
+from fleets.recovery import recovery_summaries
+from tests.reconciler.test_reconciler_flow import run_until_done
+
+pytestmark = pytest.mark.django_db
+
+PATH = ("stop_training", "verify_gpu", "wake", "probe", "switch_route")
+
+
+def _value(text: str, sample: str) -> float:
+    match = re.search(rf"^{re.escape(sample)} ([0-9.e+-]+)$", text, flags=re.M)
+    assert match, f"{sample} not in /metrics"
+    return float(match.group(1))
+
+
+def test_an_automatic_failover_is_published_as_a_recovery_sample(
+    fleet, tick, hosts, client, fake_clock
+):
+    fleet.policy = {**fleet.policy, "rtoMs": 45_000}
+    fleet.save(update_fields=["policy"])
+    tick()
+    hosts.hosts["east"].down = True
+    tick()
+    fake_clock.advance(ms=3001)
+    op = run_until_done(tick, clock=fake_clock, step_ms=5000)
+    assert op.state == "succeeded"
+    durations = {
+        e.step: e.duration_ms
+        for e in Event.objects.filter(operation=op, kind="operation.step.done", step__in=PATH)
+    }
+    detection = Policy.resolve(fleet.policy).heartbeat_stale_ms
+    expected_s = (detection + sum(durations.values())) / 1000
+
+    summary = recovery_summaries(fleet)["failover"]
+    assert summary.count == 1 and summary.last is not None
+    assert summary.last.detection_ms == detection
+    assert dict(summary.last.steps_ms) == durations
+
+    text = client.get("/metrics").content.decode()
+    for q in ("0.5", "0.95"):
+        sample = f'haru_recovery_seconds{{fleet="demo",kind="failover",quantile="{q}"}}'
+        assert _value(text, sample) == pytest.approx(expected_s)
+    assert _value(text, 'haru_recovery_samples{fleet="demo",kind="failover"}') == 1
+    assert _value(text, 'haru_recovery_samples{fleet="demo",kind="drill"}') == 0
+    assert _value(text, 'haru_recovery_objective_seconds{fleet="demo"}') == 45
+    verdicts = {
+        v: _value(text, f'haru_failover_readiness{{fleet="demo",verdict="{v}"}}')
+        for v in ("ready", "at_risk", "not_ready")
+    }
+    assert sorted(verdicts.values()) == [0, 0, 1]
+    assert "haru_drill_last_passed{" not in text  # no drill has finished yet
+
+    report = client.get("/v1/fleets/demo/recovery").json()
+    assert report["objectiveMs"] == 45_000 and report["window"] == 20
+    assert report["overObjective"] is (expected_s * 1000 > 45_000)
+    (only,) = report["samples"]
+    assert only["kind"] == "failover" and only["detectionMs"] == detection
+    assert only["stepsMs"] == durations and only["totalMs"] == expected_s * 1000
+    assert report["failover"]["p95Ms"] == expected_s * 1000
+    assert report["drill"] == {
+        "kind": "drill",
+        "count": 0,
+        "p50Ms": None,
+        "p95Ms": None,
+        "last": None,
+    }
