@@ -13,6 +13,7 @@ from typing import TypeAlias
 from django.db import models
 from django.db.models import Q
 
+from fleets.core.model_health import ServerHealth
 from fleets.core.states import (
     DomainState,
     InferenceState,
@@ -184,6 +185,16 @@ class ModelBinding(models.Model):
     profile = models.JSONField(default=dict, blank=True)
     # The layout's memory request: {memoryMiB | memoryFraction, exclusive, sleepResidueMiB}.
     memory = models.JSONField(default=dict, blank=True)
+    # Whether this model's own server takes requests (fleets.core.model_health): the proxy
+    # refuses the model only when this says down, never for its supervisor or a neighbour.
+    # Written by heartbeats through fleets.services.model_health, guarded by `health_at`.
+    health = models.CharField(
+        max_length=8, choices=_choices(ServerHealth), default=ServerHealth.UNKNOWN, editable=False
+    )
+    health_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # The last time its server was seen able to serve: staleness of the supervisor alone never
+    # fails over an active whose model servers were seen serving within the stale window.
+    serving_seen_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["domain", "name"]

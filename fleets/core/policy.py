@@ -50,6 +50,12 @@ DEFAULTS: dict[str, Any] = {
     # How a stopped domain is torn down: `down` deletes the cluster (nothing billed), `stop`
     # keeps its disks (faster restart, disks billed). A domain's driver.stopMode wins.
     "stopMode": "down",
+    # Data-path detection (fleets.reconciler.datapath): a model server asked directly (its
+    # supervisor cannot vouch for it) and each call of a confirmation round is bounded by this.
+    "servingCheckTimeoutMs": 500,
+    # A host a proxy could not reach is failed only when its supervisor and model servers refuse
+    # connections on two checks this far apart (one refused connection is not an outage).
+    "dataPathConfirmIntervalMs": 200,
 }
 
 # Which Policy field bounds each operation step (step names from fleets.core.states).
@@ -151,6 +157,8 @@ class Policy:
     provision_timeout_ms: int = DEFAULTS["provisionTimeoutMs"]
     provision_retry_backoff_ms: int = DEFAULTS["provisionRetryBackoffMs"]
     stop_mode: str = DEFAULTS["stopMode"]
+    serving_check_timeout_ms: int = DEFAULTS["servingCheckTimeoutMs"]
+    data_path_confirm_interval_ms: int = DEFAULTS["dataPathConfirmIntervalMs"]
 
     @classmethod
     def resolve(cls, raw: Mapping[str, Any] | None) -> Policy:
@@ -179,6 +187,8 @@ class Policy:
             provision_timeout_ms=merged["provisionTimeoutMs"],
             provision_retry_backoff_ms=merged["provisionRetryBackoffMs"],
             stop_mode=merged["stopMode"],
+            serving_check_timeout_ms=merged["servingCheckTimeoutMs"],
+            data_path_confirm_interval_ms=merged["dataPathConfirmIntervalMs"],
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -204,6 +214,8 @@ class Policy:
             "provisionTimeoutMs": self.provision_timeout_ms,
             "provisionRetryBackoffMs": self.provision_retry_backoff_ms,
             "stopMode": self.stop_mode,
+            "servingCheckTimeoutMs": self.serving_check_timeout_ms,
+            "dataPathConfirmIntervalMs": self.data_path_confirm_interval_ms,
         }
 
     def step_timeout_ms(self, step: str) -> int:

@@ -7,6 +7,9 @@ the old active (the operation's recorded source) and never fail the operation.
 
 from __future__ import annotations
 
+from django.conf import settings
+
+from fleets import clock
 from fleets.core.states import InferenceState, TrainingState
 from fleets.models import Domain, Event, Fleet, Operation
 from fleets.reconciler import posture
@@ -30,6 +33,9 @@ from fleets.reconciler.steps import (
 )
 from fleets.services.route_pointer import route_switch
 from fleets.services.transitions import slot_transition
+
+# settings.HARU["chat_hold_poll_ms"]'s default (HARU_CHAT_HOLD_POLL_MS), if this build lacks it.
+DEFAULT_HOLD_POLL_MS = 250
 
 
 def _target_client(ctx: StepContext) -> SupervisorClient | None:
@@ -305,12 +311,53 @@ def _old_active(ctx: StepContext) -> tuple[SupervisorClient, Domain] | StepResul
     return ctx.client_for(source.supervisor_url), source
 
 
+# Added to the longest time a proxy may still route on the old pointer: a request read the
+# pointer just before the switch may still be on its way to the old active.
+SWITCH_SETTLE_MARGIN_MS = 250
+
+
+def switch_settle_ms() -> int:
+    """How long after the switch commits the old active may still receive new requests.
+
+    The proxy re-reads routing at least every `chat_hold_poll_ms` (the pushed revision's poll
+    fallback) and trusts a cached snapshot for at most the snapshot TTL: past the longer of the
+    two (plus a margin), no proxy sends the old active anything new.
+    """
+    haru = settings.HARU
+    poll = int(haru.get("chat_hold_poll_ms", DEFAULT_HOLD_POLL_MS))
+    ttl = int(haru.get("snapshot_cache_ttl_ms", 0))
+    return max(poll, ttl) + SWITCH_SETTLE_MARGIN_MS
+
+
+def _settle_left_ms(ctx: StepContext) -> int:
+    """Milliseconds until no proxy can still send the old active a request (0: none left)."""
+    switched = (
+        Event.objects.filter(
+            operation_id=ctx.operation.id, kind="operation.step.done", step="switch_route"
+        )
+        .values_list("created_at", flat=True)
+        .first()
+    )
+    if switched is None:
+        return 0
+    elapsed_ms = (clock.now() - switched).total_seconds() * 1000
+    return max(0, int(switch_settle_ms() - elapsed_ms))
+
+
 def demote_old_sleep(ctx: StepContext) -> StepResult:
-    """Best effort: put the old active's models to sleep, proven by the supervisor."""
+    """Best effort: put the old active's models to sleep, proven by the supervisor.
+
+    Not before every proxy has stopped routing to it (`switch_settle_ms` after the switch),
+    and then through the supervisor's drain: requests already running there finish, so a
+    planned promotion cuts none.
+    """
     old = _old_active(ctx)
     if isinstance(old, StepResult):
         return old
     client, source = old
+    left = _settle_left_ms(ctx)
+    if left > 0:
+        return pending(f"letting proxies move off {source.slug} ({left} ms left)", left)
     result = posture.ensure_asleep(
         client=client,
         domain=source,

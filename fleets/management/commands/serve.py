@@ -17,7 +17,7 @@ from django.core.management.base import BaseCommand, CommandError
 from fleets.metrics import remove_dead_process_files
 from fleets.reconciler import kick
 from fleets.reconciler.loop import ReconcileLoop
-from fleets.tasks import celery_kicker
+from fleets.tasks import celery_kicker, celery_reporter
 
 log = logging.getLogger("haru.serve")
 
@@ -109,6 +109,7 @@ def _start_tick_driver():
         import haru.celery  # noqa: F401, PLC0415
 
         kick.install(celery_kicker)
+        kick.install_reporter(celery_reporter)
         log.info("reconcile ticks: Celery (run `celery -A haru worker` and `celery -A haru beat`)")
         return None
     interval = settings.HARU["reconcile_interval_ms"]
