@@ -10,8 +10,9 @@ from __future__ import annotations
 from django.conf import settings
 
 from fleets import clock
+from fleets.core.model_health import ServerHealth
 from fleets.core.states import InferenceState, TrainingState
-from fleets.models import Domain, Event, Fleet, Operation
+from fleets.models import Domain, Event, Fleet, ModelBinding, Operation
 from fleets.reconciler import posture
 from fleets.reconciler.client import StatusReport, SupervisorClient
 from fleets.reconciler.steps import (
@@ -31,6 +32,7 @@ from fleets.reconciler.steps import (
     supervisor_trouble,
     training_slots,
 )
+from fleets.services.model_health import model_health_record
 from fleets.services.route_pointer import route_switch
 from fleets.services.transitions import slot_transition
 
@@ -251,6 +253,20 @@ def probe(ctx: StepContext) -> StepResult:
                 operation_id=ctx.operation.id,
             )
             current = to_state
+    # The probe just proved each model's own server serves: say so before routing moves, or
+    # the first snapshot after the switch would read the health the standby had asleep (down)
+    # and refuse the new active's models until the next heartbeat.
+    observed = clock.now()
+    for binding_id in ModelBinding.objects.filter(
+        domain_id=ctx.target.id, name__in=models
+    ).values_list("id", flat=True):
+        model_health_record(
+            binding_id=binding_id,
+            health=ServerHealth.UP,
+            observed_at=observed,
+            source="probe",
+            actor=ctx.actor,
+        )
     latencies = {r.model: r.latency_ms for r in probed.results if r.model in models}
     return done(latencyMs=latencies)
 

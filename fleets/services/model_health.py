@@ -1,9 +1,10 @@
 """Per-model serving health writes (fleets.core.model_health decides; this records).
 
 A heartbeat is read over HTTP before it is applied, so a slower beat can finish after a faster
-one: every write is a conditional UPDATE guarded by `health_at < observed_at` (older news never
-overwrites newer), and the edge event (`model.serving.up` / `.down`) is written once, by the
-write that changed the value it read.
+one: every write is a conditional UPDATE guarded by `health_at <= observed_at` (older news never
+overwrites newer; of two taken at the same instant, the one applied last wins), and the edge
+event (`model.serving.up` / `.down`) is written once, by the write that changed the value it
+read.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def model_health_record(
         # recorded" (a slower beat loses).
         moved = (
             ModelBinding.objects.filter(pk=binding_id, health=row["health"])
-            .filter(Q(health_at__isnull=True) | Q(health_at__lt=observed_at))
+            .filter(Q(health_at__isnull=True) | Q(health_at__lte=observed_at))
             .update(**values)
         )
         if moved and row["health"] != health:

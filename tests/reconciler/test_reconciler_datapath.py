@@ -257,6 +257,10 @@ def test_a_planned_promotion_sleeps_the_old_active_only_after_proxies_moved_off(
     op = Operation.objects.get(pk=op.operation.id)
     assert Fleet.objects.get(pk=fleet.pk).active_domain_id == domains()["west"].id
     assert op.current_step == "demote_old_sleep"
+    # The probe proved west's servers: the first snapshot after the switch routes them (its
+    # health read down while it slept; no heartbeat has run since).
+    assert health(domains()["west"]) == {"llama-small": "up", "qwen-small": "up"}
+    assert routes(fleet) == (["llama-small", "qwen-small"], {})
 
     def sleeps() -> list[str]:
         return [
