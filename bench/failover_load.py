@@ -469,7 +469,8 @@ def main() -> int:
     for key in ("DATABASE_URL", "REDIS_URL"):
         os.environ.pop(key, None)
     # The SDK logs every request at INFO through httpx: thousands of lines per round.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    for name in ("httpx", "httpx2", "openai"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     workdir = Path(tempfile.mkdtemp(prefix="haru-bench-failover-load-"))
     if args.jitter_minutes:
         return jitter_run(args, workdir)
