@@ -377,9 +377,11 @@ def run_round(stack: Stack, clients: Clients, kind: str, args) -> dict[str, Any]
         "errors": sorted({r.error for r in reqs if not r.ok}),
         **figures,
     }
-    if kind == "planned":
-        # The "event" is the operator's request, not a failure: nothing to detect.
-        row.pop("detection ms", None)
+    if kind != "crash":
+        # A planned promotion's "event" is the operator's request, and a supervisor-less
+        # active is failed over by the degraded grace (policy), not detected: no overhead.
+        if kind == "planned":
+            row.pop("detection ms", None)
     elif "detection ms" in row and "wake ms" in row:
         row["overhead ms"] = (
             row["outage ms"] - row["detection ms"] - row["wake ms"] - row["probe ms"]
