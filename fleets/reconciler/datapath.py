@@ -17,6 +17,7 @@ grace. One failed request never fails anything over: the reconciler's own checks
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -65,16 +66,17 @@ def report_unreachable(fleet_id: str, domain_id: str, model: str, failed_at: flo
     """
     try:
         key = (str(fleet_id), str(domain_id))
+        failed_at = _bounded(float(failed_at))
         now = time.monotonic()
         with _lock:
-            _note(key, float(failed_at), now)
+            _note(key, failed_at, now)
             last = _last_report.get(key)
             if last is not None and 0 <= now - last < REPORT_EVERY_S:
                 return
             if len(_last_report) >= MAX_SUSPECTS:
                 _last_report.clear()
             _last_report[key] = now
-        kick.datapath_kick(key[0], key[1], model, float(failed_at))
+        kick.datapath_kick(key[0], key[1], model, failed_at)
     except Exception:  # noqa: BLE001 - the data path must never fail because of a report
         log.warning("data-path report for fleet %s dropped", fleet_id, exc_info=True)
 
@@ -82,7 +84,16 @@ def report_unreachable(fleet_id: str, domain_id: str, model: str, failed_at: flo
 def suspect_note(fleet_id: str, domain_id: str, failed_at: float) -> None:
     """Note a report that arrived from another process (the Celery task's entry)."""
     with _lock:
-        _note((str(fleet_id), str(domain_id)), float(failed_at), time.monotonic())
+        _note((str(fleet_id), str(domain_id)), _bounded(float(failed_at)), time.monotonic())
+
+
+def _bounded(failed_at: float) -> float:
+    """Keep a reported time within what it can honestly be: not in the future, not older than
+    SUSPECT_TTL_S (a skewed or bogus clock must not stretch the recorded outage)."""
+    now = clock.now().timestamp()
+    if not math.isfinite(failed_at):
+        return now
+    return min(now, max(now - SUSPECT_TTL_S, failed_at))
 
 
 def _note(key: tuple[str, str], failed_at: float, now: float) -> None:

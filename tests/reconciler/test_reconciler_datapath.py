@@ -12,7 +12,7 @@ import random
 import httpx
 import pytest
 
-from fleets import clock
+from fleets import clock, tasks
 from fleets.core.model_health import ServerHealth
 from fleets.models import Domain, Event, Fleet, ModelBinding, Operation
 from fleets.proxy import snapshots, store
@@ -205,16 +205,25 @@ def test_a_host_that_answers_again_on_the_second_check_is_not_failed(
     assert not Operation.objects.exists()
 
 
-def test_reports_are_rate_limited_carried_with_their_payload_and_never_raise(fleet, domains):
+def test_reports_are_rate_limited_carried_with_their_payload_and_never_raise(
+    fleet, domains, fake_clock
+):
     seen = []
     previous = kick.install_reporter(lambda *args: seen.append(args))
     try:
         east = str(domains()["east"].id)
-        datapath.report_unreachable(str(fleet.id), east, "llama-small", 100.0)
-        datapath.report_unreachable(str(fleet.id), east, "qwen-small", 99.0)  # within 200 ms
-        assert seen == [(str(fleet.id), east, "llama-small", 100.0)]
+        now = clock.now().timestamp()
+        datapath.report_unreachable(str(fleet.id), east, "llama-small", now - 1)
+        datapath.report_unreachable(str(fleet.id), east, "qwen-small", now - 2)  # within 200 ms
+        assert seen == [(str(fleet.id), east, "llama-small", now - 1)]
         # The earliest failure is kept even when its report was not sent.
-        assert datapath.first_failed_at(fleet.id, east).timestamp() == 99.0
+        assert datapath.first_failed_at(fleet.id, east).timestamp() == now - 2
+        # A time from a skewed clock is bounded: never in the future, never over a minute old.
+        datapath.forget_all()
+        datapath.report_unreachable(str(fleet.id), east, "m", now + 3600)
+        assert datapath.first_failed_at(fleet.id, east).timestamp() == now
+        datapath.report_unreachable(str(fleet.id), east, "m", 1.0)
+        assert datapath.first_failed_at(fleet.id, east).timestamp() == now - 60
         kick.install_reporter(lambda *args: 1 / 0)
         datapath.report_unreachable(str(fleet.id), "other", "m", 1.0)  # swallowed
         datapath.report_unreachable(object(), None, None, "not a time")  # type: ignore[arg-type]
@@ -279,3 +288,26 @@ def test_a_planned_promotion_sleeps_the_old_active_only_after_proxies_moved_off(
     assert len(sent) == 1
     assert "waitMs=" in sent[0]  # through the supervisor's drain: running requests finish
     assert all(east.models.values())
+
+
+def test_under_celery_the_report_travels_as_task_arguments_and_the_worker_confirms(
+    fleet, hosts, domains, monkeypatch
+):
+    sent = []
+    monkeypatch.setattr(
+        tasks.datapath_report, "apply_async", lambda args, **kw: sent.append((args, kw))
+    )
+    nudges = []
+    monkeypatch.setattr(tasks, "celery_kicker", lambda fid, ms: nudges.append((fid, ms)))
+    east = str(domains()["east"].id)
+    at = clock.now().timestamp()
+    tasks.celery_reporter(str(fleet.id), east, "llama-small", at)
+    assert sent == [([str(fleet.id), east, "llama-small", at], {"expires": 5.0})]
+
+    # The worker's side: a process that never saw the report notes it, then ticks.
+    hosts.hosts["east"].down = True
+    answer = tasks.datapath_report.run(*sent[0][0])
+    assert answer["ran"] is True
+    assert domains()["east"].state == "failed"
+    assert Event.objects.get(kind="domain.unreachable").data["reported"] is True
+    assert Operation.objects.get().reason == "auto_failover"
