@@ -18,6 +18,7 @@ from fleets.models import Domain, Event, Fleet, ModelBinding, Operation
 from fleets.proxy import snapshots, store
 from fleets.reconciler import client, datapath, kick, promote
 from fleets.services.operations import operation_request
+from fleets.shapes import model_json
 
 pytestmark = pytest.mark.django_db
 
@@ -93,6 +94,9 @@ def test_a_dead_neighbour_is_refused_alone(fleet, tick, hosts, domains, fake_clo
     assert available == ["llama-small"]
     assert "server down" in unavailable["qwen-small"]
     assert Event.objects.filter(kind="model.serving.down", data__model="qwen-small").exists()
+    # The API says so too (the fleet snapshot's models).
+    shown = model_json(ModelBinding.objects.get(domain=domains()["east"], name="qwen-small"))
+    assert (shown["health"], shown["healthAt"]) == ("down", clock.iso(clock.now()))
     hosts.hosts["east"].servers_down = set()
     fake_clock.advance(ms=1000)
     tick()
