@@ -20,6 +20,8 @@ from fleets.models import Domain, Fleet, Id
 from fleets.services.events import event_record
 
 _FROM = (DomainState.READY, DomainState.DEGRADED)
+# The `reason` of the `domain.failed` event this writes.
+UNREACHABLE = "unreachable: supervisor and model servers refuse connections"
 
 
 def domain_unreachable_fail(
@@ -33,8 +35,8 @@ def domain_unreachable_fail(
     """Move the active `domain_id` to failed; return whether it moved.
 
     `checked_since`: when the first confirming check began; a state change after it is newer
-    than the evidence. `evidence` goes into the `domain.unreachable` event (no secrets: URLs
-    are the caller's redacted ones).
+    than the evidence. `evidence` goes into the `domain.failed` event (reason UNREACHABLE, the
+    kind every move to failed writes); it holds no secrets.
     """
     for source in _FROM:
         check_transition("domain", source, DomainState.FAILED)
@@ -56,11 +58,12 @@ def domain_unreachable_fail(
             event_record(
                 fleet_id=row["fleet_id"],
                 domain_id=domain_id,
-                kind="domain.unreachable",
+                kind="domain.failed",
                 actor=actor,
                 data={
                     "from": row["state"],
                     "to": DomainState.FAILED,
+                    "reason": UNREACHABLE,
                     "confirmedAt": clock.iso(now),
                     **evidence,
                 },

@@ -18,6 +18,7 @@ from fleets.models import Domain, Event, Fleet, ModelBinding, Operation
 from fleets.proxy import snapshots, store
 from fleets.reconciler import client, datapath, kick, promote
 from fleets.services.operations import operation_request
+from fleets.services.unreachable import UNREACHABLE
 from fleets.shapes import model_json
 
 pytestmark = pytest.mark.django_db
@@ -116,7 +117,7 @@ def test_a_gone_host_reported_by_the_data_path_is_failed_at_once_with_honest_tim
     )
     tick()
     assert domains()["east"].state == "failed"
-    event = Event.objects.get(kind="domain.unreachable")
+    event = Event.objects.get(kind="domain.failed", data__reason=UNREACHABLE)
     assert event.data["checks"] == 2 and event.data["reported"] is True
     op = Operation.objects.get()
     assert op.reason == "auto_failover"
@@ -159,7 +160,8 @@ def test_a_gone_host_is_confirmed_by_the_heartbeat_itself_without_traffic(
     hosts.hosts["east"].down = True
     tick()
     assert domains()["east"].state == "failed"
-    assert Event.objects.get(kind="domain.unreachable").data["reported"] is False
+    failed = Event.objects.get(kind="domain.failed", data__reason=UNREACHABLE)
+    assert failed.data["reported"] is False
 
 
 def test_a_partition_keeps_the_stale_window(fleet, tick, hosts, domains, fake_clock):
@@ -185,7 +187,7 @@ def test_one_failed_request_to_a_healthy_host_changes_nothing(fleet, tick, hosts
     tick()
     assert domains()["east"].state == "ready"
     assert not Operation.objects.exists()
-    assert not Event.objects.filter(kind="domain.unreachable").exists()
+    assert not Event.objects.filter(kind="domain.failed").exists()
     assert datapath.first_failed_at(fleet.id, east.id) is None  # not confirmed: forgotten
 
 
@@ -313,5 +315,6 @@ def test_under_celery_the_report_travels_as_task_arguments_and_the_worker_confir
     answer = tasks.datapath_report.run(*sent[0][0])
     assert answer["ran"] is True
     assert domains()["east"].state == "failed"
-    assert Event.objects.get(kind="domain.unreachable").data["reported"] is True
+    failed = Event.objects.get(kind="domain.failed", data__reason=UNREACHABLE)
+    assert failed.data["reported"] is True
     assert Operation.objects.get().reason == "auto_failover"
