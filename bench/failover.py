@@ -10,10 +10,13 @@ promotion of the standby to commit routing, then restarts the crashed host and d
 into standby posture for the next round (the roles alternate).
 
 Per round: detection (crash -> the tick that requested the promotion), each step's duration,
-total (crash -> routing committed) and control-plane overhead = total - detection - configured
-wake latency. Prints median and p95 of each. Detection is set by the policy (heartbeat interval
-and staleness); the overhead is what Haru adds on top of the engines' own latencies, including
-the trainer's exit (`--trainer-save-ms`, the time a trainer takes to checkpoint on SIGTERM).
+total (crash -> routing committed), the outage Haru recorded (failoverMs: from its outage start,
+the last good sighting of the active or the first failed request, to the commit; at least
+total) and control-plane overhead = total - detection - configured wake latency. Prints median
+and p95 of each. Detection is set by the policy (heartbeat interval, staleness, and the
+data-path confirmation when the host's processes are gone); the overhead is what Haru adds on
+top of the engines' own latencies, including the trainer's exit (`--trainer-save-ms`, the time
+a trainer takes to checkpoint on SIGTERM).
 """
 
 from __future__ import annotations
@@ -158,8 +161,16 @@ def main() -> int:
                 for e in Event.objects.filter(operation=op, kind="operation.step.done")
             }
             row = {s: float(done[s]) for s in STEPS}
-            row["detection"] = (op.detected_at - killed_at).total_seconds() * 1000
+            # Detection: from the crash to the tick that requested the promotion. The recorded
+            # outage (failoverMs, haru_failover_duration_seconds) runs from Haru's outage start
+            # (the last good sighting of the active) to the commit: it must cover the true
+            # one, crash -> commit, never understate it.
+            row["detection"] = (op.created_at - killed_at).total_seconds() * 1000
             row["total"] = (switched.created_at - killed_at).total_seconds() * 1000
+            switch_done = Event.objects.get(
+                operation=op, kind="operation.step.done", step="switch_route"
+            )
+            row["recorded outage"] = float(switch_done.data["failoverMs"])
             row["overhead"] = row["total"] - row["detection"] - args.wake_latency_ms
             rounds.append(row)
             if args.verbose:
@@ -206,7 +217,7 @@ def main() -> int:
         f"{args.trainer_save_ms} ms"
     )
     print(f"{'phase':<34}{'median ms':>12}{'p95 ms':>10}")
-    for key in ("detection", *STEPS, "total", "overhead"):
+    for key in ("detection", *STEPS, "total", "recorded outage", "overhead"):
         label = "overhead (total-detection-wake)" if key == "overhead" else key
         values = [r[key] for r in rounds]
         print(f"{label:<34}{statistics.median(values):>12.1f}{p95(values):>10.1f}")

@@ -18,6 +18,10 @@ class Clock:
     def monotonic(self) -> float:
         return time.monotonic()
 
+    def sleep(self, seconds: float) -> None:
+        """Wait (a short, bounded pause between two checks); a fake clock just moves on."""
+        time.sleep(max(0.0, seconds))
+
 
 class FakeClock(Clock):
     """A clock that moves only when told to; for tests."""
@@ -31,6 +35,9 @@ class FakeClock(Clock):
 
     def monotonic(self) -> float:
         return self._mono
+
+    def sleep(self, seconds: float) -> None:
+        self.advance(seconds=max(0.0, seconds))
 
     def advance(self, *, ms: float = 0, seconds: float = 0) -> None:
         delta = seconds + ms / 1000

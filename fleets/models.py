@@ -13,6 +13,7 @@ from typing import TypeAlias
 from django.db import models
 from django.db.models import Q
 
+from fleets.core.model_health import ServerHealth
 from fleets.core.states import (
     CleanupState,
     DomainState,
@@ -200,6 +201,16 @@ class ModelBinding(models.Model):
     # The layout's golden-probe settings: {deterministic?: false, adapters?: [LoRA names]}.
     # db_default: replicas still on the previous release insert bindings without this column.
     golden = models.JSONField(default=dict, blank=True, db_default={})
+    # Whether this model's own server takes requests (fleets.core.model_health): the proxy
+    # refuses the model only when this says down, never for its supervisor or a neighbour.
+    # Written by heartbeats through fleets.services.model_health, guarded by `health_at`.
+    health = models.CharField(
+        max_length=8, choices=_choices(ServerHealth), default=ServerHealth.UNKNOWN, editable=False
+    )
+    health_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # The last time its server was seen able to serve: staleness of the supervisor alone never
+    # fails over an active whose model servers were seen serving within the stale window.
+    serving_seen_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["domain", "name"]

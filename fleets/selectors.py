@@ -70,6 +70,8 @@ def fleet_view(fleet: Fleet | str) -> FleetView:
                 slot_id=str(b.slot_id),
                 gpu_index=slot_by_id[b.slot_id].gpu_index,
                 slot_state=slot_by_id[b.slot_id].state,
+                health=b.health,
+                serving_seen_at=b.serving_seen_at,
             )
             for b in bindings
             if b.domain_id == d.id

@@ -116,6 +116,9 @@ def model_json(binding: ModelBinding) -> dict[str, Any]:
         "servingUrl": without_userinfo(binding.serving_url),
         "profile": binding.profile or None,
         "memory": binding.memory or None,
+        "health": binding.health,
+        "healthAt": iso(binding.health_at),
+        "servingSeenAt": iso(binding.serving_seen_at),
     }
 
 

@@ -18,7 +18,7 @@ from django.conf import settings
 
 from fleets import clock
 from fleets.metrics import mark_this_process_dead
-from fleets.reconciler import kick
+from fleets.reconciler import datapath, kick
 from fleets.reconciler.provision import fleet_provision_tick
 from fleets.reconciler.tick import fleets_to_reconcile, tick_run
 from fleets.services.retention import history_prune, retention_cutoff
@@ -74,10 +74,26 @@ def celery_kicker(fleet_id: str, delay_ms: int) -> None:
     )
 
 
+def celery_reporter(fleet_id: str, domain_id: str, model: str, failed_at: float) -> None:
+    """Carry a data-path failure report to a worker, which confirms it in the tick it runs."""
+    datapath_report.apply_async(
+        args=[fleet_id, domain_id, model, failed_at], expires=_DATAPATH_REPORT_EXPIRES_S
+    )
+
+
+# A report the workers could not take up within this long is stale news: the next beat's
+# heartbeat sees the same host.
+_DATAPATH_REPORT_EXPIRES_S = 5.0
+# How long the report's tick waits for one already running (whose heartbeat may be the one
+# that would miss the report: the registry is per process).
+_DATAPATH_TICK_WAIT_S = 2.0
+
+
 @worker_process_init.connect
 def _install_kicker(**_kwargs) -> None:
     # Inside a worker, operations created by a tick (auto-failover) are kicked through Celery.
     kick.install(celery_kicker)
+    kick.install_reporter(celery_reporter)
 
 
 @worker_process_shutdown.connect
@@ -106,6 +122,23 @@ def reconcile_fleet(fleet_id: str) -> dict:
             _redis().delete(f"haru:nudge:{fleet_id}")
         celery_kicker(fleet_id, max(result.nudge_ms, 1))
     return {"fleetId": fleet_id, "ran": result.ran, "nudgeMs": result.nudge_ms}
+
+
+@shared_task(
+    name="fleets.datapath_report",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    soft_time_limit=SOFT_LIMIT_S,
+    time_limit=HARD_LIMIT_S,
+    ignore_result=True,
+)
+def datapath_report(fleet_id: str, domain_id: str, model: str, failed_at: float) -> dict:
+    """Note a proxy's data-path failure in this worker and tick the fleet, which confirms it."""
+    datapath.suspect_note(fleet_id, domain_id, failed_at)
+    result = tick_run(fleet_id=fleet_id, wait_s=_DATAPATH_TICK_WAIT_S)
+    if result.ran and result.nudge_ms is not None:
+        celery_kicker(fleet_id, max(result.nudge_ms, 1))
+    return {"fleetId": fleet_id, "model": model, "ran": result.ran}
 
 
 @shared_task(

@@ -108,6 +108,17 @@ class ModelOut(serializers.Serializer):
         help_text="The layout's memory request (memoryMiB or memoryFraction, "
         "exclusive, sleepResidueMiB); null when the layout gave none.",
     )
+    health = serializers.ChoiceField(
+        ["up", "down", "unknown"],
+        help_text="Whether this model's own server takes requests: the chat proxy refuses the "
+        "model only when it is down (never for its supervisor or a neighbour on the slot).",
+    )
+    healthAt = serializers.DateTimeField(  # noqa: N815
+        allow_null=True, help_text="When that health was observed."
+    )
+    servingSeenAt = serializers.DateTimeField(  # noqa: N815
+        allow_null=True, help_text="When its server was last seen able to serve."
+    )
 
 
 class SlotOut(serializers.Serializer):

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
+from fleets.core.model_health import serving_recently
 from fleets.core.policy import Policy
 from fleets.core.read_model import DomainView, FleetView
 from fleets.core.states import PROMOTABLE_DOMAIN_STATES, DomainState
@@ -89,7 +90,11 @@ def detect_failover(
         return None
     if active.state == DomainState.FAILED:
         reason = ACTIVE_FAILED
-    elif is_stale(active, policy, now):
+    elif is_stale(active, policy, now) and not serving_recently(
+        active.serving_seen_at, now=now, window_ms=policy.heartbeat_stale_ms
+    ):
+        # Staleness alone never fails over an active whose model servers were seen serving
+        # within the window: its supervisor is gone, not its traffic (degraded, with a grace).
         reason = ACTIVE_STALE
     else:
         return None

@@ -62,6 +62,12 @@ DEFAULTS: dict[str, Any] = {
     # The recovery time objective: the p95 failover (drills and real ones, detection to
     # routing moved) the fleet promises; /metrics exports it beside the measured p95.
     "rtoMs": 300_000,
+    # Data-path detection (fleets.reconciler.datapath): a model server asked directly (its
+    # supervisor cannot vouch for it) and each call of a confirmation round is bounded by this.
+    "servingCheckTimeoutMs": 500,
+    # A host a proxy could not reach is failed only when its supervisor and model servers refuse
+    # connections on two checks this far apart (one refused connection is not an outage).
+    "dataPathConfirmIntervalMs": 200,
 }
 
 # Which Policy field bounds each operation step (step names from fleets.core.states).
@@ -182,6 +188,8 @@ class Policy:
     checkpoint_max_age_ms: int = DEFAULTS["checkpointMaxAgeMs"]
     drill_max_age_ms: int = DEFAULTS["drillMaxAgeMs"]
     rto_ms: int = DEFAULTS["rtoMs"]
+    serving_check_timeout_ms: int = DEFAULTS["servingCheckTimeoutMs"]
+    data_path_confirm_interval_ms: int = DEFAULTS["dataPathConfirmIntervalMs"]
 
     @classmethod
     def resolve(cls, raw: Mapping[str, Any] | None) -> Policy:
@@ -215,6 +223,8 @@ class Policy:
             checkpoint_max_age_ms=merged["checkpointMaxAgeMs"],
             drill_max_age_ms=merged["drillMaxAgeMs"],
             rto_ms=merged["rtoMs"],
+            serving_check_timeout_ms=merged["servingCheckTimeoutMs"],
+            data_path_confirm_interval_ms=merged["dataPathConfirmIntervalMs"],
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -245,6 +255,8 @@ class Policy:
             "checkpointMaxAgeMs": self.checkpoint_max_age_ms,
             "drillMaxAgeMs": self.drill_max_age_ms,
             "rtoMs": self.rto_ms,
+            "servingCheckTimeoutMs": self.serving_check_timeout_ms,
+            "dataPathConfirmIntervalMs": self.data_path_confirm_interval_ms,
         }
 
     def step_timeout_ms(self, step: str) -> int:

@@ -19,6 +19,8 @@ class ModelView:
     slot_id: str
     gpu_index: int
     slot_state: str  # the inference slot's state
+    health: str = "unknown"  # its own server's health (fleets.core.model_health.ServerHealth)
+    serving_seen_at: datetime | None = None  # its server last seen able to serve
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,11 @@ class DomainView:
     @property
     def has_bindings(self) -> bool:
         return bool(self.models)
+
+    @property
+    def serving_seen_at(self) -> tuple[datetime | None, ...]:
+        """When each bound model's own server was last seen able to serve."""
+        return tuple(m.serving_seen_at for m in self.models)
 
     @property
     def has_failed_inference_slot(self) -> bool:

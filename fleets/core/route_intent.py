@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fleets.core.failover import rank_standbys
+from fleets.core.model_health import is_model_servable
 from fleets.core.read_model import DomainView, FleetView, ModelView
-from fleets.core.states import PROMOTABLE_DOMAIN_STATES, InferenceState
 from fleets.core.urls import without_userinfo
 
 
@@ -24,8 +24,9 @@ def format_timestamp(moment: datetime) -> str:
 
 
 def is_model_routable(domain: DomainView, model: ModelView) -> bool:
-    """Tell whether a model may take traffic: its domain is ready/degraded and its slot serves."""
-    return domain.state in PROMOTABLE_DOMAIN_STATES and model.slot_state == InferenceState.SERVING
+    """Tell whether a model may take traffic: its own server is not reported down and the
+    control plane left it serving (fleets.core.model_health.is_model_servable)."""
+    return is_model_servable(domain.state, model.slot_state, model.health)
 
 
 def _target(domain: DomainView, *, active: bool) -> dict[str, Any]:

@@ -11,8 +11,9 @@ from datetime import datetime
 
 from fleets.core.states import PROMOTE_STEPS
 
-# "detection" is the time between noticing the failure and starting the promotion (automatic
-# failovers only); it comes first because it comes first in the incident.
+# "detection" runs from the outage's start (the last good sighting of the active, or the first
+# failed data-path request, whichever is earlier: `Operation.detected_at`) to the start of the
+# promotion (automatic failovers only); it comes first because it comes first in the incident.
 SERIES = ("detection", *PROMOTE_STEPS)
 
 WIDTH, HEIGHT = 760, 230

@@ -21,7 +21,7 @@ from fleets.clock import iso
 from fleets.core.states import OperationKind
 from fleets.dashboard import actions
 from fleets.dashboard.forms import ACTIONS, ActionForm
-from fleets.dashboard.selectors import fleet_page, overview_rows
+from fleets.dashboard.selectors import fleet_page, heartbeats, overview_rows
 from fleets.models import Fleet
 
 
@@ -70,6 +70,22 @@ def overview(request):
 @staff_required
 def overview_live(request):
     return render(request, "dashboard/_overview_live.html", _overview_context())
+
+
+@require_GET
+@never_cache
+@staff_required
+def heartbeats_live(request):
+    """Last heartbeat per domain (`?fleet=<slug>` for one fleet), polled every second."""
+    slug = request.GET.get("fleet")
+    fleet = None
+    if slug is not None:
+        fleet = _fleet(slug)
+        if fleet is None:
+            return JsonResponse(
+                {"error": {"code": "not_found", "message": "no such fleet"}}, status=404
+            )
+    return JsonResponse(heartbeats(now=clock.now(), fleet=fleet))
 
 
 @require_GET

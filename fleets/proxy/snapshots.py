@@ -150,11 +150,14 @@ def snapshot_build(rows: store.SnapshotRows, loaded_at: float) -> Snapshot:
                 slot_id=b.slot_id,
                 gpu_index=b.gpu_index,
                 slot_state=b.slot_state,
+                health=b.health,
             )
             if is_model_routable(domain, model):
                 routes[b.name] = Route(model=b.name, targets=targets)
             else:
-                unavailable[b.name] = f"domain {domain.state}, slot {b.slot_state}"
+                unavailable[b.name] = (
+                    f"domain {domain.state}, slot {b.slot_state}, server {b.health}"
+                )
     return Snapshot(
         fleet_id=pointer.fleet_id,
         fleet_slug=pointer.slug,

@@ -55,6 +55,7 @@ class BindingRow:
     slot_domain_id: str
     slot_id: str
     gpu_index: int
+    health: str = "unknown"  # the model's own server (fleets.core.model_health.ServerHealth)
 
 
 @dataclass(frozen=True)
@@ -196,6 +197,7 @@ def snapshot_rows_read(fleet_id: str) -> SnapshotRows | None:
             "slot__domain_id",
             "slot_id",
             "slot__gpu_index",
+            "health",
         )
         bindings = tuple(
             BindingRow(
@@ -206,8 +208,9 @@ def snapshot_rows_read(fleet_id: str) -> SnapshotRows | None:
                 slot_domain_id=_uuid_str(slot_domain),
                 slot_id=_uuid_str(slot_id),
                 gpu_index=gpu_index,
+                health=health,
             )
-            for name, url, kind, state, slot_domain, slot_id, gpu_index in rows
+            for name, url, kind, state, slot_domain, slot_id, gpu_index, health in rows
         )
         if domain is None:
             return SnapshotRows(pointer, None, None, None, bindings)

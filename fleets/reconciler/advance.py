@@ -121,7 +121,8 @@ def _record_done(ctx: StepContext, result: StepResult, actor: str) -> None:
     op, step = ctx.operation, ctx.step
     data = dict(result.data)
     if step == "switch_route" and op.detected_at is not None and not data.get("alreadyActive"):
-        # Failover time: from detecting the lost active to the pointer commit, just now.
+        # Failover time: from the outage's start (detected_at: the last good sighting of the
+        # active or the first failed request, whichever is earlier) to the commit, just now.
         data["failoverMs"] = int((clock.now() - op.detected_at).total_seconds() * 1000)
     operation_step_done(
         operation_id=op.id, step=step, actor=actor, outcome=result.outcome, data=data

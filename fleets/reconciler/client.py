@@ -21,6 +21,7 @@ from urllib.parse import urlencode
 import httpx
 from django.conf import settings
 
+from fleets.core.model_health import Reach
 from fleets.core.urls import host_allowed, scrub_urls, without_userinfo
 from fleets.reconciler import metrics
 from fleets.reconciler.deadline import DeadlineTransport, deadline
@@ -71,6 +72,9 @@ class CallError:
     message: str
     status: int | None = None
     code: str | None = None
+    # The connection itself was refused: nothing listens there (a dead process), as opposed
+    # to a timeout (a slow host or a partition). Data-path confirmation decides on it.
+    refused: bool = False
 
 
 @dataclass(frozen=True)
@@ -560,6 +564,10 @@ class SupervisorClient:
                         break
         except httpx.TimeoutException:
             return Call(error=CallError(TIMEOUT, f"{where} timed out after {budget:.1f}s"))
+        except httpx.ConnectError as exc:
+            return Call(
+                error=CallError(NETWORK, f"{where}: {type(exc).__name__}: {exc}", refused=True)
+            )
         except httpx.HTTPError as exc:
             # The exception text names the URL and the OS error, never our headers.
             text = scrub_urls(f"{exc}")
@@ -681,6 +689,47 @@ def _envelope(payload: Any) -> tuple[str | None, str]:
         message = err.get("message") if isinstance(err.get("message"), str) else ""
         return code, message[:300]
     return None, ""
+
+
+def call_reach(call: Call[Any]) -> Reach:
+    """How a supervisor call ended, in the terms of fleets.core.model_health."""
+    err = call.error
+    if err is None:
+        return Reach.ANSWERED
+    if err.refused:
+        return Reach.REFUSED
+    if err.kind == TIMEOUT:
+        return Reach.TIMEOUT
+    return Reach.UNAVAILABLE
+
+
+def serving_reach(serving_url: str, *, timeout: float) -> Reach:
+    """Ask a model server itself whether it serves: `GET <servingUrl>/health`, bounded.
+
+    Used when its supervisor cannot say. No credentials go with it (vLLM's /health needs none)
+    and the body is never read. Any answer below 500 means a live server; 5xx means it says it
+    cannot serve; a refused connection means nothing listens there.
+    """
+    url = serving_url.rstrip("/") + "/health"
+    budget = max(MIN_CALL_S / 5, timeout)
+    try:
+        with (
+            deadline(budget) as at,
+            _shared_http().stream(
+                "GET",
+                url,
+                headers={"Accept-Encoding": "identity"},
+                timeout=max(0.01, at - time.monotonic()),
+            ) as response,
+        ):
+            status = response.status_code
+    except httpx.TimeoutException:
+        return Reach.TIMEOUT
+    except httpx.ConnectError:
+        return Reach.REFUSED
+    except Exception:  # noqa: BLE001 - a reset mid-answer: a server in trouble, not a dead one
+        return Reach.UNAVAILABLE
+    return Reach.UNAVAILABLE if status >= 500 else Reach.ANSWERED
 
 
 def client_for(domain: Domain) -> SupervisorClient:

@@ -28,7 +28,7 @@ from django.conf import settings
 
 from fleets.reconciler import kick
 from fleets.reconciler.loop import ReconcileLoop
-from fleets.tasks import broker_ping, celery_kicker
+from fleets.tasks import broker_ping, celery_kicker, celery_reporter
 
 log = logging.getLogger(__name__)
 
@@ -209,11 +209,32 @@ def start_for_server(*, role: str = "single") -> Driver:
     gate.append(fallback)
     loop.start(install_kicker=False)
     fallback.start()
+    kick.install_reporter(_reporter_via(fallback))
     log.info(
         "reconcile ticks: Celery (run `celery -A haru worker` and `celery -A haru beat`); this "
         "server ticks while the broker is unreachable"
     )
     return Driver(loop, fallback)
+
+
+def _reporter_via(fallback: BrokerFallback) -> kick.Reporter:
+    """Data-path reports go to a worker with the report as the task's arguments; while the
+    broker cannot take them they become a kick of this process's loop, which reads the report
+    from this process's registry (fleets.reconciler.datapath noted it before reporting)."""
+
+    def report(fleet_id: str, domain_id: str, model: str, failed_at: float) -> None:
+        if fallback.covering():
+            kick.fleet_kick(fleet_id, delay_ms=0)
+            return
+        try:
+            import haru.celery  # noqa: F401, PLC0415 - the Celery app, as in _celery_enqueue
+
+            celery_reporter(fleet_id, domain_id, model, failed_at)
+        except Exception:  # noqa: BLE001 - the broker failed us: confirm here instead
+            log.warning("data-path report not queued; confirming in this process", exc_info=True)
+            kick.fleet_kick(fleet_id, delay_ms=0)
+
+    return report
 
 
 def _never() -> bool:

@@ -25,7 +25,7 @@ import functools
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -37,6 +37,14 @@ from fleets.core.mirror import (
     inference_move,
     training_move,
 )
+from fleets.core.model_health import (
+    Reach,
+    ServerHealth,
+    Verdict,
+    model_health,
+    needs_direct_check,
+    unreachable_verdict,
+)
 from fleets.core.policy import Policy
 from fleets.core.states import SlotKind, TrainingState
 from fleets.models import Domain, Id, ModelBinding, Slot
@@ -47,7 +55,9 @@ from fleets.reconciler.client import (
     StatusReport,
     SupervisorClient,
     TrainingReport,
+    call_reach,
     gpu_facts_unavailable,
+    serving_reach,
 )
 from fleets.services.heartbeats import (
     domain_heartbeat_failed,
@@ -56,6 +66,7 @@ from fleets.services.heartbeats import (
     slot_mirror,
     slot_pids_record,
 )
+from fleets.services.model_health import model_health_record
 
 # At most this many supervisors are asked at once per process; more domains queue.
 POOL_THREADS = 16
@@ -103,6 +114,48 @@ class Beat:
     observed_at: datetime
     call: Call[StatusReport] | None  # None: the domain has no supervisor URL
     gpu: GpuRead | None = None  # None: no GPU memory read this beat
+    # Model name -> how its own server answered when asked directly (only models the
+    # supervisor could not vouch for, on the active).
+    direct: dict[str, Reach] = field(default_factory=dict)
+
+    @property
+    def supervisor_reach(self) -> Reach:
+        return Reach.NOT_ASKED if self.call is None else call_reach(self.call)
+
+    def verdict(self) -> Verdict:
+        """What this beat says about the host, in the data-path confirmation's terms."""
+        return unreachable_verdict(self.supervisor_reach, list(self.direct.values()))
+
+
+@functools.cache
+def _serving_pool() -> ThreadPoolExecutor:
+    """Direct model-server checks: their own threads, so a status read never waits on them."""
+    return ThreadPoolExecutor(max_workers=POOL_THREADS, thread_name_prefix="haru-serving-check")
+
+
+def serving_check_timeout(policy: Policy) -> float:
+    """Bound a direct model-server check (and a confirmation's calls)."""
+    return min(heartbeat_timeout(policy), policy.serving_check_timeout_ms / 1000)
+
+
+def servers_check(urls: dict[str, str], *, timeout: float) -> dict[str, Reach]:
+    """Ask each model server (name -> serving URL) directly, concurrently, each bounded."""
+    futures = {
+        name: _serving_pool().submit(serving_reach, url, timeout=timeout)
+        for name, url in urls.items()
+    }
+    return {name: f.result() for name, f in futures.items()}
+
+
+def _unvouched(report: StatusReport | None, urls: dict[str, str]) -> dict[str, str]:
+    """The models whose supervisor cannot say whether their server serves."""
+    return {
+        name: url
+        for name, url in urls.items()
+        if needs_direct_check(
+            supervisor_answered=report is not None, posture=_model_posture(report, name)
+        )
+    }
 
 
 def heartbeat_timeout(policy: Policy) -> float:
@@ -112,10 +165,21 @@ def heartbeat_timeout(policy: Policy) -> float:
 
 
 def heartbeats_collect(
-    domains: list[Domain], *, policy: Policy, client_for: Callable[[Domain], SupervisorClient]
+    domains: list[Domain],
+    *,
+    policy: Policy,
+    client_for: Callable[[Domain], SupervisorClient],
+    serving_urls: dict[Any, dict[str, str]] | None = None,
 ) -> list[Beat]:
-    """Ask every domain's supervisor for `/v1/status` (and GPU memory), concurrently."""
+    """Ask every domain's supervisor for `/v1/status` (and GPU memory), concurrently.
+
+    `serving_urls` (domain id -> model name -> serving URL, the active's): the model servers
+    to ask directly when their supervisor cannot vouch for them (it is down, or it does not
+    know their posture), so a dead supervisor never reads as dead models.
+    """
     timeout = heartbeat_timeout(policy)
+    direct_timeout = serving_check_timeout(policy)
+    urls_of = serving_urls or {}
 
     def one(domain: Domain) -> Beat:
         observed = clock.now()
@@ -123,9 +187,30 @@ def heartbeats_collect(
             return Beat(domain, observed, None)
         client: SupervisorClient = client_for(domain)
         gpu = _gpu_read_start(domain, client, timeout=timeout, now=observed)
-        return Beat(domain, observed, client.status(timeout=timeout), gpu)
+        call = client.status(timeout=timeout)
+        unvouched = _unvouched(call.value, urls_of.get(domain.id, {}))
+        direct = servers_check(unvouched, timeout=direct_timeout) if unvouched else {}
+        return Beat(domain, observed, call, gpu, direct)
 
     return list(_status_pool().map(one, domains))
+
+
+def beat_one(
+    domain: Domain,
+    *,
+    policy: Policy,
+    client_for: Callable[[Domain], SupervisorClient],
+    serving_urls: dict[str, str],
+) -> Beat:
+    """A targeted heartbeat of one domain: its supervisor and (always) its model servers,
+    each bounded by the serving-check timeout (the data-path confirmation's round)."""
+    timeout = serving_check_timeout(policy)
+    observed = clock.now()
+    if not domain.supervisor_url:
+        return Beat(domain, observed, None, None, servers_check(serving_urls, timeout=timeout))
+    status = _status_pool().submit(client_for(domain).status, timeout=timeout)
+    direct = servers_check(serving_urls, timeout=timeout)
+    return Beat(domain, observed, status.result(), None, direct)
 
 
 def _gpu_read_start(
@@ -207,6 +292,40 @@ def _models_by_slot(domain: Domain) -> dict:
     return out
 
 
+def serving_urls_of(domain_id: Id | None) -> dict[str, str]:
+    """Model name -> serving URL of a domain's bindings (empty for None)."""
+    if domain_id is None:
+        return {}
+    return dict(ModelBinding.objects.filter(domain_id=domain_id).values_list("name", "serving_url"))
+
+
+def _record_model_health(beat: Beat, report: StatusReport | None, actor: str) -> None:
+    """Record each bound model's own server health from this beat (fleets.core.model_health).
+
+    Written when it changes, and on every direct sighting of a live server: that sighting is
+    what keeps a supervisor-less active from reading stale (`serving_seen_at`).
+    """
+    rows = ModelBinding.objects.filter(domain=beat.domain).values_list("id", "name", "health")
+    for binding_id, name, current in rows:
+        direct = beat.direct.get(name, Reach.NOT_ASKED)
+        health = model_health(
+            supervisor_answered=report is not None,
+            posture=_model_posture(report, name),
+            direct=direct,
+        )
+        if health is None or (health == current and direct == Reach.NOT_ASKED):
+            continue
+        if health == current and health != ServerHealth.UP:
+            continue
+        model_health_record(
+            binding_id=binding_id,
+            health=health,
+            observed_at=beat.observed_at,
+            source="direct" if direct != Reach.NOT_ASKED else "supervisor",
+            actor=actor,
+        )
+
+
 def heartbeat_apply(
     beat: Beat,
     *,
@@ -240,6 +359,7 @@ def heartbeat_apply(
         elif slot.kind == SlotKind.TRAINING and report is not None:
             _mirror_training(slot, report, observed_at=beat.observed_at, now=now, actor=actor)
     _mirror_domain(domain, report, is_active=is_active, healthy=healthy, beat=beat, now=now)
+    _record_model_health(beat, report, actor)
     # Taken only now, after the state decisions: GPU memory never holds them up.
     gpu_fields = _gpu_fields(beat, domain.last_report)
     if report is not None:

@@ -20,6 +20,11 @@ log = logging.getLogger(__name__)
 
 Kicker = Callable[[str, int], None]
 _kicker: Kicker | None = None
+# Carries a data-path failure report (fleet, domain, model, failed_at) to whoever confirms it:
+# Celery ships it to a worker as a task's arguments; unset (the in-process loop), the report
+# already sits in this process's registry and a plain kick is enough.
+Reporter = Callable[[str, str, str, float], None]
+_reporter: Reporter | None = None
 
 
 def _on_operation_created(fleet_id: str, operation_id: str) -> None:
@@ -44,6 +49,24 @@ def install(kicker: Kicker | None) -> Kicker | None:
         if kicker is None and hook in registry:
             registry.remove(hook)
     return previous
+
+
+def install_reporter(reporter: Reporter | None) -> Reporter | None:
+    """Make `reporter` carry data-path reports in this process; return the previous one."""
+    global _reporter
+    previous, _reporter = _reporter, reporter
+    return previous
+
+
+def datapath_kick(fleet_id: str, domain_id: str, model: str, failed_at: float) -> None:
+    """Ask for a tick that confirms a data-path failure at once; never raises."""
+    if _reporter is None:
+        fleet_kick(fleet_id, delay_ms=0)
+        return
+    try:
+        _reporter(str(fleet_id), str(domain_id), model, float(failed_at))
+    except Exception:  # noqa: BLE001 - a lost report costs the stale window, never the request
+        log.warning("could not report a data-path failure for fleet %s", fleet_id, exc_info=True)
 
 
 def fleet_kick(fleet_id: str, *, delay_ms: int = 0) -> None:

@@ -7,9 +7,13 @@ the old active (the operation's recorded source) and never fail the operation.
 
 from __future__ import annotations
 
+from django.conf import settings
+
+from fleets import clock
 from fleets.core.golden import PROBE_MISMATCH, Verdict
+from fleets.core.model_health import ServerHealth
 from fleets.core.states import InferenceState, TrainingState
-from fleets.models import Domain, Event, Fleet, Operation
+from fleets.models import Domain, Event, Fleet, ModelBinding, Operation
 from fleets.reconciler import golden, posture
 from fleets.reconciler.client import StatusReport, SupervisorClient
 from fleets.reconciler.steps import (
@@ -30,8 +34,12 @@ from fleets.reconciler.steps import (
     training_slots,
 )
 from fleets.services.baselines import FIRST_SERVING, baseline_record
+from fleets.services.model_health import model_health_record
 from fleets.services.route_pointer import route_switch
 from fleets.services.transitions import slot_transition
+
+# settings.HARU["chat_hold_poll_ms"]'s default (HARU_CHAT_HOLD_POLL_MS), if this build lacks it.
+DEFAULT_HOLD_POLL_MS = 250
 
 
 def _target_client(ctx: StepContext) -> SupervisorClient | None:
@@ -254,6 +262,20 @@ def probe(ctx: StepContext) -> StepResult:
                 operation_id=ctx.operation.id,
             )
             current = to_state
+    # The probe just proved each model's own server serves: say so before routing moves, or
+    # the first snapshot after the switch would read the health the standby had asleep (down)
+    # and refuse the new active's models until the next heartbeat.
+    observed = clock.now()
+    for binding_id in ModelBinding.objects.filter(
+        domain_id=ctx.target.id, name__in=models
+    ).values_list("id", flat=True):
+        model_health_record(
+            binding_id=binding_id,
+            health=ServerHealth.UP,
+            observed_at=observed,
+            source="probe",
+            actor=ctx.actor,
+        )
     latencies = {
         r.model: r.latency_ms for r in probed.results if r.model in models and r.adapter is None
     }
@@ -316,12 +338,53 @@ def _old_active(ctx: StepContext) -> tuple[SupervisorClient, Domain] | StepResul
     return ctx.client_for(source), source
 
 
+# Added to the longest time a proxy may still route on the old pointer: a request read the
+# pointer just before the switch may still be on its way to the old active.
+SWITCH_SETTLE_MARGIN_MS = 250
+
+
+def switch_settle_ms() -> int:
+    """How long after the switch commits the old active may still receive new requests.
+
+    The proxy re-reads routing at least every `chat_hold_poll_ms` (the pushed revision's poll
+    fallback) and trusts a cached snapshot for at most the snapshot TTL: past the longer of the
+    two (plus a margin), no proxy sends the old active anything new.
+    """
+    haru = settings.HARU
+    poll = int(haru.get("chat_hold_poll_ms", DEFAULT_HOLD_POLL_MS))
+    ttl = int(haru.get("snapshot_cache_ttl_ms", 0))
+    return max(poll, ttl) + SWITCH_SETTLE_MARGIN_MS
+
+
+def _settle_left_ms(ctx: StepContext) -> int:
+    """Milliseconds until no proxy can still send the old active a request (0: none left)."""
+    switched = (
+        Event.objects.filter(
+            operation_id=ctx.operation.id, kind="operation.step.done", step="switch_route"
+        )
+        .values_list("created_at", flat=True)
+        .first()
+    )
+    if switched is None:
+        return 0
+    elapsed_ms = (clock.now() - switched).total_seconds() * 1000
+    return max(0, int(switch_settle_ms() - elapsed_ms))
+
+
 def demote_old_sleep(ctx: StepContext) -> StepResult:
-    """Best effort: put the old active's models to sleep, proven by the supervisor."""
+    """Best effort: put the old active's models to sleep, proven by the supervisor.
+
+    Not before every proxy has stopped routing to it (`switch_settle_ms` after the switch),
+    and then through the supervisor's drain: requests already running there finish, so a
+    planned promotion cuts none.
+    """
     old = _old_active(ctx)
     if isinstance(old, StepResult):
         return old
     client, source = old
+    left = _settle_left_ms(ctx)
+    if left > 0:
+        return pending(f"letting proxies move off {source.slug} ({left} ms left)", left)
     result = posture.ensure_asleep(
         client=client,
         domain=source,

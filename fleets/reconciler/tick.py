@@ -34,6 +34,7 @@ from fleets.core.failover import (
     should_escalate,
     standby_to_restore,
 )
+from fleets.core.model_health import outage_started_at
 from fleets.core.preemption import PREEMPTED, InFlight, leads_to_serving, should_preempt
 from fleets.core.provisioning import Phase
 from fleets.core.read_model import FleetView
@@ -45,11 +46,11 @@ from fleets.core.states import (
 )
 from fleets.errors import FleetNotFound, InvalidTarget, OperationConflict
 from fleets.models import Domain, Fleet, Id, Operation
-from fleets.reconciler import kick, metrics
+from fleets.reconciler import datapath, kick, metrics
 from fleets.reconciler.advance import operation_advance
 from fleets.reconciler.cleanup import pending_cleanups_run
 from fleets.reconciler.client import SupervisorClient, client_for
-from fleets.reconciler.heartbeat import heartbeat_apply, heartbeats_collect
+from fleets.reconciler.heartbeat import heartbeat_apply, heartbeats_collect, serving_urls_of
 from fleets.reconciler.locks import LeaseLost, fleet_tick_lock
 from fleets.selectors import AUTO_FAILOVER, failover_backoff_state, fleet_get, fleet_view
 from fleets.services.escalation import (
@@ -111,9 +112,16 @@ def fleet_tick(
     view = fleet_view(fleet)
     policy = view.policy
 
-    # 1-2. Heartbeats: read all, then apply each.
+    # 1-2. Heartbeats: read all, then apply each. The active's model servers are asked
+    # directly when its supervisor cannot vouch for them.
     domains = list(Domain.objects.filter(fleet=fleet))
-    beats = heartbeats_collect(domains, policy=policy, client_for=client_factory)
+    routed_id = view.active_domain_id
+    beats = heartbeats_collect(
+        domains,
+        policy=policy,
+        client_for=client_factory,
+        serving_urls={d.id: serving_urls_of(d.id) for d in domains if str(d.id) == routed_id},
+    )
     # Liveness is judged as of this round's observation: the moment its answers were in, on
     # this clock, before any database write. A database that stalls the writes below (a held
     # write lock, a long transaction) delays the tick but cannot age a heartbeat that was just
@@ -126,6 +134,20 @@ def fleet_tick(
     for beat in beats:
         checkpoint()  # a slow database can make these writes outlast a lease
         heartbeat_apply(beat, active_domain_id=active_id, operation_in_flight=in_flight)
+
+    # 2b. A suspected dead active (a proxy's report, or this beat's refusals) is confirmed now
+    # with targeted heartbeats instead of waiting out the stale window.
+    active_beat = next((b for b in beats if b.domain.id == active_id), None)
+    if active_beat is not None and not in_flight:
+        datapath.confirm_active(
+            fleet_id=fleet.id,
+            active=active_beat.domain,
+            tick_beat=active_beat,
+            policy=policy,
+            client_for=client_factory,
+            operation_in_flight=in_flight,
+            actor=actor,
+        )
 
     # 3. Escalation: the core says whether it is due; the UPDATE re-checks it all.
     checkpoint()
@@ -208,6 +230,18 @@ def _maybe_fail_over(
     if decision.target_id is None:
         _report_no_standby(fleet, view, now, decision, held)
         return
+    # Honest timing: the outage began when a client could last be served (the last good
+    # heartbeat, or a model server last seen serving) or when a request first failed,
+    # whichever is earlier; not when the rules noticed.
+    active = view.active
+    outage_start = now
+    if active is not None:
+        started = outage_started_at(
+            [active.last_seen_at, *active.serving_seen_at],
+            datapath.first_failed_at(fleet.id, active.id),
+        )
+        if started is not None and started < now:
+            outage_start = started
     try:
         result = operation_request(
             fleet=fleet,
@@ -215,14 +249,14 @@ def _maybe_fail_over(
             target_domain_id=decision.target_id,
             actor=actor,
             reason=AUTO_FAILOVER,
-            detected_at=now,
+            detected_at=outage_start,
         )
     except (OperationConflict, InvalidTarget) as exc:
         # Another tick (or an operator) got there first, or the target moved: next tick decides.
         log.info("fleet %s: auto-failover not requested: %s", fleet.slug, exc)
         return
     if result.created and result.operation is not None:
-        active = view.active
+        datapath.forget(fleet.id, view.active_domain_id)
         log.warning(
             "fleet %s: active %s lost (%s); promoting %s",
             fleet.slug,
@@ -241,6 +275,7 @@ def _maybe_fail_over(
                 "activeDomainId": view.active_domain_id,
                 "targetDomainId": decision.target_id,
                 "detectedAt": clock.iso(now),
+                "outageStartedAt": clock.iso(outage_start),
             },
         )
 

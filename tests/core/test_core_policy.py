@@ -64,6 +64,8 @@ def test_defaults_match_the_design():
         "checkpointMaxAgeMs": 3600000,
         "drillMaxAgeMs": 604800000,
         "rtoMs": 300000,
+        "servingCheckTimeoutMs": 500,
+        "dataPathConfirmIntervalMs": 200,
     }
 
 
@@ -123,6 +125,8 @@ def test_resolve_maps_every_camel_case_key_to_its_field():
         "checkpointMaxAgeMs": 60000,
         "drillMaxAgeMs": 86400000,
         "rtoMs": 45000,
+        "servingCheckTimeoutMs": 750,
+        "dataPathConfirmIntervalMs": 120,
     }
     policy = Policy.resolve(raw)
     assert policy.to_json() == raw
@@ -134,6 +138,7 @@ def test_resolve_maps_every_camel_case_key_to_its_field():
     assert policy.provision_timeout_ms == 1011
     assert (policy.replace_failed_standby, policy.replace_failed_active) == (False, False)
     assert policy.verify_gpu_max_used_ratio == 0.5
+    assert (policy.serving_check_timeout_ms, policy.data_path_confirm_interval_ms) == (750, 120)
 
 
 def test_to_json_is_a_fresh_copy_and_never_aliases_defaults():
@@ -274,3 +279,17 @@ def test_restore_standby_on_return_must_be_a_boolean():
     _refused(
         {"restoreStandbyOnReturn": "yes"}, "policy.restoreStandbyOnReturn", "must be true or false"
     )
+
+
+@pytest.mark.parametrize(
+    ("key", "low", "high"),
+    [("servingCheckTimeoutMs", 50, 10_000), ("dataPathConfirmIntervalMs", 10, 10_000)],
+)
+def test_data_path_keys_are_bounded(key, low, high):
+    assert validate_policy({key: low}) == {key: low}
+    assert validate_policy({key: high}) == {key: high}
+    _refused({key: low - 1}, f"policy.{key}", f"must be between {low} and {high}")
+    _refused({key: high + 1}, f"policy.{key}", f"must be between {low} and {high}")
+    _refused({key: "200"}, f"policy.{key}", "must be an integer number of milliseconds")
+    resolved = Policy.resolve({key: low})
+    assert resolved.to_json()[key] == low

@@ -112,8 +112,9 @@ def test_a_provisioned_fleet_loses_its_active_and_heals_by_reconcile_ticks(
         Event.objects.filter(fleet=fleet).order_by("id").values_list("kind", "domain__slug")
     )
     story = [
-        ("operation.auto_failover", "west"),
+        # The node's processes are gone (refused everywhere): failed at once, then failed over.
         ("domain.failed", "east"),
+        ("operation.auto_failover", "west"),
         ("domain.provisioning", "east"),
         ("domain.provision.replaced", "east"),
         ("domain.provision.launched", "east"),

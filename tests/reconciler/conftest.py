@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from fleets.models import Domain
@@ -50,3 +52,21 @@ def domains(fleet):
         return {d.slug: d for d in Domain.objects.filter(fleet=fleet)}
 
     return get
+
+
+@pytest.fixture
+def ticking_clock(fake_clock):
+    """Move the fake clock forward on its own (50 ms every 10 ms, one writer) while a test's
+    threads run: a promotion waits for time to pass after its switch before it sleeps the old
+    active, and threads that only tick would otherwise wait forever."""
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.wait(0.01):
+            fake_clock.advance(ms=50)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    yield fake_clock
+    stop.set()
+    thread.join(5)

@@ -37,7 +37,11 @@ class FakeHost:
     pid: int | None = None
     token: str | None = None
     # faults
-    down: bool = False
+    down: bool = False  # the supervisor refuses connections (its process is gone)
+    # Model servers refusing connections; None: as `down` says (the whole host is gone).
+    servers_down: set[str] | None = None
+    # Every call (supervisor and model servers) times out: a partition, not a dead host.
+    partitioned: bool = False
     unauthorized: bool = False
     bad_body: bool = False
     wake_fails: bool = False
@@ -93,7 +97,8 @@ class FakeHost:
                         {
                             "name": n,
                             "port": 18000 + i,
-                            "sleeping": s,
+                            # A server that refuses: its supervisor cannot read it.
+                            "sleeping": None if self.servers_down and n in self.servers_down else s,
                             "process": {"pid": self.model_pids[n]},
                         }
                         for i, (n, s) in enumerate(sorted(self.models.items()))
@@ -140,10 +145,26 @@ class FakeHost:
             "backend": "fake",
         }
 
+    def refuses(self, model: str) -> bool:
+        """Whether `model`'s own server refuses connections."""
+        return self.down if self.servers_down is None else model in self.servers_down
+
+    def serve_health(self, model: str, request: httpx.Request) -> httpx.Response:
+        """A model server's `GET /health`, asked directly by the reconciler."""
+        with self.lock:
+            self.calls[f"health {model}"] += 1
+            if self.partitioned:
+                raise httpx.ConnectTimeout("timed out", request=request)
+            if self.refuses(model):
+                raise httpx.ConnectError("connection refused", request=request)
+        return httpx.Response(200)
+
     def handle(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
         with self.lock:
             self.calls[f"{request.method} {path}"] += 1
+            if self.partitioned:
+                raise httpx.ConnectTimeout("timed out", request=request)
         gate = self.gpu_gate
         if path == "/v1/gpu/memory" and gate is not None:
             gate.wait(10)  # outside the lock: a hung GPU read must not hold up the status
@@ -278,11 +299,22 @@ def _error(status: int, code: str, message: str, **extra) -> httpx.Response:
 class FakeFleet:
     """Route requests to fake hosts by port: east on 8701, west on 8702 (the example layout)."""
 
+    # The example layout's model servers: port -> (host, model).
+    SERVERS = {
+        18002: ("east", "llama-small"),
+        18001: ("east", "qwen-small"),
+        18012: ("west", "llama-small"),
+        18011: ("west", "qwen-small"),
+    }
+
     def __init__(self, **hosts: FakeHost) -> None:
         self.hosts = hosts
         self.by_port = {8701: hosts.get("east"), 8702: hosts.get("west")}
 
     def handle(self, request: httpx.Request) -> httpx.Response:
+        server = self.SERVERS.get(request.url.port or 0)
+        if server is not None and server[0] in self.hosts and request.url.path == "/health":
+            return self.hosts[server[0]].serve_health(server[1], request)
         host = self.by_port.get(request.url.port)
         if host is None:
             raise httpx.ConnectError("no such host", request=request)

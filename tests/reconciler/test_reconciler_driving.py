@@ -109,7 +109,7 @@ def test_metrics_expose_domain_state_role_revision_and_operations(fleet, tick, c
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_the_in_process_loop_runs_a_kicked_promotion_to_the_end(fleet, domains):
+def test_the_in_process_loop_runs_a_kicked_promotion_to_the_end(fleet, domains, ticking_clock):
     finished = threading.Event()
     loop = ReconcileLoop(interval_ms=100, fleets=["demo"]).start()
     try:

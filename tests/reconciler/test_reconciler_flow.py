@@ -29,14 +29,15 @@ def slot_states(domain) -> dict[str, str]:
 
 
 def test_manual_promotion_flips_routing_and_puts_the_old_active_in_standby(
-    fleet, tick, hosts, domains
+    fleet, tick, hosts, domains, fake_clock
 ):
     tick()  # first heartbeat: west's running trainer is mirrored
     west = domains()["west"]
     assert slot_states(west) == {"inference": "sleeping", "training": "training"}
 
     result = operation_request(fleet=fleet, kind="promote", target_domain_id=west.id)
-    op = run_until_done(tick)
+    # The old active is slept only once proxies moved off it: time must pass.
+    op = run_until_done(tick, clock=fake_clock, step_ms=1000)
 
     assert op.id == result.operation.id
     assert op.state == "succeeded", op.error
@@ -81,7 +82,8 @@ def test_auto_failover_promotes_the_standby_when_the_active_goes_stale(
     fleet, tick, hosts, domains, fake_clock
 ):
     tick()
-    hosts.hosts["east"].down = True
+    # A partition (every call times out), not a dead host: only the stale window decides.
+    hosts.hosts["east"].partitioned = True
     tick()  # east unreachable: degraded, but not stale yet
     assert domains()["east"].state == "degraded"
     assert not Operation.objects.exists()

@@ -29,12 +29,14 @@ def originals(hosts):
     return hosts
 
 
-def test_a_promotion_and_a_demotion_against_original_supervisors(fleet, tick, originals, domains):
+def test_a_promotion_and_a_demotion_against_original_supervisors(
+    fleet, tick, originals, domains, fake_clock
+):
     before = call_errors()
     tick()  # heartbeats: nothing learned beyond the original contract
     west = domains()["west"]
     op = operation_request(fleet=fleet, kind="promote", target_domain_id=west.id).operation
-    op = run_until_done(tick)
+    op = run_until_done(tick, clock=fake_clock, step_ms=1000)
     assert op.state == "succeeded", op.error
     assert Fleet.objects.get(pk=fleet.pk).active_domain_id == west.id
     east = domains()["east"]

@@ -76,14 +76,20 @@ def assert_promoted_once(fleet, op, hosts):
     assert east.effects["trainer_started"] == 1
 
 
-def test_eight_bare_ticks_at_once_move_routing_once_and_record_each_step_once(fleet, tick, hosts):
+def test_eight_bare_ticks_at_once_move_routing_once_and_record_each_step_once(
+    fleet, tick, hosts, request
+):
     op = start_promotion(fleet, tick)
+    request.getfixturevalue("ticking_clock")  # after the first heartbeat: time passes from here
     hammer(lambda: fleet_tick(fleet_id=fleet.id, poll_s=0))
     assert_promoted_once(fleet, op, hosts)
 
 
-def test_eight_locked_ticks_at_once_also_call_each_supervisor_route_once(fleet, tick, hosts):
+def test_eight_locked_ticks_at_once_also_call_each_supervisor_route_once(
+    fleet, tick, hosts, request
+):
     op = start_promotion(fleet, tick)
+    request.getfixturevalue("ticking_clock")
     hammer(lambda: tick_run(fleet_id=fleet.id, poll_s=0))
     assert_promoted_once(fleet, op, hosts)
     west, east = hosts.hosts["west"], hosts.hosts["east"]

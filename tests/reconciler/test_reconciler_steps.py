@@ -218,8 +218,9 @@ def test_a_supervisor_that_comes_back_mid_step_lets_the_step_resume(
     assert promotion().current_step == "stop_training"
     fake_clock.advance(ms=5_000)  # within the 15 s budget
     west.down = False
-    tick()
-    tick()
+    for _ in range(6):
+        tick()
+        fake_clock.advance(ms=1_000)  # the old active sleeps once the switch has settled
     op = promotion()
     assert op.state == "succeeded", op.error
 

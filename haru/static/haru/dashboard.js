@@ -293,9 +293,42 @@
     setTimeout(connect, delay);
   }
 
+  // Heartbeat ages: once a second, the last good heartbeat of every domain (the API's
+  // lastSeenAt) is fetched and the ages tick from it, so the page shows the age the API
+  // would, not one that climbs until the next fragment refresh.
+  var HEARTBEATS_EVERY_MS = 1000;
+  var polling = false;
+
+  function applyHeartbeats(body) {
+    if (!body || !body.domains) return;
+    var gen = Date.parse(body.generatedAt || "");
+    if (!isNaN(gen)) skewMs = Date.now() - gen;
+    var marks = live.querySelectorAll("[data-hb-domain]");
+    for (var i = 0; i < marks.length; i++) {
+      var mark = marks[i], hb = body.domains[mark.getAttribute("data-hb-domain")];
+      if (!hb) continue;
+      var age = mark.querySelector("[data-since]");
+      if (age) age.setAttribute("data-since", hb.lastSeenAt || "");
+      mark.classList.toggle("stale", !!hb.stale);
+    }
+    tickAges();
+  }
+
+  function pollHeartbeats() {
+    var url = live.getAttribute("data-heartbeats-url");
+    if (!url || polling || document.hidden) return;
+    polling = true;
+    fetch(url, { credentials: "same-origin", cache: "no-store", headers: { Accept: "application/json" } })
+      .then(function (r) { return r.ok ? r.json() : null; })
+      .then(applyHeartbeats)
+      .catch(function () { /* the next poll tries again */ })
+      .finally(function () { polling = false; });
+  }
+
   learnSkew(live.querySelector(".live-root"));
   tickAges();
   setInterval(tickAges, 1000);
+  setInterval(pollHeartbeats, HEARTBEATS_EVERY_MS);
   setInterval(function () { if (!document.hidden) refresh(); }, REFRESH_EVERY_MS);
   connect();
 

@@ -1,0 +1,68 @@
+"""Per-model serving health writes (fleets.core.model_health decides; this records).
+
+A heartbeat is read over HTTP before it is applied, so a slower beat can finish after a faster
+one: every write is a conditional UPDATE guarded by `health_at <= observed_at` (older news never
+overwrites newer; of two taken at the same instant, the one applied last wins), and the edge
+event (`model.serving.up` / `.down`) is written once, by the write that changed the value it
+read.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Q
+
+from fleets import clock
+from fleets.core.model_health import ServerHealth
+from fleets.models import Id, ModelBinding
+from fleets.services.events import event_record
+
+
+def model_health_record(
+    *,
+    binding_id: Id,
+    health: ServerHealth,
+    observed_at: datetime,
+    source: str,
+    actor: str = "heartbeat",
+) -> bool:
+    """Record what one beat observed of one model's server; return whether the row moved.
+
+    `source` says who told (`supervisor`, `direct`, `datapath`), for the edge event.
+    """
+    row = (
+        ModelBinding.objects.filter(pk=binding_id)
+        .values("health", "name", "domain_id", "domain__fleet_id")
+        .first()
+    )
+    if row is None:
+        return False
+    values: dict[str, Any] = {"health": health, "health_at": observed_at}
+    if health == ServerHealth.UP:
+        values["serving_seen_at"] = observed_at
+    with transaction.atomic():
+        # Guarded by the value read (so the edge is decided once) and by "newer than what is
+        # recorded" (a slower beat loses).
+        moved = (
+            ModelBinding.objects.filter(pk=binding_id, health=row["health"])
+            .filter(Q(health_at__isnull=True) | Q(health_at__lte=observed_at))
+            .update(**values)
+        )
+        if moved and row["health"] != health:
+            event_record(
+                fleet_id=row["domain__fleet_id"],
+                domain_id=row["domain_id"],
+                kind=f"model.serving.{health}",
+                actor=actor,
+                data={
+                    "model": row["name"],
+                    "from": row["health"],
+                    "to": str(health),
+                    "source": source,
+                    "observedAt": clock.iso(observed_at),
+                },
+            )
+    return bool(moved)

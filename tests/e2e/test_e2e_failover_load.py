@@ -1,0 +1,38 @@
+"""bench/failover_load.py --quick: the stack starts, clients run, every kind reports."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.integration]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_load_bench_runs_briefly_and_what_this_build_guarantees_holds():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HARU_")}
+    result = subprocess.run(
+        [sys.executable, "bench/failover_load.py", "--quick", "--kinds", "planned,supervisor-off"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    out = result.stdout
+    assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
+    sections = dict(re.findall(r"== (\S+): \d+ round\(s\)\n\s+failed/total\s+(\d+/\d+)", out))
+    assert set(sections) == {"planned", "supervisor-off"}
+    for kind, counts in sections.items():
+        failed, total = map(int, counts.split("/"))
+        assert total > 50, (kind, out[-2000:])  # eight clients really ran
+        # A planned promotion cuts no request; a dead supervisor stops no traffic.
+        assert failed == 0, (kind, out[-3000:])
+    assert "client-visible outage ms" in out and "wake ms" in out
