@@ -565,8 +565,13 @@ class SupervisorClient:
         except httpx.TimeoutException:
             return Call(error=CallError(TIMEOUT, f"{where} timed out after {budget:.1f}s"))
         except httpx.ConnectError as exc:
+            text = scrub_urls(f"{exc}")
             return Call(
-                error=CallError(NETWORK, f"{where}: {type(exc).__name__}: {exc}", refused=True)
+                error=CallError(
+                    NETWORK,
+                    f"{where}: {type(exc).__name__}: {text}",
+                    refused=connection_refused(exc),
+                )
             )
         except httpx.HTTPError as exc:
             # The exception text names the URL and the OS error, never our headers.
@@ -691,6 +696,23 @@ def _envelope(payload: Any) -> tuple[str | None, str]:
     return None, ""
 
 
+def connection_refused(exc: BaseException) -> bool:
+    """Tell whether a failed connect was refused (nothing listens: the process is gone).
+
+    httpx raises ConnectError for a refusal but also for a failed name lookup or an unreachable
+    network, which a partition can produce too; only a refusal is evidence of a dead host's
+    processes, so the others count as "unavailable" and keep the stale window.
+    """
+    seen: BaseException | None = exc
+    for _ in range(8):  # the cause chain is short; the bound guards a cycle
+        if seen is None:
+            break
+        if isinstance(seen, ConnectionRefusedError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return "refused" in str(exc).lower()
+
+
 def call_reach(call: Call[Any]) -> Reach:
     """How a supervisor call ended, in the terms of fleets.core.model_health."""
     err = call.error
@@ -725,8 +747,8 @@ def serving_reach(serving_url: str, *, timeout: float) -> Reach:
             status = response.status_code
     except httpx.TimeoutException:
         return Reach.TIMEOUT
-    except httpx.ConnectError:
-        return Reach.REFUSED
+    except httpx.ConnectError as exc:
+        return Reach.REFUSED if connection_refused(exc) else Reach.UNAVAILABLE
     except Exception:  # noqa: BLE001 - a reset mid-answer: a server in trouble, not a dead one
         return Reach.UNAVAILABLE
     return Reach.UNAVAILABLE if status >= 500 else Reach.ANSWERED

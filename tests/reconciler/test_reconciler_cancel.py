@@ -112,7 +112,7 @@ def test_a_cancel_committed_just_before_the_switch_keeps_routing_where_it_was(
 
 
 def test_a_cancel_after_the_switch_is_refused_and_the_promotion_finishes(
-    fleet, tick, hosts, domains, monkeypatch
+    fleet, tick, hosts, domains, monkeypatch, fake_clock
 ):
     tick()
     op = promote_west(fleet, domains)
@@ -125,6 +125,9 @@ def test_a_cancel_after_the_switch_is_refused_and_the_promotion_finishes(
         return revision
 
     monkeypatch.setattr(promote, "route_switch", switch_then_cancel)
+    tick()
+    # The old active is slept only once proxies have moved off it (promote.switch_settle_ms).
+    fake_clock.advance(ms=promote.switch_settle_ms() + 1)
     tick()
     op.refresh_from_db()
     assert refused == [False]
