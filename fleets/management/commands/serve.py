@@ -17,6 +17,7 @@ from django.core.management.base import BaseCommand, CommandError
 from fleets.metrics import remove_dead_process_files
 from fleets.reconciler import kick
 from fleets.reconciler.loop import ReconcileLoop
+from fleets.server.protocol import HaruHttpProtocol, current_limits
 from fleets.tasks import celery_kicker
 
 log = logging.getLogger("haru.serve")
@@ -32,7 +33,7 @@ def is_loopback(host: str) -> bool:
 
 
 class Command(BaseCommand):
-    help = "Serve the Haru API, chat proxy and dashboard over ASGI (uvicorn)."
+    help = "Serve the Haru API, chat proxy and dashboard over ASGI (uvicorn, bounded edges)."
 
     def add_arguments(self, parser):
         parser.add_argument(
@@ -77,6 +78,17 @@ class Command(BaseCommand):
             settings.PROMETHEUS_MULTIPROC_DIR,
             removed,
         )
+        limits = current_limits()  # also raises this process's open-file limit to fit the cap
+        log.info(
+            "server edge: headers within %gs, body within %gs, keep-alive idle %gs, headers at "
+            "most %d bytes and %d fields, at most %d connections per process",
+            limits.header_timeout_s,
+            limits.body_timeout_s,
+            limits.keepalive_timeout_s,
+            limits.max_header_bytes,
+            limits.max_headers,
+            limits.max_connections,
+        )
         loop = None if opts["no_reconcile_loop"] else _start_tick_driver()
         self.stdout.write(f"haru serving on http://{host}:{port}")
         try:
@@ -89,6 +101,9 @@ class Command(BaseCommand):
                 access_log=opts["access_log"],
                 lifespan="off",
                 proxy_headers=False,
+                # Deadlines and limits at the edge, keep-alive included
+                # (fleets/server/protocol.py); each worker process reads the same settings.
+                http=HaruHttpProtocol,
             )
         finally:
             if loop is not None:
