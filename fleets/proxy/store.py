@@ -13,6 +13,7 @@ timed out) and `StoreUnusable` when it answered but not with usable state.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -68,9 +69,30 @@ class SnapshotRows:
     bindings: tuple[BindingRow, ...]
 
 
+# When the read now running on the database thread began (monotonic), None while it is idle.
+# A frozen database (SIGSTOPped, black-holed) holds that read for as long as it stays frozen:
+# the routing cache reads this to stop queueing requests behind it (snapshots.py).
+_busy_since: float | None = None
+
+
 def run(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
     """Run `fn(*args)` on the proxy's database thread; await the returned future."""
-    return asyncio.get_running_loop().run_in_executor(_EXECUTOR, fn, *args)
+    return asyncio.get_running_loop().run_in_executor(_EXECUTOR, _timed, fn, *args)
+
+
+def _timed(fn: Callable[..., T], *args: Any) -> T:
+    global _busy_since
+    _busy_since = time.monotonic()
+    try:
+        return fn(*args)
+    finally:
+        _busy_since = None
+
+
+def stalled_for() -> float:
+    """Seconds the database thread has been in its current read (0 when idle)."""
+    since = _busy_since
+    return 0.0 if since is None else time.monotonic() - since
 
 
 def _sql() -> tuple[str, str]:
