@@ -236,9 +236,8 @@ class OwnPostgres:
 
     def start(self) -> None:
         options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
-        self._run(
-            "pg_ctl", "-D", str(self.data), "-l", str(self.root / "log"), "-o", options, "-w", "start"
-        )
+        log = str(self.root / "log")
+        self._run("pg_ctl", "-D", str(self.data), "-l", log, "-o", options, "-w", "start")
         wait_for(self._answers, 30, "own postgres")
 
     def _answers(self) -> bool:

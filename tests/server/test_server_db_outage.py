@@ -114,8 +114,7 @@ def test_a_frozen_database_does_not_add_the_read_budget_to_every_chat_request(wo
         finally:
             pg.signal_all(signal.SIGCONT)
         harness.wait_for(
-            lambda: "x-haru-routing"
-            not in client.post("/v1/chat/completions", json=CHAT).headers,
+            lambda: "x-haru-routing" not in client.post("/v1/chat/completions", json=CHAT).headers,
             30,
             "fresh routing after the thaw",
         )
