@@ -15,8 +15,14 @@ bench/proxy.py sends keep-alive requests for the given seconds after a warm-up, 
 process's CPU time (user + system, from /proc) is read before and after. The figure is CPU
 microseconds per request, the median over rounds; the ratio `serve / stock` is what the edge
 limits cost (1.00 = nothing). Rounds alternate the servers, so a busy machine slows both alike.
-CPU time, unlike requests per second, does not depend much on what else the machine runs.
-Linux only (/proc).
+CPU time, unlike requests per second, does not depend much on what else the machine runs,
+but two cores shared with other work still move it by 10-20 % from run to run.
+
+`--protocol-only` isolates the edge itself: in this process, with no sockets, the same
+keep-alive requests are fed to uvicorn's HttpToolsProtocol and to Haru's HaruHttpProtocol
+serving a trivial app, alternately, and the CPU time per request (time.process_time) of each is
+printed with the difference. This is the figure with little noise: what the deadlines, counts
+and the idle registry add to one request. Linux only (/proc) for the server mode.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,6 +98,102 @@ async def run(args, ports: dict[str, int], pids: dict[str, int], upstream_port: 
     return rows
 
 
+# ---------------------------------------------------------------------------------------------
+# --protocol-only: the protocol classes alone, fed in-process.
+
+_BODY = b'{"model": "bench-raw", "messages": [{"role": "user", "content": "ping"}]}'
+_REQUEST = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer x\r\n"
+    b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(_BODY), _BODY)
+)
+
+
+async def _trivial_app(scope, receive, send):
+    await receive()
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]}
+    )
+    await send({"type": "http.response.body", "body": b"{}"})
+
+
+class _Transport:
+    """Enough of an asyncio transport for uvicorn's protocol: writes are counted, not sent."""
+
+    def __init__(self) -> None:
+        self.closing = False
+        self.written = 0
+
+    def get_extra_info(self, name, default=None):
+        return {"peername": ("127.0.0.1", 50000), "sockname": ("127.0.0.1", 8700)}.get(
+            name, default
+        )
+
+    def write(self, data: bytes) -> None:
+        self.written += len(data)
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def abort(self) -> None:
+        self.closing = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def set_protocol(self, protocol) -> None:
+        pass
+
+
+async def _drive(cls, config, state, requests: int) -> float:
+    loop = asyncio.get_running_loop()
+    protocol = cls(config=config, server_state=state, app_state={}, _loop=loop)
+    protocol.connection_made(_Transport())
+    started = time.process_time()
+    for _ in range(requests):
+        protocol.data_received(_REQUEST)
+        while not protocol.cycle.response_complete:
+            await asyncio.sleep(0)
+    used = time.process_time() - started
+    protocol.connection_lost(None)
+    return used / requests * 1e6
+
+
+def protocol_only(args) -> int:
+    import uvicorn  # noqa: PLC0415 - only this mode needs them in-process
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # noqa: PLC0415
+    from uvicorn.server import ServerState  # noqa: PLC0415
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "haru.settings")
+    os.environ.setdefault("HARU_VAR_DIR", tempfile.mkdtemp(prefix="haru-bench-edges-"))
+    from fleets.server.protocol import HaruHttpProtocol  # noqa: PLC0415 - needs the settings
+
+    classes = {"stock": HttpToolsProtocol, "haru": HaruHttpProtocol}
+    figures: dict[str, list[float]] = {name: [] for name in classes}
+    requests = args.requests
+    for round_no in range(args.rounds):
+        for name, cls in classes.items():
+            config = uvicorn.Config(_trivial_app, http=cls, lifespan="off", log_level="warning")
+            config.load()
+            us = asyncio.run(_drive(cls, config, ServerState(), requests))
+            figures[name].append(us)
+            print(f"round {round_no + 1} {name:<5} {us:6.2f} us CPU per request", flush=True)
+    stock, haru = (statistics.median(figures[n]) for n in ("stock", "haru"))
+    print(
+        f"summary: protocol CPU per request (median of {args.rounds} rounds of {requests}): "
+        f"stock {stock:.2f} us, haru {haru:.2f} us, difference {haru - stock:+.2f} us "
+        f"({haru / stock:.3f}x)"
+    )
+    if args.json:
+        print(json.dumps({"stock_us": stock, "haru_us": haru}))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="measured seconds per run")
@@ -102,7 +205,15 @@ def main() -> int:
         "--servers", type=lambda s: s.split(","), default=["stock", "serve"], help=argparse.SUPPRESS
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON at the end")
+    parser.add_argument(
+        "--protocol-only",
+        action="store_true",
+        help="measure the two HTTP protocol classes in-process, no sockets (low noise)",
+    )
+    parser.add_argument("--requests", type=int, default=20000, help="per round, --protocol-only")
     args = parser.parse_args()
+    if args.protocol_only:
+        return protocol_only(args)
     try:
         import uvloop  # noqa: PLC0415 - optional: the load generator runs without it, slower
 

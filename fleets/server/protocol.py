@@ -96,11 +96,13 @@ class HaruHttpProtocol(HttpToolsProtocol):
             idle = _IDLE[server_state] = _Idle()
         self._idle = idle
         self._phase = _HEADERS
+        # One lazy timer per connection for the header deadline: a request on a kept-alive
+        # connection moves the deadline (a float) instead of creating and cancelling a timer
+        # per request; the timer re-arms itself for what is left when it fires early.
+        self._header_deadline = 0.0
         self._header_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._header_bytes = 0  # raw bytes received in the current header phase
-        self._header_size = 0  # request line plus header fields, as parsed
-        self._header_fields = 0
         self._chunk = 0  # length of the read being parsed
         self._refusal: tuple[int, str, str] | None = None
 
@@ -108,9 +110,8 @@ class HaruHttpProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._header_timer = self.loop.call_later(
-            self.limits.header_timeout_s, self._header_timeout
-        )
+        self._header_deadline = self.loop.time() + self.limits.header_timeout_s
+        self._header_timer = self.loop.call_at(self._header_deadline, self._header_timeout)
         self._idle.waiting[self] = None
         if len(self.connections) > self.limits.max_connections:
             self._make_room()
@@ -147,7 +148,7 @@ class HaruHttpProtocol(HttpToolsProtocol):
         self._unset_keepalive_if_required()
         self._chunk = len(data)
         if self._phase is _HEADERS:
-            self._header_bytes += len(data)
+            self._header_bytes += self._chunk
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -173,42 +174,27 @@ class HaruHttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._phase = _HEADERS
-        self._header_fields = 0
-        self._header_size = 0
-        if self._header_timer is None:
-            # A request on a kept-alive connection (or pipelined): its headers get a fresh
-            # deadline, and its raw count starts with the whole read it began in (over-counting
-            # a pipelined predecessor's tail errs on the safe side).
+        if self._phase is not _HEADERS:
+            # A request on a kept-alive connection (or pipelined): a fresh header deadline,
+            # and a raw count that starts with the whole read it began in (over-counting a
+            # pipelined predecessor's tail errs on the safe side).
+            self._phase = _HEADERS
             self._header_bytes = self._chunk
-            self._header_timer = self.loop.call_later(
-                self.limits.header_timeout_s, self._header_timeout
-            )
-
-    def on_url(self, url: bytes) -> None:
-        super().on_url(url)
-        self._count(len(url))
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._header_fields += 1
-        if self._header_fields > self.limits.max_headers:
-            self._stop(431, "too_many_headers", f"more than {self.limits.max_headers} headers")
-        self._count(len(name) + len(value) + 4)  # ": " and CRLF
-        super().on_header(name, value)
-
-    def _count(self, size: int) -> None:
-        # Exact, for headers that arrive complete in one read; the raw count in data_received
-        # catches headers still arriving, before the parser has buffered much of them.
-        self._header_size += size
-        if self._header_size > self.limits.max_header_bytes:
-            self._stop(431, "headers_too_large", self._too_large_message())
+            self._header_deadline = self.loop.time() + self.limits.header_timeout_s
+            if self._header_timer is None:
+                self._header_timer = self.loop.call_at(self._header_deadline, self._header_timeout)
 
     def on_headers_complete(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
         self._phase = _BODY
         self._idle.waiting.pop(self, None)
+        # Checked once the headers are parsed, and only when the raw count says they might be
+        # too long: the raw check in data_received already bounds what can be buffered.
+        if len(self.headers) > self.limits.max_headers:
+            self._stop(431, "too_many_headers", f"more than {self.limits.max_headers} headers")
+        if self._header_bytes > self.limits.max_header_bytes:
+            size = len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers)
+            if size > self.limits.max_header_bytes:
+                self._stop(431, "headers_too_large", self._too_large_message())
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
@@ -242,9 +228,15 @@ class HaruHttpProtocol(HttpToolsProtocol):
 
     def _header_timeout(self) -> None:
         self._header_timer = None
-        if self._phase is _HEADERS and not self.transport.is_closing():
-            self._forget()
-            self.transport.close()
+        if self._phase is not _HEADERS or self.transport.is_closing():
+            return  # the next request's on_message_begin arms it again
+        left = self._header_deadline - self.loop.time()
+        if left > 0:
+            # The deadline moved (a later request on this connection): wait for what is left.
+            self._header_timer = self.loop.call_later(left, self._header_timeout)
+            return
+        self._forget()
+        self.transport.close()
 
     def _body_timeout(self) -> None:
         self._body_timer = None
