@@ -191,6 +191,19 @@ class Serve:
 # A PostgreSQL cluster of our own
 
 
+def own_postgres_possible() -> bool:
+    """initdb is here and, as root (PostgreSQL refuses root), a `postgres` user to run it as."""
+    if postgres_bin() is None:
+        return False
+    if os.geteuid() != 0:
+        return True
+    try:
+        pwd.getpwnam("postgres")
+    except KeyError:
+        return False
+    return shutil.which("runuser") is not None
+
+
 def postgres_bin() -> Path | None:
     """The directory of initdb/pg_ctl: on PATH, else the newest Debian-style install."""
     found = shutil.which("initdb")

@@ -20,7 +20,10 @@ from tests.server import harness
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.fault,
-    pytest.mark.skipif(harness.postgres_bin() is None, reason="needs PostgreSQL's initdb"),
+    pytest.mark.skipif(
+        not harness.own_postgres_possible(),
+        reason="needs PostgreSQL's initdb (and, as root, a postgres user)",
+    ),
 ]
 STAFF = ("ops", "ops-password-0123456789")
 CHAT = {"model": harness.MODEL, "messages": [{"role": "user", "content": "ping"}]}
