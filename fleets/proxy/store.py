@@ -1,7 +1,8 @@
 """The proxy's two reads of the state store, run on one dedicated database thread.
 
 Why one thread of our own, not `sync_to_async`: Django connections are per thread, and a
-dedicated thread keeps exactly one persistent connection per server process (no request
+dedicated thread keeps exactly one persistent connection per server process, outside the
+PostgreSQL pool the rest of the server borrows from (no request
 signals run on the lean ASGI path to open and close them), costs one cheap executor hop per
 read, and lets tests reach that connection to take it down. An indexed read takes well under a
 millisecond, so one thread carries thousands of requests per second.
@@ -26,7 +27,26 @@ from fleets.models import Domain, Fleet, ModelBinding
 
 T = TypeVar("T")
 
-_EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="haru-proxy-db")
+
+
+def _own_connection() -> None:
+    """Give the database thread a connection of its own, outside the server's pool.
+
+    On PostgreSQL the server's requests borrow from a bounded pool (haru/settings.py); the data
+    path must never queue behind REST load for a pooled connection, nor wait the pool's timeout
+    when the database refuses (a refused connect fails at once here, so the proxy fails open at
+    once). Same settings (the same dict, so what points the default alias elsewhere points this
+    too); only the pool is switched off, for this thread alone.
+    """
+    default = connections["default"]
+    if default.settings_dict.get("OPTIONS", {}).get("pool"):
+        unpooled = type("UnpooledDatabaseWrapper", (type(default),), {"pool": None})
+        connections["default"] = unpooled(default.settings_dict, "default")
+
+
+_EXECUTOR = ThreadPoolExecutor(
+    max_workers=1, thread_name_prefix="haru-proxy-db", initializer=_own_connection
+)
 
 
 class StoreUnreachable(Exception):

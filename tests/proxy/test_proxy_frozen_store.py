@@ -14,6 +14,7 @@ import threading
 import time
 
 import pytest
+from django.db import connections
 
 from fleets.proxy import snapshots, store
 from tests.proxy.conftest import CHAT, chat_body
@@ -60,3 +61,14 @@ async def test_requests_behind_a_stuck_read_serve_cached_routing_at_once(
         await asyncio.sleep(0.01)
     response = await haru.post(CHAT, content=chat_body())
     assert "x-haru-routing" not in response.headers
+
+
+@pytest.mark.postgres
+async def test_the_database_thread_reads_outside_the_servers_pool(proxy_fleet):
+    """REST load that empties the pool must not make chat requests queue for a connection."""
+    assert connections["default"].pool is not None  # this thread: the pooled default
+    pooled, connected = await store.run(
+        lambda: (connections["default"].pool, store.pointer_read("demo", None))
+    )
+    assert pooled is None
+    assert connected is not None and connected.slug == "demo"
