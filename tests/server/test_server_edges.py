@@ -11,13 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import resource
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -26,23 +22,17 @@ import httpx
 import pytest
 from websockets.sync.client import connect as ws_connect
 
-ROOT = Path(__file__).resolve().parents[2]
-SERVER_VARS = ("DATABASE_URL", "REDIS_URL", "PORT", "HARU_")
+from tests.server import harness
+
 HEADER_TIMEOUT_S = 1.0
 BODY_TIMEOUT_S = 1.5
 KEEPALIVE_S = 1.0
 MAX_CONNECTIONS = 20
 SERVER_NOFILE = 300  # 20 connections x 2 + 256 reserved fit; 400 idle sockets would not
-MODEL = "edge-model"
+MODEL = harness.MODEL
 STAFF, STAFF_PASSWORD = "edge-admin", "edge-admin-password-0123"
 
 pytestmark = pytest.mark.integration
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -78,46 +68,22 @@ async def _upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) 
         writer.close()
 
 
-def start_upstream() -> tuple[int, asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    port_box: list[int] = []
-
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        server = loop.run_until_complete(asyncio.start_server(_upstream, "127.0.0.1", 0))
-        port_box.append(server.sockets[0].getsockname()[1])
-        ready.set()
-        loop.run_forever()
-
-    threading.Thread(target=run, daemon=True).start()
-    assert ready.wait(10)
-    return port_box[0], loop
-
-
 # ---------------------------------------------------------------------------------------------
 
 
-class Server:
-    def __init__(self, proc: subprocess.Popen, port: int, log: Path) -> None:
-        self.proc, self.port, self.log = proc, port, log
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
-    def rss_kib(self) -> int:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-        raise AssertionError("no VmRSS")
-
-    def open_sockets(self) -> int:
-        count = 0
-        for fd in Path(f"/proc/{self.proc.pid}/fd").iterdir():
-            with contextlib.suppress(OSError):
-                count += os.readlink(fd).startswith("socket:")
-        return count
+def open_sockets(pid: int) -> int:
+    count = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            count += os.readlink(fd).startswith("socket:")
+    return count
 
 
 def _limit_nofile() -> None:
@@ -127,85 +93,23 @@ def _limit_nofile() -> None:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     work = tmp_path_factory.mktemp("edges")
-    upstream_port, upstream_loop = start_upstream()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(SERVER_VARS)}
-    env.update(
-        HARU_VAR_DIR=str(work / "var"),
-        PYTHONUNBUFFERED="1",
+    upstream_port, upstream_loop = harness.start_upstream(_upstream)
+    env = harness.server_env(
+        work,
         HARU_DEFAULT_FLEET="edge",
         HARU_HTTP_HEADER_TIMEOUT_MS=str(int(HEADER_TIMEOUT_S * 1000)),
         HARU_HTTP_BODY_TIMEOUT_MS=str(int(BODY_TIMEOUT_S * 1000)),
         HARU_HTTP_KEEPALIVE_TIMEOUT_MS=str(int(KEEPALIVE_S * 1000)),
         HARU_HTTP_MAX_CONNECTIONS=str(MAX_CONNECTIONS),
     )
-    serving = f"http://127.0.0.1:{upstream_port}"
-    layout = {
-        "slug": "edge",
-        "activeDomainSlug": "main",
-        "domains": [
-            {
-                "slug": "main",
-                "provider": "static",
-                "servingBaseUrl": serving,
-                "slots": [
-                    {
-                        "kind": "inference",
-                        "gpuIndex": 0,
-                        "models": [{"name": MODEL, "servingUrl": serving}],
-                    }
-                ],
-            }
-        ],
-    }
-    (work / "layout.json").write_text(json.dumps(layout))
-    manage = [sys.executable, "manage.py"]
-    for args in (
-        ["migrate", "--noinput", "-v", "0"],
-        ["seed_layout", "--config", str(work / "layout.json")],
-        ["createsuperuser", "--noinput", "--username", STAFF, "--email", "e@example.invalid"],
-    ):
-        subprocess.run(
-            [*manage, *args],
-            cwd=ROOT,
-            env={**env, "DJANGO_SUPERUSER_PASSWORD": STAFF_PASSWORD},
-            check=True,
-            capture_output=True,
-        )
-    port = free_port()
-    log = work / "serve.log"
-    proc = subprocess.Popen(
-        [*manage, "serve", "--port", str(port), "--no-reconcile-loop"],
-        cwd=ROOT,
-        env=env,
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        preexec_fn=_limit_nofile,
-    )
-    srv = Server(proc, port, log)
-    deadline = time.monotonic() + 60
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"serve exited with {proc.returncode}:\n{log.read_text()}")
-        try:
-            httpx.get(f"{srv.url}/healthz", timeout=2)
-            break
-        except httpx.TransportError:
-            if time.monotonic() > deadline:
-                pytest.fail(f"serve never answered:\n{log.read_text()}")
-            time.sleep(0.1)
-    yield srv
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+    harness.prepare(env, work, harness.layout("edge", upstream_port), staff=(STAFF, STAFF_PASSWORD))
+    serve = harness.Serve(env, work, preexec_fn=_limit_nofile)
+    yield serve
+    serve.stop()
     upstream_loop.call_soon_threadsafe(upstream_loop.stop)
 
 
-def connect(server: Server) -> socket.socket:
+def connect(server: harness.Serve) -> socket.socket:
     return socket.create_connection(("127.0.0.1", server.port), timeout=10)
 
 
@@ -267,7 +171,7 @@ def test_a_connection_that_sends_nothing_is_closed(server):
 
 
 def test_50_mb_of_headers_is_refused_431_without_memory_growth(server):
-    before = server.rss_kib()
+    before = rss_kib(server.proc.pid)
     statuses: list[int | None] = []
 
     def flood() -> None:
@@ -298,7 +202,7 @@ def test_50_mb_of_headers_is_refused_431_without_memory_growth(server):
         t.join(60)
     assert 431 in statuses, statuses
     assert all(s in (431, None) for s in statuses), statuses  # never a 200
-    grew_mib = (server.rss_kib() - before) / 1024
+    grew_mib = (rss_kib(server.proc.pid) - before) / 1024
     assert grew_mib < 32, f"the server grew by {grew_mib:.0f} MiB"
 
 
@@ -364,7 +268,7 @@ def test_many_idle_connections_do_not_stop_healthz_or_the_database(server):
         assert httpx.get(f"{server.url}/healthz", timeout=5).status_code == 200
         # The database is reached through a descriptor too (the fleet API reads it).
         assert httpx.get(f"{server.url}/v1/fleets/edge", timeout=5).status_code == 200
-        assert server.open_sockets() <= MAX_CONNECTIONS + 8  # listener, upstream, spare
+        assert open_sockets(server.proc.pid) <= MAX_CONNECTIONS + 8  # listener, upstream, spare
         closed = sum(closed_by_peer(s, 0.01) for s in idle)
         assert closed >= 400 - MAX_CONNECTIONS
     finally:
