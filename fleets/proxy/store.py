@@ -28,7 +28,6 @@ from fleets.models import Domain, Fleet, ModelBinding
 T = TypeVar("T")
 
 
-
 def _own_connection() -> None:
     """Give the database thread a connection of its own, outside the server's pool.
 
