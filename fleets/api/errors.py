@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 
+from fleets.api import outage
 from fleets.errors import ServiceError
 from fleets.shapes import operation_json
 
@@ -53,6 +56,9 @@ def _flatten(detail, prefix: str = "") -> list[str]:
 
 def envelope_exception_handler(exc, context):
     """DRF exception handler: map every error, DRF's own included, to the envelope."""
+    if outage.is_database_outage(exc):
+        outage.note(exc)
+        return outage.json_response()
     if isinstance(exc, ServiceError):
         response = envelope(exc.code, exc.message, exc.status)
         operation = getattr(exc, "operation", None)
@@ -85,6 +91,15 @@ def json_not_found(request, exception=None):
 
 
 def json_server_error(request):
+    """handler500 for the whole site; a database outage is a 503 instead (JSON for the API and
+    metrics, a short HTML page for the dashboard and admin)."""
+    exc = sys.exc_info()[1]  # Django calls this inside its `except` block
+    if outage.is_database_outage(exc):
+        assert exc is not None
+        outage.note(exc)
+        if request.path.startswith(("/v1/", "/metrics")):
+            return outage.json_response()
+        return outage.html_response()
     return JsonResponse(
         {"error": {"code": "internal_error", "message": "internal server error"}}, status=500
     )

@@ -279,6 +279,11 @@ class RoutingCache:
         fresh = self._fresh(key)
         if fresh is not None:
             return fresh
+        if store.stalled_for() > POINTER_READ_TIMEOUT_S:
+            # The store's one thread is stuck in a read already past the deadline (a frozen
+            # database): a new read would queue behind it and only add the whole timeout to
+            # this request. Serve what is cached, at once, until that read comes back.
+            return self._fail_open(key, TimeoutError())
         asked_at = clock.get_clock().monotonic()
         try:
             async with asyncio.timeout(POINTER_READ_TIMEOUT_S):
@@ -304,8 +309,9 @@ class RoutingCache:
             # Only non-routing state may have changed: if the store drops away between the two
             # reads, the cached routing is still what the pointer says.
             try:
-                return Resolved(await self._load(pointer), stale=False)
-            except store.StoreUnreachable:
+                async with asyncio.timeout(POINTER_READ_TIMEOUT_S):
+                    return Resolved(await self._load(pointer), stale=False)
+            except (store.StoreUnreachable, TimeoutError):
                 self._note(key, "open", "snapshot refresh failed; serving the cached one")
                 return Resolved(cached, stale=True)
         if cached is not None:
@@ -313,8 +319,9 @@ class RoutingCache:
             # never serve the old routing.
             self._snapshots.pop(pointer.fleet_id, None)
         try:
-            return Resolved(await self._load(pointer), stale=False)
-        except store.StoreUnreachable:
+            async with asyncio.timeout(POINTER_READ_TIMEOUT_S):
+                return Resolved(await self._load(pointer), stale=False)
+        except (store.StoreUnreachable, TimeoutError):
             self._note(key, "closed", "pointer moved and the new snapshot could not be read")
             raise errors.state_store_unavailable(
                 "routing changed and the state store stopped answering; retry"

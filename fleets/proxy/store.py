@@ -1,7 +1,8 @@
 """The proxy's two reads of the state store, run on one dedicated database thread.
 
 Why one thread of our own, not `sync_to_async`: Django connections are per thread, and a
-dedicated thread keeps exactly one persistent connection per server process (no request
+dedicated thread keeps exactly one persistent connection per server process, outside the
+PostgreSQL pool the rest of the server borrows from (no request
 signals run on the lean ASGI path to open and close them), costs one cheap executor hop per
 read, and lets tests reach that connection to take it down. An indexed read takes well under a
 millisecond, so one thread carries thousands of requests per second.
@@ -13,6 +14,7 @@ timed out) and `StoreUnusable` when it answered but not with usable state.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +27,25 @@ from fleets.models import Domain, Fleet, ModelBinding
 
 T = TypeVar("T")
 
-_EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="haru-proxy-db")
+
+def _own_connection() -> None:
+    """Give the database thread a connection of its own, outside the server's pool.
+
+    On PostgreSQL the server's requests borrow from a bounded pool (haru/settings.py); the data
+    path must never queue behind REST load for a pooled connection, nor wait the pool's timeout
+    when the database refuses (a refused connect fails at once here, so the proxy fails open at
+    once). Same settings (the same dict, so what points the default alias elsewhere points this
+    too); only the pool is switched off, for this thread alone.
+    """
+    default = connections["default"]
+    if default.settings_dict.get("OPTIONS", {}).get("pool"):
+        unpooled = type("UnpooledDatabaseWrapper", (type(default),), {"pool": None})
+        connections["default"] = unpooled(default.settings_dict, "default")
+
+
+_EXECUTOR = ThreadPoolExecutor(
+    max_workers=1, thread_name_prefix="haru-proxy-db", initializer=_own_connection
+)
 
 
 class StoreUnreachable(Exception):
@@ -69,9 +89,30 @@ class SnapshotRows:
     bindings: tuple[BindingRow, ...]
 
 
+# When the read now running on the database thread began (monotonic), None while it is idle.
+# A frozen database (SIGSTOPped, black-holed) holds that read for as long as it stays frozen:
+# the routing cache reads this to stop queueing requests behind it (snapshots.py).
+_busy_since: float | None = None
+
+
 def run(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
     """Run `fn(*args)` on the proxy's database thread; await the returned future."""
-    return asyncio.get_running_loop().run_in_executor(_EXECUTOR, fn, *args)
+    return asyncio.get_running_loop().run_in_executor(_EXECUTOR, _timed, fn, *args)
+
+
+def _timed(fn: Callable[..., T], *args: Any) -> T:
+    global _busy_since
+    _busy_since = time.monotonic()
+    try:
+        return fn(*args)
+    finally:
+        _busy_since = None
+
+
+def stalled_for() -> float:
+    """Seconds the database thread has been in its current read (0 when idle)."""
+    since = _busy_since
+    return 0.0 if since is None else time.monotonic() - since
 
 
 def _sql() -> tuple[str, str]:

@@ -17,6 +17,7 @@ from uvicorn.supervisors import Multiprocess, multiprocess
 from fleets.metrics import remove_dead_process_files
 from fleets.proxy.drain import DrainingProcess, DrainingServer, graceful_config
 from fleets.reconciler.driver import SERVE_WORKER_ENV, start_for_server
+from fleets.server.protocol import HaruHttpProtocol, current_limits
 
 log = logging.getLogger("haru.serve")
 
@@ -31,7 +32,7 @@ def is_loopback(host: str) -> bool:
 
 
 class Command(BaseCommand):
-    help = "Serve the Haru API, chat proxy and dashboard over ASGI (uvicorn)."
+    help = "Serve the Haru API, chat proxy and dashboard over ASGI (uvicorn, bounded edges)."
 
     def add_arguments(self, parser):
         parser.add_argument(
@@ -79,6 +80,17 @@ class Command(BaseCommand):
         workers = opts["workers"]
         if workers < 1:
             raise CommandError("--workers must be at least 1")
+        limits = current_limits()  # also raises this process's open-file limit to fit the cap
+        log.info(
+            "server edge: headers within %gs, body within %gs, keep-alive idle %gs, headers at "
+            "most %d bytes and %d fields, at most %d connections per process",
+            limits.header_timeout_s,
+            limits.body_timeout_s,
+            limits.keepalive_timeout_s,
+            limits.max_header_bytes,
+            limits.max_headers,
+            limits.max_connections,
+        )
         driver = None
         if not opts["no_reconcile_loop"]:
             # One process: it serves and ticks. Several: this parent ticks every fleet each
@@ -97,6 +109,9 @@ class Command(BaseCommand):
             access_log=opts["access_log"],
             lifespan="off",
             proxy_headers=False,
+            # Deadlines and limits at the edge, keep-alive included
+            # (fleets/server/protocol.py); each worker process reads the same settings.
+            http=HaruHttpProtocol,
         )
         server = DrainingServer(config)
         try:

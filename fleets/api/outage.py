@@ -1,0 +1,85 @@
+"""A database outage is not a bug: 503 with Retry-After, and one log line now and then.
+
+Both error paths use it: the REST API's exception handler (fleets/api/errors.py) and the
+site-wide 500 handler, which Django calls for whatever escapes a view or a middleware (the
+dashboard, admin, a session save). Without this, every request during an outage answered
+500 `internal_error` and logged a full traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import psycopg
+from django.db import InterfaceError, OperationalError
+from django.http import HttpResponse, JsonResponse
+
+log = logging.getLogger("haru.database")
+
+# Seconds a client should wait before retrying: about one pool timeout, so a retry does not
+# arrive while the previous attempt is still waiting for a connection.
+RETRY_AFTER_S = 5
+LOG_EVERY_S = 10.0
+MESSAGE = "the database is unavailable; retry later"
+
+_lock = threading.Lock()
+_last_logged = -LOG_EVERY_S
+_suppressed = 0
+
+
+def is_database_outage(exc: BaseException | None) -> bool:
+    """Connection refused, dropped or timed out, or the pool had none to lend in time.
+
+    Django wraps driver errors as its own OperationalError/InterfaceError; psycopg's own are
+    listed too for errors raised outside Django's wrapper (psycopg_pool's PoolTimeout is one).
+    Integrity and programming errors stay 500s: they are bugs, not outages.
+    """
+    return isinstance(
+        exc, OperationalError | InterfaceError | psycopg.OperationalError | psycopg.InterfaceError
+    )
+
+
+def note(exc: BaseException) -> None:
+    """Log the outage at most once per LOG_EVERY_S, counting the requests in between."""
+    global _last_logged, _suppressed
+    now = time.monotonic()
+    with _lock:
+        if now - _last_logged < LOG_EVERY_S:
+            _suppressed += 1
+            return
+        suppressed, _suppressed, _last_logged = _suppressed, 0, now
+    first_line = (str(exc).strip().splitlines() or [""])[0][:200]
+    log.warning(
+        "database unavailable (%s: %s); answering 503%s",
+        type(exc).__name__,
+        first_line,
+        f" ({suppressed} more since the last report)" if suppressed else "",
+    )
+
+
+def _mark(response: HttpResponse) -> HttpResponse:
+    response["Retry-After"] = str(RETRY_AFTER_S)
+    # Logged above, once in a while: Django's per-request "Service Unavailable" line is not
+    # needed (django.utils.log.log_response skips responses marked so).
+    response._has_been_logged = True  # type: ignore[attr-defined]
+    return response
+
+
+def json_response() -> HttpResponse:
+    return _mark(
+        JsonResponse({"error": {"code": "database_unavailable", "message": MESSAGE}}, status=503)
+    )
+
+
+def html_response() -> HttpResponse:
+    return _mark(
+        HttpResponse(
+            "<!doctype html><title>Haru: database unavailable</title>"
+            "<h1>503 Service Unavailable</h1><p>The database is unavailable. This page will "
+            "work again once it is back; retry in a few seconds.</p>",
+            status=503,
+            content_type="text/html; charset=utf-8",
+        )
+    )

@@ -1,0 +1,267 @@
+"""uvicorn's httptools protocol with deadlines and limits at every phase of a connection.
+
+uvicorn bounds only the idle time between two requests (`timeout_keep_alive`): a client that
+opens a connection and sends nothing, trickles its headers or its body, or sends 50 MB of
+headers, is kept and buffered for as long as it likes. This subclass adds, per connection:
+
+- a header deadline: from the connection's opening (or a request's first byte, on a kept-alive
+  connection) to the end of its headers; past it the connection is closed;
+- a body deadline: from the end of the headers to the end of the body; past it 408 (or a close,
+  if the app already answered), and the app's `receive()` sees a disconnect;
+- a size limit on the request line plus headers, and a count limit on headers: 431, checked as
+  bytes arrive, so at most one read past the limit is ever buffered;
+- the keep-alive idle limit (uvicorn's own timer, set from the settings);
+- a cap on connections per process. A new connection past the cap closes the connection that
+  has waited longest for a request (idle: no request being read or answered). Idle connections
+  cost the attacker nothing, so refusing newcomers instead would let a flood of them lock out
+  `/healthz` and every real client for a whole header deadline; closing an idle connection
+  costs its owner one reconnect. Only when every connection is busy is the newcomer refused.
+
+Everything else (parsing, the ASGI cycle, WebSocket upgrade, pipelining, flow control) is
+uvicorn's. The chat path pays one timer per request (the header deadline) and none for a body
+that arrives with its headers, which is the usual case (bench/server_edges.py measures it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from typing import Any
+
+import httptools
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
+
+from fleets.server import limits as edge_limits
+
+log = logging.getLogger("haru.serve")
+
+_LIMITS: edge_limits.EdgeLimits | None = None
+
+
+def current_limits() -> edge_limits.EdgeLimits:
+    """This process's limits: read once (each uvicorn worker process reads its own)."""
+    global _LIMITS
+    if _LIMITS is None:
+        _LIMITS = edge_limits.fit_descriptors(edge_limits.from_settings())
+    return _LIMITS
+
+
+def reset_limits() -> None:
+    """Forget the limits read so far (tests change the settings)."""
+    global _LIMITS
+    _LIMITS = None
+
+
+class _Idle:
+    """The connections of one server waiting for a request, oldest first."""
+
+    def __init__(self) -> None:
+        # A dict keeps insertion order: the first key has waited longest.
+        self.waiting: dict[HaruHttpProtocol, None] = {}
+
+    def oldest(self, other_than: HaruHttpProtocol) -> HaruHttpProtocol | None:
+        for protocol in self.waiting:
+            if protocol is not other_than:
+                return protocol
+        return None
+
+
+_IDLE: weakref.WeakKeyDictionary[ServerState, _Idle] = weakref.WeakKeyDictionary()
+
+
+class _Refused(Exception):
+    """Raised from a parser callback to stop parsing; the refusal is on the protocol."""
+
+
+# Connection phases, as far as the deadlines care.
+_HEADERS, _BODY, _OTHER = "headers", "body", "other"
+
+
+class HaruHttpProtocol(HttpToolsProtocol):
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self.limits = current_limits()
+        self.timeout_keep_alive = self.limits.keepalive_timeout_s  # type: ignore[assignment]
+        idle = _IDLE.get(server_state)
+        if idle is None:
+            idle = _IDLE[server_state] = _Idle()
+        self._idle = idle
+        self._phase = _HEADERS
+        # One lazy timer per connection for the header deadline: a request on a kept-alive
+        # connection moves the deadline (a float) instead of creating and cancelling a timer
+        # per request; the timer re-arms itself for what is left when it fires early.
+        self._header_deadline = 0.0
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._header_bytes = 0  # raw bytes received in the current header phase
+        self._chunk = 0  # length of the read being parsed
+        self._refusal: tuple[int, str, str] | None = None
+
+    # Connection life.
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._header_deadline = self.loop.time() + self.limits.header_timeout_s
+        self._header_timer = self.loop.call_at(self._header_deadline, self._header_timeout)
+        self._idle.waiting[self] = None
+        if len(self.connections) > self.limits.max_connections:
+            self._make_room()
+
+    def _make_room(self) -> None:
+        victim = self._idle.oldest(other_than=self)
+        if victim is None:
+            # Every other connection is serving a request: this one is the one too many.
+            self._forget()
+            self.transport.abort()
+            return
+        victim._forget()
+        victim.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._forget()
+        super().connection_lost(exc)
+
+    def _forget(self) -> None:
+        self._idle.waiting.pop(self, None)
+        for timer in (self._header_timer, self._body_timer):
+            if timer is not None:
+                timer.cancel()
+        self._header_timer = self._body_timer = None
+
+    def handle_websocket_upgrade(self) -> None:
+        # The WebSocket protocol takes the transport over with its own ping deadlines.
+        self._forget()
+        super().handle_websocket_upgrade()
+
+    # Reading.
+
+    def data_received(self, data: bytes) -> None:
+        self._unset_keepalive_if_required()
+        self._chunk = len(data)
+        if self._phase is _HEADERS:
+            self._header_bytes += self._chunk
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
+        except httptools.HttpParserError:
+            if self._refusal is not None:
+                self._refuse(*self._refusal)
+                return
+            msg = "Invalid HTTP request received."
+            self.logger.warning(msg)
+            self.send_400_response(msg)
+            return
+        if self._phase is _HEADERS and self._header_bytes > self.limits.max_header_bytes:
+            # Headers still incomplete and already too long: refuse before buffering more.
+            self._refuse(431, "headers_too_large", self._too_large_message())
+        elif self._phase is _BODY and self._body_timer is None and not self.transport.is_closing():
+            # Only a body that did not come with its headers needs a timer.
+            self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_timeout)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._phase is not _HEADERS:
+            # A request on a kept-alive connection (or pipelined): a fresh header deadline,
+            # and a raw count that starts with the whole read it began in (over-counting a
+            # pipelined predecessor's tail errs on the safe side).
+            self._phase = _HEADERS
+            self._header_bytes = self._chunk
+            self._header_deadline = self.loop.time() + self.limits.header_timeout_s
+            if self._header_timer is None:
+                self._header_timer = self.loop.call_at(self._header_deadline, self._header_timeout)
+
+    def on_headers_complete(self) -> None:
+        self._phase = _BODY
+        self._idle.waiting.pop(self, None)
+        # Checked once the headers are parsed, and only when the raw count says they might be
+        # too long: the raw check in data_received already bounds what can be buffered.
+        if len(self.headers) > self.limits.max_headers:
+            self._stop(431, "too_many_headers", f"more than {self.limits.max_headers} headers")
+        if self._header_bytes > self.limits.max_header_bytes:
+            size = len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers)
+            if size > self.limits.max_header_bytes:
+                self._stop(431, "headers_too_large", self._too_large_message())
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._phase = _OTHER
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.timeout_keep_alive_task is not None:
+            # uvicorn armed its keep-alive timer: nothing in flight, the connection is idle.
+            self._idle.waiting[self] = None
+
+    # Refusals and deadlines.
+
+    def _too_large_message(self) -> str:
+        return f"request line and headers exceed {self.limits.max_header_bytes} bytes"
+
+    def _stop(self, status: int, code: str, message: str) -> None:
+        self._refusal = (status, code, message)
+        raise _Refused(message)
+
+    def _refuse(self, status: int, code: str, message: str) -> None:
+        self._forget()
+        self._phase = _OTHER
+        if not self.transport.is_closing():
+            self.transport.write(_error_response(status, code, message))
+            self.transport.close()
+
+    def _header_timeout(self) -> None:
+        self._header_timer = None
+        if self._phase is not _HEADERS or self.transport.is_closing():
+            return  # the next request's on_message_begin arms it again
+        left = self._header_deadline - self.loop.time()
+        if left > 0:
+            # The deadline moved (a later request on this connection): wait for what is left.
+            self._header_timer = self.loop.call_later(left, self._header_timeout)
+            return
+        self._forget()
+        self.transport.close()
+
+    def _body_timeout(self) -> None:
+        self._body_timer = None
+        if self._phase is not _BODY or self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_started:
+            message = f"request body not received within {self.limits.body_timeout_s:g} s"
+            self._refuse(408, "request_timeout", message)
+        else:
+            self._forget()
+            self.transport.close()
+
+
+_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+
+
+def _error_response(status: int, code: str, message: str) -> bytes:
+    """The API's error envelope, written straight to the socket: no app is involved yet."""
+    body = b'{"error": {"code": "%s", "message": "%s"}}' % (code.encode(), message.encode())
+    return b"".join(
+        [
+            b"HTTP/1.1 %d %s\r\n" % (status, _REASONS[status]),
+            b"content-type: application/json\r\n",
+            b"content-length: %d\r\n" % len(body),
+            b"connection: close\r\n\r\n",
+            body,
+        ]
+    )

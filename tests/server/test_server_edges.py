@@ -1,0 +1,336 @@
+"""Issue 11, finding 1: deadlines and limits at the HTTP server's edge, against the real server.
+
+One `manage.py serve` process with small limits (header deadline 1 s, body deadline 1.5 s,
+keep-alive 1 s, 20 connections, 300 open files), real sockets from this process. Each test
+failed against stock uvicorn: slowloris and trickled bodies were kept for ever, 50 MB of headers
+got a 200 (and hundreds of MB of memory), and idle connections ran the server out of file
+descriptors so `/healthz` stopped answering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import resource
+import socket
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from websockets.sync.client import connect as ws_connect
+
+from tests.server import harness
+
+HEADER_TIMEOUT_S = 1.0
+BODY_TIMEOUT_S = 1.5
+KEEPALIVE_S = 1.0
+MAX_CONNECTIONS = 20
+SERVER_NOFILE = 300  # 20 connections x 2 + 256 reserved fit; 400 idle sockets would not
+MODEL = harness.MODEL
+STAFF, STAFF_PASSWORD = "edge-admin", "edge-admin-password-0123"
+
+pytestmark = pytest.mark.integration
+
+
+# ---------------------------------------------------------------------------------------------
+# A slow streaming upstream: SSE events spread over longer than every deadline above, so a body
+# or header deadline that wrongly covered the response would cut it.
+
+SSE_EVENTS = 6
+SSE_GAP_S = 0.4
+
+
+async def _upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":", 1)[1])
+            await reader.readexactly(length)
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                b"transfer-encoding: chunked\r\n\r\n"
+            )
+            for i in range(SSE_EVENTS):
+                event = b'data: {"choices":[{"delta":{"content":"t%d"}}]}\n\n' % i
+                writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+                await writer.drain()
+                await asyncio.sleep(SSE_GAP_S)
+            done = b"data: [DONE]\n\n"
+            writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        writer.close()
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def open_sockets(pid: int) -> int:
+    count = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            count += os.readlink(fd).startswith("socket:")
+    return count
+
+
+def _limit_nofile() -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (SERVER_NOFILE, SERVER_NOFILE))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    work = tmp_path_factory.mktemp("edges")
+    upstream_port, upstream_loop = harness.start_upstream(_upstream)
+    env = harness.server_env(
+        work,
+        HARU_DEFAULT_FLEET="edge",
+        HARU_HTTP_HEADER_TIMEOUT_MS=str(int(HEADER_TIMEOUT_S * 1000)),
+        HARU_HTTP_BODY_TIMEOUT_MS=str(int(BODY_TIMEOUT_S * 1000)),
+        HARU_HTTP_KEEPALIVE_TIMEOUT_MS=str(int(KEEPALIVE_S * 1000)),
+        HARU_HTTP_MAX_CONNECTIONS=str(MAX_CONNECTIONS),
+    )
+    harness.prepare(env, work, harness.layout("edge", upstream_port), staff=(STAFF, STAFF_PASSWORD))
+    serve = harness.Serve(env, work, preexec_fn=_limit_nofile)
+    yield serve
+    serve.stop()
+    upstream_loop.call_soon_threadsafe(upstream_loop.stop)
+
+
+def connect(server: harness.Serve) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", server.port), timeout=10)
+
+
+def closed_by_peer(sock: socket.socket, within: float) -> bool:
+    """Read until the server closes (True) or `within` seconds pass (False); data is skipped."""
+    sock.settimeout(0.1)
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            if sock.recv(65536) == b"":
+                return True
+        except TimeoutError:
+            continue
+        except ConnectionResetError:
+            return True
+    return False
+
+
+def read_response(sock: socket.socket, timeout: float = 10) -> tuple[int, bytes]:
+    """Read one response whose body ends at close or by its Content-Length; return status, all."""
+    sock.settimeout(timeout)
+    data = b""
+    with contextlib.suppress(ConnectionResetError):
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 "), data[:200]
+    return int(data[9:12]), data
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def test_slowloris_headers_are_closed_after_the_header_deadline(server):
+    sock = connect(server)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+    started = time.monotonic()
+    closed = False
+    # One header byte every 0.2 s: each read is quick, the headers never end.
+    while time.monotonic() - started < 10 * HEADER_TIMEOUT_S:
+        try:
+            sock.sendall(b"X")
+        except (BrokenPipeError, ConnectionResetError):
+            closed = True
+            break
+        if closed_by_peer(sock, 0.2):
+            closed = True
+            break
+    assert closed, "a trickled header block kept its connection"
+    sock.close()
+
+
+def test_a_connection_that_sends_nothing_is_closed(server):
+    sock = connect(server)
+    assert closed_by_peer(sock, 10 * HEADER_TIMEOUT_S)
+    sock.close()
+
+
+def test_50_mb_of_headers_is_refused_431_without_memory_growth(server):
+    before = rss_kib(server.proc.pid)
+    statuses: list[int | None] = []
+
+    def flood() -> None:
+        sock = connect(server)
+        status: list[int] = []
+
+        def reader() -> None:
+            with contextlib.suppress(OSError, AssertionError):
+                status.append(read_response(sock)[0])
+
+        t = threading.Thread(target=reader)
+        t.start()
+        try:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ")
+            chunk = b"a" * (1024 * 1024)
+            for _ in range(50):
+                sock.sendall(chunk)
+        except OSError:
+            pass  # refused and closed long before the 50 MB
+        t.join(15)
+        sock.close()
+        statuses.append(status[0] if status else None)
+
+    threads = [threading.Thread(target=flood) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert 431 in statuses, statuses
+    assert all(s in (431, None) for s in statuses), statuses  # never a 200
+    grew_mib = (rss_kib(server.proc.pid) - before) / 1024
+    assert grew_mib < 32, f"the server grew by {grew_mib:.0f} MiB"
+
+
+def test_too_many_headers_is_refused_431(server):
+    sock = connect(server)
+    fields = b"".join(b"X-F%d: v\r\n" % i for i in range(150))
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n" + fields + b"\r\n")
+    status, data = read_response(sock)
+    assert status == 431
+    assert b'"too_many_headers"' in data
+    sock.close()
+
+
+def test_headers_within_the_limits_are_served(server):
+    headers = {f"X-F{i}": "v" * 500 for i in range(60)}  # 60 fields, about 30 KB
+    response = httpx.get(f"{server.url}/healthz", headers=headers, timeout=10)
+    assert response.status_code == 200
+
+
+def test_a_trickled_body_gets_408_after_the_body_deadline(server):
+    sock = connect(server)
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"
+    )
+    started = time.monotonic()
+    data = b""
+    sock.settimeout(0.2)
+    while time.monotonic() - started < 10 * BODY_TIMEOUT_S:
+        try:
+            sock.sendall(b" ")
+        except OSError:
+            break
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            continue
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    sock.close()
+    assert data.startswith(b"HTTP/1.1 408 "), data[:200]
+    assert b'"request_timeout"' in data
+
+
+def test_many_idle_connections_do_not_stop_healthz_or_the_database(server):
+    """400 idle sockets against a process allowed 300 open files: stock uvicorn ran out of
+    descriptors (accept failed, /healthz reset); here the oldest idle ones are closed."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1000:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    idle: list[socket.socket] = []
+    try:
+        for i in range(400):
+            sock = socket.socket()
+            sock.settimeout(5)
+            sock.connect(("127.0.0.1", server.port))
+            if i % 2:
+                sock.sendall(b"GET /healthz HTTP/1.1\r\n")  # half of them: partial headers
+            idle.append(sock)
+        assert httpx.get(f"{server.url}/healthz", timeout=5).status_code == 200
+        # The database is reached through a descriptor too (the fleet API reads it).
+        assert httpx.get(f"{server.url}/v1/fleets/edge", timeout=5).status_code == 200
+        assert open_sockets(server.proc.pid) <= MAX_CONNECTIONS + 8  # listener, upstream, spare
+        closed = sum(closed_by_peer(s, 0.01) for s in idle)
+        assert closed >= 400 - MAX_CONNECTIONS
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_an_idle_keep_alive_connection_is_closed_after_its_limit(server):
+    sock = connect(server)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    status, _ = read_response(sock)
+    assert status == 200
+    # uvicorn's default was 5 s; the setting says 1 s.
+    assert closed_by_peer(sock, 4 * KEEPALIVE_S)
+    sock.close()
+
+
+def test_kept_alive_requests_each_get_their_own_header_deadline(server):
+    sock = connect(server)
+    for _ in range(3):
+        time.sleep(HEADER_TIMEOUT_S / 2)  # the sum passes one deadline; each wait does not
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        sock.settimeout(10)
+        data = b""
+        while not data.endswith(b'{"status": "ok"}'):
+            chunk = sock.recv(65536)
+            assert chunk, "closed between two requests"
+            data += chunk
+        assert data.startswith(b"HTTP/1.1 200 ")
+    sock.close()
+
+
+def test_a_slow_stream_outlives_every_request_deadline(server):
+    body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    with httpx.stream(
+        "POST", f"{server.url}/v1/chat/completions", json=body, timeout=20
+    ) as response:
+        assert response.status_code == 200
+        text = "".join(response.iter_text())
+    assert text.count("data: ") == SSE_EVENTS + 1
+    assert text.rstrip().endswith("data: [DONE]")
+
+
+def test_a_staff_websocket_stays_open_past_every_request_deadline(server):
+    with httpx.Client(base_url=server.url, timeout=10) as client:
+        client.get("/login/")
+        response = client.post(
+            "/login/",
+            data={
+                "username": STAFF,
+                "password": STAFF_PASSWORD,
+                "csrfmiddlewaretoken": client.cookies["csrftoken"],
+            },
+            headers={"Referer": f"{server.url}/login/"},
+        )
+        assert response.status_code in (200, 302) and "sessionid" in client.cookies
+        cookie = "; ".join(f"{k}={v}" for k, v in client.cookies.items())
+    with ws_connect(
+        f"ws://127.0.0.1:{server.port}/ws/overview/",
+        open_timeout=10,
+        additional_headers={"Cookie": cookie},
+        origin=server.url,
+    ) as ws:
+        time.sleep(HEADER_TIMEOUT_S + BODY_TIMEOUT_S + KEEPALIVE_S)
+        assert ws.ping().wait(5), "the WebSocket was closed by a request deadline"

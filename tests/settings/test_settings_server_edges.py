@@ -1,0 +1,89 @@
+"""The server-edge and database-pool settings: defaults, overrides, refusals, as read at start."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SHOW = (
+    "import json, django; django.setup(); from django.conf import settings as s; "
+    "d = s.DATABASES['default']; o = {k: v for k, v in d.get('OPTIONS', {}).items()}; "
+    "print(json.dumps({'haru': {k: v for k, v in s.HARU.items() if k.startswith(('http_', "
+    "'db_pool'))}, 'engine': d['ENGINE'], 'max_age': d.get('CONN_MAX_AGE'), "
+    "'options': o}))"
+)
+
+
+def settings_with(tmp_path: Path, **extra: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HARU_", "DATABASE_URL"))}
+    env.update(DJANGO_SETTINGS_MODULE="haru.settings", HARU_VAR_DIR=str(tmp_path / "var"))
+    env.update(extra)
+    return subprocess.run(
+        [sys.executable, "-c", SHOW], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def read(tmp_path: Path, **extra: str) -> dict:
+    result = settings_with(tmp_path, **extra)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_safe_defaults(tmp_path):
+    haru = read(tmp_path)["haru"]
+    assert haru == {
+        "http_header_timeout_ms": 10000,
+        "http_body_timeout_ms": 60000,
+        "http_keepalive_timeout_ms": 5000,
+        "http_max_header_bytes": 65536,
+        "http_max_headers": 100,
+        "http_max_connections": 2048,
+        "db_pool_max": 20,
+        "db_pool_timeout_ms": 5000,
+    }
+
+
+def test_postgres_gets_a_pool_and_no_persistent_connections(tmp_path):
+    got = read(
+        tmp_path,
+        DATABASE_URL="postgres://u@db.invalid:5432/haru",
+        HARU_DB_POOL_MAX="7",
+        HARU_DB_POOL_TIMEOUT_MS="2500",
+    )
+    assert got["max_age"] == 0
+    assert got["options"]["pool"] == {"min_size": 2, "max_size": 7, "timeout": 2.5}
+    assert got["options"]["connect_timeout"] == 5
+
+
+def test_a_connect_timeout_in_the_url_wins(tmp_path):
+    got = read(tmp_path, DATABASE_URL="postgres://u@db.invalid:5432/haru?connect_timeout=2")
+    assert got["options"]["connect_timeout"] == 2
+
+
+def test_sqlite_has_no_pool(tmp_path):
+    got = read(tmp_path)
+    assert got["engine"] == "django.db.backends.sqlite3"
+    assert "pool" not in got["options"]
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("HARU_HTTP_HEADER_TIMEOUT_MS", "0"),
+        ("HARU_HTTP_MAX_HEADER_BYTES", "100"),
+        ("HARU_HTTP_MAX_HEADERS", "many"),
+        ("HARU_HTTP_MAX_CONNECTIONS", "1"),
+        ("HARU_DB_POOL_MAX", "1"),
+        ("HARU_DB_POOL_TIMEOUT_MS", "-5"),
+    ],
+)
+def test_a_bad_value_stops_start_up_naming_the_variable(tmp_path, name, value):
+    result = settings_with(tmp_path, **{name: value})
+    assert result.returncode != 0
+    assert name in result.stderr
