@@ -419,22 +419,28 @@ async def _run(args, upstream_ports: dict[str, int], haru_ports: dict[str, int])
     return rows
 
 
-async def _cpu_compare(args, bare_port, bare_pid, haru_port, haru_pid, raw_port) -> dict:
-    """Process CPU seconds per request: Haru proxying vs the bare responder, in one run.
+async def _cpu_compare(args, bare_port, bare_pid, haru_port, haru_pid, raw_port, raw_pid) -> dict:
+    """Process CPU seconds per request: Haru proxying vs two baselines, in one run.
 
-    Both serve the same completion bytes to the same load generator at the same concurrency;
-    Haru's figure is its own process only (the raw upstream behind it is not counted).
+    All serve the same completion bytes to the same load generator at the same concurrency;
+    Haru's figure is its own process only (the raw upstream behind it is not counted). The
+    baselines: the bare asyncio relay (the least work that can serve the answer through a
+    proxy), and the raw upstream itself answering directly (one uvicorn worker with a raw ASGI
+    responder: the cost of serving the same answer with no proxy at all).
     """
     _, direct, via = next(_scenarios(MODELS["raw"], raw_port, haru_port))
     bare_request = _request(bare_port, "/v1/chat/completions", direct.split(b"\r\n\r\n", 1)[1], {})
     c, seconds, warmup = args.cpu_concurrency, args.seconds, args.warmup
     bare = await _measure(bare_port, bare_request, c, seconds, warmup, pid=bare_pid)
+    responder = await _measure(raw_port, direct, c, seconds, warmup, pid=raw_pid)
     haru = await _measure(haru_port, via, c, seconds, warmup, pid=haru_pid)
     return {
         "c": c,
         "bare_us": bare["cpu_us"],
+        "responder_us": responder["cpu_us"],
         "haru_us": haru["cpu_us"],
         "ratio": haru["cpu_us"] / bare["cpu_us"],
+        "ratio_responder": haru["cpu_us"] / responder["cpu_us"],
         "bare_rps": bare["rps"],
         "haru_rps": haru["rps"],
     }
@@ -510,13 +516,16 @@ def main() -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="haru-bench-") as var_dir:
             upstream_ports = {kind: _free_port() for kind in args.upstream}
+            upstream_pids: dict[str, int] = {}
             for kind, port in upstream_ports.items():
                 argv = {
                     "raw": [PYTHON, __file__, "--serve-raw", str(port)],
                     "sim": [PYTHON, "-m", "supervisor.sim", "--port", str(port)]
                     + ["--model", MODELS["sim"]],
                 }[kind]
-                _wait_port(port, procs.start(argv), f"{kind} upstream")
+                started = procs.start(argv)
+                upstream_pids[kind] = started.pid
+                _wait_port(port, started, f"{kind} upstream")
             env = _haru_env(var_dir)
             _seed(env, var_dir, upstream_ports)
             paths = ["lean"]
@@ -548,6 +557,7 @@ def main() -> int:
                         haru_ports["lean"],
                         haru_procs["lean"].pid,
                         upstream_ports["raw"],
+                        upstream_pids["raw"],
                     )
                 )
     finally:
@@ -568,6 +578,10 @@ def main() -> int:
             f"  CPU per request, raw upstream, non-streaming, c={args.cpu_concurrency}: "
             f"haru {cpu['haru_us']:.0f} us, bare asyncio relay {cpu['bare_us']:.0f} us, "
             f"ratio {cpu['ratio']:.2f}x (target <= 2x)"
+        )
+        print(
+            f"  CPU per request, the raw upstream answering directly (uvicorn, raw ASGI): "
+            f"{cpu['responder_us']:.0f} us; haru / responder {cpu['ratio_responder']:.2f}x"
         )
     if args.json:
         print(json.dumps({"rows": rows, "cpu": cpu} if cpu else rows, indent=2))

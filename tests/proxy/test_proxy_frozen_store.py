@@ -23,8 +23,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 async def test_requests_behind_a_stuck_read_serve_cached_routing_at_once(
-    haru, engines, proxy_fleet, monkeypatch
+    haru, engines, proxy_fleet, monkeypatch, settings
 ):
+    # Every request reads the pointer (poll bound 0), so each one would meet the stuck read;
+    # the poll-bounded reuse of a fresh pointer is tested in test_proxy_hold.py.
+    settings.HARU = {**settings.HARU, "chat_hold_poll_ms": 0}
     budget = 1.0
     monkeypatch.setattr(snapshots, "POINTER_READ_TIMEOUT_S", budget)
     assert (await haru.post(CHAT, content=chat_body())).status_code == 200  # routing cached
