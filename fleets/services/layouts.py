@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -179,6 +180,7 @@ def _write(
 ) -> None:
     """Run the planned writes in transactions of at most HARU_LAYOUT_BATCH_ROWS rows."""
     size = settings.HARU["layout_batch_rows"]
+    pause_s = settings.HARU["layout_batch_pause_ms"] / 1000
     # Rows first, then new models: every new model's slot is in `rows`, so a batch boundary
     # inside either list keeps "a row never before what it points at".
     steps: list[tuple[str, Callable[[_Ids], Any]]] = [
@@ -213,6 +215,10 @@ def _write(
         report.batches = done
         if on_batch is not None:
             on_batch(done, total)
+        if done < total and pause_s:
+            # A waiting writer must see the lock free: SQLite's busy wait polls with growing
+            # sleeps (up to 100 ms), so back-to-back batches would starve a tick's heartbeat.
+            time.sleep(pause_s)
 
 
 def _write_batch(

@@ -6,8 +6,11 @@ batches; a partially applied layout is always a prefix of fleet, domains, slots,
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -20,6 +23,8 @@ from fleets.services.heartbeats import domain_seen
 from fleets.services.layouts import layout_apply, layout_rows
 from fleets.services.leases import lease_acquire, lease_release
 from fleets.services.operations import operation_request
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def big_layout(slug: str, models: int, per_slot: int = 50) -> dict:
@@ -52,7 +57,7 @@ def big_layout(slug: str, models: int, per_slot: int = 50) -> dict:
 
 @pytest.fixture
 def small_batches(settings):
-    settings.HARU = {**settings.HARU, "layout_batch_rows": 40}
+    settings.HARU = {**settings.HARU, "layout_batch_rows": 40, "layout_batch_pause_ms": 0}
 
 
 @pytest.mark.django_db
@@ -178,3 +183,27 @@ def test_a_heartbeat_write_gets_in_between_batches_of_a_large_apply(small_batche
     assert not errors and written == [True]
     assert Domain.objects.get(pk=east.id).last_report.get("ok") == 1
     assert ModelBinding.objects.filter(domain__fleet=fleet).count() == 600
+
+
+@pytest.mark.integration
+def test_the_layout_benchmark_prints_its_figures():
+    # bench/layout_apply.py runs in its own process on its own temporary SQLite file.
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "layout_apply.py"),
+            "--models",
+            "120",
+            "--batch",
+            "50",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=ROOT,
+    ).stdout
+    lines = {line.split()[0]: line for line in out.splitlines()}
+    assert set(lines) == {"one-batch", "no-pause", "batched"}
+    assert "batches=   1" in lines["one-batch"] and "batches=   5" in lines["batched"]
+    assert "longest_writer_wait=" in lines["batched"]
