@@ -6,6 +6,8 @@ batches; a partially applied layout is always a prefix of fleet, domains, slots,
 
 from __future__ import annotations
 
+import io
+import json
 import subprocess
 import sys
 import threading
@@ -13,12 +15,14 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.db import connection
 
 from fleets import clock
 from fleets.errors import LayoutError
 from fleets.layouts.loader import parse_layout
 from fleets.models import Domain, Event, Fleet, ModelBinding, Slot
+from fleets.services import layouts as layouts_service
 from fleets.services.heartbeats import domain_seen
 from fleets.services.layouts import layout_apply, layout_rows
 from fleets.services.leases import lease_acquire, lease_release
@@ -207,3 +211,41 @@ def test_the_layout_benchmark_prints_its_figures():
     assert set(lines) == {"one-batch", "no-pause", "batched"}
     assert "batches=   1" in lines["one-batch"] and "batches=   5" in lines["batched"]
     assert "longest_writer_wait=" in lines["batched"]
+
+
+@pytest.mark.django_db
+def test_seed_layout_reports_its_batches_and_refuses_an_oversized_layout(
+    settings, small_batches, tmp_path
+):
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(big_layout("big", 60)))
+    out, err = io.StringIO(), io.StringIO()
+    call_command("seed_layout", "--config", str(path), stdout=out, stderr=err)
+    assert "batch 1/4 written" in err.getvalue() and "batch 4/4 written" in err.getvalue()
+    assert "applied layout" in out.getvalue()
+    settings.HARU = {**settings.HARU, "layout_max_rows": 50}
+    path.write_text(json.dumps(big_layout("other", 60)))
+    with pytest.raises(CommandError, match="refused, nothing written:\n.*HARU_LAYOUT_MAX_ROWS"):
+        call_command("seed_layout", "--config", str(path))
+    assert not Fleet.objects.filter(slug="other").exists()
+
+
+@pytest.mark.django_db
+def test_seed_layout_says_how_far_an_interrupted_apply_got(small_batches, tmp_path, monkeypatch):
+    layout_apply(layout=parse_layout(big_layout("big", 100)))
+    fleet = Fleet.objects.get(slug="big")
+    path = tmp_path / "small.json"
+    path.write_text(json.dumps(big_layout("big", 10)))
+    real = layouts_service._refuse_prune
+    calls = []
+
+    def refuse_the_second_time(*args, **kwargs):
+        # An operation appears between the first and the second prune batch.
+        calls.append(1)
+        if len(calls) == 3:  # the plan, the first prune batch, then this one
+            operation_request(fleet=fleet, kind="promote", target_domain_id="west", actor="t")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(layouts_service, "_refuse_prune", refuse_the_second_time)
+    with pytest.raises(CommandError, match=r"stopped after 2 batch\(es\) were written; re-apply"):
+        call_command("seed_layout", "--config", str(path), "--prune")
