@@ -50,9 +50,11 @@ class LayoutError(ServiceError):
     code = "invalid_layout"
     status = 422
 
-    def __init__(self, errors: list[str]) -> None:
+    def __init__(self, errors: list[str], *, batches_written: int = 0) -> None:
         super().__init__("; ".join(errors))
         self.errors = errors
+        # Batches an apply had committed before it stopped (a partial apply; re-apply completes).
+        self.batches_written = batches_written
 
 
 class OperationNotCancellable(ServiceError):

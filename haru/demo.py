@@ -14,8 +14,11 @@ Only processes this demo started are ever signalled: the demo records each proce
 in var/demo/pids/ (pid, kernel start time, boot id, so a reused pid is never touched), and a
 host's model servers and trainers are the ones its supervisor recorded in its own state dir.
 
-The supervisor token is random per run, handed to the processes through their environment and
-kept in var/demo/state.json (mode 0600); it is never printed.
+Credentials are per host, as in production: a master key random per run is given to the server
+and the `manage.py` steps (HARU_SUPERVISOR_MASTER_KEY), each host's supervisor gets only its own
+token (`manage.py supervisor_token demo/<host>`, derived from that key and the domain's id) as
+HARU_SUPERVISOR_TOKEN. Both are handed over through the environment and kept in
+var/demo/state.json (mode 0600); neither is ever printed.
 """
 
 from __future__ import annotations
@@ -145,17 +148,58 @@ def port_in_use(port: int) -> bool:
         return False
 
 
-def base_env(run_id: str, token: str) -> dict[str, str]:
+# Credentials the demo sets itself; whatever the caller's shell has for them is dropped.
+_CREDENTIALS = ("HARU_API_TOKEN", "HARU_SUPERVISOR_TOKEN", "HARU_SUPERVISOR_MASTER_KEY")
+
+
+def base_env(run_id: str) -> dict[str, str]:
     # The demo is local development mode: embedded database, no broker, open loopback-only API.
-    dropped = ("DATABASE_URL", "REDIS_URL", "HARU_API_TOKEN")
+    dropped = ("DATABASE_URL", "REDIS_URL", *_CREDENTIALS)
     env = {k: v for k, v in os.environ.items() if k not in dropped}
-    env.update({"HARU_DEMO_RUN": run_id, "HARU_SUPERVISOR_TOKEN": token, "PYTHONUNBUFFERED": "1"})
+    env.update({"HARU_DEMO_RUN": run_id, "PYTHONUNBUFFERED": "1"})
     return env
+
+
+def control_env(state: dict) -> dict[str, str]:
+    """The server's and the `manage.py` steps' environment: the master key, no shared token."""
+    return {**base_env(state["run"]), "HARU_SUPERVISOR_MASTER_KEY": state["masterKey"]}
+
+
+def host_token(state: dict, name: str) -> str:
+    token = state.get("hostTokens", {}).get(name)
+    if not token:
+        raise SystemExit(
+            f"demo: no token for {name} in {demo_dir() / 'state.json'} (a demo from an older "
+            "version?): run `python -m haru.demo stop`, then start the demo again"
+        )
+    return str(token)
+
+
+def host_tokens(env: dict[str, str]) -> dict[str, str]:
+    """Each host's supervisor token, printed by `manage.py supervisor_token demo/<host>`."""
+    tokens = {}
+    for name in HOSTS:
+        out = subprocess.run(
+            [PYTHON, "manage.py", "supervisor_token", f"{FLEET}/{name}"],
+            cwd=REPO,
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        tokens[name] = out.stdout.strip()
+    return tokens
+
+
+def supervisor_env(state: dict, name: str) -> dict[str, str]:
+    """A supervisor's environment: its own token only, never the master key."""
+    return {**base_env(state["run"]), "HARU_SUPERVISOR_TOKEN": host_token(state, name)}
 
 
 def start_supervisor(name: str, state: dict) -> subprocess.Popen:
     spec = HOSTS[name]
-    env = base_env(state["run"], state["supervisorToken"])
+    env = supervisor_env(state, name)
     env.update(
         {
             "PORT": str(spec["port"]),
@@ -231,6 +275,12 @@ def preflight() -> None:
 
 def manage(env: dict, *args: str) -> None:
     subprocess.run([PYTHON, "manage.py", *args], cwd=REPO, env=env, check=True)
+
+
+def seed(env: dict[str, str]) -> None:
+    """Migrate the embedded database and apply the demo's layout."""
+    manage(env, "migrate", "--noinput", "-v0")
+    manage(env, "seed_layout", "--config", LAYOUT)
 
 
 def api(state: dict, method: str, path: str, body: dict | None = None) -> httpx.Response:
@@ -399,12 +449,9 @@ def run(fresh: bool) -> None:
     if fresh:
         for suffix in ("", "-wal", "-shm"):
             (var_dir() / f"haru.sqlite3{suffix}").unlink(missing_ok=True)
-    state = {
-        "run": secrets.token_hex(8),
-        "supervisorToken": secrets.token_urlsafe(32),
-    }
+    state: dict = {"run": secrets.token_hex(8), "masterKey": secrets.token_urlsafe(32)}
     save_state(state)
-    env = base_env(state["run"], state["supervisorToken"])
+    env = control_env(state)
     env.update(
         {
             "HARU_RECONCILE_INTERVAL_MS": "1000",
@@ -412,8 +459,9 @@ def run(fresh: bool) -> None:
         }
     )
     say("demo: migrating the embedded database and seeding the two-domain fleet")
-    manage(env, "migrate", "--noinput", "-v0")
-    manage(env, "seed_layout", "--config", LAYOUT)
+    seed(env)
+    state["hostTokens"] = host_tokens(env)
+    save_state(state)
     ensure_operator(env)
 
     procs: dict[str, subprocess.Popen] = {}
@@ -422,7 +470,7 @@ def run(fresh: bool) -> None:
             procs[name] = start_supervisor(name, state)
         say("demo: starting the supervisors (each starts two simulated model servers)")
         for name in HOSTS:
-            wait_until(lambda n=name: supervisor_ready(n, state["supervisorToken"]), 60, name)
+            wait_until(lambda n=name: supervisor_ready(n, host_token(state, n)), 60, name)
         log = open(demo_dir() / "server.log", "ab")  # noqa: SIM115
         procs["server"] = subprocess.Popen(
             [PYTHON, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(SERVER_PORT)],
@@ -483,7 +531,7 @@ def restore(ref: str) -> None:
             )
         proc = start_supervisor(host, state)
         say(f"demo: {host} supervisor started (pid {proc.pid}); waiting until it is ready")
-        wait_until(lambda: supervisor_ready(host, state["supervisorToken"]), 60, host)
+        wait_until(lambda: supervisor_ready(host, host_token(state, host)), 60, host)
     if fleet is None:
         say("demo: the server is not running, so nothing was demoted")
         return

@@ -55,6 +55,18 @@ def _load() -> dict:
             "layout_max_bytes": env.integer(
                 "HARU_LAYOUT_MAX_BYTES", 4 * 1024 * 1024, minimum=1024, maximum=2**31
             ),
+            # A layout's rows (domains + slots + models), refused above; and the rows written per
+            # transaction while applying one, so a tick can write between batches.
+            "layout_max_rows": env.integer(
+                "HARU_LAYOUT_MAX_ROWS", 20_000, minimum=10, maximum=1_000_000
+            ),
+            "layout_batch_rows": env.integer(
+                "HARU_LAYOUT_BATCH_ROWS", 500, minimum=1, maximum=100_000
+            ),
+            # The pause between two batches, so a writer waiting for the lock gets it.
+            "layout_batch_pause_ms": env.integer(
+                "HARU_LAYOUT_BATCH_PAUSE_MS", 100, minimum=0, maximum=10_000
+            ),
             "json_max_depth": env.integer("HARU_JSON_MAX_DEPTH", 64, minimum=8, maximum=512),
             "default_fleet": env.raw("HARU_DEFAULT_FLEET"),
             "chat_header_timeout_ms": env.integer("HARU_CHAT_HEADER_TIMEOUT_MS", 30000, minimum=1),

@@ -1,14 +1,32 @@
-"""Apply a validated layout to the database in one transaction, and report the difference.
+"""Apply a validated layout to the database in bounded batches, and report the difference.
 
 Re-applying updates policy, names, URLs and slot specs of existing rows and adds new ones; rows
 the file no longer names are reported and removed only with prune. The routing pointer is set
 only when a fleet is created (revision 1) and never moved here: only operations move it.
+
+A layout is applied in two phases (docs/layouts-batching.md). First the whole difference is
+planned from a few reads, with no transaction open: everything the file could be refused for is
+refused then, with nothing written. Then the planned writes run in transactions of at most
+`HARU_LAYOUT_BATCH_ROWS` rows, so no write lock is held for longer than one batch and the
+reconcile tick writes its heartbeats between them. The order keeps every invariant a reader
+relies on at every batch boundary: the fleet row, then domains, then slots, then models (a row
+never exists before what it points at), then a new fleet's routing pointer (so a half-built new
+fleet routes nothing and has no active domain to fail over), then the `layout.applied` event,
+then prune deletes (models, slots, domains). A failed apply leaves a prefix of that order;
+re-applying the same file completes it. One apply per fleet at a time, held by the lease
+`layout:<slug>`.
 """
 
 from __future__ import annotations
 
 import copy
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -29,6 +47,10 @@ from fleets.layouts.planning import PLANNED_PROFILE_KEYS
 from fleets.models import Domain, Fleet, Id, ModelBinding, Operation, Slot
 from fleets.services.events import event_record
 from fleets.services.inventory import domain_add, slot_add
+from fleets.services.leases import lease_acquire, lease_release, lease_renew
+
+# Long enough for any one batch; renewed after each, so a crashed apply frees the fleet soon.
+_LEASE_TTL = timedelta(seconds=60)
 
 
 @dataclass
@@ -40,46 +62,178 @@ class LayoutReport:
     pruned: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what the file asks for but apply won't do
     dry_run: bool = False
+    batches: int = 0  # write transactions the apply committed
 
     def as_dict(self) -> dict[str, Any]:
         return {
             k: getattr(self, k)
-            for k in ("created", "updated", "unchanged", "extra", "pruned", "notes", "dry_run")
+            for k in (
+                "created",
+                "updated",
+                "unchanged",
+                "extra",
+                "pruned",
+                "notes",
+                "dry_run",
+                "batches",
+            )
         }
 
 
-class _DryRun(Exception):
-    """Raised to roll back a dry run after the report is complete."""
+# Keys the planned writes use to find rows created by an earlier write of the same apply.
+_Key = tuple[Any, ...]
+_Ids = dict[_Key, Any]
 
 
-def _sync(obj: Model, values: dict[str, Any], label: str, report: LayoutReport) -> None:
-    """Set changed fields on an existing row (never state fields) and record the outcome."""
-    changed = [k for k, v in values.items() if getattr(obj, k) != v]
+@dataclass
+class _Plan:
+    """The writes of one apply, in the order they must run (module docstring)."""
+
+    rows: list[Callable[[_Ids], None]] = field(default_factory=list)
+    # New models are inserted in bulk, after the row writes of their batch (their slots come
+    # earlier in the order, so they exist by then).
+    bindings: list[Callable[[_Ids], ModelBinding]] = field(default_factory=list)
+    tail: list[Callable[[_Ids], None]] = field(default_factory=list)  # a new fleet's pointer
+    prune: list[Callable[[_Ids], None]] = field(default_factory=list)
+    prune_check: Callable[[], None] | None = None
+    final: list[Callable[[_Ids], None]] = field(default_factory=list)  # the applied event
+
+
+def _changed(obj: Model, values: dict[str, Any]) -> list[str]:
+    return [k for k, v in values.items() if getattr(obj, k) != v]
+
+
+def _sync(obj: Model, values: dict[str, Any], label: str, report: LayoutReport) -> list[str]:
+    """Record the outcome for an existing row and return the fields the write will change.
+
+    The write itself (`_save`) runs later, in its batch; it never touches state fields.
+    """
+    changed = _changed(obj, values)
     if changed:
-        for k in changed:
-            setattr(obj, k, values[k])
-        # auto_now fields are written only when named in update_fields.
-        stamp = ["updated_at"] if hasattr(obj, "updated_at") else []
-        obj.save(update_fields=changed + stamp)
         report.updated.append(f"{label} ({', '.join(changed)})")
     else:
         report.unchanged.append(label)
+    return changed
+
+
+def _save(obj: Model, values: dict[str, Any], changed: list[str]) -> None:
+    for k in changed:
+        setattr(obj, k, values[k])
+    # auto_now fields are written only when named in update_fields.
+    stamp = ["updated_at"] if hasattr(obj, "updated_at") else []
+    obj.save(update_fields=changed + stamp)
+
+
+def layout_rows(layout: Layout) -> int:
+    """The rows a layout names: its domains, slots and models."""
+    return sum(1 + len(d.slots) + sum(len(s.models) for s in d.slots) for d in layout.domains)
 
 
 def layout_apply(
-    *, layout: Layout, prune: bool = False, dry_run: bool = False, actor: str = "seed_layout"
+    *,
+    layout: Layout,
+    prune: bool = False,
+    dry_run: bool = False,
+    actor: str = "seed_layout",
+    on_batch: Callable[[int, int], None] | None = None,
 ) -> LayoutReport:
-    """Create or update the fleet described by `layout`; return what changed."""
+    """Create or update the fleet described by `layout`; return what changed.
+
+    `on_batch(done, total)` is called after each committed batch, outside any transaction
+    (`seed_layout` prints progress with it).
+    """
     _refuse_supervisor_hosts(layout)
+    limit = settings.HARU["layout_max_rows"]
+    rows = layout_rows(layout)
+    if rows > limit:
+        raise LayoutError(
+            [
+                f"domains: the layout names {rows} rows (domains, slots and models), over the "
+                f"limit of {limit} (HARU_LAYOUT_MAX_ROWS)"
+            ]
+        )
     report = LayoutReport(dry_run=dry_run)
+    if dry_run:
+        _plan(layout, prune, report, actor)
+        return report
+    lease = f"layout:{layout.slug}"
+    holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    taken = lease_acquire(name=lease, holder=holder, now=clock.now(), ttl=_LEASE_TTL)
+    if not taken.acquired:
+        raise LayoutError(
+            [f"slug: fleet {layout.slug!r} is being applied by {taken.holder}; try again later"]
+        )
     try:
-        with transaction.atomic():
-            _apply(layout, prune, report, actor)
-            if dry_run:
-                raise _DryRun
-    except _DryRun:
-        pass
+        plan = _plan(layout, prune, report, actor)
+        _write(plan, lease, holder, report, on_batch)
+    finally:
+        lease_release(name=lease, holder=holder)
     return report
+
+
+def _write(
+    plan: _Plan,
+    lease: str,
+    holder: str,
+    report: LayoutReport,
+    on_batch: Callable[[int, int], None] | None,
+) -> None:
+    """Run the planned writes in transactions of at most HARU_LAYOUT_BATCH_ROWS rows."""
+    size = settings.HARU["layout_batch_rows"]
+    pause_s = settings.HARU["layout_batch_pause_ms"] / 1000
+    # Rows first, then new models: every new model's slot is in `rows`, so a batch boundary
+    # inside either list keeps "a row never before what it points at".
+    steps: list[tuple[str, Callable[[_Ids], Any]]] = [
+        *(("row", f) for f in plan.rows),
+        *(("binding", f) for f in plan.bindings),
+    ]
+    batches = [steps[i : i + size] for i in range(0, len(steps), size)]
+    # A new fleet's pointer goes with the last batch of rows (or alone, for an empty plan).
+    tail = [("row", f) for f in plan.tail]
+    if batches and len(batches[-1]) + len(tail) <= size:
+        batches[-1].extend(tail)
+    else:
+        batches.append(tail)
+    first_prune = len(batches)
+    batches += [
+        [("row", f) for f in plan.prune[i : i + size]] for i in range(0, len(plan.prune), size)
+    ]
+    # The event last, so it counts only what is done (one row over the batch size at most).
+    batches[-1].extend(("row", f) for f in plan.final)
+    ids: _Ids = {}
+    total = len(batches)
+    for done, batch in enumerate(batches, start=1):
+        if lease_renew(name=lease, holder=holder, now=clock.now(), ttl=_LEASE_TTL) is None:
+            raise LayoutError(
+                [f"slug: lost the apply lease after {done - 1} of {total} batches; re-apply"],
+                batches_written=done - 1,
+            )
+        try:
+            _write_batch(batch, ids, plan, prune=done > first_prune)
+        except LayoutError as exc:
+            raise LayoutError(exc.errors, batches_written=done - 1) from None
+        report.batches = done
+        if on_batch is not None:
+            on_batch(done, total)
+        if done < total and pause_s:
+            # A waiting writer must see the lock free: SQLite's busy wait polls with growing
+            # sleeps (up to 100 ms), so back-to-back batches would starve a tick's heartbeat.
+            time.sleep(pause_s)
+
+
+def _write_batch(
+    batch: list[tuple[str, Callable[[_Ids], Any]]], ids: _Ids, plan: _Plan, *, prune: bool
+) -> None:
+    with transaction.atomic():
+        if prune and plan.prune_check is not None:
+            plan.prune_check()
+        new: list[ModelBinding] = []
+        for kind, f in batch:
+            if kind == "binding":
+                new.append(f(ids))
+            else:
+                f(ids)
+        ModelBinding.objects.bulk_create(new)
 
 
 def _refuse_supervisor_hosts(layout: Layout) -> None:
@@ -95,47 +249,68 @@ def _refuse_supervisor_hosts(layout: Layout) -> None:
         raise LayoutError(errors)
 
 
-def _apply(layout: Layout, prune: bool, report: LayoutReport, actor: str) -> None:
+def _plan(layout: Layout, prune: bool, report: LayoutReport, actor: str) -> _Plan:
+    """Read what exists (a few queries, no transaction) and plan every write; fill `report`."""
     now = clock.now()
+    plan = _Plan()
     existing = Fleet.objects.filter(slug=layout.slug).first()
     new_fleet = existing is None
     if existing is None:
-        fleet = Fleet.objects.create(
-            slug=layout.slug, display_name=layout.display_name, policy=layout.policy
-        )
         report.created.append(f"fleet {layout.slug}")
+
+        def create_fleet(ids: _Ids) -> None:
+            ids[("fleet",)] = Fleet.objects.create(
+                slug=layout.slug, display_name=layout.display_name, policy=layout.policy
+            )
+
+        plan.rows.append(create_fleet)
+        domains: dict[str, Domain] = {}
+        slots: dict[tuple[Id, int, str], Slot] = {}
+        bindings: dict[tuple[Id, str], ModelBinding] = {}
     else:
         fleet = existing
-        _sync(
-            fleet,
-            {"display_name": layout.display_name, "policy": layout.policy},
-            f"fleet {layout.slug}",
-            report,
-        )
+        fvalues = {"display_name": layout.display_name, "policy": layout.policy}
+        fchanged = _sync(fleet, fvalues, f"fleet {layout.slug}", report)
+
+        def sync_fleet(ids: _Ids) -> None:
+            if fchanged:
+                _save(fleet, fvalues, fchanged)
+            ids[("fleet",)] = fleet
+
+        plan.rows.append(sync_fleet)
+        domains = {d.slug: d for d in Domain.objects.filter(fleet=fleet)}
+        slots = {
+            (s.domain_id, s.gpu_index, s.kind): s for s in Slot.objects.filter(domain__fleet=fleet)
+        }
+        bindings = {
+            (b.domain_id, b.name): b for b in ModelBinding.objects.filter(domain__fleet=fleet)
+        }
 
     # The posture new inference slots start in follows the live pointer, or for a new fleet the
     # declared active domain; the next heartbeats correct it from what supervisors report.
     live_active_slug = (
         None
-        if new_fleet or fleet.active_domain_id is None
-        else Domain.objects.get(pk=fleet.active_domain_id).slug
+        if existing is None or existing.active_domain_id is None
+        else Domain.objects.get(pk=existing.active_domain_id).slug
     )
     serving_slug = layout.active_domain_slug if new_fleet else live_active_slug
-    if not new_fleet and layout.active_domain_slug not in (None, live_active_slug):
+    if existing is not None and layout.active_domain_slug not in (None, live_active_slug):
         # Say so rather than stay silent: an operator editing the file may expect a switch.
         routes = f"routes to {live_active_slug!r}" if live_active_slug else "has no active domain"
         report.notes.append(
             f"activeDomainSlug {layout.active_domain_slug!r} is not applied: the fleet {routes} "
-            f"(revision {fleet.route_revision}); a layout never moves routing, promote "
+            f"(revision {existing.route_revision}); a layout never moves routing, promote "
             f"{layout.active_domain_slug!r} to switch"
         )
 
     kept_domains: set[Id] = set()
     kept_slots: set[Id] = set()
     kept_bindings: set[Id] = set()
-    for d in layout.domains:
+    slot_rows: list[Callable[[_Ids], None]] = []
+    binding_rows: list[Callable[[_Ids], None]] = []
+    for di, d in enumerate(layout.domains):
         label = f"domain {layout.slug}/{d.slug}"
-        values = {
+        values: dict[str, Any] = {
             "display_name": d.display_name,
             "provider": d.provider,
             "priority": d.priority,
@@ -149,15 +324,16 @@ def _apply(layout: Layout, prune: bool, report: LayoutReport, actor: str) -> Non
             values["supervisor_url"] = d.supervisor_url
         if not d.driver or d.serving_base_url:
             values["serving_base_url"] = d.serving_base_url
-        domain = Domain.objects.filter(fleet=fleet, slug=d.slug).first()
+        domain = domains.get(d.slug)
+        dkey: _Key = ("domain", d.slug)
         if domain is None:
-            domain = domain_add(domain=Domain(fleet=fleet, slug=d.slug, **values), now=now)
             report.created.append(label)
+            plan.rows.append(_domain_create(dkey, d.slug, values, now))
         else:
-            _sync(domain, values, label, report)
-        kept_domains.add(domain.id)
+            plan.rows.append(_row_sync(dkey, domain, values, _sync(domain, values, label, report)))
+            kept_domains.add(domain.id)
 
-        for s in _keep_placements(d, domain, f"domains[{layout.domains.index(d)}]", report):
+        for s in _keep_placements(d, domain, f"domains[{di}]", report):
             slabel = f"slot {layout.slug}/{d.slug}/gpu{s.gpu_index}/{s.kind}"
             placed = {
                 "spec": s.spec,
@@ -165,23 +341,26 @@ def _apply(layout: Layout, prune: bool, report: LayoutReport, actor: str) -> Non
                 "mig_instance": s.mig_instance,
                 "allocation": s.allocation,
             }
-            slot = Slot.objects.filter(domain=domain, gpu_index=s.gpu_index, kind=s.kind).first()
+            slot = None if domain is None else slots.get((domain.id, s.gpu_index, s.kind))
+            skey: _Key = ("slot", d.slug, s.gpu_index, s.kind)
             if slot is None:
-                slot = slot_add(
-                    slot=Slot(domain=domain, gpu_index=s.gpu_index, kind=s.kind, **placed),
-                    on_active=d.slug == serving_slug,
-                    now=now,
-                )
                 report.created.append(slabel)
+                slot_rows.append(
+                    _slot_create(
+                        skey, dkey, s.gpu_index, s.kind, placed, d.slug == serving_slug, now
+                    )
+                )
             else:
-                _sync(slot, placed, slabel, report)
-            kept_slots.add(slot.id)
+                slot_rows.append(_row_sync(skey, slot, placed, _sync(slot, placed, slabel, report)))
+                kept_slots.add(slot.id)
 
             for m in s.models:
                 mlabel = f"model {layout.slug}/{d.slug}/{m.name}"
-                binding = ModelBinding.objects.filter(domain=domain, name=m.name).first()
-                bvalues = {
-                    "slot_id": slot.id,
+                binding = None if domain is None else bindings.get((domain.id, m.name))
+                bvalues: dict[str, Any] = {
+                    # A slot this apply creates has no id yet: None reads as changed, and the
+                    # write puts the new slot's id in.
+                    "slot_id": None if slot is None else slot.id,
                     "serving_url": m.serving_url,
                     "profile": m.profile,
                     "memory": m.memory,
@@ -190,33 +369,108 @@ def _apply(layout: Layout, prune: bool, report: LayoutReport, actor: str) -> Non
                 if d.driver and not m.serving_url and binding is not None:
                     del bvalues["serving_url"]  # set from the cluster at provisioning
                 if binding is None:
-                    binding = ModelBinding.objects.create(domain=domain, name=m.name, **bvalues)
                     report.created.append(mlabel)
+                    del bvalues["slot_id"]
+                    plan.bindings.append(_binding_create(dkey, skey, m.name, bvalues))
                 else:
-                    _sync(binding, bvalues, mlabel, report)
-                kept_bindings.add(binding.id)
+                    changed = _sync(binding, bvalues, mlabel, report)
+                    binding_rows.append(_binding_sync(binding, bvalues, changed, skey))
+                    kept_bindings.add(binding.id)
+    plan.rows += slot_rows + binding_rows
 
     if new_fleet and layout.active_domain_slug:
-        active = Domain.objects.get(fleet=fleet, slug=layout.active_domain_slug)
-        # Setting the pointer of a fleet created in this very transaction; revision stays 1.
-        Fleet.objects.filter(pk=fleet.pk, active_domain__isnull=True).update(active_domain=active)
+        active_key: _Key = ("domain", layout.active_domain_slug)
 
-    _report_extras(fleet, kept_domains, kept_slots, kept_bindings, prune, report)
-    event_record(
-        fleet_id=fleet.id,
-        kind="layout.applied",
-        actor=actor,
-        data={
-            "created": len(report.created),
-            "updated": len(report.updated),
-            "extra": len(report.extra),
-            "pruned": len(report.pruned),
-        },
-    )
+        def point(ids: _Ids) -> None:
+            # Setting the pointer of a fleet this apply created; revision stays 1.
+            Fleet.objects.filter(pk=ids[("fleet",)].pk, active_domain__isnull=True).update(
+                active_domain=ids[active_key]
+            )
+
+        plan.tail.append(point)
+
+    if existing is not None:
+        _plan_extras(existing, kept_domains, kept_slots, kept_bindings, prune, report, plan)
+
+    def applied(ids: _Ids) -> None:
+        event_record(
+            fleet_id=ids[("fleet",)].id,
+            kind="layout.applied",
+            actor=actor,
+            data={
+                "created": len(report.created),
+                "updated": len(report.updated),
+                "extra": len(report.extra),
+                "pruned": len(report.pruned),
+            },
+        )
+
+    plan.final.append(applied)
+    return plan
+
+
+def _domain_create(
+    key: _Key, slug: str, values: dict[str, Any], now: datetime
+) -> Callable[[_Ids], None]:
+    def write(ids: _Ids) -> None:
+        ids[key] = domain_add(domain=Domain(fleet=ids[("fleet",)], slug=slug, **values), now=now)
+
+    return write
+
+
+def _slot_create(
+    key: _Key,
+    dkey: _Key,
+    gpu_index: int,
+    kind: str,
+    placed: dict[str, Any],
+    on_active: bool,
+    now: datetime,
+) -> Callable[[_Ids], None]:
+    def write(ids: _Ids) -> None:
+        ids[key] = slot_add(
+            slot=Slot(domain=ids[dkey], gpu_index=gpu_index, kind=kind, **placed),
+            on_active=on_active,
+            now=now,
+        )
+
+    return write
+
+
+def _row_sync(
+    key: _Key, obj: Model, values: dict[str, Any], changed: list[str]
+) -> Callable[[_Ids], None]:
+    def write(ids: _Ids) -> None:
+        if changed:
+            _save(obj, values, changed)
+        ids[key] = obj
+
+    return write
+
+
+def _binding_create(
+    dkey: _Key, skey: _Key, name: str, values: dict[str, Any]
+) -> Callable[[_Ids], ModelBinding]:
+    def build(ids: _Ids) -> ModelBinding:
+        return ModelBinding(domain=ids[dkey], slot=ids[skey], name=name, **values)
+
+    return build
+
+
+def _binding_sync(
+    binding: ModelBinding, values: dict[str, Any], changed: list[str], skey: _Key
+) -> Callable[[_Ids], None]:
+    def write(ids: _Ids) -> None:
+        if "slot_id" in changed:
+            values["slot_id"] = ids[skey].id
+        if changed:
+            _save(binding, values, changed)
+
+    return write
 
 
 def _keep_placements(
-    d: DomainSpec, domain: Domain, dpath: str, report: LayoutReport
+    d: DomainSpec, domain: Domain | None, dpath: str, report: LayoutReport
 ) -> list[SlotSpec]:
     """Re-plan a planned domain that already runs with its slots kept where they are.
 
@@ -225,7 +479,7 @@ def _keep_placements(
     trainer, its checkpoint dir) are on now; when that no longer fits, the fresh plan stands
     and the report says so.
     """
-    if not d.gpu_layout or not d.unplanned:
+    if not d.gpu_layout or not d.unplanned or domain is None:
         return d.slots
     where = {
         b.name: b.slot.gpu_index
@@ -262,23 +516,25 @@ def _keep_placements(
     return slots
 
 
-def _report_extras(
+def _plan_extras(
     fleet: Fleet,
     kept_domains: set[Id],
     kept_slots: set[Id],
     kept_bindings: set[Id],
     prune: bool,
     report: LayoutReport,
+    plan: _Plan,
 ) -> None:
-    extra_bindings = (
+    """Report what the database has and the file does not; with prune, plan deleting it."""
+    extra_bindings = list(
         ModelBinding.objects.filter(domain__fleet=fleet)
         .exclude(id__in=kept_bindings)
         .select_related("domain")
     )
-    extra_slots = (
+    extra_slots = list(
         Slot.objects.filter(domain__fleet=fleet).exclude(id__in=kept_slots).select_related("domain")
     )
-    extra_domains = Domain.objects.filter(fleet=fleet).exclude(id__in=kept_domains)
+    extra_domains = list(Domain.objects.filter(fleet=fleet).exclude(id__in=kept_domains))
     for b in extra_bindings:
         report.extra.append(f"model {fleet.slug}/{b.domain.slug}/{b.name}")
     for s in extra_slots:
@@ -287,8 +543,26 @@ def _report_extras(
         report.extra.append(f"domain {fleet.slug}/{d.slug}")
     if not prune:
         return
-    fleet.refresh_from_db(fields=["active_domain"])
-    blocked = [d.slug for d in extra_domains if d.id == fleet.active_domain_id]
+    _refuse_prune(fleet, {d.id for d in extra_domains})
+    report.pruned = list(report.extra)
+    # Models, then slots, then domains: a row never outlives what it points at being deleted
+    # first (the cascade would do it, but one batch would then hold all of a domain's rows).
+    for model, rows in (
+        (ModelBinding, extra_bindings),
+        (Slot, extra_slots),
+        (Domain, extra_domains),
+    ):
+        plan.prune += [_delete(model, row.pk) for row in rows]
+    domain_ids: set[Id] = {d.id for d in extra_domains}
+    # Checked again at the start of every prune batch, in its transaction: an operation may
+    # have started, or routing moved onto a domain being pruned, since the plan was made.
+    plan.prune_check = lambda: _refuse_prune(fleet, domain_ids)
+
+
+def _refuse_prune(fleet: Fleet, domain_ids: set[Id]) -> None:
+    """Refuse pruning the active domain, or anything while an operation is in flight."""
+    active_id = Fleet.objects.filter(pk=fleet.pk).values_list("active_domain_id", flat=True).get()
+    blocked = Domain.objects.filter(pk=active_id, id__in=domain_ids).values_list("slug", flat=True)
     if blocked:
         raise LayoutError(
             [
@@ -298,10 +572,13 @@ def _report_extras(
         )
     if Operation.objects.filter(fleet=fleet, state__in=IN_FLIGHT_OPERATION_STATES).exists():
         raise LayoutError(["domains: cannot prune while an operation is in flight"])
-    report.pruned = list(report.extra)
-    extra_bindings.delete()
-    extra_slots.delete()
-    extra_domains.delete()
+
+
+def _delete(model: type[Model], pk: Id) -> Callable[[_Ids], None]:
+    def write(ids: _Ids) -> None:
+        model._default_manager.filter(pk=pk).delete()
+
+    return write
 
 
 # Postgres jsonb does not keep key order; export in the layout format's own order so a file

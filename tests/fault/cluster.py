@@ -251,8 +251,15 @@ class Deployment:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def tasks_done(self, name: str) -> int:
-        """How many reconcile tasks worker `name` has finished (its log, one child each)."""
-        return len(re.findall(r"Task fleets\.reconcile_fleet\[[^\]]+\] succeeded", self.log(name)))
+        """How many reconcile tasks worker `name` has finished (its log, one child each).
+
+        Both kinds count: which worker's consumer takes each per-fleet `reconcile_fleet` is up
+        to the broker (one worker can take all of them for a while under load), while the
+        beat's `reconcile_all` reaches each worker in turn; either one finished proves the
+        worker consumes and ticks again.
+        """
+        pattern = r"Task fleets\.reconcile_(?:fleet|all)\[[^\]]+\] succeeded"
+        return len(re.findall(pattern, self.log(name)))
 
     def teardown(self) -> None:
         for proc in [*self.workers.values(), self.beat]:

@@ -8,8 +8,13 @@ closing note are printed as `FAULT FIGURE ...` lines.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -19,7 +24,7 @@ import httpx
 import psycopg
 import pytest
 
-from tests.e2e.harness import wait_for
+from tests.e2e.harness import kill_group, wait_for
 from tests.fault.cluster import LEASE_MS, Deployment, pid_of
 from tests.fault.conftest import figure
 
@@ -238,3 +243,114 @@ def test_rest_load_at_concurrency_24_during_a_promotion(deploy):
     figure("REST load: database connections after", float(connections[0][0]), "connections")
     d.assert_invariants(promotions=1)
     assert statuses[200] == total, dict(statuses)
+
+
+# The heartbeat's deadline is half of heartbeatStaleMs (at most half the call cap): 2 s here, so a
+# round that waits out a stalled standby still refreshes the active well inside 4 s.
+HOSTILE_POLICY = {"heartbeatStaleMs": 4000, "degradedGraceMs": 8000}
+HOSTILE_DEADLINE_S = 2.0
+
+
+def _peak_rss_mib(d: Deployment) -> float:
+    """The largest peak RSS (VmHWM) among the Celery workers' pool processes, in MiB."""
+    peaks = []
+    for proc in d.workers.values():
+        for child in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split():
+            status = Path(f"/proc/{child}/status").read_text()
+            peaks.append(int(status.split("VmHWM:")[1].split()[0]) / 1024)
+    return max(peaks)
+
+
+def _hostile(d: Deployment, mode: str, log: Path) -> subprocess.Popen:
+    """Put a hostile supervisor process on the standby's port (its real one is down)."""
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("hostile_supervisor.py")),
+         "--port", str(d.west.port), "--mode", mode, "--log", str(log)],
+        start_new_session=True,
+    )  # fmt: skip
+    wait_for(lambda: _port_open(d.west.port), 10, f"the {mode} supervisor listening")
+    return proc
+
+
+def _port_open(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+        return True
+    return False
+
+
+def _calls(log: Path) -> list[dict]:
+    if not log.exists():
+        return []
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
+
+def _active_heartbeats(d: Deployment, seconds: float) -> list[float]:
+    """Sample the active's heartbeat observations for `seconds`: the gaps between successive
+    ones (the observation times Haru records, on its own clock)."""
+    seen: list = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        at = d.q("SELECT last_seen_at FROM fleets_domain WHERE slug = 'east'")[0][0]
+        if not seen or at != seen[-1]:
+            seen.append(at)
+        time.sleep(0.1)
+    return [(b - a).total_seconds() for a, b in zip(seen, seen[1:], strict=False)]
+
+
+def _assert_ticks_went_on(gaps: list[float]) -> None:
+    # A round waits out the stalled call (its deadline) before it writes, so successive
+    # observations of the active are a round apart: deadline + interval, plus a loaded machine.
+    assert len(gaps) >= 2, gaps
+    assert max(gaps) < HOSTILE_DEADLINE_S + 2.5, gaps
+
+
+def test_a_trickling_then_an_oversized_supervisor_stall_nothing_else(deploy, tmp_path):
+    # Finding 2 and 3 against the whole deployment: the standby's supervisor is replaced by a
+    # real process that trickles one byte every 0.5 s, then by one that streams a /v1/status
+    # without end. The Celery workers' ticks go on (the active keeps being heartbeated, routing
+    # never moves), each stalled call is cut at its deadline, and the workers' memory stays flat.
+    d = deploy(HOSTILE_POLICY)
+    revision = d.revision()
+    rss_before = _peak_rss_mib(d)
+    d.west.crash()
+
+    trickle_log = tmp_path / "trickle.jsonl"
+    trickler = _hostile(d, "trickle", trickle_log)
+    try:
+        gaps = _active_heartbeats(d, 8.0)
+        wait_for(lambda: len(_calls(trickle_log)) >= 2, 20, "stalled calls cut by Haru")
+    finally:
+        kill_group(trickler.pid)
+        trickler.wait(10)
+    held = [c["closed"] - c["accepted"] for c in _calls(trickle_log)]
+    figure("trickling supervisor: seconds until the stalled call gave up (longest)", max(held))
+    figure("trickling supervisor: longest gap between the active's heartbeats", max(gaps))
+    assert max(held) <= HOSTILE_DEADLINE_S + 1.0, held  # its deadline, not the trickle's pace
+    _assert_ticks_went_on(gaps)
+
+    big_log = tmp_path / "oversized.jsonl"
+    streamer = _hostile(d, "oversized", big_log)
+    try:
+        gaps = _active_heartbeats(d, 6.0)
+        wait_for(lambda: len(_calls(big_log)) >= 2, 20, "oversized answers refused by Haru")
+    finally:
+        kill_group(streamer.pid)
+        streamer.wait(10)
+    rss_after = _peak_rss_mib(d)
+    sent = max(c["bytes"] for c in _calls(big_log))
+    figure("oversized supervisor: most bytes sent before Haru hung up", sent / 2**20, "MiB")
+    figure("oversized supervisor: workers' peak RSS before", rss_before, "MiB")
+    figure("oversized supervisor: workers' peak RSS after", rss_after, "MiB")
+    figure("oversized supervisor: longest gap between the active's heartbeats", max(gaps))
+    _assert_ticks_went_on(gaps)
+    # The answer cap is 2 MiB (HARU_SUPERVISOR_MAX_RESPONSE_BYTES); socket buffers add a little.
+    assert sent < 16 * 2**20, sent
+    assert rss_after - rss_before < 64, (rss_before, rss_after)
+    stored = d.q("SELECT pg_column_size(last_report) FROM fleets_domain WHERE slug = 'west'")[0][0]
+    assert (stored or 0) < 2**20
+
+    # The standby was never trusted with routing; nothing was started because of it.
+    assert d.revision() == revision and d.active_slug() == "east"
+    assert d.operations() == []
+    failing = d.q("SELECT heartbeat_failing_since FROM fleets_domain WHERE slug = 'west'")[0][0]
+    assert failing is not None  # its failure was recorded, not hidden behind a hung tick

@@ -16,7 +16,10 @@ DEFAULT_LAYOUT = Path(settings.BASE_DIR) / "examples" / "fleet.two-domain.json"
 
 
 class Command(BaseCommand):
-    help = "Create or update a fleet from a layout file (JSON or YAML). One transaction."
+    help = (
+        "Create or update a fleet from a layout file (JSON or YAML), validated and planned first, "
+        "then written in batches of HARU_LAYOUT_BATCH_ROWS rows."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument(
@@ -42,8 +45,18 @@ class Command(BaseCommand):
                 max_bytes=settings.HARU["layout_max_bytes"],
                 max_depth=settings.HARU["json_max_depth"],
             )
-            report = layout_apply(layout=layout, prune=opts["prune"], dry_run=opts["dry_run"])
+            report = layout_apply(
+                layout=layout,
+                prune=opts["prune"],
+                dry_run=opts["dry_run"],
+                on_batch=self._progress,
+            )
         except LayoutError as exc:
+            if exc.batches_written:
+                raise CommandError(
+                    f"layout {path} stopped after {exc.batches_written} batch(es) were written; "
+                    "re-apply the file to complete it:\n  " + "\n  ".join(exc.errors)
+                ) from None
             raise CommandError(
                 f"layout {path} refused, nothing written:\n  " + "\n  ".join(exc.errors)
             ) from None
@@ -66,3 +79,8 @@ class Command(BaseCommand):
             for item in items:
                 self.stdout.write(f"  {title}: {item}")
         self.stdout.write(f"  unchanged: {len(report.unchanged)} row(s)")
+
+    def _progress(self, done: int, total: int) -> None:
+        # On stderr so `--json` stays one document; only for layouts big enough to wait for.
+        if total > 1:
+            self.stderr.write(f"  batch {done}/{total} written")
