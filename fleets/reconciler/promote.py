@@ -7,8 +7,6 @@ the old active (the operation's recorded source) and never fail the operation.
 
 from __future__ import annotations
 
-from django.conf import settings
-
 from fleets import clock
 from fleets.core.golden import PROBE_MISMATCH, Verdict
 from fleets.core.model_health import ServerHealth
@@ -31,15 +29,13 @@ from fleets.reconciler.steps import (
     pending,
     percent,
     supervisor_trouble,
+    switch_settle_ms,
     training_slots,
 )
 from fleets.services.baselines import FIRST_SERVING, baseline_record
 from fleets.services.model_health import model_health_record
 from fleets.services.route_pointer import route_switch
 from fleets.services.transitions import slot_transition
-
-# settings.HARU["chat_hold_poll_ms"]'s default (HARU_CHAT_HOLD_POLL_MS), if this build lacks it.
-DEFAULT_HOLD_POLL_MS = 250
 
 
 def _target_client(ctx: StepContext) -> SupervisorClient | None:
@@ -336,24 +332,6 @@ def _old_active(ctx: StepContext) -> tuple[SupervisorClient, Domain] | StepResul
     if not source.supervisor_url:
         return done("skipped", reason=f"domain {source.slug} has no supervisor URL")
     return ctx.client_for(source), source
-
-
-# Added to the longest time a proxy may still route on the old pointer: a request read the
-# pointer just before the switch may still be on its way to the old active.
-SWITCH_SETTLE_MARGIN_MS = 250
-
-
-def switch_settle_ms() -> int:
-    """How long after the switch commits the old active may still receive new requests.
-
-    The proxy re-reads routing at least every `chat_hold_poll_ms` (the pushed revision's poll
-    fallback) and trusts a cached snapshot for at most the snapshot TTL: past the longer of the
-    two (plus a margin), no proxy sends the old active anything new.
-    """
-    haru = settings.HARU
-    poll = int(haru.get("chat_hold_poll_ms", DEFAULT_HOLD_POLL_MS))
-    ttl = int(haru.get("snapshot_cache_ttl_ms", 0))
-    return max(poll, ttl) + SWITCH_SETTLE_MARGIN_MS
 
 
 def _settle_left_ms(ctx: StepContext) -> int:

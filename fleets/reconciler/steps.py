@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
+
 from fleets import clock
 from fleets.core.policy import Policy
 from fleets.core.states import SlotKind
@@ -95,7 +97,12 @@ class StepContext:
 
     @property
     def budget_ms(self) -> int:
-        return self.policy.step_timeout_ms(self.step)
+        budget = self.policy.step_timeout_ms(self.step)
+        if self.step == "demote_old_sleep":
+            # The wait for proxies to move off the old active comes first and is not the
+            # sleep's time: a sleepTimeoutMs shorter than it must not time the step out unslept.
+            budget += switch_settle_ms()
+        return budget
 
     @property
     def deadline(self) -> datetime:
@@ -155,3 +162,19 @@ def supervisor_trouble(call: Call, *, on_target: bool, what: str) -> StepResult:
 
 def percent(ratio: float) -> str:
     return f"{ratio * 100:.1f}%"
+
+
+# Added to the longest time a proxy may still route on the old pointer: a request that read the
+# pointer just before the switch may still be on its way to the old active.
+SWITCH_SETTLE_MARGIN_MS = 250
+
+
+def switch_settle_ms() -> int:
+    """How long after the switch commits the old active may still receive new requests.
+
+    The proxy re-reads routing at least every `chat_hold_poll_ms` (the pushed revision's poll
+    fallback) and trusts a cached snapshot for at most the snapshot TTL: past the longer of the
+    two (plus a margin), no proxy sends the old active anything new.
+    """
+    haru = settings.HARU
+    return max(haru["chat_hold_poll_ms"], haru["snapshot_cache_ttl_ms"]) + SWITCH_SETTLE_MARGIN_MS

@@ -296,6 +296,30 @@ def test_a_planned_promotion_sleeps_the_old_active_only_after_proxies_moved_off(
     assert all(east.models.values())
 
 
+def test_a_sleep_budget_shorter_than_the_settle_wait_still_sleeps_the_old_active(
+    fleet, tick, hosts, domains, fake_clock, settings
+):
+    """The wait for proxies to move off comes before the sleep and is not the sleep's time."""
+    settings.HARU = {**settings.HARU, "chat_hold_poll_ms": 250, "snapshot_cache_ttl_ms": 2000}
+    fleet.policy = {**fleet.policy, "sleepTimeoutMs": 1500}
+    fleet.save(update_fields=["policy"])
+    tick()
+    east = hosts.hosts["east"]
+    made = operation_request(fleet=fleet, kind="promote", target_domain_id=domains()["west"].id)
+    tick()
+    for step_ms in (1000, 1000, 300):  # ticks inside the settle wait, past sleepTimeoutMs alone
+        fake_clock.advance(ms=step_ms)
+        tick()
+    op = Operation.objects.get(pk=made.operation.id)
+    assert op.state == "succeeded"
+    slept = Event.objects.get(
+        operation_id=op.id, kind="operation.step.done", step="demote_old_sleep"
+    )
+    assert slept.data.get("sleepProven") is True, slept.data
+    assert all(east.models.values())
+    assert Domain.objects.get(pk=domains()["east"].id).state != "degraded"
+
+
 def test_under_celery_the_report_travels_as_task_arguments_and_the_worker_confirms(
     fleet, hosts, domains, monkeypatch
 ):

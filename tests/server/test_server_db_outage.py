@@ -103,6 +103,9 @@ def test_a_frozen_database_does_not_add_the_read_budget_to_every_chat_request(wo
         ok = client.post("/v1/chat/completions", json=CHAT)
         assert ok.status_code == 200 and "x-haru-routing" not in ok.headers
         pg.signal_all(signal.SIGSTOP)
+        # A pointer read within HARU_CHAT_HOLD_POLL_MS (250 ms) is reused without the store:
+        # wait past it so the next request is the one that meets the frozen database.
+        time.sleep(0.4)
         try:
             first = client.post("/v1/chat/completions", json=CHAT)
             assert first.status_code == 200
