@@ -86,6 +86,9 @@ class _Refused(Exception):
 _HEADERS, _BODY, _OTHER = "headers", "body", "other"
 
 
+_stock_on_body = HttpToolsProtocol.on_body
+
+
 class HaruHttpProtocol(HttpToolsProtocol):
     def __init__(
         self,
@@ -110,6 +113,7 @@ class HaruHttpProtocol(HttpToolsProtocol):
         self._body_timer: asyncio.TimerHandle | None = None
         self._header_bytes = 0  # raw bytes received in the current header phase
         self._body_bytes = 0  # body bytes parsed for the current request
+        self._max_body_bytes = self.limits.max_body_bytes  # read per body chunk: one lookup
         self._chunk = 0  # length of the read being parsed
         self._refusal: tuple[int, str, str] | None = None
 
@@ -206,7 +210,7 @@ class HaruHttpProtocol(HttpToolsProtocol):
             if name == b"content-length":
                 # The parser has checked it is one plain decimal number. Refused here, before
                 # uvicorn starts the app: nothing of the body is read or buffered.
-                if int(value) > self.limits.max_body_bytes:
+                if int(value) > self._max_body_bytes:
                     self._stop(413, "request_too_large", self._body_too_large_message())
                 break
         # Set only now: a refusal above belongs to the header phase (no cycle of its own yet).
@@ -218,9 +222,9 @@ class HaruHttpProtocol(HttpToolsProtocol):
         # message there), so this only ever cuts a chunked one, at the read that crosses the
         # limit, before the chunk joins what the app is yet to receive.
         self._body_bytes += len(body)
-        if self._body_bytes > self.limits.max_body_bytes:
+        if self._body_bytes > self._max_body_bytes:
             self._stop(413, "request_too_large", self._body_too_large_message())
-        super().on_body(body)
+        _stock_on_body(self, body)  # not super(): this runs per body read, on the chat path
 
     def on_message_complete(self) -> None:
         self._phase = _OTHER
