@@ -33,7 +33,7 @@ os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(PROMETHEUS_MULTIPROC_DIR)
 def _load() -> dict:
     """Read every variable once, so all validation errors surface at start-up."""
     try:
-        loaded = {
+        loaded: dict = {
             "database_url": env.url("DATABASE_URL", ("postgres", "postgresql", "sqlite")),
             "redis_url": env.url("REDIS_URL", ("redis", "rediss")),
             "port": env.integer("PORT", 8700, minimum=1, maximum=65535),
