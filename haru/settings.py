@@ -33,7 +33,7 @@ os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(PROMETHEUS_MULTIPROC_DIR)
 def _load() -> dict:
     """Read every variable once, so all validation errors surface at start-up."""
     try:
-        return {
+        loaded: dict = {
             "database_url": env.url("DATABASE_URL", ("postgres", "postgresql", "sqlite")),
             "redis_url": env.url("REDIS_URL", ("redis", "rediss")),
             "port": env.integer("PORT", 8700, minimum=1, maximum=65535),
@@ -143,8 +143,26 @@ def _load() -> dict:
             # Unset: `sky` from PATH.
             "sky_venv": env.raw("HARU_SKY_VENV"),
         }
+        loaded["http_max_body_bytes"] = _http_max_body_bytes(loaded["chat_max_body_bytes"])
+        return loaded
     except env.ConfigError as exc:
         raise ImproperlyConfigured(str(exc)) from None
+
+
+def _http_max_body_bytes(chat_cap: int) -> int:
+    """The server edge's body cap (fleets/server/protocol.py): by default the chat proxy's own
+    cap plus 1 MiB, and never below it, so a chat body over its cap still gets the proxy's
+    finer 413 (naming HARU_CHAT_MAX_BODY_BYTES) rather than the edge's."""
+    cap = env.integer(
+        "HARU_HTTP_MAX_BODY_BYTES", chat_cap + 1024 * 1024, minimum=1024 * 1024, maximum=2**40
+    )
+    assert cap is not None  # a default is given
+    if cap < chat_cap:
+        raise env.ConfigError(
+            f"HARU_HTTP_MAX_BODY_BYTES: must be at least HARU_CHAT_MAX_BODY_BYTES ({chat_cap}), "
+            f"got {cap}"
+        )
+    return cap
 
 
 HARU = _load()

@@ -25,6 +25,7 @@ class EdgeLimits:
     keepalive_timeout_s: float  # idle between two requests on one connection
     max_header_bytes: int  # request line plus headers
     max_headers: int
+    max_body_bytes: int  # one request's body, declared or streamed (chunked)
     max_connections: int  # per process
 
 
@@ -36,6 +37,7 @@ def from_settings() -> EdgeLimits:
         keepalive_timeout_s=haru["http_keepalive_timeout_ms"] / 1000,
         max_header_bytes=haru["http_max_header_bytes"],
         max_headers=haru["http_max_headers"],
+        max_body_bytes=haru["http_max_body_bytes"],
         max_connections=haru["http_max_connections"],
     )
 

@@ -10,6 +10,12 @@ headers, is kept and buffered for as long as it likes. This subclass adds, per c
   if the app already answered), and the app's `receive()` sees a disconnect;
 - a size limit on the request line plus headers, and a count limit on headers: 431, checked as
   bytes arrive, so at most one read past the limit is ever buffered;
+- a size limit on the request body: a declared Content-Length over it is answered 413 as soon
+  as the headers end, before any of the body is read (the app never runs); a chunked body is
+  counted as it is parsed and cut at the first read that passes the limit (413, or a close if
+  the app already answered; the app sees a disconnect). Django's ASGI handler would otherwise
+  spool any body to a temporary file before its own DATA_UPLOAD_MAX_MEMORY_SIZE check, and the
+  chat proxy's finer limit (HARU_CHAT_MAX_BODY_BYTES) stays below this one;
 - the keep-alive idle limit (uvicorn's own timer, set from the settings);
 - a cap on connections per process. A new connection past the cap closes the connection that
   has waited longest for a request (idle: no request being read or answered). Idle connections
@@ -80,6 +86,9 @@ class _Refused(Exception):
 _HEADERS, _BODY, _OTHER = "headers", "body", "other"
 
 
+_stock_on_body = HttpToolsProtocol.on_body
+
+
 class HaruHttpProtocol(HttpToolsProtocol):
     def __init__(
         self,
@@ -103,6 +112,8 @@ class HaruHttpProtocol(HttpToolsProtocol):
         self._header_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._header_bytes = 0  # raw bytes received in the current header phase
+        self._body_bytes = 0  # body bytes parsed for the current request
+        self._max_body_bytes = self.limits.max_body_bytes  # read per body chunk: one lookup
         self._chunk = 0  # length of the read being parsed
         self._refusal: tuple[int, str, str] | None = None
 
@@ -185,7 +196,6 @@ class HaruHttpProtocol(HttpToolsProtocol):
                 self._header_timer = self.loop.call_at(self._header_deadline, self._header_timeout)
 
     def on_headers_complete(self) -> None:
-        self._phase = _BODY
         self._idle.waiting.pop(self, None)
         # Checked once the headers are parsed, and only when the raw count says they might be
         # too long: the raw check in data_received already bounds what can be buffered.
@@ -195,7 +205,26 @@ class HaruHttpProtocol(HttpToolsProtocol):
             size = len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers)
             if size > self.limits.max_header_bytes:
                 self._stop(431, "headers_too_large", self._too_large_message())
+        self._body_bytes = 0
+        for name, value in self.headers:
+            if name == b"content-length":
+                # The parser has checked it is one plain decimal number. Refused here, before
+                # uvicorn starts the app: nothing of the body is read or buffered.
+                if int(value) > self._max_body_bytes:
+                    self._stop(413, "request_too_large", self._body_too_large_message())
+                break
+        # Set only now: a refusal above belongs to the header phase (no cycle of its own yet).
+        self._phase = _BODY
         super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        # Counted for every body: a declared length cannot be passed (the parser ends the
+        # message there), so this only ever cuts a chunked one, at the read that crosses the
+        # limit, before the chunk joins what the app is yet to receive.
+        self._body_bytes += len(body)
+        if self._body_bytes > self._max_body_bytes:
+            self._stop(413, "request_too_large", self._body_too_large_message())
+        _stock_on_body(self, body)  # not super(): this runs per body read, on the chat path
 
     def on_message_complete(self) -> None:
         self._phase = _OTHER
@@ -215,15 +244,30 @@ class HaruHttpProtocol(HttpToolsProtocol):
     def _too_large_message(self) -> str:
         return f"request line and headers exceed {self.limits.max_header_bytes} bytes"
 
+    def _body_too_large_message(self) -> str:
+        return f"request body exceeds HARU_HTTP_MAX_BODY_BYTES ({self.limits.max_body_bytes} bytes)"
+
     def _stop(self, status: int, code: str, message: str) -> None:
         self._refusal = (status, code, message)
         raise _Refused(message)
 
     def _refuse(self, status: int, code: str, message: str) -> None:
+        """Answer `status` unless the app already answered, then close the connection."""
         self._forget()
+        # Only in the body phase is uvicorn's cycle the refused request's own (in the header
+        # phase it is still the previous request's, or none).
+        cycle = self.cycle if self._phase is _BODY else None
         self._phase = _OTHER
+        answered = cycle is not None and cycle.response_started
+        if cycle is not None and not cycle.response_complete:
+            # The app is serving this request: its receive() returns a disconnect now, and
+            # whatever it sends later is dropped (uvicorn's send ignores a disconnected cycle),
+            # so nothing of it can follow the refusal on the socket.
+            cycle.disconnected = True
+            cycle.message_event.set()
         if not self.transport.is_closing():
-            self.transport.write(_error_response(status, code, message))
+            if not answered:
+                self.transport.write(_error_response(status, code, message))
             self.transport.close()
 
     def _header_timeout(self) -> None:
@@ -242,15 +286,15 @@ class HaruHttpProtocol(HttpToolsProtocol):
         self._body_timer = None
         if self._phase is not _BODY or self.transport.is_closing():
             return
-        if self.cycle is not None and not self.cycle.response_started:
-            message = f"request body not received within {self.limits.body_timeout_s:g} s"
-            self._refuse(408, "request_timeout", message)
-        else:
-            self._forget()
-            self.transport.close()
+        message = f"request body not received within {self.limits.body_timeout_s:g} s"
+        self._refuse(408, "request_timeout", message)
 
 
-_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+_REASONS = {
+    408: b"Request Timeout",
+    413: b"Content Too Large",
+    431: b"Request Header Fields Too Large",
+}
 
 
 def _error_response(status: int, code: str, message: str) -> bytes:

@@ -1,16 +1,18 @@
 """Issue 11, finding 1: deadlines and limits at the HTTP server's edge, against the real server.
 
 One `manage.py serve` process with small limits (header deadline 1 s, body deadline 1.5 s,
-keep-alive 1 s, 20 connections, 300 open files), real sockets from this process. Each test
-failed against stock uvicorn: slowloris and trickled bodies were kept for ever, 50 MB of headers
-got a 200 (and hundreds of MB of memory), and idle connections ran the server out of file
-descriptors so `/healthz` stopped answering.
+keep-alive 1 s, 20 connections, 300 open files, bodies 2 MiB with the chat proxy's own cap at
+256 KiB), real sockets from this process. Each test failed against stock uvicorn: slowloris and
+trickled bodies were kept for ever, 50 MB of headers got a 200 (and hundreds of MB of memory),
+idle connections ran the server out of file descriptors so `/healthz` stopped answering, and
+any request body was read whole (Django spools it to a file) before a size check.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import resource
 import socket
@@ -29,6 +31,8 @@ BODY_TIMEOUT_S = 1.5
 KEEPALIVE_S = 1.0
 MAX_CONNECTIONS = 20
 SERVER_NOFILE = 300  # 20 connections x 2 + 256 reserved fit; 400 idle sockets would not
+MAX_BODY = 2 * 1024 * 1024  # the edge's cap
+CHAT_MAX_BODY = 256 * 1024  # the chat proxy's own, finer cap below it
 MODEL = harness.MODEL
 STAFF, STAFF_PASSWORD = "edge-admin", "edge-admin-password-0123"
 
@@ -101,6 +105,8 @@ def server(tmp_path_factory):
         HARU_HTTP_BODY_TIMEOUT_MS=str(int(BODY_TIMEOUT_S * 1000)),
         HARU_HTTP_KEEPALIVE_TIMEOUT_MS=str(int(KEEPALIVE_S * 1000)),
         HARU_HTTP_MAX_CONNECTIONS=str(MAX_CONNECTIONS),
+        HARU_HTTP_MAX_BODY_BYTES=str(MAX_BODY),
+        HARU_CHAT_MAX_BODY_BYTES=str(CHAT_MAX_BODY),
     )
     harness.prepare(env, work, harness.layout("edge", upstream_port), staff=(STAFF, STAFF_PASSWORD))
     serve = harness.Serve(env, work, preexec_fn=_limit_nofile)
@@ -334,3 +340,136 @@ def test_a_staff_websocket_stays_open_past_every_request_deadline(server):
     ) as ws:
         time.sleep(HEADER_TIMEOUT_S + BODY_TIMEOUT_S + KEEPALIVE_S)
         assert ws.ping().wait(5), "the WebSocket was closed by a request deadline"
+
+
+# ---------------------------------------------------------------------------------------------
+# The body cap
+
+
+def send_while_reading(
+    server: harness.Serve, head: bytes, pieces, timeout: float = 20
+) -> tuple[int | None, bytes, int]:
+    """Send `head` then each of `pieces` while a thread reads the answer; stop sending when the
+    server answers or closes. Return (status or None, what was read, body bytes sent)."""
+    sock = connect(server)
+    got: list[tuple[int, bytes]] = []
+
+    def reader() -> None:
+        with contextlib.suppress(OSError, AssertionError):
+            got.append(read_response(sock, timeout))
+
+    t = threading.Thread(target=reader)
+    t.start()
+    sent = 0
+    try:
+        sock.sendall(head)
+        for piece in pieces:
+            if got or not t.is_alive():
+                break
+            sock.sendall(piece)
+            sent += len(piece)
+    except OSError:
+        pass  # cut by the server: what it answered is read below
+    t.join(timeout)
+    sock.close()
+    status, data = got[0] if got else (None, b"")
+    return status, data, sent
+
+
+def test_a_300_mb_declared_body_is_refused_413_at_once_without_memory_growth(server):
+    before = rss_kib(server.proc.pid)
+    declared = 300 * 1024 * 1024
+    head = (
+        b"POST /v1/fleets/edge/promote HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % declared
+    )
+    # Headers alone: the answer must not wait for a body (stock uvicorn waited, then the body
+    # deadline gave 408; without one, Django spooled all 300 MB before refusing).
+    sock = connect(server)
+    sock.sendall(head)
+    started = time.monotonic()
+    status, data = read_response(sock, timeout=BODY_TIMEOUT_S * 4)
+    assert status == 413, data[:300]
+    assert time.monotonic() - started < BODY_TIMEOUT_S, "waited for the body"
+    assert b'"request_too_large"' in data and b"connection: close" in data.lower()
+    assert closed_by_peer(sock, 2)
+    sock.close()
+
+    # Four clients pushing their 300 MB as fast as they can: each is cut early, never served.
+    results: list[tuple[int | None, bytes, int]] = []
+    piece = b"a" * (1024 * 1024)
+
+    def flood() -> None:
+        results.append(send_while_reading(server, head, (piece for _ in range(300))))
+
+    threads = [threading.Thread(target=flood) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    statuses = [status for status, _, _ in results]
+    assert 413 in statuses and set(statuses) <= {413, None}, statuses
+    # What a client managed to push is what the sockets' buffers took, not the 300 MB.
+    assert all(sent < 64 * 1024 * 1024 for _, _, sent in results), [r[2] for r in results]
+    grew_mib = (rss_kib(server.proc.pid) - before) / 1024
+    assert grew_mib < 32, f"the server grew by {grew_mib:.0f} MiB"
+
+
+def chunked_head(path: bytes) -> bytes:
+    return (
+        b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n" % path
+    )
+
+
+def test_a_chunked_body_over_the_cap_is_cut_413(server):
+    before = rss_kib(server.proc.pid)
+    data = b" " * (64 * 1024)
+    piece = b"%x\r\n%s\r\n" % (len(data), data)
+    # 64 MiB offered, 32 times the cap; stock uvicorn took it all and Django spooled it.
+    pieces = (piece for _ in range(1024))
+    status, answer, sent = send_while_reading(
+        server, chunked_head(b"/v1/fleets/edge/promote"), pieces
+    )
+    assert status == 413, answer[:300]
+    assert b'"request_too_large"' in answer
+    assert sent < 32 * 1024 * 1024, f"{sent} bytes were taken before the cut"
+    grew_mib = (rss_kib(server.proc.pid) - before) / 1024
+    assert grew_mib < 16, f"the server grew by {grew_mib:.0f} MiB"
+    # The server is fine afterwards.
+    assert httpx.get(f"{server.url}/healthz", timeout=5).status_code == 200
+
+
+def chat_body(padding: int) -> bytes:
+    return json.dumps(
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "hi"}],
+            "user": "x" * padding,
+        }
+    ).encode()
+
+
+def test_bodies_under_the_cap_are_served_and_the_finer_checks_still_answer(server):
+    url = f"{server.url}/v1/chat/completions"
+    # Under both caps: served, declared or chunked.
+    body = chat_body(200 * 1024)
+    assert httpx.post(url, content=body, timeout=20).status_code == 200
+    pieces = [body[i : i + 16384] for i in range(0, len(body), 16384)]
+    assert httpx.post(url, content=iter(pieces), timeout=20).status_code == 200
+    # Over the chat proxy's own cap but under the edge's: the proxy's finer refusal, naming
+    # its own setting, not the edge's.
+    refused = httpx.post(url, content=chat_body(400 * 1024), timeout=20)
+    assert refused.status_code == 413
+    assert refused.json()["error"]["code"] == "payload_too_large"
+    assert "HARU_CHAT_MAX_BODY_BYTES" in refused.json()["error"]["message"]
+    # A REST body over Django's DATA_UPLOAD_MAX_MEMORY_SIZE (1 MiB), under the edge's cap:
+    # Django's own check still answers, in the API's envelope.
+    rest = httpx.post(
+        f"{server.url}/v1/fleets/edge/promote",
+        content=b'{"pad": "' + b"x" * (1536 * 1024) + b'"}',
+        headers={"Content-Type": "application/json"},
+        timeout=20,
+    )
+    assert rest.status_code == 413
+    assert rest.json()["error"]["code"] == "payload_too_large"

@@ -14,6 +14,7 @@ BASE = edge_limits.EdgeLimits(
     keepalive_timeout_s=5,
     max_header_bytes=65536,
     max_headers=100,
+    max_body_bytes=33 * 1024 * 1024,
     max_connections=2048,
 )
 

@@ -18,6 +18,7 @@ LIMITS = EdgeLimits(
     keepalive_timeout_s=30,
     max_header_bytes=8192,
     max_headers=16,
+    max_body_bytes=4096,
     max_connections=2,
 )
 
@@ -141,3 +142,111 @@ async def test_a_later_request_on_a_kept_alive_connection_moves_the_header_deadl
     await asyncio.sleep(0.01)
     protocol.data_received(b"GET /healthz HTTP/1.1\r\n")  # the next request begins
     assert protocol._header_deadline > first_deadline
+
+
+# ---------------------------------------------------------------------------------------------
+# The body cap (LIMITS.max_body_bytes = 4096).
+
+
+class Recorder:
+    """An app that reads the whole body (recording each message) and then answers 200."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.messages: list[dict] = []
+
+    async def __call__(self, scope, receive, send):
+        self.calls += 1
+        while True:
+            message = await receive()
+            self.messages.append(message)
+            if message["type"] == "http.disconnect" or not message.get("more_body"):
+                break
+        if self.messages[-1]["type"] == "http.disconnect":
+            return
+        await ok_app(scope, receive, send)
+
+    @property
+    def received(self) -> int:
+        return sum(len(m.get("body", b"")) for m in self.messages)
+
+
+def post(length: int) -> bytes:
+    return b"POST /v1/x HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % length
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+CHUNKED = b"POST /v1/x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+async def test_a_declared_body_over_the_cap_is_refused_413_before_the_app_runs(limits):
+    app = Recorder()
+    protocol, transport = server(app)()
+    protocol.data_received(post(300 * 1024 * 1024) + b"x" * 1000)
+    await asyncio.sleep(0.01)
+    assert transport.written.startswith(b"HTTP/1.1 413 Content Too Large\r\n")
+    assert b'"request_too_large"' in transport.written
+    assert b"HARU_HTTP_MAX_BODY_BYTES (4096 bytes)" in transport.written
+    assert transport.closing
+    assert app.calls == 0
+    assert protocol.cycle is None  # no request was started, so nothing of the body was kept
+
+
+async def test_a_declared_body_at_the_cap_is_served_whole(limits):
+    app = Recorder()
+    protocol, transport = server(app)()
+    protocol.data_received(post(4096) + b"x" * 4096)
+    await asyncio.sleep(0.01)
+    assert transport.written.startswith(b"HTTP/1.1 200 ")
+    assert app.received == 4096 and not transport.closing
+
+
+async def test_a_chunked_body_under_the_cap_is_served_whole(limits):
+    app = Recorder()
+    protocol, transport = server(app)()
+    protocol.data_received(CHUNKED)
+    for _ in range(4):
+        protocol.data_received(chunk(b"y" * 1000))
+        await asyncio.sleep(0)
+    protocol.data_received(b"0\r\n\r\n")
+    await asyncio.sleep(0.01)
+    assert transport.written.startswith(b"HTTP/1.1 200 ")
+    assert app.received == 4000 and not transport.closing
+
+
+async def test_a_chunked_body_is_cut_413_at_the_read_that_passes_the_cap(limits):
+    app = Recorder()
+    protocol, transport = server(app)()
+    protocol.data_received(CHUNKED)
+    fed = 0
+    while not transport.closing:
+        protocol.data_received(chunk(b"z" * 700))
+        fed += 700
+        await asyncio.sleep(0)  # the app reads what has arrived so far
+        assert fed < 64 * 1024, "never cut"
+    assert fed <= 4096 + 700  # one read past the cap, no more
+    await asyncio.sleep(0.01)
+    assert transport.written.startswith(b"HTTP/1.1 413 ")
+    assert b'"request_too_large"' in transport.written
+    assert app.messages[-1]["type"] == "http.disconnect"  # the app learnt it was cut
+    assert app.received <= 4096  # the chunk that crossed the cap never reached it
+
+
+async def test_a_chunked_body_past_the_cap_after_the_app_answered_is_closed_without_413(limits):
+    async def answers_at_once(scope, receive, send):
+        await send({"type": "http.response.start", "status": 401, "headers": []})
+        await send({"type": "http.response.body", "body": b"no", "more_body": True})
+        await asyncio.sleep(3600)  # still streaming its answer
+
+    protocol, transport = server(answers_at_once)()
+    protocol.data_received(CHUNKED)
+    await asyncio.sleep(0.01)
+    assert transport.written.startswith(b"HTTP/1.1 401 ")
+    answered = len(transport.written)
+    protocol.data_received(chunk(b"z" * 5000))
+    assert transport.closing
+    assert len(transport.written) == answered  # no second status line on the socket
+    assert protocol.cycle.disconnected

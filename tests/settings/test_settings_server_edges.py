@@ -44,6 +44,8 @@ def test_safe_defaults(tmp_path):
         "http_max_header_bytes": 65536,
         "http_max_headers": 100,
         "http_max_connections": 2048,
+        # The chat proxy's cap (32 MiB) plus 1 MiB: chat keeps its own, finer 413.
+        "http_max_body_bytes": 33 * 1024 * 1024,
         "db_pool_max": 20,
         "db_pool_timeout_ms": 5000,
     }
@@ -79,6 +81,8 @@ def test_sqlite_has_no_pool(tmp_path):
         ("HARU_HTTP_MAX_HEADER_BYTES", "100"),
         ("HARU_HTTP_MAX_HEADERS", "many"),
         ("HARU_HTTP_MAX_CONNECTIONS", "1"),
+        ("HARU_HTTP_MAX_BODY_BYTES", "1000"),
+        ("HARU_HTTP_MAX_BODY_BYTES", "lots"),
         ("HARU_DB_POOL_MAX", "1"),
         ("HARU_DB_POOL_TIMEOUT_MS", "-5"),
     ],
@@ -87,3 +91,23 @@ def test_a_bad_value_stops_start_up_naming_the_variable(tmp_path, name, value):
     result = settings_with(tmp_path, **{name: value})
     assert result.returncode != 0
     assert name in result.stderr
+
+
+def test_the_body_cap_follows_the_chat_cap_by_default(tmp_path):
+    haru = read(tmp_path, HARU_CHAT_MAX_BODY_BYTES=str(100 * 1024 * 1024))["haru"]
+    assert haru["http_max_body_bytes"] == 101 * 1024 * 1024
+
+
+def test_a_body_cap_may_be_set_at_or_above_the_chat_cap(tmp_path):
+    haru = read(tmp_path, HARU_CHAT_MAX_BODY_BYTES="2097152", HARU_HTTP_MAX_BODY_BYTES="2097152")[
+        "haru"
+    ]
+    assert haru["http_max_body_bytes"] == 2097152
+
+
+def test_a_body_cap_below_the_chat_cap_stops_start_up(tmp_path):
+    result = settings_with(
+        tmp_path, HARU_CHAT_MAX_BODY_BYTES="4194304", HARU_HTTP_MAX_BODY_BYTES="2097152"
+    )
+    assert result.returncode != 0
+    assert "HARU_HTTP_MAX_BODY_BYTES: must be at least HARU_CHAT_MAX_BODY_BYTES" in result.stderr
