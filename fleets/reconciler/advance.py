@@ -41,7 +41,7 @@ EXECUTORS: dict[str, Mapping[str, Callable[[StepContext], StepResult]]] = {
     OperationKind.DEMOTE: demote.EXECUTORS,
     OperationKind.DRILL: drill.EXECUTORS,
 }
-# A runaway guard: seven promote steps, each recorded once, plus a start.
+# A runaway guard: fourteen round-trip drill steps, each recorded once, plus a start.
 _MAX_MOVES = 32
 
 
@@ -154,7 +154,9 @@ def _timeout(
     op, step = ctx.operation, ctx.step
     budget = ctx.budget_ms
     message = f"{step} did not finish within {budget} ms: {result.message}"
-    if step in BEST_EFFORT_STEPS:
+    # A round-trip drill's demotion of the original active is what it set out to prove: its
+    # timeout fails the drill, and the clean-up routes back if the original still serves.
+    if step in BEST_EFFORT_STEPS and op.kind != OperationKind.DRILL:
         # The old active may be dead: advance anyway, and mark it degraded so nobody mistakes it
         # for a healthy standby until a heartbeat proves it.
         if (

@@ -32,6 +32,8 @@ CAS_LOST = "cas_lost"
 NO_SUPERVISOR = "no_supervisor"
 TARGET_IS_ACTIVE = "target_is_active"
 NO_INFERENCE_BINDINGS = "no_inference_bindings"
+# A round-trip drill whose original active was removed before it could be promoted back.
+SOURCE_GONE = "source_gone"
 # The supervisor's pre-wake check: free GPU memory does not cover what the servers restore.
 INSUFFICIENT_GPU_MEMORY = "insufficient_gpu_memory"
 

@@ -268,6 +268,7 @@ def _maybe_drill(fleet: Fleet, now: datetime, actor: str) -> None:
             target_domain_id=None,
             actor=actor,
             reason="scheduled_drill",
+            drill_mode=fleet.drill_mode,
         )
     except (OperationConflict, InvalidTarget) as exc:
         # Debug: while the fleet is degraded this repeats on every tick of the window.
