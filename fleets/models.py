@@ -69,6 +69,10 @@ class Fleet(models.Model):
     drill_window_end = models.TimeField(
         null=True, blank=True, help_text="End of the daily drill window (UTC)."
     )
+    # When a tick last probed the active for missing golden baselines (fleets/reconciler/
+    # golden.py, `active_baselines_fill`): the probe is rate-limited per fleet across every
+    # process by a guarded update of this column.
+    baseline_probe_at = models.DateTimeField(null=True, blank=True, editable=False)
     # What a scheduled drill proves (DrillMode): check only, or promote and promote back.
     drill_mode = models.CharField(
         max_length=16,

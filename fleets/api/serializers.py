@@ -287,7 +287,7 @@ class BaselineOut(serializers.Serializer):
     answerSha256 = serializers.CharField()  # noqa: N815
     answer = serializers.CharField()
     domain = serializers.CharField(allow_null=True)
-    reason = serializers.ChoiceField(choices=["first_serving", "operator"])
+    reason = serializers.ChoiceField(choices=["first_serving", "active_serving", "operator"])
     recordedBy = serializers.CharField()  # noqa: N815
     recordedAt = serializers.DateTimeField()  # noqa: N815
 

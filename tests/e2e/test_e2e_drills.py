@@ -48,8 +48,15 @@ def test_a_scheduled_drill_runs_end_to_end_and_leaves_the_standby_in_posture(
     assert_nothing_in_flight(fleet)
     assert set(west.asleep().values()) == {True}
     assert west.trainer()["state"] == "running"
-    # The standby's first wake recorded the golden baselines a later drill must reproduce.
-    assert Event.objects.filter(operation=op, kind="golden.baseline.recorded").count() == 2
+    # The baselines came from what serves (the tick probed the active before the drill), and
+    # the standby's first wake reproduced them instead of becoming them.
+    recorded = Event.objects.filter(fleet=fleet, kind="golden.baseline.recorded")
+    assert recorded.count() == 2
+    assert {(e.operation_id, e.domain.slug, e.data["reason"]) for e in recorded} == {
+        (None, "east", "active_serving")
+    }
+    probe = Event.objects.get(operation=op, kind="operation.step.done", step="probe")
+    assert set(probe.data["golden"].values()) == {"match"}
     # Not due again within the interval: one drill, however many ticks.
     drive(fleet, lambda: True)
     assert Operation.objects.filter(fleet=fleet, kind="drill").count() == 1
