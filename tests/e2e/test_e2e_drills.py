@@ -88,3 +88,23 @@ def _drill(fleet) -> Operation:
     result = operation_request(fleet=fleet, kind="drill", target_domain_id=None, actor="test")
     assert result.operation is not None
     return result.operation
+
+
+def test_a_standby_broken_on_its_very_first_wake_is_caught_by_the_actives_baseline(
+    make_hosts, make_fleet, drive
+):
+    east, west = make_hosts()
+    fleet = make_fleet(east, west)
+    drive(fleet, seen(fleet))
+    # The tick baselines what the active serves before the standby ever wakes...
+    drive(fleet, lambda: Event.objects.filter(kind="golden.baseline.recorded").count() == 2)
+    # ...so a standby whose first wake already answers wrong is judged, not recorded.
+    west.fault("llama-small", answerDriftsAfterWake=True)
+
+    op = drive(fleet, finished(_drill(fleet)))
+
+    assert op.state == "failed" and op.error["code"] == "probe_mismatch"
+    assert "llama-small" in op.error["message"]
+    assert not Event.objects.filter(operation=op, kind="golden.baseline.recorded").exists()
+    assert_routing_never_moved(fleet)
+    assert_nothing_in_flight(fleet)
