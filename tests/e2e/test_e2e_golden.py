@@ -3,7 +3,10 @@ after a wake (a drifted model, or a LoRA adapter that silently stopped applying)
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 
 from fleets.core.policy import Policy
 from fleets.errors import InvalidTarget
@@ -173,3 +176,22 @@ def test_recording_a_baseline_is_refused_on_a_sleeping_standby_with_nothing_reco
     assert not Event.objects.filter(
         fleet=fleet, kind="golden.baseline.recorded", domain_id=west_id
     ).exists()
+
+
+def test_a_key_the_active_never_recorded_is_recorded_by_the_first_serving_as_before(
+    golden_hosts, make_fleet, drive
+):
+    east, west = golden_hosts()
+    fleet = make_fleet(east, west)
+    # The active is not probed (its fleet's turn is taken for a day), as when it cannot be.
+    Fleet.objects.filter(pk=fleet.pk).update(baseline_probe_at=timezone.now() + timedelta(days=1))
+    drive(fleet, seen(fleet))
+
+    first = drive(fleet, finished(promote(fleet, "west")))
+
+    assert first.state == "succeeded", first.error
+    recorded = Event.objects.filter(fleet=fleet, kind="golden.baseline.recorded")
+    assert {(e.data["model"], e.data["reason"], e.operation_id) for e in recorded} == {
+        ("llama-small", "first_serving", first.id),
+        ("qwen-small", "first_serving", first.id),
+    }
