@@ -162,7 +162,10 @@ def operation_request(
             ).first()
             if existing is None:
                 continue  # the in-flight one finished between our INSERT and this read
-            if existing.kind == kind and str(existing.target_domain_id) == target.id:
+            # A drill joins only a drill of the same mode: a check never stands in for a round
+            # trip, nor the other way round.
+            same_mode = kind != OperationKind.DRILL or existing.drill_mode == drill_mode
+            if existing.kind == kind and str(existing.target_domain_id) == target.id and same_mode:
                 return RequestResult("accepted", existing, False, view.route_revision, target.slug)
             raise _in_flight(existing) from None
     raise OperationConflict("operation state kept changing; retry the request")

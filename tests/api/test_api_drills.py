@@ -98,3 +98,15 @@ def test_an_unknown_drill_mode_is_refused(heard, client_with_token):
     response = post(client_with_token, {"mode": "both_ways"})
     assert response.status_code == 400
     assert not Operation.objects.exists()
+
+
+def test_a_drill_of_another_mode_does_not_join_the_one_in_flight(
+    heard, client_with_token, envelope
+):
+    Fleet.objects.filter(slug="demo").update(policy={"autoFailover": True})
+    first = post(client_with_token, {"mode": "check"})
+    assert first.status_code == 202
+    again = post(client_with_token, {"mode": "check"})
+    assert again.json()["operation"]["id"] == first.json()["operation"]["id"]
+    envelope(post(client_with_token, {"mode": "round_trip"}), 409, "operation_conflict")
+    assert Operation.objects.count() == 1
