@@ -5,6 +5,10 @@ transaction that ends it; this module does the supervisor side (sleep the models
 training once the sleep is proven) outside any transaction, then records the outcome. The tick
 that failed the operation runs it at once; a pending one left by a worker that died, or by a
 cancel from the API, is finished by the next tick of the fleet (`pending_cleanups_run`).
+
+A round-trip drill may have left routing on its standby: its clean-up first routes back to the
+original active if that one still serves (`route_back`), then puts whichever of the two does not
+serve back in standby posture, so the fleet ends no worse than the drill found it.
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ from fleets.services.route_pointer import route_switch_back
 
 log = logging.getLogger(__name__)
 
-# How long a tick holds a clean-up: both postures take at most three calls each, every call
-# capped at CALL_CAP_S, so a holder alive past this is not running it any more.
+# How long a tick holds a clean-up: both postures take at most three calls each, a round-trip
+# drill's route-back two more (status, golden probe), every call capped at CALL_CAP_S (8 x 10 s),
+# so a holder alive past this is not running it any more.
 CLEANUP_LEASE_MS = 90_000
 # Clean-ups finished per tick: a fleet with a backlog (many failures while no worker ran)
 # catches up over a few ticks instead of one unbounded one.
