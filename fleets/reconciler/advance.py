@@ -21,6 +21,7 @@ from fleets.core.states import (
     DomainState,
     OperationKind,
     OperationState,
+    leg_step,
 )
 from fleets.models import Domain, Event, Id, Operation
 from fleets.reconciler import demote, drill, promote
@@ -137,12 +138,20 @@ def _record_retry(ctx: StepContext, result: StepResult, actor: str) -> None:
     event_record(
         fleet_id=op.fleet_id,
         operation_id=op.id,
-        domain_id=op.source_domain_id if step in BEST_EFFORT_STEPS else op.target_domain_id,
+        domain_id=_acted_on(op, step),
         kind="operation.step.retry",
         step=step,
         actor=actor,
         data={"attempt": attempt, "message": result.message[:500], "retryMs": result.retry_ms},
     )
+
+
+def _acted_on(op: Operation, step: str) -> Id | None:
+    """The domain a step acts on: the old active for the demotion steps, else the target; a
+    round-trip drill's second leg (`back_*`) swaps the two."""
+    leg = leg_step(step)
+    on_source = (leg in BEST_EFFORT_STEPS) != (leg != step)
+    return op.source_domain_id if on_source else op.target_domain_id
 
 
 def _timeout(
