@@ -37,13 +37,15 @@ def test_an_automatic_failover_is_published_as_a_recovery_sample(
         e.step: e.duration_ms
         for e in Event.objects.filter(operation=op, kind="operation.step.done", step__in=PATH)
     }
-    # Measured, not the bound: from the old active's last good heartbeat (earlier than the
-    # tick that noticed it) to the failover's start.
+    # Measured, not the bound: from the outage's start (the earlier of the operation's
+    # detected_at and the old active's last good heartbeat, kept on the operation when the
+    # failover was requested) to the failover's start.
     east = fleet.domains.get(slug="east")
     assert east.last_seen_at is not None and op.detected_at is not None
-    assert op.source_seen_at == east.last_seen_at < op.detected_at
+    assert op.source_seen_at == east.last_seen_at
     assert op.started_at is not None
-    detection = int((op.started_at - east.last_seen_at).total_seconds() * 1000)
+    outage_start = min(op.detected_at, op.source_seen_at)
+    detection = int((op.started_at - outage_start).total_seconds() * 1000)
     assert detection > Policy.resolve(fleet.policy).heartbeat_stale_ms
     expected_s = (detection + sum(durations.values())) / 1000
 
