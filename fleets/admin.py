@@ -151,8 +151,16 @@ class FleetAdmin(admin.ModelAdmin):
     fieldsets = (
         (None, {"fields": ("slug", "display_name", "policy")}),
         (
-            "Failover drills (check-only: the standby wakes and is probed, routing never moves)",
-            {"fields": ("drill_interval_minutes", "drill_window_start", "drill_window_end")},
+            "Failover drills (check: the standby wakes and is probed, routing never moves; "
+            "round_trip: promote the standby and back, routing moves twice)",
+            {
+                "fields": (
+                    "drill_interval_minutes",
+                    "drill_window_start",
+                    "drill_window_end",
+                    "drill_mode",
+                )
+            },
         ),
         (
             "Routing (moves only through operations)",
@@ -318,13 +326,14 @@ class FleetAdmin(admin.ModelAdmin):
                 queryset,
                 action="run_drill",
                 title="Run a failover drill",
-                text="Drill each fleet's standby now: training stops, the models wake and must "
-                "answer their golden probes, then sleep and training restarts. Routing never "
-                "moves:",
+                text="Drill each fleet's standby now, in the fleet's drill mode. check: training "
+                "stops, the models wake and must answer their golden probes, then sleep and "
+                "training restarts; routing never moves. round_trip: the standby is promoted "
+                "and the active promoted back; routing moves twice:",
             )
         for fleet in queryset:
             result = dashboard_actions.request_drill(
-                fleet=fleet, target=None, actor=_actor(request)
+                fleet=fleet, target=None, actor=_actor(request), mode=fleet.drill_mode
             )
             _report(self, request, result, fleet.slug)
         return None

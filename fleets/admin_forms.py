@@ -144,6 +144,7 @@ class FleetForm(forms.ModelForm):
             "drill_interval_minutes",
             "drill_window_start",
             "drill_window_end",
+            "drill_mode",
         ]
 
     def clean(self):

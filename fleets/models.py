@@ -17,6 +17,7 @@ from fleets.core.model_health import ServerHealth
 from fleets.core.states import (
     CleanupState,
     DomainState,
+    DrillMode,
     InferenceState,
     OperationKind,
     OperationState,
@@ -68,6 +69,19 @@ class Fleet(models.Model):
     )
     drill_window_end = models.TimeField(
         null=True, blank=True, help_text="End of the daily drill window (UTC)."
+    )
+    # When a tick last probed the active for missing golden baselines (fleets/reconciler/
+    # golden.py, `active_baselines_fill`): the probe is rate-limited per fleet across every
+    # process by a guarded update of this column.
+    baseline_probe_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # What a scheduled drill proves (DrillMode): check only, or promote and promote back.
+    drill_mode = models.CharField(
+        max_length=16,
+        choices=_choices(DrillMode),
+        default=DrillMode.CHECK,
+        db_default=DrillMode.CHECK.value,
+        help_text="check: wake and probe the standby, routing never moves; round_trip: promote "
+        "the standby and promote the active back (routing moves twice; needs autoFailover).",
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -268,6 +282,11 @@ class Operation(models.Model):
     requested_by = models.CharField(max_length=150, blank=True, default="")
     # When the failure that triggered an automatic promotion was detected, for failover timing.
     detected_at = models.DateTimeField(null=True, blank=True)
+    # The old active's last good heartbeat when the operation was requested: with detected_at,
+    # the measured detection time of a real failover (fleets/recovery.py).
+    source_seen_at = models.DateTimeField(null=True, blank=True)
+    # A drill's DrillMode (empty for other kinds): which steps it runs.
+    drill_mode = models.CharField(max_length=16, blank=True, default="", db_default="")
     created_at = models.DateTimeField()
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

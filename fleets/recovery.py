@@ -11,6 +11,7 @@ from fleets.core.recovery import (
     RECOVERY_WINDOW,
     RecoverySample,
     RecoverySummary,
+    detection_of,
     over_objective,
     sample,
     summarize,
@@ -21,7 +22,7 @@ from fleets.models import Event, Fleet, Operation
 
 def recovery_samples(fleet: Fleet, window: int = RECOVERY_WINDOW) -> list[RecoverySample]:
     """The newest `window` successful drills and automatic failovers of the fleet, as samples."""
-    detection = Policy.resolve(fleet.policy).heartbeat_stale_ms
+    bound = Policy.resolve(fleet.policy).heartbeat_stale_ms
     out: list[RecoverySample] = []
     for kind, name, extra in (
         (OperationKind.DRILL, DRILL, {}),
@@ -36,19 +37,28 @@ def recovery_samples(fleet: Fleet, window: int = RECOVERY_WINDOW) -> list[Recove
                 **extra,
             )
             .order_by("-finished_at")
-            .values_list("id", "finished_at")[:window]
+            .values_list("id", "finished_at", "started_at", "detected_at", "source_seen_at")[
+                :window
+            ]
         )
-        steps: dict[object, dict[str, int]] = {op_id: {} for op_id, _ in ops}
+        steps: dict[object, dict[str, int]] = {op_id: {} for op_id, *_ in ops}
         rows = Event.objects.filter(
             operation_id__in=list(steps), kind="operation.step.done", duration_ms__isnull=False
         ).values_list("operation_id", "step", "duration_ms")
         for op_id, step, ms in rows:
             if ms is not None:
                 steps[op_id][step] = ms
-        for op_id, finished_at in ops:
+        for op_id, finished_at, started_at, detected_at, source_seen_at in ops:
             if finished_at is None:
                 continue
-            s = sample(name, finished_at, steps[op_id], detection)
+            detection_ms, how = detection_of(
+                name,
+                started_at=started_at,
+                detected_at=detected_at,
+                source_seen_at=source_seen_at,
+                bound_ms=bound,
+            )
+            s = sample(name, finished_at, steps[op_id], detection_ms, how)
             if s is not None:
                 out.append(s)
     return out

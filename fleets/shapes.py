@@ -27,6 +27,7 @@ def operation_json(op: Operation | None) -> dict[str, Any] | None:
         "id": str(op.id),
         "fleetId": str(op.fleet_id),
         "kind": op.kind,
+        "drillMode": op.drill_mode or None,
         "state": op.state,
         "targetDomainId": str(op.target_domain_id) if op.target_domain_id else None,
         "targetDomainSlug": op.target_domain_slug or None,

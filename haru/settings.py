@@ -407,7 +407,10 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     # Several components have a `kind`; name the recovery sample's choice set explicitly.
-    "ENUM_NAME_OVERRIDES": {"RecoveryKindEnum": ["drill", "failover"]},
+    "ENUM_NAME_OVERRIDES": {
+        "RecoveryKindEnum": ["drill", "failover"],
+        "DrillModeEnum": ["check", "round_trip"],
+    },
 }
 # Bodies of control requests are tiny; the chat proxy reads its own body with its own limit.
 DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024

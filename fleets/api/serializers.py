@@ -10,6 +10,7 @@ from rest_framework import serializers
 from fleets.core.states import (
     CleanupState,
     DomainState,
+    DrillMode,
     OperationKind,
     OperationState,
     Provider,
@@ -80,6 +81,11 @@ class OperationOut(serializers.Serializer):
         allow_null=True,
         help_text="A failed or cancelled promotion's clean-up of its target (sleep, restart "
         "training): pending until a tick finishes it; null when none is needed.",
+    )
+    drillMode = serializers.ChoiceField(  # noqa: N815
+        _values(DrillMode),
+        allow_null=True,
+        help_text="A drill's mode (check or round_trip); null for other kinds.",
     )
     reason = serializers.CharField()
     requestedBy = serializers.CharField()  # noqa: N815
@@ -265,6 +271,14 @@ class DrillRequest(StrictSerializer):
         required=False,
         help_text="The standby to drill (UUID or slug); default the one a failover would take.",
     )
+    mode = serializers.ChoiceField(
+        _values(DrillMode),
+        required=False,
+        default=DrillMode.CHECK.value,
+        help_text="check (default): the standby wakes and is probed, routing never moves; "
+        "round_trip: promote the standby and promote the active back (routing moves twice; "
+        "refused while autoFailover is off).",
+    )
 
 
 class BaselineRecordRequest(StrictSerializer):
@@ -284,7 +298,7 @@ class BaselineOut(serializers.Serializer):
     answerSha256 = serializers.CharField()  # noqa: N815
     answer = serializers.CharField()
     domain = serializers.CharField(allow_null=True)
-    reason = serializers.ChoiceField(choices=["first_serving", "operator"])
+    reason = serializers.ChoiceField(choices=["first_serving", "active_serving", "operator"])
     recordedBy = serializers.CharField()  # noqa: N815
     recordedAt = serializers.DateTimeField()  # noqa: N815
 
@@ -304,7 +318,13 @@ class RecoverySampleOut(serializers.Serializer):
     kind = serializers.ChoiceField(["drill", "failover"])
     finishedAt = serializers.DateTimeField()  # noqa: N815
     detectionMs = serializers.IntegerField(  # noqa: N815
-        help_text="The detection bound (policy heartbeatStaleMs): not measurable from inside."
+        help_text="A real failover: from the outage's start (the earlier of its detectedAt and "
+        "the old active's last good heartbeat) to the failover's start. A drill: 0."
+    )
+    detection = serializers.ChoiceField(
+        ["measured", "bound", "none"],
+        help_text="measured; bound (no timestamps: the policy's heartbeatStaleMs); none (a "
+        "drill: nothing failed).",
     )
     stepsMs = serializers.DictField(child=serializers.IntegerField())  # noqa: N815
     totalMs = serializers.IntegerField()  # noqa: N815

@@ -148,8 +148,10 @@ class DrillView(HaruAPIView):
         responses={202: s.AcceptedOut, **_errors(400, 401, 404, 409, 413, 422)},
     )
     def post(self, request, ref: str):
-        """Run a check-only failover drill now: the standby stops training, wakes, passes its
-        golden probe, sleeps and trains again; routing never moves. Refused (409) while any
+        """Run a failover drill now. Mode `check` (default): the standby stops training, wakes,
+        passes its golden probe, sleeps and trains again; routing never moves. Mode
+        `round_trip`: the standby is promoted and then the original active is promoted back
+        (routing moves twice); refused (422) while autoFailover is off. Refused (409) while any
         operation is in flight and (422) while anything is degraded."""
         fleet = selectors.fleet_get(ref)
         body = s.DrillRequest(data=request.data if request.data else {})
@@ -160,6 +162,7 @@ class DrillView(HaruAPIView):
             target_domain_id=body.validated_data.get("targetDomainId"),
             actor=self.actor(request),
             reason="manual_drill",
+            drill_mode=body.validated_data["mode"],
         )
         return Response(
             {"status": "accepted", "operation": shapes.operation_json(result.operation)},

@@ -1,9 +1,14 @@
 """Failover drills: when one may run, and when the schedule says one is due.
 
-A drill proves a standby can take over without moving routing: stop its training, verify its
-GPU memory, wake it, golden-probe it, put it back to sleep and restart training (DRILL_STEPS).
-It never runs while anything is degraded or an operation is in flight: a drill must never make
-a fleet worse than it found it, nor compete with a real failover for the standby.
+A drill has a mode (DrillMode). `check` proves a standby can take over without moving routing:
+stop its training, verify its GPU memory, wake it, golden-probe it, put it back to sleep and
+restart training (DRILL_STEPS). `round_trip` runs the promotion itself, to the standby and back
+to the original active (ROUND_TRIP_DRILL_STEPS): routing moves twice, each by the one
+compare-and-swap, and the demotion of each side is proven under real traffic. A round trip is
+refused while automatic failover is off: an operator who turned it off said routing must not
+move without them. No drill runs while anything is degraded or an operation is in flight: a
+drill must never make a fleet worse than it found it, nor compete with a real failover for the
+standby.
 
 Pure: the caller supplies the clock and re-checks "nothing in flight" in the database.
 """
@@ -16,7 +21,7 @@ from datetime import UTC, datetime, time, timedelta
 from fleets.core.decisions import INVALID_TARGET, Decision, find_domain
 from fleets.core.failover import is_viable_standby, rank_standbys
 from fleets.core.read_model import FleetView
-from fleets.core.states import DomainState
+from fleets.core.states import DomainState, DrillMode
 
 # The bounds of a schedule an operator sets in admin.
 MIN_INTERVAL_MINUTES = 1
@@ -73,8 +78,17 @@ def drill_due(schedule: DrillSchedule, last_requested_at: datetime | None, now: 
     return now - last_requested_at >= timedelta(minutes=schedule.interval_minutes)
 
 
-def decide_drill(fleet: FleetView, target_ref: str | None, now: datetime) -> Decision:
+def decide_drill(
+    fleet: FleetView, target_ref: str | None, now: datetime, mode: str = DrillMode.CHECK
+) -> Decision:
     """Decide a drill request; `target_ref` None drills the standby a failover would take."""
+    if mode == DrillMode.ROUND_TRIP and not fleet.policy.auto_failover:
+        return Decision(
+            "reject",
+            INVALID_TARGET,
+            "no round-trip drill while autoFailover is off: it moves routing twice; "
+            "run a check drill, or turn autoFailover on",
+        )
     troubled = [d for d in fleet.domains if d.state in (DomainState.DEGRADED, DomainState.FAILED)]
     if troubled:
         names = ", ".join(f"{d.slug} is {d.state}" for d in troubled)

@@ -261,7 +261,8 @@ class Policy:
 
     def step_timeout_ms(self, step: str) -> int:
         """Return the time budget of an operation step; raise ValueError for an unknown step."""
-        name = _STEP_TIMEOUT_FIELDS.get(step)
+        # A round-trip drill's second leg runs the promotion's steps under the same budgets.
+        name = _STEP_TIMEOUT_FIELDS.get(step.removeprefix("back_"))
         if name is None:
             raise ValueError(f"unknown step {step!r}")
         budget: int = getattr(self, name)

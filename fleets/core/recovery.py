@@ -1,11 +1,17 @@
 """Published recovery time: how long a failover takes, per fleet, from its drills and real ones.
 
 A sample is detection plus every step a failover runs before routing moves. A real automatic
-failover measures the steps from its detection to the routing commit; a drill measures the same
-steps on the same standby (it stops just before the switch, which is one compare-and-swap).
-Detection itself cannot be measured from inside (the active died at an unknown moment before
-its heartbeat went stale), so it counts as its bound, the policy's `heartbeatStaleMs`: the
-published figure is what a customer would wait at worst for detection, plus what was measured.
+failover measures the steps from its start to the routing commit; a drill measures the same
+steps on the same standby (a check drill stops just before the switch, which is one
+compare-and-swap; a round-trip drill measures its first switch too).
+
+Detection of a real failover is measured (`detection`): from the moment the outage began to
+the moment the failover started. The outage began at the operation's `detected_at` or at the
+old active's last good heartbeat (`source_seen_at`, kept when the failover was requested),
+whichever is earlier: after its last good heartbeat the active was no longer known to serve,
+so the figure is what a customer may have waited, never less. Only a failover with neither
+timestamp falls back to the bound, the policy's `heartbeatStaleMs`, and says so. A drill has
+no detection (0, labelled `none`): nothing failed.
 
 Pure: the caller reads the step events; `summarize` gives p50 and p95 over the last N.
 """
@@ -24,6 +30,10 @@ FAILOVER_PATH = ("stop_training", "verify_gpu", "wake", "probe", "switch_route")
 RECOVERY_WINDOW = 20
 DRILL = "drill"
 FAILOVER = "failover"
+# How a sample's detection time was obtained.
+MEASURED = "measured"  # from the outage's start to the failover's start
+BOUND = "bound"  # not measurable (no timestamps): the policy's heartbeatStaleMs
+NO_DETECTION = "none"  # a drill: nothing failed, nothing to detect
 
 
 @dataclass(frozen=True)
@@ -32,6 +42,7 @@ class RecoverySample:
     finished_at: datetime
     detection_ms: int
     steps_ms: Mapping[str, int]
+    detection: str = MEASURED
 
     @property
     def total_ms(self) -> int:
@@ -42,21 +53,46 @@ class RecoverySample:
             "kind": self.kind,
             "finishedAt": self.finished_at.isoformat(),
             "detectionMs": self.detection_ms,
+            "detection": self.detection,
             "stepsMs": dict(self.steps_ms),
             "totalMs": self.total_ms,
         }
 
 
+def detection_of(
+    kind: str,
+    *,
+    started_at: datetime | None,
+    detected_at: datetime | None,
+    source_seen_at: datetime | None,
+    bound_ms: int,
+) -> tuple[int, str]:
+    """Return a sample's detection time in ms and how it was obtained (MEASURED, BOUND or
+    NO_DETECTION): see the module's docstring."""
+    if kind == DRILL:
+        return 0, NO_DETECTION
+    marks = [t for t in (detected_at, source_seen_at) if t is not None]
+    if started_at is None or not marks:
+        return max(0, bound_ms), BOUND
+    outage_start = min(marks)
+    return max(0, int((started_at - outage_start).total_seconds() * 1000)), MEASURED
+
+
 def sample(
-    kind: str, finished_at: datetime, steps_ms: Mapping[str, int], detection_ms: int
+    kind: str,
+    finished_at: datetime,
+    steps_ms: Mapping[str, int],
+    detection_ms: int,
+    detection: str = MEASURED,
 ) -> RecoverySample | None:
     """Build a sample from an operation's step durations; None unless every step of the
-    failover path that this kind runs was recorded (a partial one would understate)."""
-    wanted = FAILOVER_PATH if kind == FAILOVER else FAILOVER_PATH[:-1]
+    failover path that this kind runs was recorded (a partial one would understate). A drill
+    that moved routing (a round trip) counts its switch too."""
+    wanted = FAILOVER_PATH if kind == FAILOVER or "switch_route" in steps_ms else FAILOVER_PATH[:-1]
     if any(step not in steps_ms for step in wanted):
         return None
     steps = {step: max(0, int(steps_ms[step])) for step in wanted}
-    return RecoverySample(kind, finished_at, max(0, detection_ms), steps)
+    return RecoverySample(kind, finished_at, max(0, detection_ms), steps, detection)
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -145,18 +145,39 @@ DEMOTE_STEPS = ("sleep", "start_training")
 # A check-only failover drill: the promotion's steps on the standby up to its golden probe,
 # then back into standby posture; routing never moves.
 DRILL_STEPS = ("stop_training", "verify_gpu", "wake", "probe", "sleep", "start_training")
+# The prefix that names a round-trip drill's second leg: the same promotion steps, acting on the
+# original active (the operation's source) as target and on the drilled standby as the one
+# demoted. Distinct names keep each leg's step time and events apart.
+BACK_LEG = "back_"
+# A "promote and promote back" drill: the promotion to the standby, routing moves, the original
+# active is demoted; then the promotion back to the original active and the standby's demotion.
+ROUND_TRIP_DRILL_STEPS = PROMOTE_STEPS + tuple(BACK_LEG + step for step in PROMOTE_STEPS)
 # Steps after the pointer moved: they act on the old active and never fail the operation.
 BEST_EFFORT_STEPS = frozenset({"demote_old_sleep", "demote_old_train"})
 
 
-def steps_for(kind: str) -> tuple[str, ...]:
-    """Return the ordered steps of an operation kind."""
+class DrillMode(StrEnum):
+    """What a drill proves (fleets/core/drills.py)."""
+
+    # The standby wakes and passes its golden probe, then goes back; routing never moves.
+    CHECK = "check"
+    # Promote the standby and promote the original active back: routing moves twice.
+    ROUND_TRIP = "round_trip"
+
+
+def leg_step(step: str) -> str:
+    """The promotion step a (possibly second-leg) round-trip drill step runs."""
+    return step.removeprefix(BACK_LEG)
+
+
+def steps_for(kind: str, drill_mode: str = "") -> tuple[str, ...]:
+    """Return the ordered steps of an operation kind (and, for a drill, its mode)."""
     if kind == OperationKind.PROMOTE:
         return PROMOTE_STEPS
     if kind == OperationKind.DEMOTE:
         return DEMOTE_STEPS
     if kind == OperationKind.DRILL:
-        return DRILL_STEPS
+        return ROUND_TRIP_DRILL_STEPS if drill_mode == DrillMode.ROUND_TRIP else DRILL_STEPS
     # A typo must not silently run the demote plan.
     raise ValueError(f"unknown operation kind {kind!r}")
 

@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass
 
 from fleets.core.policy import Policy
-from fleets.core.states import IN_FLIGHT_OPERATION_STATES, OperationKind
+from fleets.core.states import IN_FLIGHT_OPERATION_STATES, DrillMode, OperationKind
 from fleets.errors import InvalidTarget, ServiceError
 from fleets.models import Domain, Fleet
 from fleets.reconciler.client import client_for
@@ -117,8 +117,10 @@ def provision_move(*, fleet: Fleet, action: str, target: str, actor: str) -> Act
     return ActionResult(True, 202, "accepted", done)
 
 
-def request_drill(*, fleet: Fleet, target: str | None, actor: str) -> ActionResult:
-    """Request a check-only drill of `target` (default: the standby a failover would take)."""
+def request_drill(
+    *, fleet: Fleet, target: str | None, actor: str, mode: str = DrillMode.CHECK
+) -> ActionResult:
+    """Request a drill of `target` (default: the standby a failover would take) in `mode`."""
     try:
         result = operation_request(
             fleet=fleet,
@@ -126,6 +128,7 @@ def request_drill(*, fleet: Fleet, target: str | None, actor: str) -> ActionResu
             target_domain_id=target,
             actor=actor,
             reason="manual_drill",
+            drill_mode=mode,
         )
     except ServiceError as exc:
         return ActionResult(False, exc.status, exc.code, exc.message)
@@ -135,7 +138,7 @@ def request_drill(*, fleet: Fleet, target: str | None, actor: str) -> ActionResu
         True,
         202,
         "accepted",
-        f"drill of {result.target_slug} {how} (operation {op_id[:8]})",
+        f"{mode} drill of {result.target_slug} {how} (operation {op_id[:8]})",
         op_id or None,
     )
 

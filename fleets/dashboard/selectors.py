@@ -156,7 +156,7 @@ def operation_progress(
     error = op.error if isinstance(op.error, dict) else None
     running = op.state in IN_FLIGHT_OPERATION_STATES
     steps = []
-    for name in steps_for(op.kind):
+    for name in steps_for(op.kind, op.drill_mode):
         entry: dict[str, Any] = {"name": name, "ms": None, "since": None, "detail": ""}
         if name in done:
             event = done[name]

@@ -21,6 +21,7 @@ from fleets.core.states import (
     DomainState,
     OperationKind,
     OperationState,
+    leg_step,
 )
 from fleets.models import Domain, Event, Id, Operation
 from fleets.reconciler import demote, drill, promote
@@ -41,7 +42,7 @@ EXECUTORS: dict[str, Mapping[str, Callable[[StepContext], StepResult]]] = {
     OperationKind.DEMOTE: demote.EXECUTORS,
     OperationKind.DRILL: drill.EXECUTORS,
 }
-# A runaway guard: seven promote steps, each recorded once, plus a start.
+# A runaway guard: fourteen round-trip drill steps, each recorded once, plus a start.
 _MAX_MOVES = 32
 
 
@@ -138,12 +139,20 @@ def _record_retry(ctx: StepContext, result: StepResult, actor: str) -> None:
     event_record(
         fleet_id=op.fleet_id,
         operation_id=op.id,
-        domain_id=op.source_domain_id if step in BEST_EFFORT_STEPS else op.target_domain_id,
+        domain_id=_acted_on(op, step),
         kind="operation.step.retry",
         step=step,
         actor=actor,
         data={"attempt": attempt, "message": result.message[:500], "retryMs": result.retry_ms},
     )
+
+
+def _acted_on(op: Operation, step: str) -> Id | None:
+    """The domain a step acts on: the old active for the demotion steps, else the target; a
+    round-trip drill's second leg (`back_*`) swaps the two."""
+    leg = leg_step(step)
+    on_source = (leg in BEST_EFFORT_STEPS) != (leg != step)
+    return op.source_domain_id if on_source else op.target_domain_id
 
 
 def _timeout(
@@ -155,7 +164,9 @@ def _timeout(
     op, step = ctx.operation, ctx.step
     budget = ctx.budget_ms
     message = f"{step} did not finish within {budget} ms: {result.message}"
-    if step in BEST_EFFORT_STEPS:
+    # A round-trip drill's demotion of the original active is what it set out to prove: its
+    # timeout fails the drill, and the clean-up routes back if the original still serves.
+    if step in BEST_EFFORT_STEPS and op.kind != OperationKind.DRILL:
         # The old active may be dead: advance anyway, and mark it degraded so nobody mistakes it
         # for a healthy standby until a heartbeat proves it.
         if (

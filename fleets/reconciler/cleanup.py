@@ -5,6 +5,10 @@ transaction that ends it; this module does the supervisor side (sleep the models
 training once the sleep is proven) outside any transaction, then records the outcome. The tick
 that failed the operation runs it at once; a pending one left by a worker that died, or by a
 cancel from the API, is finished by the next tick of the fleet (`pending_cleanups_run`).
+
+A round-trip drill may have left routing on its standby: its clean-up first routes back to the
+original active if that one still serves (`route_back`), then puts whichever of the two does not
+serve back in standby posture, so the fleet ends no worse than the drill found it.
 """
 
 from __future__ import annotations
@@ -13,18 +17,21 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from fleets.core.golden import Verdict
 from fleets.core.policy import Policy
-from fleets.core.states import IN_FLIGHT_OPERATION_STATES, CleanupState
+from fleets.core.states import IN_FLIGHT_OPERATION_STATES, CleanupState, DrillMode, OperationKind
 from fleets.models import Domain, Fleet, Id, Operation
-from fleets.reconciler import posture
+from fleets.reconciler import golden, posture
 from fleets.reconciler.client import CALL_CAP_S, SupervisorClient
 from fleets.services.events import event_record
 from fleets.services.operations import operation_cleanup_claim, operation_cleanup_finish
+from fleets.services.route_pointer import route_switch_back
 
 log = logging.getLogger(__name__)
 
-# How long a tick holds a clean-up: both postures take at most three calls each, every call
-# capped at CALL_CAP_S, so a holder alive past this is not running it any more.
+# How long a tick holds a clean-up: both postures take at most three calls each, a round-trip
+# drill's route-back two more (status, golden probe), every call capped at CALL_CAP_S (8 x 10 s),
+# so a holder alive past this is not running it any more.
 CLEANUP_LEASE_MS = 90_000
 # Clean-ups finished per tick: a fleet with a backlog (many failures while no worker ran)
 # catches up over a few ticks instead of one unbounded one.
@@ -35,7 +42,7 @@ def pending_cleanups(fleet_id: Id) -> list[Operation]:
     """Return the fleet's operations whose clean-up is still pending, oldest first."""
     return list(
         Operation.objects.filter(fleet_id=fleet_id, cleanup=CleanupState.PENDING)
-        .select_related("target_domain")
+        .select_related("target_domain", "source_domain")
         .order_by("finished_at")[:MAX_CLEANUPS_PER_TICK]
     )
 
@@ -64,6 +71,11 @@ def cleanup_run(
     """Claim the operation's pending clean-up, do it, record the outcome; False if not ours."""
     if not operation_cleanup_claim(operation_id=operation.id, lease_ms=CLEANUP_LEASE_MS):
         return False
+    if _round_trip(operation):
+        # First routing (the original active back, if it still serves), then whichever of the
+        # two domains does not serve goes back to standby posture.
+        route_back(operation=operation, policy=policy, client_for=client_for, actor=actor)
+        operation.target_domain = _not_serving(operation)
     skip = _skip_reason(operation)
     if skip is not None:
         return operation_cleanup_finish(
@@ -79,6 +91,107 @@ def cleanup_run(
     if not reached:
         log.warning("operation %s: clean-up of its target incomplete", operation.id)
     return operation_cleanup_finish(operation_id=operation.id, outcome=outcome, actor=actor)
+
+
+def _round_trip(operation: Operation) -> bool:
+    return operation.kind == OperationKind.DRILL and operation.drill_mode == DrillMode.ROUND_TRIP
+
+
+def _not_serving(operation: Operation) -> Domain | None:
+    """The domain of a round-trip drill to put back in standby posture: the drilled standby,
+    unless routing stayed on it (then the original active, which could not take it back)."""
+    active = Fleet.objects.filter(pk=operation.fleet_id).values_list("active_domain_id", flat=True)
+    if operation.source_domain is not None and active.first() == operation.target_domain_id:
+        return operation.source_domain
+    return operation.target_domain
+
+
+def _serving(domain: Domain, policy: Policy, client: SupervisorClient) -> str | None:
+    """Say why `domain` cannot take traffic back now, or None when it can: every bound model
+    reported awake and reproducing its golden baseline (an unrecorded one counts as serving)."""
+    targets = golden.targets_of(domain)
+    if not targets:
+        return f"domain {domain.slug} has no model bindings"
+    status = client.status(timeout=CALL_CAP_S)
+    report = status.value
+    if report is None:
+        return f"domain {domain.slug} did not report its status"
+    asleep = [
+        t.binding.name
+        for t in targets
+        if (m := report.model(t.binding.name)) is None or m.sleeping is not False
+    ]
+    if asleep:
+        return f"not awake on {domain.slug}: {', '.join(sorted(set(asleep)))}"
+    probed = golden.ask(
+        client, targets, policy, timeout=CALL_CAP_S, timeout_ms=int(CALL_CAP_S * 900)
+    ).value
+    if probed is None:
+        return f"domain {domain.slug} did not answer its golden probe"
+    bad = [
+        j.message
+        for _, j in golden.judge_all(domain.fleet_id, targets, probed, policy)
+        if j.verdict in (Verdict.FAILED, Verdict.MISMATCH)
+    ]
+    return "; ".join(bad) if bad else None
+
+
+def route_back(
+    *,
+    operation: Operation,
+    policy: Policy,
+    client_for: Callable[[Domain], SupervisorClient],
+    actor: str = "reconciler",
+) -> bool:
+    """Route a failed round-trip drill back to its original active if routing is on the
+    drilled standby and the original still serves; True if this call moved it.
+
+    The original is proven serving first (awake, golden probe passes): a drill never hands
+    traffic to a domain it half-demoted. Otherwise routing stays on the standby, which passed
+    its own probe before it took traffic, and the original goes back to standby posture.
+    """
+    original, standby = operation.source_domain, operation.target_domain
+    if original is None or standby is None:
+        return False
+    fleet = (
+        Fleet.objects.filter(pk=operation.fleet_id)
+        .values("active_domain_id", "route_revision")
+        .get()
+    )
+    if fleet["active_domain_id"] != standby.id:
+        return False  # routing never left the original, or the second switch committed
+
+    def record(ok: bool, message: str) -> None:
+        event_record(
+            fleet_id=operation.fleet_id,
+            domain_id=original.id,
+            operation_id=operation.id,
+            kind="operation.cleanup.route_back",
+            actor=actor,
+            data={"ok": ok, "message": message[:500]},
+        )
+
+    why = (
+        f"domain {original.slug} has no supervisor URL"
+        if not original.supervisor_url
+        else _serving(original, policy, client_for(original))
+    )
+    if why is not None:
+        record(False, f"routing stays on {standby.slug}: {why}")
+        return False
+    revision = route_switch_back(
+        fleet_id=operation.fleet_id,
+        operation_id=operation.id,
+        from_domain_id=standby.id,
+        to_domain_id=original.id,
+        expected_revision=fleet["route_revision"],
+        actor=actor,
+    )
+    if revision is None:
+        record(False, "the routing pointer changed meanwhile; left where it is")
+        return False
+    record(True, f"routing back on {original.slug} (revision {revision})")
+    return True
 
 
 def _skip_reason(operation: Operation) -> str | None:

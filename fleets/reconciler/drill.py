@@ -1,23 +1,68 @@
-"""The drill's step executors (fleets.core.states.DRILL_STEPS), and its failure alert.
+"""The drill's step executors (fleets.core.states.DRILL_STEPS, ROUND_TRIP_DRILL_STEPS), and its
+failure alert.
 
-Every step is the promotion's or the demotion's own, on the standby: the drill proves exactly
-the path a failover would take, up to the golden probe, and then walks the standby back into
-posture with the demotion's steps. Routing is never touched: there is no switch step.
+Every step is the promotion's or the demotion's own: a check drill proves exactly the path a
+failover would take, up to the golden probe, and then walks the standby back into posture with
+the demotion's steps; routing is never touched. A round-trip drill runs the promotion's steps to
+the standby, then the same executors again (`back_*`) with target and source swapped, so the
+second leg promotes the original active and demotes the standby.
 """
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
+
+from fleets.core.states import BACK_LEG, PROMOTE_STEPS
 from fleets.models import Operation
 from fleets.reconciler import demote, promote
+from fleets.reconciler.steps import SOURCE_GONE, StepContext, StepResult, failed
 from fleets.services.events import event_record
 
-EXECUTORS = {
+Executor = Callable[[StepContext], StepResult]
+
+
+def back_leg(operation: Operation) -> Operation:
+    """The operation as the second leg sees it: the original active is the target and the
+    drilled standby the domain demoted. An in-memory copy: executors never save it."""
+    original, standby = operation.source_domain, operation.target_domain
+    swapped = copy.copy(operation)
+    swapped.target_domain = original
+    swapped.source_domain = standby
+    swapped.target_domain_slug = original.slug if original is not None else ""
+    return swapped
+
+
+def _on_back_leg(executor: Executor) -> Executor:
+    def run(ctx: StepContext) -> StepResult:
+        if ctx.operation.source_domain is None:
+            # Nothing to promote back to: the drill cannot finish its round trip.
+            return failed(SOURCE_GONE, "the original active domain is gone; cannot promote back")
+        swapped = StepContext(
+            operation=back_leg(ctx.operation),
+            policy=ctx.policy,
+            step=ctx.step,
+            client_for=ctx.client_for,
+            actor=ctx.actor,
+        )
+        return executor(swapped)
+
+    return run
+
+
+EXECUTORS: dict[str, Executor] = {
     "stop_training": promote.stop_training,
     "verify_gpu": promote.verify_gpu,
     "wake": promote.wake,
     "probe": promote.probe,
     "sleep": demote.sleep,
     "start_training": demote.start_training,
+    # A round trip's first leg: the promotion to the standby (routing moves, the original
+    # active is demoted); its second leg: the same, back to the original active.
+    "switch_route": promote.switch_route,
+    "demote_old_sleep": promote.demote_old_sleep,
+    "demote_old_train": promote.demote_old_train,
+    **{BACK_LEG + step: _on_back_leg(promote.EXECUTORS[step]) for step in PROMOTE_STEPS},
 }
 
 

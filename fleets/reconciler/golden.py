@@ -1,14 +1,17 @@
 """Golden probes against a domain's supervisor: ask, judge against the baselines, record.
 
-Shared by the promotion's probe step and the operator's "record baseline" action. The rules
+Shared by the promotion's probe step, the operator's "record baseline" action and the tick's
+pass that baselines what the active serves (`active_baselines_fill`). The rules
 (what matches, what a key is) are fleets.core.golden's; this module only gathers the inputs
 from the database and the supervisor, outside any transaction.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 from fleets.core.golden import (
     GOLDEN_SEED,
@@ -17,15 +20,29 @@ from fleets.core.golden import (
     Verdict,
     judge,
     key_for,
+    profile_fingerprint,
     request_fingerprint,
     target_label,
 )
 from fleets.core.policy import Policy
-from fleets.core.states import InferenceState
+from fleets.core.states import IN_FLIGHT_OPERATION_STATES, DomainState, InferenceState
 from fleets.errors import InvalidTarget, SupervisorUnavailable
-from fleets.models import Domain, ModelBinding, Slot
-from fleets.reconciler.client import Call, ProbeReport, ProbeResult, SupervisorClient
-from fleets.services.baselines import OPERATOR, NewBaseline, baseline_record, baselines_for
+from fleets.models import Domain, Fleet, GoldenBaseline, Id, ModelBinding, Operation, Slot
+from fleets.reconciler.client import CALL_CAP_S, Call, ProbeReport, ProbeResult, SupervisorClient
+from fleets.services.baselines import (
+    ACTIVE_SERVING,
+    OPERATOR,
+    NewBaseline,
+    baseline_probe_claim,
+    baseline_record,
+    baselines_for,
+)
+
+log = logging.getLogger(__name__)
+
+# How often at most a fleet's active is probed for missing baselines: a missing key is a layout
+# change or a new adapter, so once a minute is prompt enough and costs one few-token probe.
+BASELINE_PROBE_INTERVAL_MS = 60_000
 
 
 @dataclass(frozen=True)
@@ -224,3 +241,78 @@ def record_baselines(
 def _answer_text(report: ProbeReport, target: Target) -> str | None:
     result = report.result(target.binding.name, target.adapter or None)
     return result.answer if result is not None else None
+
+
+def _serving_slots(domain: Domain, targets: list[Target]) -> bool:
+    slot_ids = {t.binding.slot_id for t in targets}
+    return not Slot.objects.filter(pk__in=slot_ids).exclude(state=InferenceState.SERVING).exists()
+
+
+def missing_baselines(fleet_id: Id, targets: list[Target], policy: Policy) -> list[Target]:
+    """The deterministic targets with no baseline at all for their profile and probe request.
+
+    Read before any probe, so the engine version (known only from an answer) is not part of
+    it: an engine upgrade is an operator's re-record, as before.
+    """
+    request = request_fingerprint(policy.probe_prompt, policy.probe_max_tokens)
+    have = set(
+        GoldenBaseline.objects.filter(fleet_id=fleet_id, request_fingerprint=request).values_list(
+            "model_name", "adapter", "profile_fingerprint"
+        )
+    )
+    return [
+        t
+        for t in targets
+        if t.deterministic
+        and (t.binding.name, t.adapter, profile_fingerprint(t.binding.profile)) not in have
+    ]
+
+
+def active_baselines_fill(
+    *,
+    fleet: Fleet,
+    policy: Policy,
+    client_for: Callable[[Domain], SupervisorClient],
+    now: datetime,
+    actor: str = "reconciler",
+) -> list[str]:
+    """Probe the serving active for the baselines it has none of, and record what it answers.
+
+    So the first baseline of a new layout comes from what serves, never from a standby's first
+    wake (which may be the very wake that broke it). Only with nothing in flight, a ready active
+    whose bound models all serve, and a missing key; at most once per
+    BASELINE_PROBE_INTERVAL_MS per fleet; one probe call bounded by the probe budget; outside
+    any transaction. Each record is an event (`golden.baseline.recorded`, reason
+    `active_serving`). Returns the labels recorded.
+    """
+    if fleet.active_domain_id is None:
+        return []
+    active = Domain.objects.filter(pk=fleet.active_domain_id).first()
+    if active is None or active.state != DomainState.READY or not active.supervisor_url:
+        return []
+    if Operation.objects.filter(fleet_id=fleet.id, state__in=IN_FLIGHT_OPERATION_STATES).exists():
+        return []  # a promotion's own probe step records what its target serves
+    targets = targets_of(active)
+    missing = missing_baselines(fleet.id, targets, policy)
+    if not missing or not _serving_slots(active, targets):
+        return []
+    if not baseline_probe_claim(fleet_id=fleet.id, now=now, interval_ms=BASELINE_PROBE_INTERVAL_MS):
+        return []
+    timeout = min(CALL_CAP_S, policy.probe_timeout_ms / 1000)
+    result = ask(
+        client_for(active), missing, policy, timeout=timeout, timeout_ms=max(50, int(timeout * 900))
+    )
+    report = result.value
+    if report is None or not report.golden:
+        why = result.error.message if result.error is not None else "no golden probe support"
+        log.info("fleet %s: baseline probe of the active %s: %s", fleet.slug, active.slug, why)
+        return []
+    judged = judge_all(fleet.id, missing, report, policy)
+    return baseline_record(
+        fleet_id=fleet.id,
+        domain_id=active.id,
+        baselines=unrecorded(judged),
+        reason=ACTIVE_SERVING,
+        actor=actor,
+        replace=False,
+    )

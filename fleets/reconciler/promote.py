@@ -10,7 +10,7 @@ from __future__ import annotations
 from fleets import clock
 from fleets.core.golden import PROBE_MISMATCH, Verdict
 from fleets.core.model_health import ServerHealth
-from fleets.core.states import InferenceState, TrainingState
+from fleets.core.states import InferenceState, TrainingState, steps_for
 from fleets.models import Domain, Event, Fleet, ModelBinding, Operation
 from fleets.reconciler import golden, posture
 from fleets.reconciler.client import StatusReport, SupervisorClient
@@ -336,9 +336,11 @@ def _old_active(ctx: StepContext) -> tuple[SupervisorClient, Domain] | StepResul
 
 def _settle_left_ms(ctx: StepContext) -> int:
     """Milliseconds until no proxy can still send the old active a request (0: none left)."""
+    # This leg's switch: a round-trip drill's second leg waits after its own (`back_switch_route`).
+    switch_step = ctx.step.removesuffix("demote_old_sleep") + "switch_route"
     switched = (
         Event.objects.filter(
-            operation_id=ctx.operation.id, kind="operation.step.done", step="switch_route"
+            operation_id=ctx.operation.id, kind="operation.step.done", step=switch_step
         )
         .values_list("created_at", flat=True)
         .first()
@@ -380,8 +382,11 @@ def demote_old_train(ctx: StepContext) -> StepResult:
     """Best effort: start training on the old active, only if its sleep was proven."""
     if ctx.source is None:
         return done("skipped", reason="there was no active domain to demote")
+    # The sleep step just before this one (a round-trip drill's second leg names it back_...).
+    steps = steps_for(ctx.operation.kind, ctx.operation.drill_mode)
+    sleep_step = steps[steps.index(ctx.step) - 1] if ctx.step in steps else "demote_old_sleep"
     proven = Event.objects.filter(
-        operation_id=ctx.operation.id, kind="operation.step.done", step="demote_old_sleep"
+        operation_id=ctx.operation.id, kind="operation.step.done", step=sleep_step
     ).exists()
     if not proven:
         # A model server still holding its weights would share the GPU with the trainer: OOM.

@@ -18,7 +18,7 @@ from django.conf import settings
 
 from fleets import clock
 from fleets.core.policy import Policy
-from fleets.core.states import SlotKind
+from fleets.core.states import SlotKind, leg_step
 from fleets.models import Domain, ModelBinding, Operation, Slot
 from fleets.reconciler.client import CALL_CAP_S, Call, SupervisorClient
 
@@ -34,6 +34,8 @@ CAS_LOST = "cas_lost"
 NO_SUPERVISOR = "no_supervisor"
 TARGET_IS_ACTIVE = "target_is_active"
 NO_INFERENCE_BINDINGS = "no_inference_bindings"
+# A round-trip drill whose original active was removed before it could be promoted back.
+SOURCE_GONE = "source_gone"
 # The supervisor's pre-wake check: free GPU memory does not cover what the servers restore.
 INSUFFICIENT_GPU_MEMORY = "insufficient_gpu_memory"
 
@@ -98,7 +100,7 @@ class StepContext:
     @property
     def budget_ms(self) -> int:
         budget = self.policy.step_timeout_ms(self.step)
-        if self.step == "demote_old_sleep":
+        if leg_step(self.step) == "demote_old_sleep":
             # The wait for proxies to move off the old active comes first and is not the
             # sleep's time: a sleepTimeoutMs shorter than it must not time the step out unslept.
             budget += switch_settle_ms()

@@ -6,8 +6,8 @@
 4. detect failover: a lost active pre-empts an in-flight operation that cannot lead to a
    serving domain (fleets.core.preemption), then the promotion is requested
    (`reason="auto_failover"`), passing over standbys still backing off after failed attempts;
-   with nothing in flight, restore a returned standby's posture, then request a drill that is
-   due;
+   with nothing in flight, restore a returned standby's posture, probe the active for golden
+   baselines it has none of (rate-limited), then request a drill that is due;
 5. advance the in-flight operation through every step that completes at once;
 6. finish the clean-ups of failed or cancelled promotions and drills still pending (a cancel
    from the API, a pre-emption, or a worker that died right after a failure).
@@ -50,6 +50,7 @@ from fleets.reconciler import datapath, kick, metrics
 from fleets.reconciler.advance import operation_advance
 from fleets.reconciler.cleanup import pending_cleanups_run
 from fleets.reconciler.client import SupervisorClient, client_for
+from fleets.reconciler.golden import active_baselines_fill
 from fleets.reconciler.heartbeat import heartbeat_apply, heartbeats_collect, serving_urls_of
 from fleets.reconciler.locks import LeaseLost, fleet_tick_lock
 from fleets.selectors import AUTO_FAILOVER, failover_backoff_state, fleet_get, fleet_view
@@ -176,6 +177,8 @@ def fleet_tick(
     if not in_flight:
         _maybe_fail_over(fleet, view, now, held, actor)
         _maybe_restore_standby(fleet, now, actor)
+        # Before a drill: its standby's wake is then judged against what the active serves.
+        active_baselines_fill(fleet=fleet, policy=policy, client_for=client_factory, now=now)
         _maybe_drill(fleet, now, actor)
 
     # 5. Advance whatever is in flight now (including a promotion created just above).
@@ -303,6 +306,7 @@ def _maybe_drill(fleet: Fleet, now: datetime, actor: str) -> None:
             target_domain_id=None,
             actor=actor,
             reason="scheduled_drill",
+            drill_mode=fleet.drill_mode,
         )
     except (OperationConflict, InvalidTarget) as exc:
         # Debug: while the fleet is degraded this repeats on every tick of the window.

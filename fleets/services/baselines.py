@@ -4,16 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 
 from fleets import clock
 from fleets.core.golden import GoldenKey, Recorded, answer_sha256
-from fleets.models import GoldenBaseline, Id
+from fleets.models import Fleet, GoldenBaseline, Id
 from fleets.services.events import event_record
 
 # Why a baseline was recorded (GoldenBaseline.reason, and the event's).
 FIRST_SERVING = "first_serving"  # no baseline for this profile and engine yet
+ACTIVE_SERVING = "active_serving"  # the tick probed the serving active for a missing key
 OPERATOR = "operator"  # "record baseline": an expected drift (an engine upgrade) accepted
 
 
@@ -117,3 +120,14 @@ def baseline_record(
                 },
             )
     return written
+
+
+def baseline_probe_claim(*, fleet_id: Id, now: datetime, interval_ms: int) -> bool:
+    """Take the fleet's turn to probe its active for missing baselines; False when one was
+    taken within `interval_ms` (by any process: a guarded UPDATE, not a local timer)."""
+    since = now - timedelta(milliseconds=interval_ms)
+    return bool(
+        Fleet.objects.filter(pk=fleet_id)
+        .filter(Q(baseline_probe_at__isnull=True) | Q(baseline_probe_at__lte=since))
+        .update(baseline_probe_at=now)
+    )

@@ -23,6 +23,7 @@ from fleets.core.drills import decide_drill
 from fleets.core.states import (
     IN_FLIGHT_OPERATION_STATES,
     CleanupState,
+    DrillMode,
     InferenceState,
     OperationKind,
     OperationState,
@@ -37,7 +38,7 @@ from fleets.errors import (
     OperationNotCancellable,
     OperationNotFound,
 )
-from fleets.models import Fleet, Id, Operation, Slot
+from fleets.models import Domain, Fleet, Id, Operation, Slot
 from fleets.selectors import fleet_view
 from fleets.services.events import event_record
 from fleets.services.transitions import slot_transition
@@ -67,12 +68,14 @@ def operation_request(
     actor: str = "api",
     reason: str = "manual",
     detected_at: datetime | None = None,
+    drill_mode: str = DrillMode.CHECK,
 ) -> RequestResult:
     """Create a promote/demote/drill operation, or join the in-flight one with the same kind
     and target.
 
     `target_domain_id` is a domain id or slug (None for a drill: the standby a failover would
-    take); the core's decision resolves it, once. Raises
+    take); the core's decision resolves it, once. `drill_mode` (DrillMode) says what a drill
+    proves; a round trip also needs automatic failover on. Raises
     InvalidTarget when the core refuses the target and OperationConflict when another operation
     is in flight.
     """
@@ -89,7 +92,11 @@ def operation_request(
                 operation=moving,
             )
         ref = str(target_domain_id) if target_domain_id else None
-        decision = decide_drill(view, ref, clock.now())
+        if drill_mode not in DrillMode.__members__.values():
+            raise InvalidTarget(
+                f"unknown drill mode {drill_mode!r}; one of {', '.join(m.value for m in DrillMode)}"
+            )
+        decision = decide_drill(view, ref, clock.now(), drill_mode)
     else:
         decide = decide_promotion if kind == OperationKind.PROMOTE else decide_demotion
         decision = decide(view, str(target_domain_id))
@@ -120,13 +127,17 @@ def operation_request(
                     requested_by=actor,
                     created_at=clock.now(),
                     detected_at=detected_at,
+                    drill_mode=drill_mode if kind == OperationKind.DRILL else "",
                 )
                 # Capture the pointer now that our row holds the one in-flight place: no other
                 # operation can move it from here on, so this source is exactly what we demote.
+                # Its last good heartbeat is kept beside it: a failover's measured detection.
+                pointer = Fleet.objects.filter(pk=fleet.id).values("active_domain_id")[:1]
                 Operation.objects.filter(pk=op.pk).update(
-                    source_domain_id=Subquery(
-                        Fleet.objects.filter(pk=fleet.id).values("active_domain_id")[:1]
-                    )
+                    source_domain_id=Subquery(pointer),
+                    source_seen_at=Subquery(
+                        Domain.objects.filter(pk=Subquery(pointer)).values("last_seen_at")[:1]
+                    ),
                 )
                 op.refresh_from_db()
                 event_record(
@@ -137,6 +148,7 @@ def operation_request(
                     actor=actor,
                     data={
                         "reason": reason,
+                        **({"drillMode": drill_mode} if kind == OperationKind.DRILL else {}),
                         "targetDomainId": target.id,
                         "sourceDomainId": str(op.source_domain_id or "") or None,
                     },
@@ -150,7 +162,10 @@ def operation_request(
             ).first()
             if existing is None:
                 continue  # the in-flight one finished between our INSERT and this read
-            if existing.kind == kind and str(existing.target_domain_id) == target.id:
+            # A drill joins only a drill of the same mode: a check never stands in for a round
+            # trip, nor the other way round.
+            same_mode = kind != OperationKind.DRILL or existing.drill_mode == drill_mode
+            if existing.kind == kind and str(existing.target_domain_id) == target.id and same_mode:
                 return RequestResult("accepted", existing, False, view.route_revision, target.slug)
             raise _in_flight(existing) from None
     raise OperationConflict("operation state kept changing; retry the request")
@@ -166,15 +181,16 @@ def _in_flight(existing: Operation) -> OperationConflict:
 
 def operation_start(*, operation_id: Id, actor: str = "reconciler") -> bool:
     """Move a pending operation to running at its first step."""
-    op = Operation.objects.filter(pk=operation_id).values("kind", "fleet_id").first()
+    op = Operation.objects.filter(pk=operation_id).values("kind", "fleet_id", "drill_mode").first()
     if op is None:
         return False
+    first = steps_for(op["kind"], op["drill_mode"])[0]
     check_transition("operation", OperationState.PENDING, OperationState.RUNNING)
     now = clock.now()
     with transaction.atomic():
         moved = Operation.objects.filter(pk=operation_id, state=OperationState.PENDING).update(
             state=OperationState.RUNNING,
-            current_step=steps_for(op["kind"])[0],
+            current_step=first,
             step_started_at=now,
             started_at=now,
         )
@@ -184,7 +200,7 @@ def operation_start(*, operation_id: Id, actor: str = "reconciler") -> bool:
                 operation_id=operation_id,
                 kind="operation.started",
                 actor=actor,
-                step=steps_for(op["kind"])[0],
+                step=first,
             )
     return bool(moved)
 
@@ -203,12 +219,12 @@ def operation_step_done(
     """
     op = (
         Operation.objects.filter(pk=operation_id)
-        .values("kind", "fleet_id", "step_started_at", "state", "current_step")
+        .values("kind", "drill_mode", "fleet_id", "step_started_at", "state", "current_step")
         .first()
     )
     if op is None or op["state"] != OperationState.RUNNING or op["current_step"] != step:
         return False
-    steps = steps_for(op["kind"])
+    steps = steps_for(op["kind"], op["drill_mode"])
     index = steps.index(step)
     now = clock.now()
     duration = (
@@ -264,7 +280,7 @@ def operation_fail(
     """
     op = (
         Operation.objects.filter(pk=operation_id)
-        .values("kind", "fleet_id", "target_domain_id", "state", "step_started_at")
+        .values("kind", "drill_mode", "fleet_id", "target_domain_id", "source_domain_id", "state")
         .first()
     )
     if op is None or op["state"] not in IN_FLIGHT_OPERATION_STATES:
@@ -299,6 +315,9 @@ def operation_fail(
         )
         if promotion:
             _undo_promotion_half_moves(op["target_domain_id"], operation_id, actor)
+            if op["drill_mode"] == DrillMode.ROUND_TRIP and op["source_domain_id"]:
+                # The second leg wakes the original active: its half-moves too.
+                _undo_promotion_half_moves(op["source_domain_id"], operation_id, actor)
     return True
 
 
@@ -352,7 +371,15 @@ def operation_cancel(
     for _attempt in range(3):
         op = (
             Operation.objects.filter(pk=operation_id)
-            .values("kind", "fleet_id", "target_domain_id", "state", "current_step")
+            .values(
+                "kind",
+                "drill_mode",
+                "fleet_id",
+                "target_domain_id",
+                "source_domain_id",
+                "state",
+                "current_step",
+            )
             .first()
         )
         if op is None or op["state"] not in IN_FLIGHT_OPERATION_STATES:
@@ -386,6 +413,8 @@ def operation_cancel(
                 )
                 if promotion:
                     _undo_promotion_half_moves(op["target_domain_id"], operation_id, actor)
+                    if op["drill_mode"] == DrillMode.ROUND_TRIP and op["source_domain_id"]:
+                        _undo_promotion_half_moves(op["source_domain_id"], operation_id, actor)
                 for hook in on_operation_ended:
                     transaction.on_commit(functools.partial(hook, str(op["fleet_id"])))
                 return True

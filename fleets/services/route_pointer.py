@@ -6,22 +6,26 @@ import uuid
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import F
+from django.db.models import Exists, F, Q
 
 from fleets import clock
-from fleets.core.states import OperationKind, OperationState
+from fleets.core.states import CleanupState, DrillMode, OperationKind, OperationState
 from fleets.models import Domain, Fleet, Id, Operation
 from fleets.services.events import event_record
 from fleets.services.route_publish import revision_publish
 
 # Postgres does it in one statement: the CTE locks the operation row (so a concurrent fail
 # waits for us, or we see it failed), moves the pointer only where pointer and revision are what
-# the caller read, and sets routing_committed in the same statement.
+# the caller read, and sets routing_committed in the same statement. A round-trip drill moves the
+# pointer to its standby and back to its source; it never commits routing, because its failure
+# clean-up must be free to route back (fleets/reconciler/cleanup.py).
 _SWITCH_SQL = """
 WITH op AS (
-    SELECT id FROM fleets_operation
-    WHERE id = %(op)s AND fleet_id = %(fleet)s AND target_domain_id = %(target)s
-      AND kind = 'promote' AND state = 'running'
+    SELECT id, kind FROM fleets_operation
+    WHERE id = %(op)s AND fleet_id = %(fleet)s AND state = 'running'
+      AND ((kind = 'promote' AND target_domain_id = %(target)s)
+        OR (kind = 'drill' AND drill_mode = 'round_trip'
+            AND (target_domain_id = %(target)s OR source_domain_id = %(target)s)))
     FOR UPDATE
 ), moved AS (
     UPDATE fleets_fleet f
@@ -33,7 +37,7 @@ WITH op AS (
       AND EXISTS (SELECT 1 FROM fleets_domain d WHERE d.id = %(target)s AND d.fleet_id = %(fleet)s)
     RETURNING f.route_revision
 )
-UPDATE fleets_operation o SET routing_committed = TRUE
+UPDATE fleets_operation o SET routing_committed = (o.kind = 'promote')
 FROM moved WHERE o.id = %(op)s
 RETURNING moved.route_revision
 """
@@ -97,13 +101,17 @@ def _switch_serialized(p: dict[str, Any]) -> int | None:
     Safe as two statements: the settings open every transaction IMMEDIATE, so SQLite holds its
     single write lock from BEGIN and no other writer can interleave between them.
     """
-    running = Operation.objects.filter(
-        pk=p["op"],
-        fleet_id=p["fleet"],
-        target_domain_id=p["target"],
-        kind=OperationKind.PROMOTE,
-        state=OperationState.RUNNING,
-    ).exists()
+    op = (
+        Operation.objects.filter(pk=p["op"], fleet_id=p["fleet"], state=OperationState.RUNNING)
+        .filter(
+            Q(kind=OperationKind.PROMOTE, target_domain_id=p["target"])
+            | Q(kind=OperationKind.DRILL, drill_mode=DrillMode.ROUND_TRIP)
+            & (Q(target_domain_id=p["target"]) | Q(source_domain_id=p["target"]))
+        )
+        .values_list("kind", flat=True)
+        .first()
+    )
+    running = op is not None
     in_fleet = Domain.objects.filter(pk=p["target"], fleet_id=p["fleet"]).exists()
     if not (running and in_fleet):
         return None
@@ -116,5 +124,65 @@ def _switch_serialized(p: dict[str, Any]) -> int | None:
     )
     if not moved:
         return None
-    Operation.objects.filter(pk=p["op"]).update(routing_committed=True)
+    if op == OperationKind.PROMOTE:
+        Operation.objects.filter(pk=p["op"]).update(routing_committed=True)
     return int(p["revision"]) + 1
+
+
+def route_switch_back(
+    *,
+    fleet_id: Id,
+    operation_id: Id,
+    from_domain_id: Id,
+    to_domain_id: Id,
+    expected_revision: int,
+    actor: str = "reconciler",
+) -> int | None:
+    """Point the fleet back from a failed round-trip drill's standby to its original active.
+
+    One conditional UPDATE: wins only where the pointer and revision are what the caller read and
+    the drill, ended, still holds its pending clean-up (so a later operation that moved the
+    pointer on is never undone). Return the new revision, or None if the CAS lost.
+    """
+    drill = Operation.objects.filter(
+        pk=operation_id,
+        fleet_id=fleet_id,
+        kind=OperationKind.DRILL,
+        drill_mode=DrillMode.ROUND_TRIP,
+        state__in=[OperationState.FAILED, OperationState.CANCELLED],
+        cleanup=CleanupState.PENDING,
+        target_domain_id=_as_uuid(from_domain_id),
+        source_domain_id=_as_uuid(to_domain_id),
+    )
+    with transaction.atomic():
+        moved = (
+            Fleet.objects.filter(
+                pk=fleet_id,
+                route_revision=expected_revision,
+                active_domain_id=_as_uuid(from_domain_id),
+            )
+            .filter(Exists(drill))
+            .update(
+                active_domain_id=to_domain_id,
+                route_revision=F("route_revision") + 1,
+                updated_at=clock.now(),
+            )
+        )
+        if not moved:
+            return None
+        revision = expected_revision + 1
+        revision_publish(str(fleet_id), revision)
+        event_record(
+            fleet_id=fleet_id,
+            operation_id=operation_id,
+            domain_id=to_domain_id,
+            kind="fleet.route.switched",
+            actor=actor,
+            data={
+                "fromDomainId": str(from_domain_id),
+                "toDomainId": str(to_domain_id),
+                "revision": revision,
+                "reason": "drill_failed_route_back",
+            },
+        )
+    return revision

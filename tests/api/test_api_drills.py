@@ -6,7 +6,7 @@ import pytest
 
 from fleets import clock
 from fleets.core.states import DRILL_STEPS
-from fleets.models import Domain, Operation
+from fleets.models import Domain, Fleet, Operation
 
 pytestmark = pytest.mark.django_db
 
@@ -68,3 +68,45 @@ def test_the_active_cannot_be_drilled_nor_a_stale_standby(
     error = envelope(post(client_with_token, {"targetDomainId": "east"}), 422, "invalid_target")
     assert "is the active domain" in error["message"]
     assert not Operation.objects.exists()
+
+
+def test_a_round_trip_drill_is_accepted_in_its_mode(heard, client_with_token):
+    Fleet.objects.filter(slug="demo").update(policy={"autoFailover": True})
+    response = post(client_with_token, {"mode": "round_trip"})
+    assert response.status_code == 202, response.content
+    op = response.json()["operation"]
+    assert op["kind"] == "drill" and op["drillMode"] == "round_trip"
+    row = Operation.objects.get(pk=op["id"])
+    assert row.drill_mode == "round_trip" and row.source_domain.slug == "east"
+
+
+def test_a_drill_without_a_mode_is_a_check(heard, client_with_token):
+    response = post(client_with_token)
+    assert response.json()["operation"]["drillMode"] == "check"
+
+
+def test_a_round_trip_drill_is_refused_while_auto_failover_is_off(
+    heard, client_with_token, envelope
+):
+    Fleet.objects.filter(slug="demo").update(policy={"autoFailover": False})
+    error = envelope(post(client_with_token, {"mode": "round_trip"}), 422, "invalid_target")
+    assert "no round-trip drill while autoFailover is off" in error["message"]
+    assert not Operation.objects.exists()
+
+
+def test_an_unknown_drill_mode_is_refused(heard, client_with_token):
+    response = post(client_with_token, {"mode": "both_ways"})
+    assert response.status_code == 400
+    assert not Operation.objects.exists()
+
+
+def test_a_drill_of_another_mode_does_not_join_the_one_in_flight(
+    heard, client_with_token, envelope
+):
+    Fleet.objects.filter(slug="demo").update(policy={"autoFailover": True})
+    first = post(client_with_token, {"mode": "check"})
+    assert first.status_code == 202
+    again = post(client_with_token, {"mode": "check"})
+    assert again.json()["operation"]["id"] == first.json()["operation"]["id"]
+    envelope(post(client_with_token, {"mode": "round_trip"}), 409, "operation_conflict")
+    assert Operation.objects.count() == 1

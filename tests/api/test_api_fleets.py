@@ -191,6 +191,7 @@ def test_operation_detail_renders_the_public_contract(seeded_fleet, client_with_
         "id": str(op.id),
         "fleetId": str(seeded_fleet.id),
         "kind": "promote",
+        "drillMode": None,
         "state": "pending",
         "targetDomainId": str(west.id),
         "targetDomainSlug": "west",

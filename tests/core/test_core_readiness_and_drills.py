@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, time, timedelta
 
 from fleets.core.drills import DrillSchedule, decide_drill, drill_due, in_window
@@ -18,6 +19,7 @@ from fleets.core.readiness import (
     TrainerFacts,
     failover_readiness,
 )
+from fleets.core.states import DRILL_STEPS, PROMOTE_STEPS, ROUND_TRIP_DRILL_STEPS, steps_for
 
 NOW = datetime(2026, 1, 1, 3, 0, tzinfo=UTC)
 FRESH = NOW - timedelta(seconds=1)
@@ -147,3 +149,23 @@ def test_a_drill_picks_the_failover_standby_and_refuses_troubled_fleets():
     assert active.outcome == "reject" and "is the active domain" in active.message
     stale = domain("west", last_seen_at=NOW - timedelta(minutes=5))
     assert decide_drill(fleet(east, stale), None, NOW).outcome == "reject"
+
+
+def test_a_round_trip_drill_needs_automatic_failover_on():
+    east = domain("east", slot_state="serving")
+    off = decide_drill(fleet(east, domain("west")), None, NOW, "round_trip")
+    assert off.outcome == "reject" and "autoFailover is off" in off.message
+    on = replace(fleet(east, domain("west")), policy=Policy(auto_failover=True))
+    assert decide_drill(on, None, NOW, "round_trip").outcome == "proceed"
+    # A check drill never needs it: routing does not move.
+    assert decide_drill(fleet(east, domain("west")), None, NOW, "check").outcome == "proceed"
+
+
+def test_a_round_trip_runs_the_promotion_there_and_back_under_the_same_budgets():
+    assert ROUND_TRIP_DRILL_STEPS[:7] == PROMOTE_STEPS
+    assert ROUND_TRIP_DRILL_STEPS[7:] == tuple(f"back_{s}" for s in PROMOTE_STEPS)
+    assert steps_for("drill", "round_trip") == ROUND_TRIP_DRILL_STEPS
+    assert steps_for("drill", "check") == steps_for("drill") == DRILL_STEPS
+    policy = Policy()
+    for step in PROMOTE_STEPS:
+        assert policy.step_timeout_ms(f"back_{step}") == policy.step_timeout_ms(step)

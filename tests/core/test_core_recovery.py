@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from fleets.core.recovery import over_objective, percentile, sample, summarize
+from fleets.core.recovery import (
+    BOUND,
+    MEASURED,
+    NO_DETECTION,
+    detection_of,
+    over_objective,
+    percentile,
+    sample,
+    summarize,
+)
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 DRILL_STEPS = {"stop_training": 500, "verify_gpu": 20, "wake": 900, "probe": 80}
@@ -39,3 +48,44 @@ def test_p50_and_p95_cover_the_newest_window_only():
 def test_nearest_rank_percentile():
     assert percentile([5, 1, 3], 0.5) == 3
     assert percentile([1.0], 0.95) == 1.0
+
+
+def test_a_failovers_detection_is_measured_from_the_earlier_of_its_marks():
+    started = T0 + timedelta(seconds=10)
+    # The old active's last good heartbeat came before the tick noticed: it counts from there.
+    assert detection_of(
+        "failover",
+        started_at=started,
+        detected_at=T0 + timedelta(seconds=6),
+        source_seen_at=T0 + timedelta(seconds=2),
+        bound_ms=3000,
+    ) == (8000, MEASURED)
+    # A detected_at that already names the outage's start (earlier than the heartbeat) wins.
+    assert detection_of(
+        "failover",
+        started_at=started,
+        detected_at=T0,
+        source_seen_at=T0 + timedelta(seconds=2),
+        bound_ms=3000,
+    ) == (10_000, MEASURED)
+    # One mark is enough.
+    assert detection_of(
+        "failover", started_at=started, detected_at=None, source_seen_at=T0, bound_ms=3000
+    ) == (10_000, MEASURED)
+
+
+def test_detection_falls_back_to_its_bound_only_without_marks_and_a_drill_has_none():
+    assert detection_of(
+        "failover", started_at=T0, detected_at=None, source_seen_at=None, bound_ms=3000
+    ) == (3000, BOUND)
+    assert detection_of(
+        "drill", started_at=T0, detected_at=T0, source_seen_at=T0, bound_ms=3000
+    ) == (0, NO_DETECTION)
+    s = sample("failover", T0, {**DRILL_STEPS, "switch_route": 5}, 3000, BOUND)
+    assert s is not None and s.to_json()["detection"] == "bound"
+
+
+def test_a_round_trip_drill_counts_its_switch():
+    s = sample("drill", T0, {**DRILL_STEPS, "switch_route": 7, "back_wake": 900}, 0, NO_DETECTION)
+    assert s is not None and s.steps_ms["switch_route"] == 7 and "back_wake" not in s.steps_ms
+    assert s.total_ms == 1500 + 7

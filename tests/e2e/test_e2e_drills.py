@@ -48,8 +48,15 @@ def test_a_scheduled_drill_runs_end_to_end_and_leaves_the_standby_in_posture(
     assert_nothing_in_flight(fleet)
     assert set(west.asleep().values()) == {True}
     assert west.trainer()["state"] == "running"
-    # The standby's first wake recorded the golden baselines a later drill must reproduce.
-    assert Event.objects.filter(operation=op, kind="golden.baseline.recorded").count() == 2
+    # The baselines came from what serves (the tick probed the active before the drill), and
+    # the standby's first wake reproduced them instead of becoming them.
+    recorded = Event.objects.filter(fleet=fleet, kind="golden.baseline.recorded")
+    assert recorded.count() == 2
+    assert {(e.operation_id, e.domain.slug, e.data["reason"]) for e in recorded} == {
+        (None, "east", "active_serving")
+    }
+    probe = Event.objects.get(operation=op, kind="operation.step.done", step="probe")
+    assert set(probe.data["golden"].values()) == {"match"}
     # Not due again within the interval: one drill, however many ticks.
     drive(fleet, lambda: True)
     assert Operation.objects.filter(fleet=fleet, kind="drill").count() == 1
@@ -81,3 +88,23 @@ def _drill(fleet) -> Operation:
     result = operation_request(fleet=fleet, kind="drill", target_domain_id=None, actor="test")
     assert result.operation is not None
     return result.operation
+
+
+def test_a_standby_broken_on_its_very_first_wake_is_caught_by_the_actives_baseline(
+    make_hosts, make_fleet, drive
+):
+    east, west = make_hosts()
+    fleet = make_fleet(east, west)
+    drive(fleet, seen(fleet))
+    # The tick baselines what the active serves before the standby ever wakes...
+    drive(fleet, lambda: Event.objects.filter(kind="golden.baseline.recorded").count() == 2)
+    # ...so a standby whose first wake already answers wrong is judged, not recorded.
+    west.fault("llama-small", answerDriftsAfterWake=True)
+
+    op = drive(fleet, finished(_drill(fleet)))
+
+    assert op.state == "failed" and op.error["code"] == "probe_mismatch"
+    assert "llama-small" in op.error["message"]
+    assert not Event.objects.filter(operation=op, kind="golden.baseline.recorded").exists()
+    assert_routing_never_moved(fleet)
+    assert_nothing_in_flight(fleet)

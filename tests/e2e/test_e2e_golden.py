@@ -3,7 +3,10 @@ after a wake (a drifted model, or a LoRA adapter that silently stopped applying)
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 
 from fleets.core.policy import Policy
 from fleets.errors import InvalidTarget
@@ -64,7 +67,8 @@ def test_an_answer_that_changed_over_the_wake_fails_the_promotion_with_probe_mis
     fleet = make_fleet(east, west, {"probe": {"prompt": "ping", "maxTokens": 16}})
     drive(fleet, seen(fleet))
     recording = record_from_active(fleet)
-    assert sorted(recording.recorded) == [
+    # The tick's baseline pass may have recorded the same answers first: unchanged, then.
+    assert sorted(recording.recorded + recording.unchanged) == [
         "llama-small",
         "qwen-small",
         "qwen-small (adapter qwen-sql)",
@@ -88,23 +92,30 @@ def test_an_answer_that_changed_over_the_wake_fails_the_promotion_with_probe_mis
     assert not GoldenBaseline.objects.filter(fleet=fleet, reason="first_serving").exists()
 
 
-def test_the_first_serving_records_the_baseline_and_a_later_wake_must_reproduce_it(
+def test_the_serving_active_records_the_baseline_and_every_later_wake_must_reproduce_it(
     golden_hosts, make_fleet, drive
 ):
     east, west = golden_hosts()
     fleet = make_fleet(east, west)
     drive(fleet, seen(fleet))
+    recorded = Event.objects.filter(fleet=fleet, kind="golden.baseline.recorded")
+    drive(fleet, lambda: recorded.count() == 3)
+    # From what serves, before any standby woke: the tick's baseline pass on the active.
+    assert {
+        (e.data["model"], e.data["adapter"], e.data["reason"], e.domain.slug) for e in recorded
+    } == {
+        ("llama-small", None, "active_serving", "east"),
+        ("qwen-small", None, "active_serving", "east"),
+        ("qwen-small", "qwen-sql", "active_serving", "east"),
+    }
+    assert {e.data["engineVersion"] for e in recorded} == {"sim-1"}
 
     first = drive(fleet, finished(promote(fleet, "west")))
     assert first.state == "succeeded", first.error
-    recorded = Event.objects.filter(fleet=fleet, kind="golden.baseline.recorded")
-    assert {(e.data["model"], e.data["adapter"], e.data["reason"]) for e in recorded} == {
-        ("llama-small", None, "first_serving"),
-        ("qwen-small", None, "first_serving"),
-        ("qwen-small", "qwen-sql", "first_serving"),
-    }
-    assert {e.data["engineVersion"] for e in recorded} == {"sim-1"}
-    # East was demoted by the promotion; its wake back must answer what west answered.
+    probe = Event.objects.get(operation=first, kind="operation.step.done", step="probe")
+    assert set(probe.data["golden"].values()) == {"match"}
+    assert recorded.count() == 3  # west's wake was judged, not recorded
+    # East was demoted by the promotion; its wake back must answer what it answered before.
     drive(fleet, lambda: set(east.asleep().values()) == {True})
     east.fault("llama-small", answerDriftsAfterWake=True)
 
@@ -130,7 +141,7 @@ def test_a_model_the_layout_marks_non_deterministic_only_has_to_answer(
     fleet = Fleet.objects.get(slug=data["slug"])
     drive(fleet, seen(fleet))
     recording = record_from_active(fleet)
-    assert recording.recorded == ["llama-small"]
+    assert recording.recorded + recording.unchanged == ["llama-small"]
     assert sorted(recording.skipped) == ["qwen-small", "qwen-small (adapter qwen-sql)"]
     west.fault("qwen-small", answerDriftsAfterWake=True, adaptersLostAfterWake=True)
 
@@ -159,5 +170,28 @@ def test_recording_a_baseline_is_refused_on_a_sleeping_standby_with_nothing_reco
             actor="api:operator",
             client_for=client_for,
         )
-    assert not GoldenBaseline.objects.filter(fleet=fleet).exists()
-    assert not Event.objects.filter(fleet=fleet, kind="golden.baseline.recorded").exists()
+    # Nothing from the standby (the tick's pass records only what the active serves).
+    west_id = Domain.objects.get(fleet=fleet, slug="west").id
+    assert not GoldenBaseline.objects.filter(fleet=fleet, domain_id=west_id).exists()
+    assert not Event.objects.filter(
+        fleet=fleet, kind="golden.baseline.recorded", domain_id=west_id
+    ).exists()
+
+
+def test_a_key_the_active_never_recorded_is_recorded_by_the_first_serving_as_before(
+    golden_hosts, make_fleet, drive
+):
+    east, west = golden_hosts()
+    fleet = make_fleet(east, west)
+    # The active is not probed (its fleet's turn is taken for a day), as when it cannot be.
+    Fleet.objects.filter(pk=fleet.pk).update(baseline_probe_at=timezone.now() + timedelta(days=1))
+    drive(fleet, seen(fleet))
+
+    first = drive(fleet, finished(promote(fleet, "west")))
+
+    assert first.state == "succeeded", first.error
+    recorded = Event.objects.filter(fleet=fleet, kind="golden.baseline.recorded")
+    assert {(e.data["model"], e.data["reason"], e.operation_id) for e in recorded} == {
+        ("llama-small", "first_serving", first.id),
+        ("qwen-small", "first_serving", first.id),
+    }

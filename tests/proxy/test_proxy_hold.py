@@ -13,9 +13,12 @@ import httpx
 import pytest
 from asgiref.sync import sync_to_async
 
-from fleets.models import ModelBinding, Slot
+from fleets import clock
+from fleets.core.states import InferenceState
+from fleets.models import Domain, Fleet, ModelBinding, Operation, Slot
 from fleets.proxy import hold
 from fleets.proxy.push import FEED
+from fleets.services.route_pointer import route_switch
 from fleets.services.transitions import slot_transition
 from tests.proxy.conftest import CHAT, chat_body, closed_port, error_of
 from tests.proxy.test_proxy_routing import promote
@@ -301,3 +304,55 @@ async def test_the_hold_series_are_exported(haru, engines, proxy_fleet, hold_set
     assert "haru_proxy_holds_total" in text
     assert 'haru_proxy_hold_released_total{outcome="expired"}' in text
     assert 'haru_proxy_hold_seconds_bucket{le="0.25",outcome="expired"}' in text
+
+
+async def test_a_round_trip_drill_holds_requests_across_each_switch(
+    haru, engines, proxy_fleet, hold_settings
+):
+    """Routing moves twice under a round-trip drill, each by the switch CAS: a request the
+    domain losing traffic cannot take waits for each move and goes through, exactly once."""
+
+    def start_drill() -> Operation:
+        east = Domain.objects.get(fleet=proxy_fleet, slug="east")
+        west = Domain.objects.get(fleet=proxy_fleet, slug="west")
+        for slot in Slot.objects.filter(domain=west, kind="inference"):
+            for state in (InferenceState.WAKING, InferenceState.PROBING, InferenceState.SERVING):
+                assert slot_transition(slot_id=slot.id, to_state=state)
+        return Operation.objects.create(
+            fleet=proxy_fleet,
+            kind="drill",
+            drill_mode="round_trip",
+            state="running",
+            target_domain=west,
+            source_domain=east,
+            created_at=clock.now(),
+        )
+
+    def switch(op: Operation, to_slug: str) -> None:
+        fleet = Fleet.objects.get(pk=proxy_fleet.pk)
+        to = Domain.objects.get(fleet=fleet, slug=to_slug)
+        assert route_switch(
+            fleet_id=fleet.id,
+            operation_id=op.id,
+            target_domain_id=to.id,
+            expected_active_id=fleet.active_domain_id,
+            expected_revision=fleet.route_revision,
+        )
+
+    op = await sync_to_async(start_drill)()
+    # There: east (being demoted) refuses; the held request goes to west after the switch.
+    engines["east"].status = 503
+    there = asyncio.create_task(haru.post(CHAT, content=chat_body()))
+    await until_held(1)
+    await sync_to_async(switch)(op, "west")
+    response = await asyncio.wait_for(there, 5)
+    assert response.json()["engine"] == "west"
+    # And back: west (now being demoted) refuses; the held request goes to east.
+    engines["east"].status = 200
+    engines["west"].status = 503
+    back = asyncio.create_task(haru.post(CHAT, content=chat_body()))
+    await until_held(1)
+    await sync_to_async(switch)(op, "east")
+    response = await asyncio.wait_for(back, 5)
+    assert response.json()["engine"] == "east"
+    assert hold.HOLDS.count == 0

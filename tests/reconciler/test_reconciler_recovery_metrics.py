@@ -6,7 +6,6 @@ import re
 
 import pytest
 
-from fleets.core.policy import Policy
 from fleets.models import Event
 from fleets.recovery import recovery_summaries
 from tests.reconciler.test_reconciler_flow import run_until_done
@@ -37,12 +36,20 @@ def test_an_automatic_failover_is_published_as_a_recovery_sample(
         e.step: e.duration_ms
         for e in Event.objects.filter(operation=op, kind="operation.step.done", step__in=PATH)
     }
-    detection = Policy.resolve(fleet.policy).heartbeat_stale_ms
+    # Measured, not the bound: from the outage's start (the earlier of the operation's
+    # detected_at and the old active's last good heartbeat, kept on the operation when the
+    # failover was requested) to the failover's start.
+    east = fleet.domains.get(slug="east")
+    assert east.last_seen_at is not None and op.detected_at is not None
+    assert op.source_seen_at == east.last_seen_at
+    assert op.started_at is not None
+    outage_start = min(op.detected_at, op.source_seen_at)
+    detection = int((op.started_at - outage_start).total_seconds() * 1000)
     expected_s = (detection + sum(durations.values())) / 1000
 
     summary = recovery_summaries(fleet)["failover"]
     assert summary.count == 1 and summary.last is not None
-    assert summary.last.detection_ms == detection
+    assert summary.last.detection_ms == detection and summary.last.detection == "measured"
     assert dict(summary.last.steps_ms) == durations
 
     text = client.get("/metrics").content.decode()
@@ -64,6 +71,7 @@ def test_an_automatic_failover_is_published_as_a_recovery_sample(
     assert report["overObjective"] is (expected_s * 1000 > 45_000)
     (only,) = report["samples"]
     assert only["kind"] == "failover" and only["detectionMs"] == detection
+    assert only["detection"] == "measured"
     assert only["stepsMs"] == durations and only["totalMs"] == expected_s * 1000
     assert report["failover"]["p95Ms"] == expected_s * 1000
     assert report["drill"] == {
