@@ -22,8 +22,8 @@ from fleets.core.readiness import (
     failover_readiness,
     pick_standby,
 )
+from fleets.core.report import report_gpus, reported_training
 from fleets.core.states import OperationKind, OperationState, SlotKind
-from fleets.dashboard.report import report_gpus, reported_training
 from fleets.models import Domain, Fleet, GoldenBaseline, Id, ModelBinding, Operation, Slot
 from fleets.selectors import fleet_view
 

@@ -12,8 +12,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleets.core.report import report_gpus, reported_models, reported_training
 from fleets.core.states import SlotKind
-from fleets.dashboard.report import report_gpus, reported_models, reported_training
 
 
 @dataclass

@@ -19,6 +19,12 @@ from fleets.core.backoff import Backoff
 from fleets.core.decisions import decide_demotion, decide_promotion
 from fleets.core.failover import is_stale, is_viable_standby
 from fleets.core.read_model import FleetView
+from fleets.core.report import (
+    gpu_bars,
+    report_error,
+    reported_models,
+    reported_training,
+)
 from fleets.core.states import (
     IN_FLIGHT_OPERATION_STATES,
     DomainState,
@@ -34,12 +40,6 @@ from fleets.dashboard import chart as chart_mod
 from fleets.dashboard.allocation import gpu_allocations, plan_mismatches
 from fleets.dashboard.drift import drift_status, expected_fingerprint
 from fleets.dashboard.proof import proof_context
-from fleets.dashboard.report import (
-    gpu_bars,
-    report_error,
-    reported_models,
-    reported_training,
-)
 from fleets.models import Domain, Event, Fleet, ModelBinding, Operation, Slot
 from fleets.selectors import failover_backoff_state, fleet_view
 

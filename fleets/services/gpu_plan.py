@@ -13,8 +13,8 @@ from typing import Any
 from django.db import transaction
 
 from fleets.core.placement import Plan, PlanInputError
+from fleets.core.report import report_gpus
 from fleets.core.states import SlotKind
-from fleets.dashboard.report import report_gpus
 from fleets.layouts.planning import (
     UnitInput,
     expand_gpus,

@@ -7,9 +7,9 @@ from datetime import timedelta
 import pytest
 
 from fleets import clock
+from fleets.core.report import gpu_bars, report_error, reported_models, reported_training
 from fleets.dashboard import chart
 from fleets.dashboard.drift import drift_status, expected_fingerprint
-from fleets.dashboard.report import gpu_bars, report_error, reported_models, reported_training
 from fleets.dashboard.selectors import fleet_page, overview_rows
 from fleets.models import Domain, Event, ModelBinding, Operation, Slot
 from fleets.services.events import event_record

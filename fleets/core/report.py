@@ -73,11 +73,11 @@ def _as_int(value: Any) -> int | None:
     return None
 
 
-def _as_list(value: Any) -> list:
+def _as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def _as_map(value: Any) -> Mapping:
+def _as_map(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
@@ -98,7 +98,7 @@ def _parse_time(value: Any) -> datetime | None:
     return None
 
 
-def report_gpus(report: Mapping) -> list[Mapping]:
+def report_gpus(report: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """Return the GPU entries of a report, wherever the reconciler nested them."""
     report = _as_map(report)
     for candidate in (
@@ -112,7 +112,7 @@ def report_gpus(report: Mapping) -> list[Mapping]:
     return []
 
 
-def report_slots(report: Mapping) -> list[Mapping]:
+def report_slots(report: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """Return the `/v1/status` slot entries of a report (nested under `status` or not)."""
     report = _as_map(report)
     slots = report.get("slots")
@@ -121,12 +121,12 @@ def report_slots(report: Mapping) -> list[Mapping]:
     return [s for s in _as_list(slots) if isinstance(s, Mapping)]
 
 
-def _model_pid(model: Mapping) -> int | None:
+def _model_pid(model: Mapping[str, Any]) -> int | None:
     process = _as_map(model.get("process"))
     return _as_int(model.get("pid")) or _as_int(process.get("pid"))
 
 
-def reported_models(report: Mapping) -> dict[str, ReportedModel]:
+def reported_models(report: Mapping[str, Any]) -> dict[str, ReportedModel]:
     """Return what the supervisor said about each model server, by model name."""
     out: dict[str, ReportedModel] = {}
     for slot in report_slots(report):
@@ -146,7 +146,7 @@ def reported_models(report: Mapping) -> dict[str, ReportedModel]:
     return out
 
 
-def reported_training(report: Mapping) -> dict[int, ReportedTraining]:
+def reported_training(report: Mapping[str, Any]) -> dict[int, ReportedTraining]:
     """Return what the supervisor said about each training slot, by GPU index."""
     out: dict[int, ReportedTraining] = {}
     for slot in report_slots(report):
@@ -170,7 +170,7 @@ def reported_training(report: Mapping) -> dict[int, ReportedTraining]:
     return out
 
 
-def _pid_owners(report: Mapping) -> dict[int, str]:
+def _pid_owners(report: Mapping[str, Any]) -> dict[int, str]:
     """Map each known PID to the segment kind its memory counts as."""
     owners: dict[int, str] = {}
     for m in reported_models(report).values():
@@ -195,7 +195,9 @@ def _guess_kind(name: Any) -> str:
     return OTHER
 
 
-def _segments(gpu: Mapping, used: int, total: int, owners: Mapping[int, str]) -> list[Segment]:
+def _segments(
+    gpu: Mapping[str, Any], used: int, total: int, owners: Mapping[int, str]
+) -> list[Segment]:
     sums = {AWAKE: 0, SLEEPING: 0, TRAINING: 0, OTHER: 0}
     for proc in _as_list(gpu.get("processes")):
         if not isinstance(proc, Mapping):
@@ -218,7 +220,7 @@ def _segments(gpu: Mapping, used: int, total: int, owners: Mapping[int, str]) ->
     return out
 
 
-def gpu_bars(report: Mapping, gpu_indices: Iterable[int] = ()) -> list[GpuBar]:
+def gpu_bars(report: Mapping[str, Any], gpu_indices: Iterable[int] = ()) -> list[GpuBar]:
     """Return one memory bar per GPU the report knows, plus an unknown bar for each layout GPU
     the report does not mention."""
     owners = _pid_owners(report)
@@ -268,7 +270,7 @@ def gpu_bars(report: Mapping, gpu_indices: Iterable[int] = ()) -> list[GpuBar]:
     return [bars[i] for i in sorted(bars)]
 
 
-def report_error(report: Mapping) -> str | None:
+def report_error(report: Mapping[str, Any]) -> str | None:
     """Return the reconciler's note on why the last heartbeat failed, if it left one."""
     report = _as_map(report)
     heartbeat = _as_map(report.get("heartbeat"))
@@ -281,6 +283,8 @@ def report_error(report: Mapping) -> str | None:
         value = report.get(key)
         if isinstance(value, str) and value:
             return value
-        if isinstance(value, Mapping) and isinstance(value.get("message"), str):
-            return value["message"]
+        if isinstance(value, Mapping):
+            message = value.get("message")
+            if isinstance(message, str):
+                return message
     return None
