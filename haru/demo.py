@@ -539,10 +539,24 @@ def restore(ref: str) -> None:
     if role == "active":
         say(f"demo: {host} is the active domain; it keeps serving")
         return
+    # A host that was failed comes back through its heartbeat (failed -> degraded -> ready),
+    # and a promotion away from it may still be putting it to sleep: a demote asked before
+    # either settles is refused, so wait for both (bounded) before asking.
+    say(f"demo: waiting for {host}'s heartbeat and any operation in flight")
+    wait_until(lambda: _demotable(host), 60, host)
     r = api(state, "POST", f"/fleets/{FLEET}/demote", {"targetDomainId": host})
     body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
     outcome = body.get("status") or body.get("error", {}).get("message") or r.text[:200]
     say(f"demo: {host} demote to standby posture: {outcome}")
+
+
+def _demotable(host: str) -> bool:
+    """True once `host` is back (ready or degraded) and no operation is in flight."""
+    fleet = current_fleet()
+    if fleet is None or fleet.get("operation") is not None:
+        return False
+    domain = next((d for d in fleet["domains"] if d["slug"] == host), None)
+    return domain is not None and domain["state"] in ("ready", "degraded")
 
 
 def main(argv: list[str] | None = None) -> int:
