@@ -18,6 +18,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 
+from bench.layout_apply import big_layout
 from fleets import clock
 from fleets.errors import LayoutError
 from fleets.layouts.loader import parse_layout
@@ -29,34 +30,6 @@ from fleets.services.leases import lease_acquire, lease_release
 from fleets.services.operations import operation_request
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def big_layout(slug: str, models: int, per_slot: int = 50) -> dict:
-    """A two-domain layout with `models` models per domain, `per_slot` to a slot."""
-    domains = []
-    for di, dslug in enumerate(("east", "west")):
-        slots = [
-            {
-                "kind": "inference",
-                "gpuIndex": g,
-                "models": [
-                    {"name": f"m{g}-{i}", "servingUrl": f"http://10.{di}.0.1:{8000 + i}"}
-                    for i in range(min(per_slot, models - g * per_slot))
-                ],
-            }
-            for g in range((models + per_slot - 1) // per_slot)
-        ]
-        domains.append(
-            {
-                "slug": dslug,
-                "displayName": dslug,
-                "provider": "static",
-                "priority": 10 * (di + 1),
-                "supervisorUrl": f"http://10.{di}.0.1:8701",
-                "slots": slots,
-            }
-        )
-    return {"slug": slug, "activeDomainSlug": "east", "domains": domains}
 
 
 @pytest.fixture

@@ -53,15 +53,20 @@ def wait_for(predicate, timeout: float, what: str, every: float = 0.1):
 _ANSWER = json.dumps({"choices": [{"index": 0, "message": {"content": "pong"}}]}).encode()
 
 
+async def read_request(reader: asyncio.StreamReader) -> None:
+    """Read one request (head and Content-Length body) off a test upstream's connection."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    await reader.readexactly(length)
+
+
 async def _answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
         while True:
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n"):
-                if line.lower().startswith(b"content-length:"):
-                    length = int(line.split(b":", 1)[1])
-            await reader.readexactly(length)
+            await read_request(reader)
             writer.write(
                 b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
                 b"content-length: %d\r\n\r\n%s" % (len(_ANSWER), _ANSWER)
