@@ -46,6 +46,16 @@ def domain_get(fleet: Fleet, ref: str) -> Domain:
     return Domain.objects.get(pk=found.id)
 
 
+def domain_or_active(fleet: Fleet, ref: str | None) -> Domain:
+    """Return the domain `ref` names, or the fleet's active domain when `ref` is empty; raise
+    InvalidTarget when neither exists (the baseline recording's "from what serves")."""
+    if ref:
+        return domain_get(fleet, ref)
+    if fleet.active_domain_id is None:
+        raise InvalidTarget("the fleet has no active domain; name a serving one (domainId)")
+    return Domain.objects.get(pk=fleet.active_domain_id)
+
+
 def fleet_view(fleet: Fleet | str) -> FleetView:
     """Build the pure core's view of one fleet from the database (four queries)."""
     if not isinstance(fleet, Fleet):

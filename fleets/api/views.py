@@ -17,7 +17,6 @@ from fleets.api.errors import PayloadTooLarge
 from fleets.core.policy import Policy
 from fleets.core.route_intent import build_route_intent
 from fleets.core.states import OperationKind
-from fleets.errors import InvalidTarget
 from fleets.models import Domain, Fleet, Operation
 from fleets.readiness import fleet_readiness
 from fleets.reconciler.client import client_for
@@ -229,13 +228,7 @@ class BaselinesView(HaruAPIView):
         fleet = selectors.fleet_get(ref)
         body = s.BaselineRecordRequest(data=request.data if request.data else {})
         body.is_valid(raise_exception=True)
-        domain_ref = body.validated_data.get("domainId")
-        if domain_ref:
-            domain = selectors.domain_get(fleet, domain_ref)
-        elif fleet.active_domain_id is not None:
-            domain = Domain.objects.get(pk=fleet.active_domain_id)
-        else:
-            raise InvalidTarget("the fleet has no active domain; name a serving one (domainId)")
+        domain = selectors.domain_or_active(fleet, body.validated_data.get("domainId"))
         done = record_baselines(
             domain=domain,
             policy=Policy.resolve(fleet.policy),

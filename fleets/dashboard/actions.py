@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 from fleets.core.policy import Policy
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES, DrillMode, OperationKind
-from fleets.errors import InvalidTarget, ServiceError
-from fleets.models import Domain, Fleet
+from fleets.errors import ServiceError
+from fleets.models import Fleet
 from fleets.reconciler.client import client_for
 from fleets.reconciler.golden import record_baselines
 from fleets.reconciler.tick import fleet_reconcile
-from fleets.selectors import domain_get
+from fleets.selectors import domain_get, domain_or_active
 from fleets.services.operations import operation_cancel_request, operation_request
 from fleets.services.provisioning import domain_provision_begin, domain_stop_request
 
@@ -146,12 +146,7 @@ def request_drill(
 def record_baseline(*, fleet: Fleet, target: str | None, actor: str) -> ActionResult:
     """Record the golden baselines from `target` (default: the active), as the API does."""
     try:
-        if target:
-            domain = domain_get(fleet, target)
-        elif fleet.active_domain_id is not None:
-            domain = Domain.objects.get(pk=fleet.active_domain_id)
-        else:
-            raise InvalidTarget("the fleet has no active domain")
+        domain = domain_or_active(fleet, target)
         done = record_baselines(
             domain=domain,
             policy=Policy.resolve(fleet.policy),
