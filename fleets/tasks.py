@@ -38,13 +38,19 @@ _NUDGE_DEDUPE_MS = 1000
 
 
 @functools.cache
-def _redis():
+def _redis() -> redis.Redis:
     """Return this process's Redis client (a connection pool, safe to share across threads)."""
+    return _redis_for(settings.HARU["redis_url"])
 
-    # Bounded: a kick or a probe against a stopped or frozen Redis fails in about a second,
-    # and the server's own loop takes the tick (fleets.reconciler.driver).
+
+@functools.lru_cache(maxsize=4)
+def _redis_for(url: str) -> redis.Redis:
+    # One client per URL and process, so a kick reuses a pooled connection instead of opening
+    # one (redis-py's pool starts afresh in a forked child). Bounded: a kick or a probe against
+    # a stopped or frozen Redis fails in about a second, and the server's own loop takes the
+    # tick (fleets.reconciler.driver).
     return redis.Redis.from_url(
-        settings.HARU["redis_url"],
+        url,
         socket_connect_timeout=BROKER_CONNECT_TIMEOUT_S,
         socket_timeout=BROKER_SOCKET_TIMEOUT_S,
     )
