@@ -35,6 +35,7 @@ from fleets import clock
 from fleets.core.read_model import DomainView, ModelView
 from fleets.core.route_intent import is_model_routable
 from fleets.core.states import SlotKind
+from fleets.core.urls import without_userinfo
 from fleets.models import SLUG_REGEX
 from fleets.proxy import errors, store
 from fleets.proxy.push import FEED
@@ -101,9 +102,11 @@ def upstream_targets(serving_url: str) -> dict[str, Target]:
     """
     parts = urlsplit(serving_url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise Malformed(f"serving URL {serving_url!r} is not an absolute http(s) URL")
+        shown = without_userinfo(serving_url)
+        raise Malformed(f"serving URL {shown!r} is not an absolute http(s) URL")
     if parts.query or parts.fragment or "?" in serving_url or "#" in serving_url:
-        raise Malformed(f"serving URL {serving_url!r} carries a query or fragment")
+        shown = without_userinfo(serving_url)
+        raise Malformed(f"serving URL {shown!r} carries a query or fragment")
     if parts.username is not None or parts.password is not None:
         raise Malformed(f"serving URL of {parts.hostname} carries credentials")
     prefix = parts.path.rstrip("/")

@@ -116,3 +116,12 @@ def test_targets_end_in_the_inference_endpoints():
     assert (targets["chat"].host, targets["chat"].port) == ("models.internal", 8443)
     assert targets["chat"].host_header == b"models.internal:8443"
     assert upstream_targets("http://10.0.0.5")["chat"].port == 80
+
+
+@pytest.mark.parametrize(
+    "url", ["ftp://ops:hunter2@127.0.0.1:8000", "http://ops:hunter2@127.0.0.1:8000/?x=1"]
+)
+def test_a_malformed_serving_url_is_named_without_its_credentials(url):
+    with pytest.raises(Malformed) as refused:
+        upstream_targets(url)
+    assert "127.0.0.1:8000" in str(refused.value) and "hunter2" not in str(refused.value)
