@@ -172,13 +172,15 @@ def test_a_request_while_asleep_is_held_and_served_after_wake(engine):
 
 
 def test_sleep_aborts_a_running_request(engine):
-    thread, out = in_background(engine, long_chat(300))
+    # As long as the context allows (512 less the prompt): on a loaded machine the tiny model
+    # must still be running when /metrics is polled.
+    thread, out = in_background(engine, long_chat(480))
     wait_running(engine, out)
     assert engine.post("/sleep?level=1").status_code == 200
     thread.join(60)
     assert out["status"] == 200
     assert out["body"]["choices"][0]["finish_reason"] == "abort"
-    assert out["body"]["usage"]["completion_tokens"] < 300
+    assert out["body"]["usage"]["completion_tokens"] < 480
 
 
 def test_sleep_mode_wait_lets_a_running_request_finish(engine):
