@@ -431,18 +431,34 @@ async def _cpu_compare(args, bare_port, bare_pid, haru_port, haru_pid, raw_port,
     _, direct, via = next(_scenarios(MODELS["raw"], raw_port, haru_port))
     bare_request = _request(bare_port, "/v1/chat/completions", direct.split(b"\r\n\r\n", 1)[1], {})
     c, seconds, warmup = args.cpu_concurrency, args.seconds, args.warmup
-    bare = await _measure(bare_port, bare_request, c, seconds, warmup, pid=bare_pid)
-    responder = await _measure(raw_port, direct, c, seconds, warmup, pid=raw_pid)
-    haru = await _measure(haru_port, via, c, seconds, warmup, pid=haru_pid)
+    # In rounds, each measuring the three back to back: the shared machine's speed drifts by
+    # tens of percent within a minute, so a ratio is only meaningful within one round. The
+    # figures are the medians over the rounds.
+    rounds = []
+    for _ in range(args.cpu_rounds):
+        bare = await _measure(bare_port, bare_request, c, seconds, warmup, pid=bare_pid)
+        responder = await _measure(raw_port, direct, c, seconds, warmup, pid=raw_pid)
+        haru = await _measure(haru_port, via, c, seconds, warmup, pid=haru_pid)
+        rounds.append((bare, responder, haru))
+        print(
+            f"  CPU round: haru {haru['cpu_us']:.0f} us, relay {bare['cpu_us']:.0f} us "
+            f"({haru['cpu_us'] / bare['cpu_us']:.2f}x), responder {responder['cpu_us']:.0f} us",
+            flush=True,
+        )
+
+    def median(values):
+        return statistics.median(values)
+
     return {
         "c": c,
-        "bare_us": bare["cpu_us"],
-        "responder_us": responder["cpu_us"],
-        "haru_us": haru["cpu_us"],
-        "ratio": haru["cpu_us"] / bare["cpu_us"],
-        "ratio_responder": haru["cpu_us"] / responder["cpu_us"],
-        "bare_rps": bare["rps"],
-        "haru_rps": haru["rps"],
+        "rounds": len(rounds),
+        "bare_us": median([b["cpu_us"] for b, _, _ in rounds]),
+        "responder_us": median([r["cpu_us"] for _, r, _ in rounds]),
+        "haru_us": median([h["cpu_us"] for _, _, h in rounds]),
+        "ratio": median([h["cpu_us"] / b["cpu_us"] for b, _, h in rounds]),
+        "ratio_responder": median([h["cpu_us"] / r["cpu_us"] for _, r, h in rounds]),
+        "bare_rps": median([b["rps"] for b, _, _ in rounds]),
+        "haru_rps": median([h["rps"] for _, _, h in rounds]),
     }
 
 
@@ -493,6 +509,12 @@ def main() -> int:
         type=int,
         default=8,
         help="concurrency of the CPU-per-request comparison (0: skip it)",
+    )
+    parser.add_argument(
+        "--cpu-rounds",
+        type=int,
+        default=5,
+        help="rounds of the CPU comparison (relay, responder, Haru back to back); medians",
     )
     parser.add_argument("--serve-raw", type=int, help=argparse.SUPPRESS)  # internal: serve it
     parser.add_argument(
@@ -575,9 +597,9 @@ def main() -> int:
             print(f"  throughput via haru, {where}: {ratio:.1%} of direct (target >= 50%)")
     if cpu is not None:
         print(
-            f"  CPU per request, raw upstream, non-streaming, c={args.cpu_concurrency}: "
-            f"haru {cpu['haru_us']:.0f} us, bare asyncio relay {cpu['bare_us']:.0f} us, "
-            f"ratio {cpu['ratio']:.2f}x (target <= 2x)"
+            f"  CPU per request, raw upstream, non-streaming, c={args.cpu_concurrency}, median "
+            f"of {cpu['rounds']} rounds: haru {cpu['haru_us']:.0f} us, bare asyncio relay "
+            f"{cpu['bare_us']:.0f} us, ratio {cpu['ratio']:.2f}x (target <= 2x)"
         )
         print(
             f"  CPU per request, the raw upstream answering directly (uvicorn, raw ASGI): "

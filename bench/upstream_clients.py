@@ -57,6 +57,11 @@ class _Adapted:
         self.headers = headers
         self._chunks = chunks
         self._close = close
+        # The libraries stream the body only through their iterators: nothing is taken early.
+        self.complete = False
+
+    def buffered(self) -> bytes:
+        return b""
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:
         try:

@@ -18,7 +18,7 @@ from fleets.live.urls import websocket_urlpatterns  # noqa: E402
 from fleets.metrics import mark_this_process_dead  # noqa: E402
 from fleets.proxy.asgi import with_proxy  # noqa: E402
 from fleets.reconciler.driver import SERVE_WORKER_ENV, start_for_server  # noqa: E402
-from haru.host_guard import AllowedHostsGuard  # noqa: E402
+from fleets.server.hosts import AllowedHostsGuard  # noqa: E402
 
 application = ProtocolTypeRouter(
     {

@@ -7,22 +7,17 @@ thread per middleware (sync_to_async), which costs more than the proxy's whole a
 budget. This app reads the body itself, counted against HARU_CHAT_MAX_BODY_BYTES, touches no
 session, cookie or CSRF state, and answers in the same error envelope as the API.
 
-A client that disconnects cancels the upstream request: a watcher task waits for the ASGI
-`http.disconnect` and cancels the forwarding task, whose cleanup closes the upstream
-connection, so the model server stops generating for nobody.
+`manage.py serve` answers POST chat and completions before any ASGI message is built
+(`fleets/server/direct.py`); this app serves them under any other ASGI server, and serves the
+model listings always. Both run the same flow (`fleets/proxy/flow.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 
-from django.conf import settings
-
-from fleets.proxy import drain, errors, handler, upstream
+from fleets.proxy import drain, errors, flow, handler
 from fleets.proxy.errors import ProxyError
-
-log = logging.getLogger("haru.proxy")
 
 
 def with_proxy(django_app):
@@ -44,15 +39,18 @@ async def proxy_app(scope, receive, send) -> None:
     endpoint = handler.endpoint_of(scope["path"])
     # ASGI header names are lowercase bytes; a repeated name keeps its last value.
     headers = dict(scope["headers"])
+    if endpoint in ("chat", "completions") and scope["method"] == "POST":
+        return await flow.serve(AsgiIO(receive, send), headers, endpoint)
     exchange = handler.Exchange()
     try:
-        if endpoint in ("models", "model"):
-            await _models(scope, headers, send, exchange)
-        else:
-            await _forward(scope, headers, receive, send, exchange, endpoint)
+        if endpoint not in ("models", "model"):
+            raise errors.method_not_allowed("POST")
+        await _models(scope, headers, send, exchange)
     except ProxyError as err:
         exchange.outcome = err.code
-        await _send_error(send, err, stale=exchange.stale)
+        await AsgiIO(receive, send).respond(
+            err.status, flow.error_headers(err, exchange.stale), err.body(), more=False
+        )
     finally:
         exchange.record()
 
@@ -74,119 +72,78 @@ async def _models(scope, headers, send, exchange: handler.Exchange) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-async def _forward(scope, headers, receive, send, exchange: handler.Exchange, endpoint) -> None:
-    if scope["method"] != "POST":
-        raise errors.method_not_allowed("POST")
-    handler.authorize(handler.text(headers.get(b"authorization")))
-    limit = settings.HARU["chat_max_body_bytes"]
-    handler.check_content_length(handler.text(headers.get(b"content-length")), limit)
-    body = await _read_body(receive, limit)
-    if body is None:
-        exchange.outcome = "client_disconnected"
-        return
+class AsgiIO:
+    """flow.ClientIO over ASGI messages.
 
-    state = _Watch()
-    this_task = asyncio.current_task()
-    assert this_task is not None  # an ASGI app always runs in a task
-    watcher = asyncio.create_task(_watch_disconnect(receive, this_task, state))
-    response: upstream.Response | None = None
-    try:
-        response = await handler.forward(
-            headers=headers, body=body, endpoint=endpoint, exchange=exchange
-        )
-        headers_at = handler.perf()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": response.status,
-                "headers": handler.response_headers(response, exchange),
-            }
-        )
-        if exchange.overhead is not None:  # set by forward() before it returns
-            exchange.overhead += handler.perf() - headers_at
-        try:
-            async for chunk in response.aiter_raw():
-                exchange.first_byte()
-                # One ASGI message per upstream read: uvicorn writes it to the socket at once,
-                # so each SSE event reaches the client as soon as the model server emits it.
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except upstream.UpstreamClosed as exc:
-            # Headers are gone: the status cannot change. Ending without the final message
-            # makes the server drop the connection, so the client sees a truncated response
-            # rather than a complete-looking one.
-            exchange.outcome = "upstream_stream_error"
-            log.warning("model server for %r broke its stream: %s", exchange.model, exc)
-            return
-        state.done = True
-        exchange.first_byte()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-    except asyncio.CancelledError:
-        if not state.gone:
-            raise
-        # Our watcher cancelled us because the client left: that is a normal end.
-        this_task.uncancel()
-        exchange.outcome = "client_disconnected"
-    finally:
-        state.done = True
-        watcher.cancel()
-        if response is not None:
-            # Unread, this closes the upstream connection: the model server sees the cancel.
-            await response.aclose()
+    A client that disconnects cancels the upstream request: a watcher task waits for the ASGI
+    `http.disconnect` and cancels the forwarding task, whose cleanup closes the upstream
+    connection, so the model server stops generating for nobody.
+    """
 
+    __slots__ = ("_receive", "_send", "_watcher", "done", "gone")
 
-class _Watch:
-    __slots__ = ("done", "gone")
-
-    def __init__(self) -> None:
+    def __init__(self, receive, send) -> None:
+        self._receive = receive
+        self._send = send
+        self._watcher: asyncio.Task | None = None
         self.done = False  # the response is complete; a disconnect now changes nothing
         self.gone = False  # the client disconnected first
 
-
-async def _watch_disconnect(receive, task: asyncio.Task, state: _Watch) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            if not state.done:
-                state.gone = True
-                task.cancel()
-            return
-
-
-async def _read_body(receive, limit: int) -> bytes | None:
-    """Read the request body, refusing it once it passes `limit`; None if the client left."""
-    message = await receive()
-    if message["type"] == "http.disconnect":
-        return None
-    body = message.get("body", b"")
-    if not message.get("more_body", False):
-        if len(body) > limit:
-            raise errors.payload_too_large(limit)
-        return body
-    chunks, size = [body], len(body)
-    while True:
-        if size > limit:
-            raise errors.payload_too_large(limit)
-        message = await receive()
+    async def read_body(self, limit: int) -> bytes | None:
+        message = await self._receive()
         if message["type"] == "http.disconnect":
             return None
-        chunk = message.get("body", b"")
-        chunks.append(chunk)
-        size += len(chunk)
+        body = message.get("body", b"")
         if not message.get("more_body", False):
-            break
-    if size > limit:
-        raise errors.payload_too_large(limit)
-    return b"".join(chunks)
+            if len(body) > limit:
+                raise errors.payload_too_large(limit)
+            return body
+        chunks, size = [body], len(body)
+        while True:
+            if size > limit:
+                raise errors.payload_too_large(limit)
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            chunks.append(chunk)
+            size += len(chunk)
+            if not message.get("more_body", False):
+                break
+        if size > limit:
+            raise errors.payload_too_large(limit)
+        return b"".join(chunks)
 
+    def watch(self, task: asyncio.Task) -> None:
+        self._watcher = asyncio.create_task(self._watch(task))
 
-async def _send_error(send, err: ProxyError, *, stale: bool) -> None:
-    body = err.body()
-    out = [
-        (b"content-type", b"application/json"),
-        (b"content-length", b"%d" % len(body)),
-        *err.headers,
-    ]
-    if stale:
-        out.append(handler.STALE_HEADER)
-    await send({"type": "http.response.start", "status": err.status, "headers": out})
-    await send({"type": "http.response.body", "body": body})
+    def unwatch(self) -> None:
+        self.done = True
+        if self._watcher is not None:
+            self._watcher.cancel()
+            self._watcher = None
+
+    async def _watch(self, task: asyncio.Task) -> None:
+        while True:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                if not self.done:
+                    self.gone = True
+                    task.cancel()
+                return
+
+    async def respond(self, status: int, headers, body: bytes, *, more: bool) -> None:
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+        if body or not more:
+            await self._send({"type": "http.response.body", "body": body, "more_body": more})
+
+    async def write(self, chunk: bytes) -> None:
+        # One ASGI message per upstream read: uvicorn writes it to the socket at once.
+        await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+    async def end(self) -> None:
+        await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def abort(self) -> None:
+        # Returning without the final message makes the server drop the connection.
+        pass

@@ -7,6 +7,8 @@ registry: with several uvicorn workers a scrape sees one of them.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import Counter, Histogram
 
 REQUESTS = Counter(
@@ -34,6 +36,11 @@ STALE = Counter(
 )
 
 
+# Label children by their labels: `labels()` takes a lock and builds a key on every call, and
+# this runs once per request. Bounded as the label values are (fleets x models x outcomes).
+_requests: dict[tuple[str, str, str], Any] = {}
+
+
 def record(
     *,
     fleet: str,
@@ -44,7 +51,11 @@ def record(
     stale: bool = False,
 ) -> None:
     """Record one finished request (called after the response, off the streaming path)."""
-    REQUESTS.labels(fleet, model, outcome).inc()
+    key = (fleet, model, outcome)
+    child = _requests.get(key)
+    if child is None:
+        child = _requests[key] = REQUESTS.labels(fleet, model, outcome)
+    child.inc()
     if overhead_s is not None:
         OVERHEAD.observe(overhead_s)
     if ttfb_s is not None:

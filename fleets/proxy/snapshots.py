@@ -278,10 +278,11 @@ class RoutingCache:
     async def resolve(self, ref: str) -> Resolved:
         """Return the routing snapshot to serve `ref` with, or raise a ProxyError."""
         FEED.ensure_started()
-        key, as_id = parse_ref(ref)
-        fresh = self._fresh(key)
+        key = ref.strip().lower()
+        fresh = self._fresh(key)  # only a reference read before can be cached
         if fresh is not None:
             return fresh
+        key, as_id = parse_ref(ref)
         if store.stalled_for() > POINTER_READ_TIMEOUT_S:
             # The store's one thread is stuck in a read already past the deadline (a frozen
             # database): a new read would queue behind it and only add the whole timeout to

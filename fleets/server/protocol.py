@@ -1,46 +1,53 @@
 """uvicorn's httptools protocol with deadlines and limits at every phase of a connection.
 
-uvicorn bounds only the idle time between two requests (`timeout_keep_alive`): a client that
-opens a connection and sends nothing, trickles its headers or its body, or sends 50 MB of
-headers, is kept and buffered for as long as it likes. This subclass adds, per connection:
+uvicorn bounds only the idle time between two requests (`timeout_keep_alive`): a client that opens a
+connection and sends nothing, trickles its headers or its body, or sends 50 MB of headers, is kept
+and buffered for as long as it likes. This subclass adds, per connection:
 
 - a header deadline: from the connection's opening (or a request's first byte, on a kept-alive
   connection) to the end of its headers; past it the connection is closed;
-- a body deadline: from the end of the headers to the end of the body; past it 408 (or a close,
-  if the app already answered), and the app's `receive()` sees a disconnect;
-- a size limit on the request line plus headers, and a count limit on headers: 431, checked as
-  bytes arrive, so at most one read past the limit is ever buffered;
-- a size limit on the request body: a declared Content-Length over it is answered 413 as soon
-  as the headers end, before any of the body is read (the app never runs); a chunked body is
-  counted as it is parsed and cut at the first read that passes the limit (413, or a close if
-  the app already answered; the app sees a disconnect). Django's ASGI handler would otherwise
-  spool any body to a temporary file before its own DATA_UPLOAD_MAX_MEMORY_SIZE check, and the
-  chat proxy's finer limit (HARU_CHAT_MAX_BODY_BYTES) stays below this one;
+- a body deadline: from the end of the headers to the end of the body; past it 408 (or a close, if
+  the app already answered), and the app's `receive()` sees a disconnect;
+- a size limit on the request line plus headers, and a count limit on headers: 431, checked as bytes
+  arrive, so at most one read past the limit is ever buffered;
+- a size limit on the request body: a declared Content-Length over it is answered 413 as soon as the
+  headers end, before any of the body is read (the app never runs); a chunked body is counted as it
+  is parsed and cut at the first read that passes the limit (413, or a close if the app already
+  answered; the app sees a disconnect). Django's ASGI handler would otherwise spool any body to a
+  temporary file before its own DATA_UPLOAD_MAX_MEMORY_SIZE check, and the chat proxy's finer limit
+  (HARU_CHAT_MAX_BODY_BYTES) stays below this one;
 - the keep-alive idle limit (uvicorn's own timer, set from the settings);
-- a cap on connections per process. A new connection past the cap closes the connection that
-  has waited longest for a request (idle: no request being read or answered). Idle connections
-  cost the attacker nothing, so refusing newcomers instead would let a flood of them lock out
-  `/healthz` and every real client for a whole header deadline; closing an idle connection
-  costs its owner one reconnect. Only when every connection is busy is the newcomer refused.
+- a cap on connections per process. A new connection past the cap closes the connection that has
+  waited longest for a request (idle: no request being read or answered). Idle connections cost the
+  attacker nothing, so refusing newcomers instead would let a flood of them lock out `/healthz` and
+  every real client for a whole header deadline; closing an idle connection costs its owner one
+  reconnect. Only when every connection is busy is the newcomer refused.
 
-Everything else (parsing, the ASGI cycle, WebSocket upgrade, pipelining, flow control) is
-uvicorn's. The chat path pays one timer per request (the header deadline) and none for a body
-that arrives with its headers, which is the usual case (bench/server_edges.py measures it).
+POST chat and completions are answered by `fleets/server/direct.py` on uvicorn's parsed request,
+without ASGI messages (the proxy's hot path); everything else (parsing, the ASGI cycle, WebSocket
+upgrade, pipelining, flow control) is uvicorn's. The chat path pays one timer per request (the
+header deadline) and none for a body that arrives with its headers, which is the usual case
+(bench/server_edges.py measures it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import weakref
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import httptools
 from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
 from fleets.server import limits as edge_limits
+
+if TYPE_CHECKING:
+    from fleets.server import direct
 
 log = logging.getLogger("haru.serve")
 
@@ -53,6 +60,23 @@ def current_limits() -> edge_limits.EdgeLimits:
     if _LIMITS is None:
         _LIMITS = edge_limits.fit_descriptors(edge_limits.from_settings())
     return _LIMITS
+
+
+_DIRECT: ModuleType | None = None
+
+
+def _direct() -> ModuleType:
+    """The chat path's module, imported on the first request.
+
+    Not at this module's import: `serve --workers N` unpickles this class in each spawned
+    worker before Django is set up, and the chat path needs Django's app registry.
+    """
+    global _DIRECT
+    if _DIRECT is None:
+        from fleets.server import direct  # noqa: PLC0415 - needs the app registry (above)
+
+        _DIRECT = direct
+    return _DIRECT
 
 
 def reset_limits() -> None:
@@ -116,6 +140,8 @@ class HaruHttpProtocol(HttpToolsProtocol):
         self._max_body_bytes = self.limits.max_body_bytes  # read per body chunk: one lookup
         self._chunk = 0  # length of the read being parsed
         self._refusal: tuple[int, str, str] | None = None
+        # The chat request being served on the direct path, told when the connection is lost.
+        self.direct: direct.CycleIO | None = None
 
     # Connection life.
 
@@ -140,6 +166,23 @@ class HaruHttpProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._forget()
         super().connection_lost(exc)
+        if self.direct is not None:
+            self.direct.client_left()
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        # `app is self.app`: not uvicorn's 503 for an exceeded concurrency limit.
+        chat = _direct()
+        endpoint = chat.endpoint_of(cycle) if app is self.app else None
+        if endpoint is None:
+            super()._start_asgi_task(cycle, app)
+            return
+        coro = chat.serve(self, cycle, endpoint)
+        if self.config.reset_contextvars:
+            task = self.loop.create_task(coro, context=contextvars.Context())
+        else:
+            task = self.loop.create_task(coro)
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
 
     def _forget(self) -> None:
         self._idle.waiting.pop(self, None)

@@ -24,6 +24,7 @@ from fleets.models import Fleet
 from fleets.proxy import store, upstream
 from fleets.proxy.push import FEED
 from fleets.proxy.snapshots import ROUTES
+from fleets.server.protocol import HaruHttpProtocol
 from fleets.services.layouts import layout_apply
 
 CHAT = "/v1/chat/completions"
@@ -128,7 +129,7 @@ class FakeEngine:
 class Served:
     """An ASGI app under uvicorn on an ephemeral loopback port, in the running loop."""
 
-    def __init__(self, app) -> None:
+    def __init__(self, app, http="auto") -> None:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
@@ -139,6 +140,7 @@ class Served:
             log_level="warning",
             access_log=False,
             timeout_graceful_shutdown=1,
+            http=http,
         )
         self.server = uvicorn.Server(config)
 
@@ -167,8 +169,8 @@ class Served:
 
 
 @asynccontextmanager
-async def serving(app):
-    served = await Served(app).start()
+async def serving(app, http="auto"):
+    served = await Served(app, http).start()
     try:
         yield served
     finally:
@@ -234,13 +236,19 @@ async def proxy_fleet(engines, layout_data):
     return await sync_to_async(seed)()
 
 
-@pytest.fixture
-async def haru():
-    """Haru's full ASGI app (proxy ahead of Django) on a real socket, and a client for it."""
+@pytest.fixture(params=["direct", "asgi"])
+async def haru(request):
+    """Haru's full ASGI app (proxy ahead of Django) on a real socket, and a client for it.
+
+    Twice: under `manage.py serve`'s protocol, which answers POST chat and completions on the
+    direct path (fleets/server/direct.py), and under uvicorn's own, where the ASGI app serves
+    them (any other ASGI server): the two front doors must answer alike.
+    """
     from haru.asgi import application  # noqa: PLC0415 - builds the app (and gc.freeze()s) at import: only once Django is set up for the test
 
+    http = HaruHttpProtocol if request.param == "direct" else "auto"
     async with (
-        serving(application) as served,
+        serving(application, http) as served,
         httpx.AsyncClient(
             base_url=served.url, timeout=30, headers={"x-haru-fleet": "demo"}
         ) as client,

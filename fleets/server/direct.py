@@ -1,0 +1,203 @@
+"""The chat path of `manage.py serve`: POST chat and completions answered on the socket.
+
+Under `HaruHttpProtocol` a POST to /v1/chat/completions or /v1/completions never becomes ASGI
+messages. uvicorn has parsed the request (headers, the body as it arrives, keep-alive,
+pipelining, flow control, the edge's deadlines and limits) into its request cycle; this module
+runs the proxy's flow (`fleets/proxy/flow.py`) on that cycle directly and writes the answer as
+bytes, the head and a complete body in one write. What that saves, per request, is the ASGI
+layer's own work: the app chain (Channels' router, the Host guard, the proxy dispatch), a dict
+per message and its checks, a separate write for the headers, and the task that watches for a
+disconnect (here the connection's loss cancels the request itself). `bench/proxy.py` measures
+it (CPU per request, against a bare asyncio relay); every other path, and these two under any
+other ASGI server, are served by the ASGI app (`fleets/proxy/asgi.py`), with the same flow.
+
+Kept as uvicorn does it: the access log line, `Connection: close` when the connection will
+not be kept, chunked framing when the length is not known, `100 Continue`, a 500 for an
+unexpected error before the response started and a dropped connection after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
+from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
+
+from fleets.proxy import errors, flow, handler
+from fleets.server import hosts
+
+if TYPE_CHECKING:
+    from fleets.server.protocol import HaruHttpProtocol
+
+log = logging.getLogger("haru.proxy")
+
+# The paths served here: POST only (anything else goes to the ASGI app, which answers 405).
+ENDPOINTS = {path: name for path, name in handler.ENDPOINTS.items() if name != "models"}
+
+_500 = (
+    b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"content-length: 21\r\nconnection: close\r\n\r\nInternal Server Error"
+)
+
+
+def endpoint_of(cycle: RequestResponseCycle) -> str | None:
+    """The endpoint this module serves for the cycle's request, else None."""
+    scope = cycle.scope
+    if scope["method"] != "POST":
+        return None
+    return ENDPOINTS.get(scope["path"])
+
+
+async def serve(protocol: HaruHttpProtocol, cycle: RequestResponseCycle, endpoint: str) -> None:
+    """Serve one request; never raises (as uvicorn's run_asgi, which this replaces here)."""
+    io = CycleIO(protocol, cycle)
+    try:
+        if hosts.refused(cycle.scope["headers"]):
+            await io.respond(
+                400,
+                [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", b"%d" % len(hosts.REFUSED_BODY)),
+                ],
+                hosts.REFUSED_BODY,
+                more=False,
+            )
+            return
+        # ASGI header names are lowercase; a repeated name keeps its last value.
+        await flow.serve(io, dict(cycle.scope["headers"]), endpoint)
+    except BaseException as exc:  # as uvicorn's run_asgi: log it, answer 500 or drop
+        log.error("Exception in the chat path", exc_info=exc)
+        if not cycle.response_started and not cycle.disconnected:
+            cycle.response_started = True
+            cycle.transport.write(_500)
+        cycle.transport.close()
+    finally:
+        io.unwatch()
+        if protocol.direct is io:
+            protocol.direct = None
+
+
+class CycleIO:
+    """flow.ClientIO on uvicorn's request cycle and transport."""
+
+    __slots__ = ("_chunked", "_protocol", "_task", "cycle", "gone")
+
+    def __init__(self, protocol: HaruHttpProtocol, cycle: RequestResponseCycle) -> None:
+        self._protocol = protocol
+        self.cycle = cycle
+        self._task: asyncio.Task | None = None
+        self._chunked = False
+        self.gone = False
+
+    async def read_body(self, limit: int) -> bytes | None:
+        cycle = self.cycle
+        if cycle.waiting_for_100_continue and not cycle.transport.is_closing():
+            cycle.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            cycle.waiting_for_100_continue = False
+        # on_body appends to cycle.body and sets the event; on_message_complete clears
+        # more_body; a disconnect (or the edge's refusal) sets `disconnected`.
+        while cycle.more_body and not cycle.disconnected:
+            if len(cycle.body) > limit:
+                raise errors.payload_too_large(limit)
+            cycle.flow.resume_reading()
+            await cycle.message_event.wait()
+            cycle.message_event.clear()
+        if cycle.disconnected:
+            return None
+        if len(cycle.body) > limit:
+            raise errors.payload_too_large(limit)
+        body = bytes(cycle.body)
+        cycle.body = bytearray()
+        return body
+
+    def watch(self, task: asyncio.Task) -> None:
+        self._task = task
+        self._protocol.direct = self
+
+    def unwatch(self) -> None:
+        self._task = None
+
+    def client_left(self) -> None:
+        """The connection is lost (the protocol calls this): end what is being served."""
+        if self._task is not None:
+            self.gone = True
+            self._task.cancel()
+            self._task = None
+
+    async def respond(self, status: int, headers: flow.Headers, body: bytes, *, more: bool) -> None:
+        cycle = self.cycle
+        if cycle.flow.write_paused and not cycle.disconnected:
+            await cycle.flow.drain()
+        if cycle.disconnected:
+            return
+        cycle.response_started = True
+        cycle.waiting_for_100_continue = False
+        if cycle.access_log:
+            cycle.access_logger.info(
+                '%s - "%s %s HTTP/%s" %d',
+                get_client_addr(cycle.scope),
+                cycle.scope["method"],
+                get_path_with_query_string(cycle.scope),
+                cycle.scope["http_version"],
+                status,
+            )
+        # Headers here are the proxy's own or the model server's as its parser accepted them
+        # (no CR or LF can be in them), filtered to a fixed set of names.
+        content = [STATUS_LINE[status]]
+        for name, value in cycle.default_headers:
+            content += (name, b": ", value, b"\r\n")
+        length_known = False
+        for name, value in headers:
+            if name == b"content-length":
+                length_known = True
+            elif name == b"connection" and value == b"close":
+                cycle.keep_alive = False
+                continue  # written once, below
+            content += (name, b": ", value, b"\r\n")
+        if not cycle.keep_alive:
+            content.append(b"connection: close\r\n")
+        if not length_known and status not in (204, 304):
+            self._chunked = True
+            content.append(b"transfer-encoding: chunked\r\n")
+        content.append(b"\r\n")
+        if body:
+            content += (b"%x\r\n" % len(body), body, b"\r\n") if self._chunked else (body,)
+        if not more:
+            if self._chunked:
+                content.append(b"0\r\n\r\n")
+            cycle.transport.write(b"".join(content))
+            self._complete()
+            return
+        cycle.transport.write(b"".join(content))
+
+    async def write(self, chunk: bytes) -> None:
+        cycle = self.cycle
+        if cycle.flow.write_paused and not cycle.disconnected:
+            await cycle.flow.drain()
+        if cycle.disconnected or not chunk:
+            return
+        if self._chunked:
+            cycle.transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+        else:
+            cycle.transport.write(chunk)
+
+    async def end(self) -> None:
+        cycle = self.cycle
+        if cycle.disconnected:
+            return
+        if self._chunked:
+            cycle.transport.write(b"0\r\n\r\n")
+        self._complete()
+
+    def abort(self) -> None:
+        self.cycle.transport.close()
+
+    def _complete(self) -> None:
+        cycle = self.cycle
+        cycle.response_complete = True
+        cycle.message_event.set()
+        if not cycle.keep_alive:
+            cycle.transport.close()
+        cycle.on_response()
