@@ -25,6 +25,11 @@ DEFAULTS: dict[str, Any] = {
     "heartbeatStaleMs": 30_000,
     "degradedGraceMs": 60_000,
     "trainingStopGraceMs": 30_000,
+    # The same grace when the promotion is a failover (the active failed): the outage waits for
+    # it, and trainers resume from their periodic checkpoints (the readiness verdict checks
+    # they take them), so by default SIGKILL follows SIGTERM at once. 1 is the least the
+    # original supervisor accepts.
+    "failoverTrainingStopGraceMs": 1,
     "stopTrainingTimeoutMs": 90_000,
     "verifyGpuTimeoutMs": 30_000,
     "wakeTimeoutMs": 120_000,
@@ -167,6 +172,7 @@ class Policy:
     heartbeat_stale_ms: int = DEFAULTS["heartbeatStaleMs"]
     degraded_grace_ms: int = DEFAULTS["degradedGraceMs"]
     training_stop_grace_ms: int = DEFAULTS["trainingStopGraceMs"]
+    failover_training_stop_grace_ms: int = DEFAULTS["failoverTrainingStopGraceMs"]
     stop_training_timeout_ms: int = DEFAULTS["stopTrainingTimeoutMs"]
     verify_gpu_timeout_ms: int = DEFAULTS["verifyGpuTimeoutMs"]
     wake_timeout_ms: int = DEFAULTS["wakeTimeoutMs"]
@@ -202,6 +208,7 @@ class Policy:
             heartbeat_stale_ms=merged["heartbeatStaleMs"],
             degraded_grace_ms=merged["degradedGraceMs"],
             training_stop_grace_ms=merged["trainingStopGraceMs"],
+            failover_training_stop_grace_ms=merged["failoverTrainingStopGraceMs"],
             stop_training_timeout_ms=merged["stopTrainingTimeoutMs"],
             verify_gpu_timeout_ms=merged["verifyGpuTimeoutMs"],
             wake_timeout_ms=merged["wakeTimeoutMs"],
@@ -227,6 +234,10 @@ class Policy:
             data_path_confirm_interval_ms=merged["dataPathConfirmIntervalMs"],
         )
 
+    def training_stop_grace(self, *, outage: bool) -> int:
+        """SIGTERM to SIGKILL for trainers stopped for a promotion; `outage`: a failover."""
+        return self.failover_training_stop_grace_ms if outage else self.training_stop_grace_ms
+
     def to_json(self) -> dict[str, Any]:
         """Return the resolved policy in the public camelCase shape of `DEFAULTS`."""
         return {
@@ -235,6 +246,7 @@ class Policy:
             "heartbeatStaleMs": self.heartbeat_stale_ms,
             "degradedGraceMs": self.degraded_grace_ms,
             "trainingStopGraceMs": self.training_stop_grace_ms,
+            "failoverTrainingStopGraceMs": self.failover_training_stop_grace_ms,
             "stopTrainingTimeoutMs": self.stop_training_timeout_ms,
             "verifyGpuTimeoutMs": self.verify_gpu_timeout_ms,
             "wakeTimeoutMs": self.wake_timeout_ms,

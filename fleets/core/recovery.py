@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from fleets.core.states import DomainState, OperationKind
+
 # The steps of a failover up to the routing commit (the promotion's PROMOTE_STEPS prefix).
 FAILOVER_PATH = ("stop_training", "verify_gpu", "wake", "probe", "switch_route")
 # p50/p95 over this many most recent samples of each kind.
@@ -34,6 +36,18 @@ FAILOVER = "failover"
 MEASURED = "measured"  # from the outage's start to the failover's start
 BOUND = "bound"  # not measurable (no timestamps): the policy's heartbeatStaleMs
 NO_DETECTION = "none"  # a drill: nothing failed, nothing to detect
+
+
+def during_outage(*, kind: str, detected_at: datetime | None, source_state: str | None) -> bool:
+    """Whether an operation runs while the fleet is down: a promotion away from a failed active.
+
+    An automatic failover carries when its outage began (`detected_at`); an operator's promotion
+    counts once the active it moves away from is failed. Whatever such a promotion waits for
+    (a trainer's final save above all) is time every client waits too.
+    """
+    return kind == OperationKind.PROMOTE and (
+        detected_at is not None or source_state == DomainState.FAILED
+    )
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from fleets import clock
 from fleets.core.golden import PROBE_MISMATCH, Verdict
 from fleets.core.model_health import ServerHealth
+from fleets.core.recovery import during_outage
 from fleets.core.states import InferenceState, TrainingState, steps_for
 from fleets.models import Domain, Event, Fleet, ModelBinding, Operation
 from fleets.reconciler import golden, posture
@@ -70,11 +71,17 @@ def stop_training(ctx: StepContext) -> StepResult:
                 reason="promotion: stopping training",
                 operation_id=op.id,
             )
+    source = op.source_domain
+    grace_ms = ctx.policy.training_stop_grace(
+        outage=during_outage(
+            kind=op.kind,
+            detected_at=op.detected_at,
+            source_state=source.state if source is not None else None,
+        )
+    )
     if claimed:
         # First pass: ask at once, then look (saves a round trip on the failover's path).
-        stop = client.training_stop(
-            grace_ms=ctx.policy.training_stop_grace_ms, timeout=ctx.call_timeout()
-        )
+        stop = client.training_stop(grace_ms=grace_ms, timeout=ctx.call_timeout())
         if stop.unauthorized:
             return supervisor_trouble(stop, on_target=True, what="training stop")
     status = client.status(timeout=ctx.call_timeout())
@@ -102,9 +109,7 @@ def stop_training(ctx: StepContext) -> StepResult:
         return done(trainingSlots=len(slots))
     if not claimed and any(report.state != "stopping" for _, report in busy):
         # Idempotent on the supervisor: a second stop can tighten the deadline, never loosen it.
-        stop = client.training_stop(
-            grace_ms=ctx.policy.training_stop_grace_ms, timeout=ctx.call_timeout()
-        )
+        stop = client.training_stop(grace_ms=grace_ms, timeout=ctx.call_timeout())
         if not stop.ok:
             return supervisor_trouble(stop, on_target=True, what="training stop")
     waiting = ", ".join(f"GPU {s.gpu_index} {r.state} (pids {list(r.pids)})" for s, r in busy)

@@ -25,6 +25,7 @@ TIMEOUT_KEYS = [
     "provisionRetryBackoffMs",
     "failoverBackoffMs",
     "failoverBackoffMaxMs",
+    "failoverTrainingStopGraceMs",
 ]
 
 
@@ -44,6 +45,7 @@ def test_defaults_match_the_design():
         "heartbeatStaleMs": 30000,
         "degradedGraceMs": 60000,
         "trainingStopGraceMs": 30000,
+        "failoverTrainingStopGraceMs": 1,
         "stopTrainingTimeoutMs": 90000,
         "verifyGpuTimeoutMs": 30000,
         "wakeTimeoutMs": 120000,
@@ -136,6 +138,11 @@ def test_resolve_maps_every_camel_case_key_to_its_field():
     assert policy.restore_standby_on_return is False
     assert policy.start_training_timeout_ms == 1009
     assert policy.provision_timeout_ms == 1011
+    assert policy.failover_training_stop_grace_ms == 1015
+    assert (policy.training_stop_grace(outage=False), policy.training_stop_grace(outage=True)) == (
+        1002,
+        1015,
+    )
     assert (policy.replace_failed_standby, policy.replace_failed_active) == (False, False)
     assert policy.verify_gpu_max_used_ratio == 0.5
     assert (policy.serving_check_timeout_ms, policy.data_path_confirm_interval_ms) == (750, 120)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from fleets.core.recovery import (
     BOUND,
     MEASURED,
     NO_DETECTION,
     detection_of,
+    during_outage,
     over_objective,
     percentile,
     sample,
@@ -89,3 +92,20 @@ def test_a_round_trip_drill_counts_its_switch():
     s = sample("drill", T0, {**DRILL_STEPS, "switch_route": 7, "back_wake": 900}, 0, NO_DETECTION)
     assert s is not None and s.steps_ms["switch_route"] == 7 and "back_wake" not in s.steps_ms
     assert s.total_ms == 1500 + 7
+
+
+@pytest.mark.parametrize(
+    ("kind", "detected", "source_state", "outage"),
+    [
+        ("promote", True, "ready", True),  # an automatic failover carries its outage's start
+        ("promote", False, "failed", True),  # an operator moving away from a failed active
+        ("promote", False, "ready", False),  # a planned promotion
+        ("promote", False, "degraded", False),
+        ("promote", False, None, False),  # no active to move away from
+        ("drill", True, "failed", False),  # a drill is never an outage
+        ("demote", False, "failed", False),
+    ],
+)
+def test_during_outage(kind, detected, source_state, outage):
+    at = T0 if detected else None
+    assert during_outage(kind=kind, detected_at=at, source_state=source_state) is outage

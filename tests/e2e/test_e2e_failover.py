@@ -118,6 +118,8 @@ def test_killing_the_active_supervisor_fails_over_to_the_standby(make_hosts, mak
     assert intent["active"]["domainSlug"] == "west" and intent["active"]["eligible"]
     assert intent["revision"] == 2
     assert op.detected_at is not None
+    # The outage does not wait for the standby trainer's final save (failoverTrainingStopGraceMs).
+    assert west.trainer()["killed"] is True
     switched = Event.objects.get(operation=op, kind="operation.step.done", step="switch_route")
     assert switched.data["failoverMs"] > 0
     assert_routing_moved_only_after_probe(op)

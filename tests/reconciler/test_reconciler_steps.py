@@ -75,6 +75,50 @@ def test_stop_training_claims_slots_asks_once_and_finishes_when_idle(promotion, 
     assert west.effects["trainer_stopped"] == 1
 
 
+def stop_graces(host) -> list[int]:
+    return [body["graceMs"] for _, url, body in host.requests if url.endswith("/v1/training/stop")]
+
+
+def test_a_planned_promotion_gives_the_trainer_the_policys_grace(promotion, hosts):
+    op = promotion()
+    promote.stop_training(ctx_for(op))
+    assert stop_graces(hosts.hosts["west"]) == [
+        Policy.resolve(op.fleet.policy).training_stop_grace_ms
+    ]
+
+
+@pytest.mark.parametrize("how", ["automatic", "active failed"])
+def test_a_failover_stops_the_trainer_at_once(fleet, tick, domains, hosts, fake_clock, how):
+    # The outage waits for the stop: no final save unless failoverTrainingStopGraceMs asks.
+    tick()
+    if how == "automatic":
+        request = operation_request(
+            fleet=fleet,
+            kind="promote",
+            target_domain_id=domains()["west"].id,
+            reason="auto_failover",
+            detected_at=fake_clock.now(),
+        )
+    else:
+        Domain.objects.filter(pk=domains()["east"].pk).update(state="failed")
+        request = operation_request(fleet=fleet, kind="promote", target_domain_id="west")
+    operation_start(operation_id=request.operation.id)
+    op = Operation.objects.select_related("fleet", "target_domain", "source_domain").get(
+        pk=request.operation.id
+    )
+    promote.stop_training(ctx_for(op))
+    assert stop_graces(hosts.hosts["west"]) == [1]
+    Fleet.objects.filter(pk=fleet.pk).update(
+        policy={**fleet.policy, "failoverTrainingStopGraceMs": 700}
+    )
+    Slot.objects.filter(domain=domains()["west"], kind="training").update(state="training")
+    hosts.hosts["west"].trainer = "running"
+    promote.stop_training(
+        ctx_for(Operation.objects.select_related("fleet", "source_domain").get(pk=op.pk))
+    )
+    assert stop_graces(hosts.hosts["west"]) == [1, 700]
+
+
 def test_training_that_will_not_die_times_out_and_restores_the_standby(
     promotion, hosts, tick, fake_clock, domains
 ):
