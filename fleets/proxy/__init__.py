@@ -2,6 +2,8 @@
 
 - `asgi`: the lean ASGI app that serves /v1/chat/completions, /v1/completions and /v1/models
   ahead of Django (haru/asgi.py dispatches to it), and reads bodies with a hard limit.
+- `flow`: one request's forwarding flow (read, hold, forward, stream back, record) over a
+  `ClientIO`; the ASGI app and `fleets/server/direct.py` (manage.py serve's chat path) run it.
 - `handler`: the transport-free core: authorize, pick the route, forward, render errors.
 - `snapshots`: the per-process routing snapshot cache (revision re-checked on every request,
   fail-open on a store outage).
@@ -10,6 +12,6 @@
   process and event loop).
 - `metrics`: the proxy's Prometheus series.
 
-Only the ASGI app serves these paths: Django itself answers them with a 404. The proxy reads
+Only the proxy serves these paths: Django itself answers them with a 404. The proxy reads
 the state store and never writes it; it holds no session, no CSRF, no DRF.
 """

@@ -248,3 +248,21 @@ async def test_an_unexpected_error_is_a_500_and_the_server_keeps_serving(
     status, _, _ = await read_response(reader)
     writer.close()
     assert status == 200
+
+
+async def test_a_host_not_allowed_is_refused_before_the_proxy(
+    direct_only, engines, proxy_fleet, settings
+):
+    # What the ASGI app's Host guard does (DNS rebinding), on the direct path too.
+    settings.ALLOWED_HOSTS = ["haru.example.com"]
+    reader, writer = await connect(direct_only.url)
+    try:
+        writer.write(raw_request(CHAT, chat_body()))  # Host: 127.0.0.1
+        status, _, body = await read_response(reader)
+        assert (status, json.loads(body)["error"]["code"]) == (400, "invalid_host")
+        assert engines["east"].requests == []
+        writer.write(raw_request(CHAT, chat_body()).replace(b"127.0.0.1", b"haru.example.com", 1))
+        status, _, _ = await read_response(reader)
+        assert status == 200
+    finally:
+        writer.close()
