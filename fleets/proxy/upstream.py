@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import errno
+import select
 import ssl
 import time
 from dataclasses import dataclass
@@ -201,6 +202,7 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.response_started = False  # a byte of the current response has arrived
         self._informational = False
+        self._fd = -1  # the plain TCP socket's descriptor, for `stale()` (-1: not checked)
 
     @property
     def live_transport(self) -> asyncio.Transport:
@@ -212,6 +214,25 @@ class _Connection(asyncio.Protocol):
     # asyncio.Protocol
     def connection_made(self, transport) -> None:
         self.transport = transport
+        if self.origin[0] == "http":
+            # Over TLS the socket can hold bytes that are not HTTP (session tickets): skipped.
+            self._fd = transport.get_extra_info("socket").fileno()
+
+    def stale(self) -> bool:
+        """Whether this idle connection has something to read: the server closed it (FIN or
+        RST) or sent bytes nobody asked for, and the loop has not processed it yet.
+
+        A model server that died a moment ago closed its connections; a request written to
+        one of them fails after it left, and could not then be shown never to have started
+        (so it would be answered 502, not held). One zero-timeout select per reuse.
+        """
+        if self._fd < 0:
+            return False
+        try:
+            readable, _, _ = select.select((self._fd,), (), (), 0)
+        except (OSError, ValueError):
+            return True
+        return bool(readable)
 
     def data_received(self, data: bytes) -> None:
         if self.response is None or self.response.complete:
@@ -302,7 +323,8 @@ class Pool:
         while stack:
             conn = stack.pop()
             fresh = now - conn.idle_since < IDLE_EXPIRY_S
-            if fresh and not conn.closed and not conn.live_transport.is_closing():
+            live = fresh and not conn.closed and not conn.live_transport.is_closing()
+            if live and not conn.stale():  # the syscall last, only for a live candidate
                 return conn
             conn.close()
         return None

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import socket
 import ssl
+import threading
+import time
 from contextlib import asynccontextmanager, suppress
 from types import SimpleNamespace
 
@@ -301,6 +304,40 @@ async def test_a_dropped_idle_connection_is_retried_on_a_fresh_one():
         assert await call(server) == (200, b"first")
         assert await call(server) == (200, b"second")
         assert len(server.connections) == 2
+
+
+async def test_a_server_that_died_while_its_connection_was_idle_is_provably_not_sent_to():
+    # The model server's process dies (its FIN is in the kernel before the loop has read it),
+    # then a request comes: it must not go out on the dead connection (a failure after the write
+    # could not be shown never to have started), but fail to connect: safe to hold and resend.
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    die = threading.Event()
+
+    def serve_once_then_die() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            data = b""
+            while BODY not in data:
+                data += conn.recv(65536)
+            conn.sendall(answer(b"ok"))  # keep-alive promised
+            die.wait(10)
+        listener.close()
+
+    thread = threading.Thread(target=serve_once_then_die)
+    thread.start()
+    server = SimpleNamespace(target=upstream_targets(f"http://127.0.0.1:{port}")["chat"])
+    try:
+        assert await call(server) == (200, b"ok")
+        die.set()
+        thread.join(10)
+        time.sleep(0.05)  # blocking on purpose: the loop must not see the FIN first
+        with pytest.raises(upstream.NotStarted):
+            await open_(server)
+    finally:
+        die.set()
+        thread.join(10)
+        await upstream.pool_close()
 
 
 async def test_idle_connections_are_retired_before_the_model_server_drops_them(monkeypatch):
