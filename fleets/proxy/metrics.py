@@ -39,6 +39,7 @@ STALE = Counter(
 # Label children by their labels: `labels()` takes a lock and builds a key on every call, and
 # this runs once per request. Bounded as the label values are (fleets x models x outcomes).
 _requests: dict[tuple[str, str, str], Any] = {}
+_ttfb: dict[str, Any] = {}
 
 
 def record(
@@ -59,6 +60,9 @@ def record(
     if overhead_s is not None:
         OVERHEAD.observe(overhead_s)
     if ttfb_s is not None:
-        TTFB.labels(fleet).observe(ttfb_s)
+        ttfb = _ttfb.get(fleet)
+        if ttfb is None:
+            ttfb = _ttfb[fleet] = TTFB.labels(fleet)
+        ttfb.observe(ttfb_s)
     if stale:
         STALE.labels(fleet).inc()
