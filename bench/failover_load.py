@@ -13,13 +13,13 @@ OpenAI SDK (`max_retries=0`) the whole time, alternating the two models. Kinds:
 - supervisor / supervisor-off: SIGKILL only the active's supervisor (its model servers stay up),
   with autoFailover on / off; the supervisor comes back after `--supervisor-down-s`.
 
-Per kind it prints requests failed of total (all requests started in the rounds' windows, and
-those started after the event), the client-visible outage (from the event to the end of the last
-failed request started after it, or to the end of the longest wait of a request started before
-the routing commit, whichever is later; p50 and p95 over rounds), the wait of requests started
-between the event and the routing commit (the hold time, p50 / p95), and for failovers detection
-(event -> promotion requested), the recorded outage (failoverMs), wake, probe, switch and the
-control-plane overhead (outage - detection - wake - probe). `--jitter-minutes` instead runs the
+Per kind it prints requests failed of total (all requests started in the rounds' windows, and those
+started after the event), the client-visible outage (from the event to the end of the last failed
+request started after it, or the longest wait, from the event on, of a request started before the
+routing commit, whichever is longer; p50 and p95 over rounds), the wait of requests started between
+the event and the routing commit (the hold time, p50 / p95), and for failovers detection (event ->
+promotion requested), the recorded outage (failoverMs), wake, probe, switch and the control-plane
+overhead (outage - detection - wake - probe). `--jitter-minutes` instead runs the
 stack for that long with every supervisor answer delayed by up to half the stale window (a TCP
 relay in front of each supervisor) and reports false failovers (the target is none).
 
@@ -364,17 +364,24 @@ def run_round(stack: Stack, clients: Clients, kind: str, args) -> dict[str, Any]
     reqs = clients.since(event_at - args.tail_s, window_end)
     after = [r for r in reqs if r.started >= event_at]
     held = [r.ended - r.started for r in after if commit is not None and r.started < commit]
-    # What a client saw: failed answers until the last one, or answers held (slow) until the
-    # routing commit; the longer of the two.
+    # What a client saw: failed answers until the last one, or the longest wait of a request
+    # started before the routing commit (held at the proxy), the longer of the two. A request
+    # already under way at the event waits from the event on.
     last_failed = max((r.ended - event_at for r in after if not r.ok), default=0.0)
+    waited = [
+        r.ended - max(r.started, event_at)
+        for r in reqs
+        if commit is not None and r.started < commit and r.ended > event_at
+    ]
     row: dict[str, Any] = {
         "total": len(reqs),
         "failed": sum(not r.ok for r in reqs),
         "total_after": len(after),
         "failed_after": sum(not r.ok for r in after),
-        "outage ms": max(last_failed, max(held, default=0.0)) * 1000,
+        "outage ms": max(last_failed, max(waited, default=0.0)) * 1000,
         "hold ms": held,
         "errors": sorted({r.error for r in reqs if not r.ok}),
+        "errors_after": sorted(r.error for r in after if not r.ok),
         **figures,
     }
     if kind != "crash":
@@ -426,6 +433,9 @@ def report(kind: str, rows: list[dict[str, Any]]) -> None:
     errors = sorted({e for r in rows for e in r["errors"]})
     if errors:
         print(f"  error kinds                {', '.join(errors)}")
+    after_errors = [e for r in rows for e in r["errors_after"]]
+    if after_errors:
+        print(f"  failed after the event     {', '.join(after_errors)}")
 
 
 def jitter_run(args, workdir: Path) -> int:

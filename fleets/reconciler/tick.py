@@ -174,8 +174,9 @@ def fleet_tick(
     held = held_targets(failover_backoff_state(fleet.id, policy), now)
     if in_flight:
         in_flight = not _maybe_preempt(fleet, view, now, held, actor)
-    if not in_flight:
-        _maybe_fail_over(fleet, view, now, held, actor)
+    if not in_flight and not _maybe_fail_over(fleet, view, now, held, actor):
+        # None of this could start beside a failover, and the outage waits for its first step:
+        # a failover requested just now goes straight to the advance below.
         _maybe_restore_standby(fleet, now, actor)
         # Before a drill: its standby's wake is then judged against what the active serves.
         active_baselines_fill(fleet=fleet, policy=policy, client_for=client_factory, now=now)
@@ -225,14 +226,15 @@ def _maybe_preempt(
 
 def _maybe_fail_over(
     fleet: Fleet, view: FleetView, now: datetime, held: dict[str, datetime], actor: str
-) -> None:
+) -> bool:
+    """Request the failover the core calls for; True if one was created."""
     decision = detect_failover(view, now, held)
     if decision is None:
         fleet_no_standby_clear(fleet_id=fleet.id)
-        return
+        return False
     if decision.target_id is None:
         _report_no_standby(fleet, view, now, decision, held)
-        return
+        return False
     # Honest timing: the outage began when a client could last be served (the last good
     # heartbeat, or a model server last seen serving) or when a request first failed,
     # whichever is earlier; not when the rules noticed.
@@ -257,30 +259,32 @@ def _maybe_fail_over(
     except (OperationConflict, InvalidTarget) as exc:
         # Another tick (or an operator) got there first, or the target moved: next tick decides.
         log.info("fleet %s: auto-failover not requested: %s", fleet.slug, exc)
-        return
-    if result.created and result.operation is not None:
-        datapath.forget(fleet.id, view.active_domain_id)
-        log.warning(
-            "fleet %s: active %s lost (%s); promoting %s",
-            fleet.slug,
-            active.slug if active else None,
-            decision.reason,
-            result.target_slug,
-        )
-        event_record(
-            fleet_id=fleet.id,
-            operation_id=result.operation.id,
-            domain_id=decision.target_id,
-            kind="operation.auto_failover",
-            actor=actor,
-            data={
-                "reason": decision.reason,
-                "activeDomainId": view.active_domain_id,
-                "targetDomainId": decision.target_id,
-                "detectedAt": clock.iso(now),
-                "outageStartedAt": clock.iso(outage_start),
-            },
-        )
+        return False
+    if not result.created or result.operation is None:
+        return False
+    datapath.forget(fleet.id, view.active_domain_id)
+    log.warning(
+        "fleet %s: active %s lost (%s); promoting %s",
+        fleet.slug,
+        active.slug if active else None,
+        decision.reason,
+        result.target_slug,
+    )
+    event_record(
+        fleet_id=fleet.id,
+        operation_id=result.operation.id,
+        domain_id=decision.target_id,
+        kind="operation.auto_failover",
+        actor=actor,
+        data={
+            "reason": decision.reason,
+            "activeDomainId": view.active_domain_id,
+            "targetDomainId": decision.target_id,
+            "detectedAt": clock.iso(now),
+            "outageStartedAt": clock.iso(outage_start),
+        },
+    )
+    return True
 
 
 def _maybe_drill(fleet: Fleet, now: datetime, actor: str) -> None:

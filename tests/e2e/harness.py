@@ -272,6 +272,10 @@ class SimHost:
         for pid in pids_with_env(str(self.dir)):
             kill_group(pid)
             kill_group_of(pid)
+        # SIGKILL is asynchronous: the host is down once its processes are (a zombie has no
+        # environment left, and its sockets are closed), so what follows starts after that.
+        gone = f"{self.name}'s processes gone"
+        wait_for(lambda: not pids_with_env(str(self.dir)), 10, gone, every=0.002)
 
     def restart(self, **kwargs) -> SimHost:
         self.crash()
