@@ -31,14 +31,9 @@ CPU per request (`--cpu-concurrency`, default 8; 0 skips it): Haru's process CPU
 system, from /proc) over the requests it served in the measured window, next to the same figure
 for a bare asyncio relay (asyncio streams on the standard loop, no framework) that passes the
 same requests to the same raw upstream; both in one run, so the ratio compares like with like.
-Where Haru's time goes (cProfile of `manage.py serve` under this load, docs/proxy-hold.md): the
-event loop's socket I/O and uvicorn's protocol (`httptools_impl.send`, `data_received`) on the
-client side, the same again on the upstream side (`upstream._exchange`'s write, the response
-parse), then the proxy's own flow, the body's JSON check and the Prometheus updates; before the
-poll-bounded pointer reuse, a pointer read on the database thread per request (an executor hop,
-a query and a loop wake-up) was the largest single item Haru itself added. Measured on the
-shared 2-core machine, c=8, alternating runs: 174 and 201 us before, 126 and 101 us after,
-against 29 to 36 us for the relay.
+Rounds (`--cpu-rounds`, default 5) measure the three back to back; the figures are medians.
+Where Haru's time goes and what was done about it: docs/proxy-hold.md, "CPU on the healthy
+path" (py-spy on `manage.py serve` under this load).
 """
 
 from __future__ import annotations
