@@ -1,33 +1,33 @@
 """uvicorn's httptools protocol with deadlines and limits at every phase of a connection.
 
-uvicorn bounds only the idle time between two requests (`timeout_keep_alive`): a client that opens a
-connection and sends nothing, trickles its headers or its body, or sends 50 MB of headers, is kept
-and buffered for as long as it likes. This subclass adds, per connection:
+uvicorn bounds only the idle time between two requests (`timeout_keep_alive`): a client that
+opens a connection and sends nothing, trickles its headers or its body, or sends 50 MB of
+headers, is kept and buffered for as long as it likes. This subclass adds, per connection:
 
 - a header deadline: from the connection's opening (or a request's first byte, on a kept-alive
   connection) to the end of its headers; past it the connection is closed;
-- a body deadline: from the end of the headers to the end of the body; past it 408 (or a close, if
-  the app already answered), and the app's `receive()` sees a disconnect;
-- a size limit on the request line plus headers, and a count limit on headers: 431, checked as bytes
-  arrive, so at most one read past the limit is ever buffered;
-- a size limit on the request body: a declared Content-Length over it is answered 413 as soon as the
-  headers end, before any of the body is read (the app never runs); a chunked body is counted as it
-  is parsed and cut at the first read that passes the limit (413, or a close if the app already
-  answered; the app sees a disconnect). Django's ASGI handler would otherwise spool any body to a
-  temporary file before its own DATA_UPLOAD_MAX_MEMORY_SIZE check, and the chat proxy's finer limit
-  (HARU_CHAT_MAX_BODY_BYTES) stays below this one;
+- a body deadline: from the end of the headers to the end of the body; past it 408 (or a close,
+  if the app already answered), and the app's `receive()` sees a disconnect;
+- a size limit on the request line plus headers, and a count limit on headers: 431, checked as
+  bytes arrive, so at most one read past the limit is ever buffered;
+- a size limit on the request body: a declared Content-Length over it is answered 413 as soon
+  as the headers end, before any of the body is read (the app never runs); a chunked body is
+  counted as it is parsed and cut at the first read that passes the limit (413, or a close if
+  the app already answered; the app sees a disconnect). Django's ASGI handler would otherwise
+  spool any body to a temporary file before its own DATA_UPLOAD_MAX_MEMORY_SIZE check, and the
+  chat proxy's finer limit (HARU_CHAT_MAX_BODY_BYTES) stays below this one;
 - the keep-alive idle limit (uvicorn's own timer, set from the settings);
-- a cap on connections per process. A new connection past the cap closes the connection that has
-  waited longest for a request (idle: no request being read or answered). Idle connections cost the
-  attacker nothing, so refusing newcomers instead would let a flood of them lock out `/healthz` and
-  every real client for a whole header deadline; closing an idle connection costs its owner one
-  reconnect. Only when every connection is busy is the newcomer refused.
+- a cap on connections per process. A new connection past the cap closes the connection that
+  has waited longest for a request (idle: no request being read or answered). Idle connections
+  cost the attacker nothing, so refusing newcomers instead would let a flood of them lock out
+  `/healthz` and every real client for a whole header deadline; closing an idle connection
+  costs its owner one reconnect. Only when every connection is busy is the newcomer refused.
 
 POST chat and completions are answered by `fleets/server/direct.py` on uvicorn's parsed request,
-without ASGI messages (the proxy's hot path); everything else (parsing, the ASGI cycle, WebSocket
-upgrade, pipelining, flow control) is uvicorn's. The chat path pays one timer per request (the
-header deadline) and none for a body that arrives with its headers, which is the usual case
-(bench/server_edges.py measures it).
+without ASGI messages (the proxy's hot path); everything else (parsing, the ASGI cycle,
+WebSocket upgrade, pipelining, flow control) is uvicorn's. The chat path pays one timer per
+request (the header deadline) and none for a body that arrives with its headers, which is the
+usual case (bench/server_edges.py measures it).
 """
 
 from __future__ import annotations
