@@ -1,8 +1,9 @@
 """The proxy's decisions and its one flow, free of any transport.
 
-Who may call, which fleet, which model, where to send it, what to record. The lean ASGI app
-(`fleets.proxy.asgi`) and the benchmark's Django-view baseline (`bench/django_proxy.py`) both
-run this, so the two answer alike; they differ only in how bytes come in and go out.
+Who may call, which fleet, which model, where to send it, what to record. The request flow
+(`fleets.proxy.flow`, run by the ASGI app and by `manage.py serve`'s direct path) and the
+benchmark's Django-view baseline (`bench/django_proxy.py`) all run this, so they answer alike;
+they differ only in how bytes come in and go out.
 """
 
 from __future__ import annotations
