@@ -202,7 +202,9 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.response_started = False  # a byte of the current response has arrived
         self._informational = False
-        self._fd = -1  # the plain TCP socket's descriptor, for `stale()` (-1: not checked)
+        # Watches the plain TCP socket for `stale()` (None over TLS: not checked). poll, not
+        # select: a busy server's descriptors pass select's limit of 1024.
+        self._poll: select.poll | None = None
 
     @property
     def live_transport(self) -> asyncio.Transport:
@@ -216,7 +218,8 @@ class _Connection(asyncio.Protocol):
         self.transport = transport
         if self.origin[0] == "http":
             # Over TLS the socket can hold bytes that are not HTTP (session tickets): skipped.
-            self._fd = transport.get_extra_info("socket").fileno()
+            self._poll = select.poll()
+            self._poll.register(transport.get_extra_info("socket").fileno(), select.POLLIN)
 
     def stale(self) -> bool:
         """Whether this idle connection has something to read: the server closed it (FIN or
@@ -224,15 +227,14 @@ class _Connection(asyncio.Protocol):
 
         A model server that died a moment ago closed its connections; a request written to
         one of them fails after it left, and could not then be shown never to have started
-        (so it would be answered 502, not held). One zero-timeout select per reuse.
+        (so it would be answered 502, not held). One zero-timeout poll per reuse.
         """
-        if self._fd < 0:
+        if self._poll is None:
             return False
         try:
-            readable, _, _ = select.select((self._fd,), (), (), 0)
-        except (OSError, ValueError):
+            return bool(self._poll.poll(0))  # readable, hung up or in error: not reusable
+        except OSError:
             return True
-        return bool(readable)
 
     def data_received(self, data: bytes) -> None:
         if self.response is None or self.response.complete:

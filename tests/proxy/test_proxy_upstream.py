@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import os
+import resource
 import socket
 import ssl
 import threading
@@ -338,6 +340,27 @@ async def test_a_server_that_died_while_its_connection_was_idle_is_provably_not_
         die.set()
         thread.join(10)
         await upstream.pool_close()
+
+
+async def test_connections_are_reused_past_a_thousand_open_descriptors():
+    # The staleness check must not refuse every connection of a busy server (select() cannot
+    # watch a descriptor past 1023).
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the open-file limit ({hard}) is too low to pass 1024 descriptors")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    filler: list[int] = []
+    try:
+        while not filler or filler[-1] < 1100:
+            filler.append(os.open(os.devnull, os.O_RDONLY))
+        async with raw_server(serve_forever(answer(b"ok"))) as server:
+            assert await call(server) == (200, b"ok")
+            assert await call(server) == (200, b"ok")
+            assert len(server.connections) == 1
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 async def test_idle_connections_are_retired_before_the_model_server_drops_them(monkeypatch):
