@@ -55,15 +55,7 @@ async def serve(protocol: HaruHttpProtocol, cycle: RequestResponseCycle, endpoin
     io = CycleIO(protocol, cycle)
     try:
         if hosts.refused(cycle.scope["headers"]):
-            await io.respond(
-                400,
-                [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", b"%d" % len(hosts.REFUSED_BODY)),
-                ],
-                hosts.REFUSED_BODY,
-                more=False,
-            )
+            await io.respond(400, hosts.REFUSED_HEADERS, hosts.REFUSED_BODY, more=False)
             return
         # ASGI header names are lowercase; a repeated name keeps its last value.
         await flow.serve(io, dict(cycle.scope["headers"]), endpoint)
@@ -74,7 +66,7 @@ async def serve(protocol: HaruHttpProtocol, cycle: RequestResponseCycle, endpoin
             cycle.transport.write(_500)
         cycle.transport.close()
     finally:
-        io.unwatch()
+        # The flow has unwatched already; forget this request on the connection.
         if protocol.direct is io:
             protocol.direct = None
 

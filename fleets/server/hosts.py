@@ -19,6 +19,10 @@ from django.http.request import split_domain_port, validate_host
 REFUSED_BODY = json.dumps(
     {"error": {"code": "invalid_host", "message": "this server does not answer to that Host"}}
 ).encode()
+REFUSED_HEADERS = [
+    (b"content-type", b"application/json"),
+    (b"content-length", b"%d" % len(REFUSED_BODY)),
+]
 
 
 def host_allowed(host: str | None, allowed_hosts: list[str]) -> bool:
@@ -48,10 +52,7 @@ class AllowedHostsGuard:
                 {
                     "type": "http.response.start",
                     "status": 400,
-                    "headers": [
-                        (b"content-type", b"application/json"),
-                        (b"content-length", b"%d" % len(REFUSED_BODY)),
-                    ],
+                    "headers": REFUSED_HEADERS,
                 }
             )
             await send({"type": "http.response.body", "body": REFUSED_BODY})
