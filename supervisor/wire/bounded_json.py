@@ -28,6 +28,18 @@ class _Pairs(dict):
     duplicates: list[str]
 
 
+class _Repeated(Exception):  # noqa: N818 - a signal inside the parse, never seen outside
+    """Raised by the strict hook at the first repeated key; the parse is then redone to name it."""
+
+
+def _strict(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # The common case in C: a dict of the pairs is shorter than them only if a key repeated.
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise _Repeated
+    return out
+
+
 def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     repeated: list[str] = []
@@ -40,6 +52,13 @@ def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     marked = _Pairs(out)
     marked.duplicates = repeated
     return marked
+
+
+# Decoders keep no state between calls: built once, not per document (json.loads with a hook
+# builds one per call).
+_STRICT = json.JSONDecoder(object_pairs_hook=_strict)
+_MARKING = json.JSONDecoder(object_pairs_hook=_object)
+_PLAIN = json.JSONDecoder()
 
 
 def _path(path: str, key: str | int) -> str:
@@ -77,11 +96,27 @@ def loads(
 ) -> Any:
     """Parse `text`; raise JSONRefused for bad JSON, nesting past `max_depth`, or (unless
     allowed) a key repeated in one object, naming the path."""
+    marked = False
     try:
-        value = json.loads(text, object_pairs_hook=None if allow_duplicates else _object)
+        if isinstance(text, str):
+            source = text
+        elif isinstance(text, bytes | bytearray):
+            # As json.loads reads bytes: UTF-8, -16 or -32, told apart by the first bytes.
+            source = text.decode(json.detect_encoding(text), "surrogatepass")
+        else:
+            raise TypeError(f"JSON must be str or bytes, not {type(text).__name__}")
+        try:
+            value = (_PLAIN if allow_duplicates else _STRICT).decode(source)
+        except _Repeated:
+            # Rare, so parsed again: this time marking each object that repeats a key, for the
+            # walk below to name the first one by its path.
+            value, marked = _MARKING.decode(source), True
     except RecursionError as exc:
         raise JSONRefused(f"nested deeper than {max_depth} levels") from exc
     except (ValueError, TypeError) as exc:
         raise JSONRefused(f"not valid JSON: {exc}") from exc
-    check_tree(value, max_depth=max_depth)
+    # Every container opens with one of these two characters (more may sit inside strings), so
+    # a text with no more of them than the limit cannot nest past it: most documents skip the walk.
+    if marked or source.count("[") + source.count("{") > max_depth:
+        check_tree(value, max_depth=max_depth)
     return value

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from supervisor.wire.bounded_json import JSONRefused, loads
 
@@ -29,3 +33,83 @@ def test_bad_json_is_a_value_error_naming_the_problem():
         loads(b"{nope")
     with pytest.raises(ValueError, match="not valid JSON"):
         loads(b"\xff\xfe")
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting():
+    # More brackets than the limit, all inside a string: the walk runs and finds depth 1.
+    text = '{"content": "' + "[{" * 50 + '"}'
+    assert loads(text, max_depth=2) == {"content": "[{" * 50}
+
+
+def test_a_repeated_key_deep_inside_is_named_and_the_limit_still_applies():
+    with pytest.raises(JSONRefused, match=r"messages\[1\]\.role: duplicate key 'role'"):
+        loads('{"messages": [{"role": "a"}, {"role": "b", "role": "c"}]}')
+    # A document that is both too deep and repeats a key is refused either way.
+    with pytest.raises(JSONRefused):
+        loads('{"a": {"a": 1, "a": 2}, "b": [[[[1]]]]}', max_depth=3)
+
+
+def test_bytes_are_read_as_json_loads_reads_them():
+    document = {"model": "m", "messages": [{"role": "user", "content": "héllo"}]}
+    for encoding in ("utf-8", "utf-16", "utf-32"):
+        assert loads(json.dumps(document, ensure_ascii=False).encode(encoding)) == document
+    assert loads(bytearray(b'{"a": [1]}')) == {"a": [1]}
+    with pytest.raises(JSONRefused, match="not valid JSON"):
+        loads(12)  # type: ignore[arg-type]
+
+
+# What the fast path must agree with: the standard parser, every object checked for repeated
+# keys and the whole tree walked for depth.
+def _reference(text: str, max_depth: int):
+    def pairs(items):
+        keys = [k for k, _ in items]
+        if len(set(keys)) != len(keys):
+            raise ValueError("duplicate")
+        return dict(items)
+
+    value = json.loads(text, object_pairs_hook=pairs)
+
+    def depth(node) -> int:
+        if isinstance(node, dict):
+            return 1 + max((depth(v) for v in node.values()), default=0)
+        if isinstance(node, list):
+            return 1 + max((depth(v) for v in node), default=0)
+        return 0
+
+    if depth(value) > max_depth:
+        raise ValueError("deep")
+    return value
+
+
+_scalars = st.none() | st.booleans() | st.integers() | st.text(alphabet='ab[]{}"\\', max_size=4)
+_documents = st.recursive(
+    _scalars,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.lists(st.tuples(st.sampled_from("abc"), inner), max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+def _render(node) -> str:
+    # Lists of pairs become objects, so a key may repeat (dicts could not hold that).
+    if isinstance(node, list) and node and all(isinstance(x, tuple) for x in node):
+        return "{" + ", ".join(f"{json.dumps(k)}: {_render(v)}" for k, v in node) + "}"
+    if isinstance(node, list):
+        return "[" + ", ".join(_render(x) for x in node) + "]"
+    if isinstance(node, tuple):
+        return "{" + f"{json.dumps(node[0])}: {_render(node[1])}" + "}"
+    return json.dumps(node)
+
+
+@given(document=_documents, max_depth=st.integers(min_value=1, max_value=6))
+@settings(max_examples=300, deadline=None)
+def test_the_fast_path_agrees_with_walking_every_document(document, max_depth):
+    text = _render(document)
+    try:
+        expected = _reference(text, max_depth)
+    except ValueError:
+        with pytest.raises(JSONRefused):
+            loads(text, max_depth=max_depth)
+        return
+    assert loads(text, max_depth=max_depth) == expected
