@@ -12,7 +12,7 @@ from __future__ import annotations
 import hmac
 from enum import Enum
 
-from django.conf import settings
+from fleets.conf import haru
 
 
 class Scope(Enum):
@@ -36,19 +36,21 @@ def token_scope(header: str | None) -> Scope | None:
     if presented is None:
         return None
     raw = presented.encode()
-    expected = settings.HARU["api_token"]
+    config = haru()
+    expected = config["api_token"]
     if expected and hmac.compare_digest(raw, expected.encode()):
         return Scope.OPERATOR
     # Every chat token is compared, so the time taken does not say which one was close.
     matched = False
-    for token in settings.HARU["chat_tokens"]:
+    for token in config["chat_tokens"]:
         matched |= hmac.compare_digest(raw, token.encode())
     return Scope.CHAT if matched else None
 
 
 def chat_auth_required() -> bool:
     """Whether the chat endpoints need a token: any token configured turns it on."""
-    return bool(settings.HARU["api_token"] or settings.HARU["chat_tokens"])
+    config = haru()
+    return bool(config["api_token"] or config["chat_tokens"])
 
 
 def chat_allowed(header: str | None) -> bool:

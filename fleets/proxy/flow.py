@@ -13,8 +13,7 @@ import asyncio
 import logging
 from typing import Protocol
 
-from django.conf import settings
-
+from fleets.conf import haru
 from fleets.proxy import handler, upstream
 from fleets.proxy.errors import ProxyError
 
@@ -85,7 +84,7 @@ async def _forward(
     io: ClientIO, headers: dict[bytes, bytes], endpoint: str, exchange: handler.Exchange
 ) -> None:
     handler.authorize(handler.text(headers.get(b"authorization")))
-    limit = settings.HARU["chat_max_body_bytes"]
+    limit = haru()["chat_max_body_bytes"]
     handler.check_content_length(handler.text(headers.get(b"content-length")), limit)
     body = await io.read_body(limit)
     if body is None:

@@ -12,8 +12,7 @@ import asyncio
 import json
 import time
 
-from django.conf import settings
-
+from fleets.conf import haru
 from fleets.proxy import errors, hold, metrics, upstream
 from fleets.proxy.snapshots import ROUTES, Route, Snapshot, clip
 from fleets.reconciler import datapath
@@ -87,7 +86,7 @@ def check_content_length(value: str | None, limit: int) -> None:
 
 def fleet_ref(header: str | None) -> str:
     """Return the fleet the request names (X-Haru-Fleet), else HARU_DEFAULT_FLEET."""
-    ref = (header or "").strip() or settings.HARU["default_fleet"]
+    ref = (header or "").strip() or haru()["default_fleet"]
     if not ref:
         raise errors.fleet_not_found(
             "no fleet selected: send the X-Haru-Fleet header or set HARU_DEFAULT_FLEET"
@@ -98,7 +97,7 @@ def fleet_ref(header: str | None) -> str:
 def requested_model(body: bytes) -> str:
     """Read `model` from the JSON body; the body itself is forwarded untouched."""
     try:
-        document = bounded_json.loads(body, max_depth=settings.HARU["json_max_depth"])
+        document = bounded_json.loads(body, max_depth=haru()["json_max_depth"])
     except ValueError as exc:
         # Bad JSON, too deep (never a RecursionError's 500) or a repeated key.
         raise errors.invalid_request(f"request body is not valid JSON: {exc}") from None
@@ -191,7 +190,7 @@ async def _attempt(
             target,
             head,
             body,
-            timeout_ms=settings.HARU["chat_header_timeout_ms"],
+            timeout_ms=haru()["chat_header_timeout_ms"],
             model=route.model,
         )
     except upstream.NotStarted as exc:

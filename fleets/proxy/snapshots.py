@@ -29,9 +29,8 @@ import uuid
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from django.conf import settings
-
 from fleets import clock
+from fleets.conf import haru
 from fleets.core.read_model import DomainView, ModelView
 from fleets.core.route_intent import is_model_routable
 from fleets.core.states import SlotKind
@@ -266,11 +265,11 @@ class RoutingCache:
         checked = self._checked.get(key)
         if cached is None or checked is None or FEED.newer(fleet_id, cached.revision):
             return None
-        haru = settings.HARU
+        config = haru()
         now = clock.get_clock().monotonic()
         if (
-            now - checked < haru["chat_hold_poll_ms"] / 1000
-            and now - cached.loaded_at < haru["snapshot_cache_ttl_ms"] / 1000
+            now - checked < config["chat_hold_poll_ms"] / 1000
+            and now - cached.loaded_at < config["snapshot_cache_ttl_ms"] / 1000
         ):
             return Resolved(cached, stale=False)
         return None
@@ -307,7 +306,7 @@ class RoutingCache:
 
         cached = self._snapshots.get(pointer.fleet_id)
         if cached is not None and _same_route(cached, pointer):
-            ttl_s = settings.HARU["snapshot_cache_ttl_ms"] / 1000
+            ttl_s = haru()["snapshot_cache_ttl_ms"] / 1000
             if clock.get_clock().monotonic() - cached.loaded_at < ttl_s:
                 return Resolved(cached, stale=False)
             # Only non-routing state may have changed: if the store drops away between the two
