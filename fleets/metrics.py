@@ -28,6 +28,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 
+from fleets.proxy import metrics as proxy_metrics
+
 # Keyed by class: a module reloaded in a test run replaces its collector instead of adding one.
 _database_collectors: dict[str, Collector] = {}
 # prometheus_client's file names: counter_123.db, histogram_123.db, gauge_livesum_123.db, ...
@@ -105,5 +107,6 @@ def _is_running(pid: int) -> bool:
 
 
 def metrics_view(request):
+    proxy_metrics.flush()  # this process's batched requests, so its own scrape is exact
     registry = scrape_registry(settings.PROMETHEUS_MULTIPROC_DIR)
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
