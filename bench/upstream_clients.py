@@ -127,7 +127,13 @@ async def clients_close() -> None:
 
 
 async def open_stream(
-    target: upstream.Target, head: bytes, body: bytes, *, timeout_ms: int, model: str
+    target: upstream.Target,
+    head: bytes,
+    body: bytes,
+    *,
+    timeout_ms: int,
+    model: str,
+    task: asyncio.Task | None = None,  # the proxy's signature; asyncio.timeout finds the task
 ) -> Any:
     """The proxy's `open_stream`, through the chosen library, with the same error answers."""
     url, headers = _split_head(target, head)

@@ -114,8 +114,11 @@ class AsgiIO:
             raise errors.payload_too_large(limit)
         return b"".join(chunks)
 
-    def watch(self, task: asyncio.Task) -> None:
+    def watch(self) -> asyncio.Task:
+        task = asyncio.current_task()
+        assert task is not None  # the ASGI server runs each request in a task of its own
         self._watcher = asyncio.create_task(self._watch(task))
+        return task
 
     def unwatch(self) -> None:
         self.done = True

@@ -31,8 +31,9 @@ class ClientIO(Protocol):
         """The whole request body, refused (413) once past `limit`; None if the client left."""
         ...
 
-    def watch(self, task: asyncio.Task) -> None:
-        """From now on a client disconnect sets `gone` and cancels `task`."""
+    def watch(self) -> asyncio.Task:
+        """From now on a client disconnect sets `gone` and cancels the task serving this
+        request; return that task."""
         ...
 
     def unwatch(self) -> None:
@@ -91,13 +92,11 @@ async def _forward(
         exchange.outcome = "client_disconnected"
         return
 
-    this_task = asyncio.current_task()
-    assert this_task is not None  # both front doors run each request in a task of its own
-    io.watch(this_task)
+    this_task = io.watch()
     response: upstream.Response | None = None
     try:
         response = await handler.forward(
-            headers=headers, body=body, endpoint=endpoint, exchange=exchange
+            headers=headers, body=body, endpoint=endpoint, exchange=exchange, task=this_task
         )
         headers_at = handler.perf()
         # What already arrived goes out with the headers: for a plain completion that is

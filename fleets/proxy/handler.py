@@ -129,20 +129,31 @@ def pick(snapshot: Snapshot, model: str) -> Route:
 
 
 async def forward(
-    *, headers: dict[bytes, bytes], body: bytes, endpoint: str, exchange: Exchange
+    *,
+    headers: dict[bytes, bytes],
+    body: bytes,
+    endpoint: str,
+    exchange: Exchange,
+    task: asyncio.Task | None = None,
 ) -> upstream.Response:
     """Route the request and send it upstream; return the response once its headers are in.
 
     `headers` are the request's, lowercase names. Raises ProxyError for every refusal. When the
     active cannot take the request and provably did not start it, the request is held
     (fleets/proxy/hold.py) and sent again once routing changes or the model server is back.
+    `task` is the request's task if the caller has it: on Python 3.11 every lookup of the
+    running loop or task is a getpid() system call, and this path would otherwise make five.
     """
+    if task is None:
+        task = asyncio.current_task()
+        assert task is not None
+    loop = task.get_loop()
     model = requested_model(body)
     ref = fleet_ref(text(headers.get(b"x-haru-fleet")))
     held: hold.Hold | None = None
     try:
         while True:
-            resolved = await ROUTES.resolve(ref)
+            resolved = await ROUTES.resolve(ref, loop)
             snapshot = resolved.snapshot
             exchange.fleet, exchange.stale = snapshot.fleet_slug, resolved.stale
             try:
@@ -153,7 +164,7 @@ async def forward(
                 why = err
             else:
                 exchange.model = route.model
-                sent = await _attempt(route, snapshot, headers, body, endpoint, exchange)
+                sent = await _attempt(route, snapshot, headers, body, endpoint, exchange, task)
                 if not isinstance(sent, errors.ProxyError):
                     if held is not None:
                         held.close("forwarded")
@@ -179,6 +190,7 @@ async def _attempt(
     body: bytes,
     endpoint: str,
     exchange: Exchange,
+    task: asyncio.Task,
 ) -> upstream.Response | errors.ProxyError:
     """Send once; return the response, or why the upstream provably did not start it."""
     target = route.targets[endpoint]
@@ -192,6 +204,7 @@ async def _attempt(
             body,
             timeout_ms=haru()["chat_header_timeout_ms"],
             model=route.model,
+            task=task,
         )
     except upstream.NotStarted as exc:
         # Seen by the data path first: the reconciler confirms it with a targeted heartbeat.

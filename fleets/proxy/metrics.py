@@ -107,14 +107,15 @@ def record(
 
 def _flush_soon() -> None:
     global _timer, _timer_loop
+    if _timer is not None and _timer_loop is not None and not _timer_loop.is_closed():
+        return  # one timer per FLUSH_S at most (the loop is not looked up: a system call)
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
         flush()  # no loop to flush later on
         return
-    if _timer is None or _timer_loop is not loop:
-        # One timer per FLUSH_S at most; a timer left on another (closed) loop is replaced.
-        _timer, _timer_loop = loop.call_later(FLUSH_S, flush), loop
+    # A timer left on a closed loop (tests run many) is replaced.
+    _timer, _timer_loop = loop.call_later(FLUSH_S, flush), loop
 
 
 def flush() -> None:

@@ -65,9 +65,11 @@ class RevisionFeed:
     def channels_up(self) -> set[str]:
         return set(self._up)
 
-    def ensure_started(self) -> None:
-        """Start this loop's listeners once (the proxy runs with lifespan off: lazily)."""
-        loop = asyncio.get_running_loop()
+    def ensure_started(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Start the running loop's listeners once (the proxy runs with lifespan off: lazily);
+        `loop` is the running loop, if the caller has it."""
+        if loop is None:
+            loop = asyncio.get_running_loop()
         if self.loop is loop:
             return
         with self._lock:

@@ -411,10 +411,12 @@ _pool: Pool | None = None
 _pool_loop: asyncio.AbstractEventLoop | None = None
 
 
-def pool() -> Pool:
-    """Return this process's pool for the running loop, creating it on first use."""
+def pool(loop: asyncio.AbstractEventLoop | None = None) -> Pool:
+    """Return this process's pool for the running loop (`loop`, if the caller has it),
+    creating it on first use."""
     global _pool, _pool_loop
-    loop = asyncio.get_running_loop()
+    if loop is None:
+        loop = asyncio.get_running_loop()
     if _pool is None or _pool_loop is not loop:
         _pool, _pool_loop = Pool(), loop
     return _pool
@@ -452,18 +454,27 @@ def response_headers(response: Response) -> list[tuple[bytes, bytes]]:
 
 
 async def open_stream(
-    target: Target, head: bytes, body: bytes, *, timeout_ms: int, model: str
+    target: Target,
+    head: bytes,
+    body: bytes,
+    *,
+    timeout_ms: int,
+    model: str,
+    task: asyncio.Task | None = None,
 ) -> Response:
     """Send the request; return the response once its headers arrived (body unread).
 
     HARU_CHAT_HEADER_TIMEOUT_MS bounds connect + send + time to headers as one budget; nothing
-    bounds the body, so a stream that goes quiet mid-generation is never cut.
+    bounds the body, so a stream that goes quiet mid-generation is never cut. `task` is the
+    current task, if the caller has it (each lookup is a getpid() system call on Python 3.11).
     """
     # asyncio.timeout's own bookkeeping, by hand: one timer that cancels this task, told apart
     # from any other cancel (the client leaving) as asyncio.timeout does, by the task's cancel
     # count. It costs a few percent of the proxy's CPU less per request (bench/proxy.py).
-    task = asyncio.current_task()
-    assert task is not None
+    if task is None:
+        task = asyncio.current_task()
+        assert task is not None
+    loop = task.get_loop()
     cancels = task.cancelling()
     expired = False
 
@@ -472,9 +483,9 @@ async def open_stream(
         expired = True
         task.cancel()
 
-    timer = asyncio.get_running_loop().call_later(timeout_ms / 1000, expire)
+    timer = loop.call_later(timeout_ms / 1000, expire)
     try:
-        return await pool().send(target, head, body)
+        return await pool(loop).send(target, head, body)
     except asyncio.CancelledError:
         if expired and task.uncancel() <= cancels:
             raise errors.upstream_timeout(

@@ -50,9 +50,9 @@ def endpoint_of(cycle: RequestResponseCycle) -> str | None:
     return ENDPOINTS.get(scope["path"])
 
 
-async def serve(protocol: HaruHttpProtocol, cycle: RequestResponseCycle, endpoint: str) -> None:
+async def serve(io: CycleIO, endpoint: str) -> None:
     """Serve one request; never raises (as uvicorn's run_asgi, which this replaces here)."""
-    io = CycleIO(protocol, cycle)
+    cycle = io.cycle
     try:
         if hosts.refused(cycle.scope["headers"]):
             await io.respond(400, hosts.REFUSED_HEADERS, hosts.REFUSED_BODY, more=False)
@@ -67,19 +67,22 @@ async def serve(protocol: HaruHttpProtocol, cycle: RequestResponseCycle, endpoin
         cycle.transport.close()
     finally:
         # The flow has unwatched already; forget this request on the connection.
-        if protocol.direct is io:
-            protocol.direct = None
+        if io.protocol.direct is io:
+            io.protocol.direct = None
 
 
 class CycleIO:
     """flow.ClientIO on uvicorn's request cycle and transport."""
 
-    __slots__ = ("_chunked", "_protocol", "_task", "cycle", "gone")
+    __slots__ = ("_chunked", "_watched", "cycle", "gone", "protocol", "task")
 
     def __init__(self, protocol: HaruHttpProtocol, cycle: RequestResponseCycle) -> None:
-        self._protocol = protocol
+        self.protocol = protocol
         self.cycle = cycle
-        self._task: asyncio.Task | None = None
+        # The task serving the request, set by the protocol that starts it (asking the loop
+        # for the current task is a system call per request on Python 3.11: getpid).
+        self.task: asyncio.Task | None = None
+        self._watched = False
         self._chunked = False
         self.gone = False
 
@@ -104,19 +107,21 @@ class CycleIO:
         cycle.body = bytearray()
         return body
 
-    def watch(self, task: asyncio.Task) -> None:
-        self._task = task
-        self._protocol.direct = self
+    def watch(self) -> asyncio.Task:
+        assert self.task is not None  # set when the protocol started it
+        self._watched = True
+        self.protocol.direct = self
+        return self.task
 
     def unwatch(self) -> None:
-        self._task = None
+        self._watched = False
 
     def client_left(self) -> None:
         """The connection is lost (the protocol calls this): end what is being served."""
-        if self._task is not None:
+        if self._watched and self.task is not None:
+            self._watched = False
             self.gone = True
-            self._task.cancel()
-            self._task = None
+            self.task.cancel()
 
     async def respond(self, status: int, headers: flow.Headers, body: bytes, *, more: bool) -> None:
         cycle = self.cycle

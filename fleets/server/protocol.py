@@ -176,11 +176,13 @@ class HaruHttpProtocol(HttpToolsProtocol):
         if endpoint is None:
             super()._start_asgi_task(cycle, app)
             return
-        coro = chat.serve(self, cycle, endpoint)
+        io = chat.CycleIO(self, cycle)
+        coro = chat.serve(io, endpoint)
         if self.config.reset_contextvars:
             task = self.loop.create_task(coro, context=contextvars.Context())
         else:
             task = self.loop.create_task(coro)
+        io.task = task  # before it first runs: the flow takes it from here, not the loop
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
 
