@@ -1,9 +1,10 @@
-"""`settings.HARU`, read once per change instead of once per use.
+"""Settings the chat path reads per request, read once per change instead of once per use.
 
 Django's settings object is lazy: each attribute read is a Python call through
-`LazyObject.__getattribute__` (about ten times a dictionary lookup). The chat path reads HARU
-eight times per request; `haru()` returns the dictionary itself, kept until a settings change
-replaces it (override_settings and pytest-django's `settings` fixture send `setting_changed`).
+`LazyObject.__getattribute__` (about ten times a dictionary lookup), and one chat request read
+HARU eight times and ALLOWED_HOSTS once. These return the values themselves, kept until a
+settings change replaces them (override_settings and pytest-django's `settings` fixture send
+`setting_changed`).
 """
 
 from __future__ import annotations
@@ -14,19 +15,27 @@ from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-_haru: dict[str, Any] | None = None
+_cached: dict[str, Any] = {}
 
 
 def haru() -> dict[str, Any]:
     """The HARU settings dictionary."""
-    global _haru
-    if _haru is None:
-        _haru = settings.HARU
-    return _haru
+    try:
+        return _cached["HARU"]
+    except KeyError:
+        value = _cached["HARU"] = settings.HARU
+        return value
+
+
+def allowed_hosts() -> list[str]:
+    """ALLOWED_HOSTS."""
+    try:
+        return _cached["ALLOWED_HOSTS"]
+    except KeyError:
+        value = _cached["ALLOWED_HOSTS"] = settings.ALLOWED_HOSTS
+        return value
 
 
 @receiver(setting_changed)
 def _forget(*, setting: str, **kwargs: Any) -> None:
-    global _haru
-    if setting == "HARU":
-        _haru = None
+    _cached.pop(setting, None)

@@ -13,8 +13,9 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from django.conf import settings
 from django.http.request import split_domain_port, validate_host
+
+from fleets import conf
 
 REFUSED_BODY = json.dumps(
     {"error": {"code": "invalid_host", "message": "this server does not answer to that Host"}}
@@ -34,10 +35,11 @@ def host_allowed(host: str | None, allowed_hosts: list[str]) -> bool:
 
 def refused(headers: Iterable[tuple[bytes, bytes]]) -> bool:
     """Whether a request with these (lowercase-named) headers names a Host not allowed."""
-    if "*" in settings.ALLOWED_HOSTS:
+    allowed = conf.allowed_hosts()
+    if "*" in allowed:
         return False
     host = next((v for k, v in headers if k.lower() == b"host"), b"")
-    return not host_allowed(host.decode("latin-1"), settings.ALLOWED_HOSTS)
+    return not host_allowed(host.decode("latin-1"), allowed)
 
 
 class AllowedHostsGuard:

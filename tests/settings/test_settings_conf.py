@@ -19,3 +19,10 @@ def test_the_original_is_seen_again_once_an_override_ends():
     with override_settings(HARU={**original, "default_fleet": "temporary"}):
         assert conf.haru()["default_fleet"] == "temporary"
     assert conf.haru() is original
+
+
+def test_allowed_hosts_follow_a_change(settings):
+    settings.ALLOWED_HOSTS = ["only.example"]
+    assert conf.allowed_hosts() == ["only.example"]
+    settings.ALLOWED_HOSTS = ["*"]
+    assert conf.allowed_hosts() == ["*"]
