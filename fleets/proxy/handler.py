@@ -153,7 +153,7 @@ async def forward(
     held: hold.Hold | None = None
     try:
         while True:
-            resolved = await ROUTES.resolve(ref, loop)
+            resolved = ROUTES.cached(ref, loop) or await ROUTES.resolve(ref, loop)
             snapshot = resolved.snapshot
             exchange.fleet, exchange.stale = snapshot.fleet_slug, resolved.stale
             try:

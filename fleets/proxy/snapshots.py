@@ -275,12 +275,16 @@ class RoutingCache:
             return Resolved(cached, stale=False)
         return None
 
+    def cached(self, ref: str, loop: asyncio.AbstractEventLoop | None = None) -> Resolved | None:
+        """The snapshot to serve `ref` with if no read is needed (the healthy path: no await);
+        `loop` is the running loop, if the caller has it."""
+        FEED.ensure_started(loop)
+        return self._fresh(ref.strip().lower())  # only a reference read before can be cached
+
     async def resolve(self, ref: str, loop: asyncio.AbstractEventLoop | None = None) -> Resolved:
         """Return the routing snapshot to serve `ref` with, or raise a ProxyError; `loop` is the
         running loop, if the caller has it."""
-        FEED.ensure_started(loop)
-        key = ref.strip().lower()
-        fresh = self._fresh(key)  # only a reference read before can be cached
+        fresh = self.cached(ref, loop)
         if fresh is not None:
             return fresh
         key, as_id = parse_ref(ref)

@@ -49,6 +49,7 @@ import select
 import ssl
 import time
 from dataclasses import dataclass
+from functools import cached_property
 
 import httptools
 
@@ -64,8 +65,13 @@ _LOW_WATER = 64 * 1024
 
 # Request headers passed to the model server. Everything else stays here: above all the
 # client's Authorization (Haru's token), cookies and forwarding headers.
-FORWARD_REQUEST_HEADERS = frozenset(
-    {b"content-type", b"accept", b"accept-encoding", b"accept-language", b"x-request-id"}
+# A tuple: sent in this order, the same in every process.
+FORWARD_REQUEST_HEADERS = (
+    b"content-type",
+    b"accept",
+    b"accept-encoding",
+    b"accept-language",
+    b"x-request-id",
 )
 # Response headers passed back. Hop-by-hop headers (connection, keep-alive, transfer-encoding,
 # ...) never are, and neither are the model server's own server/date/cookies.
@@ -99,9 +105,18 @@ class Target:
     host_header: bytes
     path: bytes
 
-    @property
+    # Both read per request, built on the first (a target lives as long as its snapshot).
+    @cached_property
     def origin(self) -> tuple[str, str, int]:
         return (self.scheme, self.host, self.port)
+
+    @cached_property
+    def head_start(self) -> bytes:
+        """The request line and the header lines that are the same for every request."""
+        return b"POST %b HTTP/1.1\r\nhost: %b\r\nuser-agent: haru-proxy\r\n" % (
+            self.path,
+            self.host_header,
+        )
 
 
 class Response:
@@ -120,12 +135,6 @@ class Response:
         self._length_known = False
 
     # Called by the connection (from the parser or the transport).
-    def _header(self, name: bytes, value: bytes) -> None:
-        name = name.lower()
-        if name in (b"content-length", b"transfer-encoding"):
-            self._length_known = True
-        self.headers.append((name, value))
-
     def _body(self, data: bytes) -> None:
         self._chunks.append(data)
         self._buffered += len(data)
@@ -260,8 +269,12 @@ class _Connection(asyncio.Protocol):
     # data_received feeds the parser only while a response is current; the `is None` checks
     # only narrow the type.
     def on_header(self, name: bytes, value: bytes) -> None:
-        if not self._informational and self.response is not None:
-            self.response._header(name, value)
+        response = self.response
+        if not self._informational and response is not None:
+            name = name.lower()
+            if name in (b"content-length", b"transfer-encoding"):
+                response._length_known = True
+            response.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
@@ -432,14 +445,10 @@ async def pool_close() -> None:
 
 def request_head(target: Target, headers: dict[bytes, bytes], body_length: int) -> bytes:
     """Build the request line and headers: the path comes only from the routing snapshot."""
-    lines = [
-        b"POST " + target.path + b" HTTP/1.1",
-        b"host: " + target.host_header,
-        b"content-length: %d" % body_length,
-        b"user-agent: haru-proxy",
-    ]
-    for name, value in headers.items():
-        if name in FORWARD_REQUEST_HEADERS and b"\r" not in value and b"\n" not in value:
+    lines = [target.head_start + b"content-length: %d" % body_length]
+    for name in FORWARD_REQUEST_HEADERS:
+        value = headers.get(name)
+        if value is not None and b"\r" not in value and b"\n" not in value:
             lines.append(name + b": " + value)
     if b"content-type" not in headers:
         lines.append(b"content-type: application/json")
