@@ -153,6 +153,7 @@ async def forward(
     held: hold.Hold | None = None
     try:
         while True:
+            # The healthy path needs no read, so no await (a Resolved, a 2-tuple, is truthy).
             resolved = ROUTES.cached(ref, loop) or await ROUTES.resolve(ref, loop)
             snapshot = resolved.snapshot
             exchange.fleet, exchange.stale = snapshot.fleet_slug, resolved.stale
