@@ -16,7 +16,7 @@ headers, is kept and buffered for as long as it likes. This subclass adds, per c
   the app already answered; the app sees a disconnect). Django's ASGI handler would otherwise
   spool any body to a temporary file before its own DATA_UPLOAD_MAX_MEMORY_SIZE check, and the
   chat proxy's finer limit (HARU_CHAT_MAX_BODY_BYTES) stays below this one;
-- the keep-alive idle limit (uvicorn's own timer, set from the settings);
+- the keep-alive idle limit (uvicorn's, set from the settings, on one lazy timer per connection);
 - a cap on connections per process. A new connection past the cap closes the connection that
   has waited longest for a request (idle: no request being read or answered). Idle connections
   cost the attacker nothing, so refusing newcomers instead would let a flood of them lock out
@@ -25,9 +25,10 @@ headers, is kept and buffered for as long as it likes. This subclass adds, per c
 
 POST chat and completions are answered by `fleets/server/direct.py` on uvicorn's parsed request,
 without ASGI messages (the proxy's hot path); everything else (parsing, the ASGI cycle,
-WebSocket upgrade, pipelining, flow control) is uvicorn's. The chat path pays one timer per
-request (the header deadline) and none for a body that arrives with its headers, which is the
-usual case (bench/server_edges.py measures it).
+WebSocket upgrade, pipelining, flow control) is uvicorn's. The header deadline and the
+keep-alive limit are one lazy timer each per connection (a request moves a deadline), and a body
+that arrives with its headers, the usual case, needs no timer at all (bench/server_edges.py
+measures the edge's cost).
 """
 
 from __future__ import annotations
@@ -134,6 +135,11 @@ class HaruHttpProtocol(HttpToolsProtocol):
         # per request; the timer re-arms itself for what is left when it fires early.
         self._header_deadline = 0.0
         self._header_timer: asyncio.TimerHandle | None = None
+        # The keep-alive idle limit the same way: uvicorn arms a timer after every response
+        # and cancels it when the next request arrives, one created and cancelled per request.
+        # None while a request is in flight.
+        self._idle_deadline: float | None = None
+        self._keepalive_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._header_bytes = 0  # raw bytes received in the current header phase
         self._body_bytes = 0  # body bytes parsed for the current request
@@ -188,10 +194,11 @@ class HaruHttpProtocol(HttpToolsProtocol):
 
     def _forget(self) -> None:
         self._idle.waiting.pop(self, None)
-        for timer in (self._header_timer, self._body_timer):
+        self._idle_deadline = None
+        for timer in (self._header_timer, self._body_timer, self._keepalive_timer):
             if timer is not None:
                 timer.cancel()
-        self._header_timer = self._body_timer = None
+        self._header_timer = self._body_timer = self._keepalive_timer = None
 
     def handle_websocket_upgrade(self) -> None:
         # The WebSocket protocol takes the transport over with its own ping deadlines.
@@ -279,10 +286,36 @@ class HaruHttpProtocol(HttpToolsProtocol):
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if self.timeout_keep_alive_task is not None:
-            # uvicorn armed its keep-alive timer: nothing in flight, the connection is idle.
-            self._idle.waiting[self] = None
+        # uvicorn's, with the lazy keep-alive timer (__init__) in place of one per request.
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self._unset_keepalive_if_required()
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        # Nothing in flight: the connection is idle until the next request's first bytes.
+        self._idle_deadline = self.loop.time() + self.timeout_keep_alive
+        if self._keepalive_timer is None:
+            self._keepalive_timer = self.loop.call_at(self._idle_deadline, self._keepalive_due)
+        self._idle.waiting[self] = None
+
+    def _unset_keepalive_if_required(self) -> None:
+        # uvicorn calls this when bytes arrive and when the connection is lost.
+        self._idle_deadline = None
+
+    def _keepalive_due(self) -> None:
+        self._keepalive_timer = None
+        deadline = self._idle_deadline
+        if deadline is None:
+            return  # a request came; the next response arms a timer again
+        if self.loop.time() < deadline:
+            # Idle again since (a later response moved the deadline): wait for what is left.
+            self._keepalive_timer = self.loop.call_at(deadline, self._keepalive_due)
+            return
+        self.timeout_keep_alive_handler()
 
     # Refusals and deadlines.
 

@@ -287,6 +287,24 @@ def test_an_idle_keep_alive_connection_is_closed_after_its_limit(server):
     sock.close()
 
 
+def test_the_keep_alive_limit_counts_from_the_last_response(server):
+    # One lazy timer per connection: the first response's timer fires while the connection
+    # is idle again after a later response, and must wait for that one's deadline instead.
+    sock = connect(server)
+    for _ in range(4):
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        sock.settimeout(10)
+        data = b""
+        while not data.endswith(b'{"status": "ok"}'):
+            chunk = sock.recv(65536)
+            assert chunk, "closed while kept alive within the limit"
+            data += chunk
+        assert data.startswith(b"HTTP/1.1 200 ")
+        time.sleep(KEEPALIVE_S * 0.6)  # each wait within the limit, the sum past it
+    assert closed_by_peer(sock, 4 * KEEPALIVE_S)
+    sock.close()
+
+
 def test_kept_alive_requests_each_get_their_own_header_deadline(server):
     sock = connect(server)
     for _ in range(3):
