@@ -115,18 +115,22 @@ def _flush_soon() -> None:
         flush()  # no loop to flush later on
         return
     # A timer left on a closed loop (tests run many) is replaced.
-    _timer, _timer_loop = loop.call_later(FLUSH_S, flush), loop
+    _timer, _timer_loop = loop.call_later(FLUSH_S, _flush_due), loop
+
+
+def _flush_due() -> None:
+    # The timer's own callback, on its loop: only the loop's thread touches the timer (a
+    # scrape's flush runs in a thread, and uvloop's timers must not be cancelled from one).
+    global _timer, _timer_loop
+    _timer = _timer_loop = None
+    flush()
 
 
 def flush() -> None:
-    """Write what this process recorded since the last flush."""
-    global _timer, _timer_loop
+    """Write what this process recorded since the last flush (any thread)."""
     with _lock:
         pending = dict(_pending)
         _pending.clear()
-        if _timer is not None:
-            _timer.cancel()
-        _timer = _timer_loop = None
     for value, amount in pending.items():
         value.inc(amount)
 
