@@ -292,14 +292,7 @@ def test_the_keep_alive_limit_counts_from_the_last_response(server):
     # is idle again after a later response, and must wait for that one's deadline instead.
     sock = connect(server)
     for _ in range(4):
-        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-        sock.settimeout(10)
-        data = b""
-        while not data.endswith(b'{"status": "ok"}'):
-            chunk = sock.recv(65536)
-            assert chunk, "closed while kept alive within the limit"
-            data += chunk
-        assert data.startswith(b"HTTP/1.1 200 ")
+        healthz_again(sock, "closed while kept alive within the limit")
         time.sleep(KEEPALIVE_S * 0.6)  # each wait within the limit, the sum past it
     assert closed_by_peer(sock, 4 * KEEPALIVE_S)
     sock.close()
@@ -309,15 +302,20 @@ def test_kept_alive_requests_each_get_their_own_header_deadline(server):
     sock = connect(server)
     for _ in range(3):
         time.sleep(HEADER_TIMEOUT_S / 2)  # the sum passes one deadline; each wait does not
-        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-        sock.settimeout(10)
-        data = b""
-        while not data.endswith(b'{"status": "ok"}'):
-            chunk = sock.recv(65536)
-            assert chunk, "closed between two requests"
-            data += chunk
-        assert data.startswith(b"HTTP/1.1 200 ")
+        healthz_again(sock, "closed between two requests")
     sock.close()
+
+
+def healthz_again(sock: socket.socket, closed: str) -> None:
+    """GET /healthz on a kept-alive connection and read the whole answer; `closed` if it ends."""
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    sock.settimeout(10)
+    data = b""
+    while not data.endswith(b'{"status": "ok"}'):
+        chunk = sock.recv(65536)
+        assert chunk, closed
+        data += chunk
+    assert data.startswith(b"HTTP/1.1 200 ")
 
 
 def test_a_slow_stream_outlives_every_request_deadline(server):
