@@ -3,8 +3,8 @@
 Django checks the Host for its own views, but the chat proxy's paths are served ahead of Django
 (`fleets/proxy/asgi.py`; `fleets/server/direct.py` under `manage.py serve`), so without this a
 page that rebinds its DNS name to the server's address reaches the proxy of a token-less
-(loopback) server. With `ALLOWED_HOSTS = ["*"]` (a
-token deployment by default) nothing is checked and nothing is spent.
+(loopback) server. With `ALLOWED_HOSTS = ["*"]` (a token deployment by default) nothing is
+checked and nothing is spent.
 """
 
 from __future__ import annotations
