@@ -56,7 +56,6 @@ from bench.gpu_truth_procs import (  # noqa: E402
     Plan,
     child_env,
     engine_args,
-    free_port,
     ok_200,
     stop_process,
     trainer_command,
@@ -70,6 +69,7 @@ from supervisor.gpu.nvml import NvmlBackend  # noqa: E402
 from supervisor.gpu.sim_state import SimGpuState  # noqa: E402
 from supervisor.processes import AsyncioSpawner  # noqa: E402
 from supervisor.training import TrainingSlot  # noqa: E402
+from tests.ports import free_port  # noqa: E402
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -59,12 +58,6 @@ def child_env(plan: Plan, extra: dict[str, str] | None = None) -> dict[str, str]
         env["HARU_SIM_GPU_STATE"] = str(plan.state_file)
     env.update(extra or {})
     return env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ok_200(response: httpx.Response) -> bool:

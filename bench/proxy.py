@@ -51,9 +51,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import uvicorn
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import uvicorn  # noqa: E402
+
+from tests.ports import free_port  # noqa: E402
+
 PYTHON = sys.executable
 TOKEN = "bench-token"
 
@@ -255,12 +259,6 @@ async def _measure(port, payload, concurrency, seconds, warmup, pid=None):
 
 # ---------------------------------------------------------------------------------------------
 # Processes.
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 60) -> None:
@@ -532,7 +530,7 @@ def main() -> int:
     procs = Processes()
     try:
         with tempfile.TemporaryDirectory(prefix="haru-bench-") as var_dir:
-            upstream_ports = {kind: _free_port() for kind in args.upstream}
+            upstream_ports = {kind: free_port() for kind in args.upstream}
             upstream_pids: dict[str, int] = {}
             for kind, port in upstream_ports.items():
                 argv = {
@@ -547,7 +545,7 @@ def main() -> int:
             _seed(env, var_dir, upstream_ports)
             paths = ["lean"]
             paths += ["quiet"] * args.compare_access_log + ["django"] * args.compare_django
-            haru_ports = {path: _free_port() for path in paths}
+            haru_ports = {path: free_port() for path in paths}
             haru_procs = {
                 path: _start_haru(procs, env, port, path, args.client)
                 for path, port in haru_ports.items()
@@ -561,7 +559,7 @@ def main() -> int:
             rows = asyncio.run(_run(args, upstream_ports, haru_ports))
             cpu = None
             if args.cpu_concurrency and "raw" in upstream_ports:
-                bare_port = _free_port()
+                bare_port = free_port()
                 bare = procs.start(
                     [PYTHON, __file__, "--serve-bare", str(bare_port), str(upstream_ports["raw"])]
                 )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,15 +13,10 @@ import httpx
 import pytest
 
 from fleets.management.commands.serve import is_loopback
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_VARS = {"DATABASE_URL", "REDIS_URL", "PORT", "HARU_API_TOKEN", "HARU_RECONCILE_INTERVAL_MS"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def server_env(tmp_path: Path, **extra: str) -> dict[str, str]:

@@ -14,7 +14,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,8 @@ import httpx
 import psycopg
 import pytest
 from playwright.sync_api import sync_playwright
+
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
@@ -43,13 +44,6 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 USERNAME = "operator"
-
-
-def free_port() -> int:
-    """Ask the kernel for a free port by binding port 0."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(predicate: Callable[[], Any], *, timeout: float, what: str) -> Any:

@@ -23,6 +23,8 @@ from typing import Any
 
 import httpx
 
+from tests.ports import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 TOKEN = "e2e-supervisor-token-0123456789"
@@ -44,17 +46,25 @@ FAST_POLICY = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def wait_for(
+    predicate: Callable[[], Any],
+    timeout: float,
+    what: str,
+    every: float = 0.05,
+    *,
+    gave_up: Callable[[], str | None] | None = None,
+):
+    """Poll `predicate` until it returns a truthy value; fail naming `what`.
 
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, every: float = 0.05):
-    """Poll `predicate` until it returns a truthy value; fail naming `what`."""
+    `gave_up` returns why waiting longer is pointless (a process that exited), or None; the
+    wait then fails at once with that reason instead of at its deadline.
+    """
     deadline = time.monotonic() + timeout
     last_error: Exception | None = None
     while time.monotonic() < deadline:
+        reason = gave_up() if gave_up is not None else None
+        if reason is not None:
+            raise AssertionError(f"gave up waiting for {what}: {reason}")
         try:
             value = predicate()
         except Exception as exc:  # noqa: BLE001 - keep polling; report the last one
@@ -66,6 +76,20 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, every: flo
     raise AssertionError(
         f"timed out after {timeout}s waiting for {what} (last error: {last_error})"
     )
+
+
+def exited(proc: subprocess.Popen, log_path: Path, lines: int = 30) -> Callable[[], str | None]:
+    """A `gave_up` for `wait_for`: the exit status and the log's last lines once `proc` exits."""
+
+    def reason() -> str | None:
+        status = proc.poll()
+        if status is None:
+            return None
+        text = log_path.read_text(errors="replace") if log_path.exists() else ""
+        tail = "\n".join(text.splitlines()[-lines:])
+        return f"the process exited with status {status}; its log ends:\n{tail}"
+
+    return reason
 
 
 def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
@@ -246,7 +270,12 @@ class SimHost:
         )
         log.close()
         if wait:
-            wait_for(self.ready, 20, f"supervisor {self.name} ready")
+            wait_for(
+                self.ready,
+                20,
+                f"supervisor {self.name} ready",
+                gave_up=exited(self.proc, self.log_path),
+            )
         return self
 
     def ready(self) -> bool:
@@ -404,7 +433,7 @@ class ServerProc:
             start_new_session=True,
         )
         log.close()
-        wait_for(self.healthy, 20, "server /healthz")
+        wait_for(self.healthy, 20, "server /healthz", gave_up=exited(self.proc, self.log_path))
         return self
 
     def healthy(self) -> bool:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,17 +22,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.ports import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_VARS = {"DATABASE_URL", "REDIS_URL", "PORT", "HARU_API_TOKEN", "HARU_RECONCILE_INTERVAL_MS"}
 SLOW_S = 1.5
 
 pytestmark = pytest.mark.integration
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class SlowEngine(BaseHTTPRequestHandler):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ import httpx
 import pytest
 
 from supervisor.wire.contract import check_response
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "tiny"
@@ -48,12 +48,6 @@ VLLM_ARGS = [
     "--enforce-eager",
     "--distributed-executor-backend", "uni",
 ]  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def base_env() -> dict[str, str]:

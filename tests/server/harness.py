@@ -22,15 +22,11 @@ from pathlib import Path
 import httpx
 import psycopg
 
+from tests.ports import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_VARS = ("DATABASE_URL", "REDIS_URL", "PORT", "HARU_")
 MODEL = "edge-model"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(predicate, timeout: float, what: str, every: float = 0.1):

@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from supervisor.config import parse_config
 from supervisor.gpu.nvml import NvmlBackend
 from supervisor.host import Host, HostDeps
 from supervisor.wire.contract import check_response
+from tests.ports import free_port
 from tests.supervisor.fakes import FakeModelServers, FakeNvml, FakeSpawner
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -34,13 +34,6 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "integration: starts real processes (supervisor, sim engines, trainers); runs by default",
     )
-
-
-def pick_free_port() -> int:
-    """Ask the kernel for a free port by binding port 0."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
@@ -145,7 +138,7 @@ def start_sim(
     tracker: ProcessTracker, model: str, *args: str, env: dict[str, str] | None = None
 ) -> SimServer:
     """Start `python -m supervisor.sim` on a free port and wait until it is healthy."""
-    port = pick_free_port()
+    port = free_port()
     proc = tracker.start(
         [sys.executable, "-m", "supervisor.sim", "--port", str(port), "--model", model, *args],
         env=child_env(env),
@@ -189,7 +182,7 @@ def start_supervisor(
 
     Pass the `port` of a supervisor that died to restart it: the default state dir is per port.
     """
-    port = port or pick_free_port()
+    port = port or free_port()
     env = child_env(
         {"PORT": str(port), "HARU_SUPERVISOR_CONFIG": json.dumps(config), **(extra_env or {})}
     )
@@ -212,7 +205,7 @@ def tools() -> SimpleNamespace:
     """Helpers for tests, handed out as a fixture (importing from conftest is fragile)."""
     return SimpleNamespace(
         repo_root=REPO_ROOT,
-        free_port=pick_free_port,
+        free_port=free_port,
         wait_for=wait_for,
         child_env=child_env,
         start_sim=start_sim,
