@@ -21,7 +21,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -55,9 +54,12 @@ def _scripted(kind: str):
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    # The suite's helper (a port outside the ephemeral range, tests/ports.py), from the
+    # checkout this script was copied out of: FAKE_SKY_CWD is its root.
+    sys.path.insert(0, os.environ.get("FAKE_SKY_CWD") or ".")
+    from tests.ports import free_port  # noqa: PLC0415 - this script is copied out of the repo
+
+    return free_port()
 
 
 def _status_record(name: str, c: dict) -> dict:
