@@ -32,6 +32,7 @@ from tests.e2e.harness import (
     TOKEN,
     ServerProc,
     SimHost,
+    exited,
     fleet_layout,
     free_port,
     kill_group,
@@ -135,6 +136,8 @@ class OwnRedis:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> OwnRedis:
+        log_path = self.dir / "redis.log"
+        log = open(log_path, "ab")  # noqa: SIM115 - closed once the child holds it
         self.proc = subprocess.Popen(
             [
                 "redis-server",
@@ -149,10 +152,12 @@ class OwnRedis:
                 "--dir",
                 str(self.dir),
             ],  # fmt: skip
-            stdout=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        wait_for(self.up, 10, "redis-server up")
+        log.close()
+        wait_for(self.up, 10, "redis-server up", gave_up=exited(self.proc, log_path))
         return self
 
     def up(self) -> bool:
