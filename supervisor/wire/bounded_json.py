@@ -11,6 +11,7 @@ a ValueError, so callers that already handle bad JSON keep doing so.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 # Control-plane documents are a handful of levels deep (a layout: fleet > domains > slots >
@@ -59,6 +60,29 @@ def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 _STRICT = json.JSONDecoder(object_pairs_hook=_strict)
 _MARKING = json.JSONDecoder(object_pairs_hook=_object)
 _PLAIN = json.JSONDecoder()
+
+
+_JSON_WHITESPACE = " \t\n\r"  # RFC 8259's whitespace, the only kind json allows around values
+
+
+def _decode(decoder: json.JSONDecoder, source: str) -> Any:
+    """`decoder.decode(source)`, with its common case taken straight to the C scanner.
+
+    A body as clients send it has no whitespace before the value: the scanner reads it from
+    the first character, and `decode`'s two Python frames and two whitespace matches (about
+    0.7 us of the 3.1 us a one-message chat body took) are skipped. Anything else (whitespace
+    before, anything but whitespace after, an error) goes through `decode` itself, which says
+    what is wrong as the standard parser does.
+    """
+    # The C scanner JSONDecoder builds in __init__ (an attribute the type stubs leave out).
+    scan: Callable[[str, int], tuple[Any, int]] = decoder.scan_once  # type: ignore[attr-defined]
+    try:
+        value, end = scan(source, 0)
+    except StopIteration:
+        return decoder.decode(source)
+    if source[end:].strip(_JSON_WHITESPACE):
+        return decoder.decode(source)  # more than whitespace after the value: "Extra data"
+    return value
 
 
 def _path(path: str, key: str | int) -> str:
@@ -110,7 +134,7 @@ def loads(
         else:
             raise TypeError(f"JSON must be str or bytes, not {type(text).__name__}")
         try:
-            value = (_PLAIN if allow_duplicates else _STRICT).decode(source)
+            value = _decode(_PLAIN if allow_duplicates else _STRICT, source)
         except _Repeated:
             # Rare, so parsed again: this time marking each object that repeats a key, for the
             # walk below to name the first one by its path.

@@ -113,3 +113,23 @@ def test_the_fast_path_agrees_with_walking_every_document(document, max_depth):
             loads(text, max_depth=max_depth)
         return
     assert loads(text, max_depth=max_depth) == expected
+
+
+@given(
+    document=_documents,
+    before=st.text(" \t\n\r\x0c", max_size=2),
+    after=st.text(" \t\n\r\x0b,x", max_size=2),
+)
+@settings(max_examples=300, deadline=None)
+def test_what_surrounds_a_document_is_read_as_the_standard_parser_reads_it(document, before, after):
+    # The common case skips json's decode() for its C scanner: whitespace before or after the
+    # value, and anything else after it, must still parse or fail exactly as json.loads does.
+    text = before + _render(document) + after
+    try:
+        expected = json.loads(text)
+    except ValueError as exc:
+        with pytest.raises(JSONRefused) as refused:
+            loads(text, allow_duplicates=True, max_depth=100)
+        assert str(refused.value) == f"not valid JSON: {exc}"
+        return
+    assert loads(text, allow_duplicates=True, max_depth=100) == expected
