@@ -30,13 +30,39 @@ def presented_token(header: str | None) -> str | None:
     return presented.strip() or None
 
 
+# Authorization headers that carried a known token, with their scope, kept with the settings
+# object they were checked against (a settings change starts a new dict; a check that raced it
+# adds to the old one). The chat path checks one header per request, and a client sends the
+# same one every time: the parse and the constant-time comparisons (one per configured token)
+# are then a dictionary lookup. Only accepted headers are kept, so guessing adds nothing; a
+# lookup compares a guess with a kept header only when their (per-process, randomly keyed)
+# hashes are equal, which says nothing about the token.
+_accepted: tuple[dict | None, dict[str, Scope]] = (None, {})
+MAX_ACCEPTED = 64  # distinct accepted headers kept; past it each is checked in full
+
+
 def token_scope(header: str | None) -> Scope | None:
     """Return the scope of the token an Authorization header carries (None: no known token)."""
-    presented = presented_token(header)
+    global _accepted
+    config = haru()
+    checked_for, accepted = _accepted
+    if checked_for is not config:
+        accepted = {}
+        _accepted = (config, accepted)
+    if header is None:
+        return None
+    scope = accepted.get(header)
+    if scope is None:
+        scope = _scope_of(presented_token(header), config)
+        if scope is not None and len(accepted) < MAX_ACCEPTED:
+            accepted[header] = scope
+    return scope
+
+
+def _scope_of(presented: str | None, config: dict) -> Scope | None:
     if presented is None:
         return None
     raw = presented.encode()
-    config = haru()
     expected = config["api_token"]
     if expected and hmac.compare_digest(raw, expected.encode()):
         return Scope.OPERATOR
