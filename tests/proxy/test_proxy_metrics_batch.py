@@ -4,6 +4,7 @@ request one by one would have written, and nothing is lost or written twice."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -150,3 +151,53 @@ def test_a_timer_left_on_a_closed_loop_does_not_strand_later_records():
     asyncio.run(two())
     written = _delta(before, _ours())
     assert {k[1][0][1] for k in written} == {"batch-loop-1", "batch-loop-2"}
+
+
+def test_a_loop_too_busy_for_its_timer_flushes_once_the_queue_is_full(monkeypatch):
+    metrics.flush()
+    monkeypatch.setattr(metrics, "MAX_QUEUED", 5)
+    before = _ours()
+    key = (
+        "haru_proxy_requests_total",
+        (("fleet", "batch-full"), ("model", "m"), ("outcome", "ok")),
+    )
+
+    async def serve():
+        _record([("batch-full", "m", "ok", None, None, False)] * 4)
+        assert _delta(before, _ours()) == {}  # queued
+        _record([("batch-full", "m", "ok", None, None, False)])
+        return _delta(before, _ours())  # the fifth filled the queue: written, no await
+
+    assert asyncio.run(serve()) == {key: 5}
+
+
+def test_scrapes_flushing_from_a_thread_while_the_loop_records_lose_nothing():
+    metrics.flush()
+    before = _ours()
+    stop = threading.Event()
+
+    def scrape():
+        while not stop.is_set():
+            metrics.flush()
+
+    scraper = threading.Thread(target=scrape)
+    scraper.start()
+
+    async def serve():
+        for _ in range(200):
+            _record([("batch-race", "m", "ok", 0.001, None, False)] * 50)
+            await asyncio.sleep(0)
+
+    try:
+        asyncio.run(serve())
+    finally:
+        stop.set()
+        scraper.join()
+    metrics.flush()
+    written = _delta(before, _ours())
+    key = (
+        "haru_proxy_requests_total",
+        (("fleet", "batch-race"), ("model", "m"), ("outcome", "ok")),
+    )
+    assert written[key] == 10_000
+    assert written[("haru_proxy_overhead_seconds_count", ())] == 10_000
