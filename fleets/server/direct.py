@@ -2,9 +2,10 @@
 
 Under `HaruHttpProtocol` a POST to /v1/chat/completions or /v1/completions never becomes ASGI
 messages. uvicorn has parsed the request (headers, the body as it arrives, keep-alive,
-pipelining, flow control, the edge's deadlines and limits) into its request cycle; this module
-runs the proxy's flow (`fleets/proxy/flow.py`) on that cycle directly and writes the answer as
-bytes, the head and a complete body in one write. What that saves, per request, is the ASGI
+pipelining, flow control, the edge's deadlines and limits) into a request cycle (for a target
+spelled exactly, this module's lean `ChatCycle` instead of uvicorn's own); this module runs the
+proxy's flow (`fleets/proxy/flow.py`) on that cycle directly and writes the answer as bytes,
+the head and a complete body in one write. What that saves, per request, is the ASGI
 layer's own work: the app chain (Channels' router, the Host guard, the proxy dispatch), a dict
 per message and its checks, a separate write for the headers, and the task that watches for a
 disconnect (here the connection's loss cancels the request itself). `bench/proxy.py` measures
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
@@ -35,6 +36,10 @@ log = logging.getLogger("haru.proxy")
 
 # The paths served here: POST only (anything else goes to the ASGI app, which answers 405).
 ENDPOINTS = {path: name for path, name in handler.ENDPOINTS.items() if name != "models"}
+# The same, as the raw request target: a request whose target is exactly one of these gets a
+# ChatCycle (below) without its URL parsed; any other spelling (a query string, an escaped
+# character) is parsed by uvicorn and still served here, on uvicorn's cycle.
+TARGETS = {path.encode("ascii"): name for path, name in ENDPOINTS.items()}
 
 _500 = (
     b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain; charset=utf-8\r\n"
@@ -42,7 +47,92 @@ _500 = (
 )
 
 
-def endpoint_of(cycle: RequestResponseCycle) -> str | None:
+class LazyEvent:
+    """asyncio.Event's set, clear and wait for the cycle's one waiter (CycleIO.read_body), with
+    no future unless the body is still to come when the flow asks for it (it rarely is)."""
+
+    __slots__ = ("_set", "_waiter")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._waiter: asyncio.Future | None = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        self._set = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def clear(self) -> None:
+        self._set = False
+
+    async def wait(self) -> bool:
+        if not self._set:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return True
+
+
+class ChatCycle:
+    """uvicorn's RequestResponseCycle for a chat request: the state its protocol and CycleIO
+    read and write, in slots, with a LazyEvent; no ASGI app runs on it.
+
+    uvicorn's cycle costs more than a microsecond per request to build (a dozen attributes,
+    an asyncio.Event, the URL parsed first), a percent or two of the chat path's CPU.
+    """
+
+    __slots__ = (
+        "access_log",
+        "access_logger",
+        "body",
+        "default_headers",
+        "disconnected",
+        "flow",
+        "keep_alive",
+        "message_event",
+        "more_body",
+        "on_response",
+        "response_complete",
+        "response_started",
+        "scope",
+        "transport",
+        "waiting_for_100_continue",
+    )
+
+    def __init__(
+        self,
+        protocol: HaruHttpProtocol,
+        scope: Any,
+        *,
+        keep_alive: bool,
+    ) -> None:
+        self.scope = scope
+        self.transport = protocol.transport
+        self.flow = protocol.flow
+        self.access_logger = protocol.access_logger
+        self.access_log = protocol.access_log
+        self.default_headers = protocol.server_state.default_headers
+        self.message_event = LazyEvent()
+        self.on_response = protocol.on_response_complete
+        self.disconnected = False
+        self.keep_alive = keep_alive
+        self.waiting_for_100_continue = protocol.expect_100_continue
+        self.body = bytearray()
+        self.more_body = True
+        self.response_started = False
+        self.response_complete = False
+
+
+Cycle = RequestResponseCycle | ChatCycle
+
+
+def endpoint_of(cycle: Cycle) -> str | None:
     """The endpoint this module serves for the cycle's request, else None."""
     scope = cycle.scope
     if scope["method"] != "POST":
@@ -76,7 +166,7 @@ class CycleIO:
 
     __slots__ = ("_chunked", "_watched", "cycle", "gone", "protocol", "task")
 
-    def __init__(self, protocol: HaruHttpProtocol, cycle: RequestResponseCycle) -> None:
+    def __init__(self, protocol: HaruHttpProtocol, cycle: Cycle) -> None:
         self.protocol = protocol
         self.cycle = cycle
         # The task serving the request, set by the protocol that starts it (asking the loop

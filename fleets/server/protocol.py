@@ -24,7 +24,8 @@ headers, is kept and buffered for as long as it likes. This subclass adds, per c
   costs its owner one reconnect. Only when every connection is busy is the newcomer refused.
 
 POST chat and completions are answered by `fleets/server/direct.py` on uvicorn's parsed request,
-without ASGI messages (the proxy's hot path); everything else (parsing, the ASGI cycle,
+without ASGI messages and, for a target spelled exactly, on a lean cycle of its own (the proxy's
+hot path); everything else (parsing, the ASGI cycle,
 WebSocket upgrade, pipelining, flow control) is uvicorn's. The header deadline and the
 keep-alive limit are one lazy timer each per connection (a request moves a deadline), and a body
 that arrives with its headers, the usual case, needs no timer at all (bench/server_edges.py
@@ -177,11 +178,14 @@ class HaruHttpProtocol(HttpToolsProtocol):
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         # `app is self.app`: not uvicorn's 503 for an exceeded concurrency limit.
-        chat = _direct()
-        endpoint = chat.endpoint_of(cycle) if app is self.app else None
+        endpoint = _direct().endpoint_of(cycle) if app is self.app else None
         if endpoint is None:
             super()._start_asgi_task(cycle, app)
             return
+        self._start_chat(cycle, endpoint)
+
+    def _start_chat(self, cycle: direct.Cycle, endpoint: str) -> None:
+        chat = _direct()
         io = chat.CycleIO(self, cycle)
         coro = chat.serve(io, endpoint)
         if self.config.reset_contextvars:
@@ -267,7 +271,41 @@ class HaruHttpProtocol(HttpToolsProtocol):
                 break
         # Set only now: a refusal above belongs to the header phase (no cycle of its own yet).
         self._phase = _BODY
-        super().on_headers_complete()
+        if not self._chat_cycle():
+            super().on_headers_complete()
+
+    def _chat_cycle(self) -> bool:
+        """uvicorn's on_headers_complete for a POST to a chat target spelled exactly, with a
+        lean cycle (direct.ChatCycle); False, having done nothing, for any other request."""
+        chat = _direct()
+        endpoint = chat.TARGETS.get(self.url)
+        parser = self.parser
+        if (
+            endpoint is None
+            or parser.get_method() != b"POST"
+            or parser.should_upgrade()
+            or self.limit_concurrency is not None
+            or self.root_path
+        ):
+            return False
+        http_version = parser.get_http_version()
+        scope = self.scope
+        scope["method"] = "POST"
+        if http_version != "1.1":
+            scope["http_version"] = http_version
+        scope["path"] = self.url.decode("ascii")
+        scope["raw_path"] = self.url
+        scope["query_string"] = b""
+        existing = self.cycle
+        keep_alive = http_version != "1.0" and parser.should_keep_alive()
+        cycle = self.cycle = chat.ChatCycle(self, scope, keep_alive=keep_alive)
+        if existing is None or existing.response_complete:
+            self._start_chat(cycle, endpoint)
+        else:
+            # Pipelined behind a request still being answered: started when that one is done.
+            self.flow.pause_reading()
+            self.pipeline.appendleft((cycle, self.app))
+        return True
 
     def on_body(self, body: bytes) -> None:
         # Counted for every body: a declared length cannot be passed (the parser ends the

@@ -15,6 +15,7 @@ import logging
 import pytest
 
 from fleets.proxy import flow
+from fleets.server.direct import ChatCycle
 from fleets.server.protocol import HaruHttpProtocol
 from tests.proxy.conftest import CHAT, chat_body, serving
 
@@ -266,3 +267,38 @@ async def test_a_host_not_allowed_is_refused_before_the_proxy(
         assert status == 200
     finally:
         writer.close()
+
+
+async def test_an_exact_chat_target_gets_the_lean_cycle_and_other_spellings_the_same_answer(
+    direct_only, engines, proxy_fleet
+):
+    reader, writer = await connect(direct_only.url)
+    try:
+        seen = []
+        for target in (CHAT, CHAT + "?trace=1", CHAT.replace("completions", "%63ompletions")):
+            writer.write(raw_request(target, chat_body()))
+            status, _, body = await read_response(reader)
+            (protocol,) = direct_only.server.server_state.connections
+            seen.append((status, json.loads(body)["path"], type(protocol.cycle) is ChatCycle))
+    finally:
+        writer.close()
+    # Only the exact spelling skips uvicorn's URL parse and cycle; all three are served alike.
+    assert seen == [(200, CHAT, True), (200, CHAT, False), (200, CHAT, False)]
+
+
+async def test_a_body_that_comes_after_its_headers_is_waited_for(direct_only, engines, proxy_fleet):
+    reader, writer = await connect(direct_only.url)
+    try:
+        request = raw_request(CHAT, chat_body())
+        head, body = request.split(b"\r\n\r\n", 1)
+        writer.write(head + b"\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.05)  # the flow is waiting for the body by now
+        writer.write(body[:5])
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(body[5:])
+        status, _, answer = await read_response(reader)
+    finally:
+        writer.close()
+    assert status == 200 and json.loads(answer)["path"] == CHAT
