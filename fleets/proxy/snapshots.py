@@ -202,8 +202,15 @@ class RoutingCache:
         self._logged: dict[tuple[str, str], float] = {}
         # When each reference's pointer was last read (asked), for the poll-bounded reuse.
         self._checked: dict[str, float] = {}
+        # `_fresh`'s answer per reference as the request spelled it, with the moment it stops
+        # holding (the poll bound or the TTL, whichever comes first) and the settings it was
+        # worked out with: the healthy path's lookup. Emptied whenever the state it was worked
+        # out from changes (a pointer read, a snapshot stored or dropped, an alias forgotten);
+        # a pushed revision is checked on every use.
+        self._fast: dict[str, tuple[float, str, int, Resolved, dict]] = {}
 
     def clear(self) -> None:
+        self._fast.clear()
         self._checked.clear()
         self._snapshots.clear()
         self._aliases.clear()
@@ -256,9 +263,10 @@ class RoutingCache:
 
         store.run(store.pointer_read, key, as_id).add_done_callback(done)
 
-    def _fresh(self, key: str) -> Resolved | None:
+    def _fresh(self, ref: str) -> Resolved | None:
         """The cached snapshot, if its pointer was read within the poll bound and no newer
         revision was pushed since: the healthy path then skips the database entirely."""
+        key = ref.strip().lower()  # only a reference read before can be cached
         fleet_id = self._aliases.get(key)
         if fleet_id is None:
             return None
@@ -267,19 +275,31 @@ class RoutingCache:
         if cached is None or checked is None or FEED.newer(fleet_id, cached.revision):
             return None
         config = haru()
-        now = clock.get_clock().monotonic()
-        if (
-            now - checked < config["chat_hold_poll_ms"] / 1000
-            and now - cached.loaded_at < config["snapshot_cache_ttl_ms"] / 1000
-        ):
-            return Resolved(cached, stale=False)
-        return None
+        until = min(
+            checked + config["chat_hold_poll_ms"] / 1000,
+            cached.loaded_at + config["snapshot_cache_ttl_ms"] / 1000,
+        )
+        if clock.get_clock().monotonic() >= until:
+            return None
+        resolved = Resolved(cached, stale=False)
+        if len(self._fast) < 4096:  # references are client-chosen: keep this bounded
+            self._fast[ref] = (until, fleet_id, cached.revision, resolved, config)
+        return resolved
 
     def cached(self, ref: str, loop: asyncio.AbstractEventLoop | None = None) -> Resolved | None:
         """The snapshot to serve `ref` with if no read is needed (the healthy path: no await);
         `loop` is the running loop, if the caller has it."""
         FEED.ensure_started(loop)
-        return self._fresh(ref.strip().lower())  # only a reference read before can be cached
+        fast = self._fast.get(ref)
+        if fast is not None:
+            until, fleet_id, revision, resolved, config = fast
+            if (
+                config is haru()
+                and clock.get_clock().monotonic() < until
+                and not FEED.newer(fleet_id, revision)
+            ):
+                return resolved
+        return self._fresh(ref)
 
     async def resolve(self, ref: str, loop: asyncio.AbstractEventLoop | None = None) -> Resolved:
         """Return the routing snapshot to serve `ref` with, or raise a ProxyError; `loop` is the
@@ -305,6 +325,7 @@ class RoutingCache:
         if pointer is None:
             self._forget_alias(key)
             raise errors.fleet_not_found(f"fleet {clip(ref)!r} not found")
+        self._fast.clear()  # the pointer was read: worked out again from it
         self._aliases[key] = pointer.fleet_id
         if len(self._checked) > 4096:  # references are client-chosen: keep this bounded
             self._checked.clear()
@@ -327,6 +348,7 @@ class RoutingCache:
             # Superseded: the pointer moved. Quarantine it, so that an outage from here on can
             # never serve the old routing.
             self._snapshots.pop(pointer.fleet_id, None)
+            self._fast.clear()
         try:
             async with asyncio.timeout(POINTER_READ_TIMEOUT_S):
                 return Resolved(await self._load(pointer), stale=False)
@@ -390,13 +412,16 @@ class RoutingCache:
         # Never replace a newer snapshot with an older one read concurrently.
         if current is None or snapshot.revision >= current.revision:
             self._snapshots[fleet_id] = snapshot
+            self._fast.clear()
         return snapshot
 
     def _quarantine(self, fleet_id: str, why: str) -> None:
         self._snapshots.pop(fleet_id, None)
+        self._fast.clear()
         self._note(fleet_id, "closed", why)
 
     def _forget_alias(self, key: str) -> None:
+        self._fast.clear()
         self._checked.pop(key, None)
         fleet_id = self._aliases.pop(key, None)
         if fleet_id is not None:
@@ -404,6 +429,7 @@ class RoutingCache:
 
     def _forget_fleet(self, fleet_id: str) -> None:
         """Drop a gone fleet's snapshot and every alias that led to it."""
+        self._fast.clear()
         self._snapshots.pop(fleet_id, None)
         for alias in [a for a, f in self._aliases.items() if f == fleet_id]:
             del self._aliases[alias]

@@ -297,3 +297,27 @@ async def test_a_hung_store_costs_at_most_the_read_budget(haru, engines, proxy_f
             writer.close()
         await store.run(store.connection_close)
     assert "x-haru-routing" not in (await haru.post(CHAT, content=chat_body())).headers
+
+
+async def test_the_healthy_path_lookup_holds_until_the_poll_bound_and_the_settings_change(
+    proxy_fleet, fake_clock, settings
+):
+    settings.HARU = {**settings.HARU, "chat_hold_poll_ms": 250, "snapshot_cache_ttl_ms": 60_000}
+    cache = RoutingCache()
+    await cache.resolve("demo")  # reads the pointer: fresh for 250 ms from now
+    served = cache.cached("demo")
+    assert served is not None and not served.stale
+    fake_clock.advance(ms=249)
+    assert cache.cached("demo") is served  # the same answer, no read
+    fake_clock.advance(ms=2)
+    assert cache.cached("demo") is None  # past the bound: the pointer must be read again
+    await cache.resolve("demo")
+    assert cache.cached("demo") is not None
+    settings.HARU = {**settings.HARU, "chat_hold_poll_ms": 0}
+    assert cache.cached("demo") is None  # a new bound counts at once
+    # Another spelling of the reference is its own entry, and ends with the same pointer read.
+    settings.HARU = {**settings.HARU, "chat_hold_poll_ms": 250}
+    await cache.resolve(" DEMO ")
+    assert cache.cached(" DEMO ") is not None and cache.cached("demo") is not None
+    fake_clock.advance(ms=251)
+    assert cache.cached(" DEMO ") is None and cache.cached("demo") is None
