@@ -265,7 +265,8 @@ class RoutingCache:
 
     def _fresh(self, ref: str) -> Resolved | None:
         """The cached snapshot, if its pointer was read within the poll bound and no newer
-        revision was pushed since: the healthy path then skips the database entirely."""
+        revision was pushed since: the healthy path then skips the database entirely. The
+        answer is kept for `cached` until it stops holding."""
         key = ref.strip().lower()  # only a reference read before can be cached
         fleet_id = self._aliases.get(key)
         if fleet_id is None:

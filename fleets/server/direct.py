@@ -57,9 +57,6 @@ class LazyEvent:
         self._set = False
         self._waiter: asyncio.Future | None = None
 
-    def is_set(self) -> bool:
-        return self._set
-
     def set(self) -> None:
         self._set = True
         waiter = self._waiter

@@ -25,8 +25,8 @@ headers, is kept and buffered for as long as it likes. This subclass adds, per c
 
 POST chat and completions are answered by `fleets/server/direct.py` on uvicorn's parsed request,
 without ASGI messages and, for a target spelled exactly, on a lean cycle of its own (the proxy's
-hot path); everything else (parsing, the ASGI cycle,
-WebSocket upgrade, pipelining, flow control) is uvicorn's. The header deadline and the
+hot path); everything else (parsing, the ASGI cycle, WebSocket upgrade, pipelining, flow
+control) is uvicorn's. The header deadline and the
 keep-alive limit are one lazy timer each per connection (a request moves a deadline), and a body
 that arrives with its headers, the usual case, needs no timer at all (bench/server_edges.py
 measures the edge's cost).
