@@ -51,9 +51,10 @@ async def test_requests_behind_a_stuck_read_serve_cached_routing_at_once(
             response = await haru.post(CHAT, content=chat_body())
             assert response.status_code == 200
             assert response.headers["x-haru-routing"] == "stale"
-        # Five requests together took less than one budget: none queued behind the stuck read
-        # (before, each waited the full budget: five seconds here).
-        assert time.monotonic() - started < budget
+        # None queued behind the stuck read: before, each waited the full budget (five seconds
+        # here). The bound is loose on purpose: on a loaded two-core machine five real requests
+        # have been seen to take just over one budget, and the structural check is `reads`.
+        assert time.monotonic() - started < 3 * budget
         assert reads == ["demo"]
     finally:
         frozen.set()
