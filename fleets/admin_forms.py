@@ -1,22 +1,21 @@
 """Admin forms for fleet layouts, with the layout loader's rules and errors on the right field.
 
 The patterns and limits are read from the loader's own JSON Schema (`fleets/layouts/schema.json`)
-and policy goes through `fleets.core.policy.validate_policy`, so a layout edited here is one that
-`seed_layout` would accept, and an export of it round-trips.
+and its errors worded the loader's way, and policy goes through
+`fleets.core.policy.validate_policy`, so a layout edited here is one that `seed_layout` would
+accept, and an export of it round-trips.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from functools import cache
 
 from django import forms
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.forms.fields import InvalidJSONInput, JSONString
 from django.forms.formsets import DELETION_FIELD_NAME
-from jsonschema import Draft202012Validator
 
 from fleets.core.drills import DrillSchedule, schedule_problems
 from fleets.core.policy import PolicyError, validate_policy
@@ -28,7 +27,7 @@ from fleets.drivers.cloud_placement import (
     parse_driver_settings,
 )
 from fleets.errors import LayoutError
-from fleets.layouts.loader import SCHEMA_PATH, parse_layout
+from fleets.layouts.loader import layout_schema, parse_layout, schema_problems
 from fleets.models import Domain, Fleet, ModelBinding, Slot
 from supervisor.wire import bounded_json
 
@@ -38,13 +37,8 @@ def _marked_for_deletion(form: forms.BaseForm) -> bool:
     return bool(form.cleaned_data.get(DELETION_FIELD_NAME, False))
 
 
-@cache
-def _schema() -> dict:
-    return json.loads(SCHEMA_PATH.read_text())
-
-
 def _def(name: str) -> dict:
-    return _schema()["$defs"][name]
+    return layout_schema()["$defs"][name]
 
 
 def _check_pattern(value: str, definition: dict) -> None:
@@ -255,13 +249,9 @@ class DomainForm(forms.ModelForm):
     def clean_placement(self):
         value = self.cleaned_data.get("placement")
         value = {} if value in (None, "") else value
-        errors = sorted(
-            Draft202012Validator(_def("placement")).iter_errors(value), key=lambda e: e.path
-        )
+        errors = schema_problems(value, definition="placement", prefix="placement")
         if errors:
-            first = errors[0]
-            where = ".".join(str(p) for p in first.absolute_path)
-            raise ValidationError(f"{where + ': ' if where else ''}{first.message}")
+            raise ValidationError(errors)
         return value
 
     def clean_driver(self):

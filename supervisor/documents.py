@@ -6,7 +6,9 @@ schema cannot. This module turns jsonschema's errors into the house's messages
 (`policy.wakeTimeoutMs: must be between 1 and 2147483647`), so each document reads alike.
 
 A schema may word its own rules: `x-rule` (one string) for a pattern, enum, const or maxLength,
-or `x-rules` (keyword -> string) for any keyword. Shared limits are written once, in
+or `x-rules` (keyword -> string) for any keyword (`required` and `additionalProperties`
+included); the common keywords it does not word get the house's words, not jsonschema's
+(which quote the whole value: `[...] is too long`). Shared limits are written once, in
 `supervisor/limits.py`: a schema names one as the string `"$limits.NAME"` where a number goes,
 and as `{NAME}` inside a rule's words.
 
@@ -97,12 +99,18 @@ def _schema_text(package: str, name: str) -> dict[str, Any]:
     return loaded
 
 
+def strict_validator(schema: dict[str, Any], package: str | None = None) -> Any:
+    """The strict validator of a schema already read: shared limits filled in, references
+    inlined (sibling files from `package`'s `schemas/`), the schema itself checked."""
+    filled = inline_refs(with_limits(schema), package=package)
+    StrictValidator.check_schema(filled)
+    return StrictValidator(filled)
+
+
 @cache
 def schema_validator(package: str, name: str) -> Any:
     """The strict validator of `<package>/schemas/<name>.json` (checked once, then cached)."""
-    schema = inline_refs(_schema_text(package, name), package=package)
-    StrictValidator.check_schema(schema)
-    return StrictValidator(schema)
+    return strict_validator(_schema_text(package, name), package)
 
 
 def json_path(parts: Iterable[Any], prefix: str = "") -> str:
@@ -157,6 +165,19 @@ def _worded(error: ValidationError) -> str:
         return f"must be at most {error.validator_value} characters"
     if kind == "minItems":
         return f"must have at least {error.validator_value} item(s)"
+    if kind == "maxItems":
+        return f"must have at most {error.validator_value} item(s)"
+    if kind == "uniqueItems":
+        return "must not repeat an entry"
+    if kind in {"exclusiveMinimum", "exclusiveMaximum"}:
+        word = "greater" if kind == "exclusiveMinimum" else "less"
+        return f"must be {word} than {error.validator_value}"
+    if kind == "maxProperties":
+        return f"must have at most {error.validator_value} entries"
+    if kind == "const":
+        return f"must be {_as_json(error.validator_value)}"
+    if kind == "enum":
+        return "must be one of " + ", ".join(_as_json(v) for v in error.validator_value)
     return str(error.message)
 
 
@@ -170,7 +191,8 @@ def findings(error: ValidationError, prefix: str = "") -> list[tuple[str, str]]:
         return [(json_path([*parts, str(key)], prefix), rule) for key in sorted(extra, key=str)]
     if error.validator == "required":
         missing = [k for k in error.validator_value if k not in error.instance]
-        return [(json_path([*parts, key], prefix), "is required") for key in missing]
+        rule = str(error.schema.get("x-rules", {}).get("required", "is required"))
+        return [(json_path([*parts, key], prefix), rule) for key in missing]
     schema_path = list(error.relative_schema_path)
     if len(schema_path) >= 2 and schema_path[-2] == "additionalProperties" and parts:
         # A map's value is named by its key at the map's path (`env: value of "A" must be a

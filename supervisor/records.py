@@ -29,6 +29,7 @@ from typing import IO, Any
 
 from supervisor.clock import iso_utc
 from supervisor.procfs import boot_id, process_group, process_start_time, same_process
+from supervisor.strict_json import is_int
 
 log = logging.getLogger(__name__)
 
@@ -274,7 +275,7 @@ class StateDir:
 
 
 def _int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_int(value):
         raise ValueError(f"not an integer: {value!r}")
     return value
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from supervisor.strict_json import is_int, is_number
+
 # Segment kinds of a GPU memory bar, in drawing order.
 AWAKE, SLEEPING, TRAINING, OTHER = "awake", "sleeping", "training", "other"
 SEGMENT_LABELS = {
@@ -64,10 +66,11 @@ class ReportedTraining:
 
 
 def _as_int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
+    if is_int(value):
         return value
+    # A whole float is read as its integer on purpose: the reconciler's wire-contract check
+    # (plain jsonschema) accepted it as one, and this display reader never refuses what the
+    # control plane took in; a strict reading would show "unknown" for a value it stored.
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return None
@@ -84,7 +87,7 @@ def _as_map(value: Any) -> Mapping[str, Any]:
 def _parse_time(value: Any) -> datetime | None:
     """Accept an ISO 8601 string (a trailing Z included) or epoch seconds."""
 
-    if isinstance(value, int | float) and not isinstance(value, bool):
+    if is_number(value):
         try:
             return datetime.fromtimestamp(float(value), tz=UTC)
         except (OverflowError, OSError, ValueError):

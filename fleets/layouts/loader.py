@@ -1,8 +1,11 @@
 """Parse and validate a layout file into plain, normalized values.
 
-Structure is checked by the shipped JSON Schema (jsonschema); the rules a schema cannot say
-(uniqueness inside a domain, the declared active being in the fleet, policy limits) are checked
-here. Every error is `path: rule`, e.g. `domains[1].slots[0].models[2].name: must be lowercase`.
+Structure is checked by the shipped JSON Schema (`schema.json`) through the strict validator
+every operator document uses (`supervisor/documents.py`: an integer is never a bool or a whole
+float); the rules a schema cannot say (uniqueness inside a domain, the declared active being in
+the fleet, policy limits, a provisioned domain's cloud placement and launch settings) are
+checked here. Every error is `path: rule`, e.g.
+`domains[1].slots[0].models[2].name: must be lowercase`.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from jsonschema import Draft202012Validator
 
 from fleets.core.policy import PolicyError, validate_policy
 from fleets.core.states import Provider, SlotKind
@@ -38,7 +40,7 @@ from fleets.layouts.planning import (
     planned_profile,
 )
 from supervisor.config import parse_config as parse_supervisor_config
-from supervisor.documents import leaf_errors, messages
+from supervisor.documents import problems, strict_validator
 from supervisor.strict_json import ConfigError as SupervisorConfigError
 from supervisor.wire import bounded_json
 
@@ -100,10 +102,26 @@ class Layout:
 
 
 @cache
-def _validator() -> Draft202012Validator:
+def _validator(definition: str | None = None) -> Any:
+    """The strict validator of the layout, or of one of its `$defs` (the admin checks a domain's
+    placement on its own)."""
     schema = json.loads(SCHEMA_PATH.read_text())
-    Draft202012Validator.check_schema(schema)
-    return Draft202012Validator(schema)
+    if definition is not None:
+        schema = {**schema["$defs"][definition], "$defs": schema["$defs"]}
+    return strict_validator(schema)
+
+
+def layout_schema() -> dict[str, Any]:
+    """The layout schema as checked: every `$ref` inlined (read its rules, do not edit it)."""
+    schema: dict[str, Any] = _validator().schema
+    return schema
+
+
+def schema_problems(document: Any, *, definition: str | None = None, prefix: str = "") -> list[str]:
+    """Every `path: rule` the layout schema (or its `$defs` entry `definition`) finds."""
+    return [
+        f"{where}: {rule}" for where, rule in problems(_validator(definition), document, prefix)
+    ]
 
 
 class _StrictYamlLoader(yaml.SafeLoader):
@@ -187,11 +205,11 @@ def _driver_errors(d: dict[str, Any], dpath: str) -> list[str]:
     try:
         parse_cloud_placement(d.get("placement", {}), path=f"{dpath}.placement")
     except CloudPlacementError as exc:
-        out.append(str(exc))
+        out.extend(exc.messages)
     try:
         parse_driver_settings(d["driver"], provider=provider, path=f"{dpath}.driver")
     except CloudPlacementError as exc:
-        out.append(str(exc))
+        out.extend(exc.messages)
         return out
     try:
         # Relative paths resolve on the cluster; "/" only stands in for it here.
@@ -206,9 +224,7 @@ def _driver_errors(d: dict[str, Any], dpath: str) -> list[str]:
 
 def parse_layout(data: Any) -> Layout:
     """Validate `data` and return the normalized Layout; raise LayoutError listing every error."""
-    errors = sorted(
-        {line for e in leaf_errors(_validator().iter_errors(data)) for line in messages(e)}
-    )
+    errors = sorted(schema_problems(data))
     if errors:
         raise LayoutError(errors)
     errors = []

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Case, F, Q, Value, When
 
 from fleets import clock
 from fleets.core.states import check_transition
@@ -101,10 +101,11 @@ def _heartbeat_display(
     return shown
 
 
-def _not_newer(field: str, at: datetime) -> Q:
-    """Match rows whose `field` is unset or older than `at`: a slower tick finishing after a
-    faster one must not write older news over newer."""
-    return Q(**{f"{field}__isnull": True}) | Q(**{f"{field}__lt": at})
+def _not_newer(field: str, at: datetime, *, tie_wins: bool = False) -> Q:
+    """Match rows whose `field` is unset or older than `at` (or equal to it, when a tie goes to
+    this write): a slower tick finishing after a faster one must not write older news over
+    newer."""
+    return Q(**{f"{field}__isnull": True}) | Q(**{f"{field}__{'lte' if tie_wins else 'lt'}": at})
 
 
 def domain_seen(
@@ -120,7 +121,8 @@ def domain_seen(
     GPU memory answer) `gpus_read_at`, never moving time back; return whether it was recorded.
 
     Writes `domain.heartbeat.recovered` when the heartbeat had been failing. Guarded by the
-    failing-since value read: a concurrent failure record makes this one lose, not mix.
+    failing-since value read (a concurrent failure record makes this one lose, not mix) and by
+    the last recorded heartbeat, good or bad: a success observed before it writes nothing.
     """
     failing_since = (
         Domain.objects.filter(pk=domain_id)
@@ -138,10 +140,22 @@ def domain_seen(
         "heartbeat_failing_since": None,
     }
     if gpus_read_at is not None:
-        values["gpus_read_at"] = gpus_read_at
+        # Another process's reads keep their own in-flight table, so a newer beat may carry an
+        # answer asked before the one already stored: keep the later time.
+        values["gpus_read_at"] = Case(
+            When(_not_newer("gpus_read_at", gpus_read_at), then=Value(gpus_read_at)),
+            default=F("gpus_read_at"),
+        )
     with transaction.atomic():
+        # Guarded like a failure: by the failing-since value read (the recovered edge is
+        # decided once) and by "not older than any heartbeat recorded so far", good or bad. A
+        # success a slow tick observed before a faster tick's failure is older news: recording
+        # it would clear the failure, move `heartbeat_checked_at` back and report a recovery
+        # that did not happen. A success and a failure taken at the same instant: the success
+        # wins (the failure's guard is strict on `last_seen_at`).
         moved = (
             Domain.objects.filter(pk=domain_id, heartbeat_failing_since=failing_since)
+            .filter(_not_newer("heartbeat_checked_at", seen_at, tie_wins=True))
             .filter(_not_newer("last_seen_at", seen_at))
             .update(**values)
         )

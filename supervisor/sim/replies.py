@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
+from supervisor.strict_json import is_int
+
 DEFAULT_MAX_TOKENS = 16
 
 
@@ -63,7 +65,7 @@ def plan_completion(
     source = (prompt_text or "(empty)") if echo else reply
     words = source.split()
     limit = payload.get("max_completion_tokens", payload.get("max_tokens"))
-    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+    if not is_int(limit) or limit < 1:
         limit = DEFAULT_MAX_TOKENS
     kept = words[:limit]
     tokens = tuple(w if i == 0 else " " + w for i, w in enumerate(kept))

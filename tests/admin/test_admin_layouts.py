@@ -213,6 +213,20 @@ def test_domain_placement_is_checked_against_the_layout_schema(
     assert list(response.context["adminform"].form.errors) == ["placement"]
 
 
+def test_a_placement_error_is_worded_like_the_layout_loader_words_it(
+    superuser_client, admin_form, seeded_fleet
+):
+    east = _domain(seeded_fleet, "east")
+    data = _get_form(superuser_client, admin_form, east)
+    data["placement"] = json.dumps({"cloud": 3, "acceleratorCount": 2.0})
+    response = superuser_client.post(_change_url(east), data)
+    assert response.status_code == 200
+    assert response.context["adminform"].form.errors["placement"] == [
+        "placement.cloud: must be of type string",
+        "placement.acceleratorCount: must be of type integer",  # a whole float is not one
+    ]
+
+
 # ----------------------------------------------------------------------------------------------
 # State is read-only; new rows get their initial state
 # ----------------------------------------------------------------------------------------------

@@ -44,6 +44,8 @@ def test_the_wheel_holds_templates_static_files_schemas_and_migrations(wheel):
             "supervisor/schemas/config.json",
             "supervisor/schemas/profile.json",
             "fleets/core/schemas/policy.json",
+            "fleets/drivers/schemas/placement.json",
+            "fleets/drivers/schemas/driver.json",
         }
     ):
         if "__pycache__" in needed:

@@ -62,6 +62,30 @@ def test_a_failure_taken_before_the_last_failure_writes_nothing(seeded_fleet):
     assert d.heartbeat_failing_since == T0 + timedelta(seconds=2)
 
 
+def test_a_success_taken_before_the_last_failure_writes_nothing(seeded_fleet):
+    d = west(seeded_fleet)
+    assert failed(d, T0 + timedelta(seconds=2)) is True
+    # A slower tick's success, observed before the failure, recorded after it: older news.
+    assert seen(d, T0 + timedelta(seconds=1), marker="older") is False
+    d.refresh_from_db()
+    assert d.heartbeat_failing_since == T0 + timedelta(seconds=2)
+    assert d.heartbeat_checked_at == T0 + timedelta(seconds=2)
+    assert d.last_seen_at is None or d.last_seen_at < T0 + timedelta(seconds=1)
+    assert d.last_report["heartbeat"]["ok"] is False
+    assert "marker" not in d.last_report
+    assert events("domain.heartbeat.recovered") == []
+
+
+def test_a_success_taken_at_the_instant_of_the_last_failure_wins(seeded_fleet):
+    d = west(seeded_fleet)
+    assert failed(d, T0) is True
+    assert seen(d, T0) is True
+    assert failed(d, T0) is False  # and the failure, recorded again, does not undo it
+    d.refresh_from_db()
+    assert d.heartbeat_failing_since is None
+    assert len(events("domain.heartbeat.recovered")) == 1
+
+
 def test_failing_is_edge_triggered_and_recovery_reports_since_when(seeded_fleet):
     d = west(seeded_fleet)
     assert failed(d, T0) is True
@@ -98,6 +122,27 @@ def test_the_gpu_read_time_moves_only_with_a_recorded_answer(seeded_fleet):
     assert seen(d, T0 + timedelta(seconds=1))  # no answer this beat: the time stays
     d.refresh_from_db()
     assert d.gpus_read_at == asked
+
+
+def test_the_gpu_read_time_never_moves_back_to_an_answer_asked_earlier(seeded_fleet):
+    d = west(seeded_fleet)
+    later = T0 - timedelta(milliseconds=100)
+    earlier = T0 - timedelta(milliseconds=900)
+    assert domain_seen(
+        domain_id=d.id, fleet_id=d.fleet_id, seen_at=T0, report={}, gpus_read_at=later
+    )
+    # Another process's read, asked earlier, carried by a newer beat: the beat is recorded,
+    # the read time stays.
+    assert domain_seen(
+        domain_id=d.id,
+        fleet_id=d.fleet_id,
+        seen_at=T0 + timedelta(seconds=1),
+        report={},
+        gpus_read_at=earlier,
+    )
+    d.refresh_from_db()
+    assert d.last_seen_at == T0 + timedelta(seconds=1)
+    assert d.gpus_read_at == later
 
 
 def test_the_upgrade_fills_the_columns_from_what_the_reports_held(seeded_fleet):
