@@ -48,12 +48,12 @@ def main() -> int:
 
     setup_django(Path(tempfile.mkdtemp(prefix="haru-bench-broadcast-")))
     # After django.setup(): these import models, which need the app registry.
-    from fleets import broadcast, shapes  # noqa: PLC0415
-    from fleets.core.states import IN_FLIGHT_OPERATION_STATES  # noqa: PLC0415
-    from fleets.layouts.loader import load_layout  # noqa: PLC0415
-    from fleets.models import Fleet, Operation  # noqa: PLC0415
-    from fleets.services.layouts import layout_apply  # noqa: PLC0415
-    from fleets.services.operations import operation_request  # noqa: PLC0415
+    from fleets import broadcast, shapes  # noqa: PLC0415 - needs django.setup() (the app registry) first
+    from fleets.core.states import IN_FLIGHT_OPERATION_STATES  # noqa: PLC0415 - needs django.setup() (the app registry) first
+    from fleets.layouts.loader import load_layout  # noqa: PLC0415 - needs django.setup() (the app registry) first
+    from fleets.models import Fleet, Operation  # noqa: PLC0415 - needs django.setup() (the app registry) first
+    from fleets.services.layouts import layout_apply  # noqa: PLC0415 - needs django.setup() (the app registry) first
+    from fleets.services.operations import operation_request  # noqa: PLC0415 - needs django.setup() (the app registry) first
 
     layout = load_layout(ROOT / "examples" / "fleet.two-domain.json")
     layout_apply(layout=layout, actor="bench")

@@ -55,7 +55,7 @@ def setup_django(workdir: Path) -> None:
 
     django.setup()
     # Django's app registry must be ready before anything that touches models is imported.
-    from django.core.management import call_command  # noqa: PLC0415
+    from django.core.management import call_command  # noqa: PLC0415 - needs django.setup() (the app registry) first
 
     call_command("migrate", "--noinput", verbosity=0)
 
@@ -83,14 +83,14 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="haru-bench-failover-"))
     setup_django(workdir)
     # After django.setup(): these import models, which need the app registry.
-    from django.db.models import Q  # noqa: PLC0415
+    from django.db.models import Q  # noqa: PLC0415 - needs django.setup() (the app registry) first
 
-    from fleets import clock  # noqa: PLC0415
-    from fleets.layouts.loader import parse_layout  # noqa: PLC0415
-    from fleets.models import Domain, Event, Fleet, Operation  # noqa: PLC0415
-    from fleets.reconciler.loop import ReconcileLoop  # noqa: PLC0415
-    from fleets.services.layouts import layout_apply  # noqa: PLC0415
-    from fleets.services.operations import operation_request  # noqa: PLC0415
+    from fleets import clock  # noqa: PLC0415 - needs django.setup() (the app registry) first
+    from fleets.layouts.loader import parse_layout  # noqa: PLC0415 - needs django.setup() (the app registry) first
+    from fleets.models import Domain, Event, Fleet, Operation  # noqa: PLC0415 - needs django.setup() (the app registry) first
+    from fleets.reconciler.loop import ReconcileLoop  # noqa: PLC0415 - needs django.setup() (the app registry) first
+    from fleets.services.layouts import layout_apply  # noqa: PLC0415 - needs django.setup() (the app registry) first
+    from fleets.services.operations import operation_request  # noqa: PLC0415 - needs django.setup() (the app registry) first
 
     trainer = ("--sigterm-save-s", str(args.trainer_save_ms / 1000))
     hosts = {

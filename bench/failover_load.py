@@ -38,6 +38,7 @@ import math
 import os
 import random
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -195,8 +196,6 @@ class JitterRelay:
 
 
 def _port_free(port: int) -> bool:
-    import socket  # noqa: PLC0415 - only the relay's start-up check needs it
-
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -257,7 +256,7 @@ class Stack:
         return Fleet.objects.get(slug="e2e")
 
     def roles(self) -> tuple[str, str]:
-        from fleets.models import Domain  # noqa: PLC0415
+        from fleets.models import Domain  # noqa: PLC0415 - needs django.setup() (the app registry) first
 
         fleet = self.fleet()
         by_id = {d.id: d.slug for d in Domain.objects.filter(fleet=fleet)}
@@ -265,14 +264,14 @@ class Stack:
         return active, next(s for s in by_id.values() if s != active)
 
     def set_policy(self, **keys: Any) -> None:
-        from fleets.models import Fleet  # noqa: PLC0415
+        from fleets.models import Fleet  # noqa: PLC0415 - needs django.setup() (the app registry) first
 
         fleet = self.fleet()
         # Not a state field: the policy is operator configuration, re-read by every tick.
         Fleet.objects.filter(pk=fleet.pk).update(policy={**fleet.policy, **keys})
 
     def calm(self) -> bool:
-        from fleets.models import Domain, Operation  # noqa: PLC0415
+        from fleets.models import Domain, Operation  # noqa: PLC0415 - needs django.setup() (the app registry) first
 
         fleet = self.fleet()
         if Operation.objects.filter(fleet=fleet, state__in=["pending", "running"]).exists():
@@ -289,7 +288,7 @@ class Stack:
 
 def op_figures(op, event_at: float) -> dict[str, float]:
     """Detection, recorded outage and step times of one promotion, in milliseconds."""
-    from fleets.models import Event  # noqa: PLC0415
+    from fleets.models import Event  # noqa: PLC0415 - needs django.setup() (the app registry) first
 
     done = {
         e.step: e
@@ -305,7 +304,7 @@ def op_figures(op, event_at: float) -> dict[str, float]:
 
 
 def run_round(stack: Stack, clients: Clients, kind: str, args) -> dict[str, Any]:
-    from fleets.models import Operation  # noqa: PLC0415
+    from fleets.models import Operation  # noqa: PLC0415 - needs django.setup() (the app registry) first
 
     wait_for(stack.calm, 120, "a calm fleet", every=0.2)
     time.sleep(0.5)
@@ -398,7 +397,7 @@ def run_round(stack: Stack, clients: Clients, kind: str, args) -> dict[str, Any]
 
 def _demote_if_awake(stack: Stack, slug: str) -> bool:
     """Ask for the demotion of a returned old active once it is seen again (idempotent)."""
-    from fleets.models import Domain, Operation  # noqa: PLC0415
+    from fleets.models import Domain, Operation  # noqa: PLC0415 - needs django.setup() (the app registry) first
 
     fleet = stack.fleet()
     if Operation.objects.filter(fleet=fleet, state__in=["pending", "running"]).exists():
@@ -449,7 +448,7 @@ def jitter_run(args, workdir: Path) -> int:
         end = started + args.jitter_minutes * 60
         while time.time() < end:
             time.sleep(5)
-        from fleets.models import Operation  # noqa: PLC0415
+        from fleets.models import Operation  # noqa: PLC0415 - needs django.setup() (the app registry) first
 
         ops = Operation.objects.filter(kind="promote").count()
         reqs = clients.since(started, time.time())

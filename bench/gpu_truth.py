@@ -63,6 +63,7 @@ from bench.gpu_truth_procs import (  # noqa: E402
     wait_http,
 )
 from bench.gpu_truth_report import judge, render_table  # noqa: E402
+from fleets.core.policy import DEFAULTS  # noqa: E402
 from supervisor.clock import SystemClock  # noqa: E402
 from supervisor.config import TrainingSlotConfig  # noqa: E402
 from supervisor.gpu.nvml import NvmlBackend  # noqa: E402
@@ -191,7 +192,7 @@ def stage(
 
 
 def measure_bandwidth(plan: Plan) -> dict[str, Any]:
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415 - heavy and optional: only the torch measurements need it
 
     device = torch.device("cuda", plan.gpu_index) if plan.cuda else torch.device("cpu")
     n = plan.bandwidth_mib * MIB
@@ -361,8 +362,6 @@ async def trainer_stop(plan: Plan, reader: MemoryReader, path: str) -> dict[str,
 
 
 def promotion(plan: Plan, reader: MemoryReader) -> dict[str, Any]:
-    from fleets.core.policy import DEFAULTS  # noqa: PLC0415 - pure Python, no Django
-
     port, model_port, token = free_port(), free_port(), secrets.token_hex(16)
     weights_mib = min(plan.sizes_mib)
     gpu: dict[str, Any] = (
@@ -507,7 +506,7 @@ def run(plan: Plan) -> dict[str, Any]:
             return None
 
     try:
-        import torch  # noqa: PLC0415
+        import torch  # noqa: PLC0415 - heavy and optional: only the torch measurements need it
 
         results["torch"] = torch.__version__
         print(f"gpu truth on {results['gpu']['name']} ({plan.device})", flush=True)

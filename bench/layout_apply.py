@@ -108,13 +108,13 @@ def before_module(ref: str) -> ModuleType | None:
 
 
 def measure(name: str, apply: Any, slug: str, models: int, db_path: str) -> None:
-    from fleets.layouts.loader import parse_layout  # noqa: PLC0415 (after django.setup())
+    from fleets.layouts.loader import parse_layout  # noqa: PLC0415 - needs django.setup() (the app registry) first
 
     layout = parse_layout(big_layout(slug, models))
     probe = Probe(db_path)
     probe.start()
     time.sleep(0.05)
-    from django.conf import settings  # noqa: PLC0415
+    from django.conf import settings  # noqa: PLC0415 - needs django.setup() (the app registry) first
 
     pause_s = settings.HARU["layout_batch_pause_ms"] / 1000
     marks: list[float] = []
@@ -153,13 +153,13 @@ def main() -> None:
     os.environ["DATABASE_URL"] = f"sqlite:///{db_path}"
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "haru.settings")
     os.environ["HARU_LAYOUT_MAX_ROWS"] = str(10 * args.models + 100)
-    import django  # noqa: PLC0415 (settings come from the environment set just above)
+    import django  # noqa: PLC0415 - after the environment set just above selects the settings
 
     django.setup()
-    from django.conf import settings  # noqa: PLC0415
-    from django.core.management import call_command  # noqa: PLC0415
+    from django.conf import settings  # noqa: PLC0415 - needs django.setup() (the app registry) first
+    from django.core.management import call_command  # noqa: PLC0415 - needs django.setup() (the app registry) first
 
-    from fleets.services.layouts import layout_apply  # noqa: PLC0415
+    from fleets.services.layouts import layout_apply  # noqa: PLC0415 - needs django.setup() (the app registry) first
 
     call_command("migrate", verbosity=0)
     rows = 2 * (1 + args.models + args.models // 50 + 1)

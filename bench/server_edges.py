@@ -166,8 +166,8 @@ async def _drive(cls, config, state, requests: int) -> float:
 
 def protocol_only(args) -> int:
     import uvicorn  # noqa: PLC0415 - only this mode needs them in-process
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # noqa: PLC0415
-    from uvicorn.server import ServerState  # noqa: PLC0415
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # noqa: PLC0415 - needs django.setup() (the app registry) first
+    from uvicorn.server import ServerState  # noqa: PLC0415 - needs django.setup() (the app registry) first
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "haru.settings")
     os.environ.setdefault("HARU_VAR_DIR", tempfile.mkdtemp(prefix="haru-bench-edges-"))

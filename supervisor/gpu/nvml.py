@@ -15,6 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+try:  # a base dependency; a host whose install lacks it reads "no GPU facts", not a crash at start
+    import pynvml
+except ImportError:  # pragma: no cover - nvidia-ml-py is in the base dependencies
+    pynvml = None
+
 from supervisor.gpu.facts import (
     MIB,
     GpuFacts,
@@ -34,11 +39,9 @@ NVML_DEVICE_MIG_ENABLE = 1
 
 
 def import_pynvml() -> Any:
-    """Import the real NVML binding; GpuUnavailable when it is not installed."""
-    try:
-        import pynvml  # noqa: PLC0415 - optional at import time by design
-    except ImportError as exc:
-        raise GpuUnavailable("nvidia-ml-py (pynvml) is not installed") from exc
+    """Return the real NVML binding; GpuUnavailable when it is not installed."""
+    if pynvml is None:
+        raise GpuUnavailable("nvidia-ml-py (pynvml) is not installed")
     return pynvml
 
 

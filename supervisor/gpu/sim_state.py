@@ -50,7 +50,8 @@ class SimGpuState:
     ) -> None:
         """Record that `pid` (default: this process) holds `mib` MiB on a GPU under `label`.
 
-        With `leak` the entry outlives the process: nothing but `forget_leaks` removes it.
+        With `leak` the entry outlives the process, as leaked GPU memory does: `release` keeps
+        it, and only a fresh state file forgets it.
         """
         pid = pid or os.getpid()
         with self._locked(exclusive=True):
@@ -76,11 +77,6 @@ class SimGpuState:
                 if h.leaked or not (h.pid == pid and (label is None or h.label == label))
             ]
             self._store(holders)
-
-    def forget_leaks(self) -> None:
-        """Drop every leaked entry (the simulated equivalent of resetting the GPU)."""
-        with self._locked(exclusive=True):
-            self._store([h for h in self._load_live() if not h.leaked])
 
     def holders(self) -> list[Holder]:
         """Return the entries of processes that are still alive."""

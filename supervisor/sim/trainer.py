@@ -25,6 +25,8 @@ import threading
 import time
 from pathlib import Path
 
+from supervisor.gpu.sim_state import SimGpuState
+
 _CHECKPOINT = re.compile(r"^step-(\d+)\.json$")
 KEEP_CHECKPOINTS = 3
 
@@ -129,10 +131,6 @@ def main(argv: list[str] | None = None) -> int:
 
     state = None
     if args.sim_state and (args.memory_mib > 0 or args.leak_mib > 0):
-        # Imported here, after the SIGTERM handler is in place and only with a simulated GPU:
-        # a stop that arrives right after start must not be lost to import time.
-        from supervisor.gpu.sim_state import SimGpuState  # noqa: PLC0415
-
         state = SimGpuState(args.sim_state)
         state.hold(gpu_index, args.memory_mib, "trainer")
         if args.leak_mib > 0:
