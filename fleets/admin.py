@@ -628,7 +628,9 @@ class OperationAdmin(_ReadOnlyAdmin):
                 action="cancel_operations",
                 title="Cancel operations",
                 text="Cancel these operations? Each stops between steps and routing does not "
-                "move; a cancelled promotion's target is put back in standby posture:",
+                "move; a cancelled promotion's target is put back in standby posture. A "
+                "promotion that already moved routing ends succeeded instead, without its "
+                "remaining best-effort steps on the old active:",
             )
         for op in queryset.select_related("fleet"):
             result = dashboard_actions.cancel_operation(

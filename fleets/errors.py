@@ -58,7 +58,8 @@ class LayoutError(ServiceError):
 
 
 class OperationNotCancellable(ServiceError):
-    """A cancel that came too late: the operation finished, or its routing already moved.
+    """A cancel that came too late: the operation finished, or it moved routing a moment ago
+    and its switch is still being recorded (retry: it then ends without its best-effort steps).
 
     `code` says which (`operation_finished`, `routing_committed`); `operation` is the row.
     """

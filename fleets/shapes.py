@@ -45,6 +45,11 @@ def operation_json(op: Operation | None) -> dict[str, Any] | None:
     }
 
 
+def cancel_json(status: str, op: Operation, skipped_steps: Iterable[str]) -> dict[str, Any]:
+    """Render what an operator's cancel did (`CancelledOut`)."""
+    return {"status": status, "operation": operation_json(op), "skippedSteps": list(skipped_steps)}
+
+
 # What a live message carries of its operation: enough for the dashboard to show the step at
 # once (it re-fetches the page for the rest). A subset of `operation_json`, rendered by it.
 LIVE_OPERATION_KEYS = (

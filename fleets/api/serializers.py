@@ -63,6 +63,12 @@ class ErrorEnvelope(serializers.Serializer):
     error = ErrorBody()
 
 
+class OperationError(ErrorBody):
+    """Why an operation failed or was cancelled, and at which step."""
+
+    step = serializers.CharField(help_text="The step it ended at (empty if it never started).")
+
+
 class OperationOut(serializers.Serializer):
     id = serializers.UUIDField()
     fleetId = serializers.UUIDField()  # noqa: N815
@@ -75,7 +81,7 @@ class OperationOut(serializers.Serializer):
     currentStep = serializers.CharField(allow_null=True)  # noqa: N815
     stepStartedAt = serializers.DateTimeField(allow_null=True)  # noqa: N815
     routingCommitted = serializers.BooleanField()  # noqa: N815
-    error = ErrorBody(allow_null=True)
+    error = OperationError(allow_null=True)
     cleanup = serializers.ChoiceField(
         [c.value for c in CleanupState if c.value],
         allow_null=True,
@@ -256,8 +262,18 @@ class OperationListOut(serializers.Serializer):
 
 
 class CancelledOut(serializers.Serializer):
-    status = serializers.ChoiceField(["cancelled"])
+    status = serializers.ChoiceField(
+        ["cancelled", "succeeded"],
+        help_text="cancelled: the operation ended cancelled (routing had not moved). succeeded: "
+        "a promotion that had already moved routing ended without its remaining best-effort "
+        "steps on the old active (listed in skippedSteps); routing stays where it moved.",
+    )
     operation = OperationOut()
+    skippedSteps = serializers.ListField(  # noqa: N815
+        child=serializers.CharField(),
+        help_text="The steps not run, in order (empty when cancelled); each is an "
+        "operation.step.skipped event with reason cancelled.",
+    )
 
 
 class DomainActionOut(serializers.Serializer):

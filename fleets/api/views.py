@@ -336,14 +336,18 @@ class OperationCancelView(HaruAPIView):
         The reconciler stops it between steps: a step already talking to a supervisor finishes
         its call, and routing never moves once the cancel is recorded. A cancelled promotion's
         target is put back in standby posture by the next tick (`cleanup` reads `pending` until
-        then). 409 `operation_finished` when it already ended; 409 `routing_committed` when a
-        promotion already moved routing (only its best-effort steps on the old active remain).
+        then). A promotion that already moved routing cannot be un-moved: its remaining
+        best-effort steps on the old active are skipped and it ends succeeded (`status`
+        `succeeded`, `skippedSteps`). 409 `operation_finished` when it already ended; 409
+        `routing_committed` in the moment between a promotion's switch and its record (retry).
         """
         fleet = selectors.fleet_get(ref)
-        op = operation_cancel_request(
+        outcome = operation_cancel_request(
             fleet_id=fleet.id, operation_id=operation_id, actor=self.actor(request)
         )
-        return Response({"status": "cancelled", "operation": shapes.operation_json(op)})
+        return Response(
+            shapes.cancel_json(outcome.status, outcome.operation, outcome.skipped_steps)
+        )
 
 
 class OperationDetailView(HaruAPIView):

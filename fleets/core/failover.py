@@ -67,6 +67,23 @@ def rank_standbys(fleet: FleetView, now: datetime | None = None) -> list[DomainV
     return sorted(fleet.standbys, key=key)
 
 
+def lost_reason(domain: DomainView, policy: Policy, now: datetime) -> str | None:
+    """Say why `domain` can no longer serve as the active (ACTIVE_FAILED, ACTIVE_STALE), or None.
+
+    The one test of "the active is lost": failover detection asks it of the active, and
+    pre-emption of a promotion whose routing committed asks it of the domain routed to.
+    """
+    if domain.state == DomainState.FAILED:
+        return ACTIVE_FAILED
+    if is_stale(domain, policy, now) and not serving_recently(
+        domain.serving_seen_at, now=now, window_ms=policy.heartbeat_stale_ms
+    ):
+        # Staleness alone never fails over an active whose model servers were seen serving
+        # within the window: its supervisor is gone, not its traffic (degraded, with a grace).
+        return ACTIVE_STALE
+    return None
+
+
 @dataclass(frozen=True)
 class FailoverDecision:
     """Promote `target_id` because of `reason`; `target_id` None means nobody can take over."""
@@ -88,15 +105,8 @@ def detect_failover(
     policy, active = fleet.policy, fleet.active
     if not policy.auto_failover or active is None:
         return None
-    if active.state == DomainState.FAILED:
-        reason = ACTIVE_FAILED
-    elif is_stale(active, policy, now) and not serving_recently(
-        active.serving_seen_at, now=now, window_ms=policy.heartbeat_stale_ms
-    ):
-        # Staleness alone never fails over an active whose model servers were seen serving
-        # within the window: its supervisor is gone, not its traffic (degraded, with a grace).
-        reason = ACTIVE_STALE
-    else:
+    reason = lost_reason(active, policy, now)
+    if reason is None:
         return None
     ranked = rank_standbys(fleet, now)
     waiting = held or {}

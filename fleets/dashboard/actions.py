@@ -61,9 +61,23 @@ def request_operation(*, fleet: Fleet, kind: str, target: str, actor: str) -> Ac
 def cancel_operation(*, fleet: Fleet, operation_id: str, actor: str) -> ActionResult:
     """Cancel an in-flight operation of the fleet, exactly as the API does."""
     try:
-        op = operation_cancel_request(fleet_id=fleet.id, operation_id=operation_id, actor=actor)
+        outcome = operation_cancel_request(
+            fleet_id=fleet.id, operation_id=operation_id, actor=actor
+        )
     except ServiceError as exc:
         return ActionResult(False, exc.status, exc.code, exc.message)
+    op = outcome.operation
+    if outcome.skipped_steps:
+        # Routing had moved: the promotion succeeded, only its steps on the old active are off.
+        return ActionResult(
+            True,
+            200,
+            "succeeded",
+            f"{op.kind} of {op.target_slug} had already moved routing: it ends succeeded "
+            f"without {', '.join(outcome.skipped_steps)} (operation {str(op.id)[:8]}); the old "
+            "active's standby posture is left to the restore-standby pass",
+            str(op.id),
+        )
     tail = (
         "; its target goes back to standby posture at the next tick"
         if op.kind == OperationKind.PROMOTE

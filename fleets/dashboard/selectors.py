@@ -18,6 +18,7 @@ from fleets.clock import iso
 from fleets.core.backoff import Backoff
 from fleets.core.decisions import decide_demotion, decide_promotion
 from fleets.core.failover import is_stale, is_viable_standby
+from fleets.core.preemption import Ending, InFlight, ending
 from fleets.core.read_model import FleetView
 from fleets.core.report import (
     gpu_bars,
@@ -181,6 +182,15 @@ def operation_progress(
             entry["status"] = "pending"
         entry["elapsed"] = chart_mod.fmt_ms(entry["ms"]) if entry["ms"] is not None else ""
         steps.append(entry)
+    ending_of = ending(
+        InFlight(
+            kind=op.kind,
+            target_id=None,
+            routing_committed=op.routing_committed,
+            current_step=op.current_step,
+            drill_mode=op.drill_mode,
+        )
+    )
     end = op.finished_at or now
     start = op.started_at or op.created_at
     total_ms = _elapsed_ms(start, end) if start else None
@@ -200,8 +210,11 @@ def operation_progress(
         "started_at": iso(op.started_at),
         "finished_at": iso(op.finished_at),
         "routing_committed": op.routing_committed,
-        # An operator may cancel until routing moves (the service refuses after).
-        "can_cancel": running and not op.routing_committed,
+        # Until routing moves a cancel ends the operation cancelled; after, it ends a
+        # promotion succeeded without its best-effort steps (not in the instant between the
+        # switch and its record, when the service asks to retry).
+        "can_cancel": running and ending_of != Ending.NOT_YET,
+        "cancel_skips_rest": running and ending_of == Ending.SKIP_REST,
         "cleanup": op.cleanup,
         "error": error,
         "steps": steps,

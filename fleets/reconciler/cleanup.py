@@ -25,7 +25,7 @@ from fleets.reconciler import golden, posture
 from fleets.reconciler.client import CALL_CAP_S, SupervisorClient
 from fleets.services.events import event_record
 from fleets.services.operations import operation_cleanup_claim, operation_cleanup_finish
-from fleets.services.route_pointer import route_switch_back
+from fleets.services.route_pointer import pointer_movers, route_switch_back
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +171,13 @@ def route_back(
             data={"ok": ok, "message": message[:500]},
         )
 
+    mover = pointer_movers(operation.fleet_id).values("id", "kind").first()
+    if mover is not None:
+        # A failover that pre-empted the drill (its standby was lost) owns routing now: routing
+        # back beside it would move the pointer twice for one outage (route_switch_back
+        # refuses it in its UPDATE too; this says why on the timeline).
+        record(False, f"routing left to {mover['kind']} {mover['id']}, in flight")
+        return False
     why = (
         f"domain {original.slug} has no supervisor URL"
         if not original.supervisor_url

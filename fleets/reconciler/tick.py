@@ -4,8 +4,10 @@
 2. mirror slot health and domain states;
 3. escalate an active degraded past `degradedGraceMs` (every condition inside one UPDATE);
 4. detect failover: a lost active pre-empts an in-flight operation that cannot lead to a
-   serving domain (fleets.core.preemption), then the promotion is requested
-   (`reason="auto_failover"`), passing over standbys still backing off after failed attempts;
+   serving domain (fleets.core.preemption: cancelled, or, for a promotion whose routing
+   committed to the domain now lost, succeeded without its best-effort steps), then the
+   promotion is requested (`reason="auto_failover"`), passing over standbys still backing off
+   after failed attempts;
    with nothing in flight, restore a returned standby's posture, probe the active for golden
    baselines it has none of (rate-limited), then request a drill that is due;
 5. advance the in-flight operation through every step that completes at once;
@@ -35,7 +37,14 @@ from fleets.core.failover import (
     standby_to_restore,
 )
 from fleets.core.model_health import outage_started_at
-from fleets.core.preemption import PREEMPTED, InFlight, leads_to_serving, should_preempt
+from fleets.core.preemption import (
+    PREEMPTED,
+    Ending,
+    InFlight,
+    ending,
+    leads_to_serving,
+    should_preempt,
+)
 from fleets.core.provisioning import Phase
 from fleets.core.read_model import FleetView
 from fleets.core.states import (
@@ -60,7 +69,11 @@ from fleets.services.escalation import (
     fleet_no_standby_report,
 )
 from fleets.services.events import event_record
-from fleets.services.operations import operation_cancel, operation_request
+from fleets.services.operations import (
+    operation_cancel,
+    operation_finish_early,
+    operation_request,
+)
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +213,12 @@ def fleet_tick(
 def _maybe_preempt(
     fleet: Fleet, view: FleetView, now: datetime, held: dict[str, datetime], actor: str
 ) -> bool:
-    """Cancel the in-flight operation if a lost active pre-empts it; True if none is left."""
+    """End the in-flight operation if a lost active pre-empts it; True if none is left.
+
+    Uncommitted, it is cancelled; a promotion whose routing committed (and whose domain routed
+    to is the one lost) ends succeeded without its remaining best-effort steps on the old
+    active (fleets.core.preemption). Either way the failover is requested in this same tick.
+    """
     op = Operation.objects.filter(fleet_id=fleet.id, state__in=IN_FLIGHT_OPERATION_STATES).first()
     if op is None:
         return True
@@ -209,16 +227,38 @@ def _maybe_preempt(
         kind=op.kind,
         target_id=str(op.target_domain_id) if op.target_domain_id else None,
         routing_committed=op.routing_committed,
+        current_step=op.current_step,
+        drill_mode=op.drill_mode,
     )
     serving = leads_to_serving(view, current, now)
     if decision is None or not should_preempt(decision, current, leads_to_serving=serving):
         return False
-    message = (
-        f"pre-empted: the active is lost ({decision.reason}) and this {op.kind} of "
-        f"{op.target_slug} does not lead to a serving domain; failing over"
-    )
-    if operation_cancel(operation_id=op.id, actor=actor, message=message, reason=PREEMPTED):
-        log.warning("fleet %s: %s %s %s", fleet.slug, op.kind, op.id, message)
+    how = ending(current)
+    if how == Ending.CANCEL:
+        message = (
+            f"pre-empted: the active is lost ({decision.reason}) and this {op.kind} of "
+            f"{op.target_slug} does not lead to a serving domain; failing over"
+        )
+        if operation_cancel(operation_id=op.id, actor=actor, message=message, reason=PREEMPTED):
+            log.warning("fleet %s: %s %s %s", fleet.slug, op.kind, op.id, message)
+    elif how == Ending.SKIP_REST:
+        message = (
+            f"pre-empted: {op.target_slug}, routed to by this promotion, is lost "
+            f"({decision.reason}); its remaining best-effort steps on the old active are not "
+            "run; failing over"
+        )
+        skipped = operation_finish_early(
+            operation_id=op.id, actor=actor, message=message, reason=PREEMPTED
+        )
+        if skipped:
+            log.warning(
+                "fleet %s: promotion %s succeeded without %s: %s",
+                fleet.slug,
+                op.id,
+                ", ".join(skipped),
+                message,
+            )
+    # Ending.NOT_YET: the switch is being recorded; the next tick finds a best-effort step.
     return not Operation.objects.filter(
         fleet_id=fleet.id, state__in=IN_FLIGHT_OPERATION_STATES
     ).exists()

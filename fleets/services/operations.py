@@ -1,4 +1,5 @@
-"""Operations: request (create or join), start, advance a step, succeed, fail.
+"""Operations: request (create or join), start, advance a step, succeed, fail, cancel, and end a
+promotion that moved routing without its remaining best-effort steps.
 
 Creation is race-free through the partial unique constraint "one pending/running operation per
 fleet": the INSERT either wins, or loses to the in-flight row, which the request then joins (same
@@ -20,6 +21,7 @@ from django.db.models import Q, Subquery
 from fleets import clock
 from fleets.core.decisions import decide_demotion, decide_promotion
 from fleets.core.drills import decide_drill
+from fleets.core.preemption import Ending, InFlight, ending, steps_left
 from fleets.core.states import (
     IN_FLIGHT_OPERATION_STATES,
     CleanupState,
@@ -428,25 +430,137 @@ def operation_cancel(
     return False
 
 
-def operation_cancel_request(*, fleet_id: Id, operation_id: str, actor: str) -> Operation:
+def operation_finish_early(
+    *,
+    operation_id: Id,
+    actor: str,
+    message: str = "cancelled by operator",
+    reason: str = CANCELLED_BY_OPERATOR,
+) -> tuple[str, ...]:
+    """End a promotion whose routing committed without running its remaining best-effort steps.
+
+    It did move routing, so it ends succeeded, never cancelled: each step it did not run is an
+    `operation.step.skipped` event carrying `reason` (`cancelled` by an operator, `preempted` by
+    a failover), and `operation.succeeded` lists them, so the timeline shows what was not done.
+    One conditional UPDATE on (running, routing committed, the current step read, a best-effort
+    one): a step that finishes first moves the current step and this reads again; a step
+    executor that finishes after changes nothing (its guard is on state and current step). The
+    old active's posture is then the failover's or the restore-standby pass's, as after a
+    best-effort timeout. Return the steps skipped; empty when it could not end (finished, not
+    committed, or committed a moment ago with its switch not recorded yet).
+    """
+    for _attempt in range(3):
+        row = (
+            Operation.objects.filter(pk=operation_id)
+            .values(
+                "kind",
+                "drill_mode",
+                "fleet_id",
+                "source_domain_id",
+                "state",
+                "current_step",
+                "routing_committed",
+                "step_started_at",
+            )
+            .first()
+        )
+        if row is None or row["state"] != OperationState.RUNNING:
+            return ()
+        current = InFlight(
+            kind=row["kind"],
+            target_id=None,
+            routing_committed=row["routing_committed"],
+            current_step=row["current_step"],
+            drill_mode=row["drill_mode"],
+        )
+        if ending(current) != Ending.SKIP_REST:
+            return ()
+        skipped = steps_left(current)
+        check_transition("operation", OperationState.RUNNING, OperationState.SUCCEEDED)
+        now = clock.now()
+        started = row["step_started_at"]
+        ran_ms = int((now - started).total_seconds() * 1000) if started else None
+        note = message[:_MAX_MESSAGE]
+        with transaction.atomic():
+            moved = Operation.objects.filter(
+                pk=operation_id,
+                state=OperationState.RUNNING,
+                routing_committed=True,
+                current_step=row["current_step"],
+            ).update(state=OperationState.SUCCEEDED, finished_at=now, step_started_at=None)
+            if moved:
+                for index, step in enumerate(skipped):
+                    event_record(
+                        fleet_id=row["fleet_id"],
+                        operation_id=operation_id,
+                        # Every best-effort step acts on the old active.
+                        domain_id=row["source_domain_id"],
+                        kind="operation.step.skipped",
+                        actor=actor,
+                        step=step,
+                        # How long the step it interrupted had run; the later ones never began.
+                        duration_ms=ran_ms if index == 0 else None,
+                        data={"reason": reason, "message": note},
+                    )
+                event_record(
+                    fleet_id=row["fleet_id"],
+                    operation_id=operation_id,
+                    kind="operation.succeeded",
+                    actor=actor,
+                    data={"skippedSteps": list(skipped), "reason": reason},
+                )
+                for hook in on_operation_ended:
+                    transaction.on_commit(functools.partial(hook, str(row["fleet_id"])))
+                return skipped
+        # The step moved on (or the operation finished) between the read and the UPDATE.
+    return ()
+
+
+@dataclass(frozen=True)
+class CancelOutcome:
+    """What an operator's cancel did.
+
+    `status` "cancelled": the operation ended cancelled (nothing had committed). "succeeded": a
+    promotion that had already moved routing ended without its remaining best-effort steps,
+    listed in `skipped_steps`.
+    """
+
+    status: str
+    operation: Operation
+    skipped_steps: tuple[str, ...] = ()
+
+
+def operation_cancel_request(*, fleet_id: Id, operation_id: str, actor: str) -> CancelOutcome:
     """Cancel an operation of `fleet_id` for an operator (API, dashboard, admin).
 
-    Raises OperationNotFound when the operation is not this fleet's, OperationNotCancellable
-    (409) when it already finished or its routing committed. Returns the cancelled row.
+    An operation that has not committed routing is cancelled. A promotion that already moved
+    routing cannot be un-moved: its remaining best-effort steps on the old active are skipped
+    and it ends succeeded (`operation_finish_early`). Raises OperationNotFound when the
+    operation is not this fleet's, OperationNotCancellable (409) when it already finished
+    (`operation_finished`) or moved routing a moment ago and is still recording its switch
+    (`routing_committed`: retry).
     """
     op = _fleet_operation(fleet_id, operation_id)
     if operation_cancel(operation_id=op.id, actor=actor):
         op.refresh_from_db()
-        return op
+        return CancelOutcome("cancelled", op)
+    skipped = operation_finish_early(
+        operation_id=op.id,
+        actor=actor,
+        message="cancelled by operator after routing moved: its remaining best-effort steps "
+        "on the old active are not run",
+    )
     op.refresh_from_db()
+    if skipped:
+        return CancelOutcome(OperationState.SUCCEEDED.value, op, skipped)
     if op.state not in IN_FLIGHT_OPERATION_STATES:
         raise OperationNotCancellable(
             f"{op.kind} {op.id} already finished ({op.state})", operation=op
         )
     if op.routing_committed:
         raise OperationNotCancellable(
-            f"{op.kind} {op.id} has already moved routing (step {op.current_step}); "
-            "only its best-effort steps on the old active remain",
+            f"{op.kind} {op.id} has just moved routing and is recording its switch "
+            f"(step {op.current_step}); retry the cancel",
             code="routing_committed",
             operation=op,
         )

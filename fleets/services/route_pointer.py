@@ -6,10 +6,16 @@ import uuid
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Exists, F, Q
+from django.db.models import Exists, F, Q, QuerySet
 
 from fleets import clock
-from fleets.core.states import CleanupState, DrillMode, OperationKind, OperationState
+from fleets.core.states import (
+    IN_FLIGHT_OPERATION_STATES,
+    CleanupState,
+    DrillMode,
+    OperationKind,
+    OperationState,
+)
 from fleets.models import Domain, Fleet, Id, Operation
 from fleets.services.events import event_record
 from fleets.services.route_publish import revision_publish
@@ -129,6 +135,15 @@ def _switch_serialized(p: dict[str, Any]) -> int | None:
     return int(p["revision"]) + 1
 
 
+def pointer_movers(fleet_id: Id) -> QuerySet[Operation]:
+    """Return the fleet's in-flight operations that may move the pointer (promotions, drills)."""
+    return Operation.objects.filter(
+        fleet_id=fleet_id,
+        state__in=IN_FLIGHT_OPERATION_STATES,
+        kind__in=[OperationKind.PROMOTE, OperationKind.DRILL],
+    )
+
+
 def route_switch_back(
     *,
     fleet_id: Id,
@@ -140,9 +155,11 @@ def route_switch_back(
 ) -> int | None:
     """Point the fleet back from a failed round-trip drill's standby to its original active.
 
-    One conditional UPDATE: wins only where the pointer and revision are what the caller read and
+    One conditional UPDATE: wins only where the pointer and revision are what the caller read,
     the drill, ended, still holds its pending clean-up (so a later operation that moved the
-    pointer on is never undone). Return the new revision, or None if the CAS lost.
+    pointer on is never undone), and no promotion or drill is in flight (a failover that
+    pre-empted the drill owns the pointer now: routing moves once, by it, never by both).
+    Return the new revision, or None if the CAS lost.
     """
     drill = Operation.objects.filter(
         pk=operation_id,
@@ -161,7 +178,7 @@ def route_switch_back(
                 route_revision=expected_revision,
                 active_domain_id=_as_uuid(from_domain_id),
             )
-            .filter(Exists(drill))
+            .filter(Exists(drill), ~Exists(pointer_movers(fleet_id)))
             .update(
                 active_domain_id=to_domain_id,
                 route_revision=F("route_revision") + 1,

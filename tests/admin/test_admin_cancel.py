@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from fleets.models import Domain, Event, Operation
-from fleets.services.operations import operation_request, operation_start
+from fleets.services.operations import operation_request, operation_start, operation_step_done
+from fleets.services.route_pointer import route_switch
 
 
 def _running(fleet) -> Operation:
@@ -45,3 +46,28 @@ def test_cancelling_a_finished_operation_reports_the_409(superuser_client, seede
     again = _action(superuser_client, [op.pk], confirm=True)
     assert "already finished (cancelled)" in again.content.decode()
     assert Event.objects.filter(operation=op, kind="operation.cancelled").count() == 1
+
+
+def test_cancelling_a_promotion_that_moved_routing_says_it_succeeded_without_its_steps(
+    superuser_client, seeded_fleet
+):
+    op = _running(seeded_fleet)
+    Operation.objects.filter(pk=op.pk).update(current_step="switch_route")
+    assert route_switch(
+        fleet_id=seeded_fleet.id,
+        operation_id=op.id,
+        target_domain_id=op.target_domain_id,
+        expected_active_id=op.source_domain_id,
+        expected_revision=1,
+    )
+    assert operation_step_done(operation_id=op.id, step="switch_route")
+
+    done = _action(superuser_client, [op.pk], confirm=True)
+
+    op.refresh_from_db()
+    assert op.state == "succeeded"
+    assert "had already moved routing: it ends succeeded without demote_old_sleep" in (
+        done.content.decode()
+    )
+    skipped = Event.objects.filter(operation=op, kind="operation.step.skipped")
+    assert {e.actor for e in skipped} == {"admin:root"}

@@ -1,4 +1,5 @@
-"""POST /v1/fleets/{ref}/operations/{id}/cancel: 200 cancelled, 404 unknown, 409 too late."""
+"""POST /v1/fleets/{ref}/operations/{id}/cancel: 200 cancelled (or, after routing moved, 200
+succeeded without the remaining best-effort steps), 404 unknown, 409 too late."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import pytest
 from fleets.layouts.loader import parse_layout
 from fleets.models import Domain, Event, Fleet, Operation
 from fleets.services.layouts import layout_apply
-from fleets.services.operations import operation_request, operation_start
+from fleets.services.operations import operation_request, operation_start, operation_step_done
 from fleets.services.route_pointer import route_switch
+from tests.api.test_api_shapes import assert_valid, response_schema
 
 pytestmark = pytest.mark.django_db
 
@@ -51,20 +53,80 @@ def test_cancel_of_a_finished_operation_is_409_and_changes_nothing(
     assert Event.objects.filter(operation=promotion, kind="operation.cancelled").count() == 1
 
 
-def test_cancel_after_routing_moved_is_409_routing_committed(
-    promotion, seeded_fleet, client_with_token, envelope
-):
-    east = Domain.objects.get(slug="east")
+def _switched(fleet, promotion, *, recorded: bool) -> None:
+    """Move routing for `promotion`; `recorded`: its switch step is on record too (the promotion
+    is at its first best-effort step on the old active)."""
+    Operation.objects.filter(pk=promotion.pk).update(current_step="switch_route")
     assert route_switch(
-        fleet_id=seeded_fleet.id,
+        fleet_id=fleet.id,
         operation_id=promotion.id,
         target_domain_id=promotion.target_domain_id,
-        expected_active_id=east.id,
+        expected_active_id=Domain.objects.get(slug="east").id,
         expected_revision=1,
     )
+    if recorded:
+        assert operation_step_done(operation_id=promotion.id, step="switch_route")
+
+
+def test_cancel_after_routing_moved_ends_the_promotion_succeeded_without_its_best_effort_steps(
+    promotion, seeded_fleet, client_with_token
+):
+    _switched(seeded_fleet, promotion, recorded=True)
+
+    response = client_with_token.post(url(promotion.id))
+
+    assert response.status_code == 200, response.content
+    body = response.json()
+    # What happened, said plainly: routing had moved, so it is not a cancelled promotion.
+    assert body["status"] == "succeeded"
+    assert body["skippedSteps"] == ["demote_old_sleep", "demote_old_train"]
+    assert body["operation"]["state"] == "succeeded"
+    assert body["operation"]["routingCommitted"] is True
+    assert body["operation"]["error"] is None and body["operation"]["cleanup"] is None
+    skipped = Event.objects.filter(operation=promotion, kind="operation.step.skipped")
+    assert [(e.step, e.data["reason"]) for e in skipped.order_by("id")] == [
+        ("demote_old_sleep", "cancelled"),
+        ("demote_old_train", "cancelled"),
+    ]
+    assert all(e.actor.startswith("api") for e in skipped)
+    assert not Event.objects.filter(operation=promotion, kind="operation.cancelled").exists()
+    assert Fleet.objects.get(pk=seeded_fleet.pk).active_domain.slug == "west"  # routing stays
+
+
+def test_a_second_cancel_of_a_promotion_that_skipped_its_steps_is_409_operation_finished(
+    promotion, seeded_fleet, client_with_token, envelope
+):
+    _switched(seeded_fleet, promotion, recorded=True)
+    assert client_with_token.post(url(promotion.id)).status_code == 200
+    error = envelope(client_with_token.post(url(promotion.id)), 409, "operation_finished")
+    assert error["operation"]["state"] == "succeeded"
+    assert Event.objects.filter(operation=promotion, kind="operation.step.skipped").count() == 2
+
+
+def test_cancel_between_the_switch_and_its_record_is_409_routing_committed(
+    promotion, seeded_fleet, client_with_token, envelope
+):
+    # The pointer moved a moment ago and the switch step is not on record yet: nothing is
+    # ended (its failover time is still to be recorded); the operator retries.
+    _switched(seeded_fleet, promotion, recorded=False)
     error = envelope(client_with_token.post(url(promotion.id)), 409, "routing_committed")
     assert error["operation"]["routingCommitted"] is True
+    assert "retry" in error["message"]
     assert Operation.objects.get(pk=promotion.pk).state == "running"
+
+
+@pytest.mark.parametrize("committed", [False, True])
+def test_both_answers_match_the_openapi_schema(
+    promotion, seeded_fleet, client_with_token, committed
+):
+    if committed:
+        _switched(seeded_fleet, promotion, recorded=True)
+    body = client_with_token.post(url(promotion.id)).json()
+    assert body["status"] == ("succeeded" if committed else "cancelled")
+    assert body["skippedSteps"] == (["demote_old_sleep", "demote_old_train"] if committed else [])
+    schema = client_with_token.get("/v1/openapi.json").json()
+    path = "/v1/fleets/{ref}/operations/{operation_id}/cancel"
+    assert_valid(body, response_schema(schema, path, "post", "200"))
 
 
 @pytest.mark.parametrize("ref", [str(uuid.UUID(int=7)), "not-a-uuid"])

@@ -10,7 +10,13 @@ from django.test import Client
 
 from fleets import clock
 from fleets.models import Domain, Operation
-from fleets.services.operations import operation_fail, operation_request, operation_start
+from fleets.services.operations import (
+    operation_fail,
+    operation_request,
+    operation_start,
+    operation_step_done,
+)
+from fleets.services.route_pointer import route_switch
 
 pytestmark = pytest.mark.django_db
 
@@ -121,3 +127,44 @@ def test_a_standby_backing_off_says_when_it_is_tried_again(staff_client, seeded_
 
     fake_clock.advance(ms=10_000)
     assert "data-failover-backoff" not in staff_client.get("/fleets/demo/live/").content.decode()
+
+
+def _at_best_effort_step(op: Operation) -> None:
+    """Routing moved for `op` and its switch is on record: the old active's steps remain."""
+    Operation.objects.filter(pk=op.pk).update(current_step="switch_route")
+    assert route_switch(
+        fleet_id=op.fleet_id,
+        operation_id=op.id,
+        target_domain_id=op.target_domain_id,
+        expected_active_id=op.source_domain_id,
+        expected_revision=1,
+    )
+    assert operation_step_done(operation_id=op.id, step="switch_route")
+
+
+def test_a_promotion_that_moved_routing_offers_to_skip_its_remaining_steps(staff_client, running):
+    _at_best_effort_step(running)
+    html = staff_client.get("/fleets/demo/live/").content.decode()
+    assert "data-cancel-skips-rest" in html and "Skip remaining steps" in html
+
+    response = cancel(staff_client, running.id, confirm="on")
+
+    op = Operation.objects.get(pk=running.pk)
+    assert op.state == "succeeded" and op.cleanup == ""
+    text = response.content.decode()
+    assert "promote of west had already moved routing: it ends succeeded without" in text
+    assert "demote_old_sleep, demote_old_train" in text
+    steps = staff_client.get("/fleets/demo/live/").content.decode()
+    assert 'data-step="demote_old_sleep" data-step-status="warn"' in steps
+    assert 'data-action="cancel"' not in steps
+
+
+def test_the_json_answer_of_skipping_says_succeeded(staff_client, running):
+    _at_best_effort_step(running)
+    response = staff_client.post(
+        "/fleets/demo/actions/cancel/",
+        {"target": str(running.id), "confirm": "on"},
+        HTTP_ACCEPT="application/json",
+    )
+    assert response.status_code == 200
+    assert response.json()["status"] == "succeeded"

@@ -18,8 +18,10 @@ from fleets.models import Domain, Event, Fleet, Operation
 from fleets.services.operations import (
     operation_cancel,
     operation_fail,
+    operation_finish_early,
     operation_request,
     operation_start,
+    operation_step_done,
 )
 from fleets.services.route_pointer import route_switch
 
@@ -144,3 +146,45 @@ def test_switch_racing_a_failure_or_a_cancel_never_both_moves_and_ends(seeded_fl
             assert (op.state, op.routing_committed) == (ending, False)
             assert op.cleanup == "pending"
             assert (fleet.active_domain_id, fleet.route_revision) == before
+
+
+def test_ending_a_committed_promotion_early_racing_its_own_steps_records_each_step_once(
+    seeded_fleet,
+):
+    fleet = seeded_fleet
+    best_effort = ("demote_old_sleep", "demote_old_train")
+    for _round in range(10):
+        fleet.refresh_from_db()
+        target = Domain.objects.filter(fleet=fleet).exclude(pk=fleet.active_domain_id).get()
+        op = operation_request(fleet=fleet, kind="promote", target_domain_id=target.id).operation
+        operation_start(operation_id=op.id)
+        Operation.objects.filter(pk=op.id).update(current_step="switch_route")
+        assert route_switch(
+            fleet_id=fleet.id,
+            operation_id=op.id,
+            target_domain_id=target.id,
+            expected_active_id=fleet.active_domain_id,
+            expected_revision=fleet.route_revision,
+        )
+        assert operation_step_done(operation_id=op.id, step="switch_route")
+
+        def act(i: int, op=op):
+            if i == 0:  # the executors, finishing both best-effort steps
+                return [operation_step_done(operation_id=op.id, step=s) for s in best_effort]
+            return operation_finish_early(operation_id=op.id, actor="ops", reason="preempted")
+
+        results = run_together(8, act)
+
+        op.refresh_from_db()
+        assert op.state == "succeeded"
+        assert Event.objects.filter(operation=op, kind="operation.succeeded").count() == 1
+        for step in best_effort:
+            kinds = list(
+                Event.objects.filter(
+                    operation=op,
+                    step=step,
+                    kind__in=["operation.step.done", "operation.step.skipped"],
+                ).values_list("kind", flat=True)
+            )
+            assert len(kinds) == 1, (step, kinds)
+        assert sum(1 for r in results[1:] if r) <= 1  # at most one early end won

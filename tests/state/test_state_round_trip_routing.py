@@ -123,3 +123,24 @@ def test_route_back_loses_to_a_pointer_that_moved_meanwhile(seeded_fleet):
     op = _drill(seeded_fleet, state="failed", cleanup="pending")
     assert _back(seeded_fleet, op, revision=1) is None
     assert Fleet.objects.get(pk=seeded_fleet.pk).route_revision == 2
+
+
+@pytest.mark.parametrize(("kind", "refused"), [("promote", True), ("demote", False)])
+def test_route_back_leaves_the_pointer_to_a_promotion_in_flight(seeded_fleet, kind, refused):
+    # A failover that pre-empted the drill (its standby was lost) owns routing: a route-back
+    # beside it would move the pointer twice for one outage. A demote never moves it.
+    _on_west(seeded_fleet)
+    op = _drill(seeded_fleet, state="cancelled", cleanup="pending")
+    east, west = _ids(seeded_fleet)
+    Operation.objects.create(
+        fleet=seeded_fleet,
+        kind=kind,
+        state="running",
+        target_domain_id=east if kind == "promote" else west,
+        source_domain_id=west,
+        reason="auto_failover",
+        created_at=clock.now(),
+    )
+    assert (_back(seeded_fleet, op) is None) is refused
+    fleet = Fleet.objects.get(pk=seeded_fleet.pk)
+    assert fleet.active_domain.slug == ("west" if refused else "east")
