@@ -19,7 +19,7 @@ from django.forms.formsets import DELETION_FIELD_NAME
 
 from fleets.core.drills import DrillSchedule, schedule_problems
 from fleets.core.policy import PolicyError, validate_policy
-from fleets.core.states import SlotKind
+from fleets.core.states import Provider, SlotKind
 from fleets.core.urls import USERINFO_RULE, has_userinfo, supervisor_url_problem
 from fleets.drivers.cloud_placement import (
     CloudPlacementError,
@@ -264,9 +264,9 @@ class DomainForm(forms.ModelForm):
         driver = data.get("driver")
         if driver:
             # The same rules as the layout loader: a launch Haru cannot make is refused here.
-            provider = data.get("provider") or "static"
+            provider = data.get("provider") or Provider.STATIC
             try:
-                if provider == "static":
+                if provider == Provider.STATIC:
                     raise CloudPlacementError("driver", "a static domain is never provisioned")
                 parse_cloud_placement(data.get("placement") or {})
                 parse_driver_settings(driver, provider=provider)

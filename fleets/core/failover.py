@@ -13,7 +13,7 @@ from datetime import datetime
 from fleets.core.model_health import serving_recently
 from fleets.core.policy import Policy
 from fleets.core.read_model import DomainView, FleetView
-from fleets.core.states import PROMOTABLE_DOMAIN_STATES, DomainState
+from fleets.core.states import PROMOTABLE_DOMAIN_STATES, DomainState, InferenceState, SlotKind
 
 ACTIVE_FAILED = "active_failed"
 ACTIVE_STALE = "active_stale"
@@ -153,7 +153,7 @@ def should_escalate(fleet: FleetView, now: datetime, degraded_since: datetime | 
 RESTORE_RETRY_AFTER_MS = 300_000
 # A standby's inference slot reads failed when its supervisor answers but the models are awake
 # (the heartbeat rules), and serving while it was being promoted.
-_AWAKE_ON_STANDBY = frozenset({"failed", "serving"})
+_AWAKE_ON_STANDBY = frozenset({InferenceState.FAILED, InferenceState.SERVING})
 
 
 def standby_to_restore(
@@ -183,7 +183,9 @@ def standby_to_restore(
             continue
         if domain.last_seen_at is None or is_stale(domain, fleet.policy, now):
             continue
-        if not any(s.kind == "inference" and s.state in _AWAKE_ON_STANDBY for s in domain.slots):
+        if not any(
+            s.kind == SlotKind.INFERENCE and s.state in _AWAKE_ON_STANDBY for s in domain.slots
+        ):
             continue
         last = failed_at.get(domain.id)
         if last is not None and _age_ms(last, now) < RESTORE_RETRY_AFTER_MS:

@@ -130,7 +130,6 @@ TABLES: dict[str, Mapping[Any, frozenset[str]]] = {
 
 PROMOTABLE_DOMAIN_STATES = frozenset({D.READY, D.DEGRADED})
 IN_FLIGHT_OPERATION_STATES = frozenset({O.PENDING, O.RUNNING})
-TERMINAL_OPERATION_STATES = frozenset({O.SUCCEEDED, O.FAILED, O.CANCELLED})
 
 PROMOTE_STEPS = (
     "stop_training",

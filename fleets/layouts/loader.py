@@ -194,10 +194,10 @@ def read_layout_file(
 
 def _driver_errors(d: dict[str, Any], dpath: str) -> list[str]:
     """Check a provisioned domain's cloud placement, launch settings and supervisor config."""
-    provider = d.get("provider", "static")
+    provider = d.get("provider", Provider.STATIC)
     if "driver" not in d:
         return []
-    if provider == "static":
+    if provider == Provider.STATIC:
         return [
             f"{dpath}.driver: a static domain is never provisioned; drop driver or set provider"
         ]

@@ -26,6 +26,7 @@ from fleets.core.placement import (
     Trainer,
     plan,
 )
+from fleets.core.states import SlotKind
 
 PLACEMENT_REFUSALS = Counter(
     "haru_placement_refusals_total",
@@ -119,7 +120,7 @@ def missing_need(units: Sequence[UnitInput]) -> list[str]:
     """Name the shared servers that give no memory need (they cannot be packed)."""
     out = []
     for u in units:
-        if u.kind != "inference":
+        if u.kind != SlotKind.INFERENCE:
             continue
         for name, memory, profile in u.servers:
             s = _server(name, memory, profile)
@@ -141,7 +142,7 @@ def plan_units(
     """Plan the units on the GPUs; raise PlanInputError for a malformed request."""
     groups, trainers = [], []
     for u in units:
-        if u.kind == "inference":
+        if u.kind == SlotKind.INFERENCE:
             groups.append(
                 ServerGroup(
                     name=u.label,

@@ -11,7 +11,7 @@ from fleets import clock
 from fleets.core.golden import PROBE_MISMATCH, Verdict
 from fleets.core.model_health import ServerHealth
 from fleets.core.recovery import during_outage
-from fleets.core.states import InferenceState, TrainingState, steps_for
+from fleets.core.states import InferenceState, OperationState, TrainingState, steps_for
 from fleets.models import Domain, Event, Fleet, ModelBinding, Operation
 from fleets.reconciler import golden, posture
 from fleets.reconciler.client import StatusReport, SupervisorClient
@@ -307,7 +307,7 @@ def switch_route(ctx: StepContext) -> StepResult:
     if again["active_domain_id"] == op.target_domain_id:
         return done(revision=again["route_revision"], alreadyActive=True)
     state = Operation.objects.filter(pk=op.id).values_list("state", flat=True).first()
-    if state != "running":
+    if state != OperationState.RUNNING:
         return pending("the operation is no longer running")
     return failed(
         CAS_LOST,

@@ -85,6 +85,7 @@ def test_fleet_page_shows_the_allocation_and_the_mismatch(west, client, django_u
     html = client.get("/fleets/demo/live/").content.decode()
     assert "plan vs host: GPU 0 is planned as &#x27;H100&#x27;" in html
     assert "asleep keeps" in html and "40960 MiB" in html and "38000 MiB" in html
+    assert "40000 / 81920 MiB (48.8%)" in html  # the bar's share of the GPU, as the number says
 
 
 @pytest.mark.django_db

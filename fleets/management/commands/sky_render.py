@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
+from fleets.core.states import Provider
 from fleets.drivers.cloud_placement import CloudPlacementError, parse_cloud_placement
 from fleets.drivers.render import cluster_name, for_review, render_domain
 from fleets.errors import FleetNotFound, InvalidTarget
@@ -38,7 +39,7 @@ class Command(BaseCommand):
             domain = domain_get(fleet, opts["domain"])
         except InvalidTarget as exc:
             raise CommandError(str(exc)) from None
-        if domain.provider == "static" or not domain.driver:
+        if domain.provider == Provider.STATIC or not domain.driver:
             raise CommandError(
                 f"domain {domain.slug!r} is not provisioned by Haru (provider {domain.provider}"
                 f"{'' if domain.driver else ', no driver settings in the layout'})"
@@ -64,7 +65,7 @@ class Command(BaseCommand):
         except CloudPlacementError as exc:
             raise CommandError(str(exc)) from None
         name = cluster_name(fleet.slug, domain.slug)
-        verb = "sky serve up -n" if domain.provider == "skyserve" else "sky launch -c"
+        verb = "sky serve up -n" if domain.provider == Provider.SKYSERVE else "sky launch -c"
         secrets = " ".join(f"--secret {n}" for n in rendered.secret_names)
         order = ", ".join(
             f"{'>' if i == index else ' '}{c.label()}" for i, c in enumerate(candidates)
