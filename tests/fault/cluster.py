@@ -21,10 +21,13 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import httpx
 import psycopg
+import pytest
+from celery import Celery
 
 from tests.e2e.harness import (
     PYTHON,
@@ -39,6 +42,7 @@ from tests.e2e.harness import (
     put_in_standby_posture,
     wait_for,
 )
+from tests.fault.chat_load import ChatLoad
 
 PG_BIN = next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)), None)
 # Short enough that a takeover shows within seconds, long enough for a loaded CI machine's
@@ -48,6 +52,11 @@ INTERVAL_MS = 500
 # The steps every promotion records; the two best-effort ones on the old active are skipped
 # when it is dead (an auto-failover from a crashed host).
 REQUIRED_STEPS = {"stop_training", "verify_gpu", "wake", "probe", "switch_route"}
+# Set by .ci/run: a missing tool fails the suite instead of skipping it, so CI cannot go green
+# without having run it.
+REQUIRED_ENV = "HARU_FAULT_REQUIRED"
+# Beat's DEBUG line for each task it sent, with the id a worker's log names again when it runs it.
+BEAT_SENT = re.compile(r"fleets\.reconcile_all sent\. id->([0-9a-f-]+)")
 
 
 def tools_missing() -> str | None:
@@ -59,6 +68,16 @@ def tools_missing() -> str | None:
     if os.geteuid() == 0 and shutil.which("runuser") is None:
         return "running as root without runuser: initdb refuses root"
     return None
+
+
+def require_tools() -> None:
+    """Skip the suite where it cannot run; fail it instead where HARU_FAULT_REQUIRED=1."""
+    missing = tools_missing()
+    if missing is None:
+        return
+    if os.environ.get(REQUIRED_ENV) == "1":
+        pytest.fail(f"{REQUIRED_ENV}=1, and the fault suite cannot run here: {missing}")
+    pytest.skip(missing)
 
 
 class OwnPostgres:
@@ -211,22 +230,28 @@ class Deployment:
         }
         self.server = ServerProc(workdir, env=self.env)
         self.server.env["REDIS_URL"] = redis.url  # ServerProc defaults to the embedded loop
+        # Named, so pg_stat_activity tells the server's connections from the workers'.
+        self.server.env["DATABASE_URL"] = self.app_url("server")
         layout = workdir / "layout.json"
         layout.write_text(json.dumps(fleet_layout(self.east, self.west, policy)))
         self.server.manage("seed_layout", "--config", str(layout))
         self.workers: dict[str, subprocess.Popen] = {}
         self.beat: subprocess.Popen | None = None
+        self.loads: list[ChatLoad] = []
         self.server.start()
         for name in ("w1", "w2"):
             self.start_worker(name)
         self.start_beat()
         wait_for(self.heartbeats_in, 60, "heartbeats of both domains", every=0.2)
+        # Each process once: `assert_recovered` proves the same ones still run after a fault.
+        self.started = self._processes()
 
     # -- processes -------------------------------------------------------------------------
 
     def _celery(self, name: str, *args: str) -> subprocess.Popen:
         env = {k: v for k, v in os.environ.items() if not k.startswith("HARU_")}
         env.update(self.env, HARU_VAR_DIR=str(self.dir / name / "var"), PYTHONUNBUFFERED="1")
+        env["DATABASE_URL"] = self.app_url(name)
         (self.dir / name).mkdir(exist_ok=True)
         log = open(self.dir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
         proc = subprocess.Popen(
@@ -247,9 +272,23 @@ class Deployment:
         )  # fmt: skip
 
     def start_beat(self) -> None:
+        # DEBUG for the "sent. id->..." line: it ties a tick a worker ran to the beat that sent it.
         self.beat = self._celery(
-            "beat", "beat", "--loglevel", "INFO", "--schedule", str(self.dir / "beat-schedule")
+            "beat", "beat", "--loglevel", "DEBUG", "--schedule", str(self.dir / "beat-schedule")
         )
+
+    def _processes(self) -> dict[str, subprocess.Popen]:
+        assert self.server.proc is not None and self.beat is not None
+        return {"server": self.server.proc, **self.workers, "beat": self.beat}
+
+    def start_chat(self, *, clients: int = 4, pause_s: float = 0.1) -> ChatLoad:
+        """Start chat traffic through the server's proxy; return once a request was served."""
+        load = ChatLoad(
+            f"{self.server.url}/v1", self.server.api_token, "e2e", clients=clients, pause_s=pause_s
+        ).start()
+        self.loads.append(load)
+        wait_for(lambda: load.served() >= clients, 30, "chat requests served before the fault")
+        return load
 
     def log(self, name: str) -> str:
         path = self.dir / f"{name}.log"
@@ -266,7 +305,69 @@ class Deployment:
         pattern = r"Task fleets\.reconcile_(?:fleet|all)\[[^\]]+\] succeeded"
         return len(re.findall(pattern, self.log(name)))
 
+    def hold_eta_ticks(self, count: int = 2) -> list[str]:
+        """Queue `count` ticks of the fleet due in 10 minutes; return once workers hold them.
+
+        A worker keeps a message with an ETA unacknowledged until it runs it, as it does the
+        follow-ups a waiting step queues (fleets/tasks.py `celery_kicker`).
+        """
+        fleet_id = str(self.q("SELECT id FROM fleets_fleet")[0][0])
+        with Celery("fault-suite", broker=self.redis.url) as sender:
+            ids = [
+                sender.send_task("fleets.reconcile_fleet", args=[fleet_id], countdown=600).id
+                for _ in range(count)
+            ]
+
+        def held() -> bool:
+            logs = "".join(self.log(name) for name in self.workers)
+            return all(f"Task fleets.reconcile_fleet[{i}] received" in logs for i in ids)
+
+        wait_for(held, 20, "the workers holding the ETA ticks")
+        return ids
+
+    # -- recovery ----------------------------------------------------------------------------
+
+    def beat_ticked_since(self, offset: int) -> bool:
+        """Whether a worker finished a `reconcile_all` that beat sent after `offset` in its log.
+
+        Nothing but beat sends `reconcile_all` (its schedule row, fleets/services/schedule.py),
+        so one sent after the fault and run to the end proves beat, the broker and a worker all
+        came back.
+        """
+        sent = BEAT_SENT.findall(self.log("beat")[offset:])
+        logs = "".join(self.log(name) for name in self.workers)
+        return any(f"Task fleets.reconcile_all[{task_id}] succeeded" in logs for task_id in sent)
+
+    def assert_recovered(self, what: str, since: float | None = None) -> dict[str, float]:
+        """Prove every process came back from the fault by itself.
+
+        The same server, workers and beat that started still run (none was restarted), the
+        server answers, each worker finishes a tick it took after this call, and beat sends a
+        tick after this call that a worker runs. Returns the seconds until each of those
+        ("server", each worker's name, "beat"), counted from `since` (a `time.monotonic()`,
+        the fault's end) or from this call.
+        """
+        for name, proc in self.started.items():
+            assert proc.poll() is None, f"{name} exited ({proc.returncode}) after {what}"
+        assert self._processes() == self.started, f"a process was replaced after {what}"
+        start = time.monotonic() if since is None else since
+        beat_offset = len(self.log("beat"))
+        done = {name: self.tasks_done(name) for name in self.workers}
+        seconds: dict[str, float] = {}
+        wait_for(self.server_healthy, 20, f"the server answering after {what}")
+        seconds["server"] = time.monotonic() - start
+        for name, count in done.items():
+            wait_for(
+                lambda n=name, c=count: self.tasks_done(n) > c, 30, f"{name} ticking after {what}"
+            )
+            seconds[name] = time.monotonic() - start
+        wait_for(lambda: self.beat_ticked_since(beat_offset), 30, f"a beat tick run after {what}")
+        seconds["beat"] = time.monotonic() - start
+        return seconds
+
     def teardown(self) -> None:
+        for load in self.loads:
+            load.stop()
         for proc in [*self.workers.values(), self.beat]:
             if proc is not None and proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -288,6 +389,24 @@ class Deployment:
     def heartbeats_in(self) -> bool:
         rows = self.q("SELECT last_seen_at FROM fleets_domain")
         return len(rows) == 2 and all(r[0] is not None for r in rows)
+
+    def heartbeats_after(self, moment: datetime) -> bool:
+        """Whether both domains were heartbeated (observed) after `moment` (aware, UTC)."""
+        rows = self.q("SELECT last_seen_at FROM fleets_domain")
+        return len(rows) == 2 and all(r[0] is not None and r[0] > moment for r in rows)
+
+    def app_url(self, process: str) -> str:
+        """The database URL for one process, its connections named `fault-<process>`."""
+        return f"{self.pg.url(self.db)}?application_name=fault-{process}"
+
+    def connections(self, process: str | None = None) -> int:
+        """Connections to this deployment's database: of one process (by name), or of all."""
+        query = "SELECT count(*) FROM pg_stat_activity WHERE datname = %s"
+        params: tuple = (self.db,)
+        if process is not None:
+            query += " AND application_name = %s"
+            params = (self.db, f"fault-{process}")
+        return self.pg.sql(query, params)[0][0]
 
     def revision(self) -> int:
         return self.q("SELECT route_revision FROM fleets_fleet")[0][0]

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fault.cluster import Deployment, OwnPostgres, OwnRedis, prepare_template, tools_missing
+from tests.fault.cluster import Deployment, OwnPostgres, OwnRedis, prepare_template, require_tools
 
 
 @pytest.fixture(scope="session")
 def backing(tmp_path_factory):
     """(PostgreSQL cluster, Redis, template database) of the suite's own."""
-    missing = tools_missing()
-    if missing:
-        pytest.skip(missing)
+    require_tools()
     workdir = tmp_path_factory.mktemp("fault-backing")
     pg = OwnPostgres().init()
     redis = OwnRedis(workdir).start()
@@ -44,5 +42,9 @@ def deploy(backing, tmp_path):
 
 
 def figure(name: str, value: float, unit: str = "s") -> None:
-    """Print one figure for the closing note (run with -s, as `make test-fault` does)."""
-    print(f"\nFAULT FIGURE {name}: {value:.2f} {unit}", flush=True)
+    """Print one figure for the closing note (run with -s, as `make test-fault` does).
+
+    A count (an int) is printed as one; anything else with two decimals.
+    """
+    shown = str(value) if isinstance(value, int) else f"{value:.2f}"
+    print(f"\nFAULT FIGURE {name}: {shown} {unit}", flush=True)

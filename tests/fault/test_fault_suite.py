@@ -2,8 +2,14 @@
 
 Each test checks, after its fault: the routing revision moved at most once per operation, no
 operation is left pending or running, every step of a promotion was recorded once (nothing
-lost, nothing doubled), and every process recovers without a restart. The figures for the
-closing note are printed as `FAULT FIGURE ...` lines.
+lost, nothing doubled), and every process recovers without a restart (the same server, workers
+and beat still run; each worker finishes a tick; beat sends a tick that a worker runs). Chat
+traffic runs through the server's proxy during every fault (`chat_load.py`, no retries), and
+no request fails: the active keeps serving through each of these faults, and across a
+promotion the proxy holds what the active cannot take (docs/proxy-hold.md). The one exception is
+named where it happens: requests in flight to a host at the moment it is SIGKILLed. The figures
+for the closing note are printed as `FAULT FIGURE ...` lines: each fault's length, the seconds
+until takeover or recovery, failed of total chat requests, and the routing revision's moves.
 """
 
 from __future__ import annotations
@@ -18,13 +24,15 @@ import sys
 import threading
 import time
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 import psycopg
 import pytest
 
-from tests.e2e.harness import kill_group, wait_for
+from tests.e2e.harness import kill_group, port_free, wait_for
+from tests.fault.chat_load import ChatRequest, failures, in_flight_at, started_between
 from tests.fault.cluster import LEASE_MS, Deployment, pid_of
 from tests.fault.conftest import figure
 
@@ -75,8 +83,37 @@ def _worker_of(d: Deployment, pid: int) -> str:
     raise AssertionError(f"pid {pid} is no worker's pool process")
 
 
+def _chat_failed(fault: str, requests: list[ChatRequest]) -> list[ChatRequest]:
+    """Print the failed of total chat requests; return the failed ones."""
+    failed = failures(requests)
+    figure(f"{fault}: chat requests failed", len(failed), f"of {len(requests)} requests")
+    if failed:
+        print(f"{fault}: failed chat requests by error: {dict(Counter(r.error for r in failed))}")
+    return failed
+
+
+def _assert_chat_ran_through(requests: list[ChatRequest], start: float, end: float) -> None:
+    # Not vacuous: the clients were sending while the fault lasted (a few a second each).
+    during = started_between(requests, start, end)
+    assert len(during) >= 4, f"only {len(during)} chat requests started during the fault"
+
+
+def _recovery_figures(fault: str, seconds: dict[str, float]) -> None:
+    figure(f"{fault}: seconds until the server answered", seconds["server"])
+    figure(f"{fault}: seconds until both workers ticked", max(seconds["w1"], seconds["w2"]))
+    figure(f"{fault}: seconds until a beat tick ran", seconds["beat"])
+
+
+def _revision_figure(fault: str, d: Deployment, before: int, operations: int) -> None:
+    moves = d.revision() - before
+    figure(f"{fault}: routing revision moves", moves, f"for {operations} operation(s)")
+    assert moves <= operations
+
+
 def test_a_sigstopped_worker_holding_the_lease_is_taken_over(deploy):
     d = deploy(HANGING_WAKE)
+    revision = d.revision()
+    load = d.start_chat()
     op_id, _ = _hold_mid_wake(d)
     holder, pid = _signal_the_holder(d, signal.SIGSTOP)
     frozen_worker = _worker_of(d, pid)
@@ -89,58 +126,82 @@ def test_a_sigstopped_worker_holding_the_lease_is_taken_over(deploy):
         finished = time.monotonic() - frozen_at
     finally:
         os.kill(pid, signal.SIGCONT)
+        thawed_at = time.monotonic()
+    figure("sigstop: seconds the worker was frozen", thawed_at - frozen_at)
     figure("sigstop: seconds until another worker took the fleet", takeover)
     figure("sigstop: seconds until the promotion finished", finished)
     assert takeover <= LEASE_MS / 1000 + 3  # one lease, plus a beat and a loaded machine
     # The thawed worker finds its lease gone, writes nothing, and goes on working.
     done_before = d.tasks_done(frozen_worker)
     wait_for(lambda: d.tasks_done(frozen_worker) > done_before + 2, 30, "the thawed worker's ticks")
+    _recovery_figures("sigstop", d.assert_recovered("the SIGSTOP", since=thawed_at))
+    requests = load.stop()
+    _assert_chat_ran_through(requests, frozen_at, thawed_at)
+    assert not _chat_failed("sigstop", requests)
+    _revision_figure("sigstop", d, revision, operations=1)
     d.assert_invariants(promotions=1)
     assert d.active_slug() == "west"
 
 
 def test_a_worker_killed_mid_step_is_taken_over_at_once(deploy):
     d = deploy(HANGING_WAKE)
+    revision = d.revision()
+    load = d.start_chat()
     op_id, _ = _hold_mid_wake(d)
     holder, pid = _signal_the_holder(d, signal.SIGKILL)
     killed_at = time.monotonic()
     d.west.fault("qwen-small", wakeHangs=False)
     wait_for(lambda: d.lease_holder() not in ("", holder), 30, "another holder", every=0.05)
     takeover = time.monotonic() - killed_at
+    # Celery replaces the pool process (the worker itself is not restarted); both tick again.
+    recovered = d.assert_recovered("the kill -9", since=killed_at)
     wait_for(lambda: d.operation(op_id)["state"] == "succeeded", 40, "the promotion")
     finished = time.monotonic() - killed_at
     figure("kill -9: seconds until another process took the fleet", takeover)
     figure("kill -9: seconds until the promotion finished", finished)
+    _recovery_figures("kill -9", recovered)
     # A holder of this host whose process is gone is taken over without waiting for the lease.
     assert takeover < LEASE_MS / 1000
     d.assert_invariants(promotions=1)
-    # Celery replaced the pool process; both workers still tick.
-    for name in d.workers:
-        count = d.tasks_done(name)
-        wait_for(lambda n=name, c=count: d.tasks_done(n) > c, 30, f"{name} ticking again")
+    requests = load.stop()
+    _assert_chat_ran_through(requests, killed_at, killed_at + finished)
+    assert not _chat_failed("kill -9", requests)
+    _revision_figure("kill -9", d, revision, operations=1)
 
 
 def test_postgres_restarted_mid_promotion(deploy):
     d = deploy(HANGING_WAKE)
+    revision = d.revision()
+    load = d.start_chat()
     op_id, _ = _hold_mid_wake(d)
+    restart_at = time.monotonic()
     restart_s = d.pg.restart()
     back_at = time.monotonic()
     d.west.fault("qwen-small", wakeHangs=False)
+    recovered = d.assert_recovered("the restart", since=back_at)
     wait_for(lambda: d.operation(op_id)["state"] == "succeeded", 60, "the promotion", every=0.1)
     figure("postgres restart: seconds the restart took", restart_s)
     figure(
         "postgres restart: seconds from restart until the promotion finished",
         time.monotonic() - back_at,
     )
-    wait_for(d.server_healthy, 20, "the server answering")
+    _recovery_figures("postgres restart", recovered)
     d.assert_invariants(promotions=1)
-    for name in d.workers:
-        count = d.tasks_done(name)
-        wait_for(lambda n=name, c=count: d.tasks_done(n) > c, 30, f"{name} ticking again")
+    # The proxy served the routing it had while the database was down (marked stale).
+    requests = load.stop()
+    _assert_chat_ran_through(requests, restart_at, back_at + 1)
+    assert not _chat_failed("postgres restart", requests)
+    _revision_figure("postgres restart", d, revision, operations=1)
 
 
 def test_redis_stopped_for_15_s_does_not_stop_failover(deploy):
     d = deploy({"sleepTimeoutMs": 1500})
+    revision = d.revision()
+    load = d.start_chat()
+    # Workers hold unacknowledged ticks when Redis goes, as they do whenever a step waits: the
+    # state in which Celery's clean-up of the lost connection used to end a worker (exit 1,
+    # fleets/celery_consumer.py). `assert_recovered` below proves both are still the same.
+    d.hold_eta_ticks()
     d.redis.stop()
     stopped_at = time.monotonic()
     time.sleep(1.0)
@@ -156,9 +217,10 @@ def test_redis_stopped_for_15_s_does_not_stop_failover(deploy):
 
     # The active (now west) is lost while Redis is still down: the server fails over itself.
     time.sleep(max(0.0, 8 - (time.monotonic() - stopped_at)))
+    crash_at = time.monotonic()
     d.west.crash()
     crashed_at = time.monotonic()
-    wait_for(lambda: d.revision() == 3, 30, "the failover back to east", every=0.1)
+    wait_for(lambda: d.revision() == revision + 2, 30, "the failover back to east", every=0.1)
     figure(
         "redis down: seconds from the active's crash until routing moved",
         time.monotonic() - crashed_at,
@@ -168,6 +230,7 @@ def test_redis_stopped_for_15_s_does_not_stop_failover(deploy):
     done = {name: d.tasks_done(name) for name in d.workers}
     d.redis.start()
     back_at = time.monotonic()
+    figure("redis down: seconds Redis was stopped", back_at - stopped_at)
     wait_for(lambda: any(d.tasks_done(n) > c for n, c in done.items()), 30, "Celery ticking again")
     resumed = time.monotonic() - back_at
     figure("redis back: seconds until a Celery worker ticked again", resumed)
@@ -178,33 +241,74 @@ def test_redis_stopped_for_15_s_does_not_stop_failover(deploy):
     wait_for(
         lambda: all(o[2] == "succeeded" for o in d.operations()), 30, "both promotions finished"
     )
+    _recovery_figures("redis back", d.assert_recovered("the Redis outage", since=back_at))
     ops = d.operations()
     assert [(o[1], o[3]) for o in ops][1] == ("promote", "auto_failover"), ops
     d.assert_invariants(promotions=2)
     assert d.active_slug() == "east"
 
+    requests = load.stop()
+    _assert_chat_ran_through(requests, stopped_at, back_at)
+    _chat_failed("redis down", requests)
+    # A request already sent to west when it was SIGKILLed may have been started there: the
+    # proxy answers 502 and does not replay it (docs/proxy-hold.md). Every other one is served,
+    # the ones sent to the dead host after it died included (held, then forwarded to east).
+    cut = failures(in_flight_at(requests, crash_at, crashed_at))
+    figure("redis down: chat requests in flight at the crash that failed", len(cut), "requests")
+    assert len(cut) <= load.clients, cut
+    others = [r for r in failures(requests) if r not in cut]
+    assert not others, Counter(r.error for r in others)
+    _revision_figure("redis down", d, revision, operations=2)
+
 
 def test_a_stalled_database_moves_no_routing(deploy):
     d = deploy()
     revision = d.revision()
+    load = d.start_chat()
     stall_s = 4.0  # heartbeatStaleMs is 1.5 s in this policy
     with psycopg.connect(d.pg.url(d.db)) as conn:
         conn.execute("LOCK TABLE fleets_domain, fleets_slot IN EXCLUSIVE MODE")
+        stalled_at = time.monotonic()
         time.sleep(stall_s)
         conn.rollback()
-    time.sleep(3.0)  # the queued ticks write and decide
-    figure("stalled database: seconds every heartbeat write was held", stall_s)
+    released_at = time.monotonic()
+    # Heartbeats observed during the stall are written when it ends, stamped with when they were
+    # observed; only an observation after the release proves the heartbeat rounds go on.
+    released = datetime.now(UTC)
+    wait_for(lambda: d.heartbeats_after(released), 20, "heartbeats observed after the stall")
+    figure("stalled database: seconds every heartbeat write was held", released_at - stalled_at)
+    figure(
+        "stalled database: seconds from the release until both domains were heartbeated",
+        time.monotonic() - released_at,
+    )
+    _recovery_figures("stalled database", d.assert_recovered("the stall", since=released_at))
+    time.sleep(max(0.0, 3.0 - (time.monotonic() - released_at)))  # the queued ticks decide
+    requests = load.stop()
+    _assert_chat_ran_through(requests, stalled_at, released_at)
+    assert not _chat_failed("stalled database", requests)
+    failovers = [o for o in d.operations() if o[1] == "promote"]
+    figure("stalled database: failovers of the healthy active", len(failovers), "operations")
+    _revision_figure("stalled database", d, revision, operations=0)
     assert d.revision() == revision
     assert d.operations() == []
     assert d.active_slug() == "east"
-    wait_for(d.heartbeats_in, 10, "heartbeats")
+
+
+# The server's pool (HARU_DB_POOL_MAX, default 20) plus the connections it holds outside it: the
+# routing push's LISTEN and the chat proxy's own reader.
+SERVER_POOL_MAX = 20
+SERVER_OUTSIDE_POOL = 4
 
 
 def test_rest_load_at_concurrency_24_during_a_promotion(deploy):
     d = deploy({"sleepTimeoutMs": 1500})
+    revision = d.revision()
+    load = d.start_chat()
+    server_before, all_before = d.connections("server"), d.connections()
     statuses: Counter[int | str] = Counter()
     stop = threading.Event()
     lock = threading.Lock()
+    peaks = {"server": server_before, "all": all_before}
 
     def client() -> None:
         with httpx.Client(
@@ -221,9 +325,17 @@ def test_rest_load_at_concurrency_24_during_a_promotion(deploy):
                 with lock:
                     statuses[code] += 1
 
+    def sample() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(psycopg.Error):
+                peaks["server"] = max(peaks["server"], d.connections("server"))
+                peaks["all"] = max(peaks["all"], d.connections())
+            time.sleep(0.2)
+
     threads = [threading.Thread(target=client) for _ in range(24)]
+    sampler = threading.Thread(target=sample)
     started = time.monotonic()
-    for t in threads:
+    for t in [*threads, sampler]:
         t.start()
     try:
         time.sleep(2)
@@ -232,17 +344,42 @@ def test_rest_load_at_concurrency_24_during_a_promotion(deploy):
         time.sleep(max(0.0, 10 - (time.monotonic() - started)))
     finally:
         stop.set()
-        for t in threads:
+        for t in [*threads, sampler]:
             t.join(30)
-    elapsed = time.monotonic() - started
+    ended_at = time.monotonic()
+    elapsed = ended_at - started
     total = sum(statuses.values())
+    figure("REST load: seconds of load at concurrency 24", elapsed)
     figure("REST load: requests per second at concurrency 24", total / elapsed, "req/s")
-    figure("REST load: non-200 answers", float(total - statuses[200]), "answers")
+    figure("REST load: non-200 answers", total - statuses[200], f"of {total} answers")
     print(f"REST load statuses: {dict(statuses)}")
-    connections = d.pg.sql("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (d.db,))
-    figure("REST load: database connections after", float(connections[0][0]), "connections")
+    figure("REST load: server's database connections before", server_before, "connections")
+    figure("REST load: server's database connections at peak", peaks["server"], "connections")
+    figure("REST load: all database connections before", all_before, "connections")
+    figure("REST load: all database connections at peak", peaks["all"], "connections")
     d.assert_invariants(promotions=1)
     assert statuses[200] == total, dict(statuses)
+    # Bounded by the pool, not by the number of threads that served requests (finding 12).
+    assert peaks["server"] <= SERVER_POOL_MAX + SERVER_OUTSIDE_POOL, peaks
+
+    # After the load: the server answers, a reconcile and a second promotion go through, and
+    # the connections stay within the pool (its idle ones are kept, not leaked and not added to).
+    _recovery_figures("REST load", d.assert_recovered("the REST load", since=ended_at))
+    reconcile = d.server.api("POST", "/fleets/e2e/reconcile")
+    assert reconcile.status_code == 200, reconcile.text
+    back = d.promote("east")
+    wait_for(lambda: d.operation(back)["state"] == "succeeded", 60, "the promotion back")
+    promoted_s = time.monotonic() - ended_at
+    figure("REST load: seconds from the load's end until a promotion back finished", promoted_s)
+    server_after, all_after = d.connections("server"), d.connections()
+    figure("REST load: server's database connections after", server_after, "connections")
+    figure("REST load: all database connections after", all_after, "connections")
+    assert server_after <= max(peaks["server"], server_before + SERVER_POOL_MAX), peaks
+    requests = load.stop()
+    _assert_chat_ran_through(requests, started, ended_at)
+    assert not _chat_failed("REST load", requests)
+    _revision_figure("REST load", d, revision, operations=2)
+    d.assert_invariants(promotions=2)
 
 
 # The heartbeat's deadline is half of heartbeatStaleMs (at most half the call cap): 2 s here, so a
@@ -311,18 +448,23 @@ def test_a_trickling_then_an_oversized_supervisor_stall_nothing_else(deploy, tmp
     # never moves), each stalled call is cut at its deadline, and the workers' memory stays flat.
     d = deploy(HOSTILE_POLICY)
     revision = d.revision()
+    load = d.start_chat()
     rss_before = _peak_rss_mib(d)
     d.west.crash()
+    hostile_at = time.monotonic()
 
     trickle_log = tmp_path / "trickle.jsonl"
     trickler = _hostile(d, "trickle", trickle_log)
+    phase_at = time.monotonic()
     try:
         gaps = _active_heartbeats(d, 8.0)
         wait_for(lambda: len(_calls(trickle_log)) >= 2, 20, "stalled calls cut by Haru")
     finally:
         kill_group(trickler.pid)
         trickler.wait(10)
+    phase_s = time.monotonic() - phase_at
     held = [c["closed"] - c["accepted"] for c in _calls(trickle_log)]
+    figure("trickling supervisor: seconds it was on the standby's port", phase_s)
     figure("trickling supervisor: seconds until the stalled call gave up (longest)", max(held))
     figure("trickling supervisor: longest gap between the active's heartbeats", max(gaps))
     assert max(held) <= HOSTILE_DEADLINE_S + 1.0, held  # its deadline, not the trickle's pace
@@ -330,14 +472,17 @@ def test_a_trickling_then_an_oversized_supervisor_stall_nothing_else(deploy, tmp
 
     big_log = tmp_path / "oversized.jsonl"
     streamer = _hostile(d, "oversized", big_log)
+    phase_at = time.monotonic()
     try:
         gaps = _active_heartbeats(d, 6.0)
         wait_for(lambda: len(_calls(big_log)) >= 2, 20, "oversized answers refused by Haru")
     finally:
         kill_group(streamer.pid)
         streamer.wait(10)
+    phase_s = time.monotonic() - phase_at
     rss_after = _peak_rss_mib(d)
     sent = max(c["bytes"] for c in _calls(big_log))
+    figure("oversized supervisor: seconds it was on the standby's port", phase_s)
     figure("oversized supervisor: most bytes sent before Haru hung up", sent / 2**20, "MiB")
     figure("oversized supervisor: workers' peak RSS before", rss_before, "MiB")
     figure("oversized supervisor: workers' peak RSS after", rss_after, "MiB")
@@ -354,3 +499,27 @@ def test_a_trickling_then_an_oversized_supervisor_stall_nothing_else(deploy, tmp
     assert d.operations() == []
     failing = d.q("SELECT heartbeat_failing_since FROM fleets_domain WHERE slug = 'west'")[0][0]
     assert failing is not None  # its failure was recorded, not hidden behind a hung tick
+
+    # The hostile process gone and the real supervisor back on its port, the same workers take
+    # the standby back: heartbeated again, its failure cleared, ready for a promotion.
+    wait_for(lambda: port_free(d.west.port), 10, "the standby's port free")
+    d.west.start()
+    back_at = time.monotonic()
+    back = datetime.now(UTC)
+    wait_for(lambda: _standby_ready_since(d, back), 30, "the standby heartbeated and ready again")
+    ready_s = time.monotonic() - back_at
+    figure("hostile supervisors: seconds until the real standby was ready again", ready_s)
+    recovered = d.assert_recovered("the hostile supervisors", since=back_at)
+    _recovery_figures("hostile supervisors", recovered)
+    requests = load.stop()
+    _assert_chat_ran_through(requests, hostile_at, back_at)
+    assert not _chat_failed("hostile supervisors", requests)
+    _revision_figure("hostile supervisors", d, revision, operations=0)
+    assert d.operations() == []
+
+
+def _standby_ready_since(d: Deployment, moment: datetime) -> bool:
+    state, seen, failing = d.q(
+        "SELECT state, last_seen_at, heartbeat_failing_since FROM fleets_domain WHERE slug = 'west'"
+    )[0]
+    return state == "ready" and seen is not None and seen > moment and failing is None
