@@ -16,6 +16,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from haru import env
+from haru.postgres.deadline import DeadlineConnection
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env.raw("HARU_VAR_DIR") or BASE_DIR / "var")
@@ -116,6 +117,12 @@ def _load() -> dict:
             "db_pool_max": env.integer("HARU_DB_POOL_MAX", 20, minimum=2, maximum=1000),
             "db_pool_timeout_ms": env.integer(
                 "HARU_DB_POOL_TIMEOUT_MS", 5000, minimum=100, maximum=600000
+            ),
+            # Each database wait of a web request (REST, dashboard, admin), a query or the pool's
+            # check of a connection, ends at this deadline with a 503 (haru/postgres/deadline.py):
+            # a frozen PostgreSQL never holds a request. Work outside web requests has none.
+            "db_request_deadline_ms": env.integer(
+                "HARU_DB_REQUEST_DEADLINE_MS", 5000, minimum=100, maximum=600000
             ),
             "reconcile_interval_ms": env.integer("HARU_RECONCILE_INTERVAL_MS", None, minimum=100),
             "reconcile_fleets": env.csv("HARU_RECONCILE_FLEETS"),
@@ -222,6 +229,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First, so every database read of the request (session, user, lockout) has its deadline.
+    "haru.postgres.middleware.RequestDeadlineMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -285,12 +294,16 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # HARU_DB_POOL_TIMEOUT_MS, then fails as a database outage does (503 with Retry-After).
     # With a pool, CONN_HEALTH_CHECKS makes Django pass psycopg's `check_connection`: a
     # connection is tested before it is lent, so a database restart costs no request.
+    # Django's backend, failing fast while the database is frozen, and connections whose waits
+    # in a web request end at HARU_DB_REQUEST_DEADLINE_MS (haru/postgres/).
+    DATABASES["default"]["ENGINE"] = "haru.postgres"
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         {
             "pool": {
                 "min_size": 2,
                 "max_size": HARU["db_pool_max"],
                 "timeout": HARU["db_pool_timeout_ms"] / 1000,
+                "connection_class": DeadlineConnection,
             },
         }
     )
@@ -419,11 +432,15 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    # The pool warns once per closed connection it gets back; those a request deadline closed
+    # are reported once per outage instead (fleets/api/outage.py).
+    "filters": {"cut_connections": {"()": "haru.postgres.deadline.CutConnectionFilter"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": "INFO"},
     # httpx logs every request at INFO: one line per heartbeat per domain is noise.
     "loggers": {
         "django.db.backends": {"level": "WARNING"},
+        "psycopg.pool": {"filters": ["cut_connections"]},
         "httpx": {"level": "WARNING"},
         "httpcore": {"level": "WARNING"},
     },

@@ -4,12 +4,15 @@
 - Stopped: the REST API answers 503 with Retry-After and the JSON envelope, the dashboard a
   503 page; the log has a line, not a traceback per request; both recover when it returns.
 - Frozen (every postgres process SIGSTOPped): chat requests serve the cached routing without
-  waiting the read budget each (they used to take 1 s apiece).
+  waiting the read budget each (they used to take 1 s apiece); concurrent REST requests and a
+  dashboard page get the same 503 within about HARU_DB_REQUEST_DEADLINE_MS (they used to hang
+  until the thaw, one per pooled connection), and everything answers 200 after SIGCONT.
 """
 
 from __future__ import annotations
 
 import signal
+import threading
 import time
 
 import httpx
@@ -26,6 +29,10 @@ pytestmark = [
     ),
 ]
 STAFF = ("ops", "ops-password-0123456789")
+DEADLINE_MS = 1000
+POOL_TIMEOUT_MS = 1000
+# Not a speed bound: "answered by the deadline, did not wait for the thaw", on a loaded machine.
+ANSWERED_WITHIN_S = (DEADLINE_MS + POOL_TIMEOUT_MS) / 1000 + 10
 CHAT = {"model": harness.MODEL, "messages": [{"role": "user", "content": "ping"}]}
 
 
@@ -41,7 +48,8 @@ def world(tmp_path_factory):
             work,
             DATABASE_URL=pg.url("haru"),
             HARU_DEFAULT_FLEET="edge",
-            HARU_DB_POOL_TIMEOUT_MS="1000",
+            HARU_DB_POOL_TIMEOUT_MS=str(POOL_TIMEOUT_MS),
+            HARU_DB_REQUEST_DEADLINE_MS=str(DEADLINE_MS),
         )
         harness.prepare(env, work, harness.layout("edge", upstream_port), staff=STAFF)
         serve = harness.Serve(env, work)
@@ -124,3 +132,88 @@ def test_a_frozen_database_does_not_add_the_read_budget_to_every_chat_request(wo
             30,
             "fresh routing after the thaw",
         )
+
+
+def test_a_frozen_database_gets_rest_and_dashboard_503s_within_the_deadline_then_200s(world):
+    pg, serve = world
+    staff = staff_client(serve)
+    clients = 8
+
+    def rest() -> httpx.Response:
+        with httpx.Client(base_url=serve.url, timeout=30) as http:
+            return http.get("/v1/fleets/edge")
+
+    # Concurrent requests first, so the pool holds several idle connections: before the
+    # deadline, each one lent during the freeze held its request until the thaw.
+    for _ in range(3):
+        warm = [threading.Thread(target=rest) for _ in range(clients)]
+        for t in warm:
+            t.start()
+        for t in warm:
+            t.join()
+    assert staff.get("/").status_code == 200
+    with httpx.Client(base_url=serve.url, timeout=30) as http:
+        assert http.post("/v1/chat/completions", json=CHAT).status_code == 200  # routing cached
+    log_before = serve.log.read_text()
+    answers: dict[str, tuple[float, httpx.Response | Exception]] = {}
+
+    def timed(name: str, send) -> None:
+        started = time.monotonic()
+        try:
+            answer: httpx.Response | Exception = send()
+        except httpx.HTTPError as exc:
+            answer = exc
+        answers[name] = (time.monotonic() - started, answer)
+
+    pg.signal_all(signal.SIGSTOP)
+    try:
+        threads = [threading.Thread(target=timed, args=(f"rest-{i}", rest)) for i in range(clients)]
+        threads.append(threading.Thread(target=timed, args=("dashboard", lambda: staff.get("/"))))
+        for t in threads:
+            t.start()
+        with httpx.Client(base_url=serve.url, timeout=30) as http:
+            chat = http.post("/v1/chat/completions", json=CHAT)
+        for t in threads:
+            t.join()
+        # Still frozen, a second wave: one request at a time tries the database, the rest
+        # are refused at once.
+        again = [threading.Thread(target=timed, args=(f"again-{i}", rest)) for i in range(clients)]
+        for t in again:
+            t.start()
+        for t in again:
+            t.join()
+    finally:
+        pg.signal_all(signal.SIGCONT)
+    for name, (seconds, response) in sorted(answers.items()):
+        assert isinstance(response, httpx.Response), f"{name}: no answer ({response!r})"
+        assert response.status_code == 503, f"{name}: {response.status_code} {response.text}"
+        assert response.headers["retry-after"] == "5"
+        assert "Traceback" not in response.text
+        assert seconds < ANSWERED_WITHIN_S, f"{name} answered after {seconds:.1f} s"
+        if name == "dashboard":
+            assert response.headers["content-type"].startswith("text/html")
+        else:
+            assert response.json()["error"]["code"] == "database_unavailable"
+    assert chat.status_code == 200  # the chat proxy serves its cached routing meanwhile
+    # Back by itself, no restart: REST, then the dashboard.
+    thawed = time.monotonic()
+    harness.wait_for(lambda: rest().status_code == 200, 30, "REST 200 after SIGCONT", every=0.05)
+    back_s = time.monotonic() - thawed
+    assert staff.get("/").status_code == 200
+    new_log = serve.log.read_text()[len(log_before) :]
+    assert "Traceback" not in new_log
+    assert new_log.count("database unavailable") <= 3, new_log  # once per 10 s at most
+    assert new_log.count("database answering again") == 1, new_log
+    assert "discarding closed connection" not in new_log
+
+    def span(prefix: str) -> str:
+        times = sorted(seconds for name, (seconds, _) in answers.items() if name.startswith(prefix))
+        return f"{times[0]:.2f}-{times[-1]:.2f} s (median {times[len(times) // 2]:.2f} s)"
+
+    print(
+        f"FAULT FIGURE frozen database, deadline {DEADLINE_MS} ms, pool timeout "
+        f"{POOL_TIMEOUT_MS} ms: {clients} concurrent REST requests 503 in {span('rest-')}, "
+        f"dashboard 503 in {answers['dashboard'][0]:.2f} s, {clients} more while frozen 503 in "
+        f"{span('again-')}, REST 200 {back_s:.2f} s after SIGCONT (before: every request "
+        "that got a pooled connection hung until SIGCONT)"
+    )

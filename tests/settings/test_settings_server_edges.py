@@ -1,4 +1,5 @@
-"""The server-edge and database-pool settings: defaults, overrides, refusals, as read at start."""
+"""The server-edge, database-pool and request-deadline settings: defaults, overrides, refusals,
+as read at start."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ SHOW = (
     "import json, django; django.setup(); from django.conf import settings as s; "
     "d = s.DATABASES['default']; o = {k: v for k, v in d.get('OPTIONS', {}).items()}; "
     "print(json.dumps({'haru': {k: v for k, v in s.HARU.items() if k.startswith(('http_', "
-    "'db_pool'))}, 'engine': d['ENGINE'], 'max_age': d.get('CONN_MAX_AGE'), "
-    "'options': o}))"
+    "'db_'))}, 'engine': d['ENGINE'], 'max_age': d.get('CONN_MAX_AGE'), "
+    "'options': o, 'middleware': s.MIDDLEWARE[0]}, "
+    "default=lambda c: f'{c.__module__}.{c.__qualname__}'))"
 )
 
 
@@ -48,6 +50,7 @@ def test_safe_defaults(tmp_path):
         "http_max_body_bytes": 33 * 1024 * 1024,
         "db_pool_max": 20,
         "db_pool_timeout_ms": 5000,
+        "db_request_deadline_ms": 5000,
     }
 
 
@@ -59,8 +62,25 @@ def test_postgres_gets_a_pool_and_no_persistent_connections(tmp_path):
         HARU_DB_POOL_TIMEOUT_MS="2500",
     )
     assert got["max_age"] == 0
-    assert got["options"]["pool"] == {"min_size": 2, "max_size": 7, "timeout": 2.5}
+    assert got["options"]["pool"] == {
+        "min_size": 2,
+        "max_size": 7,
+        "timeout": 2.5,
+        "connection_class": "haru.postgres.deadline.DeadlineConnection",
+    }
     assert got["options"]["connect_timeout"] == 5
+
+
+def test_postgres_runs_on_the_backend_with_the_request_deadline(tmp_path):
+    got = read(
+        tmp_path,
+        DATABASE_URL="postgres://u@db.invalid:5432/haru",
+        HARU_DB_REQUEST_DEADLINE_MS="1500",
+    )
+    assert got["engine"] == "haru.postgres"
+    assert got["haru"]["db_request_deadline_ms"] == 1500
+    # First, so the session and user reads of every request are inside the deadline.
+    assert got["middleware"] == "haru.postgres.middleware.RequestDeadlineMiddleware"
 
 
 def test_a_connect_timeout_in_the_url_wins(tmp_path):
@@ -85,6 +105,10 @@ def test_sqlite_has_no_pool(tmp_path):
         ("HARU_HTTP_MAX_BODY_BYTES", "lots"),
         ("HARU_DB_POOL_MAX", "1"),
         ("HARU_DB_POOL_TIMEOUT_MS", "-5"),
+        ("HARU_DB_REQUEST_DEADLINE_MS", "0"),
+        ("HARU_DB_REQUEST_DEADLINE_MS", "99"),
+        ("HARU_DB_REQUEST_DEADLINE_MS", "5s"),
+        ("HARU_DB_REQUEST_DEADLINE_MS", "600001"),
     ],
 )
 def test_a_bad_value_stops_start_up_naming_the_variable(tmp_path, name, value):
