@@ -23,6 +23,8 @@ from supervisor.config import (
     state_dir_for,
     validate_against_hardware,
 )
+from supervisor.edge.limits import EdgeLimits, fit_descriptors
+from supervisor.edge.protocol import EdgeHttpProtocol, protocol_with
 from supervisor.engines.profile import GpuSpec
 from supervisor.engines.registry import EngineRegistry, default_registry
 from supervisor.gpu.facts import GpuBackend, GpuQueryFailed, GpuUnavailable
@@ -108,6 +110,24 @@ class SupervisorServer(uvicorn.Server):
         log.error("shutdown took longer than %.0fs: killing children and exiting", self.hard_exit_s)
         self.host.kill_now()
         os._exit(1)
+
+
+def edge_protocol(limits: EdgeLimits) -> type[EdgeHttpProtocol]:
+    """The HTTP protocol serving the API with the edge's deadlines and limits, its connection
+    cap fitted to the open-file limit (raised as far as the cap needs)."""
+    fitted = fit_descriptors(limits, setting="HARU_SUPERVISOR_HTTP_MAX_CONNECTIONS", log=log)
+    log.info(
+        "HTTP edge: headers within %gs, body within %gs, keep-alive idle %gs, headers at most "
+        "%d bytes and %d fields, bodies at most %d bytes, at most %d connections",
+        fitted.header_timeout_s,
+        fitted.body_timeout_s,
+        fitted.keepalive_timeout_s,
+        fitted.max_header_bytes,
+        fitted.max_headers,
+        fitted.max_body_bytes,
+        fitted.max_connections,
+    )
+    return protocol_with(fitted, body_setting="HARU_SUPERVISOR_HTTP_MAX_BODY_BYTES")
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -214,6 +234,13 @@ def main(environ: Mapping[str, str] | None = None) -> int:
     server = SupervisorServer(
         uvicorn.Config(
             app,
+            # Deadlines and limits at the edge, before the token is checked: a flood of idle or
+            # slowloris connections must not run the supervisor out of descriptors, or the
+            # control plane's heartbeats would fail and fail over a healthy active.
+            http=edge_protocol(settings.edge),
+            # No route is a WebSocket: an upgrade request is served as plain HTTP, never handed
+            # to a WebSocket protocol outside the edge's limits.
+            ws="none",
             log_level=settings.log_level,
             access_log=False,
             lifespan="on",

@@ -5,11 +5,30 @@ from __future__ import annotations
 import ipaddress
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from supervisor.edge.limits import EdgeLimits
 
 DEFAULT_PORT = 8701
 DEFAULT_BIND = "127.0.0.1"
 MIN_TOKEN_LENGTH = 16
+
+# The HTTP edge (supervisor/edge/protocol.py): (variable, default, minimum, maximum). The
+# supervisor listens beyond loopback when the control plane is on another host, and the header
+# phase comes before the token check, so each bound holds for unauthenticated clients too. Its
+# callers are a few control-plane processes sending small requests: tighter than the control
+# plane's own edge (HARU_HTTP_*), which also serves chat clients.
+EDGE_SETTINGS: dict[str, tuple[str, int, int, int]] = {
+    "header_timeout_ms": ("HARU_SUPERVISOR_HTTP_HEADER_TIMEOUT_MS", 10_000, 100, 600_000),
+    "body_timeout_ms": ("HARU_SUPERVISOR_HTTP_BODY_TIMEOUT_MS", 10_000, 100, 3_600_000),
+    "keepalive_timeout_ms": ("HARU_SUPERVISOR_HTTP_KEEPALIVE_TIMEOUT_MS", 5_000, 100, 3_600_000),
+    "max_header_bytes": ("HARU_SUPERVISOR_HTTP_MAX_HEADER_BYTES", 16_384, 4_096, 16 * 1024**2),
+    "max_headers": ("HARU_SUPERVISOR_HTTP_MAX_HEADERS", 64, 16, 10_000),
+    # At least the API's own cap on a control body (supervisor/api.py MAX_BODY_BYTES), whose
+    # finer refusal answers first below this one.
+    "max_body_bytes": ("HARU_SUPERVISOR_HTTP_MAX_BODY_BYTES", 1024**2, 64 * 1024, 2**30),
+    "max_connections": ("HARU_SUPERVISOR_HTTP_MAX_CONNECTIONS", 256, 8, 1_000_000),
+}
 
 
 class SettingsError(Exception):
@@ -26,6 +45,8 @@ class Settings:
     # HTTPS: PEM certificate (chain) and private key; both or neither.
     tls_cert: str | None = None
     tls_key: str | None = None
+    # The HTTP edge's deadlines and limits (EDGE_SETTINGS).
+    edge: EdgeLimits = field(default_factory=lambda: edge_limits_from_env({}))
 
     @property
     def token_is_weak(self) -> bool:
@@ -49,8 +70,33 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def _integer(environ: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
+    raw = _get(environ, name)
+    if raw is None:
+        return default
+    text = raw.strip()
+    if not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:
+        raise SettingsError(f"{name} must be an integer from {low} to {high}, got {raw!r}")
+    return int(text)
+
+
+def edge_limits_from_env(environ: Mapping[str, str]) -> EdgeLimits:
+    """Validate the HTTP edge's variables (EDGE_SETTINGS); unset ones take their defaults."""
+    got = {key: _integer(environ, *spec) for key, spec in EDGE_SETTINGS.items()}
+    return EdgeLimits(
+        header_timeout_s=got["header_timeout_ms"] / 1000,
+        body_timeout_s=got["body_timeout_ms"] / 1000,
+        keepalive_timeout_s=got["keepalive_timeout_ms"] / 1000,
+        max_header_bytes=got["max_header_bytes"],
+        max_headers=got["max_headers"],
+        max_body_bytes=got["max_body_bytes"],
+        max_connections=got["max_connections"],
+    )
+
+
 def settings_from_env(environ: Mapping[str, str]) -> Settings:
-    """Validate PORT, HARU_SUPERVISOR_HOST, _TOKEN, _CONFIG, _TLS_CERT/_KEY and _LOG_LEVEL."""
+    """Validate PORT, HARU_SUPERVISOR_HOST, _TOKEN, _CONFIG, _TLS_CERT/_KEY, _LOG_LEVEL and the
+    HTTP edge's HARU_SUPERVISOR_HTTP_* variables."""
     port_raw = _get(environ, "PORT")
     port = DEFAULT_PORT
     if port_raw is not None:
@@ -95,4 +141,5 @@ def settings_from_env(environ: Mapping[str, str]) -> Settings:
         log_level=log_level,
         tls_cert=tls_cert,
         tls_key=tls_key,
+        edge=edge_limits_from_env(environ),
     )

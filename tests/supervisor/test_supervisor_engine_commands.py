@@ -12,13 +12,29 @@ from supervisor.engines.profile import EngineProfile, parse_profile
 from supervisor.engines.registry import default_registry
 
 REGISTRY = default_registry()
+# Named like a secret: a word of TOKEN, SECRET, KEY or PASSWORD anywhere in the name, in any
+# case. None of these may reach a model server, whichever engine runs it.
+SECRET_NAMED = {
+    "HARU_SUPERVISOR_TOKEN": "s3cret-token",
+    "HARU_API_TOKEN": "api-token",
+    "HARU_SUPERVISOR_MASTER_KEY": "master",
+    "HF_TOKEN": "hf-token",
+    "hf_token": "hf-token-lower",
+    "AWS_SECRET_ACCESS_KEY": "aws",
+    "OPENAI_API_KEY": "sk-",
+    "Db_Password": "pw",
+    "mySecretThing": "x",
+    "SSH_KEYFILE": "/root/.ssh/id",
+    "TOKENIZERS_SECRET_SALT": "y",
+}
 PARENT_ENV = {
     "PATH": "/usr/bin",
     "HOME": "/home/op",
     "HF_HOME": "/models",
-    "HARU_SUPERVISOR_TOKEN": "s3cret-token",
     "HARU_SUPERVISOR_CONFIG": "/etc/haru/supervisor.json",
+    **SECRET_NAMED,
 }
+ENGINES = ["vllm", "sglang", "llamacpp", "sim"]
 FABRIC = {"name": "ib-a", "hcas": ["mlx5_0", "mlx5_1"]}
 
 
@@ -38,9 +54,12 @@ def make_profile(model: str = "qwen-small", gpu_index: int = 0, **fields: Any) -
     return profile
 
 
-def build(profile: EngineProfile, port: int = 8001, sharing: int = 1, host_env=None):
+def build(profile: EngineProfile, port: int = 8001, sharing: int = 1, host_env=None, environ=None):
     ctx = LaunchContext(
-        port=port, environ=PARENT_ENV, servers_sharing_gpu=sharing, host_env=host_env or {}
+        port=port,
+        environ=PARENT_ENV if environ is None else environ,
+        servers_sharing_gpu=sharing,
+        host_env=host_env or {},
     )
     return REGISTRY.get(profile.engine).build(profile, ctx)
 
@@ -72,9 +91,32 @@ def test_vllm_env_is_complete_and_never_carries_the_supervisor_secrets():
     launch = build(make_profile(engine="vllm", modelPath="m"))
     assert launch.env["PATH"] == "/usr/bin"
     assert launch.env["HF_HOME"] == "/models"
-    assert "HARU_SUPERVISOR_TOKEN" not in launch.env
+    assert not SECRET_NAMED.keys() & launch.env.keys()
     assert "HARU_SUPERVISOR_CONFIG" not in launch.env
     assert launch.env["VLLM_SERVER_DEV_MODE"] == "1"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_no_engine_inherits_anything_named_like_a_secret(engine):
+    launch = build(make_profile(engine=engine, modelPath="/m"))
+    leaked = sorted(SECRET_NAMED.keys() & launch.env.keys())
+    assert not leaked, f"{engine} would inherit {leaked}"
+    assert not any(v in launch.env.values() for v in SECRET_NAMED.values())
+    # Everything else is inherited: the scrub goes by name, not by dropping the environment.
+    assert (launch.env["PATH"], launch.env["HOME"], launch.env["HF_HOME"]) == (
+        "/usr/bin",
+        "/home/op",
+        "/models",
+    )
+    assert "HARU_SUPERVISOR_CONFIG" not in launch.env
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_name_the_operator_allows_reaches_every_engine_and_only_that_one(engine):
+    environ = {**PARENT_ENV, "HARU_CHILD_ENV_ALLOW": " HF_TOKEN , "}
+    launch = build(make_profile(engine=engine, modelPath="/m"), environ=environ)
+    assert launch.env["HF_TOKEN"] == "hf-token"
+    assert sorted(SECRET_NAMED.keys() & launch.env.keys()) == ["HF_TOKEN"]
 
 
 def test_vllm_shared_gpu_splits_memory_between_the_servers():
@@ -291,14 +333,14 @@ def test_sim_shared_and_tensor_parallel_layouts_build():
     assert tp2.argv[tp2.argv.index("--gpu-index") + 1] == "0"
 
 
-@pytest.mark.parametrize("engine", ["vllm", "sglang", "llamacpp", "sim"])
+@pytest.mark.parametrize("engine", ENGINES)
 def test_every_engine_binds_loopback_only(engine):
     launch = build(make_profile(engine=engine, modelPath="/m"))
     host = launch.argv[launch.argv.index("--host") + 1]
     assert host == "127.0.0.1"
 
 
-@pytest.mark.parametrize("engine", ["vllm", "sglang", "llamacpp", "sim"])
+@pytest.mark.parametrize("engine", ENGINES)
 def test_building_starts_nothing_and_is_deterministic(engine):
     profile = make_profile(engine=engine, modelPath="/m")
     assert build(profile) == build(profile)

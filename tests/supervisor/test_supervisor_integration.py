@@ -268,3 +268,30 @@ def test_a_sleep_drains_the_simulated_engine_then_aborts_what_outlasts_the_budge
     assert results[20]["finish_reason"] == "length"  # finished, not aborted
     assert results[200]["finish_reason"] == "abort"
     assert 20 < len(results[200]["message"]["content"].split()) < 200
+
+
+def test_a_real_model_server_never_inherits_anything_named_like_a_secret(
+    processes, tools, tmp_path
+):
+    secrets = {
+        "HARU_API_TOKEN": "api-tok-never-leaks",
+        "HARU_SUPERVISOR_MASTER_KEY": "master-never-leaks",
+        "AWS_SECRET_ACCESS_KEY": "aws-never-leaks",
+        "PGPASSWORD": "pg-never-leaks",
+        "openai_api_key": "lower-never-leaks",
+    }
+    config = host_config(tmp_path, tools, llama=False)
+    config["slots"] = config["slots"][:1]  # the model server alone
+    sup = tools.start_supervisor(processes, config, extra_env=secrets)
+    with sup.client() as client:
+        (model,) = models_of(client).values()
+    pid = model["process"]["pid"]
+    processes.adopt(pid)
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        environ = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+    names = {k.decode() for k in environ}
+    leaked = sorted(names & (secrets.keys() | {"HARU_SUPERVISOR_TOKEN"}))
+    assert not leaked, f"the model server inherited {leaked}"
+    assert not any(v.encode() in environ.values() for v in secrets.values())
+    assert sup.token is not None and sup.token.encode() not in environ.values()
+    assert environ[b"CUDA_VISIBLE_DEVICES"] == b"0"  # the launch's own variables are there
