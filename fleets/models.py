@@ -293,6 +293,9 @@ class Operation(models.Model):
     # The old active's last good heartbeat when the operation was requested: with detected_at,
     # the measured detection time of a real failover (fleets/recovery.py).
     source_seen_at = models.DateTimeField(null=True, blank=True)
+    # The old active's state when the operation was requested: an operator's promotion away
+    # from a failed active is a real failover, published as a recovery sample.
+    source_state = models.CharField(max_length=16, blank=True, default="", db_default="")
     # A drill's DrillMode (empty for other kinds): which steps it runs.
     drill_mode = models.CharField(max_length=16, blank=True, default="", db_default="")
     created_at = models.DateTimeField()
