@@ -232,7 +232,10 @@ class Host:
         for slot in self.config.slots:
             if isinstance(slot, InferenceSlotConfig):
                 described = [
-                    m.describe(readings[m.name], m.engine_version(self.http))
+                    m.describe(
+                        readings[m.name],
+                        m.engine_version(self.http, answered=readings[m.name].sleeping is not None),
+                    )
                     for m in self.models
                     if m.gpu_index == slot.gpu_index and (selected is None or m.name in selected)
                 ]

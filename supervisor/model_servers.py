@@ -230,12 +230,13 @@ class ModelServer:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def engine_version(self, http: httpx.AsyncClient) -> str | None:
+    def engine_version(self, http: httpx.AsyncClient, *, answered: bool = True) -> str | None:
         """Return the version the running server's engine reported, or None when not known yet.
 
         Never waits: a read that is due (see VERSION_RECHECK_S) starts in the background and
-        its answer shows in a later status. A version read from an earlier process is not
-        this one's.
+        its answer shows in a later status. `answered`: whether the server answered this
+        status's sleep read; a server still starting is not asked (its refusal would read as
+        "no version" until the retry). A version read from an earlier process is not this one's.
         """
         if not self.serves_http or (self.managed is not None and not self.managed.running):
             return None
@@ -250,7 +251,7 @@ class ModelServer:
                 due = self.managed is None and age >= VERSION_RECHECK_S
         else:
             due = True
-        if due and (self._version_task is None or self._version_task.done()):
+        if due and answered and (self._version_task is None or self._version_task.done()):
             task = asyncio.get_running_loop().create_task(self._read_version(http, pid))
             self._version_task = task
             self._tasks.add(task)

@@ -63,6 +63,19 @@ def test_the_status_reports_the_engine_version_once_read_even_while_asleep(api):
     assert _version_reads(state[18002]) == 1
 
 
+def test_a_server_still_starting_is_asked_for_its_version_once_it_answers(api):
+    state = servers(p18001={"version": "0.11.2", "reachable": False})
+    under_test = api(CONFIG, servers=state)
+    with checked_client(under_test.app) as client:
+        for _ in range(3):
+            entry = models_of(client.get("/v1/status").json())["qwen-small"]
+            assert entry["sleeping"] is None and "engineVersion" not in entry
+        state[18001].reachable = True
+        # Not asked while it refused: a refused read would have stood for "this engine gives
+        # no version" until the retry interval (30 s), far past this wait.
+        assert _poll_status(client, "qwen-small")["engineVersion"] == "0.11.2"
+
+
 def _server(under_test, name: str):
     return next(m for m in under_test.host.models if m.name == name)
 
