@@ -225,6 +225,14 @@ class ModelBinding(models.Model):
     # The last time its server was seen able to serve: staleness of the supervisor alone never
     # fails over an active whose model servers were seen serving within the stale window.
     serving_seen_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # The engine version its server last reported (`engineVersion` in the supervisor's status;
+    # "" until one did), and when that version was first seen: golden baselines are kept per
+    # engine version, so a new one on the active is baselined before a standby's wake is judged.
+    # Written by heartbeats through fleets.services.heartbeats, guarded by `engine_version_at`.
+    engine_version = models.CharField(
+        max_length=64, blank=True, default="", db_default="", editable=False
+    )
+    engine_version_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["domain", "name"]
@@ -285,6 +293,9 @@ class Operation(models.Model):
     # The old active's last good heartbeat when the operation was requested: with detected_at,
     # the measured detection time of a real failover (fleets/recovery.py).
     source_seen_at = models.DateTimeField(null=True, blank=True)
+    # The old active's state when the operation was requested: an operator's promotion away
+    # from a failed active is a real failover, published as a recovery sample.
+    source_state = models.CharField(max_length=16, blank=True, default="", db_default="")
     # A drill's DrillMode (empty for other kinds): which steps it runs.
     drill_mode = models.CharField(max_length=16, blank=True, default="", db_default="")
     created_at = models.DateTimeField()

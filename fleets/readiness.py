@@ -10,7 +10,12 @@ from collections.abc import Collection
 from datetime import datetime
 
 from fleets import clock
-from fleets.core.golden import profile_fingerprint, request_fingerprint, target_label
+from fleets.core.golden import (
+    baseline_missing,
+    profile_fingerprint,
+    request_fingerprint,
+    target_label,
+)
 from fleets.core.policy import Policy
 from fleets.core.read_model import FleetView
 from fleets.core.readiness import (
@@ -60,25 +65,48 @@ def _wake_mib(slots: list[Slot], bound_slot_ids: Collection[object]) -> dict[int
     return need
 
 
-def _missing_baselines(domain: Domain, policy: Policy) -> tuple[str, ...]:
+def _baselines(domain: Domain, policy: Policy) -> tuple[tuple[str, ...], datetime | None]:
+    """The standby's targets with no baseline to be judged against (at the engine version its
+    servers last reported), and when the oldest baseline its targets do have was recorded."""
     request = request_fingerprint(policy.probe_prompt, policy.probe_max_tokens)
-    recorded = set(
+    rows = list(
         GoldenBaseline.objects.filter(
             fleet_id=domain.fleet_id, request_fingerprint=request
-        ).values_list("model_name", "adapter", "profile_fingerprint")
+        ).values_list(
+            "model_name", "adapter", "profile_fingerprint", "engine_version", "recorded_at"
+        )
     )
-    missing = []
+    recorded = {row[:4] for row in rows}
+    missing, used = [], []
     for b in ModelBinding.objects.filter(domain=domain).order_by("name"):
         if b.golden.get("deterministic", True) is False:
             continue
         profile = profile_fingerprint(b.profile)
         for adapter in ("", *b.golden.get("adapters", ())):
-            if (b.name, adapter, profile) not in recorded:
-                missing.append(target_label(b.name, adapter))
-    return tuple(missing)
+            if baseline_missing(
+                recorded,
+                model=b.name,
+                adapter=adapter,
+                profile=b.profile,
+                engine_version=b.engine_version,
+            ):
+                label = target_label(b.name, adapter)
+                missing.append(
+                    f"{label} on engine {b.engine_version}" if b.engine_version else label
+                )
+                continue
+            version = b.engine_version  # "": not reported, a baseline at any version counts
+            used += [
+                at
+                for row_model, row_adapter, row_profile, row_version, at in rows
+                if (row_model, row_adapter, row_profile) == (b.name, adapter, profile)
+                and (not version or row_version == version)
+            ]
+    return tuple(missing), min(used, default=None)
 
 
 def standby_facts(domain: Domain, policy: Policy) -> StandbyFacts:
+    missing, baselines_at = _baselines(domain, policy)
     slots = list(Slot.objects.filter(domain=domain))
     bound = set(ModelBinding.objects.filter(domain=domain).values_list("slot_id", flat=True))
     report = domain.last_report if isinstance(domain.last_report, dict) else {}
@@ -100,7 +128,8 @@ def standby_facts(domain: Domain, policy: Policy) -> StandbyFacts:
         gpus_read_at=domain.gpus_read_at,
         wake_mib=_wake_mib(slots, bound),
         trainers=tuple(trainers),
-        missing_baselines=_missing_baselines(domain, policy),
+        missing_baselines=missing,
+        baselines_at=baselines_at,
     )
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import Q
+
 from fleets.core.policy import Policy
 from fleets.core.recovery import (
     DRILL,
@@ -16,25 +18,36 @@ from fleets.core.recovery import (
     sample,
     summarize,
 )
-from fleets.core.states import OperationKind, OperationState
+from fleets.core.states import DomainState, OperationKind, OperationState
 from fleets.models import Event, Fleet, Operation
+
+# The promotions that are real failovers (fleets.core.recovery.during_outage, with the old
+# active's state as it was when the promotion was requested): automatic ones, and an
+# operator's promotion away from a failed active (a fleet run with autoFailover off).
+_REAL_FAILOVER = (
+    Q(reason="auto_failover") | Q(detected_at__isnull=False) | Q(source_state=DomainState.FAILED)
+)
 
 
 def recovery_samples(fleet: Fleet, window: int = RECOVERY_WINDOW) -> list[RecoverySample]:
-    """The newest `window` successful drills and automatic failovers of the fleet, as samples."""
+    """The newest `window` successful drills and real failovers of the fleet, as samples.
+
+    A real failover is an automatic one or an operator's promotion away from a failed active;
+    either's detection is measured from the outage's start to the promotion's start.
+    """
     bound = Policy.resolve(fleet.policy).heartbeat_stale_ms
     out: list[RecoverySample] = []
-    for kind, name, extra in (
-        (OperationKind.DRILL, DRILL, {}),
-        (OperationKind.PROMOTE, FAILOVER, {"reason": "auto_failover"}),
+    for kind, name, which in (
+        (OperationKind.DRILL, DRILL, Q()),
+        (OperationKind.PROMOTE, FAILOVER, _REAL_FAILOVER),
     ):
         ops = list(
             Operation.objects.filter(
+                which,
                 fleet=fleet,
                 kind=kind,
                 state=OperationState.SUCCEEDED,
                 finished_at__isnull=False,
-                **extra,
             )
             .order_by("-finished_at")
             .values_list("id", "finished_at", "started_at", "detected_at", "source_seen_at")[

@@ -7,8 +7,9 @@ prints how to watch and how to break things, then prints the fleet's events as t
 Ctrl-C stops every process it started.
 
 Subcommands, for a second terminal: `crash active|standby|east|west` (the whole host dies),
-`restore active|standby|east|west` (bring it back and demote it to standby posture), `stop`
-(kill whatever a previous demo left behind).
+`restore active|standby|east|west` (bring it back and demote it to standby posture), `drill
+[check|round_trip]` (run a failover drill now and follow it to its end; `--every N` schedules
+one every N minutes instead), `stop` (kill whatever a previous demo left behind).
 
 Only processes this demo started are ever signalled: the demo records each process it starts
 in var/demo/pids/ (pid, kernel start time, boot id, so a reused pid is never touched), and a
@@ -38,6 +39,7 @@ from typing import TypedDict
 
 import httpx
 
+from fleets.core.drills import DrillSchedule, schedule_problems
 from supervisor.config import load_config, state_dir_for
 from supervisor.records import ProcessStamp, Record, StateDir
 
@@ -379,6 +381,12 @@ Break it (active and standby always mean the current ones, whichever host that i
                                    -H 'content-type: application/json' \\
                                    -d '{{"targetDomainId": "{standby}"}}'
 
+Prove it before the outage
+  run a drill now:               .venv/bin/python -m haru.demo drill   (or: drill round_trip)
+      (the standby wakes, must answer its golden probe, and goes back to sleep and training)
+  drill every minute:            .venv/bin/python -m haru.demo drill --every 1
+      (the fleet page shows each drill, the readiness verdict and the recovery time)
+
 The fleet's events follow. Ctrl-C stops everything.
 """
     )
@@ -550,6 +558,95 @@ def restore(ref: str) -> None:
     say(f"demo: {host} demote to standby posture: {outcome}")
 
 
+# How long `drill` follows the drill it started: a check drill on the simulator takes seconds,
+# a round trip under a minute; the demo's step budgets bound either well inside this.
+DRILL_FOLLOW_S = 180.0
+
+
+def _error_message(r: httpx.Response) -> str:
+    body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+    return (body.get("error") or {}).get("message") or r.text[:200]
+
+
+def drill(mode: str) -> int:
+    """Ask for a drill of the standby now and print its steps as they pass; 0 if it passed."""
+    try:
+        r = api({}, "POST", f"/fleets/{FLEET}/drill", {"mode": mode})
+    except httpx.HTTPError as exc:
+        raise SystemExit(
+            f"demo: the server on :{SERVER_PORT} is not answering ({exc}); is the demo running?"
+        ) from None
+    if r.status_code != 202:
+        say(f"demo: {mode} drill refused (HTTP {r.status_code}): {_error_message(r)}")
+        return 1
+    op = r.json()["operation"]
+    say(f"demo: {mode} drill of {op['targetDomainSlug']} started (operation {op['id'][:8]})")
+    shown = ""
+    deadline = time.monotonic() + DRILL_FOLLOW_S
+    while op["state"] in ("pending", "running"):
+        if time.monotonic() > deadline:
+            say(f"demo: the drill is still {op['state']} after {DRILL_FOLLOW_S:.0f}s; see the logs")
+            return 1
+        step = op.get("currentStep") or ""
+        if step and step != shown:
+            say(f"  {step}")
+            shown = step
+        time.sleep(0.3)
+        op = api({}, "GET", f"/operations/{op['id']}").json()
+    if op["state"] != "succeeded":
+        error = op.get("error") or {}
+        say(
+            f"demo: the drill {op['state']} at {error.get('step') or shown}: "
+            f"{error.get('code', '')}: {error.get('message', '')}"
+        )
+        say("      (every failure path puts the standby back to sleep with its trainer running)")
+        return 1
+    report = api({}, "GET", f"/fleets/{FLEET}/recovery").json()
+    drills = report.get("drill") or {}
+    routing = "moved there and back" if mode == "round_trip" else "never moved"
+    say(
+        f"demo: the drill passed; routing {routing}. "
+        f"Drill recovery time over the last {drills.get('count', 0)}: "
+        f"p50 {_seconds(drills.get('p50Ms'))}, p95 {_seconds(drills.get('p95Ms'))} "
+        f"(objective {_seconds(report.get('objectiveMs'))})"
+    )
+    return 0
+
+
+def _seconds(ms: object) -> str:
+    return f"{ms / 1000:.1f}s" if isinstance(ms, int | float) else "-"
+
+
+def drill_schedule(every: int, mode: str) -> None:
+    """Schedule a drill every `every` minutes, any time of day (0: no schedule), as an
+    operator does in Django admin (Fleets, "Failover drills")."""
+    problems = schedule_problems(DrillSchedule(every or None))
+    if problems:
+        raise SystemExit(f"demo: {'; '.join(problems)}")
+    script = (
+        "import os\n"
+        "from fleets.models import Fleet\n"
+        "every = int(os.environ['DEMO_DRILL_EVERY']) or None\n"
+        "Fleet.objects.filter(slug=os.environ['DEMO_FLEET']).update(\n"
+        "    drill_interval_minutes=every, drill_window_start=None, drill_window_end=None,\n"
+        "    drill_mode=os.environ['DEMO_DRILL_MODE'])\n"
+    )
+    env = {
+        **control_env(load_state()),
+        "DEMO_DRILL_EVERY": str(every),
+        "DEMO_DRILL_MODE": mode,
+        "DEMO_FLEET": FLEET,
+    }
+    subprocess.run([PYTHON, "manage.py", "shell", "-c", script], cwd=REPO, env=env, check=True)
+    if every:
+        say(
+            f"demo: a {mode} drill every {every} minute(s), any time of day; the reconciler "
+            "starts the first one within seconds (watch the fleet page)"
+        )
+    else:
+        say("demo: no drill schedule; drills run only when asked for")
+
+
 def _demotable(host: str) -> bool:
     """True once `host` is back (ready or degraded) and no operation is in flight."""
     fleet = current_fleet()
@@ -571,6 +668,16 @@ def main(argv: list[str] | None = None) -> int:
     # The name the walk-through used before `restore`; kept so old notes still work.
     start = sub.add_parser("start-host", help="same as restore")
     start.add_argument("host", choices=targets)
+    run_drill = sub.add_parser(
+        "drill", help="run a failover drill of the standby now, or schedule one (--every)"
+    )
+    run_drill.add_argument("mode", nargs="?", choices=["check", "round_trip"], default="check")
+    run_drill.add_argument(
+        "--every",
+        type=int,
+        metavar="MINUTES",
+        help="instead, schedule a drill every MINUTES minutes (0: no schedule)",
+    )
     sub.add_parser("stop", help="kill every process this demo started that is still running")
     args = parser.parse_args(argv)
     os.chdir(REPO)
@@ -580,6 +687,10 @@ def main(argv: list[str] | None = None) -> int:
         say(f"demo: {host} is down ({killed} processes killed)")
     elif args.command in ("restore", "start-host"):
         restore(args.host)
+    elif args.command == "drill" and args.every is not None:
+        drill_schedule(args.every, args.mode)
+    elif args.command == "drill":
+        return drill(args.mode)
     elif args.command == "stop":
         killed = kill_processes(demo_processes())
         say(f"demo: killed {killed} leftover process(es)")

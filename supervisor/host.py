@@ -232,7 +232,10 @@ class Host:
         for slot in self.config.slots:
             if isinstance(slot, InferenceSlotConfig):
                 described = [
-                    m.describe(readings[m.name])
+                    m.describe(
+                        readings[m.name],
+                        m.engine_version(self.http, answered=readings[m.name].sleeping is not None),
+                    )
                     for m in self.models
                     if m.gpu_index == slot.gpu_index and (selected is None or m.name in selected)
                 ]
@@ -518,6 +521,8 @@ class Host:
                 http, port=m.port, headers=headers, timeout_s=timeout_ms / 1000
             )
             probed, version = await asyncio.gather(asyncio.gather(*calls), version_call)
+            if version is not None:
+                m.note_engine_version(version, m.managed.pid if m.managed is not None else None)
             return [{**r, "engineVersion": version} for r in probed]
 
         per_model = await asyncio.gather(*(one(m) for m in targets))

@@ -23,14 +23,22 @@ from supervisor.engines.control import (
 )
 from supervisor.engines.launch import LaunchCommand
 from supervisor.managed import ManagedProcess
+from supervisor.probe import engine_version
 from supervisor.processes import AdoptedProcess
 from supervisor.records import ServerRecord
+from supervisor.secrets import SecretUnavailable
 
 log = logging.getLogger(__name__)
 
 HEALTH_TIMEOUT_S = 5.0
 # A cold start (llama.cpp wake) loads weights from disk; large GGUF files take minutes.
 COLD_START_TIMEOUT_S = 600.0
+# The engine's version (`GET /version`) is read in the background, never inside a status call:
+# once per server process (a restart may be an upgrade); again after VERSION_RECHECK_S for a
+# server the supervisor did not start (it can be replaced under it, same port, no pid known);
+# after VERSION_RETRY_S when a read got no version.
+VERSION_RECHECK_S = 300.0
+VERSION_RETRY_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,11 @@ class ModelServer:
         self._sleep_task: asyncio.Task[DrainResult | None] | None = None
         self.draining = False
         self.last_drain: DrainResult | None = None
+        # The engine version last read, the process it was read from, and when (monotonic).
+        self._version: str | None = None
+        self._version_pid: int | None = None
+        self._version_read_at: float | None = None
+        self._version_task: asyncio.Task[None] | None = None
 
     def auth_headers(self) -> dict[str, str]:
         """The server's own API key as a bearer header (none configured: no header).
@@ -217,7 +230,47 @@ class ModelServer:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def describe(self, reading: SleepReading) -> dict[str, Any]:
+    def engine_version(self, http: httpx.AsyncClient, *, answered: bool = True) -> str | None:
+        """Return the version the running server's engine reported, or None when not known yet.
+
+        Never waits: a read that is due (see VERSION_RECHECK_S) starts in the background and
+        its answer shows in a later status. `answered`: whether the server answered this
+        status's sleep read; a server still starting is not asked (its refusal would read as
+        "no version" until the retry). A version read from an earlier process is not this one's.
+        """
+        if not self.serves_http or (self.managed is not None and not self.managed.running):
+            return None
+        pid = self.managed.pid if self.managed is not None else None
+        valid = self._version_read_at is not None and self._version_pid == pid
+        if valid:
+            assert self._version_read_at is not None
+            age = self._clock.monotonic() - self._version_read_at
+            if self._version is None:
+                due = age >= VERSION_RETRY_S
+            else:
+                due = self.managed is None and age >= VERSION_RECHECK_S
+        else:
+            due = True
+        if due and answered and (self._version_task is None or self._version_task.done()):
+            task = asyncio.get_running_loop().create_task(self._read_version(http, pid))
+            self._version_task = task
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return self._version if valid else None
+
+    def note_engine_version(self, version: str | None, pid: int | None) -> None:
+        """Remember what the engine of process `pid` said its version is (None: it did not)."""
+        self._version, self._version_pid = version, pid
+        self._version_read_at = self._clock.monotonic()
+
+    async def _read_version(self, http: httpx.AsyncClient, pid: int | None) -> None:
+        try:
+            headers = self.auth_headers()
+        except SecretUnavailable:
+            headers = None  # the version is public on vLLM; an unreadable key is reported elsewhere
+        self.note_engine_version(await engine_version(http, port=self.port, headers=headers), pid)
+
+    def describe(self, reading: SleepReading, version: str | None = None) -> dict[str, Any]:
         """Render the status entry; `sleeping` first, as the original wire format has it."""
         managed = self.managed.describe() if self.managed else None
         running = self.managed.running if self.managed else None
@@ -230,6 +283,8 @@ class ModelServer:
             # fingerprint recorded at its start, so drift shows); anything else is unknown,
             # which the control plane must never read as a match.
             "fingerprint": self.managed.fingerprint if self.managed and running else None,
+            # What the engine's `GET /version` said, read in the background (None: not yet).
+            "engineVersion": version,
             "managed": self.managed is not None,
             "role": "leader" if self.serves_http else "worker",
             "standby": self.control.capability.describe(),

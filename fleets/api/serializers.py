@@ -334,8 +334,9 @@ class RecoverySampleOut(serializers.Serializer):
     kind = serializers.ChoiceField(["drill", "failover"])
     finishedAt = serializers.DateTimeField()  # noqa: N815
     detectionMs = serializers.IntegerField(  # noqa: N815
-        help_text="A real failover: from the outage's start (the earlier of its detectedAt and "
-        "the old active's last good heartbeat) to the failover's start. A drill: 0."
+        help_text="A real failover (automatic, or an operator's promotion away from a failed "
+        "active): from the outage's start (the earlier of its detectedAt and the old active's "
+        "last good heartbeat) to the failover's start. A drill: 0."
     )
     detection = serializers.ChoiceField(
         ["measured", "bound", "none"],

@@ -248,8 +248,9 @@ class BaselinesView(HaruAPIView):
 class RecoveryView(HaruAPIView):
     @extend_schema(responses={200: s.RecoveryOut, **_errors(401, 404)}, operation_id="getRecovery")
     def get(self, request, ref: str):
-        """The published recovery time: p50/p95 of the last N drills and automatic failovers
-        against the policy's rtoMs, and each sample's detection, steps and total."""
+        """The published recovery time: p50/p95 of the last N drills and real failovers
+        (automatic ones, and an operator's promotion away from a failed active) against the
+        policy's rtoMs, and each sample's detection, steps and total."""
         return Response(recovery_report(selectors.fleet_get(ref)))
 
 

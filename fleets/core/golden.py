@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -111,6 +111,28 @@ def quote(text: str | None) -> str:
     if text is None:
         return "(nothing)"
     return json.dumps(text[:QUOTE_CHARS] + ("…" if len(text) > QUOTE_CHARS else ""))
+
+
+def baseline_missing(
+    recorded: Collection[tuple[str, str, str, str]],
+    *,
+    model: str,
+    adapter: str,
+    profile: Mapping[str, Any],
+    engine_version: str,
+) -> bool:
+    """Whether a target has no baseline to be judged against yet.
+
+    `recorded` holds (model, adapter, profile fingerprint, engine version) of the fleet's
+    baselines for the probe request. `engine_version` is what the target's server last
+    reported (""; never reported): a version with no baseline of its own is missing, since
+    its first wake would otherwise become its own baseline, unjudged; with no version known,
+    a baseline at any version counts, as nothing better is known.
+    """
+    fp = profile_fingerprint(profile)
+    if engine_version:
+        return (model, adapter, fp, engine_version) not in recorded
+    return not any(r[:3] == (model, adapter, fp) for r in recorded)
 
 
 def key_for(answer: ProbeAnswer, *, profile: Mapping[str, Any], request: str) -> GoldenKey:

@@ -60,6 +60,9 @@ class StandbyFacts:
     wake_mib: Mapping[int, float] | None = None
     trainers: tuple[TrainerFacts, ...] = ()
     missing_baselines: tuple[str, ...] = ()
+    # When the oldest baseline the standby's models are judged against was recorded (None:
+    # none recorded); the age of the proof when nothing is missing.
+    baselines_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,9 @@ class Reason:
     check: str
     ok: bool | None  # None: not known
     message: str
-    at: datetime | None = None  # when the fact was observed
+    # When the fact was observed; None only for a fact never observed at all (a standby that
+    # never answered a heartbeat, no drill yet, no standby).
+    at: datetime | None = None
 
     def to_json(self, now: datetime) -> dict[str, Any]:
         return {
@@ -138,6 +143,8 @@ def _standby_reason(fleet: FleetView, standby: DomainView, now: datetime) -> Rea
 
 
 def _asleep_reason(standby: DomainView) -> Reason:
+    # Slot states are mirrored from heartbeats: the posture is as of the last one.
+    seen = standby.last_seen_at
     bound = {m.slot_id for m in standby.models}
     awake = sorted(
         f"GPU {s.gpu_index} {s.state}"
@@ -145,21 +152,32 @@ def _asleep_reason(standby: DomainView) -> Reason:
         if s.kind == SlotKind.INFERENCE and s.id in bound and s.state != InferenceState.SLEEPING
     )
     if awake:
-        return Reason(MODELS_ASLEEP, False, "not in standby posture: " + ", ".join(awake))
-    return Reason(MODELS_ASLEEP, True, "every bound model is asleep")
+        return Reason(MODELS_ASLEEP, False, "not in standby posture: " + ", ".join(awake), seen)
+    return Reason(MODELS_ASLEEP, True, "every bound model is asleep", seen)
 
 
-def _baselines_reason(facts: StandbyFacts) -> Reason:
+def _baselines_reason(facts: StandbyFacts, standby: DomainView) -> Reason:
     if facts.missing_baselines:
+        # What is missing follows from what the standby reported it serves (its models and
+        # their engine version): as of its last heartbeat.
         missing = ", ".join(facts.missing_baselines)
-        return Reason(BASELINES, False, f"no golden baseline yet for {missing}")
-    return Reason(BASELINES, True, "every model and adapter has a golden baseline")
+        return Reason(
+            BASELINES, False, f"no golden baseline yet for {missing}", standby.last_seen_at
+        )
+    return Reason(
+        BASELINES,
+        True,
+        "every model and adapter has a golden baseline",
+        facts.baselines_at or standby.last_seen_at,
+    )
 
 
-def _memory_reason(facts: StandbyFacts) -> Reason:
-    at = facts.gpus_read_at
+def _memory_reason(facts: StandbyFacts, standby: DomainView) -> Reason:
+    at = facts.gpus_read_at or standby.last_seen_at
     if facts.wake_mib is None:
-        return Reason(WAKE_MEMORY, None, "the layout plans no memory: the wake's need is unknown")
+        return Reason(
+            WAKE_MEMORY, None, "the layout plans no memory: the wake's need is unknown", at
+        )
     if not facts.gpus:
         return Reason(WAKE_MEMORY, None, "no GPU memory reading from the standby yet", at)
     short = []
@@ -176,9 +194,12 @@ def _memory_reason(facts: StandbyFacts) -> Reason:
     return Reason(WAKE_MEMORY, True, "the memory each wake restores is free on every GPU", at)
 
 
-def _trainer_reason(facts: StandbyFacts, max_age_ms: int, now: datetime) -> Reason:
+def _trainer_reason(
+    facts: StandbyFacts, standby: DomainView, max_age_ms: int, now: datetime
+) -> Reason:
+    seen = standby.last_seen_at  # trainer states come with the heartbeat
     if not facts.trainers:
-        return Reason(TRAINER, True, "no trainer on the standby")
+        return Reason(TRAINER, True, "no trainer on the standby", seen)
     problems, oldest = [], None
     for t in facts.trainers:
         at = t.last_checkpoint_at
@@ -194,8 +215,8 @@ def _trainer_reason(facts: StandbyFacts, max_age_ms: int, now: datetime) -> Reas
                 f"(limit {_seconds(max_age_ms)})"
             )
     if problems:
-        return Reason(TRAINER, False, "; ".join(problems), oldest)
-    return Reason(TRAINER, True, "every trainer is checkpointing", oldest)
+        return Reason(TRAINER, False, "; ".join(problems), oldest or seen)
+    return Reason(TRAINER, True, "every trainer is checkpointing", oldest or seen)
 
 
 def _drill_reason(drill: DrillFacts | None, max_age_ms: int, now: datetime) -> Reason:
@@ -230,9 +251,9 @@ def failover_readiness(
     reasons = (
         _standby_reason(fleet, standby, now),
         _asleep_reason(standby),
-        _baselines_reason(own),
-        _memory_reason(own),
-        _trainer_reason(own, policy.checkpoint_max_age_ms, now),
+        _baselines_reason(own, standby),
+        _memory_reason(own, standby),
+        _trainer_reason(own, standby, policy.checkpoint_max_age_ms, now),
         _drill_reason(last_drill, policy.drill_max_age_ms, now),
     )
     if any(r.ok is False and r.check in _BLOCKING for r in reasons):

@@ -1,15 +1,18 @@
 """Published recovery time: how long a failover takes, per fleet, from its drills and real ones.
 
-A sample is detection plus every step a failover runs before routing moves. A real automatic
-failover measures the steps from its start to the routing commit; a drill measures the same
-steps on the same standby (a check drill stops just before the switch, which is one
-compare-and-swap; a round-trip drill measures its first switch too).
+A sample is detection plus every step a failover runs before routing moves. A real failover
+(an automatic one, or an operator's promotion away from a failed active: `during_outage`)
+measures the steps from its start to the routing commit; a drill measures the same steps on the
+same standby (a check drill stops just before the switch, which is one compare-and-swap; a
+round-trip drill measures its first switch too).
 
 Detection of a real failover is measured (`detection`): from the moment the outage began to
 the moment the failover started. The outage began at the operation's `detected_at` or at the
 old active's last good heartbeat (`source_seen_at`, kept when the failover was requested),
 whichever is earlier: after its last good heartbeat the active was no longer known to serve,
-so the figure is what a customer may have waited, never less. Only a failover with neither
+so the figure is what a customer may have waited, never less. An operator's promotion has no
+`detected_at`: its detection runs from that heartbeat to the moment the promotion started, the
+time it took the operator to notice and act included. Only a failover with neither
 timestamp falls back to the bound, the policy's `heartbeatStaleMs`, and says so. A drill has
 no detection (0, labelled `none`): nothing failed.
 

@@ -11,6 +11,8 @@ class ActionForm(forms.Form):
     """One confirmed action. `confirm` is set by the confirmation dialog (or page)."""
 
     target = forms.CharField(max_length=100, required=False)
+    # A drill's mode (check or round_trip); the operation service checks the value.
+    mode = forms.CharField(max_length=16, required=False)
     confirm = forms.BooleanField(required=False)
 
     def __init__(self, *args, action: str, **kwargs) -> None:

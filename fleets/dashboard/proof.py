@@ -11,7 +11,7 @@ from fleets.core.golden import target_label
 from fleets.core.policy import Policy
 from fleets.core.read_model import FleetView
 from fleets.core.recovery import RECOVERY_WINDOW, over_objective
-from fleets.core.states import OperationKind
+from fleets.core.states import DrillMode, OperationKind
 from fleets.models import Event, Fleet, GoldenBaseline, Operation
 from fleets.readiness import fleet_readiness
 from fleets.recovery import recovery_summaries
@@ -64,6 +64,7 @@ def drill_panel(fleet: Fleet, now: datetime) -> dict[str, Any] | None:
         "state": op.state,
         "failed": op.state == "failed",
         "target": op.target_slug,
+        "mode": op.drill_mode or DrillMode.CHECK,
         "reason": op.reason,
         "finished_at": iso(finished) if finished else "",
         "finished_age": _age_text((now - finished).total_seconds() * 1000) if finished else "",

@@ -18,7 +18,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from fleets import clock
 from fleets.clock import iso
-from fleets.core.states import OperationKind
+from fleets.core.states import DrillMode, OperationKind
 from fleets.dashboard import actions
 from fleets.dashboard.forms import ACTIONS, ActionForm
 from fleets.dashboard.selectors import fleet_page, heartbeats, overview_rows
@@ -126,12 +126,13 @@ def fleet_action(request, slug: str, action: str):
         messages.error(request, message)
         return redirect("dashboard:fleet", slug=fleet.slug)
     target = form.cleaned_data["target"]
+    mode = form.cleaned_data["mode"] or DrillMode.CHECK
     if not form.cleaned_data["confirm"]:
         # No script (or a crafted POST): confirm on a page of its own before acting.
         return render(
             request,
             "dashboard/confirm.html",
-            {"fleet": fleet, "action": action, "target": target},
+            {"fleet": fleet, "action": action, "target": target, "mode": mode},
         )
     actor = f"dashboard:{request.user.get_username()}"
     if action == "reconcile":
@@ -141,7 +142,7 @@ def fleet_action(request, slug: str, action: str):
     elif action in ("provision", "stop"):
         result = actions.provision_move(fleet=fleet, action=action, target=target, actor=actor)
     elif action == "drill":
-        result = actions.request_drill(fleet=fleet, target=target or None, actor=actor)
+        result = actions.request_drill(fleet=fleet, target=target or None, actor=actor, mode=mode)
     elif action == "baseline":
         result = actions.record_baseline(fleet=fleet, target=target or None, actor=actor)
     else:

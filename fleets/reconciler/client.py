@@ -104,6 +104,8 @@ class ModelReport:
     sleeping: bool | None  # None: the supervisor could not tell
     error: str | None = None
     draining: bool = False  # a sleep is letting running requests finish first
+    # The engine's version (its `GET /version`), ours only; None when not reported.
+    engine_version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -216,6 +218,8 @@ def parse_status(body: Any) -> StatusReport:
                 sleeping=m["sleeping"],
                 error=m.get("error"),
                 draining=m.get("draining") is True,
+                # Kept as the binding's column holds it; "" reads as not reported.
+                engine_version=(m.get("engineVersion") or "")[:64] or None,
             )
             for m in item.get("models", ())
         )

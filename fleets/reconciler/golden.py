@@ -18,9 +18,9 @@ from fleets.core.golden import (
     Judgement,
     ProbeAnswer,
     Verdict,
+    baseline_missing,
     judge,
     key_for,
-    profile_fingerprint,
     request_fingerprint,
     target_label,
 )
@@ -249,22 +249,31 @@ def _serving_slots(domain: Domain, targets: list[Target]) -> bool:
 
 
 def missing_baselines(fleet_id: Id, targets: list[Target], policy: Policy) -> list[Target]:
-    """The deterministic targets with no baseline at all for their profile and probe request.
+    """The deterministic targets with no baseline for their profile and probe request at the
+    engine version their server last reported (fleets.core.golden.baseline_missing).
 
-    Read before any probe, so the engine version (known only from an answer) is not part of
-    it: an engine upgrade is an operator's re-record, as before.
+    The version is the one the heartbeat keeps per binding, so an engine upgrade on the active
+    is a missing key too: the active is probed for it before any standby on that version wakes
+    and is judged. A binding whose supervisor never reported a version counts a baseline at any
+    version, as before.
     """
     request = request_fingerprint(policy.probe_prompt, policy.probe_max_tokens)
     have = set(
         GoldenBaseline.objects.filter(fleet_id=fleet_id, request_fingerprint=request).values_list(
-            "model_name", "adapter", "profile_fingerprint"
+            "model_name", "adapter", "profile_fingerprint", "engine_version"
         )
     )
     return [
         t
         for t in targets
         if t.deterministic
-        and (t.binding.name, t.adapter, profile_fingerprint(t.binding.profile)) not in have
+        and baseline_missing(
+            have,
+            model=t.binding.name,
+            adapter=t.adapter,
+            profile=t.binding.profile,
+            engine_version=t.binding.engine_version,
+        )
     ]
 
 

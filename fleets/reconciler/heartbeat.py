@@ -60,6 +60,7 @@ from fleets.reconciler.client import (
     serving_reach,
 )
 from fleets.services.heartbeats import (
+    binding_engine_version_record,
     domain_heartbeat_failed,
     domain_mirror,
     domain_seen,
@@ -326,6 +327,26 @@ def _record_model_health(beat: Beat, report: StatusReport | None, actor: str) ->
         )
 
 
+def _record_engine_versions(beat: Beat, report: StatusReport | None, actor: str) -> None:
+    """Keep each bound model's engine version as its supervisor reported it (ours reports it;
+    the original does not, and an unreported version changes nothing)."""
+    if report is None:
+        return
+    rows = ModelBinding.objects.filter(domain=beat.domain).values_list(
+        "id", "name", "engine_version"
+    )
+    for binding_id, name, current in rows:
+        reading = report.model(name)
+        version = reading.engine_version if reading is not None else None
+        if version and version != current:
+            binding_engine_version_record(
+                binding_id=binding_id,
+                engine_version=version,
+                observed_at=beat.observed_at,
+                actor=actor,
+            )
+
+
 def heartbeat_apply(
     beat: Beat,
     *,
@@ -360,6 +381,7 @@ def heartbeat_apply(
             _mirror_training(slot, report, observed_at=beat.observed_at, now=now, actor=actor)
     _mirror_domain(domain, report, is_active=is_active, healthy=healthy, beat=beat, now=now)
     _record_model_health(beat, report, actor)
+    _record_engine_versions(beat, report, actor)
     # Taken only now, after the state decisions: GPU memory never holds them up.
     gpu_fields = _gpu_fields(beat, domain.last_report)
     if report is not None:

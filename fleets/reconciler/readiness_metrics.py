@@ -4,8 +4,9 @@
   `verdict="not_ready"`);
 - `haru_drill_last_passed{fleet}` and `haru_drill_last_finished_timestamp_seconds{fleet}`: the
   last finished drill (absent before the first; a 0 is a failed drill, the alert);
-- `haru_recovery_seconds{fleet, kind, quantile}` over the last N drills and automatic failovers
-  (kind drill or failover; quantile 0.5 and 0.95), `haru_recovery_samples{fleet, kind}`, and
+- `haru_recovery_seconds{fleet, kind, quantile}` over the last N drills and real failovers
+  (automatic ones, and an operator's promotion away from a failed active; kind drill or
+  failover; quantile 0.5 and 0.95), `haru_recovery_samples{fleet, kind}`, and
   `haru_recovery_objective_seconds{fleet}` (policy rtoMs): deploy/prometheus alerts when the
   p95 drifts above the objective.
 """
@@ -42,12 +43,12 @@ _FAMILIES: dict[str, tuple[str, list[str]]] = {
         ["fleet"],
     ),
     "haru_recovery_seconds": (
-        "Recovery time (detection bound plus the failover steps up to routing moved) over the "
-        "last N drills or automatic failovers.",
+        "Recovery time (measured detection plus the failover steps up to routing moved; a "
+        "drill has no detection) over the last N drills or real failovers.",
         ["fleet", "kind", "quantile"],
     ),
     "haru_recovery_samples": (
-        "How many drills or automatic failovers the recovery quantiles cover.",
+        "How many drills or real failovers the recovery quantiles cover.",
         ["fleet", "kind"],
     ),
     "haru_recovery_objective_seconds": (

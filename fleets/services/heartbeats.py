@@ -16,7 +16,7 @@ from django.db.models import Case, F, Q, Value, When
 
 from fleets import clock
 from fleets.core.states import check_transition
-from fleets.models import Domain, Id, Slot
+from fleets.models import Domain, Id, ModelBinding, Slot
 from fleets.services.events import event_record
 
 
@@ -221,3 +221,43 @@ def domain_heartbeat_failed(
                 data=error,
             )
     return bool(moved) and started
+
+
+def binding_engine_version_record(
+    *, binding_id: Id, engine_version: str, observed_at: datetime, actor: str = "heartbeat"
+) -> bool:
+    """Remember the engine version a binding's server reported; return whether it changed.
+
+    Golden baselines are kept per engine version, so the baseline pass and the readiness
+    verdict read this column to see an upgrade before any wake. Written only on a change, and
+    guarded like the other heartbeat columns: by the version read (so the change event is
+    written once) and by "newer than the version recorded" (a slower beat with older news
+    loses). `engine_version_at` is when the current version was first reported.
+    """
+    row = (
+        ModelBinding.objects.filter(pk=binding_id)
+        .values("engine_version", "name", "domain_id", "domain__fleet_id")
+        .first()
+    )
+    if row is None or not engine_version or row["engine_version"] == engine_version:
+        return False
+    with transaction.atomic():
+        moved = (
+            ModelBinding.objects.filter(pk=binding_id, engine_version=row["engine_version"])
+            .filter(_not_newer("engine_version_at", observed_at))
+            .update(engine_version=engine_version, engine_version_at=observed_at)
+        )
+        if moved:
+            event_record(
+                fleet_id=row["domain__fleet_id"],
+                domain_id=row["domain_id"],
+                kind="model.engine_version.changed",
+                actor=actor,
+                data={
+                    "model": row["name"],
+                    "from": row["engine_version"] or None,
+                    "to": engine_version,
+                    "observedAt": clock.iso(observed_at),
+                },
+            )
+    return bool(moved)

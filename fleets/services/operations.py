@@ -16,7 +16,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Q, Subquery
+from django.db.models import Q, Subquery, Value
+from django.db.models.functions import Coalesce
 
 from fleets import clock
 from fleets.core.decisions import decide_demotion, decide_promotion
@@ -133,13 +134,14 @@ def operation_request(
                 )
                 # Capture the pointer now that our row holds the one in-flight place: no other
                 # operation can move it from here on, so this source is exactly what we demote.
-                # Its last good heartbeat is kept beside it: a failover's measured detection.
+                # Its last good heartbeat is kept beside it: a failover's measured detection;
+                # and its state: a promotion away from a failed active is a real failover.
                 pointer = Fleet.objects.filter(pk=fleet.id).values("active_domain_id")[:1]
+                source = Domain.objects.filter(pk=Subquery(pointer))
                 Operation.objects.filter(pk=op.pk).update(
                     source_domain_id=Subquery(pointer),
-                    source_seen_at=Subquery(
-                        Domain.objects.filter(pk=Subquery(pointer)).values("last_seen_at")[:1]
-                    ),
+                    source_seen_at=Subquery(source.values("last_seen_at")[:1]),
+                    source_state=Coalesce(Subquery(source.values("state")[:1]), Value("")),
                 )
                 op.refresh_from_db()
                 event_record(

@@ -36,6 +36,8 @@ def test_a_scheduled_drill_shows_its_record_and_the_readiness_verdict(portal, br
         page.goto(f"{portal.url}/fleets/demo/")
         page.wait_for_selector('#live-status[data-state="live"]', timeout=15000)
         assert page.locator("[data-readiness-verdict]").count() == 1
+        # The operator picks a mode beside Run drill; the live re-renders below keep it.
+        page.select_option('select[name="mode"]', "round_trip")
         # The reconciler loop picks the due drill; the page shows it finish without a reload.
         page.wait_for_selector('[data-drill-state="succeeded"]', timeout=60000)
         steps = page.eval_on_selector_all(
@@ -49,7 +51,11 @@ def test_a_scheduled_drill_shows_its_record_and_the_readiness_verdict(portal, br
         assert page.locator('[data-reason="standby"]').count() == 1
         assert page.get_attribute('[data-domain-slug="east"]', "data-role") == "active"
         assert page.locator('[data-recovery-kind="drill"]').count() == 1
-        assert page.locator("[data-baseline]").count() >= 1  # the drill's wake recorded them
+        # Recorded from the serving active by the tick, before the drill's wake was judged.
+        assert page.locator("[data-baseline]").count() >= 1
+        # The scheduled drill ran in the fleet's mode, and the line says which.
+        assert page.get_attribute("[data-drill-mode]", "data-drill-mode") == "check"
+        assert page.input_value('select[name="mode"]') == "round_trip"
         page.screenshot(path=str(artifacts / "fleet-drill.png"), full_page=True)
         api = portal.fleet()
         assert api["failoverReadiness"]["verdict"] in ("ready", "at_risk")

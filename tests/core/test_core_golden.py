@@ -8,6 +8,7 @@ from fleets.core.golden import (
     Recorded,
     Verdict,
     answer_sha256,
+    baseline_missing,
     judge,
     profile_fingerprint,
     request_fingerprint,
@@ -82,3 +83,18 @@ def test_no_answer_fails_whatever_the_baseline():
 def test_fingerprints_are_stable_and_order_independent():
     assert profile_fingerprint({"a": 1, "b": 2}) == profile_fingerprint({"b": 2, "a": 1})
     assert request_fingerprint("ping", 4) != request_fingerprint("ping", 5)
+
+
+def test_a_baseline_is_missing_for_an_engine_version_the_server_reports_without_one():
+    recorded = {("qwen", "", profile_fingerprint(PROFILE), "0.11.2")}
+
+    def missing(engine: str, adapter: str = "", profile=PROFILE) -> bool:
+        return baseline_missing(
+            recorded, model="qwen", adapter=adapter, profile=profile, engine_version=engine
+        )
+
+    assert not missing("0.11.2")
+    assert missing("0.12.0")  # upgraded: its first wake must not become its own baseline
+    assert not missing("")  # never reported a version: a baseline at any version counts
+    assert missing("", adapter="sql")
+    assert missing("", profile={**PROFILE, "tensorParallel": 1})

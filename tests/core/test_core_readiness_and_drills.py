@@ -45,6 +45,7 @@ GOOD = StandbyFacts(
     gpus_read_at=NOW - timedelta(seconds=5),
     wake_mib={0: 8_192},
     trainers=(TrainerFacts(0, "running", NOW - timedelta(minutes=2)),),
+    baselines_at=NOW - timedelta(days=2),
 )
 PASSED = DrillFacts(NOW - timedelta(hours=3), passed=True)
 
@@ -64,8 +65,49 @@ def test_everything_proven_and_fresh_is_ready_with_each_reason_aged():
     assert [x["check"] for x in body["reasons"]] == [
         "standby", "modelsAsleep", "baselines", "wakeMemory", "trainer", "drill"
     ]  # fmt: skip
-    assert reason(r, "drill").to_json(NOW)["ageMs"] == 3 * 3_600_000
-    assert reason(r, "standby").to_json(NOW)["ageMs"] == 1000
+    # Every reason carries the time of the fact it rests on, and its age.
+    ages = {x["check"]: x["ageMs"] for x in body["reasons"]}
+    assert ages == {
+        "standby": 1000,  # the standby's last heartbeat
+        "modelsAsleep": 1000,  # slot states are mirrored from that heartbeat
+        "baselines": 2 * 86_400_000,  # the oldest baseline the standby is judged against
+        "wakeMemory": 5000,  # the GPU memory reading
+        "trainer": 120_000,  # the oldest checkpoint
+        "drill": 3 * 3_600_000,  # the last drill's end
+    }
+    assert all(x["at"] is not None for x in body["reasons"])
+
+
+def test_a_reason_that_fails_or_is_unknown_still_says_how_old_its_fact_is():
+    seen = NOW - timedelta(seconds=4)
+    east = domain("east", slot_state="serving")
+    west = domain("west", slot_state="serving", last_seen_at=seen)
+    bare = StandbyFacts(missing_baselines=("qwen on engine 0.12.0",))
+    r = verdict(east, west, facts=bare, drill=DrillFacts(NOW, False, "probe_mismatch: qwen"))
+    body = {x["check"]: x for x in r.to_json()["reasons"]}
+    assert body["modelsAsleep"]["ok"] is False and body["modelsAsleep"]["ageMs"] == 4000
+    assert body["baselines"]["ok"] is False and body["baselines"]["ageMs"] == 4000
+    assert body["baselines"]["message"] == "no golden baseline yet for qwen on engine 0.12.0"
+    # No plan and no reading: unknown, as of the heartbeat that brought nothing.
+    assert body["wakeMemory"]["ok"] is None and body["wakeMemory"]["ageMs"] == 4000
+    # No trainer at all: as the heartbeat reported the standby.
+    assert body["trainer"] == {**body["trainer"], "ok": True, "ageMs": 4000}
+    assert body["drill"]["ageMs"] == 0
+    # A trainer that never checkpointed: the heartbeat that reported it.
+    idle = StandbyFacts(trainers=(TrainerFacts(0, "idle", None),), baselines_at=None)
+    trainer = reason(verdict(east, west, facts=idle), "trainer").to_json(NOW)
+    assert trainer["ok"] is False and trainer["ageMs"] == 4000
+    # All baselines present but none dated (none needed): the heartbeat's time.
+    dated = reason(verdict(east, west, facts=idle), "baselines").to_json(NOW)
+    assert dated["ok"] is True and dated["ageMs"] == 4000
+
+
+def test_only_a_fact_never_observed_has_no_age():
+    never = domain("west", last_seen_at=None)
+    r = verdict(domain("east", slot_state="serving"), never, facts=StandbyFacts(), drill=None)
+    ages = {x["check"]: x["ageMs"] for x in r.to_json()["reasons"]}
+    assert ages["standby"] is None and ages["drill"] is None  # never heard, never drilled
+    assert reason(r, "standby").message == "west has never answered a heartbeat"
 
 
 def test_a_stale_standby_or_its_wake_memory_taken_means_not_ready():

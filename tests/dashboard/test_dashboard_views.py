@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import socket
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from django.test import Client
 
 from fleets import clock
 from fleets.models import Domain, Event, Operation
+from fleets.services.events import event_record
 from fleets.services.operations import operation_fail, operation_request, operation_start
 from tests.drivers.managed_layout import seed_managed_fleet
 
@@ -308,3 +310,141 @@ def test_recording_a_baseline_from_a_sleeping_standby_is_refused_on_the_page(
     )
     assert response.status_code == 422
     assert "west is not serving" in response.json()["error"]["message"]
+
+
+def _standbys_fresh(fleet) -> None:
+    Domain.objects.filter(fleet=fleet).update(last_seen_at=clock.now())
+
+
+def _set_policy(fleet, **keys) -> None:
+    fleet.policy = {**fleet.policy, **keys}
+    fleet.save(update_fields=["policy"])
+
+
+def _drill(client, **data):
+    return client.post(
+        "/fleets/demo/actions/drill/", {"confirm": "on", **data}, HTTP_ACCEPT="application/json"
+    )
+
+
+def test_the_drill_runs_in_the_mode_chosen_beside_run_drill_and_the_last_drill_line_shows_it(
+    staff_client, seeded_fleet
+):
+    _standbys_fresh(seeded_fleet)
+    page = staff_client.get("/fleets/demo/live/").content.decode()
+    assert re.search(r'<select name="mode"[^>]*data-keep="drill-mode"', page)
+    assert '<option value="check"' in page and '<option value="round_trip"' in page
+
+    response = _drill(staff_client, mode="round_trip")
+
+    assert response.status_code == 202, response.content
+    assert response.json()["message"].startswith("round_trip drill of west started")
+    drill = Operation.objects.get(kind="drill")
+    assert drill.drill_mode == "round_trip"
+    page = staff_client.get("/fleets/demo/live/").content.decode()
+    line = re.search(r"<span[^>]*data-drill-line>(.*?)</span>\s*<form", page, flags=re.S)
+    assert line is not None
+    assert 'data-drill-mode="round_trip"' in line.group(1)
+    assert "west · " in line.group(1) and "manual_drill" in line.group(1)
+
+
+def test_no_mode_is_a_check_drill_and_the_line_says_check(staff_client, seeded_fleet):
+    _standbys_fresh(seeded_fleet)
+    assert _drill(staff_client).status_code == 202
+    assert Operation.objects.get(kind="drill").drill_mode == "check"
+    page = staff_client.get("/fleets/demo/live/").content.decode()
+    assert 'data-drill-mode="check"' in page
+
+
+def test_a_round_trip_from_the_dashboard_is_refused_with_the_apis_message_while_failover_is_off(
+    staff_client, seeded_fleet, api_client
+):
+    _set_policy(seeded_fleet, autoFailover=False)
+    _standbys_fresh(seeded_fleet)
+    page = staff_client.get("/fleets/demo/live/").content.decode()
+    assert "round trip (needs autoFailover)" in page
+
+    response = _drill(staff_client, mode="round_trip")
+
+    api = api_client.post("/v1/fleets/demo/drill", {"mode": "round_trip"}, format="json")
+    assert response.status_code == api.status_code == 422
+    assert response.json()["error"] == api.json()["error"]
+    assert response.json()["error"]["message"].startswith(
+        "no round-trip drill while autoFailover is off"
+    )
+    assert not Operation.objects.filter(kind="drill").exists()
+    # A check is still allowed: routing does not move.
+    assert _drill(staff_client, mode="check").status_code == 202
+
+
+def test_an_unknown_drill_mode_is_refused_with_the_services_message(staff_client, seeded_fleet):
+    _standbys_fresh(seeded_fleet)
+    response = _drill(staff_client, mode="sideways")
+    assert response.status_code == 422
+    assert response.json()["error"]["message"].startswith("unknown drill mode 'sideways'")
+    assert not Operation.objects.exists()
+
+
+def test_the_confirmation_page_without_script_keeps_the_drills_mode(staff_client, seeded_fleet):
+    page = staff_client.post("/fleets/demo/actions/drill/", {"mode": "round_trip"})
+    text = page.content.decode()
+    assert page.status_code == 200 and "Run a round-trip drill of" in text
+    assert '<input type="hidden" name="mode" value="round_trip">' in text
+    check = staff_client.post("/fleets/demo/actions/drill/", {}).content.decode()
+    assert "Run a check drill of" in check and "Routing never moves" in check
+    assert not Operation.objects.exists()
+
+
+def _passed_drill(fleet, finished, steps_ms: dict[str, int]) -> None:
+    op = Operation.objects.create(
+        fleet=fleet,
+        kind="drill",
+        drill_mode="check",
+        state="succeeded",
+        target_domain=_west(fleet),
+        target_domain_slug="west",
+        created_at=finished,
+        started_at=finished,
+        finished_at=finished,
+    )
+    for step, ms in steps_ms.items():
+        event_record(
+            fleet_id=fleet.id, operation_id=op.id, kind="operation.step.done", step=step,
+            duration_ms=ms,
+        )  # fmt: skip
+
+
+def _recovery_row(page: str, kind: str) -> str:
+    row = re.search(rf'<tr data-recovery-kind="{kind}"[^>]*>(.*?)</tr>', page, flags=re.S)
+    assert row is not None, f"no {kind} row"
+    return row.group(0)
+
+
+def test_the_recovery_panel_shows_p50_and_p95_and_marks_a_p95_over_the_objective(
+    staff_client, seeded_fleet
+):
+    _set_policy(seeded_fleet, rtoMs=20_000)
+    now = clock.now()
+    # Check drills: stop_training, verify_gpu, wake, probe; totals 1 s, 2 s and 30 s.
+    for i, wake in enumerate((700, 1700, 29_700)):
+        _passed_drill(
+            seeded_fleet,
+            now - timedelta(minutes=10 - i),
+            {"stop_training": 100, "verify_gpu": 100, "wake": wake, "probe": 100},
+        )
+    page = staff_client.get("/fleets/demo/live/").content.decode()
+    drill = _recovery_row(page, "drill")
+    cells = re.findall(r'<td class="mono"[^>]*>(.*?)</td>', drill, flags=re.S)
+    assert cells == ["3", "2000 ms", "30.0 s ✗ over objective"]
+    assert 'class="bad-text"' in drill
+    failover = _recovery_row(page, "failover")
+    assert re.findall(r'<td class="mono"[^>]*>(.*?)</td>', failover) == ["0", "–", "–"]
+    assert "over objective" not in failover and "bad-text" not in failover
+    assert "objective 20.0 s" in page
+
+    # Under the objective: the same p95 is not marked.
+    _set_policy(seeded_fleet, rtoMs=60_000)
+    page = staff_client.get("/fleets/demo/live/").content.decode()
+    drill = _recovery_row(page, "drill")
+    assert "over objective" not in drill and "bad-text" not in drill
+    assert re.findall(r'<td class="mono"[^>]*>(.*?)</td>', drill)[2] == "30.0 s"

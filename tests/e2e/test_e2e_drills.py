@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fleets.core.states import DRILL_STEPS
-from fleets.models import Event, Fleet, Operation
+from fleets.models import Event, Fleet, GoldenBaseline, ModelBinding, Operation
 from fleets.services.operations import operation_request
 from tests.e2e.test_e2e_failover import (
     assert_nothing_in_flight,
@@ -57,6 +57,14 @@ def test_a_scheduled_drill_runs_end_to_end_and_leaves_the_standby_in_posture(
     }
     probe = Event.objects.get(operation=op, kind="operation.step.done", step="probe")
     assert set(probe.data["golden"].values()) == {"match"}
+    # Each supervisor's status reported its engines' version, kept per binding, and the
+    # baselines are keyed by it.
+    versions = set(
+        ModelBinding.objects.filter(domain__fleet=fleet).values_list("engine_version", flat=True)
+    )
+    assert versions == {"sim-1"}
+    baselines = GoldenBaseline.objects.filter(fleet=fleet)
+    assert set(baselines.values_list("engine_version", flat=True)) == {"sim-1"}
     # Not due again within the interval: one drill, however many ticks.
     drive(fleet, lambda: True)
     assert Operation.objects.filter(fleet=fleet, kind="drill").count() == 1

@@ -6,6 +6,9 @@ the control plane a real fingerprint to keep; a level-1 sleep and wake must not 
 
 from __future__ import annotations
 
+import time
+
+import httpx
 import pytest
 
 from fleets.core.golden import (
@@ -32,6 +35,19 @@ def golden_probe(client) -> dict:
     return result
 
 
+def model_status(client) -> dict:
+    status = client.get("/v1/status").json()
+    (entry,) = [m for s in status["slots"] for m in s.get("models", ()) if m["name"] == MODEL]
+    return entry
+
+
+def is_sleeping(port: int) -> bool:
+    """vLLM's own answer, asked directly (not the supervisor's reading of it)."""
+    response = httpx.get(f"http://127.0.0.1:{port}/is_sleeping", timeout=10, trust_env=False)
+    response.raise_for_status()
+    return response.json()["is_sleeping"]
+
+
 def as_answer(result: dict) -> ProbeAnswer:
     return ProbeAnswer(
         result["model"], "", result["ok"], None, result["answer"], result.get("engineVersion")
@@ -51,7 +67,19 @@ def test_a_golden_probe_recorded_before_sleep_matches_after_wake(engines):
         baselines = {key: Recorded(answer_sha256(before["answer"]), before["answer"])}
 
         assert east.post("/v1/vllm/sleep").status_code == 200
+        # The model really slept between the two probes: vLLM says so, and so does the
+        # supervisor's status, which also reports the engine's version (read in the background).
+        asleep = model_status(east)
+        assert asleep["sleeping"] is True, asleep
+        assert is_sleeping(asleep["port"]) is True
+        deadline = time.monotonic() + 10
+        while "engineVersion" not in asleep and time.monotonic() < deadline:
+            time.sleep(0.2)
+            asleep = model_status(east)
+        assert asleep.get("engineVersion") == before["engineVersion"], asleep
         assert east.post("/v1/vllm/wake").status_code == 200
+        awake = model_status(east)
+        assert awake["sleeping"] is False and is_sleeping(awake["port"]) is False
         after = golden_probe(east)
 
     verdict = judge(

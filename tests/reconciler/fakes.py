@@ -47,6 +47,10 @@ class FakeHost:
     wake_fails: bool = False
     wake_noop: bool = False  # answers 200 but nothing wakes (a hung engine behind it)
     sleep_fails: bool = False  # POST /v1/vllm/sleep answers 502: the models stay awake
+    start_fails: bool = False  # POST /v1/training/start answers 502: the trainer stays idle
+    # "METHOD /path" -> how many more of those calls answer 502 (then as usual): a fault that
+    # heals after a given number of attempts.
+    failing: Counter = field(default_factory=Counter)
     probe_fails: set[str] = field(default_factory=set)
     stop_polls: int = 0  # status reads a stop takes before the trainer is gone
     ignore_stop: bool = False  # the trainer never exits
@@ -57,6 +61,11 @@ class FakeHost:
     gpu_bad_body: bool = False  # GET /v1/gpu/memory answers a body off the contract
     gpu_gate: threading.Event | None = None  # GET /v1/gpu/memory hangs until this is set
     checkpoint_at: str | None = None  # the trainer's lastCheckpointAt, when it has one
+    # Golden probes: with `golden`, a seeded probe answers `answers[model]` (default "Hello from
+    # <model>") with `engine_version`; the status reports `engine_version` when set.
+    golden: bool = False
+    answers: dict[str, str] = field(default_factory=dict)
+    engine_version: str | None = None
     model_pids: dict[str, int] = field(default_factory=dict)
     # What GET /v1/status advertises beyond the original contract (ours: FEATURES).
     features: tuple[str, ...] = FEATURES
@@ -100,6 +109,11 @@ class FakeHost:
                             # A server that refuses: its supervisor cannot read it.
                             "sleeping": None if self.servers_down and n in self.servers_down else s,
                             "process": {"pid": self.model_pids[n]},
+                            **(
+                                {"engineVersion": self.engine_version}
+                                if self.engine_version
+                                else {}
+                            ),
                         }
                         for i, (n, s) in enumerate(sorted(self.models.items()))
                     ],
@@ -218,6 +232,9 @@ class FakeHost:
         return answer
 
     def _route(self, method: str, path: str, body: dict) -> httpx.Response:
+        if self.failing[f"{method} {path}"] > 0:
+            self.failing[f"{method} {path}"] -= 1
+            return _error(502, "upstream_error", f"{method} {path} failed")
         if (method, path) == ("GET", "/v1/status"):
             return httpx.Response(200, json=self._status())
         if (method, path) == ("GET", "/v1/gpu/memory"):
@@ -254,6 +271,8 @@ class FakeHost:
                 self.effects["trainer_stopped"] += 1
             return httpx.Response(202, json={"slots": []})
         if (method, path) == ("POST", "/v1/training/start"):
+            if self.start_fails:
+                return _error(502, "training_start_failed", "the trainer exited at start")
             if self.trainer == "stopping":
                 return _error(409, "training_stopping", "still stopping")
             if self.trainer == "idle":
@@ -270,7 +289,12 @@ class FakeHost:
             for n in names:
                 ok = not self.models[n] and n not in self.probe_fails
                 error = None if ok else ("asleep" if self.models[n] else "HTTP 500: boom")
-                results.append({"model": n, "ok": ok, "latencyMs": 3, "error": error})
+                result = {"model": n, "ok": ok, "latencyMs": 3, "error": error}
+                if ok and self.golden and "seed" in body:
+                    result["answer"] = self.answers.get(n, f"Hello from {n}")
+                    if self.engine_version:
+                        result["engineVersion"] = self.engine_version
+                results.append(result)
             self.effects["probed"] += 1
             return httpx.Response(
                 200, json={"ok": all(r["ok"] for r in results), "results": results}

@@ -6,8 +6,9 @@ import re
 
 import pytest
 
-from fleets.models import Event
+from fleets.models import Event, Operation
 from fleets.recovery import recovery_summaries
+from fleets.services.operations import operation_request
 from tests.reconciler.test_reconciler_flow import run_until_done
 
 pytestmark = pytest.mark.django_db
@@ -81,3 +82,50 @@ def test_an_automatic_failover_is_published_as_a_recovery_sample(
         "p95Ms": None,
         "last": None,
     }
+
+
+def _promote_by_hand(fleet, tick, fake_clock, target: str = "west"):
+    result = operation_request(fleet=fleet, kind="promote", target_domain_id=target, actor="op")
+    assert result.operation is not None
+    op = run_until_done(tick, clock=fake_clock, step_ms=5000)
+    assert op is not None and op.id == result.operation.id and op.state == "succeeded", op
+    return op
+
+
+def test_an_operators_promotion_away_from_a_failed_active_is_a_failover_sample(
+    fleet, tick, hosts, fake_clock, domains
+):
+    fleet.policy = {**fleet.policy, "autoFailover": False}
+    fleet.save(update_fields=["policy"])
+    tick()
+    hosts.hosts["east"].down = True
+    tick()  # the heartbeat itself confirms the host is gone: failed, and nothing fails over
+    assert domains()["east"].state == "failed" and not Operation.objects.exists()
+    fake_clock.advance(ms=42_000)  # the operator takes a while to notice and act
+
+    op = _promote_by_hand(fleet, tick, fake_clock)
+
+    assert op.reason == "manual" and op.detected_at is None
+    assert op.source_state == "failed"
+    assert op.source_seen_at == domains()["east"].last_seen_at
+    assert op.started_at is not None
+    # Measured as for an automatic failover: from the old active's last good heartbeat to the
+    # moment the operator's promotion started; every client waited that long.
+    detection = int((op.started_at - op.source_seen_at).total_seconds() * 1000)
+    assert detection >= 42_000
+    summary = recovery_summaries(fleet)["failover"]
+    assert summary.count == 1 and summary.last is not None
+    assert summary.last.detection == "measured" and summary.last.detection_ms == detection
+    steps = {
+        e.step: e.duration_ms
+        for e in Event.objects.filter(operation=op, kind="operation.step.done", step__in=PATH)
+    }
+    assert dict(summary.last.steps_ms) == steps
+    assert summary.p95_ms == detection + sum(steps.values())
+
+
+def test_a_planned_promotion_is_not_a_recovery_sample(fleet, tick, hosts, fake_clock):
+    tick()
+    op = _promote_by_hand(fleet, tick, fake_clock)
+    assert op.source_state == "ready"
+    assert recovery_summaries(fleet)["failover"].count == 0

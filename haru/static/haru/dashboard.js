@@ -124,7 +124,10 @@
     var form = ev.target;
     if (!form.matches || !form.matches("form[data-confirm]")) return;
     ev.preventDefault();
-    askConfirm(form.getAttribute("data-confirm-title"), form.getAttribute("data-confirm"))
+    // A choice inside the form (the drill's mode) may say what it does in its own words.
+    var chosen = form.querySelector("option:checked[data-confirm]");
+    var text = chosen ? chosen.getAttribute("data-confirm") : form.getAttribute("data-confirm");
+    askConfirm(form.getAttribute("data-confirm-title"), text)
       .then(function (ok) { if (ok) sendAction(form); });
   });
 
@@ -204,6 +207,11 @@
     var hadEvents = Object.keys(seen).length > 0;
     var timeline = live.querySelector(".timeline-panel");
     var scrollTop = timeline ? timeline.scrollTop : 0;
+    // A choice the operator made (the drill's mode) survives the re-render.
+    var kept = {};
+    live.querySelectorAll("[data-keep]").forEach(function (el) {
+      kept[el.getAttribute("data-keep")] = el.value;
+    });
     // A message newer than the fragment (it arrived while the fragment was being rendered)
     // wins over it: patch the fragment before showing it, so the page never steps back.
     var fragEvent = root ? parseInt(root.getAttribute("data-last-event-id") || "0", 10) : 0;
@@ -216,6 +224,10 @@
     }
     var newTimeline = live.querySelector(".timeline-panel");
     if (newTimeline) newTimeline.scrollTop = scrollTop;
+    live.querySelectorAll("[data-keep]").forEach(function (el) {
+      var value = kept[el.getAttribute("data-keep")];
+      if (value !== undefined && el.querySelector('option[value="' + value + '"]')) el.value = value;
+    });
     learnSkew(root);
     tickAges();
   }
