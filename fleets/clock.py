@@ -7,7 +7,7 @@ and tests script time by swapping the clock.
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import overload
 
 
@@ -21,28 +21,6 @@ class Clock:
     def sleep(self, seconds: float) -> None:
         """Wait (a short, bounded pause between two checks); a fake clock just moves on."""
         time.sleep(max(0.0, seconds))
-
-
-class FakeClock(Clock):
-    """A clock that moves only when told to; for tests."""
-
-    def __init__(self, start: datetime | None = None) -> None:
-        self._now = start or datetime(2026, 1, 1, tzinfo=UTC)
-        self._mono = 0.0
-
-    def now(self) -> datetime:
-        return self._now
-
-    def monotonic(self) -> float:
-        return self._mono
-
-    def sleep(self, seconds: float) -> None:
-        self.advance(seconds=max(0.0, seconds))
-
-    def advance(self, *, ms: float = 0, seconds: float = 0) -> None:
-        delta = seconds + ms / 1000
-        self._now += timedelta(seconds=delta)
-        self._mono += delta
 
 
 _clock: Clock = Clock()

@@ -13,8 +13,8 @@ import logging
 from prometheus_client.core import GaugeMetricFamily
 
 from fleets.dashboard.allocation import gpu_allocations
-from fleets.metrics import register_database_collector
 from fleets.models import Domain, ModelBinding, Slot
+from fleets.prometheus import register_database_collector
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from celery.signals import worker_process_init, worker_process_shutdown
 from django.conf import settings
 
 from fleets import clock
-from fleets.metrics import mark_this_process_dead
+from fleets.prometheus import mark_this_process_dead
 from fleets.reconciler import datapath, kick
 from fleets.reconciler.provision import fleet_provision_tick
 from fleets.reconciler.tick import fleets_to_reconcile, tick_run
@@ -48,7 +48,7 @@ def _redis_for(url: str) -> redis.Redis:
     # One client per URL and process, so a kick reuses a pooled connection instead of opening
     # one (redis-py's pool starts afresh in a forked child). Bounded: a kick or a probe against
     # a stopped or frozen Redis fails in about a second, and the server's own loop takes the
-    # tick (fleets.reconciler.driver).
+    # tick (fleets.server.driver).
     return redis.Redis.from_url(
         url,
         socket_connect_timeout=BROKER_CONNECT_TIMEOUT_S,

@@ -15,9 +15,9 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from fleets.live.origin import SameOriginValidator  # noqa: E402
 from fleets.live.urls import websocket_urlpatterns  # noqa: E402
-from fleets.metrics import mark_this_process_dead  # noqa: E402
+from fleets.prometheus import mark_this_process_dead  # noqa: E402
 from fleets.proxy.asgi import with_proxy  # noqa: E402
-from fleets.reconciler.driver import SERVE_WORKER_ENV, start_for_server  # noqa: E402
+from fleets.server.driver import SERVE_WORKER_ENV, start_for_server  # noqa: E402
 from fleets.server.hosts import AllowedHostsGuard  # noqa: E402
 
 application = ProtocolTypeRouter(
@@ -33,7 +33,7 @@ application = ProtocolTypeRouter(
 
 # `serve --workers N`: each worker drives the ticks of the operations it accepts (a kick-only
 # loop, or Celery with this process as the fallback), so they start at once whichever worker
-# took the request; the parent ticks every fleet (fleets/reconciler/driver.py).
+# took the request; the parent ticks every fleet (fleets/server/driver.py).
 if os.environ.get(SERVE_WORKER_ENV):
     _driver = start_for_server(role="worker")
     atexit.register(_driver.stop)

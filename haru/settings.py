@@ -23,7 +23,7 @@ VAR_DIR = Path(env.raw("HARU_VAR_DIR") or BASE_DIR / "var")
 
 # prometheus_client's multiprocess mode, per host: every process that loads these settings
 # (server workers, Celery workers, management commands) keeps its counters and histograms in
-# files here, and /metrics sums them (fleets/metrics.py). Exported to the environment because
+# files here, and /metrics sums them (fleets/prometheus.py). Exported to the environment because
 # prometheus_client reads it once, when first imported, which is after the settings. The server
 # removes dead processes' files when it starts.
 PROMETHEUS_MULTIPROC_DIR = Path(env.raw("PROMETHEUS_MULTIPROC_DIR") or VAR_DIR / "prometheus")
@@ -369,7 +369,7 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Failover must not wait on the broker (issue 11, finding 15; docs/tick-lease.md): every
 # broker call is bounded, so a stopped or frozen Redis fails a publish within
-# about two seconds (the server then ticks the fleet itself, fleets/reconciler/driver.py), and
+# about two seconds (the server then ticks the fleet itself, fleets/server/driver.py), and
 # the worker reconnects within a second of Redis returning (fleets/celery_consumer.py).
 CELERY_BROKER_CONNECTION_TIMEOUT = 2.0
 # Retry for as long as the outage lasts: with 1 s between attempts Celery's default of 100

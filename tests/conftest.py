@@ -17,6 +17,7 @@ from fleets import clock
 from fleets.layouts.loader import parse_layout
 from fleets.models import Fleet
 from fleets.services.layouts import layout_apply
+from tests.clocks import FakeClock
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_LAYOUT = ROOT / "examples" / "fleet.two-domain.json"
@@ -64,7 +65,7 @@ def api_token(settings):
 
 @pytest.fixture
 def fake_clock():
-    fake = clock.FakeClock()
+    fake = FakeClock()
     previous = clock.set_clock(fake)
     yield fake
     clock.set_clock(previous)

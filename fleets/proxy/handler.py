@@ -13,7 +13,7 @@ import json
 import time
 
 from fleets.conf import haru
-from fleets.proxy import errors, hold, metrics, upstream
+from fleets.proxy import errors, hold, request_metrics, upstream
 from fleets.proxy.snapshots import ROUTES, Route, Snapshot, clip
 from fleets.reconciler import datapath
 from fleets.tokens import chat_allowed
@@ -49,7 +49,7 @@ class Exchange:
             self.ttfb = perf() - self.arrived
 
     def record(self) -> None:
-        metrics.record(
+        request_metrics.record(
             fleet=self.fleet,
             model=self.model,
             outcome=self.outcome,

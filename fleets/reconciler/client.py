@@ -23,7 +23,7 @@ from django.conf import settings
 
 from fleets.core.model_health import Reach
 from fleets.core.urls import host_allowed, scrub_urls, without_userinfo
-from fleets.reconciler import metrics
+from fleets.reconciler import fleet_metrics
 from fleets.reconciler.deadline import DeadlineTransport, deadline
 from fleets.supervisor_tokens import LEGACY_TOKEN_ENV, credentials_for, warn_once
 from supervisor.wire import bounded_json, contract
@@ -382,7 +382,7 @@ def _count_error(call: str, error: CallError) -> None:
     if call == "gpu_memory" and gpu_facts_unavailable(error):
         return  # a host without NVML says so on every heartbeat, by design
 
-    metrics.SUPERVISOR_CALL_ERRORS.labels(call=call, kind=error.kind).inc()
+    fleet_metrics.SUPERVISOR_CALL_ERRORS.labels(call=call, kind=error.kind).inc()
 
 
 class SupervisorClient:

@@ -22,8 +22,8 @@ from prometheus_client.metrics_core import Metric
 from fleets import clock
 from fleets.core.policy import Policy
 from fleets.core.readiness import VERDICTS
-from fleets.metrics import register_database_collector
 from fleets.models import Fleet
+from fleets.prometheus import register_database_collector
 from fleets.readiness import fleet_readiness, last_drill
 from fleets.recovery import recovery_summaries
 

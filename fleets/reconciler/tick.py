@@ -55,7 +55,7 @@ from fleets.core.states import (
 )
 from fleets.errors import FleetNotFound, InvalidTarget, OperationConflict
 from fleets.models import Domain, Fleet, Id, Operation
-from fleets.reconciler import datapath, kick, metrics
+from fleets.reconciler import datapath, fleet_metrics, kick
 from fleets.reconciler.advance import operation_advance
 from fleets.reconciler.cleanup import pending_cleanups_run
 from fleets.reconciler.client import SupervisorClient, client_for
@@ -446,12 +446,12 @@ def tick_run(
     started = time.monotonic()
     with fleet_tick_lock(fleet_id, wait_s=wait_s) as lease:
         if not lease:
-            metrics.TICKS.labels(outcome="skipped").inc()
+            fleet_metrics.TICKS.labels(outcome="skipped").inc()
             retry = lease.retry_in_s
             nudge = None if retry is None else int(retry * 1000) + LEASE_RETRY_SLACK_MS
             return TickResult(str(fleet_id), ran=False, nudge_ms=nudge)
         if lease.taken_over_from:
-            metrics.TICKS.labels(outcome="taken_over").inc()
+            fleet_metrics.TICKS.labels(outcome="taken_over").inc()
         try:
             result = fleet_tick(
                 fleet_id=fleet_id,
@@ -465,13 +465,13 @@ def tick_run(
             # Another worker took the fleet over while this one was frozen or slow: it owns
             # the fleet now, and this tick stops without another write.
             log.warning("fleet %s: tick stopped: %s", fleet_id, exc)
-            metrics.TICKS.labels(outcome="lease_lost").inc()
+            fleet_metrics.TICKS.labels(outcome="lease_lost").inc()
             return TickResult(str(fleet_id), ran=False)
         except Exception:
-            metrics.TICKS.labels(outcome="error").inc()
+            fleet_metrics.TICKS.labels(outcome="error").inc()
             raise
-    metrics.TICKS.labels(outcome="ok").inc()
-    metrics.TICK_DURATION.observe(time.monotonic() - started)
+    fleet_metrics.TICKS.labels(outcome="ok").inc()
+    fleet_metrics.TICK_DURATION.observe(time.monotonic() - started)
     return result
 
 

@@ -126,7 +126,7 @@ def test_a_server_killed_mid_step_leaves_nothing_that_blocks_the_next_one(served
 
 def test_serve_with_several_workers_starts_a_promotion_in_the_worker_that_took_it(served):
     # A long interval: the parent's periodic loop would start the promotion a minute from now;
-    # the worker that accepted it drives it at once (fleets/reconciler/driver.py).
+    # the worker that accepted it drives it at once (fleets/server/driver.py).
     east, west, server = served(
         serve_args=("--workers", "2"), server_env={"HARU_RECONCILE_INTERVAL_MS": "60000"}
     )

@@ -9,7 +9,7 @@ import threading
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from fleets.proxy import metrics
+from fleets.proxy import request_metrics
 
 
 def _samples(*collectors) -> dict[tuple[str, tuple], float]:
@@ -23,7 +23,12 @@ def _samples(*collectors) -> dict[tuple[str, tuple], float]:
 
 
 def _ours() -> dict[tuple[str, tuple], float]:
-    return _samples(metrics.REQUESTS, metrics.TTFB, metrics.OVERHEAD, metrics.STALE)
+    return _samples(
+        request_metrics.REQUESTS,
+        request_metrics.TTFB,
+        request_metrics.OVERHEAD,
+        request_metrics.STALE,
+    )
 
 
 # Every bucket edge, values just either side of one, zero and past the last bound.
@@ -40,13 +45,13 @@ def _expected_after(requests) -> dict[tuple[str, tuple], float]:
         "haru_proxy_ttfb_seconds",
         "",
         ["fleet"],
-        buckets=metrics.TTFB._upper_bounds[:-1],
+        buckets=request_metrics.TTFB._upper_bounds[:-1],
         registry=registry,
     )
     overhead = Histogram(
         "haru_proxy_overhead_seconds",
         "",
-        buckets=metrics.OVERHEAD._upper_bounds[:-1],
+        buckets=request_metrics.OVERHEAD._upper_bounds[:-1],
         registry=registry,
     )
     stale = Counter("haru_proxy_stale_routing", "", ["fleet"], registry=registry)
@@ -76,7 +81,7 @@ def _requests():
 
 def _record(requests):
     for fleet, model, outcome, overhead_s, ttfb_s, stale in requests:
-        metrics.record(
+        request_metrics.record(
             fleet=fleet,
             model=model,
             outcome=outcome,
@@ -87,7 +92,7 @@ def _record(requests):
 
 
 def test_records_in_a_loop_are_written_by_a_flush_as_one_by_one_observing_would():
-    metrics.flush()
+    request_metrics.flush()
     before = _ours()
     requests = _requests()
 
@@ -97,23 +102,23 @@ def test_records_in_a_loop_are_written_by_a_flush_as_one_by_one_observing_would(
         assert _delta(before, _ours()) == {}
 
     asyncio.run(serve())
-    metrics.flush()
+    request_metrics.flush()
     expected = {k: v for k, v in _expected_after(requests).items() if v}
     got = _delta(before, _ours())
     assert got.keys() == expected.keys()
     for key, value in expected.items():
         assert got[key] == pytest.approx(value), key
-    metrics.flush()  # nothing twice
+    request_metrics.flush()  # nothing twice
     assert _delta(before, _ours()) == got
 
 
 def test_the_loop_flushes_within_the_bound_without_another_request():
-    metrics.flush()
+    request_metrics.flush()
     before = _ours()
 
     async def serve():
         _record([("batch-timer", "m", "ok", 0.001, 0.002, False)])
-        await asyncio.sleep(metrics.FLUSH_S * 2)
+        await asyncio.sleep(request_metrics.FLUSH_S * 2)
         return _delta(before, _ours())
 
     written = asyncio.run(serve())
@@ -125,7 +130,7 @@ def test_the_loop_flushes_within_the_bound_without_another_request():
 
 
 def test_outside_a_loop_each_record_is_written_at_once():
-    metrics.flush()
+    request_metrics.flush()
     before = _ours()
     _record([("batch-sync", "m", "ok", None, None, False)])
     key = (
@@ -136,7 +141,7 @@ def test_outside_a_loop_each_record_is_written_at_once():
 
 
 def test_a_timer_left_on_a_closed_loop_does_not_strand_later_records():
-    metrics.flush()
+    request_metrics.flush()
     before = _ours()
 
     async def one(fleet):
@@ -146,7 +151,7 @@ def test_a_timer_left_on_a_closed_loop_does_not_strand_later_records():
 
     async def two():
         await one("batch-loop-2")
-        await asyncio.sleep(metrics.FLUSH_S * 2)
+        await asyncio.sleep(request_metrics.FLUSH_S * 2)
 
     asyncio.run(two())
     written = _delta(before, _ours())
@@ -154,8 +159,8 @@ def test_a_timer_left_on_a_closed_loop_does_not_strand_later_records():
 
 
 def test_a_loop_too_busy_for_its_timer_flushes_once_the_queue_is_full(monkeypatch):
-    metrics.flush()
-    monkeypatch.setattr(metrics, "MAX_QUEUED", 5)
+    request_metrics.flush()
+    monkeypatch.setattr(request_metrics, "MAX_QUEUED", 5)
     before = _ours()
     key = (
         "haru_proxy_requests_total",
@@ -172,13 +177,13 @@ def test_a_loop_too_busy_for_its_timer_flushes_once_the_queue_is_full(monkeypatc
 
 
 def test_scrapes_flushing_from_a_thread_while_the_loop_records_lose_nothing():
-    metrics.flush()
+    request_metrics.flush()
     before = _ours()
     stop = threading.Event()
 
     def scrape():
         while not stop.is_set():
-            metrics.flush()
+            request_metrics.flush()
 
     scraper = threading.Thread(target=scrape)
     scraper.start()
@@ -193,7 +198,7 @@ def test_scrapes_flushing_from_a_thread_while_the_loop_records_lose_nothing():
     finally:
         stop.set()
         scraper.join()
-    metrics.flush()
+    request_metrics.flush()
     written = _delta(before, _ours())
     key = (
         "haru_proxy_requests_total",

@@ -15,8 +15,8 @@ from django.test import override_settings
 
 from fleets.models import Operation
 from fleets.reconciler import kick
-from fleets.reconciler.driver import RESUME_GRACE_S, BrokerFallback, start_for_server
 from fleets.reconciler.loop import ReconcileLoop
+from fleets.server.driver import RESUME_GRACE_S, BrokerFallback, start_for_server
 from fleets.services.operations import operation_request
 
 

@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from fleets.reconciler import metrics
+from fleets.reconciler import fleet_metrics
 from fleets.reconciler.client import SupervisorClient, gpu_facts_unavailable
 from supervisor.wire.shape import compact
 
@@ -106,12 +106,12 @@ def test_network_errors_and_timeouts_are_classified_and_counted():
     def slow(request):
         raise httpx.ReadTimeout("timed out", request=request)
 
-    before = metrics.SUPERVISOR_CALL_ERRORS.labels(call="status", kind="network")._value.get()
+    before = fleet_metrics.SUPERVISOR_CALL_ERRORS.labels(call="status", kind="network")._value.get()
     network = client_answering(refuse).status(timeout=1)
     timeout = client_answering(slow).status(timeout=1)
     assert network.error.kind == "network" and "ConnectError" in network.error.message
     assert timeout.error.kind == "timeout"
-    after = metrics.SUPERVISOR_CALL_ERRORS.labels(call="status", kind="network")._value.get()
+    after = fleet_metrics.SUPERVISOR_CALL_ERRORS.labels(call="status", kind="network")._value.get()
     assert after == before + 1
 
 
@@ -212,7 +212,7 @@ def test_gpu_memory_501_means_no_gpu_facts_and_is_not_counted_as_an_error():
         body = {"error": {"code": "gpu_unavailable", "message": "NVML library not found"}}
         return httpx.Response(501, json=body)
 
-    errors = metrics.SUPERVISOR_CALL_ERRORS.labels(call="gpu_memory", kind="http")
+    errors = fleet_metrics.SUPERVISOR_CALL_ERRORS.labels(call="gpu_memory", kind="http")
     before = errors._value.get()
     call = client_answering(handler).gpu_memory(timeout=1)
     assert gpu_facts_unavailable(call.error)

@@ -14,7 +14,7 @@ import pytest
 
 from fleets.dashboard.selectors import fleet_page
 from fleets.models import Domain, Event
-from fleets.reconciler import heartbeat, metrics
+from fleets.reconciler import fleet_metrics, heartbeat
 from fleets.reconciler.heartbeat import pending_gpu_read
 from tests.reconciler.fakes import CONTEXT_MIB, TOTAL_MIB, TRAINER_MIB, WEIGHTS_MIB
 
@@ -47,7 +47,7 @@ def settle(tick, domains, fake_clock):
 
 
 def gpu_errors(kind: str, status_label: str = "gpu_memory") -> float:
-    return metrics.SUPERVISOR_CALL_ERRORS.labels(call=status_label, kind=kind)._value.get()
+    return fleet_metrics.SUPERVISOR_CALL_ERRORS.labels(call=status_label, kind=kind)._value.get()
 
 
 def test_heartbeat_stores_gpu_memory_beside_the_status(fleet, settle, fake_clock, hosts):

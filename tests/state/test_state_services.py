@@ -18,6 +18,7 @@ from fleets.services.operations import (
 )
 from fleets.services.route_pointer import route_switch
 from fleets.services.transitions import domain_transition, slot_transition
+from tests.clocks import FakeClock
 
 pytestmark = pytest.mark.django_db
 
@@ -30,7 +31,7 @@ def slot_of(fleet: Fleet, slug: str, kind: str) -> Slot:
     return Slot.objects.get(domain__fleet=fleet, domain__slug=slug, kind=kind)
 
 
-class RacingClock(clock.FakeClock):
+class RacingClock(FakeClock):
     """A clock that lets a concurrent writer in on its first read.
 
     The services read the row, then ask the clock for a timestamp, then issue the conditional

@@ -14,9 +14,9 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from uvicorn.supervisors import Multiprocess, multiprocess
 
-from fleets.metrics import remove_dead_process_files
+from fleets.prometheus import remove_dead_process_files
 from fleets.proxy.drain import DrainingProcess, DrainingServer, graceful_config
-from fleets.reconciler.driver import SERVE_WORKER_ENV, start_for_server
+from fleets.server.driver import SERVE_WORKER_ENV, start_for_server
 from fleets.server.protocol import HaruHttpProtocol, current_limits
 
 log = logging.getLogger("haru.serve")
@@ -95,7 +95,7 @@ class Command(BaseCommand):
         if not opts["no_reconcile_loop"]:
             # One process: it serves and ticks. Several: this parent ticks every fleet each
             # interval, and each worker drives the ticks of what it accepted (haru/asgi.py reads
-            # the variable), all under the fleets' tick leases (fleets/reconciler/driver.py).
+            # the variable), all under the fleets' tick leases (fleets/server/driver.py).
             driver = start_for_server(role="single" if workers == 1 else "parent")
             if workers > 1:
                 os.environ[SERVE_WORKER_ENV] = "1"

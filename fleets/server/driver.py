@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 from django.conf import settings
 
+import haru.celery  # noqa: F401 - the Celery app (broker settings) the kicks below go through
 from fleets.reconciler import kick
 from fleets.reconciler.loop import ReconcileLoop
 from fleets.tasks import broker_ping, celery_kicker, celery_reporter
@@ -167,8 +168,6 @@ class Driver:
 
 
 def _celery_enqueue(fleet_id: str, delay_ms: int) -> None:
-    import haru.celery  # noqa: F401, PLC0415 - creates the Celery app (broker, beat) on first use
-
     celery_kicker(fleet_id, delay_ms)
 
 
@@ -227,8 +226,6 @@ def _reporter_via(fallback: BrokerFallback) -> kick.Reporter:
             kick.fleet_kick(fleet_id, delay_ms=0)
             return
         try:
-            import haru.celery  # noqa: F401, PLC0415 - the Celery app, as in _celery_enqueue
-
             celery_reporter(fleet_id, domain_id, model, failed_at)
         except Exception:  # noqa: BLE001 - the broker failed us: confirm here instead
             log.warning("data-path report not queued; confirming in this process", exc_info=True)

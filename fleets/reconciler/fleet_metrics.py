@@ -20,8 +20,8 @@ from prometheus_client.metrics_core import Metric
 
 from fleets import clock
 from fleets.core.states import DomainState, OperationKind, OperationState
-from fleets.metrics import register_database_collector
 from fleets.models import Domain, Fleet, Operation
+from fleets.prometheus import register_database_collector
 from fleets.reconciler import (
     history_metrics,  # noqa: F401 - registers the step histograms
     readiness_metrics,  # noqa: F401 - registers readiness and recovery

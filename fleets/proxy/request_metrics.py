@@ -3,7 +3,7 @@
 Labels are bounded: `fleet` is a fleet slug the store confirmed and `model` a bound model name,
 else "" (client-chosen strings never become label values).
 
-Written in batches. In multiprocess mode (fleets/metrics.py) every increment is a locked write
+Written in batches. In multiprocess mode (fleets/prometheus.py) every increment is a locked write
 into a shared file: five per request (a counter and two histograms, each a bucket and a sum),
 about 7 us, the largest single cost of the proxy's own work on the healthy path. A request
 only appends its figures to this process's queue; a flush sums the queue and writes the sums,
@@ -24,6 +24,8 @@ import threading
 from typing import Any
 
 from prometheus_client import Counter, Histogram
+
+from fleets.prometheus import register_before_scrape
 
 REQUESTS = Counter(
     "haru_proxy_requests",
@@ -147,3 +149,4 @@ def _observe(pending: dict[Any, float], histogram: Any, amount: float) -> None:
 
 
 atexit.register(flush)
+register_before_scrape(flush)

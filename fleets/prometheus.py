@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from django.conf import settings
@@ -28,12 +28,21 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 
-from fleets.proxy import metrics as proxy_metrics
-
 # Keyed by class: a module reloaded in a test run replaces its collector instead of adding one.
 _database_collectors: dict[str, Collector] = {}
 # prometheus_client's file names: counter_123.db, histogram_123.db, gauge_livesum_123.db, ...
 _PID_FILE = re.compile(r"_(\d+)\.db$")
+
+
+# Called before each scrape this process serves: a module that batches its observations (the chat
+# proxy's, fleets/proxy/request_metrics.py) writes them out, so its own scrape is exact.
+_before_scrape: list[Callable[[], None]] = []
+
+
+def register_before_scrape(flush: Callable[[], None]) -> None:
+    """Call `flush` before every scrape this process serves."""
+    if flush not in _before_scrape:
+        _before_scrape.append(flush)
 
 
 def register_database_collector(collector: Collector) -> None:
@@ -107,6 +116,7 @@ def _is_running(pid: int) -> bool:
 
 
 def metrics_view(request):
-    proxy_metrics.flush()  # this process's batched requests, so its own scrape is exact
+    for flush in _before_scrape:
+        flush()
     registry = scrape_registry(settings.PROMETHEUS_MULTIPROC_DIR)
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
