@@ -12,7 +12,7 @@ import logging
 
 from prometheus_client.core import GaugeMetricFamily
 
-from fleets.dashboard.allocation import gpu_allocations
+from fleets.core.allocation import gpu_allocations
 from fleets.models import Domain, ModelBinding, Slot
 from fleets.prometheus import register_database_collector
 

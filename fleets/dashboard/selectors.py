@@ -15,6 +15,7 @@ from typing import Any
 from django.db.models import Max
 
 from fleets.clock import iso
+from fleets.core.allocation import gpu_allocations, plan_mismatches
 from fleets.core.backoff import Backoff
 from fleets.core.decisions import decide_demotion, decide_promotion
 from fleets.core.failover import is_stale, is_viable_standby
@@ -38,7 +39,6 @@ from fleets.core.states import (
 )
 from fleets.core.urls import without_userinfo
 from fleets.dashboard import chart as chart_mod
-from fleets.dashboard.allocation import gpu_allocations, plan_mismatches
 from fleets.dashboard.drift import drift_status, expected_fingerprint
 from fleets.dashboard.proof import proof_context
 from fleets.models import Domain, Event, Fleet, ModelBinding, Operation, Slot

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from fleets.dashboard.allocation import gpu_allocations, plan_mismatches
+from fleets.core.allocation import gpu_allocations, plan_mismatches
 from fleets.errors import LayoutError
 from fleets.layouts.loader import parse_layout
 from fleets.layouts.planning import PLACEMENT_REFUSALS

@@ -48,7 +48,7 @@ class GpuAllocation:
         return len(self.workloads)
 
 
-def _usage_by_pid(report: Mapping) -> dict[tuple[int, int], int]:
+def _usage_by_pid(report: Mapping[str, Any]) -> dict[tuple[int, int], int]:
     """(GPU index, PID) -> MiB, from the processes the report lists."""
     out: dict[tuple[int, int], int] = {}
     for gpu in report_gpus(report):
@@ -67,7 +67,7 @@ def _usage_by_pid(report: Mapping) -> dict[tuple[int, int], int]:
 
 
 def gpu_allocations(
-    slots: Iterable[Any], bindings: Iterable[Any], report: Mapping | None
+    slots: Iterable[Any], bindings: Iterable[Any], report: Mapping[str, Any] | None
 ) -> list[GpuAllocation]:
     """Return one allocation per GPU the plan uses (empty when the domain is hand-placed)."""
     report = report if isinstance(report, Mapping) else {}
@@ -114,7 +114,7 @@ def gpu_allocations(
     return [gpus[i] for i in sorted(gpus) if gpus[i].workloads]
 
 
-def plan_mismatches(report: Mapping | None) -> list[str]:
+def plan_mismatches(report: Mapping[str, Any] | None) -> list[str]:
     """The supervisor's start-up comparison of the plan with its real GPUs, as messages."""
     if not isinstance(report, Mapping):
         return []

@@ -1,0 +1,287 @@
+"""The layer table of docs/architecture.md, checked against every module's imports.
+
+Imports point down the layers; an arrow up, or a circle, is a bug a reader cannot see from one
+file. Every `import` and `from ... import` in the shipped packages counts, at module level or
+inside a function, except those under `if TYPE_CHECKING:` (names for annotations only).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("fleets", "supervisor", "haru")
+
+# Rank of each layer, bottom first; a module may import modules of its own rank or below.
+# Entry points are the top and are further limited to their own package (see ENTRY_CROSSINGS).
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("supervisor", ("supervisor",)),
+    ("core", ("fleets.core",)),
+    (
+        "bottom",
+        (
+            "fleets.errors",
+            "fleets.clock",
+            "fleets.conf",
+            "fleets.tokens",
+            "fleets.supervisor_tokens",
+            "fleets.prometheus",
+            "fleets.drivers",
+        ),
+    ),
+    ("documents and storage", ("fleets.layouts", "fleets.models")),
+    ("shapes", ("fleets.shapes",)),
+    (
+        "reads",
+        ("fleets.selectors", "fleets.readiness", "fleets.recovery", "fleets.placement_metrics"),
+    ),
+    ("writes", ("fleets.services", "fleets.broadcast")),
+    ("reconciler", ("fleets.reconciler",)),
+    (
+        "entry points",
+        (
+            "fleets.api",
+            "fleets.dashboard",
+            "fleets.admin",
+            "fleets.admin_forms",
+            "fleets.live",
+            "fleets.tasks",
+            "fleets.management",
+            "fleets.proxy",
+            "fleets.server",
+            "fleets.apps",
+            "fleets.checks",
+            "fleets.celery_consumer",
+            "haru",
+        ),
+    ),
+]
+# Entry points do not import each other, except where one is the other's engine on purpose.
+ENTRY_CROSSINGS = {
+    ("fleets.admin", "fleets.admin_forms"),  # the admin's forms
+    ("fleets.admin", "fleets.dashboard"),  # admin actions call the dashboard's own actions
+    ("fleets.server", "fleets.proxy"),  # the direct chat path runs the proxy's flow
+    ("fleets.server", "fleets.tasks"),  # the tick driver kicks through the Celery tasks
+    ("fleets.server", "haru"),  # ... on the project's Celery app
+    ("fleets.management", "fleets.server"),  # `serve` starts the server and its driver
+    ("fleets.management", "fleets.proxy"),  # `serve` drains the proxy on SIGTERM
+    ("fleets.apps", "fleets.api"),  # the app config registers the OpenAPI extension
+    ("fleets.apps", "fleets.checks"),  # ... and the system checks
+}
+# What the pure core may import beyond itself and the standard library.
+CORE_MAY_IMPORT = {"supervisor.limits", "supervisor.documents", "supervisor.strict_json"}
+# The drivers render and call `sky`: beyond themselves, only the supervisor's schema checker.
+DRIVERS_MAY_IMPORT = {"supervisor.documents", "supervisor.strict_json", "supervisor.limits"}
+# The chat proxy reaches the control plane at these points only (docs/architecture.md), and
+# reads the core's pure rules (route intent, the read model).
+PROXY_MAY_IMPORT = {
+    "fleets.core.read_model",
+    "fleets.core.route_intent",
+    "fleets.core.states",
+    "fleets.core.urls",
+    "fleets.reconciler.datapath",
+    "fleets.services.route_publish",
+    "fleets.models",
+    "fleets.conf",
+    "fleets.tokens",
+    "fleets.clock",
+    "fleets.prometheus",
+    "supervisor.wire.bounded_json",
+    "supervisor.wire",
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+@cache
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            if "migrations" not in path.parts:
+                found[_module_name(path)] = path
+    return found
+
+
+def _imported_names(name: str, path: Path) -> Iterator[tuple[str, tuple[str, ...]]]:
+    """Yield (module, names): `import a.b` is ("a.b", ()), `from a import b` is ("a", ("b",))."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+
+    def visit(node: ast.AST) -> Iterator[tuple[str, tuple[str, ...]]]:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.orelse:
+                yield from visit(child)
+            return
+        if isinstance(node, ast.Import):
+            yield from ((alias.name, ()) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            yield module, tuple(alias.name for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            yield from visit(child)
+
+    yield from visit(ast.parse(path.read_text()))
+
+
+@cache
+def graph() -> dict[str, frozenset[str]]:
+    """Module -> the shipped modules it imports (the longest module a dotted name names)."""
+    known = modules()
+
+    def resolve(dotted: str) -> str | None:
+        parts = dotted.split(".")
+        while parts:
+            candidate = ".".join(parts)
+            if candidate in known:
+                return candidate
+            parts.pop()
+        return None
+
+    edges = {}
+    for name, path in known.items():
+        targets = set()
+        for module, names in _imported_names(name, path):
+            # `from fleets.reconciler import datapath` imports the module datapath; a name
+            # that is no module (a function, a class) is an edge to the module it lives in.
+            submodules = [f"{module}.{n}" for n in names if f"{module}.{n}" in known]
+            if len(submodules) < len(names) or not names:
+                targets.add(resolve(module))
+            targets.update(submodules)
+        # A package's own __init__ (the top of a package, or this module's parent) is no edge.
+        edges[name] = frozenset(
+            t
+            for t in targets
+            if t and t != name and t not in PACKAGES and not name.startswith(f"{t}.")
+        )
+    return edges
+
+
+def third_party(name: str) -> set[str]:
+    roots = {module.split(".")[0] for module, _ in _imported_names(name, modules()[name])}
+    return {r for r in roots if r and r not in sys.stdlib_module_names and r not in PACKAGES}
+
+
+def _group(module: str, prefixes: tuple[str, ...]) -> str | None:
+    return next((p for p in prefixes if module == p or module.startswith(f"{p}.")), None)
+
+
+def layer_of(module: str) -> tuple[int, str]:
+    for rank, (_, prefixes) in enumerate(LAYERS):
+        group = _group(module, prefixes)
+        if group is not None:
+            return rank, group
+    raise AssertionError(f"{module} is in no layer: add it to LAYERS and docs/architecture.md")
+
+
+def test_every_module_has_a_layer():
+    for module in modules():
+        if module not in PACKAGES:
+            layer_of(module)
+
+
+def test_imports_point_down_the_layers():
+    entry = len(LAYERS) - 1
+    wrong = []
+    for module, targets in sorted(graph().items()):
+        if module in PACKAGES:
+            continue
+        rank, group = layer_of(module)
+        for target in sorted(targets):
+            target_rank, target_group = layer_of(target)
+            if target_rank > rank:
+                wrong.append(
+                    f"{module} -> {target} (up: {LAYERS[rank][0]} -> {LAYERS[target_rank][0]})"
+                )
+            elif (
+                rank == entry
+                and target_rank == entry
+                and group != target_group
+                and (group, target_group) not in ENTRY_CROSSINGS
+                and not group.startswith("haru")
+            ):
+                wrong.append(f"{module} -> {target} (one entry point into another)")
+    assert wrong == []
+
+
+def test_there_are_no_import_circles():
+    edges = graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles = []
+
+    def connect(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in edges.get(node, ()):
+            if target not in index:
+                connect(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for node in sorted(edges):
+        if node not in index:
+            connect(node)
+    assert circles == []
+
+
+def test_the_supervisor_stands_alone():
+    """It runs on GPU hosts without Django or the control plane."""
+    for module, targets in graph().items():
+        if module.startswith("supervisor"):
+            assert not [t for t in targets if not t.startswith("supervisor")], module
+            assert "django" not in third_party(module), module
+
+
+def test_the_core_is_pure():
+    for module, targets in graph().items():
+        if module.startswith("fleets.core"):
+            outside = {t for t in targets if not t.startswith("fleets.core")} - CORE_MAY_IMPORT
+            assert outside == set(), module
+            # jsonschema only through supervisor.documents; nothing else from outside.
+            assert third_party(module) == set(), module
+
+
+@pytest.mark.parametrize(
+    ("package", "allowed"),
+    [("fleets.drivers", DRIVERS_MAY_IMPORT), ("fleets.proxy", PROXY_MAY_IMPORT)],
+)
+def test_packages_with_a_narrow_door_use_only_it(package, allowed):
+    for module, targets in graph().items():
+        if module.startswith(package):
+            assert {t for t in targets if not t.startswith(package)} - allowed == set(), module
+
+
+def test_the_checker_sees_an_arrow_up():
+    """The check itself works: a services module importing the API would be reported."""
+    assert layer_of("fleets.services.operations")[0] < layer_of("fleets.api.views")[0]
+    assert "fleets.services.operations" in graph()["fleets.api.views"]
