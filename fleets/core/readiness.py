@@ -20,6 +20,7 @@ from fleets.core.failover import is_stale, is_viable_standby, rank_standbys
 from fleets.core.read_model import DomainView, FleetView
 from fleets.core.report import TrainerReportState
 from fleets.core.states import DomainState, InferenceState, SlotKind
+from fleets.core.timestamps import utc_iso
 
 
 class ReadinessVerdict(StrEnum):
@@ -94,7 +95,7 @@ class Reason:
             "check": self.check,
             "ok": self.ok,
             "message": self.message,
-            "at": self.at.isoformat() if self.at else None,
+            "at": utc_iso(self.at) if self.at else None,
             "ageMs": _age_ms(self.at, now) if self.at else None,
         }
 
@@ -110,7 +111,7 @@ class Readiness:
         return {
             "verdict": self.verdict,
             "standby": self.standby,
-            "evaluatedAt": self.evaluated_at.isoformat(),
+            "evaluatedAt": utc_iso(self.evaluated_at),
             "reasons": [r.to_json(self.evaluated_at) for r in self.reasons],
         }
 

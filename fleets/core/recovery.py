@@ -29,6 +29,7 @@ from enum import StrEnum
 from typing import Any
 
 from fleets.core.states import DomainState, OperationKind
+from fleets.core.timestamps import utc_iso
 
 # The steps of a failover up to the routing commit (the promotion's PROMOTE_STEPS prefix).
 FAILOVER_PATH = ("stop_training", "verify_gpu", "wake", "probe", "switch_route")
@@ -76,7 +77,7 @@ class RecoverySample:
     def to_json(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
-            "finishedAt": self.finished_at.isoformat(),
+            "finishedAt": utc_iso(self.finished_at),
             "detectionMs": self.detection_ms,
             "detection": self.detection,
             "stepsMs": dict(self.steps_ms),
