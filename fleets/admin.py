@@ -22,6 +22,7 @@ from fleets import admin_forms as af
 from fleets import clock
 from fleets.core.policy import Policy
 from fleets.core.states import (
+    DomainRole,
     OperationKind,
 )
 from fleets.dashboard import actions as dashboard_actions
@@ -108,7 +109,7 @@ class DomainInline(admin.StackedInline):
     def role(self, obj):
         if obj is None or obj._state.adding:
             return "-"
-        return "active" if obj.fleet.active_domain_id == obj.pk else "standby"
+        return DomainRole.ACTIVE if obj.fleet.active_domain_id == obj.pk else DomainRole.STANDBY
 
 
 class SlotInline(admin.TabularInline):
@@ -407,7 +408,7 @@ class DomainAdmin(admin.ModelAdmin):
 
     @admin.display(description="role")
     def role(self, obj):
-        return "active" if obj.fleet.active_domain_id == obj.pk else "standby"
+        return DomainRole.ACTIVE if obj.fleet.active_domain_id == obj.pk else DomainRole.STANDBY
 
     @admin.display(description="last supervisor report")
     def report(self, obj):

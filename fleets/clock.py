@@ -10,6 +10,8 @@ import time
 from datetime import UTC, datetime
 from typing import overload
 
+from fleets.core.timestamps import utc_iso
+
 
 class Clock:
     def now(self) -> datetime:
@@ -48,5 +50,6 @@ def iso(value: None) -> None: ...
 @overload
 def iso(value: datetime | None) -> str | None: ...
 def iso(value: datetime | None) -> str | None:
-    """Render a datetime as ISO 8601 UTC with a Z, the timestamp format of every API and event."""
-    return value.isoformat().replace("+00:00", "Z") if value else None
+    """Render a datetime as RFC 3339 UTC with a Z (`fleets.core.timestamps.utc_iso`), the
+    timestamp format of every API body and event; None stays None."""
+    return utc_iso(value) if value is not None else None

@@ -31,17 +31,18 @@ from fleets.core.report import report_gpus, reported_training
 from fleets.core.states import OperationKind, OperationState, SlotKind
 from fleets.models import Domain, Fleet, GoldenBaseline, Id, ModelBinding, Operation, Slot
 from fleets.selectors import fleet_view
+from supervisor.strict_json import is_int, is_number
 
 
 def _number(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    return float(value) if is_number(value) else None
 
 
 def _gpus(report: dict) -> tuple[GpuFacts, ...]:
     out = []
     for g in report_gpus(report):
         index, used, total = g.get("index"), _number(g.get("usedMiB")), _number(g.get("totalMiB"))
-        if isinstance(index, int) and used is not None and total is not None:
+        if is_int(index) and used is not None and total is not None:
             out.append(GpuFacts(index, used, total))
     return tuple(out)
 

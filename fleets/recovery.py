@@ -8,9 +8,8 @@ from django.db.models import Q
 
 from fleets.core.policy import Policy
 from fleets.core.recovery import (
-    DRILL,
-    FAILOVER,
     RECOVERY_WINDOW,
+    RecoveryKind,
     RecoverySample,
     RecoverySummary,
     detection_of,
@@ -38,8 +37,8 @@ def recovery_samples(fleet: Fleet, window: int = RECOVERY_WINDOW) -> list[Recove
     bound = Policy.resolve(fleet.policy).heartbeat_stale_ms
     out: list[RecoverySample] = []
     for kind, name, which in (
-        (OperationKind.DRILL, DRILL, Q()),
-        (OperationKind.PROMOTE, FAILOVER, _REAL_FAILOVER),
+        (OperationKind.DRILL, RecoveryKind.DRILL, Q()),
+        (OperationKind.PROMOTE, RecoveryKind.FAILOVER, _REAL_FAILOVER),
     ):
         ops = list(
             Operation.objects.filter(
@@ -79,7 +78,7 @@ def recovery_samples(fleet: Fleet, window: int = RECOVERY_WINDOW) -> list[Recove
 
 def recovery_summaries(fleet: Fleet) -> dict[str, RecoverySummary]:
     samples = recovery_samples(fleet)
-    return {kind: summarize(kind, samples) for kind in (DRILL, FAILOVER)}
+    return {kind.value: summarize(kind, samples) for kind in RecoveryKind}
 
 
 def recovery_report(fleet: Fleet) -> dict[str, Any]:
@@ -87,7 +86,7 @@ def recovery_report(fleet: Fleet) -> dict[str, Any]:
     and every sample's detection, steps and total, newest first."""
     rto = Policy.resolve(fleet.policy).rto_ms
     samples = recovery_samples(fleet)
-    summaries = {kind: summarize(kind, samples) for kind in (DRILL, FAILOVER)}
+    summaries = {kind.value: summarize(kind, samples) for kind in RecoveryKind}
     return {
         "objectiveMs": rto,
         "window": RECOVERY_WINDOW,

@@ -14,7 +14,7 @@ from typing import Any
 from fleets.clock import iso
 from fleets.core.backoff import Backoff
 from fleets.core.policy import Policy
-from fleets.core.states import SlotKind
+from fleets.core.states import DomainRole, SlotKind
 from fleets.core.urls import without_userinfo
 from fleets.models import Domain, Fleet, GoldenBaseline, ModelBinding, Operation, Slot
 
@@ -173,7 +173,7 @@ def domain_json(
         "id": str(domain.id),
         "slug": domain.slug,
         "displayName": domain.display_name,
-        "role": "active" if domain.id == active_domain_id else "standby",
+        "role": (DomainRole.ACTIVE if domain.id == active_domain_id else DomainRole.STANDBY).value,
         "provider": domain.provider,
         "placement": domain.placement,
         "priority": domain.priority,

@@ -7,8 +7,14 @@ from enum import StrEnum
 
 from rest_framework import serializers
 
+from fleets.core.decisions import RequestStatus
+from fleets.core.golden import BaselineReason
+from fleets.core.model_health import ServerHealth
+from fleets.core.readiness import ReadinessCheck, ReadinessVerdict
+from fleets.core.recovery import Detection, RecoveryKind
 from fleets.core.states import (
     CleanupState,
+    DomainRole,
     DomainState,
     DrillMode,
     OperationKind,
@@ -101,12 +107,12 @@ class OperationOut(serializers.Serializer):
 
 
 class AcceptedOut(serializers.Serializer):
-    status = serializers.ChoiceField(["accepted"])
+    status = serializers.ChoiceField([RequestStatus.ACCEPTED.value])
     operation = OperationOut()
 
 
 class AlreadyActiveOut(serializers.Serializer):
-    status = serializers.ChoiceField(["already_active"])
+    status = serializers.ChoiceField([RequestStatus.ALREADY_ACTIVE.value])
     routeRevision = serializers.IntegerField()  # noqa: N815
 
 
@@ -121,7 +127,7 @@ class ModelOut(serializers.Serializer):
         "exclusive, sleepResidueMiB); null when the layout gave none.",
     )
     health = serializers.ChoiceField(
-        ["up", "down", "unknown"],
+        _values(ServerHealth),
         help_text="Whether this model's own server takes requests: the chat proxy refuses the "
         "model only when it is down (never for its supervisor or a neighbour on the slot).",
     )
@@ -171,7 +177,7 @@ class DomainOut(serializers.Serializer):
     id = serializers.UUIDField()
     slug = serializers.CharField()
     displayName = serializers.CharField()  # noqa: N815
-    role = serializers.ChoiceField(["active", "standby"])
+    role = serializers.ChoiceField(_values(DomainRole))
     provider = serializers.ChoiceField(_values(Provider))
     placement = serializers.DictField()
     priority = serializers.IntegerField()
@@ -212,9 +218,7 @@ class FleetOut(FleetSummaryOut):
 
 
 class ReadinessReasonOut(serializers.Serializer):
-    check = serializers.ChoiceField(
-        ["standby", "modelsAsleep", "baselines", "wakeMemory", "trainer", "drill"]
-    )
+    check = serializers.ChoiceField(_values(ReadinessCheck))
     ok = serializers.BooleanField(allow_null=True, help_text="null: not known")
     message = serializers.CharField()
     at = serializers.DateTimeField(allow_null=True, help_text="When the fact was observed.")
@@ -222,7 +226,7 @@ class ReadinessReasonOut(serializers.Serializer):
 
 
 class ReadinessOut(serializers.Serializer):
-    verdict = serializers.ChoiceField(["ready", "at_risk", "not_ready"])
+    verdict = serializers.ChoiceField(_values(ReadinessVerdict))
     standby = serializers.CharField(allow_null=True, help_text="The standby a failover takes.")
     evaluatedAt = serializers.DateTimeField()  # noqa: N815
     reasons = ReadinessReasonOut(many=True)
@@ -263,7 +267,7 @@ class OperationListOut(serializers.Serializer):
 
 class CancelledOut(serializers.Serializer):
     status = serializers.ChoiceField(
-        ["cancelled", "succeeded"],
+        [OperationState.CANCELLED.value, OperationState.SUCCEEDED.value],
         help_text="cancelled: the operation ended cancelled (routing had not moved). succeeded: "
         "a promotion that had already moved routing ended without its remaining best-effort "
         "steps on the old active (listed in skippedSteps); routing stays where it moved.",
@@ -277,7 +281,7 @@ class CancelledOut(serializers.Serializer):
 
 
 class DomainActionOut(serializers.Serializer):
-    status = serializers.ChoiceField(["accepted", "unchanged"])
+    status = serializers.ChoiceField([RequestStatus.ACCEPTED.value, RequestStatus.UNCHANGED.value])
     domain = DomainOut()
 
 
@@ -314,7 +318,7 @@ class BaselineOut(serializers.Serializer):
     answerSha256 = serializers.CharField()  # noqa: N815
     answer = serializers.CharField()
     domain = serializers.CharField(allow_null=True)
-    reason = serializers.ChoiceField(choices=["first_serving", "active_serving", "operator"])
+    reason = serializers.ChoiceField(_values(BaselineReason))
     recordedBy = serializers.CharField()  # noqa: N815
     recordedAt = serializers.DateTimeField()  # noqa: N815
 
@@ -331,7 +335,7 @@ class BaselineRecordOut(serializers.Serializer):
 
 
 class RecoverySampleOut(serializers.Serializer):
-    kind = serializers.ChoiceField(["drill", "failover"])
+    kind = serializers.ChoiceField(_values(RecoveryKind))
     finishedAt = serializers.DateTimeField()  # noqa: N815
     detectionMs = serializers.IntegerField(  # noqa: N815
         help_text="A real failover (automatic, or an operator's promotion away from a failed "
@@ -339,7 +343,7 @@ class RecoverySampleOut(serializers.Serializer):
         "last good heartbeat) to the failover's start. A drill: 0."
     )
     detection = serializers.ChoiceField(
-        ["measured", "bound", "none"],
+        _values(Detection),
         help_text="measured; bound (no timestamps: the policy's heartbeatStaleMs); none (a "
         "drill: nothing failed).",
     )
@@ -348,7 +352,7 @@ class RecoverySampleOut(serializers.Serializer):
 
 
 class RecoverySummaryOut(serializers.Serializer):
-    kind = serializers.ChoiceField(["drill", "failover"])
+    kind = serializers.ChoiceField(_values(RecoveryKind))
     count = serializers.IntegerField()
     p50Ms = serializers.FloatField(allow_null=True)  # noqa: N815
     p95Ms = serializers.FloatField(allow_null=True)  # noqa: N815

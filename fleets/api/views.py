@@ -14,6 +14,7 @@ from fleets import clock, selectors, shapes
 from fleets.api import serializers as s
 from fleets.api.auth import HasApiToken
 from fleets.api.errors import PayloadTooLarge
+from fleets.core.decisions import RequestStatus
 from fleets.core.policy import Policy
 from fleets.core.route_intent import build_route_intent
 from fleets.core.states import OperationKind
@@ -28,6 +29,8 @@ from fleets.services.provisioning import domain_provision_begin, domain_stop_req
 
 # Control bodies are a few bytes; refuse anything large before parsing it.
 MAX_CONTROL_BODY = 64 * 1024
+# Why a reconcile request did not run a tick: another held the fleet's lock past the wait.
+TICK_LOCK_BUSY = "tick_lock_busy"
 
 ERRORS = {
     code: OpenApiResponse(s.ErrorEnvelope, description=desc)
@@ -104,10 +107,18 @@ class _OperationRequestView(HaruAPIView):
             target_domain_id=body.validated_data["targetDomainId"],
             actor=self.actor(request),
         )
-        if result.status == "already_active":
-            return Response({"status": "already_active", "routeRevision": result.route_revision})
+        if result.status == RequestStatus.ALREADY_ACTIVE:
+            return Response(
+                {
+                    "status": RequestStatus.ALREADY_ACTIVE.value,
+                    "routeRevision": result.route_revision,
+                }
+            )
         return Response(
-            {"status": "accepted", "operation": shapes.operation_json(result.operation)},
+            {
+                "status": RequestStatus.ACCEPTED.value,
+                "operation": shapes.operation_json(result.operation),
+            },
             status=202,
         )
 
@@ -164,7 +175,10 @@ class DrillView(HaruAPIView):
             drill_mode=body.validated_data["mode"],
         )
         return Response(
-            {"status": "accepted", "operation": shapes.operation_json(result.operation)},
+            {
+                "status": RequestStatus.ACCEPTED.value,
+                "operation": shapes.operation_json(result.operation),
+            },
             status=202,
         )
 
@@ -180,7 +194,7 @@ class ReconcileView(HaruAPIView):
                     "fleetId": drf_serializers.CharField(),
                     "ran": drf_serializers.BooleanField(),
                     "skipped": drf_serializers.ChoiceField(
-                        choices=["tick_lock_busy"], allow_null=True
+                        choices=[TICK_LOCK_BUSY], allow_null=True
                     ),
                     "operation": s.OperationOut(allow_null=True),
                 },
@@ -200,7 +214,7 @@ class ReconcileView(HaruAPIView):
             {
                 "fleetId": str(fleet.id),
                 "ran": result.ran,
-                "skipped": None if result.ran else "tick_lock_busy",
+                "skipped": None if result.ran else TICK_LOCK_BUSY,
                 "operation": shapes.operation_json(result.operation()),
             }
         )
@@ -268,7 +282,10 @@ class _DomainActionView(HaruAPIView):
         snapshot = selectors.fleet_snapshot(fleet)
         out = next(d for d in snapshot["domains"] if d["id"] == str(domain.id))
         return Response(
-            {"status": "accepted" if moved else "unchanged", "domain": out},
+            {
+                "status": (RequestStatus.ACCEPTED if moved else RequestStatus.UNCHANGED).value,
+                "domain": out,
+            },
             status=202 if moved else 200,
         )
 

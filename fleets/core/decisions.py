@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, replace
+from enum import StrEnum
 from typing import Literal
 
 from fleets.core.read_model import DomainView, FleetView
 from fleets.core.states import PROMOTABLE_DOMAIN_STATES
 
 INVALID_TARGET = "invalid_target"
-ALREADY_ACTIVE = "already_active"
+
+
+class RequestStatus(StrEnum):
+    """The `status` of the answer to a request for a change (API and dashboard)."""
+
+    ACCEPTED = "accepted"  # an operation (or a provisioning move) will make it
+    ALREADY_ACTIVE = "already_active"  # a promotion of the active: nothing to do
+    UNCHANGED = "unchanged"  # a provisioning move already made: nothing to do
 
 
 @dataclass(frozen=True)
@@ -63,7 +71,7 @@ def _promotion(fleet: FleetView, target: DomainView) -> Decision:
         # Idempotent: asking again for what already holds is success, not an error.
         return Decision(
             "noop",
-            ALREADY_ACTIVE,
+            RequestStatus.ALREADY_ACTIVE,
             f"domain {target.slug!r} is already active (route revision {fleet.route_revision})",
         )
     if target.state not in PROMOTABLE_DOMAIN_STATES:

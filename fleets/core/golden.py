@@ -35,6 +35,14 @@ class Verdict(StrEnum):
     FAILED = "failed"  # no usable answer at all
 
 
+class BaselineReason(StrEnum):
+    """Why a baseline was recorded (GoldenBaseline.reason, and the event's)."""
+
+    FIRST_SERVING = "first_serving"  # no baseline for this profile and engine yet
+    ACTIVE_SERVING = "active_serving"  # the tick probed the serving active for a missing key
+    OPERATOR = "operator"  # "record baseline": an expected drift (an engine upgrade) accepted
+
+
 @dataclass(frozen=True)
 class GoldenKey:
     """What a baseline is kept per: a changed profile, engine or probe changes the answer."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from fleets.core.model_health import ServerHealth
 from fleets.core.policy import Policy
 from fleets.core.states import InferenceState, Provider, SlotKind
 
@@ -19,7 +20,7 @@ class ModelView:
     slot_id: str
     gpu_index: int
     slot_state: str  # the inference slot's state
-    health: str = "unknown"  # its own server's health (fleets.core.model_health.ServerHealth)
+    health: str = ServerHealth.UNKNOWN  # its own server's health
     serving_seen_at: datetime | None = None  # its server last seen able to serve
 
 

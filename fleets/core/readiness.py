@@ -13,26 +13,35 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from fleets.core.failover import is_stale, is_viable_standby, rank_standbys
 from fleets.core.read_model import DomainView, FleetView
-from fleets.core.states import InferenceState, SlotKind
+from fleets.core.report import TrainerReportState
+from fleets.core.states import DomainState, InferenceState, SlotKind
+from fleets.core.timestamps import utc_iso
 
-READY = "ready"
-AT_RISK = "at_risk"
-NOT_READY = "not_ready"
-VERDICTS = (READY, AT_RISK, NOT_READY)
 
-# The checks, in the order the fleet page lists them.
-STANDBY = "standby"
-MODELS_ASLEEP = "modelsAsleep"
-BASELINES = "baselines"
-WAKE_MEMORY = "wakeMemory"
-TRAINER = "trainer"
-DRILL = "drill"
+class ReadinessVerdict(StrEnum):
+    READY = "ready"
+    AT_RISK = "at_risk"
+    NOT_READY = "not_ready"
+
+
+class ReadinessCheck(StrEnum):
+    """The checks behind a verdict, in the order the fleet page lists them."""
+
+    STANDBY = "standby"
+    MODELS_ASLEEP = "modelsAsleep"
+    BASELINES = "baselines"
+    WAKE_MEMORY = "wakeMemory"
+    TRAINER = "trainer"
+    DRILL = "drill"
+
+
 # A failed check of these means a failover now would fail; of the others, that it is unproven.
-_BLOCKING = frozenset({STANDBY, WAKE_MEMORY})
+_BLOCKING = frozenset({ReadinessCheck.STANDBY, ReadinessCheck.WAKE_MEMORY})
 
 
 @dataclass(frozen=True)
@@ -45,7 +54,7 @@ class GpuFacts:
 @dataclass(frozen=True)
 class TrainerFacts:
     gpu_index: int
-    state: str  # the supervisor's: idle, running, stopping ("unknown" when not reported)
+    state: str  # the supervisor's (TrainerReportState); "unknown" when not reported
     last_checkpoint_at: datetime | None
 
 
@@ -74,7 +83,7 @@ class DrillFacts:
 
 @dataclass(frozen=True)
 class Reason:
-    check: str
+    check: ReadinessCheck
     ok: bool | None  # None: not known
     message: str
     # When the fact was observed; None only for a fact never observed at all (a standby that
@@ -86,14 +95,14 @@ class Reason:
             "check": self.check,
             "ok": self.ok,
             "message": self.message,
-            "at": self.at.isoformat() if self.at else None,
+            "at": utc_iso(self.at) if self.at else None,
             "ageMs": _age_ms(self.at, now) if self.at else None,
         }
 
 
 @dataclass(frozen=True)
 class Readiness:
-    verdict: str
+    verdict: ReadinessVerdict
     standby: str | None  # the slug of the standby a failover would take
     reasons: tuple[Reason, ...]
     evaluated_at: datetime
@@ -102,7 +111,7 @@ class Readiness:
         return {
             "verdict": self.verdict,
             "standby": self.standby,
-            "evaluatedAt": self.evaluated_at.isoformat(),
+            "evaluatedAt": utc_iso(self.evaluated_at),
             "reasons": [r.to_json(self.evaluated_at) for r in self.reasons],
         }
 
@@ -126,12 +135,14 @@ def pick_standby(fleet: FleetView, now: datetime) -> DomainView | None:
 def _standby_reason(fleet: FleetView, standby: DomainView, now: datetime) -> Reason:
     seen = standby.last_seen_at
     if is_viable_standby(standby, fleet.policy, now):
-        return Reason(STANDBY, True, f"{standby.slug} is ready and its heartbeat fresh", seen)
+        return Reason(
+            ReadinessCheck.STANDBY, True, f"{standby.slug} is ready and its heartbeat fresh", seen
+        )
     if seen is None:
         why = "has never answered a heartbeat"
     elif is_stale(standby, fleet.policy, now):
         why = f"heartbeat stale ({_seconds(_age_ms(seen, now))} old)"
-    elif standby.state != "ready":
+    elif standby.state != DomainState.READY:
         why = f"is {standby.state}"
     elif not standby.supervisor_url:
         why = "has no supervisor URL"
@@ -139,7 +150,7 @@ def _standby_reason(fleet: FleetView, standby: DomainView, now: datetime) -> Rea
         why = "has no model bindings"
     else:
         why = "has a failed inference slot"
-    return Reason(STANDBY, False, f"{standby.slug} {why}", seen)
+    return Reason(ReadinessCheck.STANDBY, False, f"{standby.slug} {why}", seen)
 
 
 def _asleep_reason(standby: DomainView) -> Reason:
@@ -152,8 +163,10 @@ def _asleep_reason(standby: DomainView) -> Reason:
         if s.kind == SlotKind.INFERENCE and s.id in bound and s.state != InferenceState.SLEEPING
     )
     if awake:
-        return Reason(MODELS_ASLEEP, False, "not in standby posture: " + ", ".join(awake), seen)
-    return Reason(MODELS_ASLEEP, True, "every bound model is asleep", seen)
+        return Reason(
+            ReadinessCheck.MODELS_ASLEEP, False, "not in standby posture: " + ", ".join(awake), seen
+        )
+    return Reason(ReadinessCheck.MODELS_ASLEEP, True, "every bound model is asleep", seen)
 
 
 def _baselines_reason(facts: StandbyFacts, standby: DomainView) -> Reason:
@@ -162,10 +175,13 @@ def _baselines_reason(facts: StandbyFacts, standby: DomainView) -> Reason:
         # their engine version): as of its last heartbeat.
         missing = ", ".join(facts.missing_baselines)
         return Reason(
-            BASELINES, False, f"no golden baseline yet for {missing}", standby.last_seen_at
+            ReadinessCheck.BASELINES,
+            False,
+            f"no golden baseline yet for {missing}",
+            standby.last_seen_at,
         )
     return Reason(
-        BASELINES,
+        ReadinessCheck.BASELINES,
         True,
         "every model and adapter has a golden baseline",
         facts.baselines_at or standby.last_seen_at,
@@ -176,10 +192,15 @@ def _memory_reason(facts: StandbyFacts, standby: DomainView) -> Reason:
     at = facts.gpus_read_at or standby.last_seen_at
     if facts.wake_mib is None:
         return Reason(
-            WAKE_MEMORY, None, "the layout plans no memory: the wake's need is unknown", at
+            ReadinessCheck.WAKE_MEMORY,
+            None,
+            "the layout plans no memory: the wake's need is unknown",
+            at,
         )
     if not facts.gpus:
-        return Reason(WAKE_MEMORY, None, "no GPU memory reading from the standby yet", at)
+        return Reason(
+            ReadinessCheck.WAKE_MEMORY, None, "no GPU memory reading from the standby yet", at
+        )
     short = []
     for index, need in sorted(facts.wake_mib.items()):
         gpu = next((g for g in facts.gpus if g.index == index), None)
@@ -190,8 +211,10 @@ def _memory_reason(facts: StandbyFacts, standby: DomainView) -> Reason:
         if free < need:
             short.append(f"GPU {index} has {free:.0f} MiB free, the wake needs {need:.0f}")
     if short:
-        return Reason(WAKE_MEMORY, False, "; ".join(short), at)
-    return Reason(WAKE_MEMORY, True, "the memory each wake restores is free on every GPU", at)
+        return Reason(ReadinessCheck.WAKE_MEMORY, False, "; ".join(short), at)
+    return Reason(
+        ReadinessCheck.WAKE_MEMORY, True, "the memory each wake restores is free on every GPU", at
+    )
 
 
 def _trainer_reason(
@@ -199,13 +222,13 @@ def _trainer_reason(
 ) -> Reason:
     seen = standby.last_seen_at  # trainer states come with the heartbeat
     if not facts.trainers:
-        return Reason(TRAINER, True, "no trainer on the standby", seen)
+        return Reason(ReadinessCheck.TRAINER, True, "no trainer on the standby", seen)
     problems, oldest = [], None
     for t in facts.trainers:
         at = t.last_checkpoint_at
         if at is not None and (oldest is None or at < oldest):
             oldest = at
-        if t.state != "running":
+        if t.state != TrainerReportState.RUNNING:
             problems.append(f"GPU {t.gpu_index} trainer {t.state}")
         elif at is None:
             problems.append(f"GPU {t.gpu_index} trainer has not checkpointed")
@@ -215,24 +238,29 @@ def _trainer_reason(
                 f"(limit {_seconds(max_age_ms)})"
             )
     if problems:
-        return Reason(TRAINER, False, "; ".join(problems), oldest or seen)
-    return Reason(TRAINER, True, "every trainer is checkpointing", oldest or seen)
+        return Reason(ReadinessCheck.TRAINER, False, "; ".join(problems), oldest or seen)
+    return Reason(ReadinessCheck.TRAINER, True, "every trainer is checkpointing", oldest or seen)
 
 
 def _drill_reason(drill: DrillFacts | None, max_age_ms: int, now: datetime) -> Reason:
     if drill is None:
-        return Reason(DRILL, None, "no drill has run yet")
+        return Reason(ReadinessCheck.DRILL, None, "no drill has run yet")
     if not drill.passed:
-        return Reason(DRILL, False, f"the last drill failed: {drill.message}", drill.finished_at)
+        return Reason(
+            ReadinessCheck.DRILL,
+            False,
+            f"the last drill failed: {drill.message}",
+            drill.finished_at,
+        )
     age = _age_ms(drill.finished_at, now)
     if age > max_age_ms:
         return Reason(
-            DRILL,
+            ReadinessCheck.DRILL,
             False,
             f"the last drill passed {_seconds(age)} ago (limit {_seconds(max_age_ms)})",
             drill.finished_at,
         )
-    return Reason(DRILL, True, "the last drill passed", drill.finished_at)
+    return Reason(ReadinessCheck.DRILL, True, "the last drill passed", drill.finished_at)
 
 
 def failover_readiness(
@@ -245,8 +273,8 @@ def failover_readiness(
     policy = fleet.policy
     standby = pick_standby(fleet, now)
     if standby is None:
-        reason = Reason(STANDBY, False, "the fleet has no standby domain")
-        return Readiness(NOT_READY, None, (reason,), now)
+        reason = Reason(ReadinessCheck.STANDBY, False, "the fleet has no standby domain")
+        return Readiness(ReadinessVerdict.NOT_READY, None, (reason,), now)
     own = facts.get(standby.id, StandbyFacts())
     reasons = (
         _standby_reason(fleet, standby, now),
@@ -257,9 +285,9 @@ def failover_readiness(
         _drill_reason(last_drill, policy.drill_max_age_ms, now),
     )
     if any(r.ok is False and r.check in _BLOCKING for r in reasons):
-        verdict = NOT_READY
+        verdict = ReadinessVerdict.NOT_READY
     elif all(r.ok is True for r in reasons):
-        verdict = READY
+        verdict = ReadinessVerdict.READY
     else:
-        verdict = AT_RISK
+        verdict = ReadinessVerdict.AT_RISK
     return Readiness(verdict, standby.slug, reasons, now)

@@ -25,20 +25,29 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from fleets.core.states import DomainState, OperationKind
+from fleets.core.timestamps import utc_iso
 
 # The steps of a failover up to the routing commit (the promotion's PROMOTE_STEPS prefix).
 FAILOVER_PATH = ("stop_training", "verify_gpu", "wake", "probe", "switch_route")
 # p50/p95 over this many most recent samples of each kind.
 RECOVERY_WINDOW = 20
-DRILL = "drill"
-FAILOVER = "failover"
-# How a sample's detection time was obtained.
-MEASURED = "measured"  # from the outage's start to the failover's start
-BOUND = "bound"  # not measurable (no timestamps): the policy's heartbeatStaleMs
-NO_DETECTION = "none"  # a drill: nothing failed, nothing to detect
+
+
+class RecoveryKind(StrEnum):
+    DRILL = "drill"
+    FAILOVER = "failover"
+
+
+class Detection(StrEnum):
+    """How a sample's detection time was obtained."""
+
+    MEASURED = "measured"  # from the outage's start to the failover's start
+    BOUND = "bound"  # not measurable (no timestamps): the policy's heartbeatStaleMs
+    NONE = "none"  # a drill: nothing failed, nothing to detect
 
 
 def during_outage(*, kind: str, detected_at: datetime | None, source_state: str | None) -> bool:
@@ -55,11 +64,11 @@ def during_outage(*, kind: str, detected_at: datetime | None, source_state: str 
 
 @dataclass(frozen=True)
 class RecoverySample:
-    kind: str  # drill or failover
+    kind: RecoveryKind
     finished_at: datetime
     detection_ms: int
     steps_ms: Mapping[str, int]
-    detection: str = MEASURED
+    detection: Detection = Detection.MEASURED
 
     @property
     def total_ms(self) -> int:
@@ -68,7 +77,7 @@ class RecoverySample:
     def to_json(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
-            "finishedAt": self.finished_at.isoformat(),
+            "finishedAt": utc_iso(self.finished_at),
             "detectionMs": self.detection_ms,
             "detection": self.detection,
             "stepsMs": dict(self.steps_ms),
@@ -77,35 +86,39 @@ class RecoverySample:
 
 
 def detection_of(
-    kind: str,
+    kind: RecoveryKind,
     *,
     started_at: datetime | None,
     detected_at: datetime | None,
     source_seen_at: datetime | None,
     bound_ms: int,
-) -> tuple[int, str]:
-    """Return a sample's detection time in ms and how it was obtained (MEASURED, BOUND or
-    NO_DETECTION): see the module's docstring."""
-    if kind == DRILL:
-        return 0, NO_DETECTION
+) -> tuple[int, Detection]:
+    """Return a sample's detection time in ms and how it was obtained: see the module's
+    docstring."""
+    if kind == RecoveryKind.DRILL:
+        return 0, Detection.NONE
     marks = [t for t in (detected_at, source_seen_at) if t is not None]
     if started_at is None or not marks:
-        return max(0, bound_ms), BOUND
+        return max(0, bound_ms), Detection.BOUND
     outage_start = min(marks)
-    return max(0, int((started_at - outage_start).total_seconds() * 1000)), MEASURED
+    return max(0, int((started_at - outage_start).total_seconds() * 1000)), Detection.MEASURED
 
 
 def sample(
-    kind: str,
+    kind: RecoveryKind,
     finished_at: datetime,
     steps_ms: Mapping[str, int],
     detection_ms: int,
-    detection: str = MEASURED,
+    detection: Detection = Detection.MEASURED,
 ) -> RecoverySample | None:
     """Build a sample from an operation's step durations; None unless every step of the
     failover path that this kind runs was recorded (a partial one would understate). A drill
     that moved routing (a round trip) counts its switch too."""
-    wanted = FAILOVER_PATH if kind == FAILOVER or "switch_route" in steps_ms else FAILOVER_PATH[:-1]
+    wanted = (
+        FAILOVER_PATH
+        if kind == RecoveryKind.FAILOVER or "switch_route" in steps_ms
+        else FAILOVER_PATH[:-1]
+    )
     if any(step not in steps_ms for step in wanted):
         return None
     steps = {step: max(0, int(steps_ms[step])) for step in wanted}
@@ -121,7 +134,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 @dataclass(frozen=True)
 class RecoverySummary:
-    kind: str
+    kind: RecoveryKind
     count: int
     p50_ms: float | None
     p95_ms: float | None
@@ -138,7 +151,7 @@ class RecoverySummary:
 
 
 def summarize(
-    kind: str, samples: Sequence[RecoverySample], window: int = RECOVERY_WINDOW
+    kind: RecoveryKind, samples: Sequence[RecoverySample], window: int = RECOVERY_WINDOW
 ) -> RecoverySummary:
     """p50 and p95 of the newest `window` samples of `kind`."""
     mine = sorted((s for s in samples if s.kind == kind), key=lambda s: s.finished_at)[-window:]

@@ -12,9 +12,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 from supervisor.strict_json import is_int, is_number
+
+
+class TrainerReportState(StrEnum):
+    """A trainer's state as its supervisor reports it (`/v1/status`, `/v1/training/status`);
+    any other value reads as unknown."""
+
+    IDLE = "idle"
+    RUNNING = "running"
+    STOPPING = "stopping"
+
 
 # Segment kinds of a GPU memory bar, in drawing order.
 AWAKE, SLEEPING, TRAINING, OTHER = "awake", "sleeping", "training", "other"

@@ -5,22 +5,14 @@ External routers and Haru's own chat proxy read the same document, so they agree
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from fleets.core.failover import rank_standbys
 from fleets.core.model_health import is_model_servable
 from fleets.core.read_model import DomainView, FleetView, ModelView
+from fleets.core.timestamps import utc_iso
 from fleets.core.urls import without_userinfo
-
-
-def format_timestamp(moment: datetime) -> str:
-    """Format an aware datetime as ISO 8601 UTC with milliseconds and a `Z` suffix."""
-    if moment.tzinfo is None or moment.utcoffset() is None:
-        # A naive time is ambiguous; guessing the zone could mislabel the document by hours.
-        raise ValueError("generated_at must be timezone-aware")
-    utc = moment.astimezone(UTC)
-    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
 
 
 def is_model_routable(domain: DomainView, model: ModelView) -> bool:
@@ -51,13 +43,14 @@ def _target(domain: DomainView, *, active: bool) -> dict[str, Any]:
 
 
 def build_route_intent(fleet: FleetView, generated_at: datetime) -> dict[str, Any]:
-    """Build the route intent document of a fleet at `generated_at`."""
+    """Build the route intent document of a fleet at `generated_at` (timezone-aware: a naive
+    one raises ValueError)."""
     active = fleet.active
     return {
         "fleetId": fleet.id,
         "fleetSlug": fleet.slug,
         "revision": fleet.route_revision,
-        "generatedAt": format_timestamp(generated_at),
+        "generatedAt": utc_iso(generated_at),
         "active": _target(active, active=True) if active is not None else None,
         "standbys": [_target(d, active=False) for d in rank_standbys(fleet, generated_at)],
     }

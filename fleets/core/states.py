@@ -78,6 +78,13 @@ class Provider(StrEnum):
     SKYSERVE = "skyserve"
 
 
+class DomainRole(StrEnum):
+    """A domain's place in its fleet: the one the route pointer names, or a standby."""
+
+    ACTIVE = "active"
+    STANDBY = "standby"
+
+
 D, I, T, O = DomainState, InferenceState, TrainingState, OperationState  # noqa: E741
 
 # Domain lifecycle. stopping is reachable from every "up" state; stopped only leads back to

@@ -9,8 +9,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from fleets.core.decisions import RequestStatus
 from fleets.core.policy import Policy
-from fleets.core.states import IN_FLIGHT_OPERATION_STATES, DrillMode, OperationKind
+from fleets.core.states import (
+    IN_FLIGHT_OPERATION_STATES,
+    DrillMode,
+    OperationKind,
+    OperationState,
+)
 from fleets.errors import ServiceError
 from fleets.models import Fleet
 from fleets.reconciler.client import client_for
@@ -38,11 +44,11 @@ def request_operation(*, fleet: Fleet, kind: str, target: str, actor: str) -> Ac
         result = operation_request(fleet=fleet, kind=kind, target_domain_id=target, actor=actor)
     except ServiceError as exc:
         return ActionResult(False, exc.status, exc.code, exc.message)
-    if result.status == "already_active":
+    if result.status == RequestStatus.ALREADY_ACTIVE:
         return ActionResult(
             True,
             200,
-            "already_active",
+            RequestStatus.ALREADY_ACTIVE,
             f"{result.target_slug} is already active (route revision {result.route_revision})",
         )
     op = result.operation
@@ -52,7 +58,7 @@ def request_operation(*, fleet: Fleet, kind: str, target: str, actor: str) -> Ac
     return ActionResult(
         True,
         202,
-        "accepted",
+        RequestStatus.ACCEPTED,
         f"{verb} of {result.target_slug} {how} (operation {op_id[:8]})",
         op_id or None,
     )
@@ -72,7 +78,7 @@ def cancel_operation(*, fleet: Fleet, operation_id: str, actor: str) -> ActionRe
         return ActionResult(
             True,
             200,
-            "succeeded",
+            OperationState.SUCCEEDED,
             f"{op.kind} of {op.target_slug} had already moved routing: it ends succeeded "
             f"without {', '.join(outcome.skipped_steps)} (operation {str(op.id)[:8]}); the old "
             "active's standby posture is left to the restore-standby pass",
@@ -86,7 +92,7 @@ def cancel_operation(*, fleet: Fleet, operation_id: str, actor: str) -> ActionRe
     return ActionResult(
         True,
         200,
-        "cancelled",
+        OperationState.CANCELLED,
         f"{op.kind} of {op.target_slug} cancelled (operation {str(op.id)[:8]}){tail}",
         str(op.id),
     )
@@ -127,8 +133,8 @@ def provision_move(*, fleet: Fleet, action: str, target: str, actor: str) -> Act
     except ServiceError as exc:
         return ActionResult(False, exc.status, exc.code, exc.message)
     if not moved:
-        return ActionResult(True, 200, "unchanged", f"{domain.slug}: nothing to do")
-    return ActionResult(True, 202, "accepted", done)
+        return ActionResult(True, 200, RequestStatus.UNCHANGED, f"{domain.slug}: nothing to do")
+    return ActionResult(True, 202, RequestStatus.ACCEPTED, done)
 
 
 def request_drill(
@@ -151,7 +157,7 @@ def request_drill(
     return ActionResult(
         True,
         202,
-        "accepted",
+        RequestStatus.ACCEPTED,
         f"{mode} drill of {result.target_slug} {how} (operation {op_id[:8]})",
         op_id or None,
     )

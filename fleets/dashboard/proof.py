@@ -11,7 +11,7 @@ from fleets.core.golden import target_label
 from fleets.core.policy import Policy
 from fleets.core.read_model import FleetView
 from fleets.core.recovery import RECOVERY_WINDOW, over_objective
-from fleets.core.states import DrillMode, OperationKind
+from fleets.core.states import DrillMode, OperationKind, OperationState
 from fleets.models import Event, Fleet, GoldenBaseline, Operation
 from fleets.readiness import fleet_readiness
 from fleets.recovery import recovery_summaries
@@ -62,7 +62,7 @@ def drill_panel(fleet: Fleet, now: datetime) -> dict[str, Any] | None:
     return {
         "id": str(op.id),
         "state": op.state,
-        "failed": op.state == "failed",
+        "failed": op.state == OperationState.FAILED,
         "target": op.target_slug,
         "mode": op.drill_mode or DrillMode.CHECK,
         "reason": op.reason,

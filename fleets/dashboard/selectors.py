@@ -29,6 +29,7 @@ from fleets.core.report import (
 )
 from fleets.core.states import (
     IN_FLIGHT_OPERATION_STATES,
+    DomainRole,
     DomainState,
     InferenceState,
     OperationKind,
@@ -371,7 +372,11 @@ def _serving_note(d: Domain, stale: bool, failing: str | None, inference: list) 
         return f"heartbeat failing: {failing}"
     if stale:
         return "heartbeat stale"
-    down = [f"gpu{s['gpu_index']} {s['state']}" for s in inference if s["state"] != "serving"]
+    down = [
+        f"gpu{s['gpu_index']} {s['state']}"
+        for s in inference
+        if s["state"] != InferenceState.SERVING
+    ]
     if down:
         return "inference " + ", ".join(down)
     if not inference:
@@ -400,7 +405,7 @@ def _domain_card(
     report = d.last_report if isinstance(d.last_report, dict) else {}
     models_seen = reported_models(report)
     training_seen = reported_training(report)
-    role = "active" if str(d.id) == view.active_domain_id else "standby"
+    role = DomainRole.ACTIVE if str(d.id) == view.active_domain_id else DomainRole.STANDBY
 
     inference, training = [], []
     for s in sorted(slots, key=lambda s: (s.gpu_index, s.kind)):
@@ -454,7 +459,7 @@ def _domain_card(
     stale = bool(dview and is_stale(dview, view.policy, now))
     serving_note = (
         _serving_note(d, stale, _heartbeat_errors([d]).get(str(d.id)), inference)
-        if role == "active"
+        if role == DomainRole.ACTIVE
         else ""
     )
     promote = decide_promotion(view, str(d.id))
@@ -481,7 +486,7 @@ def _domain_card(
         "has_report": bool(report),
         "inference": inference,
         "training": training,
-        "serving": role == "active" and not serving_note,
+        "serving": role == DomainRole.ACTIVE and not serving_note,
         "serving_note": serving_note,
         "can_promote": promote.outcome == "proceed",
         "promote_note": promote.message,
@@ -492,8 +497,12 @@ def _domain_card(
         # Haru-provisioned domains: where provisioning stands, and which moves make sense now.
         "managed": bool(d.driver),
         "provisioning": _provisioning_text(d),
-        "can_provision": bool(d.driver) and role != "active" and d.state in ("failed", "stopped"),
-        "can_stop": bool(d.driver) and role != "active" and d.state not in ("stopping", "stopped"),
+        "can_provision": bool(d.driver)
+        and role != DomainRole.ACTIVE
+        and d.state in (DomainState.FAILED, DomainState.STOPPED),
+        "can_stop": bool(d.driver)
+        and role != DomainRole.ACTIVE
+        and d.state not in (DomainState.STOPPING, DomainState.STOPPED),
     }
 
 
@@ -536,7 +545,7 @@ def fleet_page(fleet: Fleet, *, now: datetime) -> dict[str, Any]:
         for d in domains
     ]
     # Active first: the operator's eye goes to what serves.
-    cards.sort(key=lambda c: c["role"] != "active")
+    cards.sort(key=lambda c: c["role"] != DomainRole.ACTIVE)
 
     in_flight = Operation.objects.filter(fleet=fleet, state__in=IN_FLIGHT_OPERATION_STATES).first()
     last = in_flight or Operation.objects.filter(fleet=fleet).order_by("-created_at").first()
@@ -623,7 +632,9 @@ def overview_rows(*, now: datetime) -> list[dict[str, Any]]:
                     {
                         "id": d.id,
                         "slug": d.slug,
-                        "role": "active" if d.id == view.active_domain_id else "standby",
+                        "role": DomainRole.ACTIVE
+                        if d.id == view.active_domain_id
+                        else DomainRole.STANDBY,
                         "state": d.state,
                         "stale": is_stale(d, view.policy, now),
                         "heartbeat_age": fmt_age(_age_s(d.last_seen_at, now)),

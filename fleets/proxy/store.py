@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
+from fleets.core.model_health import ServerHealth
 from fleets.models import Domain, Fleet, ModelBinding
 
 T = TypeVar("T")
@@ -75,7 +76,7 @@ class BindingRow:
     slot_domain_id: str
     slot_id: str
     gpu_index: int
-    health: str = "unknown"  # the model's own server (fleets.core.model_health.ServerHealth)
+    health: str = ServerHealth.UNKNOWN  # the model's own server
 
 
 @dataclass(frozen=True)

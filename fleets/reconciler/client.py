@@ -22,6 +22,8 @@ import httpx
 from django.conf import settings
 
 from fleets.core.model_health import Reach
+from fleets.core.report import TrainerReportState
+from fleets.core.states import SlotKind
 from fleets.core.urls import host_allowed, scrub_urls, without_userinfo
 from fleets.reconciler import fleet_metrics
 from fleets.reconciler.deadline import DeadlineTransport, deadline
@@ -110,13 +112,13 @@ class ModelReport:
 
 @dataclass(frozen=True)
 class TrainingReport:
-    state: str  # idle | running | stopping (anything else reads as unknown)
+    state: str  # a TrainerReportState (anything else reads as unknown)
     pids: tuple[int, ...] = ()
 
     @property
     def running_with_pid(self) -> bool:
         # A trainer that says "running" but has no PID has not proven it runs.
-        return self.state == "running" and bool(self.pids)
+        return self.state == TrainerReportState.RUNNING and bool(self.pids)
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,7 @@ class StatusReport:
 
     def training(self, gpu_index: int) -> TrainingReport | None:
         for slot in self.slots:
-            if slot.kind == "training" and slot.gpu_index == gpu_index:
+            if slot.kind == SlotKind.TRAINING and slot.gpu_index == gpu_index:
                 return slot.training
         return None
 
@@ -224,7 +226,7 @@ def parse_status(body: Any) -> StatusReport:
             for m in item.get("models", ())
         )
         training = None
-        if item["kind"] == "training":
+        if item["kind"] == SlotKind.TRAINING:
             tr = item["training"]
             training = TrainingReport(state=tr["state"], pids=tuple(tr["pids"]))
         slots.append(

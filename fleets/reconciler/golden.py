@@ -15,6 +15,7 @@ from datetime import datetime
 
 from fleets.core.golden import (
     GOLDEN_SEED,
+    BaselineReason,
     Judgement,
     ProbeAnswer,
     Verdict,
@@ -30,8 +31,6 @@ from fleets.errors import InvalidTarget, SupervisorUnavailable
 from fleets.models import Domain, Fleet, GoldenBaseline, Id, ModelBinding, Operation, Slot
 from fleets.reconciler.client import CALL_CAP_S, Call, ProbeReport, ProbeResult, SupervisorClient
 from fleets.services.baselines import (
-    ACTIVE_SERVING,
-    OPERATOR,
     NewBaseline,
     baseline_probe_claim,
     baseline_record,
@@ -221,7 +220,7 @@ def record_baselines(
         fleet_id=domain.fleet_id,
         domain_id=domain.id,
         baselines=new,
-        reason=OPERATOR,
+        reason=BaselineReason.OPERATOR,
         actor=actor,
         replace=True,
     )
@@ -321,7 +320,7 @@ def active_baselines_fill(
         fleet_id=fleet.id,
         domain_id=active.id,
         baselines=unrecorded(judged),
-        reason=ACTIVE_SERVING,
+        reason=BaselineReason.ACTIVE_SERVING,
         actor=actor,
         replace=False,
     )

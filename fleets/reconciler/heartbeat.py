@@ -46,6 +46,7 @@ from fleets.core.model_health import (
     unreachable_verdict,
 )
 from fleets.core.policy import Policy
+from fleets.core.report import TrainerReportState
 from fleets.core.states import SlotKind, TrainingState
 from fleets.models import Domain, Id, ModelBinding, Slot
 from fleets.reconciler.client import (
@@ -456,7 +457,7 @@ def _trainer_posture(reading: TrainingReport | None) -> TrainerPosture:
         return TrainerPosture.ABSENT
     if reading.running_with_pid:
         return TrainerPosture.RUNNING
-    return TrainerPosture.IDLE if reading.state == "idle" else TrainerPosture.OTHER
+    return TrainerPosture.IDLE if reading.state == TrainerReportState.IDLE else TrainerPosture.OTHER
 
 
 def _mirror_training(

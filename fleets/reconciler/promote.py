@@ -8,9 +8,10 @@ the old active (the operation's recorded source) and never fail the operation.
 from __future__ import annotations
 
 from fleets import clock
-from fleets.core.golden import PROBE_MISMATCH, Verdict
+from fleets.core.golden import PROBE_MISMATCH, BaselineReason, Verdict
 from fleets.core.model_health import ServerHealth
 from fleets.core.recovery import during_outage
+from fleets.core.report import TrainerReportState
 from fleets.core.states import InferenceState, OperationState, TrainingState, steps_for
 from fleets.models import Domain, Event, Fleet, ModelBinding, Operation
 from fleets.reconciler import golden, posture
@@ -33,7 +34,7 @@ from fleets.reconciler.steps import (
     switch_settle_ms,
     training_slots,
 )
-from fleets.services.baselines import FIRST_SERVING, baseline_record
+from fleets.services.baselines import baseline_record
 from fleets.services.model_health import model_health_record
 from fleets.services.route_pointer import route_switch
 from fleets.services.transitions import slot_transition
@@ -93,7 +94,7 @@ def stop_training(ctx: StepContext) -> StepResult:
         report = reported.training(slot.gpu_index)
         # A slot the supervisor does not know runs nothing it could stop; verify_gpu still has
         # to prove the memory is free.
-        if report is not None and report.state != "idle":
+        if report is not None and report.state != TrainerReportState.IDLE:
             busy.append((slot, report))
     if not busy:
         for slot in slots:
@@ -107,7 +108,7 @@ def stop_training(ctx: StepContext) -> StepResult:
                 extra={"pids": []},
             )
         return done(trainingSlots=len(slots))
-    if not claimed and any(report.state != "stopping" for _, report in busy):
+    if not claimed and any(report.state != TrainerReportState.STOPPING for _, report in busy):
         # Idempotent on the supervisor: a second stop can tighten the deadline, never loosen it.
         stop = client.training_stop(grace_ms=grace_ms, timeout=ctx.call_timeout())
         if not stop.ok:
@@ -241,7 +242,7 @@ def probe(ctx: StepContext) -> StepResult:
         fleet_id=ctx.operation.fleet_id,
         domain_id=ctx.target.id,
         baselines=golden.unrecorded(judged),
-        reason=FIRST_SERVING,
+        reason=BaselineReason.FIRST_SERVING,
         actor=ctx.actor,
         operation_id=ctx.operation.id,
         replace=False,

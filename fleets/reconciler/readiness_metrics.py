@@ -21,7 +21,7 @@ from prometheus_client.metrics_core import Metric
 
 from fleets import clock
 from fleets.core.policy import Policy
-from fleets.core.readiness import VERDICTS
+from fleets.core.readiness import ReadinessVerdict
 from fleets.models import Fleet
 from fleets.prometheus import register_database_collector
 from fleets.readiness import fleet_readiness, last_drill
@@ -83,8 +83,10 @@ class ReadinessCollector:
         now = clock.now()
         for fleet in Fleet.objects.all():
             verdict = fleet_readiness(fleet, now=now).verdict
-            for v in VERDICTS:
-                f["haru_failover_readiness"].add_metric([fleet.slug, v], 1 if v == verdict else 0)
+            for v in ReadinessVerdict:
+                f["haru_failover_readiness"].add_metric(
+                    [fleet.slug, v.value], 1 if v == verdict else 0
+                )
             drill = last_drill(fleet.id)
             if drill is not None:
                 f["haru_drill_last_passed"].add_metric([fleet.slug], 1 if drill.passed else 0)

@@ -10,14 +10,9 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from fleets import clock
-from fleets.core.golden import GoldenKey, Recorded, answer_sha256
+from fleets.core.golden import BaselineReason, GoldenKey, Recorded, answer_sha256
 from fleets.models import Fleet, GoldenBaseline, Id
 from fleets.services.events import event_record
-
-# Why a baseline was recorded (GoldenBaseline.reason, and the event's).
-FIRST_SERVING = "first_serving"  # no baseline for this profile and engine yet
-ACTIVE_SERVING = "active_serving"  # the tick probed the serving active for a missing key
-OPERATOR = "operator"  # "record baseline": an expected drift (an engine upgrade) accepted
 
 
 @dataclass(frozen=True)
@@ -55,7 +50,7 @@ def baseline_record(
     fleet_id: Id,
     domain_id: Id | None,
     baselines: Iterable[NewBaseline],
-    reason: str,
+    reason: BaselineReason,
     actor: str,
     operation_id: Id | None = None,
     replace: bool,

@@ -20,7 +20,7 @@ from django.db.models import Q, Subquery, Value
 from django.db.models.functions import Coalesce
 
 from fleets import clock
-from fleets.core.decisions import decide_demotion, decide_promotion
+from fleets.core.decisions import RequestStatus, decide_demotion, decide_promotion
 from fleets.core.drills import decide_drill
 from fleets.core.preemption import Ending, InFlight, ending, steps_left
 from fleets.core.states import (
@@ -56,7 +56,7 @@ on_operation_ended: list[Callable[[str], None]] = []
 
 @dataclass(frozen=True)
 class RequestResult:
-    status: str  # "already_active" or "accepted"
+    status: RequestStatus  # ALREADY_ACTIVE or ACCEPTED
     operation: Operation | None
     created: bool
     route_revision: int
@@ -114,7 +114,9 @@ def operation_request(
         ).first()
         if moving is not None:
             raise _in_flight(moving)
-        return RequestResult("already_active", None, False, view.route_revision, target.slug)
+        return RequestResult(
+            RequestStatus.ALREADY_ACTIVE, None, False, view.route_revision, target.slug
+        )
 
     for _attempt in range(3):
         try:
@@ -159,7 +161,7 @@ def operation_request(
                 )
                 for hook in on_operation_created:
                     transaction.on_commit(functools.partial(hook, str(op.fleet_id), str(op.id)))
-            return RequestResult("accepted", op, True, view.route_revision, target.slug)
+            return RequestResult(RequestStatus.ACCEPTED, op, True, view.route_revision, target.slug)
         except IntegrityError:
             existing = Operation.objects.filter(
                 fleet_id=fleet.id, state__in=IN_FLIGHT_OPERATION_STATES
@@ -170,7 +172,9 @@ def operation_request(
             # trip, nor the other way round.
             same_mode = kind != OperationKind.DRILL or existing.drill_mode == drill_mode
             if existing.kind == kind and str(existing.target_domain_id) == target.id and same_mode:
-                return RequestResult("accepted", existing, False, view.route_revision, target.slug)
+                return RequestResult(
+                    RequestStatus.ACCEPTED, existing, False, view.route_revision, target.slug
+                )
             raise _in_flight(existing) from None
     raise OperationConflict("operation state kept changing; retry the request")
 
@@ -545,7 +549,7 @@ def operation_cancel_request(*, fleet_id: Id, operation_id: str, actor: str) -> 
     op = _fleet_operation(fleet_id, operation_id)
     if operation_cancel(operation_id=op.id, actor=actor):
         op.refresh_from_db()
-        return CancelOutcome("cancelled", op)
+        return CancelOutcome(OperationState.CANCELLED.value, op)
     skipped = operation_finish_early(
         operation_id=op.id,
         actor=actor,

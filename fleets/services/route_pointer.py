@@ -28,9 +28,9 @@ from fleets.services.route_publish import revision_publish
 _SWITCH_SQL = """
 WITH op AS (
     SELECT id, kind FROM fleets_operation
-    WHERE id = %(op)s AND fleet_id = %(fleet)s AND state = 'running'
-      AND ((kind = 'promote' AND target_domain_id = %(target)s)
-        OR (kind = 'drill' AND drill_mode = 'round_trip'
+    WHERE id = %(op)s AND fleet_id = %(fleet)s AND state = %(running)s
+      AND ((kind = %(promote)s AND target_domain_id = %(target)s)
+        OR (kind = %(drill)s AND drill_mode = %(round_trip)s
             AND (target_domain_id = %(target)s OR source_domain_id = %(target)s)))
     FOR UPDATE
 ), moved AS (
@@ -43,10 +43,17 @@ WITH op AS (
       AND EXISTS (SELECT 1 FROM fleets_domain d WHERE d.id = %(target)s AND d.fleet_id = %(fleet)s)
     RETURNING f.route_revision
 )
-UPDATE fleets_operation o SET routing_committed = (o.kind = 'promote')
+UPDATE fleets_operation o SET routing_committed = (o.kind = %(promote)s)
 FROM moved WHERE o.id = %(op)s
 RETURNING moved.route_revision
 """
+# The enum values the statement compares with, passed as parameters (plain strings).
+_SWITCH_VALUES = {
+    "running": OperationState.RUNNING.value,
+    "promote": OperationKind.PROMOTE.value,
+    "drill": OperationKind.DRILL.value,
+    "round_trip": DrillMode.ROUND_TRIP.value,
+}
 
 
 def _as_uuid(value: Id | None) -> uuid.UUID | None:
@@ -79,7 +86,7 @@ def route_switch(
     with transaction.atomic():
         if connection.vendor == "postgresql":
             with connection.cursor() as cursor:
-                cursor.execute(_SWITCH_SQL, params)
+                cursor.execute(_SWITCH_SQL, {**params, **_SWITCH_VALUES})
                 row = cursor.fetchone()
             new_revision: int | None = int(row[0]) if row else None
         else:

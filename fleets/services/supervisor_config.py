@@ -72,7 +72,7 @@ def supervisor_config_render(
     for slot in slots:
         if slot.kind == SlotKind.TRAINING:
             out: dict[str, Any] = {
-                "kind": "training",
+                "kind": SlotKind.TRAINING.value,
                 "gpuIndex": slot.gpu_index,
                 "command": list(slot.spec.get("command", [])),
                 "checkpointDir": slot.spec.get("checkpointDir", ""),
@@ -95,7 +95,9 @@ def supervisor_config_render(
                 m["profile"] = dict(b.profile)
             models.append(m)
         if models:
-            rendered.append({"kind": "inference", "gpuIndex": slot.gpu_index, "models": models})
+            rendered.append(
+                {"kind": SlotKind.INFERENCE.value, "gpuIndex": slot.gpu_index, "models": models}
+            )
     if not rendered:
         raise SupervisorConfigError(f"domain {domain.slug!r} has no slots to supervise")
     doc["slots"] = rendered

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from fleets.core.golden import GoldenKey
+from fleets.core.golden import BaselineReason, GoldenKey
 from fleets.models import Domain, Event, Fleet, GoldenBaseline
-from fleets.services.baselines import OPERATOR, NewBaseline, baseline_record
+from fleets.services.baselines import NewBaseline, baseline_record
 
 pytestmark = pytest.mark.django_db
 
@@ -21,7 +21,7 @@ def test_listing_shows_each_baseline_with_its_key_and_answer(seeded_fleet, clien
         fleet_id=fleet.id,
         domain_id=east.id,
         baselines=[NewBaseline(KEY, "Hello with sql")],
-        reason=OPERATOR,
+        reason=BaselineReason.OPERATOR,
         actor="api:ops",
         replace=True,
     )
@@ -41,7 +41,7 @@ def test_re_recording_a_drift_replaces_it_and_the_event_names_what_it_replaced(s
             fleet_id=fleet.id,
             domain_id=None,
             baselines=[NewBaseline(KEY, answer)],
-            reason=OPERATOR,
+            reason=BaselineReason.OPERATOR,
             actor="api:ops",
             replace=replace,
         )
@@ -76,7 +76,7 @@ def test_a_key_recorded_meanwhile_by_another_process_is_left_alone(seeded_fleet,
         "fleet_id": fleet.id,
         "domain_id": None,
         "baselines": [NewBaseline(KEY, "mine")],
-        "reason": OPERATOR,
+        "reason": BaselineReason.OPERATOR,
         "actor": "api:ops",
         "replace": False,
     }

@@ -161,7 +161,17 @@ def test_route_intent_names_the_active_and_ranked_standbys(seeded_fleet, client_
 
 def test_route_intent_uses_the_injected_clock(seeded_fleet, client_with_token, fake_clock):
     body = client_with_token.get("/v1/fleets/demo/route-intent").json()
-    assert body["generatedAt"] == "2026-01-01T00:00:00.000Z"
+    assert body["generatedAt"] == "2026-01-01T00:00:00Z"
+
+
+def test_route_intent_spells_its_own_and_its_readiness_timestamps_alike(
+    seeded_fleet, client_with_token, fake_clock
+):
+    # Both are the same instant: one spelling (UTC, Z) for every timestamp in the body.
+    fake_clock.advance(ms=250.5)
+    body = client_with_token.get("/v1/fleets/demo/route-intent").json()
+    assert body["generatedAt"] == "2026-01-01T00:00:00.250500Z"
+    assert body["failoverReadiness"]["evaluatedAt"] == body["generatedAt"]
 
 
 def test_fleet_operations_lists_newest_first(seeded_fleet, client_with_token, fake_clock):

@@ -10,17 +10,20 @@ from fleets.core.drills import schedule_problems as problems
 from fleets.core.policy import Policy
 from fleets.core.read_model import DomainView, FleetView, ModelView, SlotView
 from fleets.core.readiness import (
-    AT_RISK,
-    NOT_READY,
-    READY,
     DrillFacts,
     GpuFacts,
+    ReadinessVerdict,
     StandbyFacts,
     TrainerFacts,
     failover_readiness,
 )
 from fleets.core.states import DRILL_STEPS, PROMOTE_STEPS, ROUND_TRIP_DRILL_STEPS, steps_for
 
+READY, AT_RISK, NOT_READY = (
+    ReadinessVerdict.READY,
+    ReadinessVerdict.AT_RISK,
+    ReadinessVerdict.NOT_READY,
+)
 NOW = datetime(2026, 1, 1, 3, 0, tzinfo=UTC)
 FRESH = NOW - timedelta(seconds=1)
 

@@ -7,9 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from fleets.core.recovery import (
-    BOUND,
-    MEASURED,
-    NO_DETECTION,
+    Detection,
     detection_of,
     during_outage,
     over_objective,
@@ -62,7 +60,7 @@ def test_a_failovers_detection_is_measured_from_the_earlier_of_its_marks():
         detected_at=T0 + timedelta(seconds=6),
         source_seen_at=T0 + timedelta(seconds=2),
         bound_ms=3000,
-    ) == (8000, MEASURED)
+    ) == (8000, Detection.MEASURED)
     # A detected_at that already names the outage's start (earlier than the heartbeat) wins.
     assert detection_of(
         "failover",
@@ -70,26 +68,26 @@ def test_a_failovers_detection_is_measured_from_the_earlier_of_its_marks():
         detected_at=T0,
         source_seen_at=T0 + timedelta(seconds=2),
         bound_ms=3000,
-    ) == (10_000, MEASURED)
+    ) == (10_000, Detection.MEASURED)
     # One mark is enough.
     assert detection_of(
         "failover", started_at=started, detected_at=None, source_seen_at=T0, bound_ms=3000
-    ) == (10_000, MEASURED)
+    ) == (10_000, Detection.MEASURED)
 
 
 def test_detection_falls_back_to_its_bound_only_without_marks_and_a_drill_has_none():
     assert detection_of(
         "failover", started_at=T0, detected_at=None, source_seen_at=None, bound_ms=3000
-    ) == (3000, BOUND)
+    ) == (3000, Detection.BOUND)
     assert detection_of(
         "drill", started_at=T0, detected_at=T0, source_seen_at=T0, bound_ms=3000
-    ) == (0, NO_DETECTION)
-    s = sample("failover", T0, {**DRILL_STEPS, "switch_route": 5}, 3000, BOUND)
+    ) == (0, Detection.NONE)
+    s = sample("failover", T0, {**DRILL_STEPS, "switch_route": 5}, 3000, Detection.BOUND)
     assert s is not None and s.to_json()["detection"] == "bound"
 
 
 def test_a_round_trip_drill_counts_its_switch():
-    s = sample("drill", T0, {**DRILL_STEPS, "switch_route": 7, "back_wake": 900}, 0, NO_DETECTION)
+    s = sample("drill", T0, {**DRILL_STEPS, "switch_route": 7, "back_wake": 900}, 0, Detection.NONE)
     assert s is not None and s.steps_ms["switch_route"] == 7 and "back_wake" not in s.steps_ms
     assert s.total_ms == 1500 + 7
 

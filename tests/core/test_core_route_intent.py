@@ -8,7 +8,7 @@ import pytest
 
 from fleets.core.policy import Policy
 from fleets.core.read_model import DomainView, FleetView, ModelView
-from fleets.core.route_intent import build_route_intent, format_timestamp
+from fleets.core.route_intent import build_route_intent
 
 NOW = datetime(2026, 1, 1, 0, 10, 0, 123456, tzinfo=UTC)
 
@@ -33,7 +33,7 @@ def test_document_has_the_contract_shape():
         "fleetId": "f1",
         "fleetSlug": "prod",
         "revision": 4,
-        "generatedAt": "2026-01-01T00:10:00.123Z",
+        "generatedAt": "2026-01-01T00:10:00.123456Z",
         "active": {
             "domainId": "id-alpha",
             "domainSlug": "alpha",
@@ -120,14 +120,18 @@ def test_models_are_listed_by_name():
     assert [m["name"] for m in doc["active"]["models"]] == ["alpha", "zeta"]
 
 
+def _intent_at(generated_at: datetime) -> dict:
+    return build_route_intent(FleetView("f1", "prod", None, 4, Policy(), ()), generated_at)
+
+
 def test_generated_at_is_utc_with_z_even_from_another_zone():
     tokyo = datetime(2026, 1, 1, 9, 0, tzinfo=timezone(timedelta(hours=9)))
-    assert format_timestamp(tokyo) == "2026-01-01T00:00:00.000Z"
+    assert _intent_at(tokyo)["generatedAt"] == "2026-01-01T00:00:00Z"
 
 
 def test_naive_generated_at_is_refused():
     with pytest.raises(ValueError, match="timezone-aware"):
-        format_timestamp(datetime(2026, 1, 1))
+        _intent_at(datetime(2026, 1, 1))
 
 
 def test_pointer_to_a_missing_domain_yields_no_active():

@@ -1,0 +1,35 @@
+"""The readiness verdict's facts read a standby's reported GPUs with the shared JSON kinds."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleets.core.policy import Policy
+from fleets.models import Domain
+from fleets.readiness import standby_facts
+
+pytestmark = pytest.mark.django_db
+
+
+def _gpus(seeded_fleet, gpus: list) -> list[tuple[int, float, float]]:
+    west = Domain.objects.get(fleet=seeded_fleet, slug="west")
+    # Held in memory only: a stored report could not hold NaN (PostgreSQL's JSON refuses it).
+    west.last_report = {"gpus": gpus}
+    facts = standby_facts(west, Policy())
+    return [(g.index, g.used_mib, g.total_mib) for g in facts.gpus]
+
+
+def test_a_reported_gpu_is_read_with_its_memory(seeded_fleet):
+    assert _gpus(seeded_fleet, [{"index": 1, "usedMiB": 500, "totalMiB": 81_920.5}]) == [
+        (1, 500.0, 81_920.5)
+    ]
+
+
+def test_true_is_not_gpu_one(seeded_fleet):
+    assert _gpus(seeded_fleet, [{"index": True, "usedMiB": 500, "totalMiB": 81_920}]) == []
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), True, "500", None])
+def test_a_memory_figure_that_is_not_a_finite_number_drops_the_gpu(seeded_fleet, bad):
+    gpus = [{"index": 0, "usedMiB": bad, "totalMiB": 81_920}, {"index": 1, "totalMiB": 1}]
+    assert _gpus(seeded_fleet, gpus) == []
