@@ -39,22 +39,6 @@ STAFF = ("ops", "ops-password-0123456789")
 CHAT = {"model": harness.MODEL, "messages": [{"role": "user", "content": "ping"}]}
 
 
-def staff_client(url: str) -> httpx.Client:
-    client = httpx.Client(base_url=url, timeout=20)
-    client.get("/login/")
-    client.post(
-        "/login/",
-        data={
-            "username": STAFF[0],
-            "password": STAFF[1],
-            "csrfmiddlewaretoken": client.cookies["csrftoken"],
-        },
-        headers={"Referer": f"{url}/login/"},
-    )
-    assert "sessionid" in client.cookies, "staff login failed"
-    return client
-
-
 def threads_of(pid: int) -> int:
     return len(list(Path(f"/proc/{pid}/task").iterdir()))
 
@@ -82,7 +66,7 @@ def main() -> None:
         env = harness.server_env(work, **extra)
         harness.prepare(env, work, harness.layout("edge", upstream_port), staff=STAFF)
         serve = harness.Serve(env, work)
-        staff = staff_client(serve.url)
+        staff = harness.staff_client(serve.url, STAFF)
         assert staff.get("/").status_code == 200
 
         # Warm the pool: concurrent requests make it lend (and so open) several connections.

@@ -82,15 +82,8 @@ def _integer(environ: Mapping[str, str], name: str, default: int, low: int, high
 
 def edge_limits_from_env(environ: Mapping[str, str]) -> EdgeLimits:
     """Validate the HTTP edge's variables (EDGE_SETTINGS); unset ones take their defaults."""
-    got = {key: _integer(environ, *spec) for key, spec in EDGE_SETTINGS.items()}
-    return EdgeLimits(
-        header_timeout_s=got["header_timeout_ms"] / 1000,
-        body_timeout_s=got["body_timeout_ms"] / 1000,
-        keepalive_timeout_s=got["keepalive_timeout_ms"] / 1000,
-        max_header_bytes=got["max_header_bytes"],
-        max_headers=got["max_headers"],
-        max_body_bytes=got["max_body_bytes"],
-        max_connections=got["max_connections"],
+    return EdgeLimits.from_settings(
+        {key: _integer(environ, *spec) for key, spec in EDGE_SETTINGS.items()}
     )
 
 

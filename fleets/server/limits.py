@@ -23,15 +23,14 @@ log = logging.getLogger("haru.serve")
 
 
 def from_settings() -> EdgeLimits:
-    haru = settings.HARU
-    return EdgeLimits(
-        header_timeout_s=haru["http_header_timeout_ms"] / 1000,
-        body_timeout_s=haru["http_body_timeout_ms"] / 1000,
-        keepalive_timeout_s=haru["http_keepalive_timeout_ms"] / 1000,
-        max_header_bytes=haru["http_max_header_bytes"],
-        max_headers=haru["http_max_headers"],
-        max_body_bytes=haru["http_max_body_bytes"],
-        max_connections=haru["http_max_connections"],
+    """Read the HARU_HTTP_* limits (validated at start-up, haru/settings.py)."""
+    prefix = "http_"
+    return EdgeLimits.from_settings(
+        {
+            key[len(prefix) :]: value
+            for key, value in settings.HARU.items()
+            if key.startswith(prefix)
+        }
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import resource
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 # Descriptors kept back from client connections: a database pool, calls to supervisors or model
@@ -25,6 +26,19 @@ class EdgeLimits:
     max_headers: int
     max_body_bytes: int  # one request's body, declared or streamed (chunked)
     max_connections: int  # per process
+
+    @classmethod
+    def from_settings(cls, values: Mapping[str, int]) -> EdgeLimits:
+        """Build the limits from settings as both processes spell them: deadlines in ms."""
+        return cls(
+            header_timeout_s=values["header_timeout_ms"] / 1000,
+            body_timeout_s=values["body_timeout_ms"] / 1000,
+            keepalive_timeout_s=values["keepalive_timeout_ms"] / 1000,
+            max_header_bytes=values["max_header_bytes"],
+            max_headers=values["max_headers"],
+            max_body_bytes=values["max_body_bytes"],
+            max_connections=values["max_connections"],
+        )
 
 
 def fit_descriptors(limits: EdgeLimits, *, setting: str, log: logging.Logger) -> EdgeLimits:

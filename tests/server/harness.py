@@ -192,6 +192,23 @@ class Serve:
 # A PostgreSQL cluster of our own
 
 
+def staff_client(url: str, staff: tuple[str, str]) -> httpx.Client:
+    """An httpx client logged in through the login form as `staff` (username, password)."""
+    client = httpx.Client(base_url=url, timeout=20)
+    client.get("/login/")
+    client.post(
+        "/login/",
+        data={
+            "username": staff[0],
+            "password": staff[1],
+            "csrfmiddlewaretoken": client.cookies["csrftoken"],
+        },
+        headers={"Referer": f"{url}/login/"},
+    )
+    assert "sessionid" in client.cookies, "staff login failed"
+    return client
+
+
 def own_postgres_possible() -> bool:
     """initdb is here and, as root (PostgreSQL refuses root), a `postgres` user to run it as."""
     if postgres_bin() is None:

@@ -61,25 +61,9 @@ def world(tmp_path_factory):
         upstream_loop.call_soon_threadsafe(upstream_loop.stop)
 
 
-def staff_client(serve) -> httpx.Client:
-    client = httpx.Client(base_url=serve.url, timeout=20)
-    client.get("/login/")
-    client.post(
-        "/login/",
-        data={
-            "username": STAFF[0],
-            "password": STAFF[1],
-            "csrfmiddlewaretoken": client.cookies["csrftoken"],
-        },
-        headers={"Referer": f"{serve.url}/login/"},
-    )
-    assert "sessionid" in client.cookies
-    return client
-
-
 def test_a_stopped_database_gets_503s_not_tracebacks_and_recovers(world):
     pg, serve = world
-    client = staff_client(serve)
+    client = harness.staff_client(serve.url, STAFF)
     assert client.get("/v1/fleets/edge").status_code == 200
     assert client.get("/").status_code == 200
     log_before = serve.log.read_text()
@@ -136,7 +120,7 @@ def test_a_frozen_database_does_not_add_the_read_budget_to_every_chat_request(wo
 
 def test_a_frozen_database_gets_rest_and_dashboard_503s_within_the_deadline_then_200s(world):
     pg, serve = world
-    staff = staff_client(serve)
+    staff = harness.staff_client(serve.url, STAFF)
     clients = 8
 
     def rest() -> httpx.Response:

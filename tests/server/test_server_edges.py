@@ -13,17 +13,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import resource
 import socket
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 from websockets.sync.client import connect as ws_connect
 
+from tests.hostile_clients import closed_by_peer, open_sockets, read_response, rss_kib
 from tests.server import harness
 
 HEADER_TIMEOUT_S = 1.0
@@ -70,21 +69,6 @@ async def _upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) 
 # ---------------------------------------------------------------------------------------------
 
 
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
-
-
-def open_sockets(pid: int) -> int:
-    count = 0
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        with contextlib.suppress(OSError):
-            count += os.readlink(fd).startswith("socket:")
-    return count
-
-
 def _limit_nofile() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (SERVER_NOFILE, SERVER_NOFILE))
 
@@ -112,35 +96,6 @@ def server(tmp_path_factory):
 
 def connect(server: harness.Serve) -> socket.socket:
     return socket.create_connection(("127.0.0.1", server.port), timeout=10)
-
-
-def closed_by_peer(sock: socket.socket, within: float) -> bool:
-    """Read until the server closes (True) or `within` seconds pass (False); data is skipped."""
-    sock.settimeout(0.1)
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            if sock.recv(65536) == b"":
-                return True
-        except TimeoutError:
-            continue
-        except ConnectionResetError:
-            return True
-    return False
-
-
-def read_response(sock: socket.socket, timeout: float = 10) -> tuple[int, bytes]:
-    """Read one response whose body ends at close or by its Content-Length; return status, all."""
-    sock.settimeout(timeout)
-    data = b""
-    with contextlib.suppress(ConnectionResetError):
-        while b"\r\n\r\n" not in data:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    assert data.startswith(b"HTTP/1.1 "), data[:200]
-    return int(data[9:12]), data
 
 
 # ---------------------------------------------------------------------------------------------
