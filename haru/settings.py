@@ -286,6 +286,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
             "timeout": 20,
         }
     )
+POOL_MAX_IDLE_S = 60
 if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # Under ASGI every request may run on a thread of its own, so persistent per-thread
     # connections (CONN_MAX_AGE > 0) pile up until "too many clients" (Django's documentation
@@ -303,6 +304,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
                 "min_size": 2,
                 "max_size": HARU["db_pool_max"],
                 "timeout": HARU["db_pool_timeout_ms"] / 1000,
+                # Connections a burst opened above min_size go back after a minute idle, not
+                # psycopg_pool's ten: several processes after a burst would otherwise keep
+                # HARU_DB_POOL_MAX each against PostgreSQL's max_connections.
+                "max_idle": POOL_MAX_IDLE_S,
                 "connection_class": DeadlineConnection,
             },
         }

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 import psycopg
+import pytest
 
 from tests.ports import free_port
 
@@ -220,6 +221,21 @@ def own_postgres_possible() -> bool:
     except KeyError:
         return False
     return shutil.which("runuser") is not None
+
+
+# Set by .ci/run (tests/fault reads it too): a test that needs a cluster of its own fails
+# where none can run, instead of skipping, so CI cannot go green without having run it.
+REQUIRED_ENV = "HARU_FAULT_REQUIRED"
+
+
+def require_own_postgres() -> None:
+    """Skip where a throwaway PostgreSQL cannot run here; fail instead when REQUIRED_ENV=1."""
+    if own_postgres_possible():
+        return
+    why = "needs PostgreSQL's initdb (and, as root, a postgres user and runuser)"
+    if os.environ.get(REQUIRED_ENV) == "1":
+        pytest.fail(f"{REQUIRED_ENV}=1, and this test cannot run here: {why}")
+    pytest.skip(why)
 
 
 def postgres_bin() -> Path | None:

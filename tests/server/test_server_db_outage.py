@@ -20,14 +20,14 @@ import pytest
 
 from tests.server import harness
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.fault,
-    pytest.mark.skipif(
-        not harness.own_postgres_possible(),
-        reason="needs PostgreSQL's initdb (and, as root, a postgres user)",
-    ),
-]
+pytestmark = [pytest.mark.integration, pytest.mark.fault]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _own_postgres():
+    harness.require_own_postgres()
+
+
 STAFF = ("ops", "ops-password-0123456789")
 DEADLINE_MS = 1000
 POOL_TIMEOUT_MS = 1000

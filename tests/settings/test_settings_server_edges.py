@@ -66,6 +66,7 @@ def test_postgres_gets_a_pool_and_no_persistent_connections(tmp_path):
         "min_size": 2,
         "max_size": 7,
         "timeout": 2.5,
+        "max_idle": 60,
         "connection_class": "haru.postgres.deadline.DeadlineConnection",
     }
     assert got["options"]["connect_timeout"] == 5
