@@ -22,7 +22,13 @@ import httpx
 import pytest
 from websockets.sync.client import connect as ws_connect
 
-from tests.hostile_clients import closed_by_peer, open_sockets, read_response, rss_kib
+from tests.hostile_clients import (
+    closed_by_peer,
+    header_flood,
+    open_sockets,
+    read_response,
+    rss_kib,
+)
 from tests.server import harness
 
 HEADER_TIMEOUT_S = 1.0
@@ -128,34 +134,7 @@ def test_a_connection_that_sends_nothing_is_closed(server):
 
 def test_50_mb_of_headers_is_refused_431_without_memory_growth(server):
     before = rss_kib(server.proc.pid)
-    statuses: list[int | None] = []
-
-    def flood() -> None:
-        sock = connect(server)
-        status: list[int] = []
-
-        def reader() -> None:
-            with contextlib.suppress(OSError, AssertionError):
-                status.append(read_response(sock)[0])
-
-        t = threading.Thread(target=reader)
-        t.start()
-        try:
-            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ")
-            chunk = b"a" * (1024 * 1024)
-            for _ in range(50):
-                sock.sendall(chunk)
-        except OSError:
-            pass  # refused and closed long before the 50 MB
-        t.join(15)
-        sock.close()
-        statuses.append(status[0] if status else None)
-
-    threads = [threading.Thread(target=flood) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    statuses = header_flood(("127.0.0.1", server.port), clients=4, mib=50)
     assert 431 in statuses, statuses
     assert all(s in (431, None) for s in statuses), statuses  # never a 200
     grew_mib = (rss_kib(server.proc.pid) - before) / 1024
