@@ -209,6 +209,16 @@ def _checked(schema: str, body: Any, where: str) -> dict[str, Any]:
     return body
 
 
+# The longest engine version kept: the width of the bindings' and baselines' columns.
+ENGINE_VERSION_MAX = 64
+
+
+def _engine_version(value: str | None) -> str | None:
+    """Keep a reported engine version as the columns hold it ("" reads as not reported): a
+    longer one (any supervisor may send one) is cut, never a failed database write."""
+    return (value or "")[:ENGINE_VERSION_MAX] or None
+
+
 def parse_status(body: Any) -> StatusReport:
     """Validate a `GET /v1/status` body (ours or the original supervisor's)."""
     root = _checked("status.response", body, "status")
@@ -220,8 +230,7 @@ def parse_status(body: Any) -> StatusReport:
                 sleeping=m["sleeping"],
                 error=m.get("error"),
                 draining=m.get("draining") is True,
-                # Kept as the binding's column holds it; "" reads as not reported.
-                engine_version=(m.get("engineVersion") or "")[:64] or None,
+                engine_version=_engine_version(m.get("engineVersion")),
             )
             for m in item.get("models", ())
         )
@@ -263,7 +272,7 @@ def parse_probe(body: Any) -> ProbeReport:
             error=r.get("error"),
             adapter=r.get("adapter"),
             answer=r.get("answer"),
-            engine_version=r.get("engineVersion"),
+            engine_version=_engine_version(r.get("engineVersion")),
         )
         for r in root["results"]
     )

@@ -143,6 +143,25 @@ def test_probe_posts_the_policy_and_the_bound_models():
     assert call.value.result("a").error == "x"
 
 
+def test_an_engine_version_longer_than_its_columns_is_cut_not_a_failed_write():
+    # Any supervisor may send one (the columns are 64 characters); both the status and the
+    # probe path keep the first 64, as a binding's and a baseline's column can hold them.
+    long = "v" * 200
+    status = ok_status()
+    status["slots"][0]["models"][0]["engineVersion"] = long
+    report = client_answering(lambda r: httpx.Response(200, json=status)).status(timeout=1).value
+    assert report.model("a").engine_version == long[:64]
+    assert report.model("b").engine_version is None
+    answer = {
+        "ok": True,
+        "results": [{"model": "a", "ok": True, "latencyMs": 3, "engineVersion": long}],
+    }
+    probe = client_answering(lambda r: httpx.Response(200, json=answer)).probe(
+        prompt="ping", max_tokens=4, timeout_ms=900, models=["a"], timeout=1
+    )
+    assert probe.value.result("a").engine_version == long[:64]
+
+
 def test_gpu_memory_rejects_nonsense_numbers():
     body = {"gpus": [{"index": 0, "usedMiB": 10, "totalMiB": 0}]}
     call = client_answering(lambda r: httpx.Response(200, json=body)).gpu_memory(timeout=1)
