@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/broadcast_state.py [-n 2000] [--rounds 5]
 
-`fleets.broadcast.fleet_state` runs in the commit hook of every state change (each event is
+`fleets.services.broadcast.fleet_state` runs in the commit hook of every state change (each event is
 announced with the fleet's pointer and its operation), so it is written as one raw statement.
 This keeps the measurement that justifies it runnable: the same answer read by the ORM (the
 fleet's row, then the event's operation or the one in flight, rendered by the same shapes),
@@ -48,10 +48,11 @@ def main() -> int:
 
     setup_django(Path(tempfile.mkdtemp(prefix="haru-bench-broadcast-")))
     # After django.setup(): these import models, which need the app registry.
-    from fleets import broadcast, shapes  # noqa: PLC0415 - needs django.setup() (the app registry) first
     from fleets.core.states import IN_FLIGHT_OPERATION_STATES  # noqa: PLC0415 - needs django.setup() (the app registry) first
     from fleets.layouts.loader import load_layout  # noqa: PLC0415 - needs django.setup() (the app registry) first
     from fleets.models import Fleet, Operation  # noqa: PLC0415 - needs django.setup() (the app registry) first
+    from fleets.reads import shapes  # noqa: PLC0415 - needs django.setup() (the app registry) first
+    from fleets.services import broadcast  # noqa: PLC0415 - needs django.setup() (the app registry) first
     from fleets.services.layouts import layout_apply  # noqa: PLC0415 - needs django.setup() (the app registry) first
     from fleets.services.operations import operation_request  # noqa: PLC0415 - needs django.setup() (the app registry) first
 

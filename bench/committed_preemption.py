@@ -45,10 +45,10 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="haru-bench-f13-"))
     setup_django(workdir)
     # After django.setup(): these import models, which need the app registry.
-    from fleets import clock  # noqa: PLC0415
+    from fleets.base import clock  # noqa: PLC0415
     from fleets.layouts.loader import parse_layout  # noqa: PLC0415
     from fleets.models import Domain, Event, Fleet, Operation  # noqa: PLC0415
-    from fleets.reconciler.steps import switch_settle_ms  # noqa: PLC0415
+    from fleets.reconciler.steps.base import switch_settle_ms  # noqa: PLC0415
     from fleets.reconciler.tick import tick_run  # noqa: PLC0415
     from fleets.services.layouts import layout_apply  # noqa: PLC0415
     from fleets.services.operations import operation_request  # noqa: PLC0415

@@ -85,7 +85,7 @@ def main() -> int:
     # After django.setup(): these import models, which need the app registry.
     from django.db.models import Q  # noqa: PLC0415 - needs django.setup() (the app registry) first
 
-    from fleets import clock  # noqa: PLC0415 - needs django.setup() (the app registry) first
+    from fleets.base import clock  # noqa: PLC0415 - needs django.setup() (the app registry) first
     from fleets.layouts.loader import parse_layout  # noqa: PLC0415 - needs django.setup() (the app registry) first
     from fleets.models import Domain, Event, Fleet, Operation  # noqa: PLC0415 - needs django.setup() (the app registry) first
     from fleets.reconciler.loop import ReconcileLoop  # noqa: PLC0415 - needs django.setup() (the app registry) first

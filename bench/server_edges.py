@@ -7,7 +7,7 @@
 `--protocol-only` isolates the edge itself, and is the figure for what the limits cost: in
 this process, with no sockets, the same keep-alive requests (a POST with a small body, to a
 path no protocol treats specially) are fed to uvicorn's HttpToolsProtocol, to the shared edge
-as the supervisor serves it (supervisor/edge/protocol.py, default HARU_SUPERVISOR_HTTP_*
+as the supervisor serves it (common/edge/protocol.py, default HARU_SUPERVISOR_HTTP_*
 limits) and to the control plane's HaruHttpProtocol (fleets/server/protocol.py, which adds the
 chat path's one check per request), each serving a trivial app, alternately; the CPU time per
 request (time.process_time) of each is printed with the differences from stock. This is the
@@ -59,7 +59,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # noqa: E40
 from uvicorn.server import ServerState  # noqa: E402
 
 from bench import proxy as bp  # noqa: E402
-from supervisor.edge.protocol import protocol_with  # noqa: E402
+from common.edge.protocol import protocol_with  # noqa: E402
 from supervisor.settings import edge_limits_from_env  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

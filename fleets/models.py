@@ -291,7 +291,7 @@ class Operation(models.Model):
     # When the failure that triggered an automatic promotion was detected, for failover timing.
     detected_at = models.DateTimeField(null=True, blank=True)
     # The old active's last good heartbeat when the operation was requested: with detected_at,
-    # the measured detection time of a real failover (fleets/recovery.py).
+    # the measured detection time of a real failover (fleets/reads/recovery.py).
     source_seen_at = models.DateTimeField(null=True, blank=True)
     # The old active's state when the operation was requested: an operator's promotion away
     # from a failed active is a real failover, published as a recovery sample.

@@ -16,8 +16,8 @@ from celery import shared_task
 from celery.signals import worker_process_init, worker_process_shutdown
 from django.conf import settings
 
-from fleets import clock
-from fleets.prometheus import mark_this_process_dead
+from fleets.base import clock
+from fleets.metrics.registry import mark_this_process_dead
 from fleets.reconciler import datapath, kick
 from fleets.reconciler.provision import fleet_provision_tick
 from fleets.reconciler.tick import fleets_to_reconcile, tick_run

@@ -15,7 +15,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from fleets.live.origin import SameOriginValidator  # noqa: E402
 from fleets.live.urls import websocket_urlpatterns  # noqa: E402
-from fleets.prometheus import mark_this_process_dead  # noqa: E402
+from fleets.metrics.registry import mark_this_process_dead  # noqa: E402
 from fleets.proxy.asgi import with_proxy  # noqa: E402
 from fleets.server.driver import SERVE_WORKER_ENV, start_for_server  # noqa: E402
 from fleets.server.hosts import AllowedHostsGuard  # noqa: E402

@@ -23,9 +23,9 @@ VAR_DIR = Path(env.raw("HARU_VAR_DIR") or BASE_DIR / "var")
 
 # prometheus_client's multiprocess mode, per host: every process that loads these settings
 # (server workers, Celery workers, management commands) keeps its counters and histograms in
-# files here, and /metrics sums them (fleets/prometheus.py). Exported to the environment because
-# prometheus_client reads it once, when first imported, which is after the settings. The server
-# removes dead processes' files when it starts.
+# files here, and /metrics sums them (fleets/metrics/registry.py). Exported to the environment
+# because prometheus_client reads it once, when first imported, which is after the settings. The
+# server removes dead processes' files when it starts.
 PROMETHEUS_MULTIPROC_DIR = Path(env.raw("PROMETHEUS_MULTIPROC_DIR") or VAR_DIR / "prometheus")
 PROMETHEUS_MULTIPROC_DIR.mkdir(parents=True, exist_ok=True)
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(PROMETHEUS_MULTIPROC_DIR)
@@ -375,7 +375,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Failover must not wait on the broker (issue 11, finding 15; docs/tick-lease.md): every
 # broker call is bounded, so a stopped or frozen Redis fails a publish within
 # about two seconds (the server then ticks the fleet itself, fleets/server/driver.py), and
-# the worker reconnects within a second of Redis returning (fleets/celery_consumer.py).
+# the worker reconnects within a second of Redis returning (haru/celery_consumer.py).
 CELERY_BROKER_CONNECTION_TIMEOUT = 2.0
 # Retry for as long as the outage lasts: with 1 s between attempts Celery's default of 100
 # retries would end the worker after 100 s without Redis.
@@ -394,7 +394,7 @@ CELERY_TASK_PUBLISH_RETRY_POLICY = {
     "interval_step": 0.25,
     "interval_max": 0.5,
 }
-CELERY_WORKER_CONSUMER = "fleets.celery_consumer:Consumer"
+CELERY_WORKER_CONSUMER = "haru.celery_consumer:Consumer"
 # Beat reads its schedule from the database (django-celery-beat), so an operator changes the
 # reconcile interval in admin without a restart. The rows are seeded after `migrate` from
 # HARU_RECONCILE_INTERVAL_MS (fleets.services.schedule); nothing is declared here, because the

@@ -7,7 +7,7 @@ from django.contrib.auth import views as auth_views
 from django.http import JsonResponse
 from django.urls import include, path
 
-from fleets.prometheus import metrics_view
+from fleets.metrics.registry import metrics_view
 
 
 def createsuperuser_command() -> str:

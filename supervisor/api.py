@@ -14,20 +14,20 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from supervisor.auth import BearerAuth
-from supervisor.errors import ApiError, error_body
-from supervisor.gpu.facts import GpuQueryFailed, GpuUnavailable
-from supervisor.host import Host, InsufficientGpuMemory, InvalidTarget, ModelFailures, ShuttingDown
-from supervisor.limits import (
+from common.limits import (
     MAX_MS,
     MAX_PROBE_ADAPTERS,
     MAX_PROBE_PROMPT_CHARS,
     MAX_PROBE_TOKENS,
 )
-from supervisor.strict_json import ObjectReader
+from common.strict_json import ObjectReader
+from common.wire import bounded_json
+from common.wire.shape import compact
+from supervisor.auth import BearerAuth
+from supervisor.errors import ApiError, error_body
+from supervisor.gpu.facts import GpuQueryFailed, GpuUnavailable
+from supervisor.host import Host, InsufficientGpuMemory, InvalidTarget, ModelFailures, ShuttingDown
 from supervisor.training import SpawnFailed, TrainingBusy
-from supervisor.wire import bounded_json
-from supervisor.wire.shape import compact
 
 log = logging.getLogger(__name__)
 

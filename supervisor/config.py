@@ -1,7 +1,7 @@
 """The host's config (`HARU_SUPERVISOR_CONFIG`): slots, models, trainers and the GPU backend.
 
 Parsing is strict (the structure is `schemas/config.json`'s, checked through
-`supervisor/documents.py`): unknown fields are refused and every error names its JSON path and rule,
+`common/documents.py`): unknown fields are refused and every error names its JSON path and rule,
 because a supervisor that starts with a half-understood config is worse than one that refuses.
 Relative paths (checkpoint dirs, the simulated GPU state file, the state dir) resolve against the
 working directory the supervisor was started in.
@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from supervisor.documents import problems, schema_validator
+from common.documents import problems, schema_validator
+from common.strict_json import ConfigError
+from common.wire import bounded_json
 from supervisor.engines.profile import EngineProfile, GpuSpec, parse_profile
 from supervisor.engines.registry import EngineRegistry, default_registry
 from supervisor.secrets import SecretRef
-from supervisor.strict_json import ConfigError
-from supervisor.wire import bounded_json
 
 DEFAULT_GRACE_MS = 30_000
 DEFAULT_DRAIN_BUDGET_MS = 30_000

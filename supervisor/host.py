@@ -16,6 +16,8 @@ from typing import Any
 
 import httpx
 
+from common.strict_json import ConfigError
+from common.wire.shape import FEATURES
 from supervisor.adoption import adopt_children
 from supervisor.clock import Clock, SystemClock
 from supervisor.config import (
@@ -36,9 +38,7 @@ from supervisor.probe import engine_version, probe_model
 from supervisor.processes import AsyncioSpawner, Spawner
 from supervisor.records import StateDir
 from supervisor.secrets import SecretUnavailable
-from supervisor.strict_json import ConfigError
 from supervisor.training import TrainingBusy, TrainingSlot
-from supervisor.wire.shape import FEATURES
 
 log = logging.getLogger(__name__)
 

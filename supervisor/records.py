@@ -27,9 +27,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
+from common.strict_json import is_int
 from supervisor.clock import iso_utc
 from supervisor.procfs import boot_id, process_group, process_start_time, same_process
-from supervisor.strict_json import is_int
 
 log = logging.getLogger(__name__)
 

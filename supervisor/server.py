@@ -16,6 +16,9 @@ from pathlib import Path
 
 import uvicorn
 
+from common.edge.limits import EdgeLimits, fit_descriptors
+from common.edge.protocol import EdgeHttpProtocol, protocol_with
+from common.strict_json import ConfigError
 from supervisor.api import create_app
 from supervisor.config import (
     SupervisorConfig,
@@ -23,8 +26,6 @@ from supervisor.config import (
     state_dir_for,
     validate_against_hardware,
 )
-from supervisor.edge.limits import EdgeLimits, fit_descriptors
-from supervisor.edge.protocol import EdgeHttpProtocol, protocol_with
 from supervisor.engines.profile import GpuSpec
 from supervisor.engines.registry import EngineRegistry, default_registry
 from supervisor.gpu.facts import GpuBackend, GpuQueryFailed, GpuUnavailable
@@ -34,7 +35,6 @@ from supervisor.gpu.sim_state import SimGpuState
 from supervisor.host import Host, HostDeps
 from supervisor.records import StateDir, StateDirBusy
 from supervisor.settings import Settings, SettingsError, is_loopback, settings_from_env
-from supervisor.strict_json import ConfigError
 
 log = logging.getLogger("supervisor")
 

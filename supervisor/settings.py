@@ -7,13 +7,13 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from supervisor.edge.limits import EdgeLimits
+from common.edge.limits import EdgeLimits
 
 DEFAULT_PORT = 8701
 DEFAULT_BIND = "127.0.0.1"
 MIN_TOKEN_LENGTH = 16
 
-# The HTTP edge (supervisor/edge/protocol.py): (variable, default, minimum, maximum). The
+# The HTTP edge (common/edge/protocol.py): (variable, default, minimum, maximum). The
 # supervisor listens beyond loopback when the control plane is on another host, and the header
 # phase comes before the token check, so each bound holds for unauthenticated clients too. Its
 # callers are a few control-plane processes sending small requests: tighter than the control

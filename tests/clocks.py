@@ -1,10 +1,11 @@
-"""Test clocks: time that moves only when a test says so (`fleets.clock` is the injectable one)."""
+"""Test clocks: time that moves only when a test says so (`fleets.base.clock` is the injectable
+one)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from fleets.clock import Clock
+from fleets.base.clock import Clock
 
 
 class FakeClock(Clock):

@@ -13,7 +13,7 @@ import pytest
 from django.db import connection
 from rest_framework.test import APIClient
 
-from fleets import clock
+from fleets.base import clock
 from fleets.layouts.loader import parse_layout
 from fleets.models import Fleet
 from fleets.services.layouts import layout_apply

@@ -11,7 +11,7 @@ from __future__ import annotations
 from django.conf import settings
 from rest_framework import authentication, exceptions, permissions
 
-from fleets.tokens import Scope, token_scope
+from fleets.base.tokens import Scope, token_scope
 
 
 class _Token:

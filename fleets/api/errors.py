@@ -10,8 +10,8 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 
 from fleets.api import outage
-from fleets.errors import ServiceError
-from fleets.shapes import operation_json
+from fleets.base.errors import ServiceError
+from fleets.reads.shapes import operation_json
 
 _CODES = {
     exceptions.NotAuthenticated: "unauthorized",

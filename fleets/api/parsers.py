@@ -14,7 +14,7 @@ from django.conf import settings
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 
-from supervisor.wire import bounded_json
+from common.wire import bounded_json
 
 
 class BoundedJSONParser(JSONParser):

@@ -1,5 +1,5 @@
 """Request and response shapes: they validate input and describe, for the OpenAPI schema, the
-bodies `fleets/shapes.py` renders (`tests/api/test_api_shapes.py` holds the two together)."""
+bodies `fleets/reads/shapes.py` renders (`tests/api/test_api_shapes.py` holds the two together)."""
 
 from __future__ import annotations
 

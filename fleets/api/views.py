@@ -10,20 +10,21 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from fleets import clock, selectors, shapes
 from fleets.api import serializers as s
 from fleets.api.auth import HasApiToken
 from fleets.api.errors import PayloadTooLarge
+from fleets.base import clock
 from fleets.core.decisions import RequestStatus
 from fleets.core.policy import Policy
 from fleets.core.route_intent import build_route_intent
 from fleets.core.states import OperationKind
 from fleets.models import Domain, Fleet, Operation
-from fleets.readiness import fleet_readiness
+from fleets.reads import selectors, shapes
+from fleets.reads.readiness import fleet_readiness
+from fleets.reads.recovery import recovery_report
 from fleets.reconciler.client import client_for
 from fleets.reconciler.golden import record_baselines
 from fleets.reconciler.tick import fleet_reconcile
-from fleets.recovery import recovery_report
 from fleets.services.operations import operation_cancel_request, operation_request
 from fleets.services.provisioning import domain_provision_begin, domain_stop_request
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from supervisor.documents import problems, schema_validator
+from common.documents import problems, schema_validator
 
-# The limits (milliseconds, the probe's bounds) are supervisor/limits.py's, named by the schema:
+# The limits (milliseconds, the probe's bounds) are common/limits.py's, named by the schema:
 # the supervisor enforces the same on its side.
 
 DEFAULTS: dict[str, Any] = {

@@ -5,7 +5,7 @@ taken). `at_risk`: it would probably work, but something that proves it is missi
 (models awake on the standby, no golden baseline, a trainer that stopped checkpointing, no
 recent passing drill, facts not known). `ready`: every check passed, on facts this fresh.
 
-Pure: the caller gathers the facts (fleets/readiness.py) and supplies the clock.
+Pure: the caller gathers the facts (fleets/reads/readiness.py) and supplies the clock.
 """
 
 from __future__ import annotations

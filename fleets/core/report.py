@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from supervisor.strict_json import is_int, is_number
+from common.strict_json import is_int, is_number
 
 
 class TrainerReportState(StrEnum):

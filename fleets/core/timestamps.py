@@ -1,6 +1,6 @@
 """The one spelling of a timestamp in everything Haru writes as JSON: RFC 3339 in UTC, with `Z`.
 
-Pure, so the core's documents (readiness, recovery time, route intent) and `fleets.clock.iso`
+Pure, so the core's documents (readiness, recovery time, route intent) and `fleets.base.clock.iso`
 (every other API body, event and live message) spell time the same way. The fraction is
 Python's: none when the microseconds are zero, else all six digits (the database keeps
 microseconds, and a body never says less than the row it came from).

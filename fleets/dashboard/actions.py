@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from fleets.base.errors import ServiceError
 from fleets.core.decisions import RequestStatus
 from fleets.core.policy import Policy
 from fleets.core.states import (
@@ -17,12 +18,11 @@ from fleets.core.states import (
     OperationKind,
     OperationState,
 )
-from fleets.errors import ServiceError
 from fleets.models import Fleet
+from fleets.reads.selectors import domain_get, domain_or_active
 from fleets.reconciler.client import client_for
 from fleets.reconciler.golden import record_baselines
 from fleets.reconciler.tick import fleet_reconcile
-from fleets.selectors import domain_get, domain_or_active
 from fleets.services.operations import operation_cancel_request, operation_request
 from fleets.services.provisioning import domain_provision_begin, domain_stop_request
 

@@ -6,15 +6,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from fleets.clock import iso
+from fleets.base.clock import iso
 from fleets.core.golden import target_label
 from fleets.core.policy import Policy
 from fleets.core.read_model import FleetView
 from fleets.core.recovery import RECOVERY_WINDOW, over_objective
 from fleets.core.states import DrillMode, OperationKind, OperationState
 from fleets.models import Event, Fleet, GoldenBaseline, Operation
-from fleets.readiness import fleet_readiness
-from fleets.recovery import recovery_summaries
+from fleets.reads.readiness import fleet_readiness
+from fleets.reads.recovery import recovery_summaries
 
 # How many baselines the page lists (the API lists all).
 BASELINE_ROWS = 12

@@ -14,7 +14,7 @@ from typing import Any
 
 from django.db.models import Max
 
-from fleets.clock import iso
+from fleets.base.clock import iso
 from fleets.core.allocation import gpu_allocations, plan_mismatches
 from fleets.core.backoff import Backoff
 from fleets.core.decisions import decide_demotion, decide_promotion
@@ -43,7 +43,7 @@ from fleets.dashboard import chart as chart_mod
 from fleets.dashboard.drift import drift_status, expected_fingerprint
 from fleets.dashboard.proof import proof_context
 from fleets.models import Domain, Event, Fleet, ModelBinding, Operation, Slot
-from fleets.selectors import failover_backoff_state, fleet_view
+from fleets.reads.selectors import failover_backoff_state, fleet_view
 
 EVENT_LIMIT = 60
 CHART_LIMIT = 24

@@ -16,8 +16,8 @@ from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
-from fleets import clock
-from fleets.clock import iso
+from fleets.base import clock
+from fleets.base.clock import iso
 from fleets.core.states import DrillMode, OperationKind
 from fleets.dashboard import actions
 from fleets.dashboard.forms import ACTIONS, ActionForm

@@ -3,7 +3,7 @@
 Pure: plain dicts in (the layout's `placement` and `driver` objects), frozen dataclasses out,
 `CloudPlacementError` naming the offending field otherwise. The structure (fields, types,
 bounds) is two JSON Schema files, `schemas/placement.json` and `schemas/driver.json`, checked
-through `supervisor/documents.py` like every operator document; this module keeps what a schema
+through `common/documents.py` like every operator document; this module keeps what a schema
 cannot say. SkyPilot's own parser accepts made-up regions and accelerators, so the names are
 checked here against `catalogue.json`, with what depends on the provider or on other fields.
 
@@ -21,7 +21,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, cast
 
-from supervisor.documents import problems, schema_validator
+from common.documents import problems, schema_validator
 
 CATALOGUE_PATH = Path(__file__).with_name("catalogue.json")
 

@@ -1,7 +1,7 @@
 """Parse and validate a layout file into plain, normalized values.
 
 Structure is checked by the shipped JSON Schema (`schema.json`) through the strict validator
-every operator document uses (`supervisor/documents.py`: an integer is never a bool or a whole
+every operator document uses (`common/documents.py`: an integer is never a bool or a whole
 float); the rules a schema cannot say (uniqueness inside a domain, the declared active being in
 the fleet, policy limits, a provisioned domain's cloud placement and launch settings) are
 checked here. Every error is `path: rule`, e.g.
@@ -19,6 +19,10 @@ from typing import Any
 
 import yaml
 
+from common.documents import problems, strict_validator
+from common.strict_json import ConfigError as SupervisorConfigError
+from common.wire import bounded_json
+from fleets.base.errors import LayoutError
 from fleets.core.policy import PolicyError, validate_policy
 from fleets.core.states import Provider, SlotKind
 from fleets.core.urls import USERINFO_RULE, has_userinfo
@@ -27,7 +31,6 @@ from fleets.drivers.cloud_placement import (
     parse_cloud_placement,
     parse_driver_settings,
 )
-from fleets.errors import LayoutError
 from fleets.layouts.planning import (
     MEMORY_KEYS,
     PlanInputError,
@@ -40,9 +43,6 @@ from fleets.layouts.planning import (
     planned_profile,
 )
 from supervisor.config import parse_config as parse_supervisor_config
-from supervisor.documents import problems, strict_validator
-from supervisor.strict_json import ConfigError as SupervisorConfigError
-from supervisor.wire import bounded_json
 
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
 # A model's golden-probe keys, kept as written in ModelBinding.golden.

@@ -1,6 +1,7 @@
 """Thin consumers: authenticate the socket, join the fleet's group, relay each message as JSON.
 
-Handler names match the message type `fleets.broadcast` sends (`fleet.event` -> fleet_event).
+Handler names match the message type `fleets.services.broadcast` sends
+(`fleet.event` -> fleet_event).
 Nothing is computed here: the browser applies the state carried
 by the message and re-fetches the server-rendered fragment for the rest.
 """
@@ -12,9 +13,9 @@ import asyncio
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from fleets import broadcast
-from fleets.broadcast import ALL_FLEETS_GROUP, fleet_group
 from fleets.models import Fleet
+from fleets.services import broadcast
+from fleets.services.broadcast import ALL_FLEETS_GROUP, fleet_group
 
 # Close codes in the application range (4000-4999), so the browser can tell "log in again"
 # from "the fleet is gone" and stop retrying instead of hammering the server.

@@ -13,7 +13,7 @@ import asyncio
 import logging
 from typing import Protocol
 
-from fleets.conf import haru
+from fleets.base.conf import haru
 from fleets.proxy import handler, upstream
 from fleets.proxy.errors import ProxyError
 

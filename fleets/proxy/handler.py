@@ -12,12 +12,13 @@ import asyncio
 import json
 import time
 
-from fleets.conf import haru
-from fleets.proxy import errors, hold, request_metrics, upstream
+from common.wire import bounded_json
+from fleets.base.conf import haru
+from fleets.base.tokens import chat_allowed
+from fleets.metrics import requests as request_metrics
+from fleets.proxy import errors, hold, upstream
 from fleets.proxy.snapshots import ROUTES, Route, Snapshot, clip
 from fleets.reconciler import datapath
-from fleets.tokens import chat_allowed
-from supervisor.wire import bounded_json
 
 ENDPOINTS = {
     "/v1/chat/completions": "chat",

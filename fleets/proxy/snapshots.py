@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
-from fleets import clock
-from fleets.conf import haru
+from fleets.base import clock
+from fleets.base.conf import haru
 from fleets.core.read_model import DomainView, ModelView
 from fleets.core.route_intent import is_model_routable
 from fleets.core.states import SlotKind

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from fleets import clock
+from fleets.base import clock
 from fleets.core.policy import Policy
 from fleets.core.states import (
     BEST_EFFORT_STEPS,
@@ -24,10 +24,10 @@ from fleets.core.states import (
     leg_step,
 )
 from fleets.models import Domain, Event, Id, Operation
-from fleets.reconciler import demote, drill, promote
-from fleets.reconciler.cleanup import cleanup_run
 from fleets.reconciler.client import SupervisorClient
-from fleets.reconciler.steps import STEP_TIMEOUT, StepContext, StepResult
+from fleets.reconciler.steps import demote, drill, promote
+from fleets.reconciler.steps.base import STEP_TIMEOUT, StepContext, StepResult
+from fleets.reconciler.steps.cleanup import cleanup_run
 from fleets.services.events import event_record
 from fleets.services.operations import operation_fail, operation_start, operation_step_done
 from fleets.services.transitions import domain_transition
@@ -118,7 +118,7 @@ def operation_advance(
 
 def _record_done(ctx: StepContext, result: StepResult, actor: str) -> None:
     # The step's event carries its duration, and the failover time below: the metrics are
-    # rebuilt from those rows at scrape time (fleets.reconciler.history_metrics).
+    # rebuilt from those rows at scrape time (fleets.metrics.history).
     op, step = ctx.operation, ctx.step
     data = dict(result.data)
     if step == "switch_route" and op.detected_at is not None and not data.get("alreadyActive"):

@@ -21,20 +21,20 @@ from urllib.parse import urlencode
 import httpx
 from django.conf import settings
 
-from fleets.core.model_health import Reach
-from fleets.core.report import TrainerReportState
-from fleets.core.states import SlotKind
-from fleets.core.urls import host_allowed, scrub_urls, without_userinfo
-from fleets.reconciler import fleet_metrics
-from fleets.reconciler.deadline import DeadlineTransport, deadline
-from fleets.supervisor_tokens import LEGACY_TOKEN_ENV, credentials_for, warn_once
-from supervisor.wire import bounded_json, contract
-from supervisor.wire.shape import (
+from common.wire import bounded_json, contract
+from common.wire.shape import (
     FEATURE_DRAIN,
     FEATURE_PROBE_GOLDEN,
     FEATURE_PROBE_MODELS,
     compact,
 )
+from fleets.base.supervisor_tokens import LEGACY_TOKEN_ENV, credentials_for, warn_once
+from fleets.core.model_health import Reach
+from fleets.core.report import TrainerReportState
+from fleets.core.states import SlotKind
+from fleets.core.urls import host_allowed, scrub_urls, without_userinfo
+from fleets.metrics import reconcile as fleet_metrics
+from fleets.reconciler.deadline import DeadlineTransport, deadline
 
 if TYPE_CHECKING:
     from fleets.models import Domain

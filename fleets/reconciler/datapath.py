@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from fleets import clock
+from fleets.base import clock
 from fleets.core.model_health import Verdict
 from fleets.core.policy import Policy
 from fleets.models import Domain, Id

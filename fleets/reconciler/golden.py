@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
+from fleets.base.errors import InvalidTarget, SupervisorUnavailable
 from fleets.core.golden import (
     GOLDEN_SEED,
     BaselineReason,
@@ -27,7 +28,6 @@ from fleets.core.golden import (
 )
 from fleets.core.policy import Policy
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES, DomainState, InferenceState
-from fleets.errors import InvalidTarget, SupervisorUnavailable
 from fleets.models import Domain, Fleet, GoldenBaseline, Id, ModelBinding, Operation, Slot
 from fleets.reconciler.client import CALL_CAP_S, Call, ProbeReport, ProbeResult, SupervisorClient
 from fleets.services.baselines import (

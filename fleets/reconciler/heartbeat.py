@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from fleets import clock
+from fleets.base import clock
 from fleets.core.mirror import (
     ModelPosture,
     TrainerPosture,

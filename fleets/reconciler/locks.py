@@ -32,7 +32,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import DatabaseError, connection
 
-from fleets import clock
+from fleets.base import clock
 from fleets.models import Id
 from fleets.services.leases import lease_acquire, lease_release, lease_renew
 

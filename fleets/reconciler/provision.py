@@ -27,7 +27,9 @@ from typing import Any
 
 from django.conf import settings
 
-from fleets import clock
+from fleets.base import clock
+from fleets.base.errors import InvalidTarget, OperationConflict
+from fleets.base.supervisor_tokens import supervisor_token_for
 from fleets.core import provisioning as core
 from fleets.core.policy import Policy
 from fleets.core.provisioning import Phase
@@ -47,14 +49,12 @@ from fleets.drivers.sky_cli import (
     SkySecretMissing,
     classify_failure,
 )
-from fleets.errors import InvalidTarget, OperationConflict
 from fleets.models import Domain, Fleet, Id, Operation
 from fleets.reconciler.locks import LeaseLost, lease_held
 from fleets.services import provisioning as svc
 from fleets.services.events import event_record
 from fleets.services.operations import operation_request
 from fleets.services.transitions import domain_transition
-from fleets.supervisor_tokens import supervisor_token_for
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from fleets import clock
+from fleets.base import clock
+from fleets.base.errors import FleetNotFound, InvalidTarget, OperationConflict
 from fleets.core.backoff import held_targets
 from fleets.core.drills import DrillSchedule, drill_due
 from fleets.core.failover import (
@@ -53,16 +54,16 @@ from fleets.core.states import (
     OperationKind,
     OperationState,
 )
-from fleets.errors import FleetNotFound, InvalidTarget, OperationConflict
+from fleets.metrics import reconcile as fleet_metrics
 from fleets.models import Domain, Fleet, Id, Operation
-from fleets.reconciler import datapath, fleet_metrics, kick
+from fleets.reads.selectors import AUTO_FAILOVER, failover_backoff_state, fleet_get, fleet_view
+from fleets.reconciler import datapath, kick
 from fleets.reconciler.advance import operation_advance
-from fleets.reconciler.cleanup import pending_cleanups_run
 from fleets.reconciler.client import SupervisorClient, client_for
 from fleets.reconciler.golden import active_baselines_fill
 from fleets.reconciler.heartbeat import heartbeat_apply, heartbeats_collect, serving_urls_of
 from fleets.reconciler.locks import LeaseLost, fleet_tick_lock
-from fleets.selectors import AUTO_FAILOVER, failover_backoff_state, fleet_get, fleet_view
+from fleets.reconciler.steps.cleanup import pending_cleanups_run
 from fleets.services.escalation import (
     domain_escalate,
     fleet_no_standby_clear,

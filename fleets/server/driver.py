@@ -7,7 +7,7 @@ must not depend on the broker (issue 11, finding 15), so the server keeps its ow
 - a kick that cannot be queued (Redis down, refused, slow past its bounded timeouts) runs in
   this process at once, and further kicks skip the broker until it answers again;
 - a probe pings Redis every `PROBE_EVERY_S`; while it fails, and for `RESUME_GRACE_S` after it
-  answers again (Celery beat and workers reconnect in that time, see `fleets.celery_consumer`),
+  answers again (Celery beat and workers reconnect in that time, see `haru.celery_consumer`),
   the loop ticks every fleet each interval as it would without a broker.
 The fleet's tick lease keeps server and Celery from ticking one fleet at once, so the overlap at
 either edge costs a skipped tick, never a duplicate step.
@@ -26,7 +26,6 @@ from collections.abc import Callable
 
 from django.conf import settings
 
-import haru.celery  # noqa: F401 - the Celery app (broker settings) the kicks below go through
 from fleets.reconciler import kick
 from fleets.reconciler.loop import ReconcileLoop
 from fleets.tasks import broker_ping, celery_kicker, celery_reporter

@@ -15,7 +15,7 @@ from typing import Any
 
 from django.http.request import split_domain_port, validate_host
 
-from fleets import conf
+from fleets.base import conf
 
 REFUSED_BODY = json.dumps(
     {"error": {"code": "invalid_host", "message": "this server does not answer to that Host"}}

@@ -1,6 +1,6 @@
 """The server edge's bounds, read once from the settings, and the descriptor budget they need.
 
-The bounds and the descriptor fitting are the shared edge's (supervisor/edge/limits.py, also
+The bounds and the descriptor fitting are the shared edge's (common/edge/limits.py, also
 the supervisor's); this module reads the control plane's own settings (HARU_HTTP_*).
 """
 
@@ -14,8 +14,8 @@ import resource  # noqa: F401
 
 from django.conf import settings
 
-from supervisor.edge import limits as shared
-from supervisor.edge.limits import FDS_PER_CONNECTION, RESERVED_FDS, EdgeLimits
+from common.edge import limits as shared
+from common.edge.limits import FDS_PER_CONNECTION, RESERVED_FDS, EdgeLimits
 
 __all__ = ["FDS_PER_CONNECTION", "RESERVED_FDS", "EdgeLimits", "fit_descriptors", "from_settings"]
 

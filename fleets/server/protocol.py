@@ -2,7 +2,7 @@
 
 The deadlines and limits at every phase of a connection (header and body deadlines, header
 size and count, the body cap, the keep-alive idle limit, the per-process connection cap that
-closes the longest idle connection) are `supervisor/edge/protocol.py`'s, shared with the
+closes the longest idle connection) are `common/edge/protocol.py`'s, shared with the
 supervisor's server; this subclass reads them from the settings (HARU_HTTP_*, one read per
 process) and adds the chat path.
 
@@ -27,8 +27,8 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 from uvicorn.server import ServerState
 
+from common.edge.protocol import EdgeHttpProtocol
 from fleets.server import limits as edge_limits
-from supervisor.edge.protocol import EdgeHttpProtocol
 
 if TYPE_CHECKING:
     from fleets.server import direct

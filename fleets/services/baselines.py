@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 
-from fleets import clock
+from fleets.base import clock
 from fleets.core.golden import BaselineReason, GoldenKey, Recorded, answer_sha256
 from fleets.models import Fleet, GoldenBaseline, Id
 from fleets.services.events import event_record

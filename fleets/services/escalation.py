@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 
-from fleets.clock import iso
+from fleets.base.clock import iso
 from fleets.core.states import (
     IN_FLIGHT_OPERATION_STATES,
     DomainState,

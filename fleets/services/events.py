@@ -6,8 +6,9 @@ from typing import Any
 
 from django.db import transaction
 
-from fleets import broadcast, clock
+from fleets.base import clock
 from fleets.models import Event, Id
+from fleets.services import broadcast
 
 
 def event_record(

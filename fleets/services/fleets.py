@@ -7,13 +7,13 @@ from typing import Any
 
 from django.db import transaction
 
-from fleets import clock
-from fleets.clock import iso
+from fleets.base import clock
+from fleets.base.clock import iso
+from fleets.base.errors import FleetNotFound, OperationConflict
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES
-from fleets.errors import FleetNotFound, OperationConflict
 from fleets.models import Event, Fleet, FleetArchive, Operation
+from fleets.reads.shapes import operation_json
 from fleets.services.layouts import layout_export
-from fleets.shapes import operation_json
 
 
 def _event_json(event: Event) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Case, F, Q, Value, When
 
-from fleets import clock
+from fleets.base import clock
 from fleets.core.states import check_transition
 from fleets.models import Domain, Id, ModelBinding, Slot
 from fleets.services.events import event_record

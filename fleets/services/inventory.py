@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from fleets import clock
+from fleets.base import clock
 from fleets.core.states import initial_domain_state, initial_slot_state
 from fleets.models import Domain, Fleet, Slot
 

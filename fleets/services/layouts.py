@@ -33,7 +33,8 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Model
 
-from fleets import clock
+from fleets.base import clock
+from fleets.base.errors import LayoutError
 from fleets.core.policy import validate_policy
 from fleets.core.states import (
     IN_FLIGHT_OPERATION_STATES,
@@ -41,7 +42,6 @@ from fleets.core.states import (
 )
 from fleets.core.urls import supervisor_url_problem, without_userinfo
 from fleets.drivers.cloud_placement import PLACEMENT_FIELDS
-from fleets.errors import LayoutError
 from fleets.layouts.loader import DomainSpec, Layout, SlotSpec, plan_slots
 from fleets.layouts.planning import PLANNED_PROFILE_KEYS
 from fleets.models import Domain, Fleet, Id, ModelBinding, Operation, Slot

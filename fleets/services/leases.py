@@ -2,7 +2,7 @@
 
 Every statement is a single autocommit UPDATE (or the INSERT that creates the row once), so no
 session state is involved: a transaction-mode pooler may hand each statement to another server
-connection. Times come from the control plane's clock (`fleets.clock`), as every other deadline
+connection. Times come from the control plane's clock (`fleets.base.clock`), as every other deadline
 Haru writes; the hosts taking leases must keep their clocks within a small fraction of the
 lease's length of each other (NTP does far better).
 """

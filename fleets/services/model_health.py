@@ -15,7 +15,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Q
 
-from fleets import clock
+from fleets.base import clock
 from fleets.core.model_health import ServerHealth
 from fleets.models import Id, ModelBinding
 from fleets.services.events import event_record

@@ -19,7 +19,13 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q, Subquery, Value
 from django.db.models.functions import Coalesce
 
-from fleets import clock
+from fleets.base import clock
+from fleets.base.errors import (
+    InvalidTarget,
+    OperationConflict,
+    OperationNotCancellable,
+    OperationNotFound,
+)
 from fleets.core.decisions import RequestStatus, decide_demotion, decide_promotion
 from fleets.core.drills import decide_drill
 from fleets.core.preemption import Ending, InFlight, ending, steps_left
@@ -35,14 +41,8 @@ from fleets.core.states import (
     check_transition,
     steps_for,
 )
-from fleets.errors import (
-    InvalidTarget,
-    OperationConflict,
-    OperationNotCancellable,
-    OperationNotFound,
-)
 from fleets.models import Domain, Fleet, Id, Operation, Slot
-from fleets.selectors import fleet_view
+from fleets.reads.selectors import fleet_view
 from fleets.services.events import event_record
 from fleets.services.transitions import slot_transition
 

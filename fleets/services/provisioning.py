@@ -15,11 +15,11 @@ from uuid import UUID
 
 from django.db import transaction
 
-from fleets import clock
+from fleets.base import clock
+from fleets.base.errors import ServiceError
 from fleets.core.provisioning import PHASES_OF_STATE, Phase, check_phase
 from fleets.core.states import DomainState, Provider, check_transition
 from fleets.core.urls import without_userinfo
-from fleets.errors import ServiceError
 from fleets.models import Domain, Fleet, ModelBinding
 from fleets.services.events import event_record
 

@@ -8,7 +8,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.db.models import Exists, F, Q, QuerySet
 
-from fleets import clock
+from fleets.base import clock
 from fleets.core.states import (
     IN_FLIGHT_OPERATION_STATES,
     CleanupState,
@@ -24,7 +24,7 @@ from fleets.services.route_publish import revision_publish
 # waits for us, or we see it failed), moves the pointer only where pointer and revision are what
 # the caller read, and sets routing_committed in the same statement. A round-trip drill moves the
 # pointer to its standby and back to its source; it never commits routing, because its failure
-# clean-up must be free to route back (fleets/reconciler/cleanup.py).
+# clean-up must be free to route back (fleets/reconciler/steps/cleanup.py).
 _SWITCH_SQL = """
 WITH op AS (
     SELECT id, kind FROM fleets_operation

@@ -12,7 +12,7 @@ from typing import Any
 
 from django.db import transaction
 
-from fleets import clock
+from fleets.base import clock
 from fleets.core.states import allowed_sources, check_transition
 from fleets.models import Domain, Id, Slot
 from fleets.services.events import event_record

@@ -14,7 +14,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Exists, OuterRef
 
-from fleets import clock
+from fleets.base import clock
 from fleets.core.states import DomainState, check_transition
 from fleets.models import Domain, Fleet, Id
 from fleets.services.events import event_record

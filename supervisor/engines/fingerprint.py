@@ -1,8 +1,8 @@
 """A profile's fingerprint: a stable hash of everything in it that affects the launch.
 
-The control plane computes the same value from its layout and compares it with what
-`/v1/status` reports, so it can tell a server started from an older profile. Standard library
-only, so the server can import it without the rest of the supervisor.
+The supervisor fingerprints the profile it launched each server from and reports it in
+`/v1/status`; the control plane computes the same value from its layout
+(`supervisor.engines.drift`) to tell a server started from an older profile.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from supervisor.documents import json_path, problems, schema_validator
-from supervisor.strict_json import is_int, is_number
+from common.documents import json_path, problems, schema_validator
+from common.strict_json import is_int, is_number
 
 _CC_PATTERN = re.compile(r"^\d+\.\d+$")
 

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from supervisor.strict_json import is_int
+from common.strict_json import is_int
 
 DEFAULT_MAX_TOKENS = 16
 

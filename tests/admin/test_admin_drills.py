@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleets import clock
+from fleets.base import clock
 from fleets.models import Domain, Fleet, Operation
 from tests.admin.test_admin_layouts import _action, _change_url, _get_form
 

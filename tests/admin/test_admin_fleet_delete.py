@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleets.errors import OperationConflict
+from fleets.base.errors import OperationConflict
 from fleets.models import Domain, Event, Fleet, FleetArchive, Operation
 from fleets.services.fleets import fleet_delete
 from fleets.services.operations import operation_request

@@ -15,8 +15,8 @@ from django.contrib.sessions.backends.db import SessionStore
 from django.db import IntegrityError, OperationalError
 from django.test import Client
 
-from fleets import selectors
 from fleets.api import outage
+from fleets.reads import selectors
 
 pytestmark = pytest.mark.django_db
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleets import clock
+from fleets.base import clock
 from fleets.core.states import DRILL_STEPS
 from fleets.models import Domain, Fleet, Operation
 

@@ -1,6 +1,6 @@
 """Every live answer is valid against the OpenAPI schema's description of its shape.
 
-The bodies are rendered by `fleets/shapes.py` and described by `fleets/api/serializers.py`;
+The bodies are rendered by `fleets/reads/shapes.py` and described by `fleets/api/serializers.py`;
 these tests turn the published OpenAPI components into JSON Schema (closed objects, `nullable`
 as a null alternative, formats checked) and validate the real answers against them, so a key,
 a type or an enum choice that drifts on either side fails here.
@@ -13,9 +13,9 @@ import copy
 import jsonschema
 import pytest
 
-from fleets import broadcast
 from fleets.models import Fleet, Operation
-from fleets.shapes import LIVE_OPERATION_KEYS
+from fleets.reads.shapes import LIVE_OPERATION_KEYS
+from fleets.services import broadcast
 
 pytestmark = pytest.mark.django_db
 

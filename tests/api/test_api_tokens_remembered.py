@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from fleets import tokens
-from fleets.tokens import Scope, token_scope
+from fleets.base import tokens
+from fleets.base.tokens import Scope, token_scope
 
 OPERATOR = "operator-token-0123456789abcdefghijklmnopq"
 CHAT = "chat-token-0123456789abcdefghijklmnopqrstu"

@@ -1,12 +1,12 @@
-"""The policy schema file: shared limits filled in from supervisor/limits.py, strict numbers."""
+"""The policy schema file: shared limits filled in from common/limits.py, strict numbers."""
 
 from __future__ import annotations
 
 import pytest
 
+from common import limits
+from common.documents import StrictValidator, problems, schema_validator, with_limits
 from fleets.core.policy import PolicyError, validate_policy
-from supervisor import limits
-from supervisor.documents import StrictValidator, problems, schema_validator, with_limits
 
 
 def test_the_policy_schema_takes_its_limits_from_the_one_module_that_holds_them():

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from fleets import clock
+from fleets.base import clock
 from fleets.core.readiness import Readiness, ReadinessVerdict
 from fleets.core.recovery import RecoveryKind, RecoverySample
 from fleets.core.timestamps import utc_iso

@@ -6,8 +6,8 @@ import copy
 
 import pytest
 
+from fleets.base.errors import LayoutError
 from fleets.core.allocation import gpu_allocations, plan_mismatches
-from fleets.errors import LayoutError
 from fleets.layouts.loader import parse_layout
 from fleets.layouts.planning import PLACEMENT_REFUSALS
 from fleets.models import Domain, ModelBinding, Slot

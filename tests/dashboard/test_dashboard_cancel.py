@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.test import Client
 
-from fleets import clock
+from fleets.base import clock
 from fleets.models import Domain, Operation
 from fleets.services.operations import (
     operation_fail,

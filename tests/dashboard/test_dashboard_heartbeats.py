@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from django.test import Client
 
-from fleets import clock
+from fleets.base import clock
 from fleets.models import Domain
 
 pytestmark = pytest.mark.django_db

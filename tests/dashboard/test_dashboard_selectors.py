@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from fleets import clock
+from fleets.base import clock
 from fleets.core.report import gpu_bars, report_error, reported_models, reported_training
 from fleets.dashboard import chart
 from fleets.dashboard.drift import drift_status, expected_fingerprint

@@ -12,7 +12,7 @@ import pytest
 from django.conf import settings
 from django.test import Client
 
-from fleets import clock
+from fleets.base import clock
 from fleets.models import Domain, Event, Operation
 from fleets.services.events import event_record
 from fleets.services.operations import operation_fail, operation_request, operation_start

@@ -7,6 +7,8 @@ import json
 
 import pytest
 
+from common import limits
+from common.documents import schema_validator
 from fleets.drivers.cloud_placement import (
     PLACEMENT_FIELDS,
     CloudPlacementError,
@@ -14,8 +16,6 @@ from fleets.drivers.cloud_placement import (
     parse_driver_settings,
 )
 from fleets.layouts.loader import SCHEMA_PATH
-from supervisor import limits
-from supervisor.documents import schema_validator
 
 BASE = {"cloud": "aws", "region": "us-east-1", "accelerator": "H100"}
 CONFIG = {"slots": []}

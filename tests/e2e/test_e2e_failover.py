@@ -15,10 +15,10 @@ import time
 
 import pytest
 
-from fleets import clock
+from fleets.base import clock
 from fleets.core.route_intent import build_route_intent
 from fleets.models import Domain, Event, Fleet, Operation
-from fleets.selectors import fleet_view
+from fleets.reads.selectors import fleet_view
 from fleets.services.operations import operation_request
 from supervisor.gpu.sim_state import SimGpuState
 from tests.e2e.harness import wait_for

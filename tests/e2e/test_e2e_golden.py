@@ -8,8 +8,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from fleets.base.errors import InvalidTarget
 from fleets.core.policy import Policy
-from fleets.errors import InvalidTarget
 from fleets.layouts.loader import parse_layout
 from fleets.models import Domain, Event, Fleet, GoldenBaseline
 from fleets.reconciler.client import client_for

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from fleets import clock
+from fleets.base import clock
 from fleets.models import Domain, Event, Fleet, Operation
-from fleets.reconciler.steps import switch_settle_ms
+from fleets.reconciler.steps.base import switch_settle_ms
 from fleets.services.operations import operation_request
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]

@@ -8,7 +8,7 @@ import pytest
 
 from fleets.core.states import ROUND_TRIP_DRILL_STEPS
 from fleets.models import Event, Fleet, Operation
-from fleets.recovery import recovery_report
+from fleets.reads.recovery import recovery_report
 from fleets.services.operations import operation_request
 from tests.e2e.test_e2e_failover import assert_nothing_in_flight, finished, seen
 

@@ -16,8 +16,8 @@ import pytest
 from celery.worker.consumer import Consumer as CeleryConsumer
 from kombu import Connection, Queue
 
-from fleets.celery_consumer import Consumer
 from haru.celery import app
+from haru.celery_consumer import Consumer
 from tests.fault.cluster import OwnRedis
 
 pytestmark = [

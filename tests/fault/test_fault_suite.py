@@ -200,7 +200,7 @@ def test_redis_stopped_for_15_s_does_not_stop_failover(deploy):
     load = d.start_chat()
     # Workers hold unacknowledged ticks when Redis goes, as they do whenever a step waits: the
     # state in which Celery's clean-up of the lost connection used to end a worker (exit 1,
-    # fleets/celery_consumer.py). `assert_recovered` below proves both are still the same.
+    # haru/celery_consumer.py). `assert_recovered` below proves both are still the same.
     d.hold_eta_ticks()
     d.redis.stop()
     stopped_at = time.monotonic()

@@ -13,7 +13,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from jsonschema import Draft202012Validator
 
-from fleets.errors import LayoutError
+from fleets.base.errors import LayoutError
 from fleets.layouts.loader import SCHEMA_PATH, load_layout, parse_layout, read_layout_file
 from fleets.models import Domain, Event, Fleet, ModelBinding, Operation, Slot
 from fleets.services.layouts import layout_apply, layout_export

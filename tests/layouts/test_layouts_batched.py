@@ -19,8 +19,8 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 
 from bench.layout_apply import big_layout
-from fleets import clock
-from fleets.errors import LayoutError
+from fleets.base import clock
+from fleets.base.errors import LayoutError
 from fleets.layouts.loader import parse_layout
 from fleets.models import Domain, Event, Fleet, ModelBinding, Slot
 from fleets.services import layouts as layouts_service

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from fleets.errors import LayoutError
+from fleets.base.errors import LayoutError
 from fleets.layouts.loader import load_layout, parse_layout, read_layout_file
 from fleets.models import ModelBinding, Slot
 from fleets.services.layouts import layout_apply

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleets.errors import LayoutError
+from fleets.base.errors import LayoutError
 from fleets.layouts.loader import load_layout, parse_layout
 from fleets.models import Domain, Fleet, ModelBinding
 from fleets.services.layouts import layout_apply, layout_export

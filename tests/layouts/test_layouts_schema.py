@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from fleets.errors import LayoutError
+from common import limits
+from fleets.base.errors import LayoutError
 from fleets.layouts.loader import SCHEMA_PATH, layout_schema, parse_layout
-from supervisor import limits
 
 
 def _refused(data) -> list[str]:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from fleets import clock
+from fleets.base import clock
+from fleets.base.errors import LayoutError
 from fleets.dashboard.selectors import fleet_page
-from fleets.errors import LayoutError
 from fleets.layouts.loader import parse_layout
 from fleets.models import Domain, Fleet, ModelBinding
 from fleets.services.layouts import layout_apply, layout_export

@@ -12,8 +12,8 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.db import connection, connections
 
-from fleets import broadcast
 from fleets.models import Domain
+from fleets.services import broadcast
 from fleets.services.operations import (
     operation_fail,
     operation_request,

@@ -13,9 +13,9 @@ from channels.testing import WebsocketCommunicator
 from django.db import connection
 from django.test import Client
 
-from fleets import broadcast
 from fleets.layouts.loader import parse_layout
 from fleets.models import Domain, Fleet, Operation
+from fleets.services import broadcast
 from fleets.services.layouts import layout_apply
 from fleets.services.operations import operation_request, operation_start
 from fleets.services.route_pointer import route_switch

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from asgiref.sync import sync_to_async
 
-from fleets import clock
+from fleets.base import clock
 from fleets.core.states import InferenceState
 from fleets.models import Domain, Fleet, ModelBinding, Operation, Slot
 from fleets.proxy import hold

@@ -9,7 +9,7 @@ import threading
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from fleets.proxy import request_metrics
+from fleets.metrics import requests as request_metrics
 
 
 def _samples(*collectors) -> dict[tuple[str, tuple], float]:

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from supervisor.wire.contract import check_response
+from common.wire.contract import check_response
 from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 from jsonschema import Draft202012Validator
 
-from supervisor.wire.shape import FEATURES
+from common.wire.shape import FEATURES
 
 TOTAL_MIB = 81920
 WEIGHTS_MIB = 6000

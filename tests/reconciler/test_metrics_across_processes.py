@@ -16,15 +16,15 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
-from fleets.prometheus import remove_dead_process_files
-from fleets.proxy.request_metrics import record
+from fleets.metrics.registry import remove_dead_process_files
+from fleets.metrics.requests import record
 
 ROOT = Path(__file__).resolve().parents[2]
 COUNT_ONCE = """
 import django
 django.setup()
-from fleets.proxy.request_metrics import record
-from fleets.reconciler.fleet_metrics import SUPERVISOR_CALL_ERRORS, TICKS
+from fleets.metrics.requests import record
+from fleets.metrics.reconcile import SUPERVISOR_CALL_ERRORS, TICKS
 record(fleet="f", model="m", outcome="ok", overhead_s=0.001)
 TICKS.labels("ok").inc()
 SUPERVISOR_CALL_ERRORS.labels("status", "timeout").inc()

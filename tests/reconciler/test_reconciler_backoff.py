@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fleets.models import Event, Fleet, Operation
-from fleets.selectors import fleet_snapshot
+from fleets.reads.selectors import fleet_snapshot
 from fleets.services.operations import operation_cancel
 
 pytestmark = pytest.mark.django_db

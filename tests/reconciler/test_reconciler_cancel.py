@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from fleets.models import Event, Fleet, Operation, Slot
-from fleets.reconciler import advance, promote
-from fleets.reconciler.cleanup import CLEANUP_LEASE_MS
+from fleets.reconciler import advance
+from fleets.reconciler.steps import promote
+from fleets.reconciler.steps.cleanup import CLEANUP_LEASE_MS
 from fleets.services.operations import (
     operation_cancel,
     operation_cleanup_claim,

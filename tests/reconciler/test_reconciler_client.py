@@ -7,9 +7,9 @@ import json
 import httpx
 import pytest
 
-from fleets.reconciler import fleet_metrics
+from common.wire.shape import compact
+from fleets.metrics import reconcile as fleet_metrics
 from fleets.reconciler.client import SupervisorClient, gpu_facts_unavailable
-from supervisor.wire.shape import compact
 
 TOKEN = "s3cret-supervisor-token-xyz"
 

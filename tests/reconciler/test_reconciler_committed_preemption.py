@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from fleets.models import Event, Fleet, Operation
-from fleets.reconciler.steps import switch_settle_ms
+from fleets.reconciler.steps.base import switch_settle_ms
 from fleets.services.operations import (
     operation_cancel_request,
     operation_fail,

@@ -12,14 +12,16 @@ import random
 import httpx
 import pytest
 
-from fleets import clock, tasks
+from fleets import tasks
+from fleets.base import clock
 from fleets.core.model_health import ServerHealth
 from fleets.models import Domain, Event, Fleet, ModelBinding, Operation
 from fleets.proxy import snapshots, store
-from fleets.reconciler import client, datapath, kick, promote
+from fleets.reads.shapes import model_json
+from fleets.reconciler import client, datapath, kick
+from fleets.reconciler.steps import promote
 from fleets.services.operations import operation_request
 from fleets.services.unreachable import UNREACHABLE
-from fleets.shapes import model_json
 
 pytestmark = pytest.mark.django_db
 

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 
 from fleets.models import Event, GoldenBaseline, ModelBinding
-from fleets.readiness import fleet_readiness
+from fleets.reads.readiness import fleet_readiness
 from fleets.reconciler.golden import BASELINE_PROBE_INTERVAL_MS
 from fleets.services.heartbeats import binding_engine_version_record
 from fleets.services.operations import operation_request

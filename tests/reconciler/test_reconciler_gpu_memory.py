@@ -13,8 +13,9 @@ import time
 import pytest
 
 from fleets.dashboard.selectors import fleet_page
+from fleets.metrics import reconcile as fleet_metrics
 from fleets.models import Domain, Event
-from fleets.reconciler import fleet_metrics, heartbeat
+from fleets.reconciler import heartbeat
 from fleets.reconciler.heartbeat import pending_gpu_read
 from tests.reconciler.fakes import CONTEXT_MIB, TOTAL_MIB, TRAINER_MIB, WEIGHTS_MIB
 

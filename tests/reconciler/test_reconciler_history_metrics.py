@@ -11,8 +11,8 @@ import re
 
 import pytest
 
+from fleets.metrics import history as history_metrics
 from fleets.models import Event, Operation
-from fleets.reconciler import history_metrics
 from fleets.services.operations import operation_request
 from tests.reconciler.test_reconciler_flow import run_until_done
 

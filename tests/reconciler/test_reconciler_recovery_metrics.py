@@ -7,7 +7,7 @@ import re
 import pytest
 
 from fleets.models import Event, Operation
-from fleets.recovery import recovery_summaries
+from fleets.reads.recovery import recovery_summaries
 from fleets.services.operations import operation_request
 from tests.reconciler.test_reconciler_flow import run_until_done
 

@@ -6,8 +6,8 @@ import uuid
 
 from fleets.core.states import DRILL_STEPS, ROUND_TRIP_DRILL_STEPS
 from fleets.models import Domain, Operation
-from fleets.reconciler import drill
 from fleets.reconciler.advance import _acted_on
+from fleets.reconciler.steps import drill
 
 
 def _op() -> Operation:

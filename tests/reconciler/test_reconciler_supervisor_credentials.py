@@ -11,11 +11,11 @@ import httpx
 import pytest
 from django.core import checks
 
+from fleets.base.supervisor_tokens import forget_warnings
 from fleets.checks import shared_supervisor_token
 from fleets.core.credentials import derive_supervisor_token
 from fleets.models import Domain, Event
 from fleets.reconciler import client
-from fleets.supervisor_tokens import forget_warnings
 
 pytestmark = pytest.mark.django_db
 
@@ -103,7 +103,7 @@ def test_a_supervisor_holding_another_domains_token_is_refused(fleet, tick, host
 def test_the_shared_token_alone_still_works_and_warns(fleet, tick, hosts, seen, settings, caplog):
     configure(settings, supervisor_token=SHARED)
     hosts.hosts["east"].token = hosts.hosts["west"].token = SHARED
-    with caplog.at_level(logging.WARNING, logger="fleets.supervisor_tokens"):
+    with caplog.at_level(logging.WARNING, logger="fleets.base.supervisor_tokens"):
         tick()
         tick()
     assert Domain.objects.get(slug="west").last_report["heartbeat"]["ok"] is True
@@ -122,7 +122,7 @@ def test_migration_sends_the_shared_token_only_to_a_supervisor_not_yet_migrated(
     configure(settings, supervisor_master_key=MASTER, supervisor_token=SHARED)
     hosts.hosts["east"].token = own_token("east")  # migrated
     hosts.hosts["west"].token = SHARED  # not yet
-    with caplog.at_level(logging.WARNING, logger="fleets.supervisor_tokens"):
+    with caplog.at_level(logging.WARNING, logger="fleets.base.supervisor_tokens"):
         tick()
         tick()
     assert Domain.objects.get(slug="east").last_report["heartbeat"]["ok"] is True

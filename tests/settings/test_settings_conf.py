@@ -1,11 +1,11 @@
-"""fleets.conf.haru(): the HARU settings, cached until a settings change replaces them."""
+"""fleets.base.conf.haru(): the HARU settings, cached until a settings change replaces them."""
 
 from __future__ import annotations
 
 from django.conf import settings as django_settings
 from django.test import override_settings
 
-from fleets import conf
+from fleets.base import conf
 
 
 def test_haru_is_the_settings_dictionary_and_follows_a_change(settings):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from django.db import DataError, IntegrityError, transaction
 
-from fleets import clock
+from fleets.base import clock
 from fleets.models import Domain, Fleet, ModelBinding, Operation, Slot
 
 pytestmark = pytest.mark.django_db

@@ -6,7 +6,7 @@ import pytest
 
 from fleets.core.policy import Policy
 from fleets.models import Domain
-from fleets.readiness import standby_facts
+from fleets.reads.readiness import standby_facts
 
 pytestmark = pytest.mark.django_db
 

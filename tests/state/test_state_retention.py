@@ -9,7 +9,7 @@ import pytest
 from django.core.management import call_command
 from django_celery_beat.models import PeriodicTask
 
-from fleets import clock
+from fleets.base import clock
 from fleets.dashboard.selectors import CHART_LIMIT, failover_chart
 from fleets.models import Domain, Event, Operation
 from fleets.services.retention import KEEP_PROMOTIONS, history_prune

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleets import clock
+from fleets.base import clock
 from fleets.models import Domain, Event, Fleet, Operation
 from fleets.services.route_pointer import route_switch, route_switch_back
 

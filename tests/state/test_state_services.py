@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from fleets import clock
+from fleets.base import clock
+from fleets.base.errors import InvalidTarget, OperationConflict
 from fleets.core.states import InvalidTransition
-from fleets.errors import InvalidTarget, OperationConflict
 from fleets.models import Domain, Event, Fleet, Operation, Slot
 from fleets.services import operations
 from fleets.services.operations import (

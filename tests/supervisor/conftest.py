@@ -18,11 +18,11 @@ from typing import Any
 import httpx
 import pytest
 
+from common.wire.contract import check_response
 from supervisor.api import create_app
 from supervisor.config import parse_config
 from supervisor.gpu.nvml import NvmlBackend
 from supervisor.host import Host, HostDeps
-from supervisor.wire.contract import check_response
 from tests.ports import free_port
 from tests.supervisor.fakes import FakeModelServers, FakeNvml, FakeSpawner
 

@@ -8,9 +8,9 @@ import time
 import pytest
 from starlette.testclient import TestClient
 
+from common.wire.contract import check_response
 from supervisor.gpu.facts import MIB
 from supervisor.gpu.nvml import NvmlBackend
-from supervisor.wire.contract import check_response
 from tests.supervisor.fakes import FakeGpu, FakeNvml, FakeProcess, FakeServerState, FakeSpawner
 
 CONFIG = {

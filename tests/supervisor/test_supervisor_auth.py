@@ -7,7 +7,7 @@ import logging
 import pytest
 from starlette.testclient import TestClient
 
-from supervisor.wire.contract import check_response
+from common.wire.contract import check_response
 from tests.supervisor.fakes import FakeServerState
 
 TOKEN = "correct-horse-battery-staple"

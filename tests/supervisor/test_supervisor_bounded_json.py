@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.wire.bounded_json import JSONRefused, loads
+from common.wire.bounded_json import JSONRefused, loads
 
 
 def test_a_hundred_thousand_brackets_are_a_clean_refusal_not_a_recursion_error():

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
+from common.strict_json import ConfigError
 from supervisor.config import (
     InferenceSlotConfig,
     TrainingSlotConfig,
     load_config,
     parse_config,
 )
-from supervisor.strict_json import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,8 +8,8 @@ import threading
 import pytest
 from starlette.testclient import TestClient
 
-from supervisor.strict_json import ConfigError
-from supervisor.wire.contract import check_response
+from common.strict_json import ConfigError
+from common.wire.contract import check_response
 from tests.supervisor.fakes import FakeServerState
 
 SECRET = "sk-model-server-key-0123456789"

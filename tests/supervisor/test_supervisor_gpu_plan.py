@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
+from common.strict_json import ConfigError
 from supervisor.config import parse_config
 from supervisor.gpu.facts import GpuFacts, GpuUnavailable
-from supervisor.strict_json import ConfigError
 from supervisor.training import trainer_env
 from tests.supervisor.fakes import FakeServerState
 

@@ -8,9 +8,9 @@ import time
 
 from starlette.testclient import TestClient
 
+from common.wire.contract import check_response
 from supervisor.engines.launch import LaunchCommand, redact_argv
 from supervisor.managed import BACKOFF, CONFLICT, RUNNING, STOPPED, ManagedProcess
-from supervisor.wire.contract import check_response
 from tests.supervisor.fakes import FakeServerState, FakeSpawner
 
 LAUNCH = LaunchCommand(

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from common.strict_json import ConfigError
 from supervisor.clock import SystemClock
 from supervisor.config import TrainingSlotConfig, parse_config, state_dir_for
 from supervisor.procfs import boot_id
 from supervisor.records import ProcessStamp, ServerRecord, StateDir, StateDirBusy, TrainerRecord
-from supervisor.strict_json import ConfigError
 from supervisor.training import TrainingSlot, newest_checkpoint_mtime
 from tests.supervisor.fakes import FakeSpawner
 

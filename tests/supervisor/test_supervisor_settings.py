@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
+from common.edge import limits as edge_limits
 from supervisor import server
 from supervisor.api import MAX_BODY_BYTES as API_MAX_BODY_BYTES
-from supervisor.edge import limits as edge_limits
 from supervisor.settings import EDGE_SETTINGS, SettingsError, is_loopback, settings_from_env
 
 CONFIG = json.dumps(

@@ -18,10 +18,10 @@ import pytest
 from jsonschema import Draft202012Validator
 from starlette.testclient import TestClient
 
+from common.wire import contract
+from common.wire.contract import check_response
 from supervisor.gpu.facts import MIB
 from supervisor.gpu.nvml import NvmlBackend
-from supervisor.wire import contract
-from supervisor.wire.contract import check_response
 from tests.supervisor.fakes import FakeGpu, FakeNvml, FakeProcess, FakeServerState
 
 ORIGINAL = Path(__file__).resolve().parents[1] / "wire" / "original"

@@ -1,10 +1,10 @@
 """The wire schemas are published as plain JSON Schema (another implementation reads them as
-they are), so they write the shared limits as numbers; these pin each to supervisor/limits.py."""
+they are), so they write the shared limits as numbers; these pin each to common/limits.py."""
 
 from __future__ import annotations
 
-from supervisor import limits
-from supervisor.wire import contract
+from common import limits
+from common.wire import contract
 
 
 def test_the_probe_request_schema_writes_the_shared_probe_limits():

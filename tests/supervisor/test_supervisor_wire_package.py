@@ -17,7 +17,7 @@ CHECK = """
 import sys
 sys.path = [p for p in sys.path if p not in ("", {repo!r})]
 sys.path.insert(0, {target!r})
-import supervisor.wire.contract as contract
+import common.wire.contract as contract
 assert contract.__file__.startswith({target!r}), contract.__file__
 assert contract.problems("probe.response", {{"ok": True, "results": []}}) == []
 assert contract.problems("probe.response", {{"ok": True, "results": [{{"error": None}}]}})
@@ -36,8 +36,8 @@ def test_an_installed_wheel_carries_and_validates_with_the_schemas(tmp_path):
     )  # fmt: skip
     (wheel,) = wheels.glob("haru-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    shipped = {n for n in names if n.startswith("supervisor/wire/schemas/")}
-    in_repo = {f"supervisor/wire/schemas/{p.name}" for p in REPO.glob("supervisor/wire/schemas/*")}
+    shipped = {n for n in names if n.startswith("common/wire/schemas/")}
+    in_repo = {f"common/wire/schemas/{p.name}" for p in REPO.glob("common/wire/schemas/*")}
     assert shipped == in_repo
     target = tmp_path / "site"
     with zipfile.ZipFile(wheel) as archive:

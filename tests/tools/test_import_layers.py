@@ -16,32 +16,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("fleets", "supervisor", "haru")
+PACKAGES = ("common", "fleets", "supervisor", "haru")
 
-# Rank of each layer, bottom first; a module may import modules of its own rank or below.
-# Entry points are the top and are further limited to their own package (see ENTRY_CROSSINGS).
+# Rank of each layer, bottom first; a module may import modules of its own rank or below. Each
+# layer is a folder (or, for Django's and Celery's own file names, a module at the app's root).
+# Entry points are the top and are further limited to their own folder (see ENTRY_CROSSINGS).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("shared", ("common",)),
     ("supervisor", ("supervisor",)),
     ("core", ("fleets.core",)),
-    (
-        "bottom",
-        (
-            "fleets.errors",
-            "fleets.clock",
-            "fleets.conf",
-            "fleets.tokens",
-            "fleets.supervisor_tokens",
-            "fleets.prometheus",
-            "fleets.drivers",
-        ),
-    ),
+    ("bottom", ("fleets.base", "fleets.drivers")),
     ("documents and storage", ("fleets.layouts", "fleets.models")),
-    ("shapes", ("fleets.shapes",)),
-    (
-        "reads",
-        ("fleets.selectors", "fleets.readiness", "fleets.recovery", "fleets.placement_metrics"),
-    ),
-    ("writes", ("fleets.services", "fleets.broadcast")),
+    ("reads", ("fleets.reads",)),
+    ("writes", ("fleets.services",)),
+    ("metrics", ("fleets.metrics",)),
     ("reconciler", ("fleets.reconciler",)),
     (
         "entry points",
@@ -49,7 +37,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "fleets.api",
             "fleets.dashboard",
             "fleets.admin",
-            "fleets.admin_forms",
             "fleets.live",
             "fleets.tasks",
             "fleets.management",
@@ -57,39 +44,46 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "fleets.server",
             "fleets.apps",
             "fleets.checks",
-            "fleets.celery_consumer",
             "haru",
         ),
     ),
 ]
 # Entry points do not import each other, except where one is the other's engine on purpose.
 ENTRY_CROSSINGS = {
-    ("fleets.admin", "fleets.admin_forms"),  # the admin's forms
     ("fleets.admin", "fleets.dashboard"),  # admin actions call the dashboard's own actions
     ("fleets.server", "fleets.proxy"),  # the direct chat path runs the proxy's flow
     ("fleets.server", "fleets.tasks"),  # the tick driver kicks through the Celery tasks
-    ("fleets.server", "haru"),  # ... on the project's Celery app
     ("fleets.management", "fleets.server"),  # `serve` starts the server and its driver
     ("fleets.management", "fleets.proxy"),  # `serve` drains the proxy on SIGTERM
     ("fleets.apps", "fleets.api"),  # the app config registers the OpenAPI extension
     ("fleets.apps", "fleets.checks"),  # ... and the system checks
 }
+# The control plane reaches into the agent only through these named doors: the fingerprint a
+# layout's engine profile would get (the dashboard's drift check), and the supervisor's config
+# and state records (a provisioned domain carries a config; the local launcher writes one).
+SUPERVISOR_DOORS = {
+    "supervisor.config",
+    "supervisor.engines.drift",
+    "supervisor.records",
+}
 # What the pure core may import beyond itself and the standard library.
-CORE_MAY_IMPORT = {"supervisor.limits", "supervisor.documents", "supervisor.strict_json"}
-# The drivers render and call `sky`: beyond themselves, only the supervisor's schema checker.
-DRIVERS_MAY_IMPORT = {"supervisor.documents", "supervisor.strict_json", "supervisor.limits"}
+CORE_MAY_IMPORT = {"common.limits", "common.documents", "common.strict_json"}
+# The drivers render and call their tools: beyond themselves, only the shared schema checker.
+DRIVERS_MAY_IMPORT = {"common.documents", "common.strict_json", "common.limits"}
 # The chat proxy reaches the control plane at these points only (docs/architecture.md); the
 # core's pure rules (route intent, the read model, states) it may read as any layer may.
 PROXY_MAY_IMPORT = {
     "fleets.reconciler.datapath",
     "fleets.services.route_publish",
     "fleets.models",
-    "fleets.conf",
-    "fleets.tokens",
-    "fleets.clock",
-    "fleets.prometheus",
-    "supervisor.wire.bounded_json",
-    "supervisor.wire",
+    "fleets.base.conf",
+    "fleets.base.tokens",
+    "fleets.base.clock",
+    "fleets.base.errors",
+    "fleets.metrics.registry",
+    "fleets.metrics.requests",
+    "common.wire.bounded_json",
+    "common.wire",
 }
 
 
@@ -251,11 +245,30 @@ def test_there_are_no_import_circles():
 
 
 def test_the_supervisor_stands_alone():
-    """It runs on GPU hosts without Django or the control plane."""
+    """It runs on GPU hosts without Django or the control plane: itself and `common` only."""
     for module, targets in graph().items():
-        if module.startswith("supervisor"):
-            assert not [t for t in targets if not t.startswith("supervisor")], module
+        if module.startswith(("supervisor", "common")):
+            own = ("supervisor", "common") if module.startswith("supervisor") else ("common",)
+            assert not [t for t in targets if not t.startswith(own)], module
             assert "django" not in third_party(module), module
+
+
+def test_the_control_plane_enters_the_agent_only_through_its_doors():
+    for module, targets in graph().items():
+        if module.startswith(("fleets", "haru")):
+            inside = {t for t in targets if t.startswith("supervisor")}
+            assert inside - SUPERVISOR_DOORS == set(), module
+
+
+def test_layers_are_folders():
+    """`ls fleets/` says the layers: every module lies in a layer's folder, or is one of the
+    files Django and Celery look for by name at the app's root."""
+    loose = {
+        path.name
+        for path in (ROOT / "fleets").glob("*.py")
+        if path.name not in {"__init__.py", "apps.py", "models.py", "tasks.py", "checks.py"}
+    }
+    assert loose == set()
 
 
 def test_the_core_is_pure():
@@ -263,7 +276,7 @@ def test_the_core_is_pure():
         if module.startswith("fleets.core"):
             outside = {t for t in targets if not t.startswith("fleets.core")} - CORE_MAY_IMPORT
             assert outside == set(), module
-            # jsonschema only through supervisor.documents; nothing else from outside.
+            # jsonschema only through common.documents; nothing else from outside.
             assert third_party(module) == set(), module
 
 

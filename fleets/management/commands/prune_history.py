@@ -9,7 +9,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from fleets import clock
+from fleets.base import clock
 from fleets.services.retention import history_prune, retention_cutoff
 
 

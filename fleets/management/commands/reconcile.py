@@ -15,10 +15,10 @@ import threading
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from fleets.reads.shapes import operation_json
 from fleets.reconciler.loop import ReconcileLoop
 from fleets.reconciler.provision import fleet_provision_tick
 from fleets.reconciler.tick import fleets_to_reconcile, tick_run
-from fleets.shapes import operation_json
 
 
 class Command(BaseCommand):

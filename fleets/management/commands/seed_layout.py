@@ -8,7 +8,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from fleets.errors import LayoutError
+from fleets.base.errors import LayoutError
 from fleets.layouts.loader import load_layout
 from fleets.services.layouts import layout_apply
 

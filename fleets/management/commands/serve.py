@@ -14,7 +14,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from uvicorn.supervisors import Multiprocess, multiprocess
 
-from fleets.prometheus import remove_dead_process_files
+from fleets.metrics.registry import remove_dead_process_files
 from fleets.proxy.drain import DrainingProcess, DrainingServer, graceful_config
 from fleets.server.driver import SERVE_WORKER_ENV, start_for_server
 from fleets.server.protocol import HaruHttpProtocol, current_limits

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
+from fleets.base.errors import FleetNotFound, InvalidTarget
 from fleets.core.states import Provider
 from fleets.drivers.cloud_placement import CloudPlacementError, parse_cloud_placement
 from fleets.drivers.render import cluster_name, for_review, render_domain
-from fleets.errors import FleetNotFound, InvalidTarget
-from fleets.selectors import domain_get, fleet_get
+from fleets.reads.selectors import domain_get, fleet_get
 
 
 class Command(BaseCommand):

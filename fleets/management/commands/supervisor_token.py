@@ -10,8 +10,8 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from fleets.base.supervisor_tokens import MASTER_KEY_ENV, supervisor_token_for
 from fleets.models import Domain
-from fleets.supervisor_tokens import MASTER_KEY_ENV, supervisor_token_for
 
 
 class Command(BaseCommand):

@@ -3,9 +3,9 @@
 Labels are bounded: `fleet` is a fleet slug the store confirmed and `model` a bound model name,
 else "" (client-chosen strings never become label values).
 
-Written in batches. In multiprocess mode (fleets/prometheus.py) every increment is a locked write
-into a shared file: five per request (a counter and two histograms, each a bucket and a sum),
-about 7 us, the largest single cost of the proxy's own work on the healthy path. A request
+Written in batches. In multiprocess mode (fleets/metrics/registry.py) every increment is a
+locked write into a shared file: five per request (a counter and two histograms, each a bucket
+and a sum), about 7 us, the largest single cost of the proxy's own work on the healthy path. A request
 only appends its figures to this process's queue; a flush sums the queue and writes the sums,
 at most FLUSH_S later (a timer on the event loop), on every scrape this process serves, and at
 exit. Summed in one pass, the label lookups and bucket searches cost less than spread over the
@@ -25,7 +25,7 @@ from typing import Any
 
 from prometheus_client import Counter, Histogram
 
-from fleets.prometheus import register_before_scrape
+from fleets.metrics.registry import register_before_scrape
 
 REQUESTS = Counter(
     "haru_proxy_requests",

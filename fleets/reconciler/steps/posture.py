@@ -14,7 +14,7 @@ from typing import Any
 from fleets.core.states import InferenceState, TrainingState
 from fleets.models import Domain, Id
 from fleets.reconciler.client import Call, StatusReport, SupervisorClient
-from fleets.reconciler.steps import bound_inference, training_slots
+from fleets.reconciler.steps.base import bound_inference, training_slots
 from fleets.services.transitions import slot_transition
 
 # Every live inference state a proven sleep may settle (the state table allows each -> sleeping).

@@ -18,15 +18,15 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from fleets import admin_forms as af
-from fleets import clock
+from fleets.admin import forms as af
+from fleets.base import clock
+from fleets.base.errors import ServiceError
 from fleets.core.policy import Policy
 from fleets.core.states import (
     DomainRole,
     OperationKind,
 )
 from fleets.dashboard import actions as dashboard_actions
-from fleets.errors import ServiceError
 from fleets.models import (
     Domain,
     Event,
@@ -37,7 +37,7 @@ from fleets.models import (
     Operation,
     Slot,
 )
-from fleets.selectors import operation_in_flight
+from fleets.reads.selectors import operation_in_flight
 from fleets.services.events import event_record
 from fleets.services.fleets import fleet_delete
 from fleets.services.gpu_plan import domain_gpus_adopt, domain_plan, domain_plan_apply

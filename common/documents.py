@@ -9,7 +9,7 @@ A schema may word its own rules: `x-rule` (one string) for a pattern, enum, cons
 or `x-rules` (keyword -> string) for any keyword (`required` and `additionalProperties`
 included); the common keywords it does not word get the house's words, not jsonschema's
 (which quote the whole value: `[...] is too long`). Shared limits are written once, in
-`supervisor/limits.py`: a schema names one as the string `"$limits.NAME"` where a number goes,
+`common/limits.py`: a schema names one as the string `"$limits.NAME"` where a number goes,
 and as `{NAME}` inside a rule's words.
 
 Standard library and jsonschema only (no Django): the control plane and the supervisor share it.
@@ -26,8 +26,8 @@ from typing import Any
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError
 
-from supervisor import limits
-from supervisor.strict_json import is_int, is_number, type_name
+from common import limits
+from common.strict_json import is_int, is_number, type_name
 
 _LIMIT_PREFIX = "$limits."
 

@@ -7,16 +7,17 @@ the old active (the operation's recorded source) and never fail the operation.
 
 from __future__ import annotations
 
-from fleets import clock
+from fleets.base import clock
 from fleets.core.golden import PROBE_MISMATCH, BaselineReason, Verdict
 from fleets.core.model_health import ServerHealth
 from fleets.core.recovery import during_outage
 from fleets.core.report import TrainerReportState
 from fleets.core.states import InferenceState, OperationState, TrainingState, steps_for
 from fleets.models import Domain, Event, Fleet, ModelBinding, Operation
-from fleets.reconciler import golden, posture
+from fleets.reconciler import golden
 from fleets.reconciler.client import StatusReport, SupervisorClient
-from fleets.reconciler.steps import (
+from fleets.reconciler.steps import posture
+from fleets.reconciler.steps.base import (
     CAS_LOST,
     INSUFFICIENT_GPU_MEMORY,
     NO_INFERENCE_BINDINGS,

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from datetime import datetime
 
-from fleets import clock
+from common.strict_json import is_int, is_number
+from fleets.base import clock
 from fleets.core.golden import (
     baseline_missing,
     profile_fingerprint,
@@ -30,8 +31,7 @@ from fleets.core.readiness import (
 from fleets.core.report import report_gpus, reported_training
 from fleets.core.states import OperationKind, OperationState, SlotKind
 from fleets.models import Domain, Fleet, GoldenBaseline, Id, ModelBinding, Operation, Slot
-from fleets.selectors import fleet_view
-from supervisor.strict_json import is_int, is_number
+from fleets.reads.selectors import fleet_view
 
 
 def _number(value: object) -> float | None:

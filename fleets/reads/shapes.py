@@ -3,7 +3,7 @@
 The API, the live layer (`broadcast`) and the `reconcile` command all render through these, and
 `fleets/api/serializers.py` describes the same shapes for the OpenAPI schema;
 `tests/api/test_api_shapes.py` checks every live answer against that schema, so the two cannot
-drift apart. Rendering only: the database reads that feed them are in `fleets/selectors.py`.
+drift apart. Rendering only: the database reads that feed them are in `fleets/reads/selectors.py`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from fleets.clock import iso
+from fleets.base.clock import iso
 from fleets.core.backoff import Backoff
 from fleets.core.policy import Policy
 from fleets.core.states import DomainRole, SlotKind

@@ -13,8 +13,8 @@ import logging
 from prometheus_client.core import GaugeMetricFamily
 
 from fleets.core.allocation import gpu_allocations
+from fleets.metrics.registry import register_database_collector
 from fleets.models import Domain, ModelBinding, Slot
-from fleets.prometheus import register_database_collector
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from django.conf import settings
 
-from fleets import clock
+from fleets.base import clock
 from fleets.core.policy import Policy
 from fleets.core.states import SlotKind, leg_step
 from fleets.models import Domain, ModelBinding, Operation, Slot

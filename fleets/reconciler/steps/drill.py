@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 from fleets.core.states import BACK_LEG, PROMOTE_STEPS
 from fleets.models import Operation
-from fleets.reconciler import demote, promote
-from fleets.reconciler.steps import SOURCE_GONE, StepContext, StepResult, failed
+from fleets.reconciler.steps import demote, promote
+from fleets.reconciler.steps.base import SOURCE_GONE, StepContext, StepResult, failed
 from fleets.services.events import event_record
 
 Executor = Callable[[StepContext], StepResult]

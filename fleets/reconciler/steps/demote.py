@@ -7,8 +7,8 @@ the active domain meanwhile: sleeping the domain that serves traffic is an outag
 from __future__ import annotations
 
 from fleets.models import Fleet
-from fleets.reconciler import posture
-from fleets.reconciler.steps import (
+from fleets.reconciler.steps import posture
+from fleets.reconciler.steps.base import (
     NO_SUPERVISOR,
     SUPERVISOR_UNAUTHORIZED,
     TARGET_IS_ACTIVE,

@@ -35,7 +35,7 @@ _PID_FILE = re.compile(r"_(\d+)\.db$")
 
 
 # Called before each scrape this process serves: a module that batches its observations (the chat
-# proxy's, fleets/proxy/request_metrics.py) writes them out, so its own scrape is exact.
+# proxy's, fleets/metrics/requests.py) writes them out, so its own scrape is exact.
 _before_scrape: list[Callable[[], None]] = []
 
 

@@ -1,9 +1,9 @@
 """JSON value kinds, the refused-document error, and the supervisor API's request reader.
 
 Operator documents (the supervisor config and its engine profiles) are JSON Schema files checked
-through `supervisor/documents.py`, which takes "an int but not a bool" from here. `ObjectReader`
+through `common/documents.py`, which takes "an int but not a bool" from here. `ObjectReader`
 reads the few fields of the supervisor API's request bodies (`supervisor/api.py`); those bodies'
-schemas are the wire contract's (`supervisor/wire/schemas/`), which the supervisor does not yet
+schemas are the wire contract's (`common/wire/schemas/`), which the supervisor does not yet
 enforce itself.
 """
 

@@ -17,6 +17,8 @@ from django.core.exceptions import ValidationError
 from django.forms.fields import InvalidJSONInput, JSONString
 from django.forms.formsets import DELETION_FIELD_NAME
 
+from common.wire import bounded_json
+from fleets.base.errors import LayoutError
 from fleets.core.drills import DrillSchedule, schedule_problems
 from fleets.core.policy import PolicyError, validate_policy
 from fleets.core.states import Provider, SlotKind
@@ -26,10 +28,8 @@ from fleets.drivers.cloud_placement import (
     parse_cloud_placement,
     parse_driver_settings,
 )
-from fleets.errors import LayoutError
 from fleets.layouts.loader import layout_schema, parse_layout, schema_problems
 from fleets.models import Domain, Fleet, ModelBinding, Slot
-from supervisor.wire import bounded_json
 
 
 def _marked_for_deletion(form: forms.BaseForm) -> bool:

@@ -2,7 +2,7 @@
 
 Durable state (domain state and role, heartbeat age, route revision, operations by kind and
 outcome) is read from the database at scrape time by `StateCollector`, and so are the step and
-failover durations (`fleets.reconciler.history_metrics`), so every server replica reports the
+failover durations (`fleets.metrics.history`), so every server replica reports the
 same numbers whichever process ran the tick. Tick counts and durations and supervisor call
 errors are observed where the tick runs (the server's loop in the embedded default; a Celery
 worker in production, see KNOWN_ISSUES.md).
@@ -18,14 +18,14 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from fleets import clock
+from fleets.base import clock
 from fleets.core.states import DomainState, OperationKind, OperationState
-from fleets.models import Domain, Fleet, Operation
-from fleets.prometheus import register_database_collector
-from fleets.reconciler import (
-    history_metrics,  # noqa: F401 - registers the step histograms
-    readiness_metrics,  # noqa: F401 - registers readiness and recovery
+from fleets.metrics import (
+    history,  # noqa: F401 - registers the step histograms
+    readiness,  # noqa: F401 - registers readiness and recovery
 )
+from fleets.metrics.registry import register_database_collector
+from fleets.models import Domain, Fleet, Operation
 
 log = logging.getLogger(__name__)
 

@@ -1,20 +1,20 @@
 """Cross-model reads: fleet lookup by slug or UUID, the core's FleetView, API snapshots.
 
-The JSON shapes themselves are rendered by `fleets/shapes.py`."""
+The JSON shapes themselves are rendered by `fleets/reads/shapes.py`."""
 
 from __future__ import annotations
 
 import uuid
 from typing import Any
 
+from fleets.base.errors import FleetNotFound, InvalidTarget, OperationNotFound
 from fleets.core.backoff import Attempt, Backoff, failover_backoffs
 from fleets.core.decisions import find_domain
 from fleets.core.policy import Policy
 from fleets.core.read_model import DomainView, FleetView, ModelView, SlotView
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES, OperationKind, OperationState
-from fleets.errors import FleetNotFound, InvalidTarget, OperationNotFound
 from fleets.models import Domain, Fleet, Id, ModelBinding, Operation, Slot
-from fleets.shapes import fleet_json
+from fleets.reads.shapes import fleet_json
 
 
 def _as_uuid(ref: str) -> uuid.UUID | None:

@@ -35,16 +35,20 @@ import threading
 import uuid
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 from datetime import UTC, datetime
 
 from channels.layers import get_channel_layer
 from django.db import close_old_connections, connection, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Field, Model
 from django.utils.dateparse import parse_datetime
 from prometheus_client import Counter
 
-from fleets import clock, shapes
+from fleets.base import clock
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES
-from fleets.models import Fleet, Operation
+from fleets.models import Event, Fleet, Operation
+from fleets.reads import shapes
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +69,7 @@ _server_loop: asyncio.AbstractEventLoop | None = None
 _server_loop_lock = threading.Lock()
 
 
-def fleet_group(fleet_id) -> str:
+def fleet_group(fleet_id: object) -> str:
     return f"fleet.{fleet_id}"
 
 
@@ -239,7 +243,7 @@ def _own_loop() -> asyncio.AbstractEventLoop:
     return loop
 
 
-def _send(fleet_id, message: dict) -> None:
+def _send(fleet_id: object, message: dict[str, Any]) -> None:
     """Send `message` to the fleet's group now (the publisher thread's half of `publish`)."""
     layer = get_channel_layer()
     if layer is None:
@@ -270,13 +274,15 @@ _STATE_SQL: dict[str, str] = {}
 _IN_FLIGHT = tuple(sorted(str(s) for s in IN_FLIGHT_OPERATION_STATES))
 
 
-def _state_sql(connection) -> str:
+def _state_sql(connection: BaseDatabaseWrapper) -> str:
     sql = _STATE_SQL.get(connection.vendor)
     if sql is None:
         q = connection.ops.quote_name
 
-        def col(model, name: str) -> str:
-            return q(model._meta.get_field(name).column)
+        def col(model: type[Model], name: str) -> str:
+            field = model._meta.get_field(name)
+            assert isinstance(field, Field)  # a concrete column, never a relation's reverse
+            return str(q(field.column))
 
         fleet, op = q(Fleet._meta.db_table), q(Operation._meta.db_table)
         op_fields = ("id", "kind", "state", "current_step", "step_started_at", "target_domain")
@@ -296,7 +302,7 @@ def _state_sql(connection) -> str:
     return sql
 
 
-def fleet_state(fleet_id, operation_id=None) -> dict | None:
+def fleet_state(fleet_id: object, operation_id: object = None) -> dict[str, Any] | None:
     """Read the fleet's routing state and its operation as they are now (after commit).
 
     The operation is the event's own when it names one, else the one in flight. One indexed
@@ -335,20 +341,19 @@ def fleet_state(fleet_id, operation_id=None) -> dict | None:
     return {**shapes.fleet_pointer_json(pointer), "operation": live}
 
 
-def _uuid(value) -> str | None:
+def _uuid(value: object) -> str | None:
     # SQLite stores UUIDs as 32 hex digits, PostgreSQL as uuid: one canonical string either way.
     return None if value is None else str(uuid.UUID(str(value)))
 
 
-def _aware(value) -> datetime | None:
-    if isinstance(value, str):
-        value = parse_datetime(value)
-    if value is not None and value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return value
+def _aware(value: object) -> datetime | None:
+    moment = parse_datetime(value) if isinstance(value, str) else value
+    if not isinstance(moment, datetime):
+        return None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
-def _safe_state(fleet_id, operation_id=None) -> dict | None:
+def _safe_state(fleet_id: object, operation_id: object = None) -> dict[str, Any] | None:
     try:
         return fleet_state(fleet_id, operation_id)
     except Exception:  # noqa: BLE001 - a failed read must not stop the event from going out
@@ -356,7 +361,7 @@ def _safe_state(fleet_id, operation_id=None) -> dict | None:
         return None
 
 
-def publish_event(event) -> None:
+def publish_event(event: Event) -> None:
     """Queue one Event row as a `fleet.event` message, with the fleet's state right after it.
 
     Exactly one message per Event row: the dashboard applies `fleet` (pointer, revision, the
@@ -369,7 +374,7 @@ def publish_event(event) -> None:
     _publisher.submit(lambda: _send(event.fleet_id, message))
 
 
-def _event_message(event, state: dict | None) -> dict:
+def _event_message(event: Event, state: dict[str, Any] | None) -> dict[str, Any]:
     return {
         "type": "fleet.event",
         "fleet": state,

@@ -43,7 +43,7 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from supervisor.edge.limits import EdgeLimits
+from common.edge.limits import EdgeLimits
 
 __all__ = ["EdgeHttpProtocol", "protocol_with"]
 

@@ -21,8 +21,8 @@ from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from fleets.core.states import OperationState
+from fleets.metrics.registry import register_database_collector
 from fleets.models import Event, Operation
-from fleets.prometheus import register_database_collector
 
 log = logging.getLogger(__name__)
 

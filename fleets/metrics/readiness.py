@@ -19,13 +19,13 @@ from collections.abc import Iterator
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from fleets import clock
+from fleets.base import clock
 from fleets.core.policy import Policy
 from fleets.core.readiness import ReadinessVerdict
+from fleets.metrics.registry import register_database_collector
 from fleets.models import Fleet
-from fleets.prometheus import register_database_collector
-from fleets.readiness import fleet_readiness, last_drill
-from fleets.recovery import recovery_summaries
+from fleets.reads.readiness import fleet_readiness, last_drill
+from fleets.reads.recovery import recovery_summaries
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hmac
 from enum import Enum
 
-from fleets.conf import haru
+from fleets.base.conf import haru
 
 
 class Scope(Enum):

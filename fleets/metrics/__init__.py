@@ -1,0 +1,1 @@
+"""Every Prometheus series Haru exports, and the `/metrics` view (`registry`)."""
