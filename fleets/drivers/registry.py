@@ -21,23 +21,16 @@ class UnknownDriver(KeyError):
 
 
 class DriverRegistry:
-    """Hold drivers by name; a later `add` replaces an earlier one of the same name."""
+    """The drivers by name; of two with one name, the later wins."""
 
-    def __init__(self, drivers: list[ProvisioningDriver] | None = None) -> None:
-        self._drivers: dict[str, ProvisioningDriver] = {}
-        for driver in drivers or []:
-            self.add(driver)
-
-    def add(self, driver: ProvisioningDriver) -> None:
-        self._drivers[driver.name] = driver
+    def __init__(self, drivers: list[ProvisioningDriver]) -> None:
+        self._drivers = {driver.name: driver for driver in drivers}
 
     def get(self, name: str) -> ProvisioningDriver:
-        try:
-            return self._drivers[name]
-        except KeyError:
-            raise UnknownDriver(
-                f'unknown driver "{name}" (known: {", ".join(self.names())})'
-            ) from None
+        if name not in self._drivers:
+            known = ", ".join(self.names())
+            raise UnknownDriver(f'unknown driver "{name}" (known: {known})')
+        return self._drivers[name]
 
     def names(self) -> tuple[str, ...]:
         return tuple(sorted(self._drivers))

@@ -35,37 +35,20 @@ STATUS_TIMEOUT_S = 90.0  # --refresh asks the cloud
 ERROR_TAIL_CHARS = 600
 
 
-class SkyCliMissing(DriverError):
-    code = "sky_cli_missing"
+def _failure(name: str, code: str, *, retry_elsewhere: bool = False) -> type[DriverError]:
+    """Return the DriverError subclass of one way a `sky` call fails (docs/drivers.md's table)."""
+    return type(name, (DriverError,), {"code": code, "retry_elsewhere": retry_elsewhere})
 
 
-class SkyNoCredentials(DriverError):
-    code = "sky_no_credentials"
-
-
-class SkyCapacity(DriverError):
-    code = "sky_capacity"
-    retry_elsewhere = True
-
-
-class SkyClusterUnknown(DriverError):
-    code = "sky_cluster_unknown"
-
-
-class SkySecretMissing(DriverError):
-    code = "sky_secret_missing"
-
-
-class SkyTimeout(DriverError):
-    code = "sky_timeout"
-
-
-class SkyCommandFailed(DriverError):
-    code = "sky_command_failed"
-
-
-class SkyBadOutput(DriverError):
-    code = "sky_bad_output"
+SkyCliMissing = _failure("SkyCliMissing", "sky_cli_missing")
+SkyNoCredentials = _failure("SkyNoCredentials", "sky_no_credentials")
+# The same launch may work in another region or zone.
+SkyCapacity = _failure("SkyCapacity", "sky_capacity", retry_elsewhere=True)
+SkyClusterUnknown = _failure("SkyClusterUnknown", "sky_cluster_unknown")
+SkySecretMissing = _failure("SkySecretMissing", "sky_secret_missing")
+SkyTimeout = _failure("SkyTimeout", "sky_timeout")
+SkyCommandFailed = _failure("SkyCommandFailed", "sky_command_failed")
+SkyBadOutput = _failure("SkyBadOutput", "sky_bad_output")
 
 
 # Order matters: the first pattern that matches names the failure.
