@@ -136,7 +136,7 @@ class Domain(models.Model):
     # Last heartbeat body as reported by the supervisor (GPU memory, fingerprints), for display
     # only: nothing decides on it.
     last_report = models.JSONField(default=dict, blank=True, editable=False)
-    # Launch settings of a domain Haru provisions (fleets.drivers.cloud_placement); empty for a
+    # Launch settings of a domain Haru provisions (checked by its driver); empty for a
     # static domain or one provisioned by hand.
     driver = models.JSONField(default=dict, blank=True)
     # Where provisioning stands (phase, candidate, request id, last driver error); written only
