@@ -7,6 +7,8 @@ import re
 
 import pytest
 
+from common.limits import MAX_DRIVER_CALL_S
+from fleets.drivers import script, sky_cli
 from fleets.drivers.base import ProvisioningDriver
 from fleets.drivers.registry import (
     DriverRegistry,
@@ -18,6 +20,7 @@ from fleets.drivers.registry import (
 from fleets.drivers.script import ScriptDriver
 from fleets.layouts.loader import layout_schema
 from fleets.models import PROVIDER_REGEX
+from fleets.reconciler.provision import PROVISION_LEASE_S
 
 
 def test_the_built_in_drivers_are_registered_by_name():
@@ -59,3 +62,11 @@ def test_the_sky_cli_is_made_only_when_a_driver_calls_it():
         settings={"supervisorConfig": {"slots": []}},
     )
     assert made == []
+
+
+def test_a_domains_worst_pass_fits_in_the_provisioning_lease():
+    """A pass renews its lease per domain and makes at most two driver calls for one domain
+    (stop, then describe); every call's deadline is at most MAX_DRIVER_CALL_S."""
+    assert 2 * MAX_DRIVER_CALL_S < PROVISION_LEASE_S
+    assert max(sky_cli.DEFAULT_TIMEOUT_S, sky_cli.STATUS_TIMEOUT_S) <= MAX_DRIVER_CALL_S
+    assert max(script.DEFAULT_TIMEOUT_S.values()) <= MAX_DRIVER_CALL_S
