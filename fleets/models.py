@@ -31,6 +31,8 @@ Id: TypeAlias = uuid.UUID | str
 
 # At most 63 characters (a DNS label), lowercase alphanumerics separated by single hyphens.
 SLUG_REGEX = r"^(?=.{1,63}$)[a-z0-9]+(-[a-z0-9]+)*$"
+# A provider's name, as the layout schema spells it.
+PROVIDER_REGEX = r"^[a-z][a-z0-9-]{0,15}$"
 
 
 def _choices(enum) -> list[tuple[str, str]]:
@@ -104,7 +106,10 @@ class Domain(models.Model):
     fleet = models.ForeignKey(Fleet, on_delete=models.CASCADE, related_name="domains")
     slug = models.CharField(max_length=63)
     display_name = models.CharField(max_length=200, blank=True, default="")
-    provider = models.CharField(max_length=16, choices=_choices(Provider), default=Provider.STATIC)
+    # static, or a provisioning driver's name: the registry (fleets/drivers/registry.py) is the
+    # list, checked by the layout loader and the admin; the database keeps the shape, so adding
+    # a driver needs no migration.
+    provider = models.CharField(max_length=16, default=Provider.STATIC)
     # {cloud, region, accelerator, acceleratorCount, useSpot}
     placement = models.JSONField(default=dict, blank=True)
     supervisor_url = models.URLField(max_length=500, blank=True, default="")
@@ -131,7 +136,7 @@ class Domain(models.Model):
     # Last heartbeat body as reported by the supervisor (GPU memory, fingerprints), for display
     # only: nothing decides on it.
     last_report = models.JSONField(default=dict, blank=True, editable=False)
-    # Launch settings of a domain Haru provisions (fleets.drivers.cloud_placement); empty for a
+    # Launch settings of a domain Haru provisions (checked by its driver); empty for a
     # static domain or one provisioned by hand.
     driver = models.JSONField(default=dict, blank=True)
     # Where provisioning stands (phase, candidate, request id, last driver error); written only
@@ -151,7 +156,7 @@ class Domain(models.Model):
                 condition=Q(state__in=[s.value for s in DomainState]), name="domain_state_valid"
             ),
             models.CheckConstraint(
-                condition=Q(provider__in=[p.value for p in Provider]), name="domain_provider_valid"
+                condition=Q(provider__regex=PROVIDER_REGEX), name="domain_provider_valid"
             ),
         ]
 

@@ -23,11 +23,8 @@ from fleets.core.drills import DrillSchedule, schedule_problems
 from fleets.core.policy import PolicyError, validate_policy
 from fleets.core.states import Provider, SlotKind
 from fleets.core.urls import USERINFO_RULE, has_userinfo, supervisor_url_problem
-from fleets.drivers.cloud_placement import (
-    CloudPlacementError,
-    parse_cloud_placement,
-    parse_driver_settings,
-)
+from fleets.drivers.base import DriverSettingsError
+from fleets.drivers.registry import builtin, provider_names
 from fleets.layouts.loader import layout_schema, parse_layout, schema_problems
 from fleets.models import Domain, Fleet, ModelBinding, Slot
 
@@ -182,8 +179,13 @@ class DomainForm(forms.ModelForm):
     driver = PrettyJSONField(
         required=False,
         rows=9,
-        help_text="skypilot/skyserve only: how Haru launches it (docs/drivers.md); empty: "
+        help_text="a driver's provider only: how Haru launches it (docs/drivers.md); empty: "
         "provisioned by hand",
+    )
+    provider = forms.ChoiceField(
+        choices=lambda: [(name, name) for name in provider_names()],
+        initial=Provider.STATIC,
+        help_text="static, or the driver that provisions it (docs/drivers.md)",
     )
     gpu_layout = PrettyJSONField(
         required=False,
@@ -267,10 +269,11 @@ class DomainForm(forms.ModelForm):
             provider = data.get("provider") or Provider.STATIC
             try:
                 if provider == Provider.STATIC:
-                    raise CloudPlacementError("driver", "a static domain is never provisioned")
-                parse_cloud_placement(data.get("placement") or {})
-                parse_driver_settings(driver, provider=provider)
-            except CloudPlacementError as exc:
+                    raise DriverSettingsError("driver", "a static domain is never provisioned")
+                builtin().get(provider).validate(
+                    placement=data.get("placement") or {}, settings=driver
+                )
+            except DriverSettingsError as exc:
                 field = "placement" if exc.path.startswith("placement") else "driver"
                 self.add_error(field, str(exc))
         return data
