@@ -6,8 +6,8 @@ else "" (client-chosen strings never become label values).
 Written in batches. In multiprocess mode (fleets/metrics/registry.py) every increment is a
 locked write into a shared file: five per request (a counter and two histograms, each a bucket
 and a sum), about 7 us, the largest single cost of the proxy's own work on the healthy path. A
-request only appends its figures to this process's queue; a flush sums the queue and writes the sums,
-at most FLUSH_S later (a timer on the event loop), on every scrape this process serves, and at
+request only appends its figures to this process's queue; a flush sums the queue and writes the
+sums, at most FLUSH_S later (a timer on the event loop), on every scrape this process serves, and at
 exit. Summed in one pass, the label lookups and bucket searches cost less than spread over the
 requests (summing per request was about 2% of the CPU per request). Another process's scrape
 sees this one's requests up to FLUSH_S late; outside an event loop (a Celery task, a script)
