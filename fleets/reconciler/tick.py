@@ -59,11 +59,11 @@ from fleets.models import Domain, Fleet, Id, Operation
 from fleets.reads.selectors import AUTO_FAILOVER, failover_backoff_state, fleet_get, fleet_view
 from fleets.reconciler import datapath, kick
 from fleets.reconciler.advance import operation_advance
-from fleets.reconciler.client import SupervisorClient, client_for
 from fleets.reconciler.golden import active_baselines_fill
 from fleets.reconciler.heartbeat import heartbeat_apply, heartbeats_collect, serving_urls_of
 from fleets.reconciler.locks import LeaseLost, fleet_tick_lock
 from fleets.reconciler.steps.cleanup import pending_cleanups_run
+from fleets.reconciler.supervisor.client import SupervisorClient, client_for
 from fleets.services.escalation import (
     domain_escalate,
     fleet_no_standby_clear,
