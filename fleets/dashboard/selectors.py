@@ -496,7 +496,7 @@ def _domain_card(
     inference = _inference_rows(d, slots, bindings, report)
     stale = bool(dview and is_stale(dview, view.policy, now))
     serving_note = (
-        _serving_note(d, stale, _heartbeat_errors([d]).get(str(d.id)), inference)
+        _serving_note(d, stale, _heartbeat_error(report), inference)
         if role == DomainRole.ACTIVE
         else ""
     )
@@ -599,15 +599,19 @@ def fleet_page(fleet: Fleet, *, now: datetime) -> dict[str, Any]:
     }
 
 
+def _heartbeat_error(report: DomainReport) -> str | None:
+    """The message of the domain's failing heartbeat; None when its last one answered."""
+    note = report.heartbeat
+    if note is None or note.ok:
+        return None
+    message = note.error.message if note.error is not None else ""
+    return (message or "unreachable")[:120]
+
+
 def _heartbeat_errors(domains) -> dict[str, str]:
     """Map domain id to the message of its failing heartbeat (domains whose last one failed)."""
-    out = {}
-    for d in domains:
-        note = read_report(d.last_report).heartbeat
-        if note is not None and not note.ok:
-            message = note.error.message if note.error is not None else ""
-            out[str(d.id)] = (message or "unreachable")[:120]
-    return out
+    errors = {str(d.id): _heartbeat_error(read_report(d.last_report)) for d in domains}
+    return {domain_id: message for domain_id, message in errors.items() if message is not None}
 
 
 def overview_rows(*, now: datetime) -> list[dict[str, Any]]:

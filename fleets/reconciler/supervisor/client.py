@@ -13,10 +13,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlencode
 
-import httpx
 from django.conf import settings
 
-from common.wire import bounded_json
 from common.wire.shape import FEATURE_DRAIN, FEATURE_PROBE_GOLDEN, FEATURE_PROBE_MODELS
 from fleets.base.supervisor_tokens import credentials_for
 from fleets.core.report import GpuMemory, StatusReport
@@ -29,13 +27,7 @@ from fleets.reconciler.supervisor.reports import (
     parse_probe,
     parse_status,
 )
-from fleets.reconciler.supervisor.transport import (
-    HTTP,
-    MAX_RESPONSE_BYTES,
-    Call,
-    CallError,
-    Door,
-)
+from fleets.reconciler.supervisor.transport import HTTP, Call, CallError, Door
 
 if TYPE_CHECKING:
     from fleets.models import Domain
@@ -75,35 +67,16 @@ def _count_error(call: str, error: CallError) -> None:
     fleet_metrics.SUPERVISOR_CALL_ERRORS.labels(call=call, kind=error.kind).inc()
 
 
-class SupervisorClient:
-    """Talk to one domain's supervisor."""
+class SupervisorClient(Door):
+    """Talk to one domain's supervisor: the wire contract's calls, sent through its door."""
 
     def __init__(
-        self,
-        base_url: str,
-        *,
-        token: str | None,
-        fallback_token: str | None = None,
-        key: str | None = None,
-        allowed_hosts: Sequence[str] = (),
-        http: httpx.Client | None = None,
-        on_error: ErrorHook | None = _count_error,
-        max_response_bytes: int = MAX_RESPONSE_BYTES,
-        max_depth: int = bounded_json.DEFAULT_MAX_DEPTH,
+        self, base_url: str, *, on_error: ErrorHook | None = _count_error, **door: Any
     ) -> None:
-        """See `transport.Door` for the tokens, the host check and the caps; `on_error` hears
-        every failed call by name (the error counter by default)."""
-        self._door = Door(
-            base_url,
-            token=token,
-            fallback_token=fallback_token,
-            key=key,
-            allowed_hosts=allowed_hosts,
-            http=http,
-            max_response_bytes=max_response_bytes,
-            max_depth=max_depth,
-        )
-        self.base_url = self._door.base_url
+        """`door`: the token, the fallback token, the allowed hosts, the HTTP client and the caps
+        (see `transport.Door`); `on_error` hears every failed call by name (the error counter
+        by default)."""
+        super().__init__(base_url, **door)
         self._on_error = on_error
 
     def status(self, *, timeout: float) -> Call[StatusReport]:
@@ -190,7 +163,7 @@ class SupervisorClient:
     ) -> Call[ProbeReport]:
         if models is None or (known is not None and FEATURE_PROBE_MODELS not in known):
             return self._call("probe", "POST", "/v1/probe", timeout, parse_probe, body, params)
-        result = self._door.send(
+        result = self.send(
             "POST", "/v1/probe", timeout, parse_probe, {**body, "models": list(models)}, params
         )
         if result.error is not None and result.error.status == 400:
@@ -216,7 +189,7 @@ class SupervisorClient:
         body: dict[str, Any] | None = None,
         params: list[tuple[str, str]] | None = None,
     ) -> Call[T]:
-        result = self._door.send(method, path, timeout, parse, body, params)
+        result = self.send(method, path, timeout, parse, body, params)
         if result.error is not None and self._on_error is not None:
             self._on_error(name, result.error)
         return result
