@@ -10,7 +10,7 @@ mirrored, and only on a good heartbeat.
 
 GPU memory (`GET /v1/gpu/memory`) is asked for beside the status, on its own pool, and is
 display data only: nothing decides on it and nothing waits for it. A beat stores the answer if
-it is in by the time the report is written; a slower one is stored by the next beat (one read
+it is in by the time the beat is planned; a slower one is stored by the next beat (one read
 per domain in flight at a time, so a hung NVML cannot pile up threads). The report carries it as
 `gpus` (read into the report model) and `gpusAt` (when it was asked); a 501 (no GPU facts on
 that host) drops `gpus`; any other failure keeps the previous `gpus` and `gpusAt` and notes
