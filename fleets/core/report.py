@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
+from functools import cached_property
 from typing import Any
 
 from common.strict_json import is_int, is_number
@@ -94,21 +95,30 @@ class StatusReport:
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def model(self, name: str) -> ModelReport | None:
-        return self.models().get(name)
+        return self._models.get(name)
 
     def training(self, gpu_index: int) -> TrainingReport | None:
-        return self.trainings().get(gpu_index)
+        return self._trainings.get(gpu_index)
 
     def models(self) -> dict[str, ModelReport]:
         """Every reported model server, by name (the first slot naming it wins)."""
+        return dict(self._models)
+
+    def trainings(self) -> dict[int, TrainingReport]:
+        """Every reported trainer, by GPU index."""
+        return dict(self._trainings)
+
+    # Indexed once per report: a beat looks up every binding by name.
+    @cached_property
+    def _models(self) -> dict[str, ModelReport]:
         out: dict[str, ModelReport] = {}
         for slot in self.slots:
             for m in slot.models:
                 out.setdefault(m.name, m)
         return out
 
-    def trainings(self) -> dict[int, TrainingReport]:
-        """Every reported trainer, by GPU index."""
+    @cached_property
+    def _trainings(self) -> dict[int, TrainingReport]:
         return {
             s.gpu_index: s.training
             for s in self.slots
