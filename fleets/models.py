@@ -133,8 +133,9 @@ class Domain(models.Model):
     heartbeat_checked_at = models.DateTimeField(null=True, blank=True, editable=False)
     heartbeat_failing_since = models.DateTimeField(null=True, blank=True, editable=False)
     gpus_read_at = models.DateTimeField(null=True, blank=True, editable=False)
-    # Last heartbeat body as reported by the supervisor (GPU memory, fingerprints), for display
-    # only: nothing decides on it.
+    # The last supervisor report, normalized (`fleets.core.report`: written as
+    # `DomainReport.to_json()`, read with `read_report`, which also reads rows written before
+    # that form); shown, and read by readiness and the GPU plan: no state move decides on it.
     last_report = models.JSONField(default=dict, blank=True, editable=False)
     # Launch settings of a domain Haru provisions (checked by its driver); empty for a
     # static domain or one provisioned by hand.
