@@ -24,10 +24,10 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 from uvicorn.server import ServerState
 
 from common.edge.protocol import EdgeHttpProtocol
+from common.private_apis import RequestResponseCycle
 from fleets.server import limits as edge_limits
 
 if TYPE_CHECKING:
