@@ -138,25 +138,22 @@ def completion_body(c: Completion) -> dict[str, Any]:
 
 
 def chat_chunk(c: Completion, delta: dict[str, Any], finish: str | None) -> bytes:
-    return sse(
-        {
-            "id": c.request_id,
-            "object": "chat.completion.chunk",
-            "created": c.created,
-            "model": c.model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-        }
-    )
+    return _chunk(c, "chat.completion.chunk", {"delta": delta}, finish)
 
 
 def completion_chunk(c: Completion, text: str, finish: str | None) -> bytes:
+    return _chunk(c, "text_completion", {"text": text}, finish)
+
+
+def _chunk(c: Completion, kind: str, content: dict[str, Any], finish: str | None) -> bytes:
+    choice = {"index": 0, **content, "logprobs": None, "finish_reason": finish}
     return sse(
         {
             "id": c.request_id,
-            "object": "text_completion",
+            "object": kind,
             "created": c.created,
             "model": c.model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+            "choices": [choice],
         }
     )
 
