@@ -23,6 +23,7 @@ __all__ = [
     "mark_response_logged",
     "psycopg_wait_has_timeout",
     "session_user",
+    "unpooled",
 ]
 
 RELIED_ON: list[Reliance] = [
@@ -50,6 +51,12 @@ RELIED_ON: list[Reliance] = [
         source=('getattr(response, "_has_been_logged", False)',),
     ),
     Reliance(
+        "django",
+        "django.db.backends.postgresql.base:DatabaseWrapper",
+        "fleets/proxy/store.py (the chat path's own connection, outside the pool)",
+        source=("def pool(self):", "if self.pool:", "connection = self.pool.getconn()"),
+    ),
+    Reliance(
         "djangorestframework",
         "rest_framework.request:Request",
         "fleets/api/auth.py (the session's user, before DRF's own authentication runs)",
@@ -73,6 +80,13 @@ def psycopg_wait_has_timeout() -> bool:
 def mark_response_logged(response: Any) -> None:
     """Keep Django's per-request log line for `response` out (django.utils.log.log_response)."""
     response._has_been_logged = True
+
+
+def unpooled(wrapper: Any) -> Any:
+    """A database connection wrapper like `wrapper` (its class, its very settings dict, its
+    alias) that connects directly instead of borrowing from Django's pool."""
+    cls = type("UnpooledDatabaseWrapper", (type(wrapper),), {"pool": None})
+    return cls(wrapper.settings_dict, wrapper.alias)
 
 
 def session_user(request: Any) -> Any:

@@ -86,6 +86,7 @@ PROXY_MAY_IMPORT = {
     "common.wire.bounded_json",
     "common.wire",
     "common.private_apis",  # the drain's hold on uvicorn's server and worker processes
+    "fleets.base.private_apis",  # the data path's connection outside Django's pool
 }
 
 

@@ -35,6 +35,7 @@ PRIVATE_SPELLINGS = (
     "_WaitTimeout",
     "_has_been_logged",
     "request._request",
+    "UnpooledDatabaseWrapper",
 )
 
 
