@@ -296,3 +296,18 @@ def test_the_checker_sees_an_arrow_up():
     """The check itself works: a services module importing the API would be reported."""
     assert layer_of("fleets.services.operations")[0] < layer_of("fleets.api.views")[0]
     assert "fleets.services.operations" in graph()["fleets.api.views"]
+
+
+def test_the_checker_counts_imports_for_annotations_only(tmp_path):
+    """An import under `if TYPE_CHECKING:` is an arrow too (a Protocol avoids one)."""
+    source = tmp_path / "module.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from fleets.models import Slot\n"
+        "else:\n"
+        "    import fleets.base.clock\n"
+    )
+    imported = set(_imported_names("fleets.services.example", source))
+    assert ("fleets.models", ("Slot",)) in imported
+    assert ("fleets.base.clock", ()) in imported
