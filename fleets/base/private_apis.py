@@ -20,8 +20,11 @@ from common.private_apis import Reliance
 __all__ = [
     "RELIED_ON",
     "WAIT_TIMEOUT",
+    "counter_cell",
+    "histogram_cells",
     "mark_response_logged",
     "psycopg_wait_has_timeout",
+    "serializer_schema",
     "session_user",
     "unpooled",
 ]
@@ -57,6 +60,31 @@ RELIED_ON: list[Reliance] = [
         source=("def pool(self):", "if self.pool:", "connection = self.pool.getconn()"),
     ),
     Reliance(
+        "prometheus-client",
+        "prometheus_client.metrics:Counter",
+        "fleets/metrics/requests.py (a batch of requests counted in one write)",
+        source=("self._value = values.ValueClass(", "self._value.inc(amount)"),
+    ),
+    Reliance(
+        "prometheus-client",
+        "prometheus_client.metrics:Histogram",
+        "fleets/metrics/requests.py (a batch of observations written in one write per cell)",
+        source=(
+            "self._upper_bounds = buckets",
+            "self._sum = values.ValueClass(",
+            "self._buckets.append(values.ValueClass(",
+            "self._sum.inc(amount)",
+            "if amount <= bound:",
+            "self._buckets[i].inc(1)",
+        ),
+    ),
+    Reliance(
+        "drf-spectacular",
+        "drf_spectacular.openapi:AutoSchema",
+        "fleets/api/schema.py (a strict serializer's schema, then additionalProperties: false)",
+        parameters={"_map_serializer": ("serializer", "direction", "bypass_extensions")},
+    ),
+    Reliance(
         "djangorestframework",
         "rest_framework.request:Request",
         "fleets/api/auth.py (the session's user, before DRF's own authentication runs)",
@@ -87,6 +115,24 @@ def unpooled(wrapper: Any) -> Any:
     alias) that connects directly instead of borrowing from Django's pool."""
     cls = type("UnpooledDatabaseWrapper", (type(wrapper),), {"pool": None})
     return cls(wrapper.settings_dict, wrapper.alias)
+
+
+def counter_cell(counter: Any) -> Any:
+    """The value a prometheus_client counter (one labelled child) increments: `inc(n)` on it
+    counts n at once (there is no public "observe many")."""
+    return counter._value
+
+
+def histogram_cells(histogram: Any) -> tuple[list[float], list[Any], Any]:
+    """A prometheus_client histogram's (upper bounds, bucket values, sum value): an observation
+    of x adds 1 to the first bucket whose bound is at least x, and x to the sum."""
+    return histogram._upper_bounds, histogram._buckets, histogram._sum
+
+
+def serializer_schema(auto_schema: Any, serializer: Any, direction: str) -> Any:
+    """drf-spectacular's own schema of `serializer`, without the extension asking for it (its
+    documented way for an extension to start from the default)."""
+    return auto_schema._map_serializer(serializer, direction, bypass_extensions=True)
 
 
 def session_user(request: Any) -> Any:

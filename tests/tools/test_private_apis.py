@@ -36,6 +36,9 @@ PRIVATE_SPELLINGS = (
     "_has_been_logged",
     "request._request",
     "UnpooledDatabaseWrapper",
+    "._upper_bounds",
+    "._buckets",
+    "._map_serializer",
 )
 
 
