@@ -138,28 +138,71 @@ TABLES: dict[str, Mapping[Any, frozenset[str]]] = {
 PROMOTABLE_DOMAIN_STATES = frozenset({D.READY, D.DEGRADED})
 IN_FLIGHT_OPERATION_STATES = frozenset({O.PENDING, O.RUNNING})
 
-PROMOTE_STEPS = (
-    "stop_training",
-    "verify_gpu",
-    "wake",
-    "probe",
-    "switch_route",
-    "demote_old_sleep",
-    "demote_old_train",
-)
-DEMOTE_STEPS = ("sleep", "start_training")
-# A check-only failover drill: the promotion's steps on the standby up to its golden probe,
-# then back into standby posture; routing never moves.
-DRILL_STEPS = ("stop_training", "verify_gpu", "wake", "probe", "sleep", "start_training")
 # The prefix that names a round-trip drill's second leg: the same promotion steps, acting on the
 # original active (the operation's source) as target and on the drilled standby as the one
 # demoted. Distinct names keep each leg's step time and events apart.
 BACK_LEG = "back_"
+
+
+class Step(StrEnum):
+    """Every step an operation runs, named once: Operation.current_step and Event.step hold
+    these values, the executors' registries and the plans below are keyed by them. A new step
+    is a member here, its place in a plan below, its executor (fleets/reconciler/steps/) and
+    the policy field that bounds it (fleets.core.policy.STEP_TIMEOUT_FIELDS)."""
+
+    # The promotion (PROMOTE_STEPS), in order.
+    STOP_TRAINING = "stop_training"
+    VERIFY_GPU = "verify_gpu"
+    WAKE = "wake"
+    PROBE = "probe"
+    SWITCH_ROUTE = "switch_route"
+    DEMOTE_OLD_SLEEP = "demote_old_sleep"
+    DEMOTE_OLD_TRAIN = "demote_old_train"
+    # The demotion (DEMOTE_STEPS).
+    SLEEP = "sleep"
+    START_TRAINING = "start_training"
+    # A round-trip drill's second leg: each promotion step again, prefixed by BACK_LEG.
+    BACK_STOP_TRAINING = BACK_LEG + STOP_TRAINING
+    BACK_VERIFY_GPU = BACK_LEG + VERIFY_GPU
+    BACK_WAKE = BACK_LEG + WAKE
+    BACK_PROBE = BACK_LEG + PROBE
+    BACK_SWITCH_ROUTE = BACK_LEG + SWITCH_ROUTE
+    BACK_DEMOTE_OLD_SLEEP = BACK_LEG + DEMOTE_OLD_SLEEP
+    BACK_DEMOTE_OLD_TRAIN = BACK_LEG + DEMOTE_OLD_TRAIN
+
+
+S = Step
+
+PROMOTE_STEPS: tuple[Step, ...] = (
+    S.STOP_TRAINING,
+    S.VERIFY_GPU,
+    S.WAKE,
+    S.PROBE,
+    S.SWITCH_ROUTE,
+    S.DEMOTE_OLD_SLEEP,
+    S.DEMOTE_OLD_TRAIN,
+)
+DEMOTE_STEPS: tuple[Step, ...] = (S.SLEEP, S.START_TRAINING)
+# A check-only failover drill: the promotion's steps on the standby up to its golden probe,
+# then back into standby posture; routing never moves.
+DRILL_STEPS: tuple[Step, ...] = (
+    S.STOP_TRAINING,
+    S.VERIFY_GPU,
+    S.WAKE,
+    S.PROBE,
+    S.SLEEP,
+    S.START_TRAINING,
+)
 # A "promote and promote back" drill: the promotion to the standby, routing moves, the original
 # active is demoted; then the promotion back to the original active and the standby's demotion.
-ROUND_TRIP_DRILL_STEPS = PROMOTE_STEPS + tuple(BACK_LEG + step for step in PROMOTE_STEPS)
+ROUND_TRIP_DRILL_STEPS: tuple[Step, ...] = PROMOTE_STEPS + tuple(
+    Step(BACK_LEG + step) for step in PROMOTE_STEPS
+)
+# The steps of a failover up to the routing commit (the promotion's prefix that a recovery
+# sample times: fleets.core.recovery).
+FAILOVER_PATH: tuple[Step, ...] = PROMOTE_STEPS[: PROMOTE_STEPS.index(S.SWITCH_ROUTE) + 1]
 # Steps after the pointer moved: they act on the old active and never fail the operation.
-BEST_EFFORT_STEPS = frozenset({"demote_old_sleep", "demote_old_train"})
+BEST_EFFORT_STEPS = frozenset({S.DEMOTE_OLD_SLEEP, S.DEMOTE_OLD_TRAIN})
 
 
 class DrillMode(StrEnum):
@@ -176,7 +219,13 @@ def leg_step(step: str) -> str:
     return step.removeprefix(BACK_LEG)
 
 
-def steps_for(kind: str, drill_mode: str = "") -> tuple[str, ...]:
+def on_leg_of(step: Step, other: str) -> Step:
+    """`step` on the same leg as the step `other` (a round-trip drill's second leg names its
+    steps with BACK_LEG)."""
+    return Step(BACK_LEG + step) if other.startswith(BACK_LEG) else step
+
+
+def steps_for(kind: str, drill_mode: str = "") -> tuple[Step, ...]:
     """Return the ordered steps of an operation kind (and, for a drill, its mode)."""
     if kind == OperationKind.PROMOTE:
         return PROMOTE_STEPS

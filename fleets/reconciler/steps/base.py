@@ -18,7 +18,7 @@ from django.conf import settings
 
 from fleets.base import clock
 from fleets.core.policy import Policy
-from fleets.core.states import SlotKind, leg_step
+from fleets.core.states import SlotKind, Step, leg_step
 from fleets.models import Domain, ModelBinding, Operation, Slot
 from fleets.reconciler.client import CALL_CAP_S, Call, SupervisorClient
 
@@ -100,7 +100,7 @@ class StepContext:
     @property
     def budget_ms(self) -> int:
         budget = self.policy.step_timeout_ms(self.step)
-        if leg_step(self.step) == "demote_old_sleep":
+        if leg_step(self.step) == Step.DEMOTE_OLD_SLEEP:
             # The wait for proxies to move off the old active comes first and is not the
             # sleep's time: a sleepTimeoutMs shorter than it must not time the step out unslept.
             budget += switch_settle_ms()
@@ -132,6 +132,10 @@ class StepContext:
     @property
     def source(self) -> Domain | None:
         return self.operation.source_domain
+
+
+# Runs one step of an operation; each kind's executors are a registry keyed by Step.
+Executor = Callable[[StepContext], StepResult]
 
 
 def training_slots(domain: Domain) -> list[Slot]:
