@@ -205,6 +205,36 @@ FAILOVER_PATH: tuple[Step, ...] = PROMOTE_STEPS[: PROMOTE_STEPS.index(S.SWITCH_R
 BEST_EFFORT_STEPS = frozenset({S.DEMOTE_OLD_SLEEP, S.DEMOTE_OLD_TRAIN})
 
 
+class OperationErrorCode(StrEnum):
+    """Every code an operation's `error.code` may hold: why it failed, or why it was cancelled
+    (CANCEL_REASONS). docs/design.md lists them ("Error codes", "Cancel reasons"); a test
+    checks that list against this one."""
+
+    # A 401/403 from the target's supervisor: waiting cannot fix a wrong token.
+    SUPERVISOR_UNAUTHORIZED = "supervisor_unauthorized"
+    # The step's budget (the policy's step timeout) ran out.
+    STEP_TIMEOUT = "step_timeout"
+    PROBE_FAILED = "probe_failed"
+    # A woken model answered differently from its golden baseline (fleets.core.golden).
+    PROBE_MISMATCH = "probe_mismatch"
+    # The routing pointer moved under the switch's compare-and-swap.
+    CAS_LOST = "cas_lost"
+    NO_SUPERVISOR = "no_supervisor"
+    TARGET_IS_ACTIVE = "target_is_active"
+    NO_INFERENCE_BINDINGS = "no_inference_bindings"
+    # A round-trip drill whose original active was removed before it could be promoted back.
+    SOURCE_GONE = "source_gone"
+    # The supervisor's pre-wake check: free GPU memory does not cover what the servers restore.
+    INSUFFICIENT_GPU_MEMORY = "insufficient_gpu_memory"
+    # Cancel reasons: an operator cancelled it (API, dashboard, admin), or a failover
+    # pre-empted it (fleets.core.preemption).
+    CANCELLED = "cancelled"
+    PREEMPTED = "preempted"
+
+
+CANCEL_REASONS = frozenset({OperationErrorCode.CANCELLED, OperationErrorCode.PREEMPTED})
+
+
 class DrillMode(StrEnum):
     """What a drill proves (fleets/core/drills.py)."""
 

@@ -34,6 +34,7 @@ from fleets.core.states import (
     CleanupState,
     DrillMode,
     InferenceState,
+    OperationErrorCode,
     OperationKind,
     OperationState,
     SlotKind,
@@ -356,7 +357,7 @@ def _undo_promotion_half_moves(target_domain_id: Id, operation_id: Id, actor: st
 
 
 # Why an operation was cancelled (the error code it ends with).
-CANCELLED_BY_OPERATOR = "cancelled"
+CANCELLED_BY_OPERATOR = OperationErrorCode.CANCELLED
 # Message sizes are bounded: an operator's note or a reason never grows the row without limit.
 _MAX_MESSAGE = 500
 
