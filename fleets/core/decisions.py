@@ -75,12 +75,7 @@ def _promotion(fleet: FleetView, target: DomainView) -> Decision:
             f"domain {target.slug!r} is already active (route revision {fleet.route_revision})",
         )
     if target.state not in PROMOTABLE_DOMAIN_STATES:
-        return Decision(
-            "reject",
-            INVALID_TARGET,
-            f"domain {target.slug!r} is {target.state}; only ready or degraded domains "
-            "can be promoted",
-        )
+        return _not_up(target, "promoted")
     if not target.has_bindings:
         # Nothing to wake, probe or route to: refuse now rather than burn the wake budget.
         return Decision(
@@ -109,10 +104,14 @@ def _demotion(fleet: FleetView, target: DomainView) -> Decision:
             f"domain {target.slug!r} is the active domain; promote another domain instead",
         )
     if target.state not in PROMOTABLE_DOMAIN_STATES:
-        return Decision(
-            "reject",
-            INVALID_TARGET,
-            f"domain {target.slug!r} is {target.state}; only ready or degraded domains "
-            "can be demoted",
-        )
+        return _not_up(target, "demoted")
     return Decision("proceed")
+
+
+def _not_up(target: DomainView, done: str) -> Decision:
+    """Refuse a domain that is not ready or degraded: a request cannot move it (`done`)."""
+    return Decision(
+        "reject",
+        INVALID_TARGET,
+        f"domain {target.slug!r} is {target.state}; only ready or degraded domains can be {done}",
+    )

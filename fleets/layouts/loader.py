@@ -398,15 +398,13 @@ def slot_units(slots: list[SlotSpec], prefix: str = "slots") -> list[UnitInput]:
     for i, slot in enumerate(slots):
         names = ", ".join(m.name for m in slot.models) or "trainer"
         units.append(
-            UnitInput(
-                label=f"{prefix}[{i}] ({names})",
+            UnitInput.of_slot(
+                f"{prefix}[{i}] ({names})",
                 kind=slot.kind,
                 gpu_index=slot.gpu_index,
-                mig=slot.mig_instance or None,
-                gpu_type=slot.spec.get("gpuType"),
-                topology=slot.spec.get("topology", "prefer"),
+                mig_instance=slot.mig_instance,
+                spec=slot.spec,
                 servers=[(m.name, m.memory, m.profile) for m in slot.models],
-                budget_mib=slot.spec.get("memoryBudgetMiB"),
             )
         )
     return units

@@ -59,6 +59,30 @@ class UnitInput:
     servers: list[tuple[str, dict[str, Any], dict[str, Any]]] = field(default_factory=list)
     budget_mib: int | None = None
 
+    @classmethod
+    def of_slot(
+        cls,
+        label: str,
+        *,
+        kind: str,
+        gpu_index: int | None,
+        mig_instance: str,
+        spec: dict[str, Any],
+        servers: list[tuple[str, dict[str, Any], dict[str, Any]]],
+    ) -> UnitInput:
+        """A slot as written in a layout or stored: its spec holds the GPU type, the topology
+        and a trainer's memory budget; an empty MIG instance is none."""
+        return cls(
+            label=label,
+            kind=kind,
+            gpu_index=gpu_index,
+            mig=mig_instance or None,
+            gpu_type=spec.get("gpuType"),
+            topology=spec.get("topology", "prefer"),
+            servers=servers,
+            budget_mib=spec.get("memoryBudgetMiB"),
+        )
+
 
 def expand_gpus(raw: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
     """Expand `count` entries into one normalized dict per GPU; return (gpus, errors)."""

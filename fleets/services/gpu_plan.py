@@ -34,15 +34,13 @@ def _units(domain: Domain) -> tuple[list[UnitInput], list[Slot]]:
         models = [b for b in bindings if b.slot_id == slot.id]
         names = ", ".join(b.name for b in models) or "trainer"
         units.append(
-            UnitInput(
-                label=f"slot gpu{slot.gpu_index}/{slot.kind} ({names})",
+            UnitInput.of_slot(
+                f"slot gpu{slot.gpu_index}/{slot.kind} ({names})",
                 kind=slot.kind,
                 gpu_index=slot.gpu_index,
-                mig=slot.mig_instance or None,
-                gpu_type=slot.spec.get("gpuType"),
-                topology=slot.spec.get("topology", "prefer"),
+                mig_instance=slot.mig_instance,
+                spec=slot.spec,
                 servers=[(b.name, b.memory, b.profile) for b in models],
-                budget_mib=slot.spec.get("memoryBudgetMiB"),
             )
         )
     return units, slots
