@@ -16,6 +16,8 @@ import psycopg
 from django.db import InterfaceError, OperationalError
 from django.http import HttpResponse, JsonResponse
 
+from fleets.base.errors import ErrorCode
+
 log = logging.getLogger("haru.database")
 
 # Seconds a client should wait before retrying: about one pool timeout, so a retry does not
@@ -69,7 +71,9 @@ def _mark(response: HttpResponse) -> HttpResponse:
 
 def json_response() -> HttpResponse:
     return _mark(
-        JsonResponse({"error": {"code": "database_unavailable", "message": MESSAGE}}, status=503)
+        JsonResponse(
+            {"error": {"code": ErrorCode.DATABASE_UNAVAILABLE, "message": MESSAGE}}, status=503
+        )
     )
 
 

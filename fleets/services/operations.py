@@ -21,6 +21,7 @@ from django.db.models.functions import Coalesce
 
 from fleets.base import clock
 from fleets.base.errors import (
+    ErrorCode,
     InvalidTarget,
     OperationConflict,
     OperationNotCancellable,
@@ -568,7 +569,7 @@ def operation_cancel_request(*, fleet_id: Id, operation_id: str, actor: str) -> 
         raise OperationNotCancellable(
             f"{op.kind} {op.id} has just moved routing and is recording its switch "
             f"(step {op.current_step}); retry the cancel",
-            code="routing_committed",
+            code=ErrorCode.ROUTING_COMMITTED,
             operation=op,
         )
     raise OperationConflict(f"{op.kind} {op.id} kept changing; retry the cancel", operation=op)
