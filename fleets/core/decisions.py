@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Literal
@@ -58,12 +59,19 @@ def _not_in_fleet(fleet: FleetView, ref: str) -> Decision:
     return Decision("reject", INVALID_TARGET, f"domain {ref!r} is not in fleet {fleet.slug!r}")
 
 
-def decide_promotion(fleet: FleetView, target_id: str) -> Decision:
-    """Decide a promote request for `target_id` (a domain id or slug)."""
+def _decide(
+    fleet: FleetView, target_id: str, rule: Callable[[FleetView, DomainView], Decision]
+) -> Decision:
+    """Resolve `target_id` (a domain id or slug) and apply `rule` to the domain it names."""
     target = find_domain(fleet, target_id)
     if target is None:
         return _not_in_fleet(fleet, target_id)
-    return replace(_promotion(fleet, target), target=target)
+    return replace(rule(fleet, target), target=target)
+
+
+def decide_promotion(fleet: FleetView, target_id: str) -> Decision:
+    """Decide a promote request for `target_id` (a domain id or slug)."""
+    return _decide(fleet, target_id, _promotion)
 
 
 def _promotion(fleet: FleetView, target: DomainView) -> Decision:
@@ -89,10 +97,7 @@ def _promotion(fleet: FleetView, target: DomainView) -> Decision:
 
 def decide_demotion(fleet: FleetView, target_id: str) -> Decision:
     """Decide a demote request for `target_id` (a domain id or slug)."""
-    target = find_domain(fleet, target_id)
-    if target is None:
-        return _not_in_fleet(fleet, target_id)
-    return replace(_demotion(fleet, target), target=target)
+    return _decide(fleet, target_id, _demotion)
 
 
 def _demotion(fleet: FleetView, target: DomainView) -> Decision:

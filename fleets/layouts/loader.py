@@ -394,20 +394,7 @@ def _profile_first_gpu(profile: dict[str, Any]) -> int | None:
 
 def slot_units(slots: list[SlotSpec], prefix: str = "slots") -> list[UnitInput]:
     """Describe each slot as a placement unit, labelled so a refusal names it."""
-    units = []
-    for i, slot in enumerate(slots):
-        names = ", ".join(m.name for m in slot.models) or "trainer"
-        units.append(
-            UnitInput.of_slot(
-                f"{prefix}[{i}] ({names})",
-                kind=slot.kind,
-                gpu_index=slot.gpu_index,
-                mig_instance=slot.mig_instance,
-                spec=slot.spec,
-                servers=[(m.name, m.memory, m.profile) for m in slot.models],
-            )
-        )
-    return units
+    return [UnitInput.of_slot(f"{prefix}[{i}]", s, s.models) for i, s in enumerate(slots)]
 
 
 def plan_slots(
