@@ -146,9 +146,13 @@ BACK_LEG = "back_"
 
 class Step(StrEnum):
     """Every step an operation runs, named once: Operation.current_step and Event.step hold
-    these values, the executors' registries and the plans below are keyed by them. A new step
-    is a member here, its place in a plan below, its executor (fleets/reconciler/steps/) and
-    the policy field that bounds it (fleets.core.policy.STEP_TIMEOUT_FIELDS)."""
+    these values; the plans below and the executors' registries are keyed by them.
+
+    A new step is a member here (a promotion step also its BACK_LEG twin), its place in a plan
+    below, its executor and registry line (fleets/reconciler/steps/promote.py or demote.py;
+    the drill's registry follows from theirs) and the policy field whose `steps` it is
+    (fleets/core/policy.py). The dashboard's chart colours a promotion step by its CSS class
+    (haru/static/haru/dashboard.css, `.s-<step>`)."""
 
     # The promotion (PROMOTE_STEPS), in order.
     STOP_TRAINING = "stop_training"

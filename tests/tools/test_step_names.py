@@ -121,3 +121,10 @@ def test_every_plan_is_made_of_steps_and_a_back_leg_mirrors_the_promotion():
     assert [Step(step.removeprefix(BACK_LEG)) for step in back] == list(PROMOTE_STEPS)
     # Operation.current_step and Event.step are CharField(max_length=32).
     assert max(len(step) for step in Step) <= 32
+
+
+def test_every_step_the_chart_draws_has_its_colour():
+    # fleets/dashboard/chart.py draws the promotion's steps, each by its CSS class `s-<step>`.
+    css = (ROOT / "haru" / "static" / "haru" / "dashboard.css").read_text(encoding="utf-8")
+    missing = [step for step in PROMOTE_STEPS if f".s-{step} {{" not in css]
+    assert missing == []
