@@ -96,10 +96,9 @@ _DATAPATH_TICK_WAIT_S = 2.0
 
 
 @worker_process_init.connect
-def _install_kicker(**_kwargs) -> None:
+def _drive_with_celery(**_kwargs) -> None:
     # Inside a worker, operations created by a tick (auto-failover) are kicked through Celery.
-    kick.install(celery_kicker)
-    kick.install_reporter(celery_reporter)
+    kick.drive(kick.TickDriver(celery_kicker, celery_reporter))
 
 
 @worker_process_shutdown.connect

@@ -13,7 +13,6 @@ import logging
 from prometheus_client.core import GaugeMetricFamily
 
 from fleets.core.allocation import gpu_allocations
-from fleets.metrics.registry import register_database_collector
 from fleets.models import Domain, ModelBinding, Slot
 
 log = logging.getLogger(__name__)
@@ -73,7 +72,3 @@ class GpuPlanCollector:
                     if w.measured_mib is not None:
                         families["used"].add_metric([*labels, w.name], w.measured_mib)
         return families
-
-
-_collector = GpuPlanCollector()
-register_database_collector(_collector)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.db.models import Q, Subquery, Value
 from django.db.models.functions import Coalesce
+from django.dispatch import Signal
 
 from fleets.base import clock
 from fleets.base.errors import (
@@ -46,12 +46,16 @@ from fleets.reads.selectors import fleet_view
 from fleets.services.events import event_record
 from fleets.services.transitions import slot_transition
 
-# Called (after commit) with the operation id whenever an operation is created, so the
-# reconciler can start it at once instead of at the next beat. The reconciler registers here.
-on_operation_created: list[Callable[[str, str], None]] = []
-# Called (after commit) with the fleet id when an operator or a pre-emption ends an operation:
-# its clean-up, and whatever waited behind it, should not wait for the next beat.
-on_operation_ended: list[Callable[[str], None]] = []
+# Sent after commit with `fleet_id` and `operation_id` whenever an operation is created, so the
+# reconciler can start it at once instead of at the next beat (fleets/reconciler/kick.py).
+operation_created = Signal()
+# Sent after commit with `fleet_id` when an operator or a pre-emption ends an operation: its
+# clean-up, and whatever waited behind it, should not wait for the next beat.
+operation_ended = Signal()
+
+
+def _send_after_commit(signal: Signal, **kwargs: str) -> None:
+    transaction.on_commit(functools.partial(signal.send, sender=Operation, **kwargs))
 
 
 @dataclass(frozen=True)
@@ -159,8 +163,9 @@ def operation_request(
                         "sourceDomainId": str(op.source_domain_id or "") or None,
                     },
                 )
-                for hook in on_operation_created:
-                    transaction.on_commit(functools.partial(hook, str(op.fleet_id), str(op.id)))
+                _send_after_commit(
+                    operation_created, fleet_id=str(op.fleet_id), operation_id=str(op.id)
+                )
             return RequestResult(RequestStatus.ACCEPTED, op, True, view.route_revision, target.slug)
         except IntegrityError:
             existing = Operation.objects.filter(
@@ -423,8 +428,7 @@ def operation_cancel(
                     _undo_promotion_half_moves(op["target_domain_id"], operation_id, actor)
                     if op["drill_mode"] == DrillMode.ROUND_TRIP and op["source_domain_id"]:
                         _undo_promotion_half_moves(op["source_domain_id"], operation_id, actor)
-                for hook in on_operation_ended:
-                    transaction.on_commit(functools.partial(hook, str(op["fleet_id"])))
+                _send_after_commit(operation_ended, fleet_id=str(op["fleet_id"]))
                 return True
         still = Operation.objects.filter(pk=operation_id).values("state", "routing_committed")
         row = still.first()
@@ -515,8 +519,7 @@ def operation_finish_early(
                     actor=actor,
                     data={"skippedSteps": list(skipped), "reason": reason},
                 )
-                for hook in on_operation_ended:
-                    transaction.on_commit(functools.partial(hook, str(row["fleet_id"])))
+                _send_after_commit(operation_ended, fleet_id=str(row["fleet_id"]))
                 return skipped
         # The step moved on (or the operation finished) between the read and the UPDATE.
     return ()
