@@ -28,9 +28,9 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture(autouse=True)
 def _fresh_registry():
-    datapath.forget_all()
+    datapath._registry.cache_clear()
     yield
-    datapath.forget_all()
+    datapath._registry.cache_clear()
 
 
 def routes(fleet) -> tuple[list[str], dict[str, str]]:
@@ -226,7 +226,7 @@ def test_reports_are_rate_limited_carried_with_their_payload_and_never_raise(
     # The earliest failure is kept even when its report was not sent.
     assert datapath.first_failed_at(fleet.id, east).timestamp() == now - 2
     # A time from a skewed clock is bounded: never in the future, never over a minute old.
-    datapath.forget_all()
+    datapath._registry.cache_clear()
     datapath.report_unreachable(str(fleet.id), east, "m", now + 3600)
     assert datapath.first_failed_at(fleet.id, east).timestamp() == now
     datapath.report_unreachable(str(fleet.id), east, "m", 1.0)
