@@ -372,29 +372,26 @@ def _undo_half_moves(op: Mapping[str, Any], operation_id: Id, actor: str) -> Non
 
 
 def _undo_promotion_half_moves(target_domain_id: Id, operation_id: Id, actor: str) -> None:
-    target_slots = Slot.objects.filter(domain_id=target_domain_id)
-    for slot in target_slots:
+    for slot in Slot.objects.filter(domain_id=target_domain_id):
+        # Waking or probing inference slots go to failed (the next heartbeat mirrors their real
+        # posture); training caught in stopping goes back to training.
         if slot.kind == SlotKind.INFERENCE and slot.state in (
             InferenceState.WAKING,
             InferenceState.PROBING,
         ):
-            slot_transition(
-                slot_id=slot.id,
-                to_state=InferenceState.FAILED,
-                from_states={slot.state},
-                actor=actor,
-                reason="promotion failed",
-                operation_id=operation_id,
-            )
+            to_state: str = InferenceState.FAILED
         elif slot.kind == SlotKind.TRAINING and slot.state == TrainingState.STOPPING:
-            slot_transition(
-                slot_id=slot.id,
-                to_state=TrainingState.TRAINING,
-                from_states={TrainingState.STOPPING},
-                actor=actor,
-                reason="promotion failed",
-                operation_id=operation_id,
-            )
+            to_state = TrainingState.TRAINING
+        else:
+            continue
+        slot_transition(
+            slot_id=slot.id,
+            to_state=to_state,
+            from_states={slot.state},
+            actor=actor,
+            reason="promotion failed",
+            operation_id=operation_id,
+        )
 
 
 # Why an operation was cancelled (the error code it ends with).

@@ -92,20 +92,42 @@ def route_switch(
         else:
             new_revision = _switch_serialized(params)
         if new_revision is not None:
-            revision_publish(str(fleet_id), new_revision)
-            event_record(
-                fleet_id=fleet_id,
-                operation_id=operation_id,
-                domain_id=target_domain_id,
-                kind="fleet.route.switched",
-                actor=actor,
-                data={
-                    "fromDomainId": str(expected_active_id) if expected_active_id else None,
-                    "toDomainId": str(target_domain_id),
-                    "revision": new_revision,
-                },
+            _switched(
+                fleet_id,
+                operation_id,
+                actor,
+                from_domain_id=expected_active_id,
+                to_domain_id=target_domain_id,
+                revision=new_revision,
             )
     return new_revision
+
+
+def _switched(
+    fleet_id: Id,
+    operation_id: Id,
+    actor: str,
+    *,
+    from_domain_id: Id | None,
+    to_domain_id: Id,
+    revision: int,
+    **more: str,
+) -> None:
+    """Announce the moved pointer and record it (inside the transaction that moved it)."""
+    revision_publish(str(fleet_id), revision)
+    event_record(
+        fleet_id=fleet_id,
+        operation_id=operation_id,
+        domain_id=to_domain_id,
+        kind="fleet.route.switched",
+        actor=actor,
+        data={
+            "fromDomainId": str(from_domain_id) if from_domain_id else None,
+            "toDomainId": str(to_domain_id),
+            "revision": revision,
+            **more,
+        },
+    )
 
 
 def _switch_serialized(p: dict[str, Any]) -> int | None:
@@ -195,18 +217,13 @@ def route_switch_back(
         if not moved:
             return None
         revision = expected_revision + 1
-        revision_publish(str(fleet_id), revision)
-        event_record(
-            fleet_id=fleet_id,
-            operation_id=operation_id,
-            domain_id=to_domain_id,
-            kind="fleet.route.switched",
-            actor=actor,
-            data={
-                "fromDomainId": str(from_domain_id),
-                "toDomainId": str(to_domain_id),
-                "revision": revision,
-                "reason": "drill_failed_route_back",
-            },
+        _switched(
+            fleet_id,
+            operation_id,
+            actor,
+            from_domain_id=from_domain_id,
+            to_domain_id=to_domain_id,
+            revision=revision,
+            reason="drill_failed_route_back",
         )
     return revision
