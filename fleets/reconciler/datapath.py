@@ -3,8 +3,9 @@
 The proxy calls `report_unreachable` when a request could not reach the active's model server
 (connection refused). Never a database write on the request path: the report is noted in this
 process's registry (the earliest failure per fleet and domain, bounded) and a kick asks for a
-tick at once, through the installed reporter (Celery: a task carrying the report to a worker)
-or the plain kicker (the in-process loop, which reads this registry).
+tick at once, through the process's tick driver (`kick.drive`): its reporter (Celery: a task
+carrying the report to a worker) or a plain kick (the in-process loop, which reads this
+registry).
 
 The tick then confirms with targeted heartbeats (`confirm_active`): the supervisor and every
 model server of the active, twice, `dataPathConfirmIntervalMs` apart. Both rounds refused
