@@ -17,7 +17,7 @@ from fleets.core.states import (
     OperationState,
 )
 from fleets.models import Domain, Fleet, Id, Operation
-from fleets.services.events import event_record
+from fleets.services.events import event_record, guarded_update
 from fleets.services.route_publish import revision_publish
 
 # Postgres does it in one statement: the CTE locks the operation row (so a concurrent fail
@@ -200,24 +200,19 @@ def route_switch_back(
         target_domain_id=_as_uuid(from_domain_id),
         source_domain_id=_as_uuid(to_domain_id),
     )
-    with transaction.atomic():
-        moved = (
-            Fleet.objects.filter(
-                pk=fleet_id,
-                route_revision=expected_revision,
-                active_domain_id=_as_uuid(from_domain_id),
-            )
-            .filter(Exists(drill), ~Exists(pointer_movers(fleet_id)))
-            .update(
-                active_domain_id=to_domain_id,
-                route_revision=F("route_revision") + 1,
-                updated_at=clock.now(),
-            )
-        )
-        if not moved:
-            return None
-        revision = expected_revision + 1
-        _switched(
+    revision = expected_revision + 1
+    moved = guarded_update(
+        Fleet.objects.filter(
+            pk=fleet_id,
+            route_revision=expected_revision,
+            active_domain_id=_as_uuid(from_domain_id),
+        ).filter(Exists(drill), ~Exists(pointer_movers(fleet_id))),
+        {
+            "active_domain_id": to_domain_id,
+            "route_revision": F("route_revision") + 1,
+            "updated_at": clock.now(),
+        },
+        then=lambda: _switched(
             fleet_id,
             operation_id,
             actor,
@@ -225,5 +220,6 @@ def route_switch_back(
             to_domain_id=to_domain_id,
             revision=revision,
             reason="drill_failed_route_back",
-        )
-    return revision
+        ),
+    )
+    return revision if moved else None
