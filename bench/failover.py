@@ -88,6 +88,7 @@ def main() -> int:
     from fleets.base import clock  # noqa: PLC0415 - needs django.setup() (the app registry) first
     from fleets.layouts.loader import parse_layout  # noqa: PLC0415 - needs django.setup() (the app registry) first
     from fleets.models import Domain, Event, Fleet, Operation  # noqa: PLC0415 - needs django.setup() (the app registry) first
+    from fleets.reconciler import kick  # noqa: PLC0415 - needs django.setup() (the app registry) first
     from fleets.reconciler.loop import ReconcileLoop  # noqa: PLC0415 - needs django.setup() (the app registry) first
     from fleets.services.layouts import layout_apply  # noqa: PLC0415 - needs django.setup() (the app registry) first
     from fleets.services.operations import operation_request  # noqa: PLC0415 - needs django.setup() (the app registry) first
@@ -119,6 +120,7 @@ def main() -> int:
         layout_apply(layout=parse_layout(fleet_layout(hosts["east"], hosts["west"], policy)))
         fleet = Fleet.objects.get(slug="e2e")
         loop = ReconcileLoop(interval_ms=args.interval_ms, fleets=[fleet.slug]).start()
+        kick.drive(kick.TickDriver(loop.request))
 
         def calm():
             fleet.refresh_from_db()

@@ -23,10 +23,11 @@ class FleetsConfig(AppConfig):
     def ready(self) -> None:
         # Registers the OpenAPI auth-scheme extensions with drf-spectacular.
         # In ready(): the extensions import DRF, which needs the app registry.
-        # Registers the GPU plan collector; it reads models, so it waits for the registry.
+        from fleets import metrics  # noqa: PLC0415
         from fleets.api import schema  # noqa: F401, PLC0415
-        from fleets.metrics import placement as placement_metrics  # noqa: F401, PLC0415
 
+        # The /metrics series, from one place: the collectors read models, so after the registry.
+        metrics.register()
         checks.register(short_tokens, checks.Tags.security)
         checks.register(shared_supervisor_token, checks.Tags.security)
         checks.register(scoped_tokens, checks.Tags.security)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from typing import Any
 
 import redis
 from celery import shared_task
@@ -95,11 +96,25 @@ _DATAPATH_REPORT_EXPIRES_S = 5.0
 _DATAPATH_TICK_WAIT_S = 2.0
 
 
+def _task(
+    name: str, *, redeliver: bool = False, soft_s: int = SOFT_LIMIT_S, hard_s: int = HARD_LIMIT_S
+) -> Any:
+    """Declare a Haru task: acknowledged late, under a soft and a hard time limit, no result
+    kept; `redeliver`: a message whose worker died mid-task goes back to the queue."""
+    return shared_task(
+        name=name,
+        acks_late=True,
+        soft_time_limit=soft_s,
+        time_limit=hard_s,
+        ignore_result=True,
+        **({"reject_on_worker_lost": True} if redeliver else {}),
+    )
+
+
 @worker_process_init.connect
-def _install_kicker(**_kwargs) -> None:
+def _drive_with_celery(**_kwargs) -> None:
     # Inside a worker, operations created by a tick (auto-failover) are kicked through Celery.
-    kick.install(celery_kicker)
-    kick.install_reporter(celery_reporter)
+    kick.drive(kick.TickDriver(celery_kicker, celery_reporter))
 
 
 @worker_process_shutdown.connect
@@ -108,14 +123,7 @@ def _mark_metrics_dead(**_kwargs) -> None:
     mark_this_process_dead()
 
 
-@shared_task(
-    name="fleets.reconcile_fleet",
-    acks_late=True,
-    reject_on_worker_lost=True,
-    soft_time_limit=SOFT_LIMIT_S,
-    time_limit=HARD_LIMIT_S,
-    ignore_result=True,
-)
+@_task("fleets.reconcile_fleet", redeliver=True)
 def reconcile_fleet(fleet_id: str) -> dict:
     """Run one tick of one fleet (skipped if another tick holds it); re-queue if a step waits."""
     result = tick_run(fleet_id=fleet_id)
@@ -130,14 +138,7 @@ def reconcile_fleet(fleet_id: str) -> dict:
     return {"fleetId": fleet_id, "ran": result.ran, "nudgeMs": result.nudge_ms}
 
 
-@shared_task(
-    name="fleets.datapath_report",
-    acks_late=True,
-    reject_on_worker_lost=True,
-    soft_time_limit=SOFT_LIMIT_S,
-    time_limit=HARD_LIMIT_S,
-    ignore_result=True,
-)
+@_task("fleets.datapath_report", redeliver=True)
 def datapath_report(fleet_id: str, domain_id: str, model: str, failed_at: float) -> dict:
     """Note a proxy's data-path failure in this worker and tick the fleet, which confirms it."""
     datapath.suspect_note(fleet_id, domain_id, failed_at)
@@ -147,13 +148,7 @@ def datapath_report(fleet_id: str, domain_id: str, model: str, failed_at: float)
     return {"fleetId": fleet_id, "model": model, "ran": result.ran}
 
 
-@shared_task(
-    name="fleets.reconcile_all",
-    acks_late=True,
-    soft_time_limit=SOFT_LIMIT_S,
-    time_limit=HARD_LIMIT_S,
-    ignore_result=True,
-)
+@_task("fleets.reconcile_all")
 def reconcile_all() -> list[str]:
     """Queue a tick for every fleet (or those in HARU_RECONCILE_FLEETS)."""
     ids = fleets_to_reconcile(settings.HARU["reconcile_fleets"])
@@ -170,13 +165,11 @@ PROVISION_SOFT_LIMIT_S = 300
 PROVISION_HARD_LIMIT_S = 330
 
 
-@shared_task(
-    name="fleets.provision_fleet",
-    acks_late=True,
-    reject_on_worker_lost=True,
-    soft_time_limit=PROVISION_SOFT_LIMIT_S,
-    time_limit=PROVISION_HARD_LIMIT_S,
-    ignore_result=True,
+@_task(
+    "fleets.provision_fleet",
+    redeliver=True,
+    soft_s=PROVISION_SOFT_LIMIT_S,
+    hard_s=PROVISION_HARD_LIMIT_S,
 )
 def provision_fleet(fleet_id: str) -> dict:
     """Run one provisioning pass of one fleet (skipped if another pass holds it)."""
@@ -184,13 +177,7 @@ def provision_fleet(fleet_id: str) -> dict:
     return {"fleetId": fleet_id, "ran": result.ran, "busy": result.busy}
 
 
-@shared_task(
-    name="fleets.prune_history",
-    acks_late=True,
-    soft_time_limit=600,
-    time_limit=900,
-    ignore_result=True,
-)
+@_task("fleets.prune_history", soft_s=600, hard_s=900)
 def prune_history() -> dict:
     """Drop events and finished operations older than HARU_EVENT_RETENTION_DAYS."""
     days = settings.HARU["event_retention_days"]

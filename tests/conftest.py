@@ -16,6 +16,7 @@ from rest_framework.test import APIClient
 from fleets.base import clock
 from fleets.layouts.loader import parse_layout
 from fleets.models import Fleet
+from fleets.reconciler import kick
 from fleets.services.layouts import layout_apply
 from tests.clocks import FakeClock
 
@@ -33,6 +34,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_pg)
         if "redis" in item.keywords and not has_redis:
             item.add_marker(skip_redis)
+
+
+@pytest.fixture(autouse=True)
+def _tick_driver_kept():
+    """A test that chooses a tick driver (or starts a server's) leaves the process's as it was."""
+    before = kick.driver()
+    yield
+    kick.drive(before)
 
 
 @pytest.fixture

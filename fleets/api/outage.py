@@ -27,9 +27,26 @@ RETRY_AFTER_S = 5
 LOG_EVERY_S = 10.0
 MESSAGE = "the database is unavailable; retry later"
 
-_lock = threading.Lock()
-_last_logged = -LOG_EVERY_S
-_suppressed = 0
+
+class _LogWindow:
+    """When this process last logged an outage, and how many requests it has not logged since."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.last_logged = -LOG_EVERY_S
+        self.suppressed = 0
+
+    def due(self, now: float) -> int | None:
+        """The requests to report with a line logged now, or None when one was logged lately."""
+        with self.lock:
+            if now - self.last_logged < LOG_EVERY_S:
+                self.suppressed += 1
+                return None
+            suppressed, self.suppressed, self.last_logged = self.suppressed, 0, now
+            return suppressed
+
+
+_window = _LogWindow()
 
 
 def is_database_outage(exc: BaseException | None) -> bool:
@@ -46,13 +63,9 @@ def is_database_outage(exc: BaseException | None) -> bool:
 
 def note(exc: BaseException) -> None:
     """Log the outage at most once per LOG_EVERY_S, counting the requests in between."""
-    global _last_logged, _suppressed
-    now = time.monotonic()
-    with _lock:
-        if now - _last_logged < LOG_EVERY_S:
-            _suppressed += 1
-            return
-        suppressed, _suppressed, _last_logged = _suppressed, 0, now
+    suppressed = _window.due(time.monotonic())
+    if suppressed is None:
+        return
     first_line = (str(exc).strip().splitlines() or [""])[0][:200]
     log.warning(
         "database unavailable (%s: %s); answering 503%s",

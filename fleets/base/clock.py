@@ -25,22 +25,30 @@ class Clock:
         time.sleep(max(0.0, seconds))
 
 
-_clock: Clock = Clock()
+class _Installed:
+    """The clock this process reads (tests install a fake one)."""
+
+    __slots__ = ("clock",)
+
+    def __init__(self) -> None:
+        self.clock: Clock = Clock()
+
+
+_installed = _Installed()
 
 
 def get_clock() -> Clock:
-    return _clock
+    return _installed.clock
 
 
 def set_clock(clock: Clock) -> Clock:
     """Install `clock` and return the previous one (tests restore it)."""
-    global _clock
-    previous, _clock = _clock, clock
+    previous, _installed.clock = _installed.clock, clock
     return previous
 
 
 def now() -> datetime:
-    return _clock.now()
+    return _installed.clock.now()
 
 
 @overload

@@ -9,33 +9,32 @@ settings change replaces them (override_settings and pytest-django's `settings` 
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-_cached: dict[str, Any] = {}
 
-
+@functools.cache
 def haru() -> dict[str, Any]:
     """The HARU settings dictionary."""
-    try:
-        return _cached["HARU"]
-    except KeyError:
-        value = _cached["HARU"] = settings.HARU
-        return value
+    return settings.HARU
 
 
+@functools.cache
 def allowed_hosts() -> list[str]:
     """ALLOWED_HOSTS."""
-    try:
-        return _cached["ALLOWED_HOSTS"]
-    except KeyError:
-        value = _cached["ALLOWED_HOSTS"] = settings.ALLOWED_HOSTS
-        return value
+    return settings.ALLOWED_HOSTS
+
+
+_READERS: dict[str, Callable[[], Any]] = {"HARU": haru, "ALLOWED_HOSTS": allowed_hosts}
 
 
 @receiver(setting_changed)
 def _forget(*, setting: str, **kwargs: Any) -> None:
-    _cached.pop(setting, None)
+    reader = _READERS.get(setting)
+    if reader is not None:
+        reader.cache_clear()  # type: ignore[attr-defined]  # a functools.cache wrapper

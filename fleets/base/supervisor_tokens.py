@@ -10,6 +10,7 @@ supervisor that refused its own token (one not yet given it), and that is logged
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import uuid
@@ -24,8 +25,17 @@ log = logging.getLogger(__name__)
 MASTER_KEY_ENV = "HARU_SUPERVISOR_MASTER_KEY"
 LEGACY_TOKEN_ENV = "HARU_SUPERVISOR_TOKEN"
 
-_warned_lock = threading.Lock()
-_warned: set[str] = set()
+
+class _Warned:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.keys: set[str] = set()
+
+
+@functools.cache
+def _warned() -> _Warned:
+    """The warnings this process logged (a test starts afresh with `_warned.cache_clear()`)."""
+    return _Warned()
 
 
 @dataclass(frozen=True)
@@ -63,14 +73,9 @@ def credentials_for(domain_id: uuid.UUID | str) -> SupervisorCredentials:
 
 def warn_once(key: str, message: str) -> None:
     """Log `message` once per process for `key` (never a token: callers pass none)."""
-    with _warned_lock:
-        if key in _warned:
+    warned = _warned()
+    with warned.lock:
+        if key in warned.keys:
             return
-        _warned.add(key)
+        warned.keys.add(key)
     log.warning(message)
-
-
-def forget_warnings() -> None:
-    """Let every warning be logged again (tests)."""
-    with _warned_lock:
-        _warned.clear()

@@ -37,18 +37,25 @@ def presented_token(header: str | None) -> str | None:
 # are then a dictionary lookup. Only accepted headers are kept, so guessing adds nothing; a
 # lookup compares a guess with a kept header only when their (per-process, randomly keyed)
 # hashes are equal, which says nothing about the token.
-_accepted: tuple[dict | None, dict[str, Scope]] = (None, {})
+class _Accepted:
+    __slots__ = ("checked",)
+
+    def __init__(self) -> None:
+        # (the settings object, the headers accepted under it): replaced as one value.
+        self.checked: tuple[dict | None, dict[str, Scope]] = (None, {})
+
+
+_accepted = _Accepted()
 MAX_ACCEPTED = 64  # distinct accepted headers kept; past it each is checked in full
 
 
 def token_scope(header: str | None) -> Scope | None:
     """Return the scope of the token an Authorization header carries (None: no known token)."""
-    global _accepted
     config = haru()
-    checked_for, accepted = _accepted
+    checked_for, accepted = _accepted.checked
     if checked_for is not config:
         accepted = {}
-        _accepted = (config, accepted)
+        _accepted.checked = (config, accepted)
     if header is None:
         return None
     scope = accepted.get(header)

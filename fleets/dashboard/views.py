@@ -93,20 +93,21 @@ def heartbeats_live(request):
 @never_cache
 @staff_required
 def fleet_detail(request, slug: str):
-    fleet = _fleet(slug)
-    if fleet is None:
-        return _not_found(request, slug)
-    return render(request, "dashboard/fleet.html", fleet_page(fleet, now=clock.now()))
+    return _fleet_page(request, slug, "dashboard/fleet.html")
 
 
 @require_GET
 @never_cache
 @staff_required
 def fleet_live(request, slug: str):
+    return _fleet_page(request, slug, "dashboard/_fleet_live.html")
+
+
+def _fleet_page(request, slug: str, template: str):
     fleet = _fleet(slug)
     if fleet is None:
         return _not_found(request, slug)
-    return render(request, "dashboard/_fleet_live.html", fleet_page(fleet, now=clock.now()))
+    return render(request, template, fleet_page(fleet, now=clock.now()))
 
 
 @require_POST

@@ -1,1 +1,23 @@
-"""Every Prometheus series Haru exports, and the `/metrics` view (`registry`)."""
+"""Every Prometheus series Haru exports, and the `/metrics` view (`registry`).
+
+`register()`, called once at start-up (`FleetsConfig.ready`), is the one place that hooks them up:
+the scrape-time database collectors and the proxy's flush before each scrape. The per-process
+counters and histograms (`reconcile`, `requests`, the placement refusals) are prometheus_client
+objects that join its default registry when their module defines them.
+"""
+
+
+def register() -> None:
+    """Register the database collectors and the before-scrape flush (idempotent)."""
+    # Imported here: the collectors read models, so they wait for the app registry.
+    from fleets.metrics import history, placement, readiness, reconcile, requests  # noqa: PLC0415
+    from fleets.metrics.registry import before_scrape, register_database_collector  # noqa: PLC0415
+
+    for collector in (
+        history.HistoryCollector(),
+        readiness.ReadinessCollector(),
+        reconcile.StateCollector(),
+        placement.GpuPlanCollector(),
+    ):
+        register_database_collector(collector)
+    before_scrape.connect(requests.flush_before_scrape, dispatch_uid="haru-proxy-metrics-flush")

@@ -21,7 +21,6 @@ from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from fleets.core.states import OperationState, Step
-from fleets.metrics.registry import register_database_collector
 from fleets.models import Event, Operation
 
 log = logging.getLogger(__name__)
@@ -139,7 +138,3 @@ class HistoryCollector(Collector):
             return
         yield steps
         yield failovers
-
-
-_collector = HistoryCollector()
-register_database_collector(_collector)

@@ -14,7 +14,6 @@ from prometheus_client.core import GaugeMetricFamily
 
 from fleets.core.allocation import gpu_allocations
 from fleets.core.report import read_report
-from fleets.metrics.registry import register_database_collector
 from fleets.models import Domain, ModelBinding, Slot
 
 log = logging.getLogger(__name__)
@@ -74,7 +73,3 @@ class GpuPlanCollector:
                     if w.measured_mib is not None:
                         families["used"].add_metric([*labels, w.name], w.measured_mib)
         return families
-
-
-_collector = GpuPlanCollector()
-register_database_collector(_collector)

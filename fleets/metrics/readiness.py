@@ -22,7 +22,6 @@ from prometheus_client.metrics_core import Metric
 from fleets.base import clock
 from fleets.core.policy import Policy
 from fleets.core.readiness import ReadinessVerdict
-from fleets.metrics.registry import register_database_collector
 from fleets.models import Fleet
 from fleets.reads.readiness import fleet_readiness, last_drill
 from fleets.reads.recovery import recovery_summaries
@@ -101,7 +100,3 @@ class ReadinessCollector:
             rto = Policy.resolve(fleet.policy).rto_ms
             f["haru_recovery_objective_seconds"].add_metric([fleet.slug], rto / 1000)
         return f
-
-
-_collector = ReadinessCollector()
-register_database_collector(_collector)

@@ -20,11 +20,6 @@ from prometheus_client.metrics_core import Metric
 
 from fleets.base import clock
 from fleets.core.states import DomainState, OperationKind, OperationState
-from fleets.metrics import (
-    history,  # noqa: F401 - registers the step histograms
-    readiness,  # noqa: F401 - registers readiness and recovery
-)
-from fleets.metrics.registry import register_database_collector
 from fleets.models import Domain, Fleet, Operation
 
 log = logging.getLogger(__name__)
@@ -156,7 +151,3 @@ class StateCollector:
                         counts.get((fid, kind.value, st.value), 0),
                     )
         return [state, role, age, revision, ops]
-
-
-_collector = StateCollector()
-register_database_collector(_collector)

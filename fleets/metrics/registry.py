@@ -18,10 +18,11 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from django.conf import settings
+from django.dispatch import Signal
 from django.http import HttpResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
@@ -34,15 +35,9 @@ _database_collectors: dict[str, Collector] = {}
 _PID_FILE = re.compile(r"_(\d+)\.db$")
 
 
-# Called before each scrape this process serves: a module that batches its observations (the chat
+# Sent before each scrape this process serves: a module that batches its observations (the chat
 # proxy's, fleets/metrics/requests.py) writes them out, so its own scrape is exact.
-_before_scrape: list[Callable[[], None]] = []
-
-
-def register_before_scrape(flush: Callable[[], None]) -> None:
-    """Call `flush` before every scrape this process serves."""
-    if flush not in _before_scrape:
-        _before_scrape.append(flush)
+before_scrape = Signal()
 
 
 def register_database_collector(collector: Collector) -> None:
@@ -116,7 +111,6 @@ def _is_running(pid: int) -> bool:
 
 
 def metrics_view(request):
-    for flush in _before_scrape:
-        flush()
+    before_scrape.send(sender=None)
     registry = scrape_registry(settings.PROMETHEUS_MULTIPROC_DIR)
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

@@ -26,7 +26,6 @@ from typing import Any
 from prometheus_client import Counter, Histogram
 
 from fleets.base.private_apis import counter_cell, histogram_cells
-from fleets.metrics.registry import register_before_scrape
 
 REQUESTS = Counter(
     "haru_proxy_requests",
@@ -68,8 +67,18 @@ _queue: collections.deque[tuple[str, str, str, float | None, float | None, bool]
     collections.deque()
 )
 _lock = threading.Lock()  # one flush at a time
-_timer: asyncio.TimerHandle | None = None
-_timer_loop: asyncio.AbstractEventLoop | None = None
+
+
+class _FlushTimer:
+    """The loop this process's one pending flush timer runs on (None: no timer pending)."""
+
+    __slots__ = ("loop",)
+
+    def __init__(self) -> None:
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+
+_timer = _FlushTimer()
 
 
 def record(
@@ -90,8 +99,8 @@ def record(
 
 
 def _flush_soon() -> None:
-    global _timer, _timer_loop
-    if _timer is not None and _timer_loop is not None and not _timer_loop.is_closed():
+    pending = _timer.loop
+    if pending is not None and not pending.is_closed():
         return  # one timer per FLUSH_S at most (the loop is not looked up: a system call)
     try:
         loop = asyncio.get_running_loop()
@@ -99,14 +108,14 @@ def _flush_soon() -> None:
         flush()  # no loop to flush later on
         return
     # A timer left on a closed loop (tests run many) is replaced.
-    _timer, _timer_loop = loop.call_later(FLUSH_S, _flush_due), loop
+    loop.call_later(FLUSH_S, _flush_due)
+    _timer.loop = loop
 
 
 def _flush_due() -> None:
     # The timer's own callback, on its loop: only the loop's thread touches the timer (a
     # scrape's flush runs in a thread, and uvloop's timers must not be cancelled from one).
-    global _timer, _timer_loop
-    _timer = _timer_loop = None
+    _timer.loop = None
     flush()
 
 
@@ -153,5 +162,9 @@ def _observe(pending: dict[Any, float], histogram: Any, amount: float) -> None:
     pending[total] = pending.get(total, 0) + amount
 
 
+def flush_before_scrape(sender: object, **_kwargs: object) -> None:
+    """`registry.before_scrape`'s receiver (connected by `fleets.metrics.register`)."""
+    flush()
+
+
 atexit.register(flush)
-register_before_scrape(flush)

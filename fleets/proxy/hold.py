@@ -76,9 +76,6 @@ class Holds:
         self.released = True
         FEED.wake_all()
 
-    def reset(self) -> None:
-        self.released = False
-
 
 class Hold:
     """One held request: its deadline, its retry backoff, and how it ended."""

@@ -26,8 +26,9 @@ import psycopg
 import redis.asyncio as aioredis
 from django.conf import settings
 from django.db import connections
+from django.dispatch import receiver
 
-from fleets.services.route_publish import PG_CHANNEL, REDIS_CHANNEL, on_route_committed
+from fleets.services.route_publish import PG_CHANNEL, REDIS_CHANNEL, route_committed
 from fleets.services.route_publish import payload as payload
 
 log = logging.getLogger("haru.proxy")
@@ -278,5 +279,10 @@ def _listeners() -> list[tuple[str, Callable[[RevisionFeed, str], Awaitable[None
 
 
 FEED = RevisionFeed()
-# A move committed in this very process (the embedded reconcile loop, tests) reaches it directly.
-on_route_committed.append(FEED.publish_threadsafe)
+
+
+@receiver(route_committed, dispatch_uid="haru-proxy-feed")
+def _route_committed(sender: object, *, fleet_id: str, revision: int, **_kwargs: object) -> None:
+    # A move committed in this very process (the embedded reconcile loop, tests) reaches it
+    # directly.
+    FEED.publish_threadsafe(fleet_id, revision)

@@ -14,6 +14,7 @@ timed out) and `StoreUnusable` when it answered but not with usable state.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
 from collections.abc import Callable
@@ -90,10 +91,17 @@ class SnapshotRows:
     bindings: tuple[BindingRow, ...]
 
 
-# When the read now running on the database thread began (monotonic), None while it is idle.
-# A frozen database (SIGSTOPped, black-holed) holds that read for as long as it stays frozen:
-# the routing cache reads this to stop queueing requests behind it (snapshots.py).
-_busy_since: float | None = None
+class _DatabaseThread:
+    # When the read now running on the database thread began (monotonic), None while it is
+    # idle. A frozen database (SIGSTOPped, black-holed) holds that read for as long as it stays
+    # frozen: the routing cache reads this to stop queueing requests behind it (snapshots.py).
+    __slots__ = ("busy_since",)
+
+    def __init__(self) -> None:
+        self.busy_since: float | None = None
+
+
+_thread = _DatabaseThread()
 
 
 def run(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
@@ -102,20 +110,20 @@ def run(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
 
 
 def _timed(fn: Callable[..., T], *args: Any) -> T:
-    global _busy_since
-    _busy_since = time.monotonic()
+    _thread.busy_since = time.monotonic()
     try:
         return fn(*args)
     finally:
-        _busy_since = None
+        _thread.busy_since = None
 
 
 def stalled_for() -> float:
     """Seconds the database thread has been in its current read (0 when idle)."""
-    since = _busy_since
+    since = _thread.busy_since
     return 0.0 if since is None else time.monotonic() - since
 
 
+@functools.cache
 def _sql() -> tuple[str, str]:
     quote = connections["default"].ops.quote_name
     meta = Fleet._meta
@@ -129,9 +137,6 @@ def _sql() -> tuple[str, str]:
     # match, the same "UUID first" rule as selectors.fleet_get.
     by_id_or_slug = f"SELECT {cols} FROM {table} WHERE {quote('id')} = %s OR {quote('slug')} = %s"
     return by_slug, by_id_or_slug
-
-
-_SQL: tuple[str, str] | None = None
 
 
 def _uuid_text(value) -> str | None:
@@ -175,10 +180,7 @@ def _drop(conn) -> None:
 
 def pointer_read(ref: str, as_id: uuid.UUID | None) -> Pointer | None:
     """Return the pointer of the fleet whose id (tried first) or slug is `ref`, or None."""
-    global _SQL
-    if _SQL is None:
-        _SQL = _sql()
-    by_slug, by_id_or_slug = _SQL
+    by_slug, by_id_or_slug = _sql()
 
     def read(conn) -> Pointer | None:
         with conn.cursor() as cursor:

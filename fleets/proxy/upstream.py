@@ -420,27 +420,36 @@ def tls_context() -> ssl.SSLContext:
     return ssl.create_default_context()
 
 
-_pool: Pool | None = None
-_pool_loop: asyncio.AbstractEventLoop | None = None
+class _LoopPool:
+    """This process's pool and the event loop its connections belong to."""
+
+    __slots__ = ("loop", "pool")
+
+    def __init__(self) -> None:
+        self.pool: Pool | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+
+_current = _LoopPool()
 
 
 def pool(loop: asyncio.AbstractEventLoop | None = None) -> Pool:
     """Return this process's pool for the running loop (`loop`, if the caller has it),
     creating it on first use."""
-    global _pool, _pool_loop
     if loop is None:
         loop = asyncio.get_running_loop()
-    if _pool is None or _pool_loop is not loop:
-        _pool, _pool_loop = Pool(), loop
-    return _pool
+    current = _current
+    if current.pool is None or current.loop is not loop:
+        current.pool, current.loop = Pool(), loop
+    return current.pool
 
 
 async def pool_close() -> None:
     """Close this loop's idle connections (tests, shutdown)."""
-    global _pool, _pool_loop
-    if _pool is not None and _pool_loop is asyncio.get_running_loop():
-        await _pool.aclose()
-    _pool, _pool_loop = None, None
+    current = _current
+    if current.pool is not None and current.loop is asyncio.get_running_loop():
+        await current.pool.aclose()
+    current.pool, current.loop = None, None
 
 
 def request_head(target: Target, headers: dict[bytes, bytes], body_length: int) -> bytes:

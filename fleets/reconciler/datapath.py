@@ -3,8 +3,9 @@
 The proxy calls `report_unreachable` when a request could not reach the active's model server
 (connection refused). Never a database write on the request path: the report is noted in this
 process's registry (the earliest failure per fleet and domain, bounded) and a kick asks for a
-tick at once, through the installed reporter (Celery: a task carrying the report to a worker)
-or the plain kicker (the in-process loop, which reads this registry).
+tick at once, through the process's tick driver (`kick.drive`): its reporter (Celery: a task
+carrying the report to a worker) or a plain kick (the in-process loop, which reads this
+registry).
 
 The tick then confirms with targeted heartbeats (`confirm_active`): the supervisor and every
 model server of the active, twice, `dataPathConfirmIntervalMs` apart. Both rounds refused
@@ -16,6 +17,7 @@ grace. One failed request never fails anything over: the reconciler's own checks
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -53,9 +55,19 @@ class _Suspect:
     pending: bool  # a confirmation is owed
 
 
-_lock = threading.Lock()
-_suspects: dict[tuple[str, str], _Suspect] = {}
-_last_report: dict[tuple[str, str], float] = {}
+class _Registry:
+    """What this process noted: failures per (fleet, domain), and when each was last reported."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.suspects: dict[tuple[str, str], _Suspect] = {}
+        self.last_report: dict[tuple[str, str], float] = {}
+
+
+@functools.cache
+def _registry() -> _Registry:
+    """This process's registry (a test starts afresh with `_registry.cache_clear()`)."""
+    return _Registry()
 
 
 def report_unreachable(fleet_id: str, domain_id: str, model: str, failed_at: float) -> None:
@@ -68,14 +80,15 @@ def report_unreachable(fleet_id: str, domain_id: str, model: str, failed_at: flo
         key = (str(fleet_id), str(domain_id))
         failed_at = _bounded(float(failed_at))
         now = time.monotonic()
-        with _lock:
-            _note(key, failed_at, now)
-            last = _last_report.get(key)
+        registry = _registry()
+        with registry.lock:
+            _note(registry.suspects, key, failed_at, now)
+            last = registry.last_report.get(key)
             if last is not None and 0 <= now - last < REPORT_EVERY_S:
                 return
-            if len(_last_report) >= MAX_SUSPECTS:
-                _last_report.clear()
-            _last_report[key] = now
+            if len(registry.last_report) >= MAX_SUSPECTS:
+                registry.last_report.clear()
+            registry.last_report[key] = now
         kick.datapath_kick(key[0], key[1], model, failed_at)
     except Exception:  # noqa: BLE001 - the data path must never fail because of a report
         log.warning("data-path report for fleet %s dropped", fleet_id, exc_info=True)
@@ -83,8 +96,14 @@ def report_unreachable(fleet_id: str, domain_id: str, model: str, failed_at: flo
 
 def suspect_note(fleet_id: str, domain_id: str, failed_at: float) -> None:
     """Note a report that arrived from another process (the Celery task's entry)."""
-    with _lock:
-        _note((str(fleet_id), str(domain_id)), _bounded(float(failed_at)), time.monotonic())
+    registry = _registry()
+    with registry.lock:
+        _note(
+            registry.suspects,
+            (str(fleet_id), str(domain_id)),
+            _bounded(float(failed_at)),
+            time.monotonic(),
+        )
 
 
 def _bounded(failed_at: float) -> float:
@@ -96,38 +115,38 @@ def _bounded(failed_at: float) -> float:
     return min(now, max(now - SUSPECT_TTL_S, failed_at))
 
 
-def _note(key: tuple[str, str], failed_at: float, now: float) -> None:
-    held = _suspects.get(key)
+def _note(
+    suspects: dict[tuple[str, str], _Suspect], key: tuple[str, str], failed_at: float, now: float
+) -> None:
+    held = suspects.get(key)
     if held is not None and now - held.noted_at > SUSPECT_TTL_S:
         held = None
     if held is None:
-        if len(_suspects) >= MAX_SUSPECTS:
-            _expire(now)
-            if len(_suspects) >= MAX_SUSPECTS:
+        if len(suspects) >= MAX_SUSPECTS:
+            for old in [k for k, s in suspects.items() if now - s.noted_at > SUSPECT_TTL_S]:
+                del suspects[old]
+            if len(suspects) >= MAX_SUSPECTS:
                 return
-        _suspects[key] = _Suspect(failed_at, now, True)
+        suspects[key] = _Suspect(failed_at, now, True)
         return
     held.first_failed_at = min(held.first_failed_at, failed_at)
     held.pending = True
 
 
-def _expire(now: float) -> None:
-    for key in [k for k, s in _suspects.items() if now - s.noted_at > SUSPECT_TTL_S]:
-        del _suspects[key]
-
-
 def first_failed_at(fleet_id: Id, domain_id: Id) -> datetime | None:
     """The earliest failed data-path request to the domain this process knows of, if recent."""
-    with _lock:
-        held = _suspects.get((str(fleet_id), str(domain_id)))
+    registry = _registry()
+    with registry.lock:
+        held = registry.suspects.get((str(fleet_id), str(domain_id)))
         if held is None or time.monotonic() - held.noted_at > SUSPECT_TTL_S:
             return None
         return datetime.fromtimestamp(held.first_failed_at, tz=UTC)
 
 
 def _take_pending(fleet_id: Id, domain_id: Id) -> bool:
-    with _lock:
-        held = _suspects.get((str(fleet_id), str(domain_id)))
+    registry = _registry()
+    with registry.lock:
+        held = registry.suspects.get((str(fleet_id), str(domain_id)))
         if held is None or not held.pending:
             return False
         held.pending = False
@@ -136,17 +155,11 @@ def _take_pending(fleet_id: Id, domain_id: Id) -> bool:
 
 def forget(fleet_id: Id, domain_id: Id | None = None) -> None:
     """Drop what is noted for a fleet (or one of its domains): routing moved, or it recovered."""
-    with _lock:
-        for key in [k for k in _suspects if k[0] == str(fleet_id)]:
+    registry = _registry()
+    with registry.lock:
+        for key in [k for k in registry.suspects if k[0] == str(fleet_id)]:
             if domain_id is None or key[1] == str(domain_id):
-                del _suspects[key]
-
-
-def forget_all() -> None:
-    """Drop everything noted in this process (tests)."""
-    with _lock:
-        _suspects.clear()
-        _last_report.clear()
+                del registry.suspects[key]
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 from django.db import close_old_connections
 
-from fleets.reconciler import kick
 from fleets.reconciler.provision import fleet_provision_tick
 from fleets.reconciler.tick import fleets_to_reconcile, tick_run
 
@@ -59,10 +58,8 @@ class ReconcileLoop:
         self._provisioning: set[str] = set()
         self._thread = threading.Thread(target=self._run, name="haru-reconcile-loop", daemon=True)
 
-    def start(self, *, install_kicker: bool = True) -> ReconcileLoop:
-        """Start the loop thread; by default also make it this process's tick driver."""
-        if install_kicker:
-            kick.install(self.request)
+    def start(self) -> ReconcileLoop:
+        """Start the loop thread (`kick.drive(kick.TickDriver(loop.request))` routes kicks here)."""
         self._thread.start()
         log.info(
             "reconcile loop started: every %d ms, fleets: %s",
@@ -80,8 +77,6 @@ class ReconcileLoop:
             self._thread.join(timeout)
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._provision_pool.shutdown(wait=True, cancel_futures=True)
-        if kick._kicker == self.request:
-            kick.install(None)
 
     def wake(self) -> None:
         """Re-read the periodic gate now (it just opened): tick every fleet without waiting."""

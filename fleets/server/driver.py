@@ -132,7 +132,6 @@ class BrokerFallback:
         return ok
 
     def start(self) -> BrokerFallback:
-        kick.install(self.kick)
         if self._probe is not None:
             self._thread = threading.Thread(
                 target=self._watch, name="haru-broker-probe", daemon=True
@@ -148,8 +147,6 @@ class BrokerFallback:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
-        if kick._kicker == self.kick:
-            kick.install(None)
 
 
 class Driver:
@@ -192,7 +189,9 @@ def start_for_server(*, role: str = "single") -> Driver:
             fleets=selection,
             periodic=None if periodic_here else _never,
         )
-        loop.start(install_kicker=role != "parent")
+        loop.start()
+        if role != "parent":
+            kick.drive(kick.TickDriver(loop.request))
         return Driver(loop, None)
     # With a broker: Celery ticks; this process's loop covers what the broker cannot take.
     gate: list[BrokerFallback] = []
@@ -205,9 +204,9 @@ def start_for_server(*, role: str = "single") -> Driver:
         loop=loop, enqueue=_celery_enqueue, probe=broker_ping if periodic_here else None
     )
     gate.append(fallback)
-    loop.start(install_kicker=False)
+    loop.start()
     fallback.start()
-    kick.install_reporter(_reporter_via(fallback))
+    kick.drive(kick.TickDriver(fallback.kick, _reporter_via(fallback)))
     log.info(
         "reconcile ticks: Celery (run `celery -A haru worker` and `celery -A haru beat`); this "
         "server ticks while the broker is unreachable"

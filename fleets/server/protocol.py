@@ -18,6 +18,7 @@ path itself: its hooks replace calls the edge makes anyway (`edge_limits` once p
 from __future__ import annotations
 
 import contextvars
+import functools
 import logging
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -31,38 +32,23 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("haru.serve")
 
-_LIMITS: edge_limits.EdgeLimits | None = None
 
-
+@functools.cache
 def current_limits() -> edge_limits.EdgeLimits:
     """This process's limits: read once (each uvicorn worker process reads its own)."""
-    global _LIMITS
-    if _LIMITS is None:
-        _LIMITS = edge_limits.fit_descriptors(edge_limits.from_settings())
-    return _LIMITS
+    return edge_limits.fit_descriptors(edge_limits.from_settings())
 
 
-_DIRECT: ModuleType | None = None
-
-
+@functools.cache
 def _direct() -> ModuleType:
     """The chat path's module, imported on the first request.
 
     Not at this module's import: `serve --workers N` unpickles this class in each spawned
     worker before Django is set up, and the chat path needs Django's app registry.
     """
-    global _DIRECT
-    if _DIRECT is None:
-        from fleets.server import direct  # noqa: PLC0415 - needs the app registry (above)
+    from fleets.server import direct  # noqa: PLC0415 - needs the app registry (above)
 
-        _DIRECT = direct
-    return _DIRECT
-
-
-def reset_limits() -> None:
-    """Forget the limits read so far (tests change the settings)."""
-    global _LIMITS
-    _LIMITS = None
+    return direct
 
 
 class HaruHttpProtocol(EdgeHttpProtocol):

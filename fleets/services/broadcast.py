@@ -65,9 +65,6 @@ DROPPED = Counter(
     "Live-layer messages dropped because the publisher queue was full (a wedged channel layer).",
 )
 
-_server_loop: asyncio.AbstractEventLoop | None = None
-_server_loop_lock = threading.Lock()
-
 
 def fleet_group(fleet_id: object) -> str:
     return f"fleet.{fleet_id}"
@@ -80,9 +77,7 @@ ALL_FLEETS_GROUP = "fleets.all"
 
 def bind_loop(loop: asyncio.AbstractEventLoop) -> None:
     """Remember the ASGI server's event loop (called by the live consumers on connect)."""
-    global _server_loop
-    with _server_loop_lock:
-        _server_loop = loop
+    _publisher.server_loop = loop
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
@@ -112,6 +107,8 @@ class Publisher:
         self._queued = 0  # jobs ever queued
         self._finished = 0  # jobs run or dropped
         self.dropped = 0
+        # The ASGI server's event loop, once a live consumer bound it: sends run there.
+        self.server_loop: asyncio.AbstractEventLoop | None = None
 
     def submit(self, job: Callable[[], None]) -> None:
         """Queue `job`; never blocks on the layer. A full queue drops its oldest job."""
@@ -189,8 +186,6 @@ def _after_fork_in_child() -> None:
     # A forked child (a Celery prefork worker) has no publisher thread, and the parent's lock
     # may have been held at the fork: start from a fresh, empty publisher. Nor does it run the
     # parent's server loop, which would still look running from here.
-    global _server_loop
-    _server_loop = None
     _publisher._reset()
 
 
@@ -209,7 +204,7 @@ def flush(timeout: float = 5.0) -> bool:
     Blocking: from async code use `await asyncio.to_thread(broadcast.flush)`.
     """
     loop = _running_loop()
-    if loop is not None and loop is _server_loop:
+    if loop is not None and loop is _publisher.server_loop:
         raise RuntimeError("flush() would block the server loop its sends need: run it on a thread")
     return _publisher.flush(timeout)
 
@@ -254,7 +249,7 @@ def _send(fleet_id: object, message: dict[str, Any]) -> None:
         await layer.group_send(ALL_FLEETS_GROUP, message)
 
     try:
-        loop = _server_loop
+        loop = _publisher.server_loop
         if loop is not None and loop.is_running() and not loop.is_closed():
             # Wait for the hand-off so messages keep their order on the way to the browser.
             future = asyncio.run_coroutine_threadsafe(send_both(), loop)

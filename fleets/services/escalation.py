@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 
 from fleets.base.clock import iso
@@ -23,7 +22,7 @@ from fleets.core.states import (
     check_transition,
 )
 from fleets.models import Domain, Fleet, Id, ModelBinding, Operation, Slot
-from fleets.services.events import event_record
+from fleets.services.events import guarded_update
 
 
 def _viable_standby_exists(now: datetime, stale_ms: int) -> Exists:
@@ -91,22 +90,23 @@ def domain_escalate(
     row = Domain.objects.filter(pk=domain_id).values("fleet_id", "state_updated_at").first()
     if row is None:
         return False
-    with transaction.atomic():
-        moved = guard.update(state=DomainState.FAILED, state_updated_at=now)
-        if moved:
-            degraded_for = int((now - row["state_updated_at"]).total_seconds() * 1000)
-            event_record(
-                fleet_id=row["fleet_id"],
-                domain_id=domain_id,
-                kind="domain.degraded.escalated",
-                actor=actor,
-                data={
-                    "from": DomainState.DEGRADED,
-                    "to": DomainState.FAILED,
-                    "degradedForMs": degraded_for,
-                    "graceMs": degraded_grace_ms,
-                },
-            )
+    degraded_for = int((now - row["state_updated_at"]).total_seconds() * 1000)
+    moved = guarded_update(
+        guard,
+        {"state": DomainState.FAILED, "state_updated_at": now},
+        {
+            "fleet_id": row["fleet_id"],
+            "domain_id": domain_id,
+            "kind": "domain.degraded.escalated",
+            "actor": actor,
+            "data": {
+                "from": DomainState.DEGRADED,
+                "to": DomainState.FAILED,
+                "degradedForMs": degraded_for,
+                "graceMs": degraded_grace_ms,
+            },
+        },
+    )
     return bool(moved)
 
 
@@ -124,27 +124,24 @@ def fleet_no_standby_report(
     per fleet, however many processes tick it; return whether this call recorded it.
 
     `next_attempt_at`: when the reason is a backoff, when the first held standby is due."""
-    with transaction.atomic():
-        moved = (
-            Fleet.objects.filter(pk=fleet_id)
-            .filter(
-                Q(no_standby_reported_at__isnull=True)
-                | Q(no_standby_reported_at__lte=now - timedelta(milliseconds=every_ms))
-                | Q(no_standby_reported_at__gt=now)  # a clock that went back must not mute it
-            )
-            .update(no_standby_reported_at=now)
-        )
-        if moved:
-            event_record(
-                fleet_id=fleet_id,
-                domain_id=active_domain_id,
-                kind="failover.no_viable_standby",
-                actor=actor,
-                data={
-                    "reason": reason,
-                    **({"nextAttemptAt": iso(next_attempt_at)} if next_attempt_at else {}),
-                },
-            )
+    moved = guarded_update(
+        Fleet.objects.filter(pk=fleet_id).filter(
+            Q(no_standby_reported_at__isnull=True)
+            | Q(no_standby_reported_at__lte=now - timedelta(milliseconds=every_ms))
+            | Q(no_standby_reported_at__gt=now)  # a clock that went back must not mute it
+        ),
+        {"no_standby_reported_at": now},
+        {
+            "fleet_id": fleet_id,
+            "domain_id": active_domain_id,
+            "kind": "failover.no_viable_standby",
+            "actor": actor,
+            "data": {
+                "reason": reason,
+                **({"nextAttemptAt": iso(next_attempt_at)} if next_attempt_at else {}),
+            },
+        },
+    )
     return bool(moved)
 
 

@@ -1,10 +1,13 @@
-"""Append the audit trail and announce it to the live layer after commit."""
+"""Append the audit trail and announce it to the live layer after commit; write a guarded
+update together with the events it owes (`guarded_update`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Required, TypedDict
 
 from django.db import transaction
+from django.db.models import QuerySet
 
 from fleets.base import clock
 from fleets.models import Event, Id
@@ -40,3 +43,38 @@ def event_record(
     # a failure to queue never stops the other commit hooks.
     transaction.on_commit(lambda: broadcast.publish_event(event), robust=True)
     return event
+
+
+class EventFields(TypedDict, total=False):
+    """`event_record`'s arguments: an event a guarded update records if it moved."""
+
+    fleet_id: Required[Id]
+    kind: Required[str]
+    actor: str
+    domain_id: Id | None
+    operation_id: Id | None
+    step: str
+    duration_ms: int | None
+    data: dict[str, Any] | None
+
+
+def guarded_update(
+    guard: QuerySet[Any],
+    values: Mapping[str, Any],
+    *events: EventFields,
+    then: Callable[[], object] | None = None,
+) -> int:
+    """Apply `values` to the rows `guard` selects; only if one moved, record `events` and run
+    `then`; all in one transaction. Return how many rows moved.
+
+    The guard is the compare-and-swap: its filter names what the caller read (a state, a step),
+    so a concurrent writer that moved the row first wins and this call writes no event.
+    """
+    with transaction.atomic():
+        moved = guard.update(**values)
+        if moved:
+            for event in events:
+                event_record(**event)
+            if then is not None:
+                then()
+    return moved

@@ -254,7 +254,46 @@ def _plan(layout: Layout, prune: bool, report: LayoutReport, actor: str) -> _Pla
     now = clock.now()
     plan = _Plan()
     existing = Fleet.objects.filter(slug=layout.slug).first()
-    new_fleet = existing is None
+    current = _plan_fleet(layout, existing, report, plan)
+    serving_slug = _serving_slug(layout, existing, report)
+    for di, d in enumerate(layout.domains):
+        _plan_domain(layout, di, d, current, serving_slug, now, report, plan)
+    plan.rows += current.slot_rows + current.binding_rows
+
+    if existing is None and layout.active_domain_slug:
+        plan.tail.append(_point_new_fleet(("domain", layout.active_domain_slug)))
+    if existing is not None:
+        _plan_extras(
+            existing,
+            current.kept_domains,
+            current.kept_slots,
+            current.kept_bindings,
+            prune,
+            report,
+            plan,
+        )
+    plan.final.append(_applied(actor, report))
+    return plan
+
+
+@dataclass
+class _Current:
+    """The fleet's rows before the apply, and the plan's writes and keeps of them."""
+
+    domains: dict[str, Domain] = field(default_factory=dict)
+    slots: dict[tuple[Id, int, str], Slot] = field(default_factory=dict)
+    bindings: dict[tuple[Id, str], ModelBinding] = field(default_factory=dict)
+    kept_domains: set[Id] = field(default_factory=set)
+    kept_slots: set[Id] = field(default_factory=set)
+    kept_bindings: set[Id] = field(default_factory=set)
+    slot_rows: list[Callable[[_Ids], None]] = field(default_factory=list)
+    binding_rows: list[Callable[[_Ids], None]] = field(default_factory=list)
+
+
+def _plan_fleet(
+    layout: Layout, existing: Fleet | None, report: LayoutReport, plan: _Plan
+) -> _Current:
+    """Plan the fleet row's write; return what the fleet holds now (nothing for a new one)."""
     if existing is None:
         report.created.append(f"fleet {layout.slug}")
 
@@ -264,37 +303,39 @@ def _plan(layout: Layout, prune: bool, report: LayoutReport, actor: str) -> _Pla
             )
 
         plan.rows.append(create_fleet)
-        domains: dict[str, Domain] = {}
-        slots: dict[tuple[Id, int, str], Slot] = {}
-        bindings: dict[tuple[Id, str], ModelBinding] = {}
-    else:
-        fleet = existing
-        fvalues = {"display_name": layout.display_name, "policy": layout.policy}
-        fchanged = _sync(fleet, fvalues, f"fleet {layout.slug}", report)
+        return _Current()
+    fleet = existing
+    fvalues = {"display_name": layout.display_name, "policy": layout.policy}
+    fchanged = _sync(fleet, fvalues, f"fleet {layout.slug}", report)
 
-        def sync_fleet(ids: _Ids) -> None:
-            if fchanged:
-                _save(fleet, fvalues, fchanged)
-            ids[("fleet",)] = fleet
+    def sync_fleet(ids: _Ids) -> None:
+        if fchanged:
+            _save(fleet, fvalues, fchanged)
+        ids[("fleet",)] = fleet
 
-        plan.rows.append(sync_fleet)
-        domains = {d.slug: d for d in Domain.objects.filter(fleet=fleet)}
-        slots = {
+    plan.rows.append(sync_fleet)
+    return _Current(
+        domains={d.slug: d for d in Domain.objects.filter(fleet=fleet)},
+        slots={
             (s.domain_id, s.gpu_index, s.kind): s for s in Slot.objects.filter(domain__fleet=fleet)
-        }
-        bindings = {
+        },
+        bindings={
             (b.domain_id, b.name): b for b in ModelBinding.objects.filter(domain__fleet=fleet)
-        }
+        },
+    )
 
-    # The posture new inference slots start in follows the live pointer, or for a new fleet the
-    # declared active domain; the next heartbeats correct it from what supervisors report.
+
+def _serving_slug(layout: Layout, existing: Fleet | None, report: LayoutReport) -> str | None:
+    """The domain new inference slots start serving in: the live pointer's, or for a new fleet
+    the declared active domain (the next heartbeats correct it from what supervisors report)."""
+    if existing is None:
+        return layout.active_domain_slug
     live_active_slug = (
         None
-        if existing is None or existing.active_domain_id is None
+        if existing.active_domain_id is None
         else Domain.objects.get(pk=existing.active_domain_id).slug
     )
-    serving_slug = layout.active_domain_slug if new_fleet else live_active_slug
-    if existing is not None and layout.active_domain_slug not in (None, live_active_slug):
+    if layout.active_domain_slug not in (None, live_active_slug):
         # Say so rather than stay silent: an operator editing the file may expect a switch.
         routes = f"routes to {live_active_slug!r}" if live_active_slug else "has no active domain"
         report.notes.append(
@@ -302,96 +343,115 @@ def _plan(layout: Layout, prune: bool, report: LayoutReport, actor: str) -> _Pla
             f"(revision {existing.route_revision}); a layout never moves routing, promote "
             f"{layout.active_domain_slug!r} to switch"
         )
+    return live_active_slug
 
-    kept_domains: set[Id] = set()
-    kept_slots: set[Id] = set()
-    kept_bindings: set[Id] = set()
-    slot_rows: list[Callable[[_Ids], None]] = []
-    binding_rows: list[Callable[[_Ids], None]] = []
-    for di, d in enumerate(layout.domains):
-        label = f"domain {layout.slug}/{d.slug}"
-        values: dict[str, Any] = {
-            "display_name": d.display_name,
-            "provider": d.provider,
-            "priority": d.priority,
-            "placement": d.placement,
-            "gpu_layout": d.gpu_layout,
-            "driver": d.driver,
+
+def _plan_domain(
+    layout: Layout,
+    di: int,
+    d: DomainSpec,
+    current: _Current,
+    serving_slug: str | None,
+    now: datetime,
+    report: LayoutReport,
+    plan: _Plan,
+) -> None:
+    """Plan one domain's row, then its slots' and models' (`current` collects them)."""
+    label = f"domain {layout.slug}/{d.slug}"
+    values: dict[str, Any] = {
+        "display_name": d.display_name,
+        "provider": d.provider,
+        "priority": d.priority,
+        "placement": d.placement,
+        "gpu_layout": d.gpu_layout,
+        "driver": d.driver,
+    }
+    # A provisioned domain's URLs come from its cluster (fleets.services.provisioning);
+    # re-applying the file must not blank them.
+    if not d.driver or d.supervisor_url:
+        values["supervisor_url"] = d.supervisor_url
+    if not d.driver or d.serving_base_url:
+        values["serving_base_url"] = d.serving_base_url
+    domain = current.domains.get(d.slug)
+    dkey: _Key = ("domain", d.slug)
+    if domain is None:
+        report.created.append(label)
+        plan.rows.append(_domain_create(dkey, d.slug, values, now))
+    else:
+        plan.rows.append(_row_sync(dkey, domain, values, _sync(domain, values, label, report)))
+        current.kept_domains.add(domain.id)
+
+    for s in _keep_placements(d, domain, f"domains[{di}]", report):
+        slabel = f"slot {layout.slug}/{d.slug}/gpu{s.gpu_index}/{s.kind}"
+        placed = {
+            "spec": s.spec,
+            "gpu_indices": s.gpu_indices or [s.gpu_index],
+            "mig_instance": s.mig_instance,
+            "allocation": s.allocation,
         }
-        # A provisioned domain's URLs come from its cluster (fleets.services.provisioning);
-        # re-applying the file must not blank them.
-        if not d.driver or d.supervisor_url:
-            values["supervisor_url"] = d.supervisor_url
-        if not d.driver or d.serving_base_url:
-            values["serving_base_url"] = d.serving_base_url
-        domain = domains.get(d.slug)
-        dkey: _Key = ("domain", d.slug)
-        if domain is None:
-            report.created.append(label)
-            plan.rows.append(_domain_create(dkey, d.slug, values, now))
-        else:
-            plan.rows.append(_row_sync(dkey, domain, values, _sync(domain, values, label, report)))
-            kept_domains.add(domain.id)
-
-        for s in _keep_placements(d, domain, f"domains[{di}]", report):
-            slabel = f"slot {layout.slug}/{d.slug}/gpu{s.gpu_index}/{s.kind}"
-            placed = {
-                "spec": s.spec,
-                "gpu_indices": s.gpu_indices or [s.gpu_index],
-                "mig_instance": s.mig_instance,
-                "allocation": s.allocation,
-            }
-            slot = None if domain is None else slots.get((domain.id, s.gpu_index, s.kind))
-            skey: _Key = ("slot", d.slug, s.gpu_index, s.kind)
-            if slot is None:
-                report.created.append(slabel)
-                slot_rows.append(
-                    _slot_create(
-                        skey, dkey, s.gpu_index, s.kind, placed, d.slug == serving_slug, now
-                    )
-                )
-            else:
-                slot_rows.append(_row_sync(skey, slot, placed, _sync(slot, placed, slabel, report)))
-                kept_slots.add(slot.id)
-
-            for m in s.models:
-                mlabel = f"model {layout.slug}/{d.slug}/{m.name}"
-                binding = None if domain is None else bindings.get((domain.id, m.name))
-                bvalues: dict[str, Any] = {
-                    # A slot this apply creates has no id yet: None reads as changed, and the
-                    # write puts the new slot's id in.
-                    "slot_id": None if slot is None else slot.id,
-                    "serving_url": m.serving_url,
-                    "profile": m.profile,
-                    "memory": m.memory,
-                    "golden": m.golden,
-                }
-                if d.driver and not m.serving_url and binding is not None:
-                    del bvalues["serving_url"]  # set from the cluster at provisioning
-                if binding is None:
-                    report.created.append(mlabel)
-                    del bvalues["slot_id"]
-                    plan.bindings.append(_binding_create(dkey, skey, m.name, bvalues))
-                else:
-                    changed = _sync(binding, bvalues, mlabel, report)
-                    binding_rows.append(_binding_sync(binding, bvalues, changed, skey))
-                    kept_bindings.add(binding.id)
-    plan.rows += slot_rows + binding_rows
-
-    if new_fleet and layout.active_domain_slug:
-        active_key: _Key = ("domain", layout.active_domain_slug)
-
-        def point(ids: _Ids) -> None:
-            # Setting the pointer of a fleet this apply created; revision stays 1.
-            Fleet.objects.filter(pk=ids[("fleet",)].pk, active_domain__isnull=True).update(
-                active_domain=ids[active_key]
+        slot = None if domain is None else current.slots.get((domain.id, s.gpu_index, s.kind))
+        skey: _Key = ("slot", d.slug, s.gpu_index, s.kind)
+        if slot is None:
+            report.created.append(slabel)
+            current.slot_rows.append(
+                _slot_create(skey, dkey, s.gpu_index, s.kind, placed, d.slug == serving_slug, now)
             )
+        else:
+            current.slot_rows.append(
+                _row_sync(skey, slot, placed, _sync(slot, placed, slabel, report))
+            )
+            current.kept_slots.add(slot.id)
+        _plan_models(layout, d, s, domain, slot, skey, dkey, current, report, plan)
 
-        plan.tail.append(point)
 
-    if existing is not None:
-        _plan_extras(existing, kept_domains, kept_slots, kept_bindings, prune, report, plan)
+def _plan_models(
+    layout: Layout,
+    d: DomainSpec,
+    s: SlotSpec,
+    domain: Domain | None,
+    slot: Slot | None,
+    skey: _Key,
+    dkey: _Key,
+    current: _Current,
+    report: LayoutReport,
+    plan: _Plan,
+) -> None:
+    """Plan the model bindings of one slot: new ones in bulk, existing ones synced."""
+    for m in s.models:
+        mlabel = f"model {layout.slug}/{d.slug}/{m.name}"
+        binding = None if domain is None else current.bindings.get((domain.id, m.name))
+        bvalues: dict[str, Any] = {
+            # A slot this apply creates has no id yet: None reads as changed, and the
+            # write puts the new slot's id in.
+            "slot_id": None if slot is None else slot.id,
+            "serving_url": m.serving_url,
+            "profile": m.profile,
+            "memory": m.memory,
+            "golden": m.golden,
+        }
+        if d.driver and not m.serving_url and binding is not None:
+            del bvalues["serving_url"]  # set from the cluster at provisioning
+        if binding is None:
+            report.created.append(mlabel)
+            del bvalues["slot_id"]
+            plan.bindings.append(_binding_create(dkey, skey, m.name, bvalues))
+        else:
+            changed = _sync(binding, bvalues, mlabel, report)
+            current.binding_rows.append(_binding_sync(binding, bvalues, changed, skey))
+            current.kept_bindings.add(binding.id)
 
+
+def _point_new_fleet(active_key: _Key) -> Callable[[_Ids], None]:
+    def point(ids: _Ids) -> None:
+        # Setting the pointer of a fleet this apply created; revision stays 1.
+        Fleet.objects.filter(pk=ids[("fleet",)].pk, active_domain__isnull=True).update(
+            active_domain=ids[active_key]
+        )
+
+    return point
+
+
+def _applied(actor: str, report: LayoutReport) -> Callable[[_Ids], None]:
     def applied(ids: _Ids) -> None:
         event_record(
             fleet_id=ids[("fleet",)].id,
@@ -405,8 +465,7 @@ def _plan(layout: Layout, prune: bool, report: LayoutReport, actor: str) -> _Pla
             },
         )
 
-    plan.final.append(applied)
-    return plan
+    return applied
 
 
 def _domain_create(

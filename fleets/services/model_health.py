@@ -12,13 +12,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
 from django.db.models import Q
 
 from fleets.base import clock
 from fleets.core.model_health import ServerHealth
 from fleets.models import Id, ModelBinding
-from fleets.services.events import event_record
+from fleets.services.events import EventFields, guarded_update
 
 
 def model_health_record(
@@ -43,26 +42,26 @@ def model_health_record(
     values: dict[str, Any] = {"health": health, "health_at": observed_at}
     if health == ServerHealth.UP:
         values["serving_seen_at"] = observed_at
-    with transaction.atomic():
-        # Guarded by the value read (so the edge is decided once) and by "newer than what is
-        # recorded" (a slower beat loses).
-        moved = (
-            ModelBinding.objects.filter(pk=binding_id, health=row["health"])
-            .filter(Q(health_at__isnull=True) | Q(health_at__lte=observed_at))
-            .update(**values)
-        )
-        if moved and row["health"] != health:
-            event_record(
-                fleet_id=row["domain__fleet_id"],
-                domain_id=row["domain_id"],
-                kind=f"model.serving.{health}",
-                actor=actor,
-                data={
-                    "model": row["name"],
-                    "from": row["health"],
-                    "to": str(health),
-                    "source": source,
-                    "observedAt": clock.iso(observed_at),
-                },
-            )
+    edge: EventFields = {
+        "fleet_id": row["domain__fleet_id"],
+        "domain_id": row["domain_id"],
+        "kind": f"model.serving.{health}",
+        "actor": actor,
+        "data": {
+            "model": row["name"],
+            "from": row["health"],
+            "to": str(health),
+            "source": source,
+            "observedAt": clock.iso(observed_at),
+        },
+    }
+    # Guarded by the value read (so the edge is decided once) and by "newer than what is
+    # recorded" (a slower beat loses).
+    moved = guarded_update(
+        ModelBinding.objects.filter(pk=binding_id, health=row["health"]).filter(
+            Q(health_at__isnull=True) | Q(health_at__lte=observed_at)
+        ),
+        values,
+        *([edge] if row["health"] != health else []),
+    )
     return bool(moved)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -18,6 +18,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.db.models import Q, Subquery, Value
 from django.db.models.functions import Coalesce
+from django.dispatch import Signal
 
 from fleets.base import clock
 from fleets.base.errors import (
@@ -27,9 +28,10 @@ from fleets.base.errors import (
     OperationNotCancellable,
     OperationNotFound,
 )
-from fleets.core.decisions import RequestStatus, decide_demotion, decide_promotion
+from fleets.core.decisions import Decision, RequestStatus, decide_demotion, decide_promotion
 from fleets.core.drills import decide_drill
 from fleets.core.preemption import Ending, InFlight, ending, steps_left
+from fleets.core.read_model import DomainView, FleetView
 from fleets.core.states import (
     IN_FLIGHT_OPERATION_STATES,
     CleanupState,
@@ -45,15 +47,19 @@ from fleets.core.states import (
 )
 from fleets.models import Domain, Fleet, Id, Operation, Slot
 from fleets.reads.selectors import fleet_view
-from fleets.services.events import event_record
+from fleets.services.events import EventFields, event_record, guarded_update
 from fleets.services.transitions import slot_transition
 
-# Called (after commit) with the operation id whenever an operation is created, so the
-# reconciler can start it at once instead of at the next beat. The reconciler registers here.
-on_operation_created: list[Callable[[str, str], None]] = []
-# Called (after commit) with the fleet id when an operator or a pre-emption ends an operation:
-# its clean-up, and whatever waited behind it, should not wait for the next beat.
-on_operation_ended: list[Callable[[str], None]] = []
+# Sent after commit with `fleet_id` and `operation_id` whenever an operation is created, so the
+# reconciler can start it at once instead of at the next beat (fleets/reconciler/kick.py).
+operation_created = Signal()
+# Sent after commit with `fleet_id` when an operator or a pre-emption ends an operation: its
+# clean-up, and whatever waited behind it, should not wait for the next beat.
+operation_ended = Signal()
+
+
+def _send_after_commit(signal: Signal, **kwargs: str) -> None:
+    transaction.on_commit(functools.partial(signal.send, sender=Operation, **kwargs))
 
 
 @dataclass(frozen=True)
@@ -85,35 +91,14 @@ def operation_request(
     is in flight.
     """
     view = fleet_view(fleet)
-    if kind == OperationKind.DRILL:
-        moving = Operation.objects.filter(
-            fleet_id=fleet.id, state__in=IN_FLIGHT_OPERATION_STATES
-        ).first()
-        if moving is not None and moving.kind != OperationKind.DRILL:
-            # Said first and plainly: a drill never competes with a real operation.
-            raise OperationConflict(
-                f"no drill while an operation is in flight: {moving.kind} of domain "
-                f"{moving.target_domain_slug} (operation {moving.id}, state {moving.state})",
-                operation=moving,
-            )
-        ref = str(target_domain_id) if target_domain_id else None
-        if drill_mode not in DrillMode.__members__.values():
-            raise InvalidTarget(
-                f"unknown drill mode {drill_mode!r}; one of {', '.join(m.value for m in DrillMode)}"
-            )
-        decision = decide_drill(view, ref, clock.now(), drill_mode)
-    else:
-        decide = decide_promotion if kind == OperationKind.PROMOTE else decide_demotion
-        decision = decide(view, str(target_domain_id))
+    decision = _decide(view, fleet, kind, target_domain_id, drill_mode)
     if decision.outcome == "reject" or decision.target is None:
         raise InvalidTarget(decision.message)
     target = decision.target
     if decision.outcome == "noop":
         # "Already there" is only true if nothing is moving the fleet away from there: while
         # another operation is in flight the answer is that operation, as for any request.
-        moving = Operation.objects.filter(
-            fleet_id=fleet.id, state__in=IN_FLIGHT_OPERATION_STATES
-        ).first()
+        moving = _in_flight_of(fleet.id)
         if moving is not None:
             raise _in_flight(moving)
         return RequestResult(
@@ -122,52 +107,18 @@ def operation_request(
 
     for _attempt in range(3):
         try:
-            with transaction.atomic():
-                op = Operation.objects.create(
-                    fleet_id=fleet.id,
-                    kind=kind,
-                    target_domain_id=target.id,
-                    target_domain_slug=target.slug,
-                    state=OperationState.PENDING,
-                    current_step="",
-                    reason=reason,
-                    requested_by=actor,
-                    created_at=clock.now(),
-                    detected_at=detected_at,
-                    drill_mode=drill_mode if kind == OperationKind.DRILL else "",
-                )
-                # Capture the pointer now that our row holds the one in-flight place: no other
-                # operation can move it from here on, so this source is exactly what we demote.
-                # Its last good heartbeat is kept beside it: a failover's measured detection;
-                # and its state: a promotion away from a failed active is a real failover.
-                pointer = Fleet.objects.filter(pk=fleet.id).values("active_domain_id")[:1]
-                source = Domain.objects.filter(pk=Subquery(pointer))
-                Operation.objects.filter(pk=op.pk).update(
-                    source_domain_id=Subquery(pointer),
-                    source_seen_at=Subquery(source.values("last_seen_at")[:1]),
-                    source_state=Coalesce(Subquery(source.values("state")[:1]), Value("")),
-                )
-                op.refresh_from_db()
-                event_record(
-                    fleet_id=fleet.id,
-                    operation_id=op.id,
-                    domain_id=op.target_domain_id,
-                    kind=f"operation.requested.{kind}",
-                    actor=actor,
-                    data={
-                        "reason": reason,
-                        **({"drillMode": drill_mode} if kind == OperationKind.DRILL else {}),
-                        "targetDomainId": target.id,
-                        "sourceDomainId": str(op.source_domain_id or "") or None,
-                    },
-                )
-                for hook in on_operation_created:
-                    transaction.on_commit(functools.partial(hook, str(op.fleet_id), str(op.id)))
+            op = _create(
+                fleet_id=fleet.id,
+                kind=kind,
+                target=target,
+                actor=actor,
+                reason=reason,
+                detected_at=detected_at,
+                drill_mode=drill_mode,
+            )
             return RequestResult(RequestStatus.ACCEPTED, op, True, view.route_revision, target.slug)
         except IntegrityError:
-            existing = Operation.objects.filter(
-                fleet_id=fleet.id, state__in=IN_FLIGHT_OPERATION_STATES
-            ).first()
+            existing = _in_flight_of(fleet.id)
             if existing is None:
                 continue  # the in-flight one finished between our INSERT and this read
             # A drill joins only a drill of the same mode: a check never stands in for a round
@@ -179,6 +130,87 @@ def operation_request(
                 )
             raise _in_flight(existing) from None
     raise OperationConflict("operation state kept changing; retry the request")
+
+
+def _in_flight_of(fleet_id: Id) -> Operation | None:
+    return Operation.objects.filter(fleet_id=fleet_id, state__in=IN_FLIGHT_OPERATION_STATES).first()
+
+
+def _decide(
+    view: FleetView, fleet: Fleet, kind: str, target_domain_id: str | None, drill_mode: str
+) -> Decision:
+    """The core's decision on the request: its target, or why not."""
+    if kind != OperationKind.DRILL:
+        decide = decide_promotion if kind == OperationKind.PROMOTE else decide_demotion
+        return decide(view, str(target_domain_id))
+    moving = _in_flight_of(fleet.id)
+    if moving is not None and moving.kind != OperationKind.DRILL:
+        # Said first and plainly: a drill never competes with a real operation.
+        raise OperationConflict(
+            f"no drill while an operation is in flight: {moving.kind} of domain "
+            f"{moving.target_domain_slug} (operation {moving.id}, state {moving.state})",
+            operation=moving,
+        )
+    ref = str(target_domain_id) if target_domain_id else None
+    if drill_mode not in DrillMode.__members__.values():
+        raise InvalidTarget(
+            f"unknown drill mode {drill_mode!r}; one of {', '.join(m.value for m in DrillMode)}"
+        )
+    return decide_drill(view, ref, clock.now(), drill_mode)
+
+
+def _create(
+    *,
+    fleet_id: Id,
+    kind: str,
+    target: DomainView,
+    actor: str,
+    reason: str,
+    detected_at: datetime | None,
+    drill_mode: str,
+) -> Operation:
+    """Insert the pending operation (IntegrityError: another holds the one in-flight place)."""
+    with transaction.atomic():
+        op = Operation.objects.create(
+            fleet_id=fleet_id,
+            kind=kind,
+            target_domain_id=target.id,
+            target_domain_slug=target.slug,
+            state=OperationState.PENDING,
+            current_step="",
+            reason=reason,
+            requested_by=actor,
+            created_at=clock.now(),
+            detected_at=detected_at,
+            drill_mode=drill_mode if kind == OperationKind.DRILL else "",
+        )
+        # Capture the pointer now that our row holds the one in-flight place: no other
+        # operation can move it from here on, so this source is exactly what we demote.
+        # Its last good heartbeat is kept beside it: a failover's measured detection;
+        # and its state: a promotion away from a failed active is a real failover.
+        pointer = Fleet.objects.filter(pk=fleet_id).values("active_domain_id")[:1]
+        source = Domain.objects.filter(pk=Subquery(pointer))
+        Operation.objects.filter(pk=op.pk).update(
+            source_domain_id=Subquery(pointer),
+            source_seen_at=Subquery(source.values("last_seen_at")[:1]),
+            source_state=Coalesce(Subquery(source.values("state")[:1]), Value("")),
+        )
+        op.refresh_from_db()
+        event_record(
+            fleet_id=fleet_id,
+            operation_id=op.id,
+            domain_id=op.target_domain_id,
+            kind=f"operation.requested.{kind}",
+            actor=actor,
+            data={
+                "reason": reason,
+                **({"drillMode": drill_mode} if kind == OperationKind.DRILL else {}),
+                "targetDomainId": target.id,
+                "sourceDomainId": str(op.source_domain_id or "") or None,
+            },
+        )
+        _send_after_commit(operation_created, fleet_id=str(op.fleet_id), operation_id=str(op.id))
+    return op
 
 
 def _in_flight(existing: Operation) -> OperationConflict:
@@ -197,21 +229,22 @@ def operation_start(*, operation_id: Id, actor: str = "reconciler") -> bool:
     first = steps_for(op["kind"], op["drill_mode"])[0]
     check_transition("operation", OperationState.PENDING, OperationState.RUNNING)
     now = clock.now()
-    with transaction.atomic():
-        moved = Operation.objects.filter(pk=operation_id, state=OperationState.PENDING).update(
-            state=OperationState.RUNNING,
-            current_step=first,
-            step_started_at=now,
-            started_at=now,
-        )
-        if moved:
-            event_record(
-                fleet_id=op["fleet_id"],
-                operation_id=operation_id,
-                kind="operation.started",
-                actor=actor,
-                step=first,
-            )
+    moved = guarded_update(
+        Operation.objects.filter(pk=operation_id, state=OperationState.PENDING),
+        {
+            "state": OperationState.RUNNING,
+            "current_step": first,
+            "step_started_at": now,
+            "started_at": now,
+        },
+        {
+            "fleet_id": op["fleet_id"],
+            "operation_id": operation_id,
+            "kind": "operation.started",
+            "actor": actor,
+            "step": first,
+        },
+    )
     return bool(moved)
 
 
@@ -241,34 +274,36 @@ def operation_step_done(
         int((now - op["step_started_at"]).total_seconds() * 1000) if op["step_started_at"] else None
     )
     last = index == len(steps) - 1
-    with transaction.atomic():
-        guard = Operation.objects.filter(
-            pk=operation_id, state=OperationState.RUNNING, current_step=step
+    events: list[EventFields] = [
+        {
+            "fleet_id": op["fleet_id"],
+            "operation_id": operation_id,
+            "kind": "operation.step.done" if outcome == "done" else f"operation.step.{outcome}",
+            "actor": actor,
+            "step": step,
+            "duration_ms": duration,
+            "data": data,
+        }
+    ]
+    values: dict[str, Any]
+    if last:
+        check_transition("operation", OperationState.RUNNING, OperationState.SUCCEEDED)
+        values = {"state": OperationState.SUCCEEDED, "finished_at": now, "step_started_at": None}
+        events.append(
+            {
+                "fleet_id": op["fleet_id"],
+                "operation_id": operation_id,
+                "kind": "operation.succeeded",
+                "actor": actor,
+            }
         )
-        if last:
-            check_transition("operation", OperationState.RUNNING, OperationState.SUCCEEDED)
-            moved = guard.update(
-                state=OperationState.SUCCEEDED, finished_at=now, step_started_at=None
-            )
-        else:
-            moved = guard.update(current_step=steps[index + 1], step_started_at=now)
-        if moved:
-            event_record(
-                fleet_id=op["fleet_id"],
-                operation_id=operation_id,
-                kind=("operation.step.done" if outcome == "done" else f"operation.step.{outcome}"),
-                actor=actor,
-                step=step,
-                duration_ms=duration,
-                data=data,
-            )
-            if last:
-                event_record(
-                    fleet_id=op["fleet_id"],
-                    operation_id=operation_id,
-                    kind="operation.succeeded",
-                    actor=actor,
-                )
+    else:
+        values = {"current_step": steps[index + 1], "step_started_at": now}
+    moved = guarded_update(
+        Operation.objects.filter(pk=operation_id, state=OperationState.RUNNING, current_step=step),
+        values,
+        *events,
+    )
     return bool(moved)
 
 
@@ -301,60 +336,64 @@ def operation_fail(
     # A promotion or a drill may have woken its target: both leave a clean-up to restore
     # standby posture.
     promotion = op["kind"] in (OperationKind.PROMOTE, OperationKind.DRILL)
-    with transaction.atomic():
-        moved = Operation.objects.filter(
-            pk=operation_id,
-            state=op["state"],
-            routing_committed=False,
-        ).update(
-            state=OperationState.FAILED,
-            error=error,
-            finished_at=now,
-            cleanup=CleanupState.PENDING if promotion else CleanupState.NONE,
-        )
-        if not moved:
-            return False
-        event_record(
-            fleet_id=op["fleet_id"],
-            operation_id=operation_id,
-            domain_id=op["target_domain_id"],
-            kind="operation.failed",
-            actor=actor,
-            step=step,
-            data=error,
-        )
-        if promotion:
-            _undo_promotion_half_moves(op["target_domain_id"], operation_id, actor)
-            if op["drill_mode"] == DrillMode.ROUND_TRIP and op["source_domain_id"]:
-                # The second leg wakes the original active: its half-moves too.
-                _undo_promotion_half_moves(op["source_domain_id"], operation_id, actor)
-    return True
+    moved = guarded_update(
+        Operation.objects.filter(pk=operation_id, state=op["state"], routing_committed=False),
+        {
+            "state": OperationState.FAILED,
+            "error": error,
+            "finished_at": now,
+            "cleanup": CleanupState.PENDING if promotion else CleanupState.NONE,
+        },
+        {
+            "fleet_id": op["fleet_id"],
+            "operation_id": operation_id,
+            "domain_id": op["target_domain_id"],
+            "kind": "operation.failed",
+            "actor": actor,
+            "step": step,
+            "data": error,
+        },
+        then=lambda: _undo_half_moves(op, operation_id, actor),
+    )
+    return bool(moved)
+
+
+def _undo_and_announce(op: Mapping[str, Any], operation_id: Id, actor: str) -> None:
+    _undo_half_moves(op, operation_id, actor)
+    _send_after_commit(operation_ended, fleet_id=str(op["fleet_id"]))
+
+
+def _undo_half_moves(op: Mapping[str, Any], operation_id: Id, actor: str) -> None:
+    """Put an ended promotion's or drill's target back (and a round trip's original active)."""
+    if op["kind"] not in (OperationKind.PROMOTE, OperationKind.DRILL):
+        return
+    _undo_promotion_half_moves(op["target_domain_id"], operation_id, actor)
+    if op["drill_mode"] == DrillMode.ROUND_TRIP and op["source_domain_id"]:
+        # The second leg wakes the original active: its half-moves too.
+        _undo_promotion_half_moves(op["source_domain_id"], operation_id, actor)
 
 
 def _undo_promotion_half_moves(target_domain_id: Id, operation_id: Id, actor: str) -> None:
-    target_slots = Slot.objects.filter(domain_id=target_domain_id)
-    for slot in target_slots:
+    for slot in Slot.objects.filter(domain_id=target_domain_id):
+        # Waking or probing inference slots go to failed (the next heartbeat mirrors their real
+        # posture); training caught in stopping goes back to training.
         if slot.kind == SlotKind.INFERENCE and slot.state in (
             InferenceState.WAKING,
             InferenceState.PROBING,
         ):
-            slot_transition(
-                slot_id=slot.id,
-                to_state=InferenceState.FAILED,
-                from_states={slot.state},
-                actor=actor,
-                reason="promotion failed",
-                operation_id=operation_id,
-            )
+            to_state: str = InferenceState.FAILED
         elif slot.kind == SlotKind.TRAINING and slot.state == TrainingState.STOPPING:
-            slot_transition(
-                slot_id=slot.id,
-                to_state=TrainingState.TRAINING,
-                from_states={TrainingState.STOPPING},
-                actor=actor,
-                reason="promotion failed",
-                operation_id=operation_id,
-            )
+            to_state = TrainingState.TRAINING
+        else:
+            continue
+        slot_transition(
+            slot_id=slot.id,
+            to_state=to_state,
+            from_states={slot.state},
+            actor=actor,
+            reason="promotion failed",
+            operation_id=operation_id,
+        )
 
 
 # Why an operation was cancelled (the error code it ends with).
@@ -399,35 +438,31 @@ def operation_cancel(
         # standby posture.
         promotion = op["kind"] in (OperationKind.PROMOTE, OperationKind.DRILL)
         error = {"step": op["current_step"], "code": reason, "message": message[:_MAX_MESSAGE]}
-        with transaction.atomic():
-            moved = Operation.objects.filter(
+        if guarded_update(
+            Operation.objects.filter(
                 pk=operation_id,
                 state=op["state"],
                 current_step=op["current_step"],
                 routing_committed=False,
-            ).update(
-                state=OperationState.CANCELLED,
-                finished_at=clock.now(),
-                error=error,
-                cleanup=CleanupState.PENDING if promotion else CleanupState.NONE,
-            )
-            if moved:
-                event_record(
-                    fleet_id=op["fleet_id"],
-                    operation_id=operation_id,
-                    domain_id=op["target_domain_id"],
-                    kind="operation.cancelled",
-                    actor=actor,
-                    step=op["current_step"] or "",
-                    data={"reason": reason, "message": error["message"]},
-                )
-                if promotion:
-                    _undo_promotion_half_moves(op["target_domain_id"], operation_id, actor)
-                    if op["drill_mode"] == DrillMode.ROUND_TRIP and op["source_domain_id"]:
-                        _undo_promotion_half_moves(op["source_domain_id"], operation_id, actor)
-                for hook in on_operation_ended:
-                    transaction.on_commit(functools.partial(hook, str(op["fleet_id"])))
-                return True
+            ),
+            {
+                "state": OperationState.CANCELLED,
+                "finished_at": clock.now(),
+                "error": error,
+                "cleanup": CleanupState.PENDING if promotion else CleanupState.NONE,
+            },
+            {
+                "fleet_id": op["fleet_id"],
+                "operation_id": operation_id,
+                "domain_id": op["target_domain_id"],
+                "kind": "operation.cancelled",
+                "actor": actor,
+                "step": op["current_step"] or "",
+                "data": {"reason": reason, "message": error["message"]},
+            },
+            then=functools.partial(_undo_and_announce, op, operation_id, actor),
+        ):
+            return True
         still = Operation.objects.filter(pk=operation_id).values("state", "routing_committed")
         row = still.first()
         if row is None or row["state"] not in IN_FLIGHT_OPERATION_STATES:
@@ -457,21 +492,9 @@ def operation_finish_early(
     best-effort timeout. Return the steps skipped; empty when it could not end (finished, not
     committed, or committed a moment ago with its switch not recorded yet).
     """
+    note = message[:_MAX_MESSAGE]
     for _attempt in range(3):
-        row = (
-            Operation.objects.filter(pk=operation_id)
-            .values(
-                "kind",
-                "drill_mode",
-                "fleet_id",
-                "source_domain_id",
-                "state",
-                "current_step",
-                "routing_committed",
-                "step_started_at",
-            )
-            .first()
-        )
+        row = Operation.objects.filter(pk=operation_id).values(*_FINISH_EARLY_READS).first()
         if row is None or row["state"] != OperationState.RUNNING:
             return ()
         current = InFlight(
@@ -484,44 +507,77 @@ def operation_finish_early(
         if ending(current) != Ending.SKIP_REST:
             return ()
         skipped = steps_left(current)
-        check_transition("operation", OperationState.RUNNING, OperationState.SUCCEEDED)
-        now = clock.now()
-        started = row["step_started_at"]
-        ran_ms = int((now - started).total_seconds() * 1000) if started else None
-        note = message[:_MAX_MESSAGE]
-        with transaction.atomic():
-            moved = Operation.objects.filter(
-                pk=operation_id,
-                state=OperationState.RUNNING,
-                routing_committed=True,
-                current_step=row["current_step"],
-            ).update(state=OperationState.SUCCEEDED, finished_at=now, step_started_at=None)
-            if moved:
-                for index, step in enumerate(skipped):
-                    event_record(
-                        fleet_id=row["fleet_id"],
-                        operation_id=operation_id,
-                        # Every best-effort step acts on the old active.
-                        domain_id=row["source_domain_id"],
-                        kind="operation.step.skipped",
-                        actor=actor,
-                        step=step,
-                        # How long the step it interrupted had run; the later ones never began.
-                        duration_ms=ran_ms if index == 0 else None,
-                        data={"reason": reason, "message": note},
-                    )
-                event_record(
-                    fleet_id=row["fleet_id"],
-                    operation_id=operation_id,
-                    kind="operation.succeeded",
-                    actor=actor,
-                    data={"skippedSteps": list(skipped), "reason": reason},
-                )
-                for hook in on_operation_ended:
-                    transaction.on_commit(functools.partial(hook, str(row["fleet_id"])))
-                return skipped
+        ended = _skip_rest(
+            row, skipped, operation_id=operation_id, actor=actor, note=note, reason=reason
+        )
+        if ended:
+            return skipped
         # The step moved on (or the operation finished) between the read and the UPDATE.
     return ()
+
+
+_FINISH_EARLY_READS = (
+    "kind",
+    "drill_mode",
+    "fleet_id",
+    "source_domain_id",
+    "state",
+    "current_step",
+    "routing_committed",
+    "step_started_at",
+)
+
+
+def _skip_rest(
+    row: dict[str, Any],
+    skipped: tuple[str, ...],
+    *,
+    operation_id: Id,
+    actor: str,
+    note: str,
+    reason: str,
+) -> bool:
+    """End the operation succeeded with `skipped` on record; False if its step moved on."""
+    check_transition("operation", OperationState.RUNNING, OperationState.SUCCEEDED)
+    now = clock.now()
+    started = row["step_started_at"]
+    ran_ms = int((now - started).total_seconds() * 1000) if started else None
+    events: list[EventFields] = [
+        {
+            "fleet_id": row["fleet_id"],
+            "operation_id": operation_id,
+            # Every best-effort step acts on the old active.
+            "domain_id": row["source_domain_id"],
+            "kind": "operation.step.skipped",
+            "actor": actor,
+            "step": step,
+            # How long the step it interrupted had run; the later ones never began.
+            "duration_ms": ran_ms if index == 0 else None,
+            "data": {"reason": reason, "message": note},
+        }
+        for index, step in enumerate(skipped)
+    ]
+    events.append(
+        {
+            "fleet_id": row["fleet_id"],
+            "operation_id": operation_id,
+            "kind": "operation.succeeded",
+            "actor": actor,
+            "data": {"skippedSteps": list(skipped), "reason": reason},
+        }
+    )
+    moved = guarded_update(
+        Operation.objects.filter(
+            pk=operation_id,
+            state=OperationState.RUNNING,
+            routing_committed=True,
+            current_step=row["current_step"],
+        ),
+        {"state": OperationState.SUCCEEDED, "finished_at": now, "step_started_at": None},
+        *events,
+        then=lambda: _send_after_commit(operation_ended, fleet_id=str(row["fleet_id"])),
+    )
+    return bool(moved)
 
 
 @dataclass(frozen=True)
@@ -622,17 +678,16 @@ def operation_cleanup_finish(
     row = Operation.objects.filter(pk=operation_id).values("fleet_id", "target_domain_id").first()
     if row is None:
         return False
-    with transaction.atomic():
-        moved = Operation.objects.filter(pk=operation_id, cleanup=CleanupState.PENDING).update(
-            cleanup=outcome, cleanup_lease_until=None
-        )
-        if moved:
-            event_record(
-                fleet_id=row["fleet_id"],
-                operation_id=operation_id,
-                domain_id=row["target_domain_id"],
-                kind="operation.cleanup.finished",
-                actor=actor,
-                data={"outcome": str(outcome), **(data or {})},
-            )
+    moved = guarded_update(
+        Operation.objects.filter(pk=operation_id, cleanup=CleanupState.PENDING),
+        {"cleanup": outcome, "cleanup_lease_until": None},
+        {
+            "fleet_id": row["fleet_id"],
+            "operation_id": operation_id,
+            "domain_id": row["target_domain_id"],
+            "kind": "operation.cleanup.finished",
+            "actor": actor,
+            "data": {"outcome": str(outcome), **(data or {})},
+        },
+    )
     return bool(moved)

@@ -9,11 +9,10 @@ after, outside any transaction.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 from uuid import UUID
-
-from django.db import transaction
 
 from fleets.base import clock
 from fleets.base.errors import ErrorCode, ServiceError
@@ -22,7 +21,7 @@ from fleets.core.states import DomainState, check_transition
 from fleets.core.urls import without_userinfo
 from fleets.drivers.registry import builtin
 from fleets.models import Domain, Fleet, ModelBinding
-from fleets.services.events import event_record
+from fleets.services.events import EventFields, guarded_update
 
 
 class ProvisionRefused(ServiceError):
@@ -77,26 +76,55 @@ def domain_provision_begin(
     phase = Phase.LAUNCH if domain.state == DomainState.STOPPED else Phase.REPLACE
     check_phase(old_phase, phase)
     now = clock.now()
-    with transaction.atomic():
-        moved = Domain.objects.filter(
-            pk=domain.id, state=domain.state, provision_attempt=domain.provision_attempt
-        ).update(
-            state=DomainState.PROVISIONING,
-            state_updated_at=now,
-            driver_status=_fresh_status(phase, now, reason),
-            provision_attempt=domain.provision_attempt + 1,
-            supervisor_url="",
-            serving_base_url="",
-        )
-        if moved:
-            event_record(
-                fleet_id=domain.fleet_id,
-                domain_id=domain.id,
-                kind="domain.provisioning",
-                actor=actor,
-                data={"from": domain.state, "to": DomainState.PROVISIONING, "reason": reason},
-            )
+    moved = _domain_move(
+        domain,
+        {
+            "state": DomainState.PROVISIONING,
+            "state_updated_at": now,
+            "driver_status": _fresh_status(phase, now, reason),
+            "supervisor_url": "",
+            "serving_base_url": "",
+        },
+        _event(
+            domain,
+            "domain.provisioning",
+            actor,
+            {"from": domain.state, "to": DomainState.PROVISIONING, "reason": reason},
+        ),
+    )
     return bool(moved)
+
+
+def _domain_move(
+    domain: Domain,
+    values: dict[str, Any],
+    *events: EventFields,
+    state: str | None = None,
+    then: Callable[[], object] | None = None,
+) -> int:
+    """Write `values` (and the next attempt) if nobody moved the domain since it was read: its
+    state (`state`, if given, else the one read) and its attempt, the compare-and-swap every
+    provisioning write is guarded by."""
+    return guarded_update(
+        Domain.objects.filter(
+            pk=domain.id,
+            state=domain.state if state is None else state,
+            provision_attempt=domain.provision_attempt,
+        ),
+        {**values, "provision_attempt": domain.provision_attempt + 1},
+        *events,
+        then=then,
+    )
+
+
+def _event(domain: Domain, kind: str, actor: str, data: dict[str, Any]) -> EventFields:
+    return {
+        "fleet_id": domain.fleet_id,
+        "domain_id": domain.id,
+        "kind": kind,
+        "actor": actor,
+        "data": data,
+    }
 
 
 def domain_phase_advance(
@@ -118,18 +146,11 @@ def domain_phase_advance(
         raise ValueError(f"phase {to_phase} does not belong to a {domain.state} domain")
     status.update(updates or {})
     status["phase"] = to_phase.value
-    with transaction.atomic():
-        moved = Domain.objects.filter(
-            pk=domain.id, state=domain.state, provision_attempt=domain.provision_attempt
-        ).update(driver_status=status, provision_attempt=domain.provision_attempt + 1)
-        if moved and event:
-            event_record(
-                fleet_id=domain.fleet_id,
-                domain_id=domain.id,
-                kind=event,
-                actor=actor,
-                data=event_data or {},
-            )
+    moved = _domain_move(
+        domain,
+        {"driver_status": status},
+        *([_event(domain, event, actor, event_data or {})] if event else []),
+    )
     if not moved:
         return None
     domain.driver_status = status
@@ -145,35 +166,35 @@ def domain_endpoints_record(
     status = dict(domain.driver_status or {})
     check_phase(status.get("phase", ""), Phase.UP)
     status.update(phase=Phase.UP.value, upAt=clock.iso(clock.now()))
-    with transaction.atomic():
-        moved = Domain.objects.filter(
-            pk=domain.id,
-            state=DomainState.PROVISIONING,
-            provision_attempt=domain.provision_attempt,
-        ).update(
-            supervisor_url=supervisor_url,
-            serving_base_url=serving_base_url,
-            driver_status=status,
-            provision_attempt=domain.provision_attempt + 1,
-        )
-        if moved:
-            if serving_base_url:
-                stale = {"", domain.serving_base_url} - {serving_base_url}
-                ModelBinding.objects.filter(domain_id=domain.id, serving_url__in=stale).update(
-                    serving_url=serving_base_url
-                )
-            event_record(
-                fleet_id=domain.fleet_id,
-                domain_id=domain.id,
-                kind="domain.provision.up",
-                actor=actor,
-                data={
-                    # Events are shown and exported: never a URL's credentials.
-                    "supervisorUrl": without_userinfo(supervisor_url),
-                    "servingBaseUrl": without_userinfo(serving_base_url),
-                    "candidate": status.get("where"),
-                },
+
+    def repoint_bindings() -> None:
+        if serving_base_url:
+            stale = {"", domain.serving_base_url} - {serving_base_url}
+            ModelBinding.objects.filter(domain_id=domain.id, serving_url__in=stale).update(
+                serving_url=serving_base_url
             )
+
+    moved = _domain_move(
+        domain,
+        {
+            "supervisor_url": supervisor_url,
+            "serving_base_url": serving_base_url,
+            "driver_status": status,
+        },
+        _event(
+            domain,
+            "domain.provision.up",
+            actor,
+            {
+                # Events are shown and exported: never a URL's credentials.
+                "supervisorUrl": without_userinfo(supervisor_url),
+                "servingBaseUrl": without_userinfo(serving_base_url),
+                "candidate": status.get("where"),
+            },
+        ),
+        state=DomainState.PROVISIONING,
+        then=repoint_bindings,
+    )
     return bool(moved)
 
 
@@ -183,29 +204,21 @@ def domain_provision_fail(
     """Give up this provisioning round: the domain goes `failed` with the driver's error."""
     check_transition("domain", domain.state, DomainState.FAILED)
     status = {**(domain.driver_status or {}), "lastError": error}
-    now = clock.now()
-    with transaction.atomic():
-        moved = Domain.objects.filter(
-            pk=domain.id, state=domain.state, provision_attempt=domain.provision_attempt
-        ).update(
-            state=DomainState.FAILED,
-            state_updated_at=now,
-            driver_status=status,
-            provision_attempt=domain.provision_attempt + 1,
-        )
-        if moved:
-            event_record(
-                fleet_id=domain.fleet_id,
-                domain_id=domain.id,
-                kind="domain.failed",
-                actor=actor,
-                data={
-                    "from": domain.state,
-                    "to": DomainState.FAILED,
-                    "reason": "provisioning",
-                    "error": error,
-                },
-            )
+    moved = _domain_move(
+        domain,
+        {"state": DomainState.FAILED, "state_updated_at": clock.now(), "driver_status": status},
+        _event(
+            domain,
+            "domain.failed",
+            actor,
+            {
+                "from": domain.state,
+                "to": DomainState.FAILED,
+                "reason": "provisioning",
+                "error": error,
+            },
+        ),
+    )
     return bool(moved)
 
 
@@ -229,49 +242,44 @@ def domain_stop_request(*, domain_id: UUID | str, actor: str, reason: str = "man
     old_phase = (domain.driver_status or {}).get("phase", "")
     check_phase(old_phase, Phase.TEARDOWN)
     now = clock.now()
-    with transaction.atomic():
-        moved = Domain.objects.filter(
-            pk=domain.id, state=domain.state, provision_attempt=domain.provision_attempt
-        ).update(
-            state=DomainState.STOPPING,
-            state_updated_at=now,
-            driver_status={
+    moved = _domain_move(
+        domain,
+        {
+            "state": DomainState.STOPPING,
+            "state_updated_at": now,
+            "driver_status": {
                 **(domain.driver_status or {}),
                 "phase": Phase.TEARDOWN.value,
                 "stopRequestedAt": clock.iso(now),
             },
-            provision_attempt=domain.provision_attempt + 1,
-        )
-        if moved:
-            event_record(
-                fleet_id=domain.fleet_id,
-                domain_id=domain.id,
-                kind="domain.stopping",
-                actor=actor,
-                data={"from": domain.state, "to": DomainState.STOPPING, "reason": reason},
-            )
+        },
+        _event(
+            domain,
+            "domain.stopping",
+            actor,
+            {"from": domain.state, "to": DomainState.STOPPING, "reason": reason},
+        ),
+    )
     return bool(moved)
 
 
 def domain_stopped(*, domain: Domain, mode: str, actor: str = "provisioner") -> bool:
     """Confirm the teardown: `stopping` -> `stopped`, URLs cleared (the cluster is gone)."""
     check_transition("domain", domain.state, DomainState.STOPPED)
-    with transaction.atomic():
-        moved = Domain.objects.filter(
-            pk=domain.id, state=DomainState.STOPPING, provision_attempt=domain.provision_attempt
-        ).update(
-            state=DomainState.STOPPED,
-            state_updated_at=clock.now(),
-            supervisor_url="",
-            serving_base_url="",
-            provision_attempt=domain.provision_attempt + 1,
-        )
-        if moved:
-            event_record(
-                fleet_id=domain.fleet_id,
-                domain_id=domain.id,
-                kind="domain.stopped",
-                actor=actor,
-                data={"from": DomainState.STOPPING, "to": DomainState.STOPPED, "mode": mode},
-            )
+    moved = _domain_move(
+        domain,
+        {
+            "state": DomainState.STOPPED,
+            "state_updated_at": clock.now(),
+            "supervisor_url": "",
+            "serving_base_url": "",
+        },
+        _event(
+            domain,
+            "domain.stopped",
+            actor,
+            {"from": DomainState.STOPPING, "to": DomainState.STOPPED, "mode": mode},
+        ),
+        state=DomainState.STOPPING,
+    )
     return bool(moved)

@@ -17,7 +17,7 @@ from fleets.core.states import (
     OperationState,
 )
 from fleets.models import Domain, Fleet, Id, Operation
-from fleets.services.events import event_record
+from fleets.services.events import event_record, guarded_update
 from fleets.services.route_publish import revision_publish
 
 # Postgres does it in one statement: the CTE locks the operation row (so a concurrent fail
@@ -92,20 +92,42 @@ def route_switch(
         else:
             new_revision = _switch_serialized(params)
         if new_revision is not None:
-            revision_publish(str(fleet_id), new_revision)
-            event_record(
-                fleet_id=fleet_id,
-                operation_id=operation_id,
-                domain_id=target_domain_id,
-                kind="fleet.route.switched",
-                actor=actor,
-                data={
-                    "fromDomainId": str(expected_active_id) if expected_active_id else None,
-                    "toDomainId": str(target_domain_id),
-                    "revision": new_revision,
-                },
+            _switched(
+                fleet_id,
+                operation_id,
+                actor,
+                from_domain_id=expected_active_id,
+                to_domain_id=target_domain_id,
+                revision=new_revision,
             )
     return new_revision
+
+
+def _switched(
+    fleet_id: Id,
+    operation_id: Id,
+    actor: str,
+    *,
+    from_domain_id: Id | None,
+    to_domain_id: Id,
+    revision: int,
+    **more: str,
+) -> None:
+    """Announce the moved pointer and record it (inside the transaction that moved it)."""
+    revision_publish(str(fleet_id), revision)
+    event_record(
+        fleet_id=fleet_id,
+        operation_id=operation_id,
+        domain_id=to_domain_id,
+        kind="fleet.route.switched",
+        actor=actor,
+        data={
+            "fromDomainId": str(from_domain_id) if from_domain_id else None,
+            "toDomainId": str(to_domain_id),
+            "revision": revision,
+            **more,
+        },
+    )
 
 
 def _switch_serialized(p: dict[str, Any]) -> int | None:
@@ -178,35 +200,26 @@ def route_switch_back(
         target_domain_id=_as_uuid(from_domain_id),
         source_domain_id=_as_uuid(to_domain_id),
     )
-    with transaction.atomic():
-        moved = (
-            Fleet.objects.filter(
-                pk=fleet_id,
-                route_revision=expected_revision,
-                active_domain_id=_as_uuid(from_domain_id),
-            )
-            .filter(Exists(drill), ~Exists(pointer_movers(fleet_id)))
-            .update(
-                active_domain_id=to_domain_id,
-                route_revision=F("route_revision") + 1,
-                updated_at=clock.now(),
-            )
-        )
-        if not moved:
-            return None
-        revision = expected_revision + 1
-        revision_publish(str(fleet_id), revision)
-        event_record(
-            fleet_id=fleet_id,
-            operation_id=operation_id,
-            domain_id=to_domain_id,
-            kind="fleet.route.switched",
-            actor=actor,
-            data={
-                "fromDomainId": str(from_domain_id),
-                "toDomainId": str(to_domain_id),
-                "revision": revision,
-                "reason": "drill_failed_route_back",
-            },
-        )
-    return revision
+    revision = expected_revision + 1
+    moved = guarded_update(
+        Fleet.objects.filter(
+            pk=fleet_id,
+            route_revision=expected_revision,
+            active_domain_id=_as_uuid(from_domain_id),
+        ).filter(Exists(drill), ~Exists(pointer_movers(fleet_id))),
+        {
+            "active_domain_id": to_domain_id,
+            "route_revision": F("route_revision") + 1,
+            "updated_at": clock.now(),
+        },
+        then=lambda: _switched(
+            fleet_id,
+            operation_id,
+            actor,
+            from_domain_id=from_domain_id,
+            to_domain_id=to_domain_id,
+            revision=revision,
+            reason="drill_failed_route_back",
+        ),
+    )
+    return revision if moved else None

@@ -7,12 +7,13 @@ within HARU_CHAT_HOLD_POLL_MS, so nothing here may fail the move.
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Callable
 
 import redis
 from django.conf import settings
 from django.db import connection, transaction
+from django.dispatch import Signal
 
 log = logging.getLogger(__name__)
 
@@ -20,11 +21,9 @@ PG_CHANNEL = "haru_route"
 REDIS_CHANNEL = "haru:route"
 PUBLISH_TIMEOUT_S = 0.5
 
-# Called after commit with (fleet_id, revision) in the committing process; the proxy's feed
-# registers itself here (services never import the proxy).
-on_route_committed: list[Callable[[str, int], None]] = []
-
-_redis: redis.Redis | None = None
+# Sent after commit with `fleet_id` and `revision` in the committing process; the proxy's feed
+# connects to it (services never import the proxy).
+route_committed = Signal()
 
 
 def payload(fleet_id: str, revision: int) -> str:
@@ -45,21 +44,25 @@ def revision_publish(fleet_id: str, revision: int) -> None:
     transaction.on_commit(lambda: _after_commit(fleet_id, revision, message))
 
 
+@functools.cache
+def _redis(url: str) -> redis.Redis:
+    # One client per URL and process: a publish reuses a pooled connection.
+    return redis.Redis.from_url(
+        url, socket_timeout=PUBLISH_TIMEOUT_S, socket_connect_timeout=PUBLISH_TIMEOUT_S
+    )
+
+
 def _after_commit(fleet_id: str, revision: int, message: str) -> None:
-    for hook in list(on_route_committed):
-        try:
-            hook(fleet_id, revision)
-        except Exception:  # noqa: BLE001 - a hook's failure must not fail the commit's caller
-            log.warning("route change hook failed", exc_info=True)
+    # Robust: a receiver's failure must not fail the commit's caller.
+    for receiver, outcome in route_committed.send_robust(
+        sender=None, fleet_id=fleet_id, revision=revision
+    ):
+        if isinstance(outcome, Exception):
+            log.warning("route change receiver %r failed", receiver, exc_info=outcome)
     url = settings.HARU["redis_url"]
     if not url:
         return
-    global _redis
     try:
-        if _redis is None:
-            _redis = redis.Redis.from_url(
-                url, socket_timeout=PUBLISH_TIMEOUT_S, socket_connect_timeout=PUBLISH_TIMEOUT_S
-            )
-        _redis.publish(REDIS_CHANNEL, message)
+        _redis(url).publish(REDIS_CHANNEL, message)
     except Exception:  # noqa: BLE001 - proxies fall back to their bounded poll
         log.warning("could not publish the route change of fleet %s to Redis", fleet_id)

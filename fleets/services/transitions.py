@@ -10,12 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from django.db import transaction
-
 from fleets.base import clock
 from fleets.core.states import allowed_sources, check_transition
 from fleets.models import Domain, Id, Slot
-from fleets.services.events import event_record
+from fleets.services.events import guarded_update
 
 
 def domain_transition(
@@ -35,21 +33,19 @@ def domain_transition(
     if row is None or row["state"] not in sources or row["state"] == to_state:
         return False
     check_transition("domain", row["state"], to_state)
-    now = clock.now()
-    with transaction.atomic():
-        # Guarded by the state we read: a concurrent writer that moved it first wins.
-        moved = Domain.objects.filter(pk=domain_id, state=row["state"]).update(
-            state=to_state, state_updated_at=now
-        )
-        if moved:
-            event_record(
-                fleet_id=row["fleet_id"],
-                domain_id=domain_id,
-                operation_id=operation_id,
-                kind=f"domain.{to_state}",
-                actor=actor,
-                data={"from": row["state"], "to": to_state, "reason": reason},
-            )
+    # Guarded by the state we read: a concurrent writer that moved it first wins.
+    moved = guarded_update(
+        Domain.objects.filter(pk=domain_id, state=row["state"]),
+        {"state": to_state, "state_updated_at": clock.now()},
+        {
+            "fleet_id": row["fleet_id"],
+            "domain_id": domain_id,
+            "operation_id": operation_id,
+            "kind": f"domain.{to_state}",
+            "actor": actor,
+            "data": {"from": row["state"], "to": to_state, "reason": reason},
+        },
+    )
     return bool(moved)
 
 
@@ -79,22 +75,21 @@ def slot_transition(
     if row["state"] not in sources or row["state"] == to_state:
         return False
     check_transition(row["kind"], row["state"], to_state)
-    with transaction.atomic():
-        moved = Slot.objects.filter(pk=slot_id, state=row["state"]).update(
-            state=to_state, state_updated_at=clock.now(), **(extra or {})
-        )
-        if moved:
-            event_record(
-                fleet_id=row["domain__fleet_id"],
-                domain_id=row["domain_id"],
-                operation_id=operation_id,
-                kind=f"slot.{row['kind']}.{to_state}",
-                actor=actor,
-                data={
-                    "slotId": str(slot_id),
-                    "from": row["state"],
-                    "to": to_state,
-                    "reason": reason,
-                },
-            )
+    moved = guarded_update(
+        Slot.objects.filter(pk=slot_id, state=row["state"]),
+        {"state": to_state, "state_updated_at": clock.now(), **(extra or {})},
+        {
+            "fleet_id": row["domain__fleet_id"],
+            "domain_id": row["domain_id"],
+            "operation_id": operation_id,
+            "kind": f"slot.{row['kind']}.{to_state}",
+            "actor": actor,
+            "data": {
+                "slotId": str(slot_id),
+                "from": row["state"],
+                "to": to_state,
+                "reason": reason,
+            },
+        },
+    )
     return bool(moved)

@@ -11,13 +11,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
 from django.db.models import Exists, OuterRef
 
 from fleets.base import clock
 from fleets.core.states import DomainState, check_transition
 from fleets.models import Domain, Fleet, Id
-from fleets.services.events import event_record
+from fleets.services.events import guarded_update
 
 _FROM = (DomainState.READY, DomainState.DEGRADED)
 # The `reason` of the `domain.failed` event this writes.
@@ -46,26 +45,23 @@ def domain_unreachable_fail(
     row = Domain.objects.filter(pk=domain_id).values("fleet_id", "state").first()
     if row is None or row["state"] not in _FROM:
         return False
-    with transaction.atomic():
-        moved = (
-            Domain.objects.filter(
-                pk=domain_id, state=row["state"], state_updated_at__lte=checked_since
-            )
-            .filter(is_active)
-            .update(state=DomainState.FAILED, state_updated_at=now)
-        )
-        if moved:
-            event_record(
-                fleet_id=row["fleet_id"],
-                domain_id=domain_id,
-                kind="domain.failed",
-                actor=actor,
-                data={
-                    "from": row["state"],
-                    "to": DomainState.FAILED,
-                    "reason": UNREACHABLE,
-                    "confirmedAt": clock.iso(now),
-                    **evidence,
-                },
-            )
+    moved = guarded_update(
+        Domain.objects.filter(
+            pk=domain_id, state=row["state"], state_updated_at__lte=checked_since
+        ).filter(is_active),
+        {"state": DomainState.FAILED, "state_updated_at": now},
+        {
+            "fleet_id": row["fleet_id"],
+            "domain_id": domain_id,
+            "kind": "domain.failed",
+            "actor": actor,
+            "data": {
+                "from": row["state"],
+                "to": DomainState.FAILED,
+                "reason": UNREACHABLE,
+                "confirmedAt": clock.iso(now),
+                **evidence,
+            },
+        },
+    )
     return bool(moved)

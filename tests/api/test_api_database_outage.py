@@ -27,8 +27,7 @@ def refused(*args, **kwargs):
 
 @pytest.fixture(autouse=True)
 def fresh_log_window(monkeypatch):
-    monkeypatch.setattr(outage, "_last_logged", -outage.LOG_EVERY_S)
-    monkeypatch.setattr(outage, "_suppressed", 0)
+    monkeypatch.setattr(outage, "_window", outage._LogWindow())
 
 
 @pytest.fixture
@@ -65,7 +64,7 @@ def test_the_next_report_counts_the_requests_in_between(client, api_token, monke
     with caplog.at_level(logging.INFO):
         for _ in range(3):
             client.get("/v1/fleets/demo", **auth)
-        monkeypatch.setattr(outage, "_last_logged", -outage.LOG_EVERY_S)
+        monkeypatch.setattr(outage._window, "last_logged", -outage.LOG_EVERY_S)
         client.get("/v1/fleets/demo", **auth)
     messages = [r.getMessage() for r in outage_records(caplog)]
     assert len(messages) == 2

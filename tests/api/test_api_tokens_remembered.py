@@ -45,7 +45,7 @@ def test_a_refused_header_is_compared_every_time_and_never_kept(configured, comp
     for attempt in range(1, 4):
         assert token_scope("Bearer not-a-token") is None
         assert len(comparisons) == 2 * attempt  # the operator token and the one chat token
-    assert "Bearer not-a-token" not in tokens._accepted[1]
+    assert "Bearer not-a-token" not in tokens._accepted.checked[1]
 
 
 def test_a_settings_change_forgets_what_was_accepted(configured, settings):
@@ -59,7 +59,7 @@ def test_no_more_than_the_cap_are_kept_and_the_rest_are_still_checked(configured
     # Distinct header values for one token (trailing spaces are stripped from the token).
     headers = [f"Bearer {CHAT}" + " " * n for n in range(tokens.MAX_ACCEPTED + 5)]
     assert all(token_scope(h) is Scope.CHAT for h in headers)
-    assert len(tokens._accepted[1]) == tokens.MAX_ACCEPTED
+    assert len(tokens._accepted.checked[1]) == tokens.MAX_ACCEPTED
     before = len(comparisons)
     assert token_scope(headers[-1]) is Scope.CHAT  # not kept: checked in full again
     assert len(comparisons) > before

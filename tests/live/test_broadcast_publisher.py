@@ -37,7 +37,7 @@ def layer(channel_layer):
 @pytest.fixture
 def no_server_loop(monkeypatch):
     """A Celery worker or a management command: no ASGI server loop to hand sends to."""
-    monkeypatch.setattr(broadcast, "_server_loop", None)
+    monkeypatch.setattr(broadcast.publisher(), "server_loop", None)
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import pytest
 import redis
 from asgiref.sync import sync_to_async
 from django.db import connections
+from django.dispatch import Signal
 
 from fleets.proxy.push import FEED, RevisionFeed, parse
 from fleets.services import route_publish
@@ -124,11 +125,12 @@ async def test_a_redis_that_stops_takes_its_channel_down(feed, settings, tmp_pat
         proc.wait(10)
 
 
-async def test_the_route_switch_reaches_this_process_feed(feed):
-    """The CAS's on_commit hook is the process-wide FEED's publish."""
-    from fleets.services.route_publish import on_route_committed  # noqa: PLC0415
-
-    assert FEED.publish_threadsafe in on_route_committed
+def test_the_route_switch_reaches_this_process_feed(monkeypatch):
+    """The CAS's after-commit signal is heard by the process-wide FEED."""
+    seen = []
+    monkeypatch.setattr(FEED, "publish_threadsafe", lambda *args: seen.append(args))
+    route_publish.route_committed.send(sender=None, fleet_id="f-1", revision=7)
+    assert seen == [("f-1", 7)]
 
 
 @pytest.mark.postgres
@@ -136,7 +138,7 @@ async def test_the_route_switch_notifies_listeners_when_it_commits(
     feed, settings, proxy_fleet, monkeypatch
 ):
     settings.HARU = {**settings.HARU, "redis_url": None}
-    monkeypatch.setattr(route_publish, "on_route_committed", [])  # only the NOTIFY may wake it
+    monkeypatch.setattr(route_publish, "route_committed", Signal())  # only the NOTIFY may wake it
     feed.ensure_started()
     await until(lambda: "postgres" in feed.channels_up())
     fleet_id = str(proxy_fleet.id)
@@ -152,7 +154,7 @@ async def test_the_route_switch_publishes_to_redis_after_commit(
 ):
     if connections["default"].vendor == "postgresql":
         pytest.skip("the NOTIFY would wake it too: this one is for Redis alone")
-    monkeypatch.setattr(route_publish, "on_route_committed", [])  # only Redis may wake it
+    monkeypatch.setattr(route_publish, "route_committed", Signal())  # only Redis may wake it
     feed.ensure_started()
     await until(lambda: "redis" in feed.channels_up())
     fleet_id = str(proxy_fleet.id)

@@ -168,8 +168,9 @@ def test_a_promote_accepted_while_redis_is_down_starts_at_once(seeded_fleet, hos
     loop = ReconcileLoop(interval_ms=60_000, periodic=lambda: holder[0].covering())
     fallback = BrokerFallback(loop=loop, enqueue=enqueue, probe=lambda: bool(client.ping()))
     holder.append(fallback)
-    loop.start(install_kicker=False)
+    loop.start()
     fallback.start()
+    kick.drive(kick.TickDriver(fallback.kick))
     try:
         own_redis.stop()
         started = time.monotonic()
@@ -205,35 +206,30 @@ def _west(fleet):
 )
 def test_without_a_broker_each_server_process_has_its_part(role, periodic, kicks_here):
     haru = {**settings.HARU, "redis_url": None, "reconcile_interval_ms": 60_000}
-    previous = kick.install(None)
+    kick.drive(None)
+    with override_settings(HARU=haru):
+        driver = start_for_server(role=role)
     try:
-        with override_settings(HARU=haru):
-            driver = start_for_server(role=role)
-        try:
-            assert driver.loop is not None and driver.fallback is None
-            assert driver.loop._periodic() is periodic
-            assert (kick._kicker == driver.loop.request) is kicks_here
-        finally:
-            driver.stop()
+        assert driver.loop is not None and driver.fallback is None
+        assert driver.loop._periodic() is periodic
+        chosen = kick.driver()
+        assert (chosen is not None and chosen.kick == driver.loop.request) is kicks_here
     finally:
-        kick.install(previous)
+        driver.stop()
 
 
 @pytest.mark.django_db(transaction=True)
 def test_with_a_broker_only_the_ticking_process_probes_and_covers(own_redis):
     haru = {**settings.HARU, "redis_url": own_redis.url, "reconcile_interval_ms": 60_000}
-    previous = kick.install(None)
+    with override_settings(HARU=haru):
+        parent = start_for_server(role="parent")
+        worker = start_for_server(role="worker")
     try:
-        with override_settings(HARU=haru):
-            parent = start_for_server(role="parent")
-            worker = start_for_server(role="worker")
-        try:
-            assert parent.fallback is not None and worker.fallback is not None
-            assert parent.fallback._probe is not None and worker.fallback._probe is None
-            assert worker.loop is not None and worker.loop._periodic() is False
-            assert kick._kicker == worker.fallback.kick
-        finally:
-            worker.stop()
-            parent.stop()
+        assert parent.fallback is not None and worker.fallback is not None
+        assert parent.fallback._probe is not None and worker.fallback._probe is None
+        assert worker.loop is not None and worker.loop._periodic() is False
+        chosen = kick.driver()
+        assert chosen is not None and chosen.kick == worker.fallback.kick
     finally:
-        kick.install(previous)
+        worker.stop()
+        parent.stop()

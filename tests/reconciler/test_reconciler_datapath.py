@@ -29,9 +29,9 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture(autouse=True)
 def _fresh_registry():
-    datapath.forget_all()
+    datapath._registry.cache_clear()
     yield
-    datapath.forget_all()
+    datapath._registry.cache_clear()
 
 
 def routes(fleet) -> tuple[list[str], dict[str, str]]:
@@ -218,26 +218,23 @@ def test_reports_are_rate_limited_carried_with_their_payload_and_never_raise(
     fleet, domains, fake_clock
 ):
     seen = []
-    previous = kick.install_reporter(lambda *args: seen.append(args))
-    try:
-        east = str(domains()["east"].id)
-        now = clock.now().timestamp()
-        datapath.report_unreachable(str(fleet.id), east, "llama-small", now - 1)
-        datapath.report_unreachable(str(fleet.id), east, "qwen-small", now - 2)  # within 200 ms
-        assert seen == [(str(fleet.id), east, "llama-small", now - 1)]
-        # The earliest failure is kept even when its report was not sent.
-        assert datapath.first_failed_at(fleet.id, east).timestamp() == now - 2
-        # A time from a skewed clock is bounded: never in the future, never over a minute old.
-        datapath.forget_all()
-        datapath.report_unreachable(str(fleet.id), east, "m", now + 3600)
-        assert datapath.first_failed_at(fleet.id, east).timestamp() == now
-        datapath.report_unreachable(str(fleet.id), east, "m", 1.0)
-        assert datapath.first_failed_at(fleet.id, east).timestamp() == now - 60
-        kick.install_reporter(lambda *args: 1 / 0)
-        datapath.report_unreachable(str(fleet.id), "other", "m", 1.0)  # swallowed
-        datapath.report_unreachable(object(), None, None, "not a time")  # type: ignore[arg-type]
-    finally:
-        kick.install_reporter(previous)
+    kick.drive(kick.TickDriver(kick=lambda *_: None, report=lambda *args: seen.append(args)))
+    east = str(domains()["east"].id)
+    now = clock.now().timestamp()
+    datapath.report_unreachable(str(fleet.id), east, "llama-small", now - 1)
+    datapath.report_unreachable(str(fleet.id), east, "qwen-small", now - 2)  # within 200 ms
+    assert seen == [(str(fleet.id), east, "llama-small", now - 1)]
+    # The earliest failure is kept even when its report was not sent.
+    assert datapath.first_failed_at(fleet.id, east).timestamp() == now - 2
+    # A time from a skewed clock is bounded: never in the future, never over a minute old.
+    datapath._registry.cache_clear()
+    datapath.report_unreachable(str(fleet.id), east, "m", now + 3600)
+    assert datapath.first_failed_at(fleet.id, east).timestamp() == now
+    datapath.report_unreachable(str(fleet.id), east, "m", 1.0)
+    assert datapath.first_failed_at(fleet.id, east).timestamp() == now - 60
+    kick.drive(kick.TickDriver(kick=lambda *_: None, report=lambda *args: 1 / 0))
+    datapath.report_unreachable(str(fleet.id), "other", "m", 1.0)  # swallowed
+    datapath.report_unreachable(object(), None, None, "not a time")  # type: ignore[arg-type]
 
 
 def test_jittery_heartbeats_never_fail_over(fleet, tick, hosts, fake_clock):

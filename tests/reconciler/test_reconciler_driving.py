@@ -10,12 +10,13 @@ import pytest
 from django.core.management import call_command
 from rest_framework.test import APIClient
 
+from fleets import tasks
 from fleets.models import Operation
 from fleets.reconciler import kick
 from fleets.reconciler import tick as tick_module
 from fleets.reconciler.locks import fleet_tick_lock
 from fleets.reconciler.loop import ReconcileLoop
-from fleets.services.operations import operation_request
+from fleets.services.operations import operation_cancel, operation_request
 
 
 @pytest.fixture
@@ -71,26 +72,46 @@ def test_reconcile_command_prints_one_json_line_per_fleet(fleet, domains):
 
 
 @pytest.mark.django_db
-def test_a_created_operation_kicks_the_installed_driver_after_commit(
+def test_a_created_operation_kicks_the_chosen_driver_after_commit(
     fleet, domains, django_capture_on_commit_callbacks
 ):
     kicked = []
-    previous = kick.install(lambda fleet_id, delay_ms: kicked.append((fleet_id, delay_ms)))
-    try:
-        with django_capture_on_commit_callbacks(execute=True):
-            operation_request(fleet=fleet, kind="demote", target_domain_id=domains()["west"].id)
-            assert kicked == []  # not before commit
-        assert kicked == [(str(fleet.id), 0)]
-    finally:
-        kick.install(previous)
+    kick.drive(kick.TickDriver(lambda fleet_id, delay_ms: kicked.append((fleet_id, delay_ms))))
+    with django_capture_on_commit_callbacks(execute=True):
+        operation_request(fleet=fleet, kind="demote", target_domain_id=domains()["west"].id)
+        assert kicked == []  # not before commit
+    assert kicked == [(str(fleet.id), 0)]
 
 
-def test_without_a_driver_a_kick_does_nothing():
-    previous = kick.install(None)
-    try:
-        kick.fleet_kick("anything", delay_ms=5)  # no error, no thread, no task
-    finally:
-        kick.install(previous)
+@pytest.mark.django_db
+def test_a_cancelled_operation_kicks_the_chosen_driver_after_commit(
+    fleet, domains, django_capture_on_commit_callbacks
+):
+    op = operation_request(fleet=fleet, kind="demote", target_domain_id=domains()["west"].id)
+    kicked = []
+    kick.drive(kick.TickDriver(lambda fleet_id, delay_ms: kicked.append((fleet_id, delay_ms))))
+    with django_capture_on_commit_callbacks(execute=True):
+        assert operation_cancel(operation_id=op.operation.id, actor="test")
+        assert kicked == []  # not before commit
+    assert kicked == [(str(fleet.id), 0)]
+
+
+@pytest.mark.django_db
+def test_without_a_driver_a_kick_does_nothing(
+    fleet, domains, monkeypatch, django_capture_on_commit_callbacks
+):
+    ticked = []
+    monkeypatch.setattr(ReconcileLoop, "request", lambda self, *args: ticked.append(args))
+    for task in (tasks.reconcile_fleet, tasks.datapath_report):
+        monkeypatch.setattr(task, "apply_async", lambda *args, **kw: ticked.append(args))
+    kick.drive(None)
+    with django_capture_on_commit_callbacks(execute=True) as sent:
+        op = operation_request(fleet=fleet, kind="demote", target_domain_id=domains()["west"].id)
+    assert sent  # the operation_created signal went out, to no driver
+    kick.fleet_kick(str(fleet.id), delay_ms=5)
+    kick.datapath_kick(str(fleet.id), str(domains()["east"].id), "m", 1.0)
+    assert ticked == []
+    assert Operation.objects.get(pk=op.operation.id).state == "pending"  # nothing ticked it
 
 
 @pytest.mark.django_db
@@ -112,6 +133,7 @@ def test_metrics_expose_domain_state_role_revision_and_operations(fleet, tick, c
 def test_the_in_process_loop_runs_a_kicked_promotion_to_the_end(fleet, domains, ticking_clock):
     finished = threading.Event()
     loop = ReconcileLoop(interval_ms=100, fleets=["demo"]).start()
+    kick.drive(kick.TickDriver(loop.request))
     try:
         op = operation_request(
             fleet=fleet, kind="promote", target_domain_id=domains()["west"].id

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from django.core import checks
 
-from fleets.base.supervisor_tokens import forget_warnings
+from fleets.base import supervisor_tokens
 from fleets.checks import shared_supervisor_token
 from fleets.core.credentials import derive_supervisor_token
 from fleets.models import Domain, Event
@@ -26,9 +26,9 @@ PORTS = {8701: "east", 8702: "west"}
 
 @pytest.fixture(autouse=True)
 def _fresh_warnings():
-    forget_warnings()
+    supervisor_tokens._warned.cache_clear()
     yield
-    forget_warnings()
+    supervisor_tokens._warned.cache_clear()
 
 
 class Seen(defaultdict[str, list[str | None]]):

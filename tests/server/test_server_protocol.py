@@ -53,7 +53,7 @@ class Transport:
 
 @pytest.fixture
 def limits(monkeypatch):
-    monkeypatch.setattr(edge, "_LIMITS", LIMITS)
+    monkeypatch.setattr(edge.HaruHttpProtocol, "edge_limits", staticmethod(lambda: LIMITS))
 
 
 async def ok_app(scope, receive, send):

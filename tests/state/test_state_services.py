@@ -236,11 +236,16 @@ def test_refused_targets_raise_invalid_target_and_write_nothing(
     assert Event.objects.count() == events
 
 
-def test_created_operation_notifies_hooks_after_commit_only(
-    seeded_fleet, monkeypatch, django_capture_on_commit_callbacks
+def test_created_operation_sends_its_signal_after_commit_only(
+    seeded_fleet, request, django_capture_on_commit_callbacks
 ):
     calls = []
-    monkeypatch.setattr(operations, "on_operation_created", [lambda f, o: calls.append((f, o))])
+
+    def heard(sender, *, fleet_id, operation_id, **_kwargs):
+        calls.append((fleet_id, operation_id))
+
+    operations.operation_created.connect(heard)
+    request.addfinalizer(lambda: operations.operation_created.disconnect(heard))
     west = dom(seeded_fleet, "west")
     with django_capture_on_commit_callbacks(execute=False) as pending:
         created = operation_request(fleet=seeded_fleet, kind="promote", target_domain_id=west.id)

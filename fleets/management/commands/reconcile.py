@@ -16,6 +16,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from fleets.reads.shapes import operation_json
+from fleets.reconciler import kick
 from fleets.reconciler.loop import ReconcileLoop
 from fleets.reconciler.provision import fleet_provision_tick
 from fleets.reconciler.tick import fleets_to_reconcile, tick_run
@@ -73,6 +74,7 @@ class Command(BaseCommand):
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
         loop = ReconcileLoop(interval_ms=interval, fleets=selection).start()
+        kick.drive(kick.TickDriver(loop.request))
         self.stdout.write(f"reconciling every {interval} ms; Ctrl-C to stop")
         try:
             stop.wait()

@@ -6,6 +6,8 @@ the active domain meanwhile: sleeping the domain that serves traffic is an outag
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fleets.core.states import Step
 from fleets.models import Fleet
 from fleets.reconciler.steps import posture
@@ -44,12 +46,12 @@ def _answer(ctx: StepContext, result: posture.Posture) -> StepResult:
     return pending(result.message)
 
 
-def sleep(ctx: StepContext) -> StepResult:
-    """Put every bound model of the standby to sleep, proven by the supervisor."""
+def _reach(ctx: StepContext, ensure: Callable[..., posture.Posture]) -> StepResult:
+    """Bring the target to a posture (`ensure`), unless the step is refused."""
     refusal = _refusal(ctx)
     if refusal is not None:
         return refusal
-    result = posture.ensure_asleep(
+    result = ensure(
         client=ctx.client_for(ctx.target),
         domain=ctx.target,
         timeout=ctx.call_timeout,
@@ -57,21 +59,16 @@ def sleep(ctx: StepContext) -> StepResult:
         actor=ctx.actor,
     )
     return _answer(ctx, result)
+
+
+def sleep(ctx: StepContext) -> StepResult:
+    """Put every bound model of the standby to sleep, proven by the supervisor."""
+    return _reach(ctx, posture.ensure_asleep)
 
 
 def start_training(ctx: StepContext) -> StepResult:
     """Start training on every training slot; done when each runs with a PID."""
-    refusal = _refusal(ctx)
-    if refusal is not None:
-        return refusal
-    result = posture.ensure_training(
-        client=ctx.client_for(ctx.target),
-        domain=ctx.target,
-        timeout=ctx.call_timeout,
-        operation_id=ctx.operation.id,
-        actor=ctx.actor,
-    )
-    return _answer(ctx, result)
+    return _reach(ctx, posture.ensure_training)
 
 
 EXECUTORS: dict[str, Executor] = {Step.SLEEP: sleep, Step.START_TRAINING: start_training}

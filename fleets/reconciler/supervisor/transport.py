@@ -89,45 +89,49 @@ class BadBody(ValueError):
 
 # -- the process-wide HTTP client ---------------------------------------------------------------
 
-_lock = threading.Lock()
-_transport: httpx.BaseTransport | None = None
-_http: httpx.Client | None = None
-# The CA bundle `_http` verifies HTTPS supervisors with (rebuilt when the setting changes).
-_http_ca_bundle: str | None = None
+
+class _SharedHttp:
+    """The process-wide HTTP client, the CA bundle it verifies with, and a test's transport."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.transport: httpx.BaseTransport | None = None
+        self.client: httpx.Client | None = None
+        # The CA bundle `client` verifies HTTPS supervisors with (rebuilt when it changes).
+        self.ca_bundle: str | None = None
+
+
+_shared = _SharedHttp()
 
 
 def _shared_http() -> httpx.Client:
     """Return the process-wide HTTP client: pooled keep-alive connections to every supervisor."""
-    global _http, _http_ca_bundle
     ca_bundle = settings.HARU["supervisor_ca_bundle"]
-    with _lock:
-        if _http is not None and ca_bundle != _http_ca_bundle:
-            _http.close()
-            _http = None
-        if _http is None:
-            _http_ca_bundle = ca_bundle
+    with _shared.lock:
+        if _shared.client is not None and ca_bundle != _shared.ca_bundle:
+            _shared.client.close()
+            _shared.client = None
+        if _shared.client is None:
+            _shared.ca_bundle = ca_bundle
             # trust_env=False: an HTTP(S)_PROXY meant for the internet must never capture calls
             # to supervisors on private addresses.
             # The default transport bounds every socket operation by the call's overall
             # deadline (a trickling supervisor never resets it); tests inject their own.
-            _http = httpx.Client(
-                transport=(
-                    _transport if _transport is not None else DeadlineTransport(ca_bundle=ca_bundle)
-                ),
+            _shared.client = httpx.Client(
+                transport=_shared.transport or DeadlineTransport(ca_bundle=ca_bundle),
                 trust_env=False,
                 follow_redirects=False,
                 headers={"User-Agent": "haru-reconciler"},
             )
-        return _http
+        return _shared.client
 
 
 def use_transport(transport: httpx.BaseTransport | None) -> httpx.BaseTransport | None:
     """Route every supervisor call through `transport` (tests); return the previous one."""
-    global _transport, _http
     peers.forget()  # other peers behind another transport
-    with _lock:
-        previous, _transport = _transport, transport
-        old, _http = _http, None
+    with _shared.lock:
+        previous, _shared.transport = _shared.transport, transport
+        old, _shared.client = _shared.client, None
     if old is not None:
         old.close()
     return previous
