@@ -5,6 +5,10 @@ Django's settings object is lazy: each attribute read is a Python call through
 HARU eight times and ALLOWED_HOSTS once. These return the values themselves, kept until a
 settings change replaces them (override_settings and pytest-django's `settings` fixture send
 `setting_changed`).
+
+`haru_settings()` is how code reads HARU: the attributes declared once in
+fleets/base/setting_table.py (`haru_settings().chat_hold_ms`, typed), each read a dictionary
+lookup.
 """
 
 from __future__ import annotations
@@ -15,15 +19,19 @@ from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from common.setting import over
+from fleets.base.setting_table import HaruSettings
+
 _cached: dict[str, Any] = {}
 
 
-def haru() -> dict[str, Any]:
-    """The HARU settings dictionary."""
+def haru_settings() -> HaruSettings:
+    """The HARU settings as typed attributes. Underneath is the settings dictionary itself, so
+    a change made to it in place (a test's monkeypatch.setitem) shows at once."""
     try:
         return _cached["HARU"]
     except KeyError:
-        value = _cached["HARU"] = settings.HARU
+        value = _cached["HARU"] = over(HaruSettings, settings.HARU)
         return value
 
 

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import urlencode
 
 import httpx
-from django.conf import settings
 
 from common.wire import bounded_json, contract
 from common.wire.shape import (
@@ -28,6 +27,7 @@ from common.wire.shape import (
     FEATURE_PROBE_MODELS,
     compact,
 )
+from fleets.base.conf import haru_settings
 from fleets.base.supervisor_tokens import LEGACY_TOKEN_ENV, credentials_for, warn_once
 from fleets.core.model_health import Reach
 from fleets.core.report import TrainerReportState
@@ -298,7 +298,7 @@ _http_ca_bundle: str | None = None
 def _shared_http() -> httpx.Client:
     """Return the process-wide HTTP client: pooled keep-alive connections to every supervisor."""
     global _http, _http_ca_bundle
-    ca_bundle = settings.HARU["supervisor_ca_bundle"]
+    ca_bundle = haru_settings().supervisor_ca_bundle
     with _lock:
         if _http is not None and ca_bundle != _http_ca_bundle:
             _http.close()
@@ -777,7 +777,7 @@ def client_for(domain: Domain) -> SupervisorClient:
         token=credentials.token,
         fallback_token=credentials.fallback,
         key=str(domain.id),
-        allowed_hosts=settings.HARU["supervisor_hosts"],
-        max_response_bytes=settings.HARU["supervisor_max_response_bytes"],
-        max_depth=settings.HARU["json_max_depth"],
+        allowed_hosts=haru_settings().supervisor_hosts,
+        max_response_bytes=haru_settings().supervisor_max_response_bytes,
+        max_depth=haru_settings().json_max_depth,
     )

@@ -25,9 +25,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
-
 from fleets.base import clock
+from fleets.base.conf import haru_settings
 from fleets.base.errors import InvalidTarget, OperationConflict
 from fleets.base.supervisor_tokens import supervisor_token_for
 from fleets.core import provisioning as core
@@ -68,7 +67,7 @@ PROVISION_LEASE_S = 330.0
 
 def sky_for() -> SkyCli:
     """Return the `sky` CLI of SkyPilot's own environment (HARU_SKY_VENV)."""
-    return SkyCli(venv=settings.HARU.get("sky_venv"))
+    return SkyCli(venv=haru_settings().sky_venv)
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,9 @@ import logging
 from collections.abc import Callable
 
 import redis
-from django.conf import settings
 from django.db import connection, transaction
+
+from fleets.base.conf import haru_settings
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def _after_commit(fleet_id: str, revision: int, message: str) -> None:
             hook(fleet_id, revision)
         except Exception:  # noqa: BLE001 - a hook's failure must not fail the commit's caller
             log.warning("route change hook failed", exc_info=True)
-    url = settings.HARU["redis_url"]
+    url = haru_settings().redis_url
     if not url:
         return
     global _redis

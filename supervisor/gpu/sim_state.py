@@ -19,8 +19,9 @@ from pathlib import Path
 
 # Re-exported: tests and older callers import them from here.
 from supervisor.procfs import pid_alive, process_start_time
+from supervisor.settings import ChildEnvironment
 
-ENV_VAR = "HARU_SIM_GPU_STATE"
+ENV_VAR = ChildEnvironment.sim_gpu_state.env
 __all__ = ["ENV_VAR", "Holder", "SimGpuState", "pid_alive", "process_start_time"]
 
 
