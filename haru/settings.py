@@ -15,7 +15,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from common.setting import declared
+from common.setting import declared, over
 from fleets.base.setting_table import HTTP_BODY_HEADROOM, HaruSettings
 from haru import env
 from haru.postgres.deadline import DeadlineConnection
@@ -28,6 +28,7 @@ def _load() -> dict:
     errors surface at start-up; keyed by the name code reads it as."""
     try:
         loaded = {s.key: env.read(s) for s in declared(HaruSettings)}
+        # Read again: its default follows the chat cap.
         loaded["http_max_body_bytes"] = _http_max_body_bytes(loaded["chat_max_body_bytes"])
         return loaded
     except env.ConfigError as exc:
@@ -49,22 +50,24 @@ def _http_max_body_bytes(chat_cap: int) -> int:
 
 
 HARU = _load()
-VAR_DIR = Path(HARU["var_dir"] or BASE_DIR / "var")
+# The same values as typed attributes (fleets/base/conf.py hands code the same view).
+_haru = over(HaruSettings, HARU)
+VAR_DIR = Path(_haru.var_dir or BASE_DIR / "var")
 
 # prometheus_client's multiprocess mode, per host: every process that loads these settings
 # (server workers, Celery workers, management commands) keeps its counters and histograms in
 # files here, and /metrics sums them (fleets/metrics/registry.py). Exported to the environment
 # because prometheus_client reads it once, when first imported, which is after the settings. The
 # server removes dead processes' files when it starts.
-PROMETHEUS_MULTIPROC_DIR = Path(HARU["prometheus_multiproc_dir"] or VAR_DIR / "prometheus")
+PROMETHEUS_MULTIPROC_DIR = Path(_haru.prometheus_multiproc_dir or VAR_DIR / "prometheus")
 PROMETHEUS_MULTIPROC_DIR.mkdir(parents=True, exist_ok=True)
 os.environ[HaruSettings.prometheus_multiproc_dir.env] = str(PROMETHEUS_MULTIPROC_DIR)
 
 
 def _secret_key() -> str:
     """Return HARU_SECRET_KEY, or a per-install random key kept under var/ (mode 0600)."""
-    if HARU["secret_key"]:
-        return HARU["secret_key"]
+    if _haru.secret_key:
+        return _haru.secret_key
     path = VAR_DIR / "secret_key"
     if path.exists():
         return path.read_text().strip()
@@ -76,17 +79,17 @@ def _secret_key() -> str:
 
 
 SECRET_KEY = _secret_key()
-DEBUG = HARU["debug"]
+DEBUG = _haru.debug
 # Without an API token the API is open to whoever reaches it; a page that rebinds its own DNS
 # name to 127.0.0.1 would reach it under that name, so only loopback names are answered unless
 # HARU_ALLOWED_HOSTS lists others. With a token, every name (the token guards the API).
 LOOPBACK_HOSTS = ["localhost", "127.0.0.1", "[::1]"]
-ALLOWED_HOSTS = HARU["allowed_hosts"] or (["*"] if HARU["api_token"] else LOOPBACK_HOSTS)
+ALLOWED_HOSTS = _haru.allowed_hosts or (["*"] if _haru.api_token else LOOPBACK_HOSTS)
 # Pages on other origins allowed to POST forms and open the dashboard's WebSocket
 # (fleets/live/origin.py), e.g. "https://haru.example.com" behind a proxy that rewrites Host.
-CSRF_TRUSTED_ORIGINS = HARU["trusted_origins"]
+CSRF_TRUSTED_ORIGINS = _haru.trusted_origins
 
-if HARU["behind_tls"]:
+if _haru.behind_tls:
     # TLS ends in a reverse proxy (deploy/nginx): cookies only over HTTPS, browsers told to stay
     # on HTTPS for a year, and the proxy's X-Forwarded-Proto says the request was HTTPS. Only
     # safe when the server is reachable through that proxy alone (it binds loopback there).
@@ -149,10 +152,10 @@ TEMPLATES = [
     },
 ]
 
-if HARU["database_url"]:
+if _haru.database_url:
     DATABASES = {
         "default": dj_database_url.parse(
-            HARU["database_url"], conn_max_age=0, conn_health_checks=True
+            _haru.database_url, conn_max_age=0, conn_health_checks=True
         )
     }
 else:
@@ -188,8 +191,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
         {
             "pool": {
                 "min_size": 2,
-                "max_size": HARU["db_pool_max"],
-                "timeout": HARU["db_pool_timeout_ms"] / 1000,
+                "max_size": _haru.db_pool_max,
+                "timeout": _haru.db_pool_timeout_ms / 1000,
                 # Connections a burst opened above min_size go back after a minute idle, not
                 # psycopg_pool's ten: several processes after a burst would otherwise keep
                 # HARU_DB_POOL_MAX each against PostgreSQL's max_connections.
@@ -210,8 +213,8 @@ AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
-AXES_FAILURE_LIMIT = HARU["login_failure_limit"]
-AXES_COOLOFF_TIME = timedelta(minutes=HARU["login_lockout_minutes"])
+AXES_FAILURE_LIMIT = _haru.login_failure_limit
+AXES_COOLOFF_TIME = timedelta(minutes=_haru.login_lockout_minutes)
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
@@ -240,17 +243,17 @@ WHITENOISE_AUTOREFRESH = DEBUG
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 
-if HARU["redis_url"]:
+if _haru.redis_url:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [HARU["redis_url"]], "prefix": "haru"},
+            "CONFIG": {"hosts": [_haru.redis_url], "prefix": "haru"},
         }
     }
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
-CELERY_BROKER_URL = HARU["redis_url"]
+CELERY_BROKER_URL = _haru.redis_url
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True

@@ -207,7 +207,7 @@ class ChildEnvironment:
         kind=Kind.PATH,
         doc="the simulated GPUs' shared state file (the supervisor's `simStateFile`), for the "
         "simulated engine and trainer in tests and the demo",
-        area="Handed to trainers",
+        area="Handed to the simulator",
         reads=(SIMULATOR,),
     )
 
