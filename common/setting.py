@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, Required, TypedDict, TypeVar, Unpack, overload
 
 T = TypeVar("T")
 
@@ -115,71 +115,41 @@ def over(table: type[T], values: dict[str, Any]) -> T:
     return instance
 
 
-def integer(
-    env: str,
-    default: int,
-    minimum: int,
-    maximum: int,
-    *,
-    doc: str,
-    area: str,
-    reads: tuple[str, ...],
-    shown_default: str | None = None,
-) -> Setting[int]:
-    """An integer in [minimum, maximum]."""
-    return Setting(
-        env, Kind.INTEGER, default, doc, area, reads, minimum, maximum, (), shown_default
-    )
+class About(TypedDict, total=False):
+    """What every declaration says besides its value and bounds."""
+
+    doc: Required[str]
+    area: Required[str]
+    reads: Required[tuple[str, ...]]
+    shown_default: str
+    choices: tuple[str, ...]
 
 
-def optional_integer(
-    env: str,
-    minimum: int,
-    maximum: int,
-    *,
-    doc: str,
-    area: str,
-    reads: tuple[str, ...],
-    shown_default: str | None = None,
-) -> Setting[int | None]:
-    """An integer in [minimum, maximum], or None when unset."""
-    return Setting[int | None](
-        env, Kind.INTEGER, None, doc, area, reads, minimum, maximum, (), shown_default
-    )
+def integer(env: str, default: int, low: int, high: int, **about: Unpack[About]) -> Setting[int]:
+    """An integer in [low, high]."""
+    return Setting(env, Kind.INTEGER, default, minimum=low, maximum=high, **about)
 
 
-def text(
-    env: str,
-    *,
-    doc: str,
-    area: str,
-    reads: tuple[str, ...],
-    kind: Kind = Kind.TEXT,
-    shown_default: str | None = None,
-    choices: tuple[str, ...] = (),
-) -> Setting[str | None]:
-    """A string (a token, a name, a path, a URL), or None when unset."""
-    return Setting[str | None](
-        env, kind, None, doc, area, reads, None, None, choices, shown_default
-    )
+def optional_integer(env: str, low: int, high: int, **about: Unpack[About]) -> Setting[int | None]:
+    """An integer in [low, high], or None when unset."""
+    return Setting[int | None](env, Kind.INTEGER, None, minimum=low, maximum=high, **about)
 
 
-def flag(env: str, default: bool, *, doc: str, area: str, reads: tuple[str, ...]) -> Setting[bool]:
+def text(env: str, kind: Kind = Kind.TEXT, **about: Unpack[About]) -> Setting[str | None]:
+    """A string (a token, a name, a path, a URL: `kind` says which), or None when unset."""
+    return Setting[str | None](env, kind, None, **about)
+
+
+def flag(env: str, default: bool, **about: Unpack[About]) -> Setting[bool]:
     """A boolean: 1/0, true/false, yes/no, on/off."""
-    return Setting(env, Kind.BOOLEAN, default, doc, area, reads)
+    return Setting(env, Kind.BOOLEAN, default, **about)
 
 
-def listing(
-    env: str, *, doc: str, area: str, reads: tuple[str, ...], shown_default: str | None = None
-) -> Setting[list[str]]:
+def listing(env: str, **about: Unpack[About]) -> Setting[list[str]]:
     """Comma-separated items; an empty list when unset."""
-    return Setting[list[str]](env, Kind.LIST, [], doc, area, reads, shown_default=shown_default)
+    return Setting[list[str]](env, Kind.LIST, [], **about)
 
 
-def host_patterns(
-    env: str, *, doc: str, area: str, reads: tuple[str, ...], shown_default: str | None = None
-) -> Setting[tuple[str, ...]]:
+def host_patterns(env: str, **about: Unpack[About]) -> Setting[tuple[str, ...]]:
     """Comma-separated host globs or CIDR networks; empty when unset."""
-    return Setting[tuple[str, ...]](
-        env, Kind.HOSTS, (), doc, area, reads, shown_default=shown_default
-    )
+    return Setting[tuple[str, ...]](env, Kind.HOSTS, (), **about)
