@@ -23,15 +23,25 @@ from common.setting import over
 from fleets.base.setting_table import HaruSettings
 
 _cached: dict[str, Any] = {}
+TYPED = "HARU as attributes"  # haru_settings()'s entry, forgotten with HARU's
 
 
 def haru_settings() -> HaruSettings:
     """The HARU settings as typed attributes. Underneath is the settings dictionary itself, so
     a change made to it in place (a test's monkeypatch.setitem) shows at once."""
     try:
+        return _cached[TYPED]
+    except KeyError:
+        value = _cached[TYPED] = over(HaruSettings, haru())
+        return value
+
+
+def haru() -> dict[str, Any]:
+    """The HARU settings dictionary (code reads haru_settings())."""
+    try:
         return _cached["HARU"]
     except KeyError:
-        value = _cached["HARU"] = over(HaruSettings, settings.HARU)
+        value = _cached["HARU"] = settings.HARU
         return value
 
 
@@ -47,3 +57,5 @@ def allowed_hosts() -> list[str]:
 @receiver(setting_changed)
 def _forget(*, setting: str, **kwargs: Any) -> None:
     _cached.pop(setting, None)
+    if setting == "HARU":
+        _cached.pop(TYPED, None)
