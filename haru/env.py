@@ -133,10 +133,9 @@ def read(
     fallback = setting.default if default is None else default
     value: Any
     if setting.kind is Kind.INTEGER:
-        assert setting.minimum is not None and setting.maximum is not None
-        value = integer(
-            name, cast(Any, fallback), minimum=setting.minimum, maximum=setting.maximum, env=env
-        )
+        low, high = setting.minimum, setting.maximum
+        assert low is not None and high is not None  # an INTEGER declaration has both
+        value = integer(name, cast("int | None", fallback), minimum=low, maximum=high, env=env)
     elif setting.kind is Kind.BOOLEAN:
         value = boolean(name, cast(bool, fallback), env)
     elif setting.kind is Kind.URL:
