@@ -16,7 +16,6 @@ from common.setting import (
     SERVER,
     WORKER,
     Kind,
-    Setting,
     flag,
     host_patterns,
     integer,
@@ -525,4 +524,4 @@ class SetByHaru:
 
 
 TABLES: tuple[type, ...] = (HaruSettings, DemoSettings, SetByHaru)
-__all__ = ["TABLES", "DemoSettings", "HaruSettings", "SetByHaru", "Setting"]
+__all__ = ["TABLES", "DemoSettings", "HaruSettings", "SetByHaru"]
