@@ -158,6 +158,7 @@ def main() -> None:
     django.setup()
     from django.conf import settings  # noqa: PLC0415 - needs django.setup() (the app registry) first
     from django.core.management import call_command  # noqa: PLC0415 - needs django.setup() (the app registry) first
+    from django.test import override_settings  # noqa: PLC0415 - needs django.setup() (the app registry) first
 
     from fleets.services.layouts import layout_apply  # noqa: PLC0415 - needs django.setup() (the app registry) first
 
@@ -169,15 +170,15 @@ def main() -> None:
             print(f"before     (git ref {args.before_ref!r} not found; skipped)")
         else:
             measure("before", old.layout_apply, "before", args.models, db_path)
-    settings.HARU = {**settings.HARU, "layout_batch_rows": rows + 10}
+    # Through override_settings: its setting_changed signal is what renews the values code
+    # reads (fleets/base/conf.py); a plain assignment would go unseen.
+    override_settings(HARU={**settings.HARU, "layout_batch_rows": rows + 10}).enable()
     measure("one-batch", layout_apply, "one", args.models, db_path)
-    settings.HARU = {**settings.HARU, "layout_batch_rows": args.batch, "layout_batch_pause_ms": 0}
+    batch = {"layout_batch_rows": args.batch, "layout_batch_pause_ms": 0}
+    override_settings(HARU={**settings.HARU, **batch}).enable()
     measure("no-pause", layout_apply, "nopause", args.models, db_path)
-    settings.HARU = {
-        **settings.HARU,
-        "layout_batch_rows": args.batch,
-        "layout_batch_pause_ms": args.pause_ms,
-    }
+    batch["layout_batch_pause_ms"] = args.pause_ms
+    override_settings(HARU={**settings.HARU, **batch}).enable()
     measure("batched", layout_apply, "batched", args.models, db_path)
 
 

@@ -1,10 +1,10 @@
 from typing import Any
 
 from django.apps import AppConfig
-from django.conf import settings
 from django.core import checks
 from django.db.models.signals import post_migrate
 
+from fleets.base.conf import haru_settings
 from fleets.checks import scoped_tokens, shared_supervisor_token, short_tokens
 
 
@@ -12,7 +12,7 @@ def _seed_beat_schedule(**_kwargs: Any) -> None:
     """After `migrate`: create the periodic tasks beat needs, leaving edited ones alone."""
     from fleets.services.schedule import beat_schedule_seed  # noqa: PLC0415 - app registry
 
-    beat_schedule_seed(reconcile_interval_ms=settings.HARU["reconcile_interval_ms"])
+    beat_schedule_seed(reconcile_interval_ms=haru_settings().reconcile_interval_ms)
 
 
 class FleetsConfig(AppConfig):

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from django.core.checks import CheckMessage
 from django.core.checks import Error as CheckError
 from django.core.checks import Warning as CheckWarning
+
+from fleets.base.conf import haru_settings
 
 # 32 characters of `secrets.token_urlsafe` are ~190 bits; below this a token is guessable.
 MIN_TOKEN_CHARS = 32
@@ -20,12 +21,12 @@ MIN_TOKEN_CHARS = 32
 def short_tokens(app_configs: Any = None, **_kwargs: Any) -> list[CheckMessage]:
     """Warn for each configured token shorter than MIN_TOKEN_CHARS (never printing it)."""
     named: list[tuple[str, str | None]] = [
-        ("HARU_API_TOKEN", settings.HARU["api_token"]),
-        ("HARU_SUPERVISOR_TOKEN", settings.HARU["supervisor_token"]),
-        ("HARU_SUPERVISOR_MASTER_KEY", settings.HARU["supervisor_master_key"]),
+        ("HARU_API_TOKEN", haru_settings().api_token),
+        ("HARU_SUPERVISOR_TOKEN", haru_settings().supervisor_token),
+        ("HARU_SUPERVISOR_MASTER_KEY", haru_settings().supervisor_master_key),
     ]
     named += [
-        (f"HARU_CHAT_TOKENS item {i + 1}", t) for i, t in enumerate(settings.HARU["chat_tokens"])
+        (f"HARU_CHAT_TOKENS item {i + 1}", t) for i, t in enumerate(haru_settings().chat_tokens)
     ]
     out: list[CheckMessage] = []
     for name, token in named:
@@ -42,9 +43,9 @@ def short_tokens(app_configs: Any = None, **_kwargs: Any) -> list[CheckMessage]:
 
 def shared_supervisor_token(app_configs: Any = None, **_kwargs: Any) -> list[CheckMessage]:
     """Warn while the deprecated shared supervisor token is configured (migration period)."""
-    if not settings.HARU["supervisor_token"]:
+    if not haru_settings().supervisor_token:
         return []
-    if settings.HARU["supervisor_master_key"]:
+    if haru_settings().supervisor_master_key:
         return [
             CheckWarning(
                 "HARU_SUPERVISOR_TOKEN (one token for every supervisor) is still set next to "
@@ -69,10 +70,10 @@ def shared_supervisor_token(app_configs: Any = None, **_kwargs: Any) -> list[Che
 def scoped_tokens(app_configs: Any = None, **_kwargs: Any) -> list[CheckMessage]:
     """Refuse chat tokens that would not scope anything: with the REST API open, or equal to
     the operator token."""
-    chat = settings.HARU["chat_tokens"]
+    chat = haru_settings().chat_tokens
     if not chat:
         return []
-    operator = settings.HARU["api_token"]
+    operator = haru_settings().api_token
     if not operator:
         return [
             CheckError(

@@ -15,9 +15,9 @@ from typing import Any
 import redis
 from celery import shared_task
 from celery.signals import worker_process_init, worker_process_shutdown
-from django.conf import settings
 
 from fleets.base import clock
+from fleets.base.conf import haru_settings
 from fleets.metrics.registry import mark_this_process_dead
 from fleets.reconciler import datapath, kick
 from fleets.reconciler.provision import fleet_provision_tick
@@ -41,7 +41,7 @@ _NUDGE_DEDUPE_MS = 1000
 @functools.cache
 def _redis() -> redis.Redis:
     """Return this process's Redis client (a connection pool, safe to share across threads)."""
-    return _redis_for(settings.HARU["redis_url"])
+    return _redis_for(haru_settings().redis_url)
 
 
 @functools.lru_cache(maxsize=4)
@@ -66,7 +66,7 @@ def broker_ping() -> bool:
 
 
 def _interval_s() -> float:
-    return (settings.HARU["reconcile_interval_ms"] or 5000) / 1000
+    return (haru_settings().reconcile_interval_ms or 5000) / 1000
 
 
 def celery_kicker(fleet_id: str, delay_ms: int) -> None:
@@ -151,7 +151,7 @@ def datapath_report(fleet_id: str, domain_id: str, model: str, failed_at: float)
 @_task("fleets.reconcile_all")
 def reconcile_all() -> list[str]:
     """Queue a tick for every fleet (or those in HARU_RECONCILE_FLEETS)."""
-    ids = fleets_to_reconcile(settings.HARU["reconcile_fleets"])
+    ids = fleets_to_reconcile(haru_settings().reconcile_fleets)
     for fleet_id in ids:
         # Expire with the beat: a backlog of stale ticks after an outage is pure waste.
         reconcile_fleet.apply_async(args=[fleet_id], expires=_interval_s())
@@ -180,7 +180,7 @@ def provision_fleet(fleet_id: str) -> dict:
 @_task("fleets.prune_history", soft_s=600, hard_s=900)
 def prune_history() -> dict:
     """Drop events and finished operations older than HARU_EVENT_RETENTION_DAYS."""
-    days = settings.HARU["event_retention_days"]
+    days = haru_settings().event_retention_days
     report = history_prune(older_than=retention_cutoff(clock.now(), days))
     if report.events or report.operations:
         log.info(

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import ipaddress
 
-from django.conf import settings
 from django.http import HttpRequest
+
+from fleets.base.conf import haru_settings
 
 
 def client_address(request: HttpRequest) -> str:
     remote = str(request.META.get("REMOTE_ADDR", ""))
-    if not settings.HARU["behind_tls"] or not _is_loopback(remote):
+    if not haru_settings().behind_tls or not _is_loopback(remote):
         return remote
     forwarded = str(request.META.get("HTTP_X_FORWARDED_FOR", "")).split(",")[-1].strip()
     return forwarded if _is_address(forwarded) else remote

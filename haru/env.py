@@ -9,9 +9,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
+from common.setting import Kind, Setting
 from fleets.core.urls import HostPatternError, parse_host_patterns
+
+T = TypeVar("T")
 
 
 class ConfigError(Exception):
@@ -118,3 +122,30 @@ def existing_file(name: str, env: Mapping[str, str] | None = None) -> str | None
     if not Path(value).is_file():
         raise ConfigError(f"{name}: no such file: {value}")
     return value
+
+
+def read(
+    setting: Setting[T], env: Mapping[str, str] | None = None, *, default: T | None = None
+) -> T:
+    """Return the value of a declared setting (common/setting.py), parsed as its kind says;
+    `default` replaces the declared one where it is computed from other settings."""
+    name = setting.env
+    fallback = setting.default if default is None else default
+    value: Any
+    if setting.kind is Kind.INTEGER:
+        low, high = setting.minimum, setting.maximum
+        assert low is not None and high is not None  # an INTEGER declaration has both
+        value = integer(name, cast("int | None", fallback), minimum=low, maximum=high, env=env)
+    elif setting.kind is Kind.BOOLEAN:
+        value = boolean(name, cast(bool, fallback), env)
+    elif setting.kind is Kind.URL:
+        value = url(name, setting.choices, env)
+    elif setting.kind is Kind.LIST:
+        value = csv(name, env)
+    elif setting.kind is Kind.HOSTS:
+        value = host_patterns(name, env)
+    elif setting.kind is Kind.FILE:
+        value = existing_file(name, env)
+    else:
+        value = raw(name, env)
+    return cast(T, value)

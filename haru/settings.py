@@ -15,141 +15,20 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from common.setting import declared, over
+from fleets.base.setting_table import HTTP_BODY_HEADROOM, HaruSettings
 from haru import env
 from haru.postgres.deadline import DeadlineConnection
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(env.raw("HARU_VAR_DIR") or BASE_DIR / "var")
-
-# prometheus_client's multiprocess mode, per host: every process that loads these settings
-# (server workers, Celery workers, management commands) keeps its counters and histograms in
-# files here, and /metrics sums them (fleets/metrics/registry.py). Exported to the environment
-# because prometheus_client reads it once, when first imported, which is after the settings. The
-# server removes dead processes' files when it starts.
-PROMETHEUS_MULTIPROC_DIR = Path(env.raw("PROMETHEUS_MULTIPROC_DIR") or VAR_DIR / "prometheus")
-PROMETHEUS_MULTIPROC_DIR.mkdir(parents=True, exist_ok=True)
-os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(PROMETHEUS_MULTIPROC_DIR)
 
 
 def _load() -> dict:
-    """Read every variable once, so all validation errors surface at start-up."""
+    """Read every declared variable once (fleets/base/setting_table.py), so all validation
+    errors surface at start-up; keyed by the name code reads it as."""
     try:
-        loaded: dict = {
-            "database_url": env.url("DATABASE_URL", ("postgres", "postgresql", "sqlite")),
-            "redis_url": env.url("REDIS_URL", ("redis", "rediss")),
-            "port": env.integer("PORT", 8700, minimum=1, maximum=65535),
-            "api_token": env.raw("HARU_API_TOKEN"),
-            # Deprecated: one token for every supervisor. Still sent (with a warning) for a
-            # migration period; HARU_SUPERVISOR_MASTER_KEY derives one token per domain.
-            "supervisor_token": env.raw("HARU_SUPERVISOR_TOKEN"),
-            "supervisor_master_key": env.raw("HARU_SUPERVISOR_MASTER_KEY"),
-            # Opt-in allow-list of supervisor hosts (globs or CIDR networks); empty: any host.
-            "supervisor_hosts": env.host_patterns("HARU_SUPERVISOR_HOSTS"),
-            # CA certificates (PEM) that HTTPS supervisors' certificates must chain to, instead
-            # of the system's; unset: the system's trust store.
-            "supervisor_ca_bundle": env.existing_file("HARU_SUPERVISOR_CA_BUNDLE"),
-            # Tokens that may call the chat endpoints only (never the REST API).
-            "chat_tokens": env.csv("HARU_CHAT_TOKENS"),
-            "supervisor_max_response_bytes": env.integer(
-                "HARU_SUPERVISOR_MAX_RESPONSE_BYTES", 2 * 1024 * 1024, minimum=1024, maximum=2**31
-            ),
-            "layout_max_bytes": env.integer(
-                "HARU_LAYOUT_MAX_BYTES", 4 * 1024 * 1024, minimum=1024, maximum=2**31
-            ),
-            # A layout's rows (domains + slots + models), refused above; and the rows written per
-            # transaction while applying one, so a tick can write between batches.
-            "layout_max_rows": env.integer(
-                "HARU_LAYOUT_MAX_ROWS", 20_000, minimum=10, maximum=1_000_000
-            ),
-            "layout_batch_rows": env.integer(
-                "HARU_LAYOUT_BATCH_ROWS", 500, minimum=1, maximum=100_000
-            ),
-            # The pause between two batches, so a writer waiting for the lock gets it.
-            "layout_batch_pause_ms": env.integer(
-                "HARU_LAYOUT_BATCH_PAUSE_MS", 100, minimum=0, maximum=10_000
-            ),
-            "json_max_depth": env.integer("HARU_JSON_MAX_DEPTH", 64, minimum=8, maximum=512),
-            "default_fleet": env.raw("HARU_DEFAULT_FLEET"),
-            "chat_header_timeout_ms": env.integer("HARU_CHAT_HEADER_TIMEOUT_MS", 30000, minimum=1),
-            "snapshot_cache_ttl_ms": env.integer("HARU_SNAPSHOT_CACHE_TTL_MS", 2000, minimum=0),
-            # Hold and forward (docs/proxy-hold.md): how long a request may wait for a domain
-            # that can serve it, how many may wait per process, and the poll bound that takes
-            # over from the pushed routing revision when the push channel is down.
-            "chat_hold_ms": env.integer("HARU_CHAT_HOLD_MS", 10000, minimum=0, maximum=600_000),
-            "chat_hold_max": env.integer("HARU_CHAT_HOLD_MAX", 1000, minimum=0, maximum=1_000_000),
-            "chat_hold_max_bytes": env.integer(
-                "HARU_CHAT_HOLD_MAX_BYTES", 256 * 1024 * 1024, minimum=0, maximum=2**40
-            ),
-            "chat_hold_poll_ms": env.integer(
-                "HARU_CHAT_HOLD_POLL_MS", 250, minimum=0, maximum=10_000
-            ),
-            # Graceful restart: after SIGTERM, how long /readyz says 503 before the listener
-            # closes, and how long in-flight and held requests then get to finish.
-            "drain_ready_ms": env.integer("HARU_DRAIN_READY_MS", 1000, minimum=0, maximum=60_000),
-            "drain_budget_ms": env.integer(
-                "HARU_DRAIN_BUDGET_MS", 15000, minimum=0, maximum=600_000
-            ),
-            "chat_max_body_bytes": env.integer(
-                "HARU_CHAT_MAX_BODY_BYTES", 32 * 1024 * 1024, minimum=1, maximum=2**40
-            ),
-            # The HTTP server's edge (fleets/server/): every phase of a client connection is
-            # bounded, so idle or trickling clients cannot hold the process's descriptors.
-            "http_header_timeout_ms": env.integer(
-                "HARU_HTTP_HEADER_TIMEOUT_MS", 10000, minimum=100, maximum=600000
-            ),
-            "http_body_timeout_ms": env.integer(
-                "HARU_HTTP_BODY_TIMEOUT_MS", 60000, minimum=100, maximum=3600000
-            ),
-            "http_keepalive_timeout_ms": env.integer(
-                "HARU_HTTP_KEEPALIVE_TIMEOUT_MS", 5000, minimum=100, maximum=3600000
-            ),
-            "http_max_header_bytes": env.integer(
-                "HARU_HTTP_MAX_HEADER_BYTES", 65536, minimum=4096, maximum=16 * 1024 * 1024
-            ),
-            "http_max_headers": env.integer(
-                "HARU_HTTP_MAX_HEADERS", 100, minimum=16, maximum=10000
-            ),
-            "http_max_connections": env.integer(
-                "HARU_HTTP_MAX_CONNECTIONS", 2048, minimum=8, maximum=1000000
-            ),
-            # PostgreSQL connection pool, per process (psycopg_pool through Django's
-            # OPTIONS["pool"]); SQLite has none.
-            "db_pool_max": env.integer("HARU_DB_POOL_MAX", 20, minimum=2, maximum=1000),
-            "db_pool_timeout_ms": env.integer(
-                "HARU_DB_POOL_TIMEOUT_MS", 5000, minimum=100, maximum=600000
-            ),
-            # Each database wait of a web request (REST, dashboard, admin), a query or the pool's
-            # check of a connection, ends at this deadline with a 503 (haru/postgres/deadline.py):
-            # a frozen PostgreSQL never holds a request. Work outside web requests has none.
-            "db_request_deadline_ms": env.integer(
-                "HARU_DB_REQUEST_DEADLINE_MS", 5000, minimum=100, maximum=600000
-            ),
-            "reconcile_interval_ms": env.integer("HARU_RECONCILE_INTERVAL_MS", None, minimum=100),
-            "reconcile_fleets": env.csv("HARU_RECONCILE_FLEETS"),
-            # How long a fleet's tick lease lasts unrenewed (fleets/reconciler/locks.py): the
-            # most a frozen or killed worker delays its fleet's next tick.
-            "tick_lease_ms": env.integer(
-                "HARU_TICK_LEASE_MS", 15_000, minimum=2_000, maximum=600_000
-            ),
-            "fleet_layout": env.raw("HARU_FLEET_LAYOUT"),
-            "event_retention_days": env.integer(
-                "HARU_EVENT_RETENTION_DAYS", 30, minimum=1, maximum=36500
-            ),
-            "debug": env.boolean("HARU_DEBUG", False),
-            "allowed_hosts": env.csv("HARU_ALLOWED_HOSTS"),
-            "trusted_origins": env.csv("HARU_TRUSTED_ORIGINS"),
-            "behind_tls": env.boolean("HARU_BEHIND_TLS", False),
-            "login_failure_limit": env.integer(
-                "HARU_LOGIN_FAILURE_LIMIT", 5, minimum=1, maximum=1000
-            ),
-            "login_lockout_minutes": env.integer(
-                "HARU_LOGIN_LOCKOUT_MINUTES", 15, minimum=1, maximum=7 * 24 * 60
-            ),
-            "secret_key": env.raw("HARU_SECRET_KEY"),
-            # SkyPilot's own virtualenv (its pins conflict with ours); `make sky-env` makes it.
-            # Unset: `sky` from PATH.
-            "sky_venv": env.raw("HARU_SKY_VENV"),
-        }
+        loaded = {s.key: env.read(s) for s in declared(HaruSettings)}
+        # Read again: its default follows the chat cap.
         loaded["http_max_body_bytes"] = _http_max_body_bytes(loaded["chat_max_body_bytes"])
         return loaded
     except env.ConfigError as exc:
@@ -160,25 +39,35 @@ def _http_max_body_bytes(chat_cap: int) -> int:
     """The server edge's body cap (fleets/server/protocol.py): by default the chat proxy's own
     cap plus 1 MiB, and never below it, so a chat body over its cap still gets the proxy's
     finer 413 (naming HARU_CHAT_MAX_BODY_BYTES) rather than the edge's."""
-    cap = env.integer(
-        "HARU_HTTP_MAX_BODY_BYTES", chat_cap + 1024 * 1024, minimum=1024 * 1024, maximum=2**40
-    )
-    assert cap is not None  # a default is given
+    setting = HaruSettings.http_max_body_bytes
+    cap = env.read(setting, default=chat_cap + HTTP_BODY_HEADROOM)
     if cap < chat_cap:
         raise env.ConfigError(
-            f"HARU_HTTP_MAX_BODY_BYTES: must be at least HARU_CHAT_MAX_BODY_BYTES ({chat_cap}), "
-            f"got {cap}"
+            f"{setting.env}: must be at least {HaruSettings.chat_max_body_bytes.env} "
+            f"({chat_cap}), got {cap}"
         )
     return cap
 
 
 HARU = _load()
+# The same values as typed attributes (fleets/base/conf.py hands code the same view).
+_haru = over(HaruSettings, HARU)
+VAR_DIR = Path(_haru.var_dir or BASE_DIR / "var")
+
+# prometheus_client's multiprocess mode, per host: every process that loads these settings
+# (server workers, Celery workers, management commands) keeps its counters and histograms in
+# files here, and /metrics sums them (fleets/metrics/registry.py). Exported to the environment
+# because prometheus_client reads it once, when first imported, which is after the settings. The
+# server removes dead processes' files when it starts.
+PROMETHEUS_MULTIPROC_DIR = Path(_haru.prometheus_multiproc_dir or VAR_DIR / "prometheus")
+PROMETHEUS_MULTIPROC_DIR.mkdir(parents=True, exist_ok=True)
+os.environ[HaruSettings.prometheus_multiproc_dir.env] = str(PROMETHEUS_MULTIPROC_DIR)
 
 
 def _secret_key() -> str:
     """Return HARU_SECRET_KEY, or a per-install random key kept under var/ (mode 0600)."""
-    if HARU["secret_key"]:
-        return HARU["secret_key"]
+    if _haru.secret_key:
+        return _haru.secret_key
     path = VAR_DIR / "secret_key"
     if path.exists():
         return path.read_text().strip()
@@ -190,17 +79,17 @@ def _secret_key() -> str:
 
 
 SECRET_KEY = _secret_key()
-DEBUG = HARU["debug"]
+DEBUG = _haru.debug
 # Without an API token the API is open to whoever reaches it; a page that rebinds its own DNS
 # name to 127.0.0.1 would reach it under that name, so only loopback names are answered unless
 # HARU_ALLOWED_HOSTS lists others. With a token, every name (the token guards the API).
 LOOPBACK_HOSTS = ["localhost", "127.0.0.1", "[::1]"]
-ALLOWED_HOSTS = HARU["allowed_hosts"] or (["*"] if HARU["api_token"] else LOOPBACK_HOSTS)
+ALLOWED_HOSTS = _haru.allowed_hosts or (["*"] if _haru.api_token else LOOPBACK_HOSTS)
 # Pages on other origins allowed to POST forms and open the dashboard's WebSocket
 # (fleets/live/origin.py), e.g. "https://haru.example.com" behind a proxy that rewrites Host.
-CSRF_TRUSTED_ORIGINS = HARU["trusted_origins"]
+CSRF_TRUSTED_ORIGINS = _haru.trusted_origins
 
-if HARU["behind_tls"]:
+if _haru.behind_tls:
     # TLS ends in a reverse proxy (deploy/nginx): cookies only over HTTPS, browsers told to stay
     # on HTTPS for a year, and the proxy's X-Forwarded-Proto says the request was HTTPS. Only
     # safe when the server is reachable through that proxy alone (it binds loopback there).
@@ -263,10 +152,10 @@ TEMPLATES = [
     },
 ]
 
-if HARU["database_url"]:
+if _haru.database_url:
     DATABASES = {
         "default": dj_database_url.parse(
-            HARU["database_url"], conn_max_age=0, conn_health_checks=True
+            _haru.database_url, conn_max_age=0, conn_health_checks=True
         )
     }
 else:
@@ -302,8 +191,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
         {
             "pool": {
                 "min_size": 2,
-                "max_size": HARU["db_pool_max"],
-                "timeout": HARU["db_pool_timeout_ms"] / 1000,
+                "max_size": _haru.db_pool_max,
+                "timeout": _haru.db_pool_timeout_ms / 1000,
                 # Connections a burst opened above min_size go back after a minute idle, not
                 # psycopg_pool's ten: several processes after a burst would otherwise keep
                 # HARU_DB_POOL_MAX each against PostgreSQL's max_connections.
@@ -324,8 +213,8 @@ AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
-AXES_FAILURE_LIMIT = HARU["login_failure_limit"]
-AXES_COOLOFF_TIME = timedelta(minutes=HARU["login_lockout_minutes"])
+AXES_FAILURE_LIMIT = _haru.login_failure_limit
+AXES_COOLOFF_TIME = timedelta(minutes=_haru.login_lockout_minutes)
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
@@ -354,17 +243,17 @@ WHITENOISE_AUTOREFRESH = DEBUG
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 
-if HARU["redis_url"]:
+if _haru.redis_url:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [HARU["redis_url"]], "prefix": "haru"},
+            "CONFIG": {"hosts": [_haru.redis_url], "prefix": "haru"},
         }
     }
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
-CELERY_BROKER_URL = HARU["redis_url"]
+CELERY_BROKER_URL = _haru.redis_url
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True

@@ -35,7 +35,13 @@ from supervisor.gpu.sim_backend import SimGpuBackend
 from supervisor.gpu.sim_state import SimGpuState
 from supervisor.host import Host, HostDeps
 from supervisor.records import StateDir, StateDirBusy
-from supervisor.settings import Settings, SettingsError, is_loopback, settings_from_env
+from supervisor.settings import (
+    Settings,
+    SettingsError,
+    SupervisorSettings,
+    is_loopback,
+    settings_from_env,
+)
 
 log = logging.getLogger("supervisor")
 
@@ -219,7 +225,7 @@ def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
 def main(environ: Mapping[str, str] | None = None) -> int:
     """Run until signalled; return the process exit status."""
     environ = dict(os.environ if environ is None else environ)
-    configure_logging((environ.get("HARU_SUPERVISOR_LOG_LEVEL") or "info").strip() or "info")
+    configure_logging((environ.get(SupervisorSettings.log_level.env) or "info").strip() or "info")
     try:
         settings, config, backend = prepare(environ, Path.cwd())
     except SettingsError as exc:

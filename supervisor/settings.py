@@ -8,26 +8,215 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from common.edge.limits import EdgeLimits
+from common.setting import (
+    SIMULATOR,
+    SUPERVISOR,
+    TRAINER,
+    Kind,
+    declared,
+    integer,
+    listing,
+    optional_integer,
+    text,
+)
 
 DEFAULT_PORT = 8701
 DEFAULT_BIND = "127.0.0.1"
 MIN_TOKEN_LENGTH = 16
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
-# The HTTP edge (common/edge/protocol.py): (variable, default, minimum, maximum). The
-# supervisor listens beyond loopback when the control plane is on another host, and the header
-# phase comes before the token check, so each bound holds for unauthenticated clients too. Its
-# callers are a few control-plane processes sending small requests: tighter than the control
-# plane's own edge (HARU_HTTP_*), which also serves chat clients.
-EDGE_SETTINGS: dict[str, tuple[str, int, int, int]] = {
-    "header_timeout_ms": ("HARU_SUPERVISOR_HTTP_HEADER_TIMEOUT_MS", 10_000, 100, 600_000),
-    "body_timeout_ms": ("HARU_SUPERVISOR_HTTP_BODY_TIMEOUT_MS", 10_000, 100, 3_600_000),
-    "keepalive_timeout_ms": ("HARU_SUPERVISOR_HTTP_KEEPALIVE_TIMEOUT_MS", 5_000, 100, 3_600_000),
-    "max_header_bytes": ("HARU_SUPERVISOR_HTTP_MAX_HEADER_BYTES", 16_384, 4_096, 16 * 1024**2),
-    "max_headers": ("HARU_SUPERVISOR_HTTP_MAX_HEADERS", 64, 16, 10_000),
+AGENT = "Listening, credentials and children"
+EDGE = "Supervisor HTTP limits"
+
+
+class SupervisorSettings:
+    """The supervisor's variables, declared once (common/setting.py); docs/configuration.md is
+    generated from this class and the control plane's (haru/setting_docs.py)."""
+
+    config = text(
+        "HARU_SUPERVISOR_CONFIG",
+        shown_default="– (required)",
+        doc="the host's slots and models: inline JSON or the path of a JSON file",
+        area=AGENT,
+        reads=(SUPERVISOR,),
+    )
+    port = integer(
+        "PORT",
+        DEFAULT_PORT,
+        1,
+        65535,
+        doc="the supervisor's port (the control plane's server reads PORT too, default 8700)",
+        area=AGENT,
+        reads=(SUPERVISOR,),
+    )
+    bind_host = text(
+        "HARU_SUPERVISOR_HOST",
+        shown_default=DEFAULT_BIND,
+        doc="bind address; one beyond loopback needs HARU_SUPERVISOR_TOKEN",
+        area=AGENT,
+        reads=(SUPERVISOR,),
+    )
+    token = text(
+        "HARU_SUPERVISOR_TOKEN",
+        doc="bearer token on every `/v1/` route: this domain's own token, printed on the "
+        "control plane by `manage.py supervisor_token <fleet>/<domain>`. Unset: loopback only",
+        area=AGENT,
+        reads=(SUPERVISOR,),
+    )
+    tls_cert = text(
+        "HARU_SUPERVISOR_TLS_CERT",
+        kind=Kind.FILE,
+        shown_default="unset: plain HTTP",
+        doc="PEM certificate (chain) to serve HTTPS with; goes with HARU_SUPERVISOR_TLS_KEY",
+        area=AGENT,
+        reads=(SUPERVISOR,),
+    )
+    tls_key = text(
+        "HARU_SUPERVISOR_TLS_KEY",
+        kind=Kind.FILE,
+        shown_default="unset: plain HTTP",
+        doc="the certificate's private key (PEM); both or neither",
+        area=AGENT,
+        reads=(SUPERVISOR,),
+    )
+    log_level = text(
+        "HARU_SUPERVISOR_LOG_LEVEL",
+        kind=Kind.CHOICE,
+        choices=LOG_LEVELS,
+        shown_default="info",
+        doc="how much the supervisor logs",
+        area=AGENT,
+        reads=(SUPERVISOR,),
+    )
+    child_env_allow = listing(
+        "HARU_CHILD_ENV_ALLOW",
+        shown_default="none allowed",
+        doc="names a model server or trainer inherits although they contain `TOKEN`, "
+        "`SECRET`, `KEY` or `PASSWORD` (HF_TOKEN for a gated model, say)",
+        area=AGENT,
+        reads=(SUPERVISOR,),
+    )
+
+    # The HTTP edge (common/edge/protocol.py). The supervisor listens beyond loopback when the
+    # control plane is on another host, and the header phase comes before the token check, so
+    # each bound holds for unauthenticated clients too. Its callers are a few control-plane
+    # processes sending small requests: tighter than the control plane's own edge (HARU_HTTP_*),
+    # which also serves chat clients.
+    header_timeout_ms = integer(
+        "HARU_SUPERVISOR_HTTP_HEADER_TIMEOUT_MS",
+        10_000,
+        100,
+        600_000,
+        doc="as HARU_HTTP_HEADER_TIMEOUT_MS: the connection is closed",
+        area=EDGE,
+        reads=(SUPERVISOR,),
+    )
+    body_timeout_ms = integer(
+        "HARU_SUPERVISOR_HTTP_BODY_TIMEOUT_MS",
+        10_000,
+        100,
+        3_600_000,
+        doc="408 `request_timeout`",
+        area=EDGE,
+        reads=(SUPERVISOR,),
+    )
+    keepalive_timeout_ms = integer(
+        "HARU_SUPERVISOR_HTTP_KEEPALIVE_TIMEOUT_MS",
+        5_000,
+        100,
+        3_600_000,
+        doc="an idle kept-alive connection is closed (uvicorn's default, kept)",
+        area=EDGE,
+        reads=(SUPERVISOR,),
+    )
+    max_header_bytes = integer(
+        "HARU_SUPERVISOR_HTTP_MAX_HEADER_BYTES",
+        16_384,
+        4_096,
+        16 * 1024**2,
+        doc="431 `headers_too_large`",
+        area=EDGE,
+        reads=(SUPERVISOR,),
+    )
+    max_headers = integer(
+        "HARU_SUPERVISOR_HTTP_MAX_HEADERS",
+        64,
+        16,
+        10_000,
+        doc="431 `too_many_headers`",
+        area=EDGE,
+        reads=(SUPERVISOR,),
+    )
     # At least the API's own cap on a control body (supervisor/api.py MAX_BODY_BYTES), whose
     # finer refusal answers first below this one.
-    "max_body_bytes": ("HARU_SUPERVISOR_HTTP_MAX_BODY_BYTES", 1024**2, 64 * 1024, 2**30),
-    "max_connections": ("HARU_SUPERVISOR_HTTP_MAX_CONNECTIONS", 256, 8, 1_000_000),
+    max_body_bytes = integer(
+        "HARU_SUPERVISOR_HTTP_MAX_BODY_BYTES",
+        1024**2,
+        64 * 1024,
+        2**30,
+        doc="a larger body: 413 `request_too_large` before any of it is read and before the "
+        "token is checked",
+        area=EDGE,
+        reads=(SUPERVISOR,),
+    )
+    max_connections = integer(
+        "HARU_SUPERVISOR_HTTP_MAX_CONNECTIONS",
+        256,
+        8,
+        1_000_000,
+        doc="the longest-idle connection is closed to make room, so `/healthz` and "
+        "`/v1/status` keep answering; the open-file limit is raised to twice the cap plus 256",
+        area=EDGE,
+        reads=(SUPERVISOR,),
+    )
+
+
+class ChildEnvironment:
+    """What the supervisor hands the processes it starts (supervisor/training.py), and what the
+    simulator reads: the trainer contract, not for operators to set."""
+
+    checkpoint_dir = text(
+        "HARU_CHECKPOINT_DIR",
+        kind=Kind.PATH,
+        doc="the slot's `checkpointDir`: resume from the newest checkpoint here, write new ones "
+        "here",
+        area="Handed to trainers",
+        reads=(TRAINER,),
+    )
+    gpu_index = integer(
+        "HARU_GPU_INDEX",
+        0,
+        0,
+        1023,
+        doc="the slot's GPU (also pinned through `CUDA_VISIBLE_DEVICES`)",
+        area="Handed to trainers",
+        reads=(TRAINER,),
+    )
+    gpu_memory_limit_mib = optional_integer(
+        "HARU_GPU_MEMORY_LIMIT_MIB",
+        1,
+        2**31 - 1,
+        shown_default="unset when the slot has no `memoryLimitMiB`",
+        doc="the most GPU memory the trainer may use: what the sleeping servers leave, less a "
+        "margin",
+        area="Handed to trainers",
+        reads=(TRAINER,),
+    )
+    sim_gpu_state = text(
+        "HARU_SIM_GPU_STATE",
+        kind=Kind.PATH,
+        doc="the simulated GPUs' shared state file (the supervisor's `simStateFile`), for the "
+        "simulated engine and trainer in tests and the demo",
+        area="Handed to the simulator",
+        reads=(SIMULATOR,),
+    )
+
+
+# (variable, default, minimum, maximum) of each edge bound, by EdgeLimits' own key.
+EDGE_SETTINGS: dict[str, tuple[str, int, int, int]] = {
+    s.key: (s.env, s.default, s.minimum or 0, s.maximum or 0)
+    for s in declared(SupervisorSettings)
+    if s.area == EDGE
 }
 
 
@@ -88,43 +277,32 @@ def edge_limits_from_env(environ: Mapping[str, str]) -> EdgeLimits:
 
 
 def settings_from_env(environ: Mapping[str, str]) -> Settings:
-    """Validate PORT, HARU_SUPERVISOR_HOST, _TOKEN, _CONFIG, _TLS_CERT/_KEY, _LOG_LEVEL and the
-    HTTP edge's HARU_SUPERVISOR_HTTP_* variables."""
-    port_raw = _get(environ, "PORT")
-    port = DEFAULT_PORT
+    """Validate the variables SupervisorSettings declares (the edge's through
+    edge_limits_from_env)."""
+    table = SupervisorSettings
+    port_raw = _get(environ, table.port.env)
+    port = table.port.default
     if port_raw is not None:
         if not port_raw.strip().isdigit() or not 1 <= int(port_raw) <= 65535:
             raise SettingsError(f"PORT must be a port number from 1 to 65535, got {port_raw!r}")
         port = int(port_raw)
-    bind_host = (_get(environ, "HARU_SUPERVISOR_HOST") or DEFAULT_BIND).strip()
-    token = _get(environ, "HARU_SUPERVISOR_TOKEN")
-    config_source = _get(environ, "HARU_SUPERVISOR_CONFIG")
+    bind_host = (_get(environ, table.bind_host.env) or DEFAULT_BIND).strip()
+    token = _get(environ, table.token.env)
+    config_source = _get(environ, table.config.env)
     if config_source is None:
         raise SettingsError(
-            "HARU_SUPERVISOR_CONFIG is required: inline JSON or the path of a JSON file"
+            f"{table.config.env} is required: inline JSON or the path of a JSON file"
         )
     if token is None and not is_loopback(bind_host):
         raise SettingsError(
-            f"refusing to listen on {bind_host} without HARU_SUPERVISOR_TOKEN: the supervisor "
+            f"refusing to listen on {bind_host} without {table.token.env}: the supervisor "
             "controls model servers and trainers; set a token, or bind 127.0.0.1"
         )
-    tls_cert = _get(environ, "HARU_SUPERVISOR_TLS_CERT")
-    tls_key = _get(environ, "HARU_SUPERVISOR_TLS_KEY")
-    if (tls_cert is None) != (tls_key is None):
+    tls_cert, tls_key = _tls_files(environ)
+    log_level = (_get(environ, table.log_level.env) or "info").strip().lower()
+    if log_level not in LOG_LEVELS:
         raise SettingsError(
-            "HARU_SUPERVISOR_TLS_CERT and HARU_SUPERVISOR_TLS_KEY go together: set both for "
-            "HTTPS, or neither"
-        )
-    for name, path in (
-        ("HARU_SUPERVISOR_TLS_CERT", tls_cert),
-        ("HARU_SUPERVISOR_TLS_KEY", tls_key),
-    ):
-        if path is not None and not os.path.isfile(path):
-            raise SettingsError(f"{name}: no such file: {path}")
-    log_level = (_get(environ, "HARU_SUPERVISOR_LOG_LEVEL") or "info").strip().lower()
-    if log_level not in ("debug", "info", "warning", "error"):
-        raise SettingsError(
-            f"HARU_SUPERVISOR_LOG_LEVEL must be debug, info, warning or error, got {log_level!r}"
+            f"{table.log_level.env} must be debug, info, warning or error, got {log_level!r}"
         )
     return Settings(
         port=port,
@@ -136,3 +314,15 @@ def settings_from_env(environ: Mapping[str, str]) -> Settings:
         tls_key=tls_key,
         edge=edge_limits_from_env(environ),
     )
+
+
+def _tls_files(environ: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """The certificate and key paths: both or neither, each an existing file."""
+    cert, key = SupervisorSettings.tls_cert, SupervisorSettings.tls_key
+    paths = _get(environ, cert.env), _get(environ, key.env)
+    if (paths[0] is None) != (paths[1] is None):
+        raise SettingsError(f"{cert.env} and {key.env} go together: set both for HTTPS, or neither")
+    for setting, path in zip((cert, key), paths, strict=True):
+        if path is not None and not os.path.isfile(path):
+            raise SettingsError(f"{setting.env}: no such file: {path}")
+    return paths

@@ -28,6 +28,7 @@ from supervisor.config import TrainingSlotConfig
 from supervisor.engines.launch import inherited_env
 from supervisor.processes import AdoptedProcess, ChildProcess, Spawner
 from supervisor.records import ProcessStamp, StateDir, TrainerRecord
+from supervisor.settings import ChildEnvironment
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +51,11 @@ def trainer_env(
     """Build the trainer's environment: the parent's less secrets, + the contract's variables."""
     env = inherited_env(environ)
     env.update(host_env)
-    env["HARU_CHECKPOINT_DIR"] = str(slot.checkpoint_dir)
-    env["HARU_GPU_INDEX"] = str(slot.gpu_index)
+    env[ChildEnvironment.checkpoint_dir.env] = str(slot.checkpoint_dir)
+    env[ChildEnvironment.gpu_index.env] = str(slot.gpu_index)
     if slot.memory_limit_mib is not None:
         # The plan's budget: what the sleeping servers leave, less a margin (trainer contract).
-        env["HARU_GPU_MEMORY_LIMIT_MIB"] = str(slot.memory_limit_mib)
+        env[ChildEnvironment.gpu_memory_limit_mib.env] = str(slot.memory_limit_mib)
     # A trainer that guesses its GPU grabs GPU 0, which on a standby is usually where the
     # sleeping servers live; pinning it is what keeps the wake path free.
     env["CUDA_VISIBLE_DEVICES"] = str(slot.gpu_index)

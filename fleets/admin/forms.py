@@ -13,12 +13,12 @@ import re
 from collections.abc import Callable
 
 from django import forms
-from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.forms.fields import InvalidJSONInput, JSONString
 from django.forms.formsets import DELETION_FIELD_NAME
 
 from common.wire import bounded_json
+from fleets.base.conf import haru_settings
 from fleets.base.errors import LayoutError
 from fleets.core.drills import DrillSchedule, schedule_problems
 from fleets.core.policy import PolicyError, validate_policy
@@ -61,7 +61,7 @@ def validate_url(value: str) -> None:
 def validate_supervisor_url(value: str) -> None:
     """The URL rules, plus HARU_SUPERVISOR_HOSTS: a supervisor token goes to allowed hosts only."""
     validate_url(value)
-    problem = value and supervisor_url_problem(value, settings.HARU["supervisor_hosts"])
+    problem = value and supervisor_url_problem(value, haru_settings().supervisor_hosts)
     if problem:
         raise ValidationError(problem)
 
@@ -103,7 +103,7 @@ class PrettyJSONField(forms.JSONField):
         if isinstance(value, list | dict | int | float | JSONString):
             return value
         try:
-            converted = bounded_json.loads(value, max_depth=settings.HARU["json_max_depth"])
+            converted = bounded_json.loads(value, max_depth=haru_settings().json_max_depth)
         except ValueError as exc:
             raise ValidationError(f"Enter valid JSON: {exc}", code="invalid") from None
         return JSONString(converted) if isinstance(converted, str) else converted
@@ -114,7 +114,7 @@ class PrettyJSONField(forms.JSONField):
         if data is None:
             return None
         try:
-            return bounded_json.loads(data, max_depth=settings.HARU["json_max_depth"])
+            return bounded_json.loads(data, max_depth=haru_settings().json_max_depth)
         except ValueError:
             return InvalidJSONInput(data)
 

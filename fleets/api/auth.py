@@ -8,9 +8,9 @@ Unset: the server binds loopback only (see `manage.py serve`) and the API is ope
 
 from __future__ import annotations
 
-from django.conf import settings
 from rest_framework import authentication, exceptions, permissions
 
+from fleets.base.conf import haru_settings
 from fleets.base.errors import ErrorCode
 from fleets.base.private_apis import session_user
 from fleets.base.tokens import Scope, token_scope
@@ -39,7 +39,7 @@ class ChatTokenRefused(exceptions.PermissionDenied):
 
 class BearerTokenAuthentication(authentication.BaseAuthentication):
     def authenticate(self, request):
-        if not settings.HARU["api_token"]:
+        if not haru_settings().api_token:
             return None
         header = request.META.get("HTTP_AUTHORIZATION")
         if header is None:
@@ -69,6 +69,6 @@ class StaffSessionAuthentication(authentication.SessionAuthentication):
 
 class HasApiToken(permissions.BasePermission):
     def has_permission(self, request, view) -> bool:
-        if not settings.HARU["api_token"]:
+        if not haru_settings().api_token:
             return True
         return bool(request.user and getattr(request.user, "is_authenticated", False))

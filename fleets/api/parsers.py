@@ -15,6 +15,7 @@ from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 
 from common.wire import bounded_json
+from fleets.base.conf import haru_settings
 
 
 class BoundedJSONParser(JSONParser):
@@ -23,6 +24,6 @@ class BoundedJSONParser(JSONParser):
         encoding = parser_context.get("encoding", settings.DEFAULT_CHARSET)
         try:
             text = codecs.getreader(encoding)(stream).read()
-            return bounded_json.loads(text, max_depth=settings.HARU["json_max_depth"])
+            return bounded_json.loads(text, max_depth=haru_settings().json_max_depth)
         except ValueError as exc:
             raise ParseError(f"JSON parse error - {exc}") from None

@@ -16,8 +16,7 @@ import threading
 import uuid
 from dataclasses import dataclass
 
-from django.conf import settings
-
+from fleets.base.conf import haru_settings
 from fleets.core.credentials import derive_supervisor_token
 
 log = logging.getLogger(__name__)
@@ -49,10 +48,10 @@ class SupervisorCredentials:
 def supervisor_token_for(domain_id: uuid.UUID | str) -> str | None:
     """Return the token domain `domain_id`'s supervisor must require (what provisioning gives
     the node): its derived token, else the deprecated shared one, else None."""
-    key = settings.HARU["supervisor_master_key"]
+    key = haru_settings().supervisor_master_key
     if key:
         return derive_supervisor_token(key, domain_id)
-    legacy = settings.HARU["supervisor_token"]
+    legacy = haru_settings().supervisor_token
     if legacy:
         warn_once(
             "legacy",
@@ -65,8 +64,8 @@ def supervisor_token_for(domain_id: uuid.UUID | str) -> str | None:
 def credentials_for(domain_id: uuid.UUID | str) -> SupervisorCredentials:
     """Return what the control plane's client sends to domain `domain_id`'s supervisor."""
     token = supervisor_token_for(domain_id)
-    legacy = settings.HARU["supervisor_token"]
-    if settings.HARU["supervisor_master_key"] and legacy and legacy != token:
+    legacy = haru_settings().supervisor_token
+    if haru_settings().supervisor_master_key and legacy and legacy != token:
         return SupervisorCredentials(token, fallback=legacy)
     return SupervisorCredentials(token)
 

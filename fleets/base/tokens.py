@@ -12,7 +12,8 @@ from __future__ import annotations
 import hmac
 from enum import Enum
 
-from fleets.base.conf import haru
+from fleets.base.conf import haru_settings
+from fleets.base.setting_table import HaruSettings
 
 
 class Scope(Enum):
@@ -42,7 +43,7 @@ class _Accepted:
 
     def __init__(self) -> None:
         # (the settings object, the headers accepted under it): replaced as one value.
-        self.checked: tuple[dict | None, dict[str, Scope]] = (None, {})
+        self.checked: tuple[HaruSettings | None, dict[str, Scope]] = (None, {})
 
 
 _accepted = _Accepted()
@@ -51,7 +52,7 @@ MAX_ACCEPTED = 64  # distinct accepted headers kept; past it each is checked in 
 
 def token_scope(header: str | None) -> Scope | None:
     """Return the scope of the token an Authorization header carries (None: no known token)."""
-    config = haru()
+    config = haru_settings()
     checked_for, accepted = _accepted.checked
     if checked_for is not config:
         accepted = {}
@@ -66,24 +67,24 @@ def token_scope(header: str | None) -> Scope | None:
     return scope
 
 
-def _scope_of(presented: str | None, config: dict) -> Scope | None:
+def _scope_of(presented: str | None, config: HaruSettings) -> Scope | None:
     if presented is None:
         return None
     raw = presented.encode()
-    expected = config["api_token"]
+    expected = config.api_token
     if expected and hmac.compare_digest(raw, expected.encode()):
         return Scope.OPERATOR
     # Every chat token is compared, so the time taken does not say which one was close.
     matched = False
-    for token in config["chat_tokens"]:
+    for token in config.chat_tokens:
         matched |= hmac.compare_digest(raw, token.encode())
     return Scope.CHAT if matched else None
 
 
 def chat_auth_required() -> bool:
     """Whether the chat endpoints need a token: any token configured turns it on."""
-    config = haru()
-    return bool(config["api_token"] or config["chat_tokens"])
+    config = haru_settings()
+    return bool(config.api_token or config.chat_tokens)
 
 
 def chat_allowed(header: str | None) -> bool:

@@ -20,9 +20,9 @@ import signal
 from types import FrameType
 
 import uvicorn
-from django.conf import settings
 
 from common.private_apis import WorkerProcess, note_captured_signal, worker_server
+from fleets.base.conf import haru_settings
 from fleets.proxy.hold import HOLDS
 
 log = logging.getLogger("haru.serve")
@@ -50,8 +50,12 @@ async def readyz(send) -> None:
 
 def graceful_config(**kwargs) -> uvicorn.Config:
     """A uvicorn Config whose graceful shutdown outlasts the drain budget."""
-    budget_s = settings.HARU["drain_budget_ms"] / 1000
-    return uvicorn.Config(timeout_graceful_shutdown=budget_s + ANSWER_GRACE_S, **kwargs)
+    budget_s = haru_settings().drain_budget_ms / 1000
+    # uvicorn's annotation says int; it only waits on the value, and fractions of a second count.
+    return uvicorn.Config(
+        timeout_graceful_shutdown=budget_s + ANSWER_GRACE_S,  # type: ignore[arg-type]
+        **kwargs,
+    )
 
 
 class DrainingServer(uvicorn.Server):
@@ -79,8 +83,8 @@ class DrainingServer(uvicorn.Server):
         self._drain_task = asyncio.get_running_loop().create_task(self._drain())
 
     async def _drain(self) -> None:
-        ready_s = settings.HARU["drain_ready_ms"] / 1000
-        budget_s = settings.HARU["drain_budget_ms"] / 1000
+        ready_s = haru_settings().drain_ready_ms / 1000
+        budget_s = haru_settings().drain_budget_ms / 1000
         log.info("draining: /readyz is 503; closing the listener in %.1f s", ready_s)
         await asyncio.sleep(ready_s)
         self.should_exit = True  # uvicorn closes the listener and waits for what runs

@@ -13,7 +13,7 @@ import asyncio
 import logging
 from typing import Protocol
 
-from fleets.base.conf import haru
+from fleets.base.conf import haru_settings
 from fleets.proxy import handler, upstream
 from fleets.proxy.errors import ProxyError
 
@@ -85,7 +85,7 @@ async def _forward(
     io: ClientIO, headers: dict[bytes, bytes], endpoint: str, exchange: handler.Exchange
 ) -> None:
     handler.authorize(handler.text(headers.get(b"authorization")))
-    limit = haru()["chat_max_body_bytes"]
+    limit = haru_settings().chat_max_body_bytes
     handler.check_content_length(handler.text(headers.get(b"content-length")), limit)
     body = await io.read_body(limit)
     if body is None:

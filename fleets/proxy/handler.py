@@ -13,7 +13,7 @@ import json
 import time
 
 from common.wire import bounded_json
-from fleets.base.conf import haru
+from fleets.base.conf import haru_settings
 from fleets.base.errors import ErrorCode
 from fleets.base.tokens import chat_allowed
 from fleets.metrics import requests as request_metrics
@@ -88,7 +88,7 @@ def check_content_length(value: str | None, limit: int) -> None:
 
 def fleet_ref(header: str | None) -> str:
     """Return the fleet the request names (X-Haru-Fleet), else HARU_DEFAULT_FLEET."""
-    ref = (header or "").strip() or haru()["default_fleet"]
+    ref = (header or "").strip() or haru_settings().default_fleet
     if not ref:
         raise errors.fleet_not_found(
             "no fleet selected: send the X-Haru-Fleet header or set HARU_DEFAULT_FLEET"
@@ -99,7 +99,7 @@ def fleet_ref(header: str | None) -> str:
 def requested_model(body: bytes) -> str:
     """Read `model` from the JSON body; the body itself is forwarded untouched."""
     try:
-        document = bounded_json.loads(body, max_depth=haru()["json_max_depth"])
+        document = bounded_json.loads(body, max_depth=haru_settings().json_max_depth)
     except ValueError as exc:
         # Bad JSON, too deep (never a RecursionError's 500) or a repeated key.
         raise errors.invalid_request(f"request body is not valid JSON: {exc}") from None
@@ -205,7 +205,7 @@ async def _attempt(
             target,
             head,
             body,
-            timeout_ms=haru()["chat_header_timeout_ms"],
+            timeout_ms=haru_settings().chat_header_timeout_ms,
             model=route.model,
             task=task,
         )

@@ -17,9 +17,9 @@ from __future__ import annotations
 import time
 from typing import NoReturn
 
-from django.conf import settings
 from prometheus_client import Counter, Gauge, Histogram
 
+from fleets.base.conf import haru_settings
 from fleets.proxy import errors
 from fleets.proxy.errors import ProxyError
 from fleets.proxy.push import FEED
@@ -58,11 +58,11 @@ class Holds:
     def admit(self, why: ProxyError, size: int) -> Hold:
         """Start holding one request of `size` body bytes, or raise: holding off, a cap
         reached (count or bytes), or draining."""
-        haru = settings.HARU
-        hold_ms, cap = haru["chat_hold_ms"], haru["chat_hold_max"]
+        config = haru_settings()
+        hold_ms, cap = config.chat_hold_ms, config.chat_hold_max
         if not hold_ms or self.released:
             raise why
-        if self.count >= cap or self.bytes + size > haru["chat_hold_max_bytes"]:
+        if self.count >= cap or self.bytes + size > config.chat_hold_max_bytes:
             RELEASED.labels("refused_cap").inc()
             raise errors.hold_capacity(cap)
         self.count += 1
@@ -97,11 +97,11 @@ class Hold:
         if self._holds.released:
             self._drained()
         # 0 (the pointer read on every request) still waits a little between retries.
-        poll_s = max(settings.HARU["chat_hold_poll_ms"], 10) / 1000
+        poll_s = max(haru_settings().chat_hold_poll_ms, 10) / 1000
         remaining = self.deadline - time.monotonic()
         if remaining <= 0:
             self.close("expired")
-            hold_ms = settings.HARU["chat_hold_ms"]
+            hold_ms = haru_settings().chat_hold_ms
             raise errors.hold_expired(
                 f"held {hold_ms} ms (HARU_CHAT_HOLD_MS) and no domain could take it: {why.message}"
             )

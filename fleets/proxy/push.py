@@ -24,10 +24,10 @@ from collections.abc import Awaitable, Callable
 
 import psycopg
 import redis.asyncio as aioredis
-from django.conf import settings
 from django.db import connections
 from django.dispatch import receiver
 
+from fleets.base.conf import haru_settings
 from fleets.services.route_publish import PG_CHANNEL, REDIS_CHANNEL, route_committed
 from fleets.services.route_publish import payload as payload
 
@@ -221,13 +221,15 @@ async def _listen_postgres(feed: RevisionFeed, name: str) -> None:
 
 
 async def _listen_redis(feed: RevisionFeed, name: str) -> None:
+    url = haru_settings().redis_url
+    assert url is not None  # listened to only with Redis configured (channels() below)
     client = aioredis.Redis.from_url(
-        settings.HARU["redis_url"],
+        url,
         socket_connect_timeout=CONNECT_TIMEOUT_S,
         socket_timeout=None,  # the subscription waits indefinitely; the ping bounds it
     )
     publisher = aioredis.Redis.from_url(
-        settings.HARU["redis_url"],
+        url,
         socket_connect_timeout=CONNECT_TIMEOUT_S,
         socket_timeout=CONNECT_TIMEOUT_S,
     )
@@ -273,7 +275,7 @@ def _listeners() -> list[tuple[str, Callable[[RevisionFeed, str], Awaitable[None
     out: list[tuple[str, Callable[[RevisionFeed, str], Awaitable[None]]]] = []
     if connections["default"].vendor == "postgresql":
         out.append(("postgres", _listen_postgres))
-    if settings.HARU["redis_url"]:
+    if haru_settings().redis_url:
         out.append(("redis", _listen_redis))
     return out
 

@@ -31,7 +31,7 @@ from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from fleets.base import clock
-from fleets.base.conf import haru
+from fleets.base.conf import HaruSettings, haru_settings
 from fleets.core.read_model import DomainView, ModelView
 from fleets.core.route_intent import is_model_routable
 from fleets.core.states import SlotKind
@@ -207,7 +207,7 @@ class RoutingCache:
         # worked out with: the healthy path's lookup. Emptied whenever the state it was worked
         # out from changes (a pointer read, a snapshot stored or dropped, an alias forgotten);
         # a pushed revision is checked on every use.
-        self._fast: dict[str, tuple[float, str, int, Resolved, dict]] = {}
+        self._fast: dict[str, tuple[float, str, int, Resolved, HaruSettings]] = {}
 
     def clear(self) -> None:
         self._fast.clear()
@@ -275,10 +275,10 @@ class RoutingCache:
         checked = self._checked.get(key)
         if cached is None or checked is None or FEED.newer(fleet_id, cached.revision):
             return None
-        config = haru()
+        config = haru_settings()
         until = min(
-            checked + config["chat_hold_poll_ms"] / 1000,
-            cached.loaded_at + config["snapshot_cache_ttl_ms"] / 1000,
+            checked + config.chat_hold_poll_ms / 1000,
+            cached.loaded_at + config.snapshot_cache_ttl_ms / 1000,
         )
         if clock.get_clock().monotonic() >= until:
             return None
@@ -295,7 +295,7 @@ class RoutingCache:
         if fast is not None:
             until, fleet_id, revision, resolved, config = fast
             if (
-                config is haru()
+                config is haru_settings()
                 and clock.get_clock().monotonic() < until
                 and not FEED.newer(fleet_id, revision)
             ):
@@ -334,7 +334,7 @@ class RoutingCache:
 
         cached = self._snapshots.get(pointer.fleet_id)
         if cached is not None and _same_route(cached, pointer):
-            ttl_s = haru()["snapshot_cache_ttl_ms"] / 1000
+            ttl_s = haru_settings().snapshot_cache_ttl_ms / 1000
             if clock.get_clock().monotonic() - cached.loaded_at < ttl_s:
                 return Resolved(cached, stale=False)
             # Only non-routing state may have changed: if the store drops away between the two

@@ -29,10 +29,10 @@ from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
-from django.conf import settings
 from django.db import DatabaseError, connection
 
 from fleets.base import clock
+from fleets.base.conf import haru_settings
 from fleets.models import Id
 from fleets.services.leases import lease_acquire, lease_release, lease_renew
 
@@ -46,7 +46,7 @@ class LeaseLost(Exception):
 
 
 def tick_lease_s() -> float:
-    return float(settings.HARU["tick_lease_ms"]) / 1000
+    return float(haru_settings().tick_lease_ms) / 1000
 
 
 def _pid_namespace() -> str:

@@ -26,9 +26,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
-
 from fleets.base import clock
+from fleets.base.conf import haru
 from fleets.base.errors import InvalidTarget, OperationConflict
 from fleets.base.supervisor_tokens import supervisor_token_for
 from fleets.core import provisioning as core
@@ -65,7 +64,7 @@ PROVISION_LEASE_S = 330.0
 
 def drivers_for() -> DriverRegistry:
     """Return the built-in drivers, configured from Haru's settings."""
-    return default_registry(config=settings.HARU)
+    return default_registry(config=haru())
 
 
 @dataclass(frozen=True)

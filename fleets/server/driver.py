@@ -24,8 +24,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from django.conf import settings
-
+from fleets.base.conf import haru_settings
+from fleets.base.setting_table import SetByHaru
 from fleets.reconciler import kick
 from fleets.reconciler.loop import ReconcileLoop
 from fleets.tasks import broker_ping, celery_kicker, celery_reporter
@@ -33,7 +33,7 @@ from fleets.tasks import broker_ping, celery_kicker, celery_reporter
 log = logging.getLogger(__name__)
 
 # Set by `serve --workers N` (N > 1) for its worker processes: each starts a kick-only driver.
-SERVE_WORKER_ENV = "HARU_SERVE_WORKER_DRIVER"
+SERVE_WORKER_ENV = SetByHaru.serve_worker_driver.env
 # How often the server asks Redis whether it is there (a PING, bounded by the client's timeouts).
 PROBE_EVERY_S = 1.0
 # After the broker answers again, the server keeps ticking this long: Celery's worker reconnects
@@ -174,11 +174,11 @@ def start_for_server(*, role: str = "single") -> Driver:
     fleet each interval, serves nothing) or "worker" (serves, and drives only the ticks it
     kicks).
     """
-    interval = settings.HARU["reconcile_interval_ms"] or 5000
-    selection = settings.HARU["reconcile_fleets"]
+    interval = haru_settings().reconcile_interval_ms or 5000
+    selection = haru_settings().reconcile_fleets
     periodic_here = role in ("single", "parent")
-    if not settings.HARU["redis_url"]:
-        if not settings.HARU["reconcile_interval_ms"]:
+    if not haru_settings().redis_url:
+        if not haru_settings().reconcile_interval_ms:
             log.warning(
                 "HARU_RECONCILE_INTERVAL_MS is not set and there is no broker: nothing drives "
                 "reconcile ticks, so automatic failover is OFF (POST .../reconcile still works)"

@@ -12,10 +12,10 @@ import logging
 # tests fake from here.
 import resource  # noqa: F401
 
-from django.conf import settings
-
 from common.edge import limits as shared
 from common.edge.limits import FDS_PER_CONNECTION, RESERVED_FDS, EdgeLimits
+from fleets.base.conf import haru_settings
+from fleets.base.setting_table import HaruSettings
 
 __all__ = ["FDS_PER_CONNECTION", "RESERVED_FDS", "EdgeLimits", "fit_descriptors", "from_settings"]
 
@@ -24,12 +24,16 @@ log = logging.getLogger("haru.serve")
 
 def from_settings() -> EdgeLimits:
     """Read the HARU_HTTP_* limits (validated at start-up, haru/settings.py)."""
-    prefix = "http_"
+    config = haru_settings()
     return EdgeLimits.from_settings(
         {
-            key[len(prefix) :]: value
-            for key, value in settings.HARU.items()
-            if key.startswith(prefix)
+            "header_timeout_ms": config.http_header_timeout_ms,
+            "body_timeout_ms": config.http_body_timeout_ms,
+            "keepalive_timeout_ms": config.http_keepalive_timeout_ms,
+            "max_header_bytes": config.http_max_header_bytes,
+            "max_headers": config.http_max_headers,
+            "max_body_bytes": config.http_max_body_bytes,
+            "max_connections": config.http_max_connections,
         }
     )
 
@@ -37,4 +41,4 @@ def from_settings() -> EdgeLimits:
 def fit_descriptors(limits: EdgeLimits) -> EdgeLimits:
     """Raise the soft descriptor limit as far as the cap needs (up to the hard limit); lower
     the cap, with a warning, when even the hard limit cannot hold it."""
-    return shared.fit_descriptors(limits, setting="HARU_HTTP_MAX_CONNECTIONS", log=log)
+    return shared.fit_descriptors(limits, setting=HaruSettings.http_max_connections.env, log=log)

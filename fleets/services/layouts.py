@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import Model
 
 from fleets.base import clock
+from fleets.base.conf import haru_settings
 from fleets.base.errors import LayoutError
 from fleets.core.policy import validate_policy
 from fleets.core.states import (
@@ -143,7 +143,7 @@ def layout_apply(
     (`seed_layout` prints progress with it).
     """
     _refuse_supervisor_hosts(layout)
-    limit = settings.HARU["layout_max_rows"]
+    limit = haru_settings().layout_max_rows
     rows = layout_rows(layout)
     if rows > limit:
         raise LayoutError(
@@ -179,8 +179,8 @@ def _write(
     on_batch: Callable[[int, int], None] | None,
 ) -> None:
     """Run the planned writes in transactions of at most HARU_LAYOUT_BATCH_ROWS rows."""
-    size = settings.HARU["layout_batch_rows"]
-    pause_s = settings.HARU["layout_batch_pause_ms"] / 1000
+    size = haru_settings().layout_batch_rows
+    pause_s = haru_settings().layout_batch_pause_ms / 1000
     # Rows first, then new models: every new model's slot is in `rows`, so a batch boundary
     # inside either list keeps "a row never before what it points at".
     steps: list[tuple[str, Callable[[_Ids], Any]]] = [
@@ -239,7 +239,7 @@ def _write_batch(
 def _refuse_supervisor_hosts(layout: Layout) -> None:
     """Refuse, before writing anything, a supervisor URL Haru would never call (credentials in
     it, or a host outside HARU_SUPERVISOR_HOSTS)."""
-    patterns = settings.HARU["supervisor_hosts"]
+    patterns = haru_settings().supervisor_hosts
     errors = [
         f"domains[{i}].supervisorUrl: {problem}"
         for i, d in enumerate(layout.domains)

@@ -11,9 +11,10 @@ import functools
 import logging
 
 import redis
-from django.conf import settings
 from django.db import connection, transaction
 from django.dispatch import Signal
+
+from fleets.base.conf import haru_settings
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ def _after_commit(fleet_id: str, revision: int, message: str) -> None:
     ):
         if isinstance(outcome, Exception):
             log.warning("route change receiver %r failed", receiver, exc_info=outcome)
-    url = settings.HARU["redis_url"]
+    url = haru_settings().redis_url
     if not url:
         return
     try:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
-from django.conf import settings
 from django.http import HttpRequest, HttpResponseBase
 
+from fleets.base.conf import haru_settings
 from haru.postgres import deadline
 
 
@@ -27,7 +27,7 @@ class RequestDeadlineMiddleware:
         get_response: Callable[[HttpRequest], HttpResponseBase | Awaitable[HttpResponseBase]],
     ) -> None:
         self.get_response = get_response
-        self.wait_s = settings.HARU["db_request_deadline_ms"] / 1000
+        self.wait_s = haru_settings().db_request_deadline_ms / 1000
         self.is_async = iscoroutinefunction(get_response)
         if self.is_async:
             markcoroutinefunction(self)

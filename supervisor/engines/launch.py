@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from supervisor.engines.fingerprint import profile_fingerprint
 from supervisor.engines.profile import EngineProfile, GpuSpec
+from supervisor.settings import SupervisorSettings
 
 # Variables a model server must never inherit from the supervisor: the token is the only outside
 # control credential on the host, and the config may carry paths the server has no use for.
@@ -19,7 +20,7 @@ SECRET_NAME_WORDS = ("TOKEN", "SECRET", "KEY", "PASSWORD")
 STRIPPED_ENV = ("HARU_SUPERVISOR_CONFIG",)
 # Comma-separated names an operator lets through despite the words (HF_TOKEN for a gated
 # model, say). What the contract and the profile add on top is never scrubbed.
-CHILD_ENV_ALLOW = "HARU_CHILD_ENV_ALLOW"
+CHILD_ENV_ALLOW = SupervisorSettings.child_env_allow.env
 
 
 def inherited_env(environ: Mapping[str, str]) -> dict[str, str]:

@@ -20,6 +20,8 @@ from pathlib import Path
 # Re-exported: tests and older callers import them from here.
 from supervisor.procfs import pid_alive, process_start_time
 
+# Declared in supervisor/settings.py (ChildEnvironment); spelled here so that the simulated
+# trainer needs this module alone.
 ENV_VAR = "HARU_SIM_GPU_STATE"
 __all__ = ["ENV_VAR", "Holder", "SimGpuState", "pid_alive", "process_start_time"]
 

@@ -1,13 +1,19 @@
-"""deploy/: systemd units that systemd itself accepts, hardened; a bounded reverse proxy."""
+"""deploy/: systemd units that systemd itself accepts, hardened; a bounded reverse proxy; and
+only declared settings, each in the environment file of the process that reads it."""
 
 from __future__ import annotations
 
 import configparser
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from common.setting import declared
+from fleets.base.setting_table import HaruSettings
+from supervisor.settings import SupervisorSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -90,10 +96,28 @@ def test_the_reverse_proxy_bounds_headers_bodies_and_streams_chat():
 
 
 def test_the_example_environment_names_only_variables_haru_reads():
-    settings = (ROOT / "haru" / "settings.py").read_text()
-    supervisor = (ROOT / "supervisor" / "settings.py").read_text()
-    for name in ("haru.env.example", "supervisor.env.example"):
-        for line in (DEPLOY / name).read_text().splitlines():
-            if line and not line.startswith("#"):
-                variable = line.split("=", 1)[0]
-                assert f'"{variable}"' in settings + supervisor, f"{name}: {variable}"
+    """Each file sets (or leaves commented out) only what its process declares."""
+    for name, table in (
+        ("haru.env.example", HaruSettings),
+        ("supervisor.env.example", SupervisorSettings),
+    ):
+        assigned = set(re.findall(r"^#?\s*([A-Z][A-Z0-9_]*)=", (DEPLOY / name).read_text(), re.M))
+        assert assigned, name
+        assert assigned - {s.env for s in declared(table)} == set(), name
+
+
+def test_the_units_set_only_declared_settings():
+    # Besides Django's own DJANGO_SETTINGS_MODULE and CUDA's device order.
+    known = {s.env for t in (HaruSettings, SupervisorSettings) for s in declared(t)}
+    known |= {"DJANGO_SETTINGS_MODULE", "CUDA_DEVICE_ORDER"}
+    for unit in UNITS:
+        assigned = set(re.findall(r"^Environment=([A-Z0-9_]+)=", unit.read_text(), re.M))
+        assert assigned - known == set(), unit.name
+
+
+def test_every_haru_name_in_deploy_is_declared():
+    known = {s.env for t in (HaruSettings, SupervisorSettings) for s in declared(t)}
+    for path in DEPLOY.rglob("*"):
+        if path.is_file() and path.suffix in {".example", ".service", ".conf", ".md"}:
+            named = set(re.findall(r"(?<![A-Za-z0-9_])HARU_[A-Z0-9_]+", path.read_text()))
+            assert named - known == set(), path.relative_to(ROOT)

@@ -61,11 +61,13 @@ ENTRY_CROSSINGS = {
 }
 # The control plane reaches into the agent only through these named doors: the fingerprint a
 # layout's engine profile would get (the dashboard's drift check), and the supervisor's config
-# and state records (a provisioned domain carries a config; the local launcher writes one).
+# and state records (a provisioned domain carries a config; the local launcher writes one), and
+# its declared settings (docs/configuration.md is generated from both processes' tables).
 SUPERVISOR_DOORS = {
     "supervisor.config",
     "supervisor.engines.drift",
     "supervisor.records",
+    "supervisor.settings",
 }
 # What the pure core may import beyond itself and the standard library.
 CORE_MAY_IMPORT = {"common.limits", "common.documents", "common.strict_json"}

@@ -6,10 +6,10 @@ cron. Keeps in-flight operations and each fleet's recent promotions (the failove
 
 from __future__ import annotations
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from fleets.base import clock
+from fleets.base.conf import haru_settings
 from fleets.services.retention import history_prune, retention_cutoff
 
 
@@ -28,7 +28,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **opts):
-        days = opts["days"] if opts["days"] is not None else settings.HARU["event_retention_days"]
+        days = opts["days"] if opts["days"] is not None else haru_settings().event_retention_days
         if days < 1:
             raise CommandError("--days must be at least 1")
         cutoff = retention_cutoff(clock.now(), days)

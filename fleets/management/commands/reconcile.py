@@ -12,9 +12,9 @@ import json
 import signal
 import threading
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from fleets.base.conf import haru_settings
 from fleets.reads.shapes import operation_json
 from fleets.reconciler import kick
 from fleets.reconciler.loop import ReconcileLoop
@@ -46,7 +46,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **opts):
-        selection = opts["fleet"] or settings.HARU["reconcile_fleets"]
+        selection = opts["fleet"] or haru_settings().reconcile_fleets
         if opts["loop"]:
             self._loop(selection, opts["interval_ms"])
             return
@@ -67,7 +67,7 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(line))
 
     def _loop(self, selection, interval_ms):
-        interval = interval_ms or settings.HARU["reconcile_interval_ms"] or 5000
+        interval = interval_ms or haru_settings().reconcile_interval_ms or 5000
         if interval < 100:
             raise CommandError("--interval-ms must be at least 100")
         stop = threading.Event()

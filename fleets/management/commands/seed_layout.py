@@ -8,6 +8,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from fleets.base.conf import haru_settings
 from fleets.base.errors import LayoutError
 from fleets.layouts.loader import load_layout
 from fleets.services.layouts import layout_apply
@@ -38,12 +39,12 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
     def handle(self, *args, **opts):
-        path = opts["config"] or settings.HARU["fleet_layout"] or DEFAULT_LAYOUT
+        path = opts["config"] or haru_settings().fleet_layout or DEFAULT_LAYOUT
         try:
             layout = load_layout(
                 path,
-                max_bytes=settings.HARU["layout_max_bytes"],
-                max_depth=settings.HARU["json_max_depth"],
+                max_bytes=haru_settings().layout_max_bytes,
+                max_depth=haru_settings().json_max_depth,
             )
             report = layout_apply(
                 layout=layout,

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
+from fleets.base.conf import haru_settings
 from fleets.services.schedule import beat_schedule_seed
 
 
@@ -24,7 +24,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **opts: Any) -> None:
         written = beat_schedule_seed(
-            reconcile_interval_ms=settings.HARU["reconcile_interval_ms"], reset=opts["reset"]
+            reconcile_interval_ms=haru_settings().reconcile_interval_ms, reset=opts["reset"]
         )
         if written:
             self.stdout.write("wrote: " + ", ".join(written))

@@ -15,6 +15,8 @@ from django.core.management.base import BaseCommand, CommandError
 from uvicorn.supervisors import Multiprocess
 
 from common.private_apis import serve_workers_with
+from fleets.base.conf import haru_settings
+from fleets.base.setting_table import HaruSettings
 from fleets.metrics.registry import remove_dead_process_files
 from fleets.proxy.drain import DrainingProcess, DrainingServer, graceful_config
 from fleets.server.driver import SERVE_WORKER_ENV, start_for_server
@@ -56,9 +58,9 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **opts):
-        token = settings.HARU["api_token"]
+        token = haru_settings().api_token
         host = opts["host"] or ("0.0.0.0" if token else "127.0.0.1")
-        port = opts["port"] or settings.HARU["port"]
+        port = opts["port"] or haru_settings().port
         if not token:
             if not is_loopback(host):
                 raise CommandError(
@@ -71,7 +73,7 @@ class Command(BaseCommand):
                 host,
             )
         if opts["no_reconcile_loop"]:
-            os.environ["HARU_RECONCILE_INTERVAL_MS"] = ""  # workers re-read settings
+            os.environ[HaruSettings.reconcile_interval_ms.env] = ""  # workers re-read settings
         removed = remove_dead_process_files(settings.PROMETHEUS_MULTIPROC_DIR)
         log.info(
             "metrics: %s (removed %d files of exited processes)",

@@ -7,9 +7,9 @@ token goes to stdout (`export HARU_SUPERVISOR_TOKEN=$(manage.py supervisor_token
 
 from __future__ import annotations
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from fleets.base.conf import haru_settings
 from fleets.base.supervisor_tokens import MASTER_KEY_ENV, supervisor_token_for
 from fleets.models import Domain
 
@@ -25,7 +25,7 @@ class Command(BaseCommand):
         fleet_slug, sep, domain_slug = ref.partition("/")
         if not sep or not fleet_slug or not domain_slug or "/" in domain_slug:
             raise CommandError(f"{ref!r}: give the domain as <fleet>/<domain>, e.g. demo/east")
-        if not settings.HARU["supervisor_master_key"]:
+        if not haru_settings().supervisor_master_key:
             raise CommandError(
                 f"{MASTER_KEY_ENV} is not set: per-domain tokens are derived from it "
                 "(README, 'Credentials')"

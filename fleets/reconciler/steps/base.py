@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
-
 from fleets.base import clock
+from fleets.base.conf import haru_settings
 from fleets.core.policy import Policy
 from fleets.core.states import OperationErrorCode, SlotKind, Step, leg_step
 from fleets.models import Domain, ModelBinding, Operation, Slot
@@ -181,5 +180,5 @@ def switch_settle_ms() -> int:
     fallback) and trusts a cached snapshot for at most the snapshot TTL: past the longer of the
     two (plus a margin), no proxy sends the old active anything new.
     """
-    haru = settings.HARU
-    return max(haru["chat_hold_poll_ms"], haru["snapshot_cache_ttl_ms"]) + SWITCH_SETTLE_MARGIN_MS
+    config = haru_settings()
+    return max(config.chat_hold_poll_ms, config.snapshot_cache_ttl_ms) + SWITCH_SETTLE_MARGIN_MS

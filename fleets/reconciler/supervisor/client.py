@@ -13,9 +13,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlencode
 
-from django.conf import settings
-
 from common.wire.shape import FEATURE_DRAIN, FEATURE_PROBE_GOLDEN, FEATURE_PROBE_MODELS
+from fleets.base.conf import haru_settings
 from fleets.base.supervisor_tokens import credentials_for
 from fleets.core.report import GpuMemory, StatusReport
 from fleets.metrics import reconcile as fleet_metrics
@@ -203,7 +202,7 @@ def client_for(domain: Domain) -> SupervisorClient:
         token=credentials.token,
         fallback_token=credentials.fallback,
         key=str(domain.id),
-        allowed_hosts=settings.HARU["supervisor_hosts"],
-        max_response_bytes=settings.HARU["supervisor_max_response_bytes"],
-        max_depth=settings.HARU["json_max_depth"],
+        allowed_hosts=haru_settings().supervisor_hosts,
+        max_response_bytes=haru_settings().supervisor_max_response_bytes,
+        max_depth=haru_settings().json_max_depth,
     )

@@ -21,9 +21,9 @@ from typing import Any, Generic, TypeVar
 from urllib.parse import urlencode
 
 import httpx
-from django.conf import settings
 
 from common.wire import bounded_json
+from fleets.base.conf import haru_settings
 from fleets.base.supervisor_tokens import LEGACY_TOKEN_ENV, warn_once
 from fleets.core.model_health import Reach
 from fleets.core.urls import host_allowed, scrub_urls, without_userinfo
@@ -106,7 +106,7 @@ _shared = _SharedHttp()
 
 def _shared_http() -> httpx.Client:
     """Return the process-wide HTTP client: pooled keep-alive connections to every supervisor."""
-    ca_bundle = settings.HARU["supervisor_ca_bundle"]
+    ca_bundle = haru_settings().supervisor_ca_bundle
     with _shared.lock:
         if _shared.client is not None and ca_bundle != _shared.ca_bundle:
             _shared.client.close()
