@@ -4,7 +4,7 @@ and whose best-effort sleep of the old active keeps failing (issue 11, finding 1
     .venv/bin/python bench/committed_preemption.py [-n 3] [--sleep-timeout-ms 60000]
                                                    [--start-training-timeout-ms 30000]
 
-Two simulated hosts (supervisor + two sim engines + sim trainer each, from the e2e harness), a
+Two simulated hosts (supervisor + two sim engines + sim trainer each, from haru/local/), a
 temporary embedded store, ticks driven from this process as the e2e tests drive them. Each
 round: east serves; west is promoted; east's engines refuse to sleep, so the promotion, its
 routing committed, sits in `demote_old_sleep` on east; then west crashes (SIGKILL of its
@@ -27,12 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.failover import setup_django  # noqa: E402
-from tests.e2e.harness import (  # noqa: E402
-    FAST_POLICY,
-    SimHost,
-    fleet_layout,
-    put_in_standby_posture,
-)
+from haru.local.layouts import FAST_POLICY, fleet_layout  # noqa: E402
+from haru.local.supervisors import SimHost, put_in_standby_posture  # noqa: E402
 
 
 def main() -> int:

@@ -58,7 +58,7 @@ sys.path.insert(0, str(ROOT))
 
 import uvicorn  # noqa: E402
 
-from tests.ports import free_port  # noqa: E402
+from haru.local.ports import free_port  # noqa: E402
 
 PYTHON = sys.executable
 TOKEN = "bench-token"

@@ -1,5 +1,5 @@
-"""The test harness's own helpers: free ports outside the ephemeral range, and a wait that
-gives up as soon as the process it waits for has exited."""
+"""The local launcher's own helpers (haru/local/): free ports outside the ephemeral range, and a
+wait that gives up as soon as the process it waits for has exited."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from tests import ports
-from tests.e2e.harness import exited, wait_for
+from haru.local import ports
+from haru.local.processes import exited, wait_for
 
 
 def test_free_ports_lie_outside_the_kernels_ephemeral_range_and_are_never_repeated():
