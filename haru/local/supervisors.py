@@ -70,12 +70,22 @@ def supervisor_children(url: str, token: str) -> list[int]:
     return pids
 
 
-def sim_trainer(*args: str, memory_mib: int = 40960) -> list[str]:
-    """The simulated trainer's command line, fast enough for a scenario of seconds."""
-    return [
+def sim_trainer(
+    *args: str,
+    memory_mib: int = 40960,
+    step_s: float = 0.02,
+    checkpoint_every_s: float = 0.3,
+    sigterm_save_s: float | None = 0.05,
+) -> list[str]:
+    """Return the simulated trainer's command line, by default fast enough for a scenario of
+    seconds (`sigterm_save_s=None`: the trainer's own default)."""
+    argv = [
         PYTHON, "-m", "supervisor.sim.trainer", "--memory-mib", str(memory_mib),
-        "--step-s", "0.02", "--checkpoint-every-s", "0.3", "--sigterm-save-s", "0.05", *args,
+        "--step-s", str(step_s), "--checkpoint-every-s", str(checkpoint_every_s),
     ]  # fmt: skip
+    if sigterm_save_s is not None:
+        argv += ["--sigterm-save-s", str(sigterm_save_s)]
+    return [*argv, *args]
 
 
 def _engine_args(wake_latency_ms: int, sleep_latency_ms: int, weights_mib: int, asleep: bool):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -26,6 +25,7 @@ from common.wire.contract import check_response
 from haru.local import REPO, processes
 from haru.local.ports import free_port
 from haru.local.processes import exited, spawn, wait_for
+from haru.local.supervisors import sim_trainer
 from haru.local.supervisors import start_supervisor as local_supervisor
 
 MODEL = "tiny"
@@ -146,17 +146,9 @@ def trainer_slot(checkpoints: Path) -> dict:
     return {
         "kind": "training",
         "gpuIndex": 0,
-        "command": [
-            sys.executable,
-            "-m",
-            "supervisor.sim.trainer",
-            "--memory-mib",
-            "1024",
-            "--step-s",
-            "0.05",
-            "--checkpoint-every-s",
-            "1",
-        ],  # fmt: skip
+        "command": sim_trainer(
+            memory_mib=1024, step_s=0.05, checkpoint_every_s=1, sigterm_save_s=None
+        ),
         "checkpointDir": str(checkpoints),
         "graceMs": 2000,
     }
