@@ -20,7 +20,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 from bench.failover import setup_django  # noqa: E402
 from haru.local.layouts import FAST_POLICY, fleet_layout  # noqa: E402
 from haru.local.supervisors import SimHost, put_in_standby_posture  # noqa: E402
+from haru.local.ticks import drive  # noqa: E402
 
 
 def main() -> int:
@@ -45,20 +45,8 @@ def main() -> int:
     from fleets.layouts.loader import parse_layout  # noqa: PLC0415
     from fleets.models import Domain, Event, Fleet, Operation  # noqa: PLC0415
     from fleets.reconciler.steps.base import switch_settle_ms  # noqa: PLC0415
-    from fleets.reconciler.tick import tick_run  # noqa: PLC0415
     from fleets.services.layouts import layout_apply  # noqa: PLC0415
     from fleets.services.operations import operation_request  # noqa: PLC0415
-
-    def drive(fleet_id, until, timeout: float):
-        deadline = time.monotonic() + timeout
-        while True:
-            result = tick_run(fleet_id=fleet_id, wait_s=5, poll_s=0.5)
-            value = until()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise SystemExit(f"bench: not reached within {timeout} s")
-            time.sleep(min(0.2, (result.nudge_ms or 100) / 1000))
 
     policy = {
         "sleepTimeoutMs": args.sleep_timeout_ms,
