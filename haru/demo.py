@@ -42,7 +42,7 @@ from fleets.core.drills import DrillSchedule, schedule_problems
 from haru.local import PYTHON, REPO
 from haru.local.ports import port_free
 from haru.local.processes import NotReady, ProcessBook, kill_stamps, stop_stamps, wait_for
-from haru.local.server import Server, ensure_staff, manage
+from haru.local.server import Server, ensure_staff, environment, manage
 from haru.local.supervisors import start_supervisor as local_supervisor
 from haru.local.supervisors import supervisor_ready as local_supervisor_ready
 from supervisor.config import load_config, state_dir_for
@@ -128,10 +128,7 @@ _CREDENTIALS = ("HARU_API_TOKEN", "HARU_SUPERVISOR_TOKEN", "HARU_SUPERVISOR_MAST
 
 def base_env(run_id: str) -> dict[str, str]:
     # The demo is local development mode: embedded database, no broker, open loopback-only API.
-    dropped = ("DATABASE_URL", "REDIS_URL", *_CREDENTIALS)
-    env = {k: v for k, v in os.environ.items() if k not in dropped}
-    env.update({"HARU_DEMO_RUN": run_id, "PYTHONUNBUFFERED": "1"})
-    return env
+    return environment(("DATABASE_URL", "REDIS_URL", *_CREDENTIALS), HARU_DEMO_RUN=run_id)
 
 
 def control_env(state: dict) -> dict[str, str]:

@@ -8,6 +8,8 @@ real processes on this machine, for the demo, the test tiers and the benchmarks.
 - `layouts`: the fleet layouts the local hosts make up.
 - `server`: `manage.py` steps and `manage.py serve` with its environment.
 - `backing`: Celery worker and beat, and a PostgreSQL cluster and Redis of one's own.
+- `upstream`: a fast OpenAI-shaped upstream on a thread, where no engine is wanted.
+- `ticks`: a fleet ticked from this process (Django set up), until a condition holds.
 
 It runs from a checkout (it starts `manage.py` and reads `examples/`). An entry point: of the
 agent it uses only `supervisor.config` and `supervisor.records`.

@@ -228,7 +228,9 @@ def kill_stamps(stamps: Iterable[ProcessStamp], sig: int = signal.SIGKILL) -> in
     return killed
 
 
-def stop_stamps(stamps: list[ProcessStamp], procs: Iterable[subprocess.Popen], grace_s: float):
+def stop_stamps(
+    stamps: list[ProcessStamp], procs: Iterable[subprocess.Popen], grace_s: float
+) -> None:
     """SIGTERM each recorded group and wait (bounded) until they are gone or `grace_s` passed;
     `procs` are this process's own children among them, reaped as they exit."""
     kill_stamps(stamps, signal.SIGTERM)
