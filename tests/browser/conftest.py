@@ -152,7 +152,7 @@ def _wait_supervisors(procs: Processes, sup_ports: dict[str, int], token: str) -
 
 def _start_server(
     procs: Processes, env: dict[str, str], token: str, lane: str, tmp: Path, password: str
-):
+) -> Portal:
     """Start the server. Without Redis it runs the reconcile loop in-process (the embedded
     default); with Redis the loop runs in a separate process, so every change reaches the
     browser through channels_redis, as it would from a Celery worker."""
