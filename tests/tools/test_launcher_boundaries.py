@@ -33,32 +33,55 @@ def imports_of_tests(path: Path) -> list[str]:
     return found
 
 
+def _socket_calls(body: list[ast.stmt], names: set[str]) -> dict[str, list[ast.Call]]:
+    """Method name -> the calls of it on the sockets `names` within `body`."""
+    calls: dict[str, list[ast.Call]] = {}
+    for statement in body:
+        for call in ast.walk(statement):
+            if (
+                isinstance(call, ast.Call)
+                and isinstance(call.func, ast.Attribute)
+                and isinstance(call.func.value, ast.Name)
+                and call.func.value.id in names
+            ):
+                calls.setdefault(call.func.attr, []).append(call)
+    return calls
+
+
+def _binds_port_zero(call: ast.Call) -> bool:
+    address = call.args[0] if call.args else None
+    return (
+        isinstance(address, ast.Tuple)
+        and len(address.elts) == 2
+        and isinstance(address.elts[1], ast.Constant)
+        and address.elts[1].value == 0
+    )
+
+
 def port_probes(path: Path) -> list[int]:
-    """Return the lines where `path` binds a socket it opened in a `with` and never listens on
-    (a probe: "is this port free", or "give me a port" by binding port 0)."""
+    """Return the lines where `path` probes a port: binds a socket it never listens on, either
+    opened in a `with` ("is this port free") or a local one bound to port 0 ("give me a
+    port")."""
     lines = []
     for node in ast.walk(ast.parse(path.read_text())):
-        if not isinstance(node, ast.With):
-            continue
-        sockets = {
-            item.optional_vars.id
-            for item in node.items
-            if isinstance(item.optional_vars, ast.Name)
-            and isinstance(item.context_expr, ast.Call)
-            and ast.unparse(item.context_expr.func) in ("socket.socket", "socket")
-        }
-        called = {
-            call.func.attr
-            for statement in node.body
-            for call in ast.walk(statement)
-            if isinstance(call, ast.Call)
-            and isinstance(call.func, ast.Attribute)
-            and isinstance(call.func.value, ast.Name)
-            and call.func.value.id in sockets
-        }
-        if "bind" in called and "listen" not in called:
-            lines.append(node.lineno)
-    return lines
+        if isinstance(node, ast.With):
+            sockets = {
+                item.optional_vars.id
+                for item in node.items
+                if isinstance(item.optional_vars, ast.Name)
+                and isinstance(item.context_expr, ast.Call)
+                and ast.unparse(item.context_expr.func) in ("socket.socket", "socket")
+            }
+            calls = _socket_calls(node.body, sockets)
+            if "bind" in calls and "listen" not in calls:
+                lines.append(node.lineno)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            local = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+            calls = _socket_calls(node.body, local)
+            zero = [c for c in calls.get("bind", []) if _binds_port_zero(c)]
+            if zero and "listen" not in calls:
+                lines += [c.lineno for c in zero]
+    return sorted(set(lines))
 
 
 def test_the_benchmarks_import_nothing_from_the_tests():
@@ -99,6 +122,16 @@ def test_the_scans_see_what_they_look_for(tmp_path):
         "    with socket.socket() as s:\n"
         "        s.bind(('127.0.0.1', 0))\n"
         "        s.listen()\n"
+        "def bare():\n"
+        "    s = socket.socket()\n"
+        "    s.bind(('', 0))\n"
+        "    port = s.getsockname()[1]\n"
+        "    s.close()\n"
+        "    return port\n"
+        "class Server:\n"
+        "    def __init__(self):\n"
+        "        self.sock = socket.socket()\n"
+        "        self.sock.bind(('127.0.0.1', 0))\n"
     )
     assert imports_of_tests(sample) == ["tests.ports", "tests.e2e"]
-    assert port_probes(sample) == [5, 9]
+    assert port_probes(sample) == [5, 6, 9, 17]
