@@ -87,7 +87,8 @@ class OwnPostgres:
 
     def __init__(self, port: int | None = None) -> None:
         bindir = postgres_bin()
-        assert bindir is not None, why_no_own_postgres()
+        if bindir is None:
+            raise RuntimeError(why_no_own_postgres())
         self.bindir = bindir
         self.port = port or free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="haru-own-pg-"))

@@ -110,7 +110,8 @@ class Server:
         return self.proc
 
     def wait_ready(self, timeout: float = 20) -> None:
-        assert self.proc is not None, "the server was not started"
+        if self.proc is None:
+            raise RuntimeError("the server was not started: spawn() first")
         gave_up = exited(self.proc, self.log_path)
         wait_for(self.healthy, timeout, "server /healthz", gave_up=gave_up)
 
