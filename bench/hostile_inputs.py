@@ -33,7 +33,8 @@ from starlette.requests import Request  # noqa: E402
 
 from fleets.base.errors import LayoutError  # noqa: E402
 from fleets.layouts.loader import read_layout_file  # noqa: E402
-from fleets.reconciler.client import SupervisorClient, use_transport  # noqa: E402
+from fleets.reconciler.supervisor.client import SupervisorClient  # noqa: E402
+from fleets.reconciler.supervisor.transport import use_transport  # noqa: E402
 from supervisor.api import MAX_BODY_BYTES, read_object  # noqa: E402
 
 # The classic "billion laughs": nine levels of nine aliases each, under a kilobyte.

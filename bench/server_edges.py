@@ -55,11 +55,11 @@ sys.path.insert(0, str(ROOT))
 
 import django  # noqa: E402 - after the path set-up, run as a script
 import uvicorn  # noqa: E402
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # noqa: E402
 from uvicorn.server import ServerState  # noqa: E402
 
 from bench import proxy as bp  # noqa: E402
 from common.edge.protocol import protocol_with  # noqa: E402
+from common.private_apis import HttpToolsProtocol  # noqa: E402
 from supervisor.settings import edge_limits_from_env  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

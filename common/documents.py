@@ -141,6 +141,20 @@ def _as_json(value: Any) -> str:
         return repr(value)
 
 
+# A rule's wording, with the schema's value for {}.
+_WORDING = {
+    "type": "must be of type {}",
+    "minimum": "must be at least {}",
+    "maximum": "must be at most {}",
+    "exclusiveMinimum": "must be greater than {}",
+    "exclusiveMaximum": "must be less than {}",
+    "maxLength": "must be at most {} characters",
+    "minItems": "must have at least {} item(s)",
+    "maxItems": "must have at most {} item(s)",
+    "maxProperties": "must have at most {} entries",
+}
+
+
 def _worded(error: ValidationError) -> str:
     kind = error.validator
     schema = error.schema if isinstance(error.schema, dict) else {}
@@ -150,30 +164,17 @@ def _worded(error: ValidationError) -> str:
     custom = schema.get("x-rule")
     if custom and kind in {"pattern", "enum", "const", "maxLength"}:
         return str(custom)
-    if kind == "type":
-        return f"must be of type {error.validator_value}"
-    if kind in {"minimum", "maximum"}:
-        word = "at least" if kind == "minimum" else "at most"
-        return f"must be {word} {error.validator_value}"
+    template = _WORDING.get(kind)
+    if template is not None:
+        return template.format(error.validator_value)
     if kind == "minLength":
         return (
             "must not be empty"
             if error.validator_value == 1
             else f"must be at least {error.validator_value} characters"
         )
-    if kind == "maxLength":
-        return f"must be at most {error.validator_value} characters"
-    if kind == "minItems":
-        return f"must have at least {error.validator_value} item(s)"
-    if kind == "maxItems":
-        return f"must have at most {error.validator_value} item(s)"
     if kind == "uniqueItems":
         return "must not repeat an entry"
-    if kind in {"exclusiveMinimum", "exclusiveMaximum"}:
-        word = "greater" if kind == "exclusiveMinimum" else "less"
-        return f"must be {word} than {error.validator_value}"
-    if kind == "maxProperties":
-        return f"must have at most {error.validator_value} entries"
     if kind == "const":
         return f"must be {_as_json(error.validator_value)}"
     if kind == "enum":

@@ -22,3 +22,6 @@ MAX_PORT = 65535
 MAX_PROFILE_ITEMS = 1024
 # A golden probe: at most this many LoRA adapters per model are probed, each one completion.
 MAX_PROBE_ADAPTERS = 16
+# One call of a provisioning driver (a `sky` command, an operator's script): a pass renews its
+# lease per domain (330 s) and makes at most two calls for one domain (stop, then describe).
+MAX_DRIVER_CALL_S = 150

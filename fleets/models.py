@@ -31,6 +31,8 @@ Id: TypeAlias = uuid.UUID | str
 
 # At most 63 characters (a DNS label), lowercase alphanumerics separated by single hyphens.
 SLUG_REGEX = r"^(?=.{1,63}$)[a-z0-9]+(-[a-z0-9]+)*$"
+# A provider's name, as the layout schema spells it.
+PROVIDER_REGEX = r"^[a-z][a-z0-9-]{0,15}$"
 
 
 def _choices(enum) -> list[tuple[str, str]]:
@@ -38,6 +40,15 @@ def _choices(enum) -> list[tuple[str, str]]:
 
 
 class Fleet(models.Model):
+    """One served set of models and the domains that can serve it: the unit of failover.
+
+    Its layout fields (slug, policy, drill schedule) are written by the layout services
+    (`layout_apply`, the admin's forms); `active_domain` and `route_revision` are the routing
+    pointer, moved only by `services.route_pointer` in one conditional UPDATE, and the two rate
+    stamps only by their guarded services. The database holds: the slug is a DNS label, the
+    revision is positive, and the active domain cannot be deleted while it is active (PROTECT).
+    """
+
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     slug = models.CharField(max_length=63, unique=True)
     display_name = models.CharField(max_length=200, blank=True, default="")
@@ -100,11 +111,23 @@ class Fleet(models.Model):
 
 
 class Domain(models.Model):
+    """One place a fleet can be served from: a supervisor (one host or cluster) and its GPUs.
+
+    The layout fields are written by the layout services and the admin (`domain_add` for a new
+    one); `state` moves only by `services.transitions.domain_transition` (a compare-and-swap on
+    the old state), the heartbeat stamps and `last_report` only by `services.heartbeats`, and
+    the provisioning fields only by `services.provisioning`, guarded by `provision_attempt`.
+    The database holds: a slug unique in its fleet and a DNS label, a known state and provider.
+    """
+
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     fleet = models.ForeignKey(Fleet, on_delete=models.CASCADE, related_name="domains")
     slug = models.CharField(max_length=63)
     display_name = models.CharField(max_length=200, blank=True, default="")
-    provider = models.CharField(max_length=16, choices=_choices(Provider), default=Provider.STATIC)
+    # static, or a provisioning driver's name: the registry (fleets/drivers/registry.py) is the
+    # list, checked by the layout loader and the admin; the database keeps the shape, so adding
+    # a driver needs no migration.
+    provider = models.CharField(max_length=16, default=Provider.STATIC)
     # {cloud, region, accelerator, acceleratorCount, useSpot}
     placement = models.JSONField(default=dict, blank=True)
     supervisor_url = models.URLField(max_length=500, blank=True, default="")
@@ -128,10 +151,11 @@ class Domain(models.Model):
     heartbeat_checked_at = models.DateTimeField(null=True, blank=True, editable=False)
     heartbeat_failing_since = models.DateTimeField(null=True, blank=True, editable=False)
     gpus_read_at = models.DateTimeField(null=True, blank=True, editable=False)
-    # Last heartbeat body as reported by the supervisor (GPU memory, fingerprints), for display
-    # only: nothing decides on it.
+    # The last supervisor report, normalized (`fleets.core.report`: written as
+    # `DomainReport.to_json()`, read with `read_report`, which also reads rows written before
+    # that form); shown, and read by readiness and the GPU plan: no state move decides on it.
     last_report = models.JSONField(default=dict, blank=True, editable=False)
-    # Launch settings of a domain Haru provisions (fleets.drivers.cloud_placement); empty for a
+    # Launch settings of a domain Haru provisions (checked by its driver); empty for a
     # static domain or one provisioned by hand.
     driver = models.JSONField(default=dict, blank=True)
     # Where provisioning stands (phase, candidate, request id, last driver error); written only
@@ -151,7 +175,7 @@ class Domain(models.Model):
                 condition=Q(state__in=[s.value for s in DomainState]), name="domain_state_valid"
             ),
             models.CheckConstraint(
-                condition=Q(provider__in=[p.value for p in Provider]), name="domain_provider_valid"
+                condition=Q(provider__regex=PROVIDER_REGEX), name="domain_provider_valid"
             ),
         ]
 
@@ -160,6 +184,15 @@ class Domain(models.Model):
 
 
 class Slot(models.Model):
+    """One GPU's place on a domain: an inference server (serves models) or a trainer.
+
+    Created by the layout services (`slot_add`, which picks the first state by kind and the
+    domain's role); `state` and `pids` move only through `services.transitions.slot_transition`
+    and the heartbeat services, each a compare-and-swap on the state it read. The database
+    holds: one slot per (domain, GPU, kind), a non-negative GPU index, and a state from its
+    kind's own table (an inference state on a training slot is refused).
+    """
+
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     domain = models.ForeignKey(Domain, on_delete=models.CASCADE, related_name="slots")
     gpu_index = models.IntegerField()
@@ -201,6 +234,14 @@ class Slot(models.Model):
 
 
 class ModelBinding(models.Model):
+    """A model a domain serves: the routing key clients send as `model`, on one inference slot.
+
+    The layout services and the admin write what the layout says (name, URL, profile, memory,
+    golden settings); the heartbeat services write what its server reports (`health`,
+    `serving_seen_at`, `engine_version`), each guarded by the time it was last read. The chat
+    proxy reads it to route. The database holds: a name unique in its domain, and lowercase.
+    """
+
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     domain = models.ForeignKey(Domain, on_delete=models.CASCADE, related_name="bindings")
     slot = models.ForeignKey(Slot, on_delete=models.CASCADE, related_name="bindings")
@@ -250,6 +291,15 @@ class ModelBinding(models.Model):
 
 
 class Operation(models.Model):
+    """One promotion, demotion or drill of a fleet, run step by step by the reconciler.
+
+    Requested by the API, the dashboard, the admin or the reconciler itself
+    (`operation_request`); from then on every field (state, current step, routing flag, error,
+    clean-up, times) is moved only by `services.operations`, each move a compare-and-swap on
+    the state and step it read, and the admin shows it read-only. The database holds: at most
+    one pending or running operation per fleet, a known state and a known kind.
+    """
+
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     fleet = models.ForeignKey(Fleet, on_delete=models.CASCADE, related_name="operations")
     kind = models.CharField(max_length=16, choices=_choices(OperationKind))

@@ -18,13 +18,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
+from supervisor.model_servers import ModelServer
 from supervisor.processes import AdoptedProcess
 from supervisor.records import Record, ServerRecord, StateDir
-
-if TYPE_CHECKING:
-    from supervisor.host import Host
+from supervisor.training import TrainingSlot
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,18 @@ ORPHAN_TRAINER_GRACE_S = 30.0
 KILL_WAIT_S = 5.0
 
 
-def adopt_children(host: Host, state: StateDir) -> list[asyncio.Task[None]]:
+class Adopter(Protocol):
+    """What adoption needs of the host (supervisor/host.py): the servers and trainers its
+    config wants, to hand each a recorded process."""
+
+    @property
+    def models(self) -> Sequence[ModelServer]: ...
+
+    @property
+    def training(self) -> Sequence[TrainingSlot]: ...
+
+
+def adopt_children(host: Adopter, state: StateDir) -> list[asyncio.Task[None]]:
     """Adopt recorded processes into `host`; return the tasks stopping unwanted leftovers."""
     loaded = state.load()
     servers = {(m.name, m.port): m for m in host.models if m.managed is not None}

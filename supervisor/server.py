@@ -13,6 +13,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
@@ -178,6 +179,43 @@ def prepare(
     return settings, config, backend
 
 
+def log_exposure(settings: Settings) -> None:
+    """Say at start-up who can reach the API: no token (loopback only), a weak one, TLS."""
+    if settings.token is None:
+        log.warning(
+            "!!! HARU_SUPERVISOR_TOKEN is not set: the API is UNAUTHENTICATED and listens on "
+            "%s only. Set a token before exposing this supervisor. !!!",
+            settings.bind_host,
+        )
+    elif settings.token_is_weak:
+        log.warning("HARU_SUPERVISOR_TOKEN is shorter than 16 characters; use a longer one")
+    if not is_loopback(settings.bind_host):
+        log.info("listening beyond loopback on %s (token required)", settings.bind_host)
+    if settings.tls_cert is not None:
+        log.info("serving HTTPS with the certificate in %s", settings.tls_cert)
+
+
+def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
+    """uvicorn serving the API behind the HTTP edge, as the settings say."""
+    return uvicorn.Config(
+        app,
+        # Deadlines and limits at the edge, before the token is checked: a flood of idle or
+        # slowloris connections must not run the supervisor out of descriptors, or the
+        # control plane's heartbeats would fail and fail over a healthy active.
+        http=edge_protocol(settings.edge),
+        # No route is a WebSocket: an upgrade request is served as plain HTTP, never handed
+        # to a WebSocket protocol outside the edge's limits.
+        ws="none",
+        log_level=settings.log_level,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=GRACEFUL_HTTP_S,
+        log_config=None,
+        ssl_certfile=settings.tls_cert,
+        ssl_keyfile=settings.tls_key,
+    )
+
+
 def main(environ: Mapping[str, str] | None = None) -> int:
     """Run until signalled; return the process exit status."""
     environ = dict(os.environ if environ is None else environ)
@@ -192,18 +230,7 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         log.error("cannot start: invalid config")
         print(f"haru-supervisor: invalid config:\n{exc.render()}", file=sys.stderr)
         return 2
-    if settings.token is None:
-        log.warning(
-            "!!! HARU_SUPERVISOR_TOKEN is not set: the API is UNAUTHENTICATED and listens on "
-            "%s only. Set a token before exposing this supervisor. !!!",
-            settings.bind_host,
-        )
-    elif settings.token_is_weak:
-        log.warning("HARU_SUPERVISOR_TOKEN is shorter than 16 characters; use a longer one")
-    if not is_loopback(settings.bind_host):
-        log.info("listening beyond loopback on %s (token required)", settings.bind_host)
-    if settings.tls_cert is not None:
-        log.info("serving HTTPS with the certificate in %s", settings.tls_cert)
+    log_exposure(settings)
     try:
         sock = bind_socket(settings.bind_host, settings.port)
     except OSError as exc:
@@ -231,26 +258,7 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         print(f"haru-supervisor: invalid config:\n{exc.render()}", file=sys.stderr)
         return 2
     app = create_app(host, token=settings.token)
-    server = SupervisorServer(
-        uvicorn.Config(
-            app,
-            # Deadlines and limits at the edge, before the token is checked: a flood of idle or
-            # slowloris connections must not run the supervisor out of descriptors, or the
-            # control plane's heartbeats would fail and fail over a healthy active.
-            http=edge_protocol(settings.edge),
-            # No route is a WebSocket: an upgrade request is served as plain HTTP, never handed
-            # to a WebSocket protocol outside the edge's limits.
-            ws="none",
-            log_level=settings.log_level,
-            access_log=False,
-            lifespan="on",
-            timeout_graceful_shutdown=GRACEFUL_HTTP_S,
-            log_config=None,
-            ssl_certfile=settings.tls_cert,
-            ssl_keyfile=settings.tls_key,
-        ),
-        host,
-    )
+    server = SupervisorServer(uvicorn_config(app, settings), host)
     log.info(
         "supervisor%s on %s:%s: %d model(s), %d training slot(s), GPU backend %s, state dir %s",
         f" {config.host}" if config.host else "",

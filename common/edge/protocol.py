@@ -40,10 +40,10 @@ from typing import Any, ClassVar
 
 import httptools
 from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from common.edge.limits import EdgeLimits
+from common.private_apis import HttpToolsProtocol
 
 __all__ = ["EdgeHttpProtocol", "protocol_with"]
 

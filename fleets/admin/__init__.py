@@ -1,4 +1,11 @@
 """The Django admin: layouts (fleets, domains, slots, bindings) and the read-only history.
 Importing the package registers the model admins (Django's admin autodiscovery imports it)."""
 
-from fleets.admin import site  # noqa: F401 - registers the ModelAdmins
+from django.contrib import admin
+
+from fleets.admin import history, layouts  # noqa: F401 - registers the ModelAdmins
+
+admin.site.site_header = "Haru administration"
+admin.site.site_title = "Haru admin"
+admin.site.index_title = "Fleet layouts, operations and events"
+admin.site.site_url = "/"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 
 from django import forms
 from django.conf import settings
@@ -23,11 +24,8 @@ from fleets.core.drills import DrillSchedule, schedule_problems
 from fleets.core.policy import PolicyError, validate_policy
 from fleets.core.states import Provider, SlotKind
 from fleets.core.urls import USERINFO_RULE, has_userinfo, supervisor_url_problem
-from fleets.drivers.cloud_placement import (
-    CloudPlacementError,
-    parse_cloud_placement,
-    parse_driver_settings,
-)
+from fleets.drivers.base import DriverSettingsError
+from fleets.drivers.registry import builtin, provider_names
 from fleets.layouts.loader import layout_schema, parse_layout, schema_problems
 from fleets.models import Domain, Fleet, ModelBinding, Slot
 
@@ -71,6 +69,18 @@ def validate_supervisor_url(value: str) -> None:
 def validate_model_name(value: str) -> None:
     """Apply the layout's model-name rule: lowercase, no whitespace (the routing key)."""
     _check_pattern(value, _def("model")["properties"]["name"])
+
+
+def _checked(field: str, validate: Callable[[str], None]) -> Callable[[forms.BaseForm], str]:
+    """A form's `clean_<field>`: the field's cleaned text ("" when empty), checked by `validate`
+    (which raises ValidationError)."""
+
+    def clean(form: forms.BaseForm) -> str:
+        value = form.cleaned_data.get(field) or ""
+        validate(value)
+        return value
+
+    return clean
 
 
 def _gpu_bounds() -> tuple[int, int]:
@@ -153,10 +163,7 @@ class FleetForm(forms.ModelForm):
             raise ValidationError(problems)
         return data
 
-    def clean_slug(self):
-        slug = self.cleaned_data["slug"]
-        validate_slug(slug)
-        return slug
+    clean_slug = _checked("slug", validate_slug)
 
     def clean_policy(self):
         raw = self.cleaned_data.get("policy")
@@ -182,8 +189,13 @@ class DomainForm(forms.ModelForm):
     driver = PrettyJSONField(
         required=False,
         rows=9,
-        help_text="skypilot/skyserve only: how Haru launches it (docs/drivers.md); empty: "
+        help_text="a driver's provider only: how Haru launches it (docs/drivers.md); empty: "
         "provisioned by hand",
+    )
+    provider = forms.ChoiceField(
+        choices=lambda: [(name, name) for name in provider_names()],
+        initial=Provider.STATIC,
+        help_text="static, or the driver that provisions it (docs/drivers.md)",
     )
     gpu_layout = PrettyJSONField(
         required=False,
@@ -224,20 +236,10 @@ class DomainForm(forms.ModelForm):
             raise ValidationError([e.replace("domains[0].", "") for e in exc.errors]) from None
         return value
 
-    def clean_slug(self):
-        slug = self.cleaned_data["slug"]
-        validate_slug(slug)
-        return slug
+    clean_slug = _checked("slug", validate_slug)
 
-    def clean_supervisor_url(self):
-        value = self.cleaned_data.get("supervisor_url") or ""
-        validate_supervisor_url(value)
-        return value
-
-    def clean_serving_base_url(self):
-        value = self.cleaned_data.get("serving_base_url") or ""
-        validate_url(value)
-        return value
+    clean_supervisor_url = _checked("supervisor_url", validate_supervisor_url)
+    clean_serving_base_url = _checked("serving_base_url", validate_url)
 
     def clean_priority(self):
         value = self.cleaned_data.get("priority")
@@ -267,10 +269,11 @@ class DomainForm(forms.ModelForm):
             provider = data.get("provider") or Provider.STATIC
             try:
                 if provider == Provider.STATIC:
-                    raise CloudPlacementError("driver", "a static domain is never provisioned")
-                parse_cloud_placement(data.get("placement") or {})
-                parse_driver_settings(driver, provider=provider)
-            except CloudPlacementError as exc:
+                    raise DriverSettingsError("driver", "a static domain is never provisioned")
+                builtin().get(provider).validate(
+                    placement=data.get("placement") or {}, settings=driver
+                )
+            except DriverSettingsError as exc:
                 field = "placement" if exc.path.startswith("placement") else "driver"
                 self.add_error(field, str(exc))
         return data
@@ -423,10 +426,7 @@ class ModelBindingForm(forms.ModelForm):
             raise ValidationError(f"keys: {', '.join(sorted(allowed))}")
         return value
 
-    def clean_name(self):
-        name = self.cleaned_data["name"]
-        validate_model_name(name)
-        return name
+    clean_name = _checked("name", validate_model_name)
 
     def clean_slot(self):
         slot = self.cleaned_data.get("slot")

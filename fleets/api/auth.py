@@ -11,6 +11,7 @@ from __future__ import annotations
 from django.conf import settings
 from rest_framework import authentication, exceptions, permissions
 
+from fleets.base.private_apis import session_user
 from fleets.base.tokens import Scope, token_scope
 
 
@@ -58,7 +59,7 @@ class StaffSessionAuthentication(authentication.SessionAuthentication):
     """A logged-in staff user's session, with CSRF enforced on unsafe methods."""
 
     def authenticate(self, request):
-        user = getattr(request._request, "user", None)
+        user = session_user(request)
         if not user or not user.is_active or not user.is_staff:
             return None
         self.enforce_csrf(request)

@@ -16,6 +16,8 @@ import psycopg
 from django.db import InterfaceError, OperationalError
 from django.http import HttpResponse, JsonResponse
 
+from fleets.base.private_apis import mark_response_logged
+
 log = logging.getLogger("haru.database")
 
 # Seconds a client should wait before retrying: about one pool timeout, so a retry does not
@@ -63,7 +65,7 @@ def _mark(response: HttpResponse) -> HttpResponse:
     response["Retry-After"] = str(RETRY_AFTER_S)
     # Logged above, once in a while: Django's per-request "Service Unavailable" line is not
     # needed (django.utils.log.log_response skips responses marked so).
-    response._has_been_logged = True  # type: ignore[attr-defined]
+    mark_response_logged(response)
     return response
 
 

@@ -2,6 +2,8 @@
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension, OpenApiSerializerExtension
 
+from fleets.base.private_apis import serializer_schema
+
 
 class BearerTokenScheme(OpenApiAuthenticationExtension):
     target_class = "fleets.api.auth.BearerTokenAuthentication"
@@ -38,6 +40,6 @@ class StrictSerializerSchema(OpenApiSerializerExtension):
     match_subclasses = True
 
     def map_serializer(self, auto_schema, direction):
-        schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        schema = serializer_schema(auto_schema, self.target, direction)
         schema["additionalProperties"] = False
         return schema

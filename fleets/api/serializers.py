@@ -19,9 +19,9 @@ from fleets.core.states import (
     DrillMode,
     OperationKind,
     OperationState,
-    Provider,
     SlotKind,
 )
+from fleets.drivers.registry import provider_names
 
 
 def _values(enum: type[StrEnum]) -> list[str]:
@@ -178,7 +178,7 @@ class DomainOut(serializers.Serializer):
     slug = serializers.CharField()
     displayName = serializers.CharField()  # noqa: N815
     role = serializers.ChoiceField(_values(DomainRole))
-    provider = serializers.ChoiceField(_values(Provider))
+    provider = serializers.ChoiceField(list(provider_names()))
     placement = serializers.DictField()
     priority = serializers.IntegerField()
     supervisorUrl = serializers.URLField(allow_null=True)  # noqa: N815

@@ -22,8 +22,8 @@ from fleets.models import Domain, Fleet, Operation
 from fleets.reads import selectors, shapes
 from fleets.reads.readiness import fleet_readiness
 from fleets.reads.recovery import recovery_report
-from fleets.reconciler.client import client_for
 from fleets.reconciler.golden import record_baselines
+from fleets.reconciler.supervisor.client import client_for
 from fleets.reconciler.tick import fleet_reconcile
 from fleets.services.operations import operation_cancel_request, operation_request
 from fleets.services.provisioning import domain_provision_begin, domain_stop_request

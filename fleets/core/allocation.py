@@ -8,11 +8,11 @@ share, because on a standby it is the memory that stays taken while the trainer 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleets.core.report import report_gpus, reported_models, reported_training
+from fleets.core.report import DomainReport
 from fleets.core.states import SlotKind
 
 
@@ -48,32 +48,24 @@ class GpuAllocation:
         return len(self.workloads)
 
 
-def _usage_by_pid(report: Mapping[str, Any]) -> dict[tuple[int, int], int]:
+def _usage_by_pid(report: DomainReport) -> dict[tuple[int, int], int]:
     """(GPU index, PID) -> MiB, from the processes the report lists."""
     out: dict[tuple[int, int], int] = {}
-    for gpu in report_gpus(report):
-        index = gpu.get("index")
-        procs = list(gpu.get("processes") or [])
-        mig = gpu.get("mig")
-        for inst in (mig.get("instances") if isinstance(mig, Mapping) else None) or []:
-            if isinstance(inst, Mapping):
-                procs += list(inst.get("processes") or [])
-        for p in procs:
-            if isinstance(p, Mapping) and isinstance(p.get("pid"), int) and isinstance(index, int):
-                mib = p.get("usedMiB")
-                if isinstance(mib, int):
-                    out[(index, p["pid"])] = out.get((index, p["pid"]), 0) + mib
+    for gpu in report.gpus:
+        for p in gpu.all_processes:
+            if p.used_mib is not None:
+                key = (gpu.index, p.pid)
+                out[key] = out.get(key, 0) + round(p.used_mib)
     return out
 
 
 def gpu_allocations(
-    slots: Iterable[Any], bindings: Iterable[Any], report: Mapping[str, Any] | None
+    slots: Iterable[Any], bindings: Iterable[Any], report: DomainReport
 ) -> list[GpuAllocation]:
     """Return one allocation per GPU the plan uses (empty when the domain is hand-placed)."""
-    report = report if isinstance(report, Mapping) else {}
     usage = _usage_by_pid(report)
-    models = reported_models(report)
-    training = reported_training(report)
+    models = report.models()
+    training = report.trainings()
     by_slot: dict[Any, list[str]] = {}
     for b in bindings:
         by_slot.setdefault(b.slot_id, []).append(b.name)
@@ -85,7 +77,7 @@ def gpu_allocations(
             gpu = gpus.setdefault(index, GpuAllocation(index))
             if slot.kind == SlotKind.TRAINING and "budgetMiB" in allocation:
                 seen = training.get(slot.gpu_index)
-                pids = seen.pids if seen else []
+                pids = list(seen.pids) if seen else []
                 measured = [usage[(index, p)] for p in pids if (index, p) in usage]
                 gpu.workloads.append(
                     Workload(
@@ -114,13 +106,8 @@ def gpu_allocations(
     return [gpus[i] for i in sorted(gpus) if gpus[i].workloads]
 
 
-def plan_mismatches(report: Mapping[str, Any] | None) -> list[str]:
+def plan_mismatches(report: DomainReport) -> list[str]:
     """The supervisor's start-up comparison of the plan with its real GPUs, as messages."""
-    if not isinstance(report, Mapping):
+    if report.status is None:
         return []
-    items = report.get("planMismatches")
-    return [
-        m["message"]
-        for m in (items if isinstance(items, list) else [])
-        if isinstance(m, Mapping) and isinstance(m.get("message"), str)
-    ]
+    return [m.message for m in report.status.plan_mismatches]

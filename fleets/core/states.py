@@ -73,6 +73,10 @@ class CleanupState(StrEnum):
 
 
 class Provider(StrEnum):
+    """Who provisions a domain. The core asks one thing: static or not. Every other provider is
+    a driver's name, and the driver registry (`fleets/drivers/registry.py`) is the list; the
+    built-in cloud ones are named here for their callers."""
+
     STATIC = "static"
     SKYPILOT = "skypilot"
     SKYSERVE = "skyserve"

@@ -19,3 +19,13 @@ def utc_iso(moment: datetime) -> str:
     if moment.tzinfo is None or moment.utcoffset() is None:
         raise ValueError("a timestamp must be timezone-aware")
     return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def parse_iso(value: object) -> datetime | None:
+    """Read back a timestamp Haru wrote (`Z` or an offset); None for anything else."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None

@@ -20,8 +20,8 @@ from fleets.core.states import (
 )
 from fleets.models import Fleet
 from fleets.reads.selectors import domain_get, domain_or_active
-from fleets.reconciler.client import client_for
 from fleets.reconciler.golden import record_baselines
+from fleets.reconciler.supervisor.client import client_for
 from fleets.reconciler.tick import fleet_reconcile
 from fleets.services.operations import operation_cancel_request, operation_request
 from fleets.services.provisioning import domain_provision_begin, domain_stop_request

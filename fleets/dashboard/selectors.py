@@ -19,14 +19,10 @@ from fleets.core.allocation import gpu_allocations, plan_mismatches
 from fleets.core.backoff import Backoff
 from fleets.core.decisions import decide_demotion, decide_promotion
 from fleets.core.failover import is_stale, is_viable_standby
+from fleets.core.memory_bars import gpu_bars, report_error
 from fleets.core.preemption import Ending, InFlight, ending
 from fleets.core.read_model import FleetView
-from fleets.core.report import (
-    gpu_bars,
-    report_error,
-    reported_models,
-    reported_training,
-)
+from fleets.core.report import DomainReport, read_report
 from fleets.core.states import (
     IN_FLIGHT_OPERATION_STATES,
     DomainRole,
@@ -393,6 +389,99 @@ def _backoff_text(backoff: Backoff | None, now: datetime) -> str:
     return f"{failures} in a row; auto-failover tries it again in {wait}"
 
 
+def _inference_rows(
+    d: Domain, slots: list[Slot], bindings: list[ModelBinding], report: DomainReport
+) -> list[dict[str, Any]]:
+    """One row per inference slot: its state, and each bound model as last reported."""
+    models_seen = report.models()
+    rows = []
+    for s in sorted((s for s in slots if s.kind == SlotKind.INFERENCE), key=lambda s: s.gpu_index):
+        models = []
+        for b in sorted((b for b in bindings if b.slot_id == s.id), key=lambda b: b.name):
+            seen = models_seen.get(b.name)
+            expected = expected_fingerprint(b.profile, model_name=b.name, gpu_index=s.gpu_index)
+            reported_fp = seen.fingerprint if seen else None
+            models.append(
+                {
+                    "name": b.name,
+                    "serving_url": without_userinfo(b.serving_url),
+                    "posture": _posture(seen, s, d.last_seen_at),
+                    "error": seen.error if seen else None,
+                    "drift": drift_status(reported_fp, expected),
+                    "expected_fp": (expected or "")[:19],
+                    "reported_fp": (reported_fp or "")[:19],
+                }
+            )
+        rows.append(
+            {
+                "gpu_index": s.gpu_index,
+                "state": s.state,
+                "since": iso(s.state_updated_at),
+                "models": models,
+            }
+        )
+    return rows
+
+
+def _training_rows(slots: list[Slot], report: DomainReport, now: datetime) -> list[dict[str, Any]]:
+    """One row per training slot: its state, and its trainer as last reported."""
+    training_seen = report.trainings()
+    rows = []
+    for s in sorted((s for s in slots if s.kind != SlotKind.INFERENCE), key=lambda s: s.gpu_index):
+        seen = training_seen.get(s.gpu_index)
+        # PIDs only while the slot trains: a report taken before a stop still lists them.
+        live = s.state in (TrainingState.TRAINING, TrainingState.STOPPING)
+        pids = (list(seen.pids) if seen and seen.pids else list(s.pids or [])) if live else []
+        checkpoint = seen.checkpoint_at if seen else None
+        rows.append(
+            {
+                "gpu_index": s.gpu_index,
+                "state": s.state,
+                "since": iso(s.state_updated_at),
+                "reported_state": seen.state if seen else None,
+                "pids": pids,
+                "checkpoint_at": iso(checkpoint),
+                "checkpoint_age": fmt_age(_age_s(checkpoint, now)) if checkpoint else "",
+                "last_error": seen.last_error if seen else None,
+            }
+        )
+    return rows
+
+
+def _report_fields(
+    report: DomainReport, slots: list[Slot], bindings: list[ModelBinding]
+) -> dict[str, Any]:
+    """What the card shows of the last report itself: GPU memory, the plan, the last error."""
+    return {
+        "report_error": report_error(report),
+        "gpus": gpu_bars(report, sorted({s.gpu_index for s in slots})),
+        "allocations": gpu_allocations(slots, bindings, report),
+        "plan_mismatches": plan_mismatches(report),
+        "has_report": not report.empty,
+    }
+
+
+def _moves(d: Domain, view: FleetView, role: str) -> dict[str, Any]:
+    """Which operator moves make sense for the domain now, and why not."""
+    promote = decide_promotion(view, str(d.id))
+    demote = decide_demotion(view, str(d.id))
+    return {
+        "can_promote": promote.outcome == "proceed",
+        "promote_note": promote.message,
+        "can_demote": demote.outcome == "proceed",
+        "demote_note": demote.message,
+        # Haru-provisioned domains: where provisioning stands, and which moves make sense now.
+        "managed": bool(d.driver),
+        "provisioning": _provisioning_text(d),
+        "can_provision": bool(d.driver)
+        and role != DomainRole.ACTIVE
+        and d.state in (DomainState.FAILED, DomainState.STOPPED),
+        "can_stop": bool(d.driver)
+        and role != DomainRole.ACTIVE
+        and d.state not in (DomainState.STOPPING, DomainState.STOPPED),
+    }
+
+
 def _domain_card(
     d: Domain,
     view: FleetView,
@@ -402,68 +491,15 @@ def _domain_card(
     backoff: Backoff | None = None,
 ) -> dict[str, Any]:
     dview = view.domain(str(d.id))
-    report = d.last_report if isinstance(d.last_report, dict) else {}
-    models_seen = reported_models(report)
-    training_seen = reported_training(report)
+    report = read_report(d.last_report)
     role = DomainRole.ACTIVE if str(d.id) == view.active_domain_id else DomainRole.STANDBY
-
-    inference, training = [], []
-    for s in sorted(slots, key=lambda s: (s.gpu_index, s.kind)):
-        if s.kind == SlotKind.INFERENCE:
-            models = []
-            for b in sorted((b for b in bindings if b.slot_id == s.id), key=lambda b: b.name):
-                seen = models_seen.get(b.name)
-                expected = expected_fingerprint(b.profile, model_name=b.name, gpu_index=s.gpu_index)
-                reported_fp = seen.fingerprint if seen else None
-                posture = _posture(seen, s, d.last_seen_at)
-                models.append(
-                    {
-                        "name": b.name,
-                        "serving_url": without_userinfo(b.serving_url),
-                        "posture": posture,
-                        "error": seen.error if seen else None,
-                        "drift": drift_status(reported_fp, expected),
-                        "expected_fp": (expected or "")[:19],
-                        "reported_fp": (reported_fp or "")[:19],
-                    }
-                )
-            inference.append(
-                {
-                    "gpu_index": s.gpu_index,
-                    "state": s.state,
-                    "since": iso(s.state_updated_at),
-                    "models": models,
-                }
-            )
-        else:
-            seen_t = training_seen.get(s.gpu_index)
-            # PIDs only while the slot trains: a report taken before a stop still lists them.
-            live = s.state in (TrainingState.TRAINING, TrainingState.STOPPING)
-            pids = (seen_t.pids if seen_t and seen_t.pids else list(s.pids or [])) if live else []
-            checkpoint = seen_t.checkpoint_at if seen_t else None
-            training.append(
-                {
-                    "gpu_index": s.gpu_index,
-                    "state": s.state,
-                    "since": iso(s.state_updated_at),
-                    "reported_state": seen_t.state if seen_t else None,
-                    "pids": pids,
-                    "checkpoint_at": iso(checkpoint),
-                    "checkpoint_age": fmt_age(_age_s(checkpoint, now)) if checkpoint else "",
-                    "last_error": seen_t.last_error if seen_t else None,
-                }
-            )
-
-    gpu_indices = sorted({s.gpu_index for s in slots})
-    heartbeat_age = _age_s(d.last_seen_at, now)
+    inference = _inference_rows(d, slots, bindings, report)
     stale = bool(dview and is_stale(dview, view.policy, now))
     serving_note = (
-        _serving_note(d, stale, _heartbeat_errors([d]).get(str(d.id)), inference)
+        _serving_note(d, stale, _heartbeat_error(report), inference)
         if role == DomainRole.ACTIVE
         else ""
     )
-    promote = decide_promotion(view, str(d.id))
-    demote = decide_demotion(view, str(d.id))
     return {
         "id": str(d.id),
         "slug": d.slug,
@@ -477,32 +513,16 @@ def _domain_card(
         "supervisor_url": without_userinfo(d.supervisor_url),
         "serving_base_url": without_userinfo(d.serving_base_url),
         "last_seen_at": iso(d.last_seen_at),
-        "heartbeat_age": fmt_age(heartbeat_age),
+        "heartbeat_age": fmt_age(_age_s(d.last_seen_at, now)),
         "stale": stale,
-        "report_error": report_error(report),
-        "gpus": gpu_bars(report, gpu_indices),
-        "allocations": gpu_allocations(slots, bindings, report),
-        "plan_mismatches": plan_mismatches(report),
-        "has_report": bool(report),
+        **_report_fields(report, slots, bindings),
         "inference": inference,
-        "training": training,
+        "training": _training_rows(slots, report, now),
         "serving": role == DomainRole.ACTIVE and not serving_note,
         "serving_note": serving_note,
-        "can_promote": promote.outcome == "proceed",
-        "promote_note": promote.message,
-        "can_demote": demote.outcome == "proceed",
-        "demote_note": demote.message,
         "failover_backoff": _backoff_text(backoff, now),
         "failover_next_attempt_at": iso(backoff.next_attempt_at) if backoff else None,
-        # Haru-provisioned domains: where provisioning stands, and which moves make sense now.
-        "managed": bool(d.driver),
-        "provisioning": _provisioning_text(d),
-        "can_provision": bool(d.driver)
-        and role != DomainRole.ACTIVE
-        and d.state in (DomainState.FAILED, DomainState.STOPPED),
-        "can_stop": bool(d.driver)
-        and role != DomainRole.ACTIVE
-        and d.state not in (DomainState.STOPPING, DomainState.STOPPED),
+        **_moves(d, view, role),
     }
 
 
@@ -579,16 +599,19 @@ def fleet_page(fleet: Fleet, *, now: datetime) -> dict[str, Any]:
     }
 
 
+def _heartbeat_error(report: DomainReport) -> str | None:
+    """The message of the domain's failing heartbeat; None when its last one answered."""
+    note = report.heartbeat
+    if note is None or note.ok:
+        return None
+    message = note.error.message if note.error is not None else ""
+    return (message or "unreachable")[:120]
+
+
 def _heartbeat_errors(domains) -> dict[str, str]:
     """Map domain id to the message of its failing heartbeat (domains whose last one failed)."""
-    out = {}
-    for d in domains:
-        heartbeat = d.last_report.get("heartbeat") if isinstance(d.last_report, dict) else None
-        if isinstance(heartbeat, dict) and heartbeat.get("ok") is False:
-            raw_error = heartbeat.get("error")
-            error = raw_error if isinstance(raw_error, dict) else {}
-            out[str(d.id)] = str(error.get("message") or "unreachable")[:120]
-    return out
+    errors = {str(d.id): _heartbeat_error(read_report(d.last_report)) for d in domains}
+    return {domain_id: message for domain_id, message in errors.items() if message is not None}
 
 
 def overview_rows(*, now: datetime) -> list[dict[str, Any]]:

@@ -21,46 +21,31 @@ from functools import cache
 from pathlib import Path
 from typing import Any, cast
 
-from common.documents import problems, schema_validator
+from fleets.drivers.base import (
+    TOKEN_ENV,
+    DriverSettingsError,
+    check_envs,
+    check_structure,
+    check_supervisor_config,
+)
 
 CATALOGUE_PATH = Path(__file__).with_name("catalogue.json")
 
-MAX_SUPERVISOR_CONFIG_CHARS = 65_536
 DEFAULT_SUPERVISOR_PORT = 8701
 DEFAULT_READINESS_PATH = "/health"
-# The supervisor's credential: only ever a SkyPilot secret, never a plain env var in the YAML.
-TOKEN_ENV = "HARU_SUPERVISOR_TOKEN"
 # Variables the rendered task sets itself; an operator's `envs` must not shadow them.
 RESERVED_ENVS = frozenset({TOKEN_ENV, "HARU_SUPERVISOR_CONFIG", "HARU_SUPERVISOR_HOST", "PORT"})
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-_SECRETISH = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIAL)", re.I)
 
 
-class CloudPlacementError(ValueError):
-    """A placement or driver setting Haru cannot launch; `path` names the field.
-
-    `problems` holds every (path, rule) found, this one first: the schema reports all of a
-    document's structural problems at once, a semantic rule the first it meets.
-    """
-
-    def __init__(self, path: str, rule: str, *, also: Iterable[tuple[str, str]] = ()) -> None:
-        super().__init__(f"{path}: {rule}")
-        self.path = path
-        self.rule = rule
-        self.problems = [(path, rule), *also]
-
-    @property
-    def messages(self) -> list[str]:
-        """Every problem as a `path: rule` line."""
-        return [f"{where}: {rule}" for where, rule in self.problems]
+class CloudPlacementError(DriverSettingsError):
+    """A SkyPilot/SkyServe placement or driver setting Haru cannot launch; `path` names it."""
 
 
 def _check_structure(name: str, raw: object, path: str) -> None:
-    """Raise CloudPlacementError with every way `raw` breaks `schemas/<name>.json`."""
-    found = problems(schema_validator(__package__, name), raw, path)
-    if found:
-        (where, rule), *rest = found
-        raise CloudPlacementError(where, rule, also=rest)
+    try:
+        check_structure(name, raw, path)
+    except DriverSettingsError as exc:
+        raise CloudPlacementError(exc.path, exc.rule, also=exc.problems[1:]) from None
 
 
 @dataclass(frozen=True)
@@ -181,39 +166,15 @@ def parse_cloud_placement(raw: object, *, path: str = "placement") -> CloudPlace
     )
 
 
-def _envs(raw: Mapping[str, str], path: str) -> tuple[tuple[str, str], ...]:
-    out = []
-    for name in sorted(raw):
-        where = f"{path}.{name}"
-        if not _ENV_NAME.match(name):
-            raise CloudPlacementError(where, "must be an environment variable name")
-        if name in RESERVED_ENVS:
-            raise CloudPlacementError(where, "is set by Haru itself")
-        if _SECRETISH.search(name):
-            # envs land in the task YAML in plain text; credentials must not.
-            raise CloudPlacementError(
-                where,
-                "looks like a credential; envs are written in plain text, so keep "
-                "credentials in the cloud's secret store or the image",
-            )
-        out.append((name, raw[name]))
-    return tuple(out)
-
-
 def parse_driver_settings(raw: object, *, provider: str, path: str = "driver") -> DriverSettings:
     """Validate a driver-backed domain's `driver` object for `provider`."""
     _check_structure("driver", raw, path)
     raw = cast(Mapping[str, Any], raw)  # an object: the schema said so
-    config = raw["supervisorConfig"]
-    text = json.dumps(config)
-    if len(text) > MAX_SUPERVISOR_CONFIG_CHARS:
-        raise CloudPlacementError(
-            f"{path}.supervisorConfig", f"must be at most {MAX_SUPERVISOR_CONFIG_CHARS} characters"
-        )
-    if TOKEN_ENV.lower() in text.lower() or "token" in {k.lower() for k in config}:
-        raise CloudPlacementError(
-            f"{path}.supervisorConfig", "must not carry the supervisor token (Haru passes it)"
-        )
+    try:
+        config = check_supervisor_config(raw["supervisorConfig"], f"{path}.supervisorConfig")
+        envs = check_envs(raw.get("envs", {}), f"{path}.envs", reserved=RESERVED_ENVS.__contains__)
+    except DriverSettingsError as exc:
+        raise CloudPlacementError(exc.path, exc.rule) from None
     sup_port = raw.get("supervisorPort", DEFAULT_SUPERVISOR_PORT)
     serving_port = raw.get("servingPort")
     if serving_port is not None and serving_port == sup_port:
@@ -230,12 +191,12 @@ def parse_driver_settings(raw: object, *, provider: str, path: str = "driver") -
         raise CloudPlacementError(f"{path}.replicas", "only a skyserve domain has replicas")
     readiness = raw.get("readinessPath", DEFAULT_READINESS_PATH)
     return DriverSettings(
-        supervisor_config=json.loads(json.dumps(config)),
+        supervisor_config=config,
         supervisor_port=sup_port,
         serving_port=serving_port,
         supervisor_command=command.strip(),
         setup=setup,
-        envs=_envs(raw.get("envs", {}), f"{path}.envs"),
+        envs=envs,
         stop_mode=stop_mode,
         replicas=int(replicas),
         readiness_path=readiness,

@@ -26,60 +26,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fleets.drivers.base import DriverError, ExecResult, run_bounded
+
 # Every call has a deadline; launches submit a request and return, so none needs long.
 DEFAULT_TIMEOUT_S = 60.0
 STATUS_TIMEOUT_S = 90.0  # --refresh asks the cloud
-# Bound what is kept of a call's output: status of one cluster is a few KiB.
-MAX_OUTPUT_BYTES = 256 * 1024
 # How much of a failed call's output goes into an error message.
 ERROR_TAIL_CHARS = 600
 
 
-class DriverError(Exception):
-    """A driver call that did not do what was asked; `code` is stable, `message` is for people."""
-
-    code = "driver_error"
-    retry_elsewhere = False  # True: the same launch may work in another region or zone
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"code": self.code, "message": self.message}
+def _failure(name: str, code: str, *, retry_elsewhere: bool = False) -> type[DriverError]:
+    """Return the DriverError subclass of one way a `sky` call fails (docs/drivers.md's table)."""
+    return type(name, (DriverError,), {"code": code, "retry_elsewhere": retry_elsewhere})
 
 
-class SkyCliMissing(DriverError):
-    code = "sky_cli_missing"
-
-
-class SkyNoCredentials(DriverError):
-    code = "sky_no_credentials"
-
-
-class SkyCapacity(DriverError):
-    code = "sky_capacity"
-    retry_elsewhere = True
-
-
-class SkyClusterUnknown(DriverError):
-    code = "sky_cluster_unknown"
-
-
-class SkySecretMissing(DriverError):
-    code = "sky_secret_missing"
-
-
-class SkyTimeout(DriverError):
-    code = "sky_timeout"
-
-
-class SkyCommandFailed(DriverError):
-    code = "sky_command_failed"
-
-
-class SkyBadOutput(DriverError):
-    code = "sky_bad_output"
+SkyCliMissing = _failure("SkyCliMissing", "sky_cli_missing")
+SkyNoCredentials = _failure("SkyNoCredentials", "sky_no_credentials")
+# The same launch may work in another region or zone.
+SkyCapacity = _failure("SkyCapacity", "sky_capacity", retry_elsewhere=True)
+SkyClusterUnknown = _failure("SkyClusterUnknown", "sky_cluster_unknown")
+SkySecretMissing = _failure("SkySecretMissing", "sky_secret_missing")
+SkyTimeout = _failure("SkyTimeout", "sky_timeout")
+SkyCommandFailed = _failure("SkyCommandFailed", "sky_command_failed")
+SkyBadOutput = _failure("SkyBadOutput", "sky_bad_output")
 
 
 # Order matters: the first pattern that matches names the failure.
@@ -124,34 +93,12 @@ def classify_failure(output: str, *, what: str) -> DriverError:
     return SkyCommandFailed(f"{what} failed: {tail or '(no output)'}")
 
 
-@dataclass(frozen=True)
-class ExecResult:
-    returncode: int
-    output: str  # stdout and stderr together, bounded
-    stdout: str
-
-
 Exec = Callable[[Sequence[str], Mapping[str, str], float], ExecResult]
 
 
 def subprocess_exec(argv: Sequence[str], env: Mapping[str, str], timeout: float) -> ExecResult:
     """Run argv (no shell) with a deadline; raise FileNotFoundError or TimeoutExpired."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.run(  # noqa: S603 - argv list, no shell
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=err,
-            env=dict(env),
-            timeout=timeout,
-            check=False,
-            start_new_session=True,
-        )
-        out.seek(0)
-        err.seek(0)
-        stdout = out.read(MAX_OUTPUT_BYTES).decode("utf-8", "replace")
-        stderr = err.read(MAX_OUTPUT_BYTES).decode("utf-8", "replace")
-    return ExecResult(proc.returncode, f"{stdout}\n{stderr}".strip(), stdout)
+    return run_bounded(argv, env, timeout)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Structure is checked by the shipped JSON Schema (`schema.json`) through the strict validator
 every operator document uses (`common/documents.py`: an integer is never a bool or a whole
 float); the rules a schema cannot say (uniqueness inside a domain, the declared active being in
-the fleet, policy limits, a provisioned domain's cloud placement and launch settings) are
+the fleet, policy limits, a provisioned domain's settings, checked by its driver) are
 checked here. Every error is `path: rule`, e.g.
 `domains[1].slots[0].models[2].name: must be lowercase`.
 """
@@ -26,11 +26,8 @@ from fleets.base.errors import LayoutError
 from fleets.core.policy import PolicyError, validate_policy
 from fleets.core.states import Provider, SlotKind
 from fleets.core.urls import USERINFO_RULE, has_userinfo
-from fleets.drivers.cloud_placement import (
-    CloudPlacementError,
-    parse_cloud_placement,
-    parse_driver_settings,
-)
+from fleets.drivers.base import DriverSettingsError
+from fleets.drivers.registry import builtin, provider_names
 from fleets.layouts.planning import (
     MEMORY_KEYS,
     PlanInputError,
@@ -193,8 +190,11 @@ def read_layout_file(
 
 
 def _driver_errors(d: dict[str, Any], dpath: str) -> list[str]:
-    """Check a provisioned domain's cloud placement, launch settings and supervisor config."""
+    """Check a domain's provider against the driver registry, then, for a provisioned domain,
+    its settings (by its driver) and its supervisor config (by the supervisor's parser)."""
     provider = d.get("provider", Provider.STATIC)
+    if provider not in provider_names():
+        return [f"{dpath}.provider: must be one of {', '.join(provider_names())}"]
     if "driver" not in d:
         return []
     if provider == Provider.STATIC:
@@ -203,17 +203,19 @@ def _driver_errors(d: dict[str, Any], dpath: str) -> list[str]:
         ]
     out = []
     try:
-        parse_cloud_placement(d.get("placement", {}), path=f"{dpath}.placement")
-    except CloudPlacementError as exc:
+        builtin().get(provider).validate(
+            placement=d.get("placement", {}), settings=d["driver"], path=f"{dpath}."
+        )
+    except DriverSettingsError as exc:
         out.extend(exc.messages)
-    try:
-        parse_driver_settings(d["driver"], provider=provider, path=f"{dpath}.driver")
-    except CloudPlacementError as exc:
-        out.extend(exc.messages)
+        if any(where.startswith(f"{dpath}.driver") for where, _ in exc.problems):
+            return out
+    config = d["driver"].get("supervisorConfig")
+    if config is None:
         return out
     try:
-        # Relative paths resolve on the cluster; "/" only stands in for it here.
-        parse_supervisor_config(d["driver"]["supervisorConfig"], cwd=Path("/"))
+        # Relative paths resolve on the host; "/" only stands in for it here.
+        parse_supervisor_config(config, cwd=Path("/"))
     except SupervisorConfigError as exc:
         where = f"{dpath}.driver.supervisorConfig"
         out.extend(

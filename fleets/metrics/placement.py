@@ -13,6 +13,7 @@ import logging
 from prometheus_client.core import GaugeMetricFamily
 
 from fleets.core.allocation import gpu_allocations
+from fleets.core.report import read_report
 from fleets.metrics.registry import register_database_collector
 from fleets.models import Domain, ModelBinding, Slot
 
@@ -59,7 +60,7 @@ class GpuPlanCollector:
         for d in domains:
             slots = list(Slot.objects.filter(domain=d))
             bindings = list(ModelBinding.objects.filter(domain=d))
-            for a in gpu_allocations(slots, bindings, d.last_report):
+            for a in gpu_allocations(slots, bindings, read_report(d.last_report)):
                 labels = [d.fleet.slug, d.slug, str(a.index)]
                 families["shared"].add_metric(labels, a.sharing)
                 for w in a.workloads:

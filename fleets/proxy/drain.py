@@ -21,8 +21,8 @@ from types import FrameType
 
 import uvicorn
 from django.conf import settings
-from uvicorn.supervisors import multiprocess
 
+from common.private_apis import WorkerProcess, note_captured_signal, worker_server
 from fleets.proxy.hold import HOLDS
 
 log = logging.getLogger("haru.serve")
@@ -70,7 +70,7 @@ class DrainingServer(uvicorn.Server):
                 self.force_exit = True  # asked twice: stop now, as uvicorn does
             super().handle_exit(sig, frame)
             return
-        self._captured_signals.append(sig)
+        note_captured_signal(self, sig)
         DRAIN.draining = True
         # A signal handler runs between bytecodes of the loop's thread: hand over to the loop.
         loop.call_soon_threadsafe(self._begin)
@@ -90,7 +90,7 @@ class DrainingServer(uvicorn.Server):
         HOLDS.release_all()
 
 
-class DrainingProcess(multiprocess.Process):
+class DrainingProcess(WorkerProcess):
     """A uvicorn worker process that runs a DrainingServer (`--workers N`).
 
     Pickled by reference into each spawned worker, so the worker builds our server class too.
@@ -98,6 +98,4 @@ class DrainingProcess(multiprocess.Process):
 
     @property
     def server(self) -> uvicorn.Server:
-        if self._server is None:
-            self._server = DrainingServer(config=self.config)
-        return self._server
+        return worker_server(self, DrainingServer)

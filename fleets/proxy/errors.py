@@ -25,6 +25,14 @@ def envelope(code: str, message: str) -> bytes:
     return json.dumps({"error": {"code": code, "message": message}}).encode()
 
 
+# Transient: worth a retry in a second (SDKs honour Retry-After).
+RETRY_SOON = ((b"retry-after", b"1"),)
+
+
+def _retry_soon(status: int, code: str, message: str) -> ProxyError:
+    return ProxyError(status, code, message, headers=RETRY_SOON)
+
+
 def unauthorized() -> ProxyError:
     return ProxyError(
         401,
@@ -58,15 +66,15 @@ def model_not_found(message: str) -> ProxyError:
 
 def model_unavailable(message: str) -> ProxyError:
     # Transient (a slot waking, a failover in progress): 503 with Retry-After, so SDKs retry.
-    return ProxyError(503, "model_unavailable", message, headers=[(b"retry-after", b"1")])
+    return _retry_soon(503, "model_unavailable", message)
 
 
 def no_active_domain(message: str) -> ProxyError:
-    return ProxyError(503, "no_active_domain", message, headers=[(b"retry-after", b"1")])
+    return _retry_soon(503, "no_active_domain", message)
 
 
 def state_store_unavailable(message: str) -> ProxyError:
-    return ProxyError(503, "state_store_unavailable", message, headers=[(b"retry-after", b"1")])
+    return _retry_soon(503, "state_store_unavailable", message)
 
 
 def upstream_timeout(message: str) -> ProxyError:
@@ -75,11 +83,11 @@ def upstream_timeout(message: str) -> ProxyError:
 
 def upstream_unreachable(message: str) -> ProxyError:
     # The model server may be restarting or a failover may be under way: worth a retry.
-    return ProxyError(502, "upstream_unreachable", message, headers=[(b"retry-after", b"1")])
+    return _retry_soon(502, "upstream_unreachable", message)
 
 
 def hold_expired(message: str) -> ProxyError:
-    return ProxyError(503, "model_unavailable", message, headers=[(b"retry-after", b"1")])
+    return _retry_soon(503, "model_unavailable", message)
 
 
 def hold_capacity(limit: int) -> ProxyError:
@@ -88,12 +96,12 @@ def hold_capacity(limit: int) -> ProxyError:
         "hold_capacity_exceeded",
         f"the model cannot take requests now and this server already holds as many waiting "
         f"requests as it may (HARU_CHAT_HOLD_MAX {limit}, or HARU_CHAT_HOLD_MAX_BYTES); retry",
-        headers=[(b"retry-after", b"1")],
+        headers=RETRY_SOON,
     )
 
 
 def draining(message: str) -> ProxyError:
-    return ProxyError(503, "server_draining", message, headers=[(b"retry-after", b"1")])
+    return _retry_soon(503, "server_draining", message)
 
 
 def method_not_allowed(allowed: str) -> ProxyError:

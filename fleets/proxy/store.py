@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
+from fleets.base.private_apis import unpooled
 from fleets.core.model_health import ServerHealth
 from fleets.models import Domain, Fleet, ModelBinding
 
@@ -40,8 +41,7 @@ def _own_connection() -> None:
     """
     default = connections["default"]
     if default.settings_dict.get("OPTIONS", {}).get("pool"):
-        unpooled = type("UnpooledDatabaseWrapper", (type(default),), {"pool": None})
-        connections["default"] = unpooled(default.settings_dict, "default")
+        connections["default"] = unpooled(default)
 
 
 _EXECUTOR = ThreadPoolExecutor(

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from datetime import datetime
 
-from common.strict_json import is_int, is_number
+from common.strict_json import is_number
 from fleets.base import clock
 from fleets.core.golden import (
     baseline_missing,
@@ -28,7 +28,7 @@ from fleets.core.readiness import (
     failover_readiness,
     pick_standby,
 )
-from fleets.core.report import report_gpus, reported_training
+from fleets.core.report import DomainReport, read_report
 from fleets.core.states import OperationKind, OperationState, SlotKind
 from fleets.models import Domain, Fleet, GoldenBaseline, Id, ModelBinding, Operation, Slot
 from fleets.reads.selectors import fleet_view
@@ -38,13 +38,12 @@ def _number(value: object) -> float | None:
     return float(value) if is_number(value) else None
 
 
-def _gpus(report: dict) -> tuple[GpuFacts, ...]:
-    out = []
-    for g in report_gpus(report):
-        index, used, total = g.get("index"), _number(g.get("usedMiB")), _number(g.get("totalMiB"))
-        if is_int(index) and used is not None and total is not None:
-            out.append(GpuFacts(index, used, total))
-    return tuple(out)
+def _gpus(report: DomainReport) -> tuple[GpuFacts, ...]:
+    return tuple(
+        GpuFacts(g.index, g.used_mib, g.total_mib)
+        for g in report.gpus
+        if g.used_mib is not None and g.total_mib is not None
+    )
 
 
 def _wake_mib(slots: list[Slot], bound_slot_ids: Collection[object]) -> dict[int, float] | None:
@@ -110,8 +109,8 @@ def standby_facts(domain: Domain, policy: Policy) -> StandbyFacts:
     missing, baselines_at = _baselines(domain, policy)
     slots = list(Slot.objects.filter(domain=domain))
     bound = set(ModelBinding.objects.filter(domain=domain).values_list("slot_id", flat=True))
-    report = domain.last_report if isinstance(domain.last_report, dict) else {}
-    reported = reported_training(report)
+    report = read_report(domain.last_report)
+    reported = report.trainings()
     trainers = []
     for slot in slots:
         if slot.kind != SlotKind.TRAINING:

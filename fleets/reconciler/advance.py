@@ -24,10 +24,10 @@ from fleets.core.states import (
     leg_step,
 )
 from fleets.models import Domain, Event, Id, Operation
-from fleets.reconciler.client import SupervisorClient
 from fleets.reconciler.steps import demote, drill, promote
 from fleets.reconciler.steps.base import STEP_TIMEOUT, StepContext, StepResult
 from fleets.reconciler.steps.cleanup import cleanup_run
+from fleets.reconciler.supervisor.client import SupervisorClient
 from fleets.services.events import event_record
 from fleets.services.operations import operation_fail, operation_start, operation_step_done
 from fleets.services.transitions import domain_transition

@@ -29,8 +29,8 @@ from fleets.core.model_health import Verdict
 from fleets.core.policy import Policy
 from fleets.models import Domain, Id
 from fleets.reconciler import kick
-from fleets.reconciler.client import SupervisorClient
 from fleets.reconciler.heartbeat import Beat, beat_one, heartbeat_apply, serving_urls_of
+from fleets.reconciler.supervisor.client import SupervisorClient
 from fleets.services.unreachable import domain_unreachable_fail
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,9 @@ from fleets.core.golden import (
 from fleets.core.policy import Policy
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES, DomainState, InferenceState
 from fleets.models import Domain, Fleet, GoldenBaseline, Id, ModelBinding, Operation, Slot
-from fleets.reconciler.client import CALL_CAP_S, Call, ProbeReport, ProbeResult, SupervisorClient
+from fleets.reconciler.supervisor.client import SupervisorClient
+from fleets.reconciler.supervisor.reports import ProbeReport, ProbeResult
+from fleets.reconciler.supervisor.transport import CALL_CAP_S, Call
 from fleets.services.baselines import (
     NewBaseline,
     baseline_probe_claim,

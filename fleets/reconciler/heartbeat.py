@@ -1,22 +1,22 @@
 """Heartbeats: ask every domain's supervisor for its status, then mirror what it says.
 
-Reading happens first, for all domains at once (threads, no database, no transaction); applying
-happens after, one conditional UPDATE per change (`fleets.services.heartbeats`). Only
-steady-state pairs are mirrored; the in-between states (waking, probing, stopping) belong to the
-operation step that set them.
-
-Which state each slot and domain moves to is decided by the pure rules in
-`fleets.core.mirror`; this module reduces a report to the postures those rules read, and writes
-the moves. last_seen_at moves only after the slots were mirrored, and only on a good heartbeat.
+Reading happens first, for all domains at once (threads, no database, no transaction). Then,
+per domain, the pure core decides every move of the beat at once (`fleets.core.beat_plan`:
+slots, domain, model health, engine versions, what the domain row records) and one service call
+writes the plan (`fleets.services.heartbeats.heartbeat_record`), one conditional UPDATE per
+change. Only steady-state pairs are mirrored; the in-between states (waking, probing, stopping)
+belong to the operation step that set them. last_seen_at moves only after the slots were
+mirrored, and only on a good heartbeat.
 
 GPU memory (`GET /v1/gpu/memory`) is asked for beside the status, on its own pool, and is
 display data only: nothing decides on it and nothing waits for it. A beat stores the answer if
-it is in by the time the report is written; a slower one is stored by the next beat (one read
+it is in by the time the beat is planned; a slower one is stored by the next beat (one read
 per domain in flight at a time, so a hung NVML cannot pile up threads). The report carries it as
-`gpus` (the body's list) and `gpusAt` (when it was asked); a 501 (no GPU facts on that host)
-drops `gpus`; any other failure keeps the previous `gpus` and `gpusAt` and notes `gpusError`.
-Reads are spaced by GPU_MEMORY_EVERY_MS per domain (from the stored answer's time, good or
-bad), and skipped while the domain's heartbeat is failing.
+`gpus` (read into the report model) and `gpusAt` (when it was asked); a 501 (no GPU facts on
+that host) drops `gpus`; any other failure keeps the previous `gpus` and `gpusAt` and notes
+`gpusError` (`fleets.core.beat_plan.gpu_keys`). Reads are spaced by GPU_MEMORY_EVERY_MS per
+domain (from the stored answer's time, good or bad), and skipped while the domain's heartbeat
+is failing.
 """
 
 from __future__ import annotations
@@ -30,45 +30,27 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from fleets.base import clock
-from fleets.core.mirror import (
-    ModelPosture,
-    TrainerPosture,
-    domain_move,
-    inference_move,
-    training_move,
+from fleets.core.beat_plan import (
+    BindingRow,
+    GpuAnswer,
+    Heard,
+    SlotRow,
+    beat_plan,
+    model_posture,
 )
-from fleets.core.model_health import (
-    Reach,
-    ServerHealth,
-    Verdict,
-    model_health,
-    needs_direct_check,
-    unreachable_verdict,
-)
+from fleets.core.model_health import Reach, Verdict, needs_direct_check, unreachable_verdict
 from fleets.core.policy import Policy
-from fleets.core.report import TrainerReportState
-from fleets.core.states import SlotKind, TrainingState
+from fleets.core.report import GpuMemory, ReadError, StatusReport, read_report
 from fleets.models import Domain, Id, ModelBinding, Slot
-from fleets.reconciler.client import (
+from fleets.reconciler.supervisor.client import SupervisorClient, gpu_facts_unavailable
+from fleets.reconciler.supervisor.transport import (
     CALL_CAP_S,
     Call,
-    GpuMemory,
-    StatusReport,
-    SupervisorClient,
-    TrainingReport,
+    CallError,
     call_reach,
-    gpu_facts_unavailable,
     serving_reach,
 )
-from fleets.services.heartbeats import (
-    binding_engine_version_record,
-    domain_heartbeat_failed,
-    domain_mirror,
-    domain_seen,
-    slot_mirror,
-    slot_pids_record,
-)
-from fleets.services.model_health import model_health_record
+from fleets.services.heartbeats import heartbeat_record
 
 # At most this many supervisors are asked at once per process; more domains queue.
 POOL_THREADS = 16
@@ -91,8 +73,6 @@ def _gpu_pool() -> ThreadPoolExecutor:
 
 # The dashboard's memory bars need no more than this; ticks during a failover come far faster.
 GPU_MEMORY_EVERY_MS = 1000
-# The report keys the GPU memory read owns.
-GPU_KEYS = ("gpus", "gpusAt", "gpusError")
 
 
 @dataclass(frozen=True)
@@ -155,7 +135,7 @@ def _unvouched(report: StatusReport | None, urls: dict[str, str]) -> dict[str, s
         name: url
         for name, url in urls.items()
         if needs_direct_check(
-            supervisor_answered=report is not None, posture=_model_posture(report, name)
+            supervisor_answered=report is not None, posture=model_posture(report, name)
         )
     }
 
@@ -249,8 +229,8 @@ def _gpu_read_due(domain: Domain, now: datetime) -> bool:
     return not timedelta(0) <= now - last < timedelta(milliseconds=GPU_MEMORY_EVERY_MS)
 
 
-def _gpu_fields(beat: Beat, previous: Any) -> dict[str, Any] | None:
-    """Return the GPU keys to store with this beat's report, or None if nothing came in.
+def _gpu_answer(beat: Beat) -> GpuAnswer | None:
+    """Take this beat's GPU memory answer, or None if none came in.
 
     Never waits: a read still running is left for the next beat. An answered read is taken off
     the in-flight table here, whether or not this beat's status was good.
@@ -262,36 +242,17 @@ def _gpu_fields(beat: Beat, previous: Any) -> dict[str, Any] | None:
         if _gpu_reads.get(beat.domain.id) is read:
             del _gpu_reads[beat.domain.id]
     call: Call[GpuMemory] = read.future.result()
-    asked_at = clock.iso(read.asked_at)
-    err = call.error
-    if err is None and call.value is not None:
-        return {"gpus": list(call.value.raw.get("gpus") or []), "gpusAt": asked_at}
-    if err is None:
-        return None  # a call carries a value or an error; never neither
-    error = {"kind": err.kind, "status": err.status, "message": err.message, "at": asked_at}
-    if gpu_facts_unavailable(err):
-        # An answer, not a failure: this host has no GPU facts, so no bars rather than old ones.
-        return {"gpusAt": asked_at, "gpusError": error}
-    kept = {
-        k: previous[k] for k in ("gpus", "gpusAt") if isinstance(previous, dict) and k in previous
-    }
-    return {**kept, "gpusError": error}
+    if call.error is None:
+        return GpuAnswer(read.asked_at, memory=call.value)
+    return GpuAnswer(
+        read.asked_at,
+        error=_read_error(call.error),
+        unavailable=gpu_facts_unavailable(call.error),
+    )
 
 
-def _with_gpus(report: dict[str, Any], fields: dict[str, Any] | None, previous: Any) -> dict:
-    """Merge the GPU keys into the status body: this beat's answer, else the previous ones."""
-    if fields is None:
-        fields = {k: previous[k] for k in GPU_KEYS if isinstance(previous, dict) and k in previous}
-    if not fields:
-        return report
-    return {**{k: v for k, v in report.items() if k not in GPU_KEYS}, **fields}
-
-
-def _models_by_slot(domain: Domain) -> dict:
-    out: dict = {}
-    for slot_id, name in ModelBinding.objects.filter(domain=domain).values_list("slot_id", "name"):
-        out.setdefault(slot_id, []).append(name)
-    return out
+def _read_error(error: CallError) -> ReadError:
+    return ReadError(kind=error.kind, message=error.message, status=error.status)
 
 
 def serving_urls_of(domain_id: Id | None) -> dict[str, str]:
@@ -301,53 +262,6 @@ def serving_urls_of(domain_id: Id | None) -> dict[str, str]:
     return dict(ModelBinding.objects.filter(domain_id=domain_id).values_list("name", "serving_url"))
 
 
-def _record_model_health(beat: Beat, report: StatusReport | None, actor: str) -> None:
-    """Record each bound model's own server health from this beat (fleets.core.model_health).
-
-    Written when it changes, and on every direct sighting of a live server: that sighting is
-    what keeps a supervisor-less active from reading stale (`serving_seen_at`).
-    """
-    rows = ModelBinding.objects.filter(domain=beat.domain).values_list("id", "name", "health")
-    for binding_id, name, current in rows:
-        direct = beat.direct.get(name, Reach.NOT_ASKED)
-        health = model_health(
-            supervisor_answered=report is not None,
-            posture=_model_posture(report, name),
-            direct=direct,
-        )
-        if health is None or (health == current and direct == Reach.NOT_ASKED):
-            continue
-        if health == current and health != ServerHealth.UP:
-            continue
-        model_health_record(
-            binding_id=binding_id,
-            health=health,
-            observed_at=beat.observed_at,
-            source="direct" if direct != Reach.NOT_ASKED else "supervisor",
-            actor=actor,
-        )
-
-
-def _record_engine_versions(beat: Beat, report: StatusReport | None, actor: str) -> None:
-    """Keep each bound model's engine version as its supervisor reported it (ours reports it;
-    the original does not, and an unreported version changes nothing)."""
-    if report is None:
-        return
-    rows = ModelBinding.objects.filter(domain=beat.domain).values_list(
-        "id", "name", "engine_version"
-    )
-    for binding_id, name, current in rows:
-        reading = report.model(name)
-        version = reading.engine_version if reading is not None else None
-        if version and version != current:
-            binding_engine_version_record(
-                binding_id=binding_id,
-                engine_version=version,
-                observed_at=beat.observed_at,
-                actor=actor,
-            )
-
-
 def heartbeat_apply(
     beat: Beat,
     *,
@@ -355,164 +269,42 @@ def heartbeat_apply(
     operation_in_flight: bool,
     actor: str = "heartbeat",
 ) -> None:
-    """Mirror one heartbeat onto the domain's slots and state, then record it as seen."""
+    """Mirror one heartbeat: read the rows it may move, let the core plan every move
+    (`fleets.core.beat_plan`), and hand the plan to the one service call that writes it."""
     domain = beat.domain
     if beat.call is None:
         return  # nothing to ask: a domain without a supervisor is never heartbeat-managed
-    is_active = domain.id == active_domain_id
-    report = beat.call.value if beat.call.ok else None
     now = clock.now()
-    models_by_slot = _models_by_slot(domain)
-    slots = list(Slot.objects.filter(domain=domain))
-    healthy = True
-    for slot in slots:
-        if slot.kind == SlotKind.INFERENCE and slot.id in models_by_slot:
-            ok = _mirror_inference(
-                slot,
-                models_by_slot[slot.id],
-                report,
-                is_active=is_active,
-                settle_serving=not operation_in_flight,
-                observed_at=beat.observed_at,
-                now=now,
-                actor=actor,
-            )
-            healthy = healthy and ok
-        elif slot.kind == SlotKind.TRAINING and report is not None:
-            _mirror_training(slot, report, observed_at=beat.observed_at, now=now, actor=actor)
-    _mirror_domain(domain, report, is_active=is_active, healthy=healthy, beat=beat, now=now)
-    _record_model_health(beat, report, actor)
-    _record_engine_versions(beat, report, actor)
-    # Taken only now, after the state decisions: GPU memory never holds them up.
-    gpu_fields = _gpu_fields(beat, domain.last_report)
-    if report is not None:
-        domain_seen(
-            domain_id=domain.id,
-            fleet_id=domain.fleet_id,
-            seen_at=beat.observed_at,
-            # The previous GPU keys are display data carried over from the row read at tick
-            # start; the read's schedule is the gpus_read_at column.
-            report=_with_gpus(report.raw, gpu_fields, domain.last_report),
-            gpus_read_at=beat.gpu.asked_at if gpu_fields is not None and beat.gpu else None,
+    slots = [
+        SlotRow(s.id, s.kind, s.state, s.gpu_index, tuple(s.pids or ()))
+        for s in Slot.objects.filter(domain=domain)
+    ]
+    bindings = [
+        BindingRow(*row)
+        for row in ModelBinding.objects.filter(domain=domain).values_list(
+            "id", "slot_id", "name", "health", "engine_version"
         )
-    elif (err := beat.call.error) is not None:
-        domain_heartbeat_failed(
-            domain_id=domain.id,
-            fleet_id=domain.fleet_id,
-            checked_at=beat.observed_at,
-            error={"kind": err.kind, "status": err.status, "message": err.message},
-        )
-
-
-def _model_posture(report: StatusReport | None, name: str) -> ModelPosture:
-    reading = report.model(name) if report is not None else None
-    if reading is None:
-        return ModelPosture.MISSING
-    if reading.sleeping is None:
-        return ModelPosture.UNKNOWN
-    return ModelPosture.ASLEEP if reading.sleeping else ModelPosture.AWAKE
-
-
-def _mirror_inference(
-    slot: Slot,
-    names: list[str],
-    report: StatusReport | None,
-    *,
-    is_active: bool,
-    settle_serving: bool,
-    observed_at: datetime,
-    now: datetime,
-    actor: str,
-) -> bool:
-    """Mirror one inference slot; return whether its models are in the role's posture."""
-    postures = [_model_posture(report, n) for n in names]
-    result = inference_move(
-        slot.state,
-        postures,
-        reachable=report is not None,
-        is_active=is_active,
-        settle_serving=settle_serving,
-    )
-    if result.to_state is not None:
-        missing = [n for n, p in zip(names, postures, strict=True) if p == ModelPosture.MISSING]
-        reason = (
-            "supervisor unreachable"
-            if report is None
-            else (f"missing from status: {', '.join(missing)}" if missing else "reported posture")
-        )
-        slot_mirror(
-            slot_id=slot.id,
-            from_state=slot.state,
-            to_state=result.to_state,
-            observed_at=observed_at,
-            now=now,
-            reason=reason,
-            actor=actor,
-        )
-    return result.in_posture
-
-
-def _trainer_posture(reading: TrainingReport | None) -> TrainerPosture:
-    if reading is None:
-        return TrainerPosture.ABSENT
-    if reading.running_with_pid:
-        return TrainerPosture.RUNNING
-    return TrainerPosture.IDLE if reading.state == TrainerReportState.IDLE else TrainerPosture.OTHER
-
-
-def _mirror_training(
-    slot: Slot, report: StatusReport, *, observed_at: datetime, now: datetime, actor: str
-) -> None:
-    reading = report.training(slot.gpu_index)
-    posture = _trainer_posture(reading)
-    pids = list(reading.pids) if reading is not None else []
-    to_state = training_move(slot.state, posture)
-    if to_state is not None:
-        slot_mirror(
-            slot_id=slot.id,
-            from_state=slot.state,
-            to_state=to_state,
-            observed_at=observed_at,
-            now=now,
-            pids=pids if to_state == TrainingState.TRAINING else [],
-            reason=(
-                "trainer running" if to_state == TrainingState.TRAINING else "trainer not running"
-            ),
-            actor=actor,
-        )
-    elif (
-        slot.state == TrainingState.TRAINING
-        and posture == TrainerPosture.RUNNING
-        and pids != slot.pids
-    ):
-        slot_pids_record(slot_id=slot.id, pids=pids)
-
-
-def _mirror_domain(
-    domain: Domain,
-    report: StatusReport | None,
-    *,
-    is_active: bool,
-    healthy: bool,
-    beat: Beat,
-    now: datetime,
-) -> None:
-    to_state = domain_move(
-        domain.state, reachable=report is not None, is_active=is_active, in_posture=healthy
-    )
-    if to_state is None:
-        return
-    if report is None:
-        reason = "heartbeat failed"
-    elif healthy:
-        reason = "heartbeat healthy"
-    else:
-        reason = "not every bound model is awake" if is_active else "model state unknown"
-    domain_mirror(
-        domain_id=domain.id,
-        from_state=domain.state,
-        to_state=to_state,
+    ]
+    call = beat.call
+    heard = Heard(
         observed_at=beat.observed_at,
-        now=now,
-        reason=reason,
+        status=call.value if call.ok else None,
+        error=_read_error(call.error) if call.error is not None else None,
+        direct=beat.direct,
+        gpu=_gpu_answer(beat),
     )
+    plan = beat_plan(
+        domain_id=domain.id,
+        fleet_id=domain.fleet_id,
+        domain_state=domain.state,
+        # The previous GPU memory is display data carried over from the row read at tick
+        # start; the read's schedule is the gpus_read_at column.
+        stored=read_report(domain.last_report),
+        slots=slots,
+        bindings=bindings,
+        heard=heard,
+        is_active=domain.id == active_domain_id,
+        settle_serving=not operation_in_flight,
+        now=now,
+    )
+    heartbeat_record(plan=plan, actor=actor)

@@ -1,27 +1,28 @@
-"""The provisioning tick: launch, watch and tear down driver-backed domains with the `sky` CLI.
+"""The provisioning tick: launch, watch and tear down driver-backed domains through their driver.
 
+A domain's `provider` names its driver in `fleets.drivers.registry`; the pass drives every
+driver through the same phases (`fleets.core.provisioning`), retries, deadlines and events.
 Runs beside the reconcile tick (the loop and Celery call it after `tick_run`), never inside a
-request and never inside a transaction: every `sky` call happens first, then its outcome is
+request and never inside a transaction: every driver call happens first, then its outcome is
 written with one conditional UPDATE (`fleets.services.provisioning`). A fleet's provisioning
 ticks do not overlap (their own lock, so slow cloud calls never hold up failover), and every
 write is guarded by the domain's attempt counter, so a second worker can only lose a race.
 
 Per managed domain:
 - failed, not active, past `replaceFailedGraceMs`, policy allows: begin a replacement;
-- provisioning: replace (down the old cluster), launch on the current candidate, wait for the
-  request and the cluster, record its URLs; a failed launch backs off and moves to the next
-  region/zone on capacity errors; past `provisionTimeoutMs` the domain goes failed with the
-  driver's last error;
+- provisioning: replace (remove what an earlier life left), launch on the current candidate,
+  describe until the host is up, record its URLs; a failed launch backs off and moves to the
+  next candidate when the driver says the failure was about the place; past
+  `provisionTimeoutMs` the domain goes failed with the driver's last error;
 - ready standby in phase up: request a demotion (sleep, then training), then settle;
-- stopping: stop or down, confirm, then stopped.
+- stopping: stop or down, confirmed by the driver, then stopped.
 Static domains, and driver domains without launch settings, are never touched.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -33,22 +34,17 @@ from fleets.base.supervisor_tokens import supervisor_token_for
 from fleets.core import provisioning as core
 from fleets.core.policy import Policy
 from fleets.core.provisioning import Phase
-from fleets.core.states import DomainState, OperationKind, Provider
-from fleets.drivers.cloud_placement import (
-    CloudPlacementError,
-    DriverSettings,
-    parse_cloud_placement,
-    parse_driver_settings,
-)
-from fleets.drivers.render import cluster_name, render_for
-from fleets.drivers.sky_cli import (
+from fleets.core.states import DomainState, OperationKind
+from fleets.core.timestamps import parse_iso
+from fleets.drivers.base import (
     DriverError,
-    SkyCli,
-    SkyClusterUnknown,
-    SkyCommandFailed,
-    SkySecretMissing,
-    classify_failure,
+    DriverSettingsError,
+    Progress,
+    ProvisioningDriver,
+    SettingsRefused,
+    Target,
 )
+from fleets.drivers.registry import DriverRegistry, default_registry
 from fleets.models import Domain, Fleet, Id, Operation
 from fleets.reconciler.locks import LeaseLost, lease_held
 from fleets.services import provisioning as svc
@@ -61,14 +57,15 @@ log = logging.getLogger(__name__)
 # A launch whose request id never got recorded (the worker died between the claim and the
 # call) is looked at again after this long.
 LOST_LAUNCH_S = 120
-# A provisioning pass renews its lease per domain, and one domain's `sky` calls are capped
-# (status --refresh at 90 s): the lease outlasts the worst domain, matching Celery's hard limit.
+# A provisioning pass renews its lease per domain, and one domain's driver calls are capped
+# (each at most MAX_DRIVER_CALL_S, two per domain at worst): the lease outlasts the worst
+# domain, matching Celery's hard limit.
 PROVISION_LEASE_S = 330.0
 
 
-def sky_for() -> SkyCli:
-    """Return the `sky` CLI of SkyPilot's own environment (HARU_SKY_VENV)."""
-    return SkyCli(venv=settings.HARU.get("sky_venv"))
+def drivers_for() -> DriverRegistry:
+    """Return the built-in drivers, configured from Haru's settings."""
+    return default_registry(config=settings.HARU)
 
 
 @dataclass(frozen=True)
@@ -78,17 +75,8 @@ class ProvisionResult:
     busy: bool = False  # something is in flight: look again soon
 
 
-def _parse_time(value: Any) -> datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 def fleet_provision_tick(
-    *, fleet_id: Id, sky_factory: Callable[[], SkyCli] = sky_for, actor: str = "provisioner"
+    *, fleet_id: Id, drivers: DriverRegistry | None = None, actor: str = "provisioner"
 ) -> ProvisionResult:
     """Run one provisioning pass over the fleet's managed domains, under the fleet's
     provisioning lock; skip (ran=False) if another pass holds it."""
@@ -102,7 +90,7 @@ def fleet_provision_tick(
         domains = [d for d in Domain.objects.filter(fleet=fleet) if svc.is_managed(d)]
         if not domains:
             return ProvisionResult(str(fleet_id), ran=True)
-        sky: SkyCli | None = None
+        registry = drivers or drivers_for()
         busy = False
         for domain in domains:
             try:
@@ -111,27 +99,26 @@ def fleet_provision_tick(
                 log.warning("provisioning of fleet %s stopped: %s", fleet_id, exc)
                 return ProvisionResult(str(fleet_id), ran=False)
             try:
-                if sky is None and _needs_sky(domain):
-                    sky = sky_factory()
-                busy = _step(fleet, domain, policy, sky, actor) or busy
+                busy = _step(fleet, domain, policy, registry.get(domain.provider), actor) or busy
             except Exception:  # noqa: BLE001 - one domain's trouble must not stop the others
                 log.exception("provisioning of domain %s failed unexpectedly", domain)
         return ProvisionResult(str(fleet_id), ran=True, busy=busy)
 
 
-def _needs_sky(domain: Domain) -> bool:
-    return domain.state in (DomainState.PROVISIONING, DomainState.STOPPING)
-
-
-def _step(fleet: Fleet, domain: Domain, policy: Policy, sky: SkyCli | None, actor: str) -> bool:
+def _step(
+    fleet: Fleet, domain: Domain, policy: Policy, driver: ProvisioningDriver, actor: str
+) -> bool:
     """Advance one domain; return whether it is mid-flight (worth a quick second look)."""
     if domain.state == DomainState.FAILED:
         _maybe_replace(fleet, domain, policy, actor)
         return False
-    if domain.state == DomainState.PROVISIONING and sky is not None:
-        return _provision(domain, policy, sky, actor)
-    if domain.state == DomainState.STOPPING and sky is not None:
-        return _teardown(domain, policy, sky, actor)
+    if domain.state in (DomainState.PROVISIONING, DomainState.STOPPING):
+        try:
+            work = _Work(domain, policy, driver, _target(domain, driver), actor)
+        except SettingsRefused as exc:
+            _fail(domain, exc, actor)
+            return False
+        return (_provision if domain.state == DomainState.PROVISIONING else _teardown)(work)
     if domain.state in (DomainState.READY, DomainState.DEGRADED):
         if _fail_if_unreachable(fleet, domain, policy, actor):
             domain.refresh_from_db()
@@ -211,125 +198,136 @@ def _maybe_replace(fleet: Fleet, domain: Domain, policy: Policy, actor: str) -> 
 # -- provisioning ----------------------------------------------------------------------------
 
 
-def _fail(domain: Domain, error: dict[str, Any], actor: str) -> None:
-    svc.domain_provision_fail(domain=domain, error=error, actor=actor)
+@dataclass(frozen=True)
+class _Work:
+    """One managed domain in one pass, with its driver and validated settings."""
+
+    domain: Domain
+    policy: Policy
+    driver: ProvisioningDriver
+    target: Target
+    actor: str
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return dict(self.domain.driver_status or {})
 
 
-def _provision(domain: Domain, policy: Policy, sky: SkyCli, actor: str) -> bool:
-    status = dict(domain.driver_status or {})
-    now = clock.now()
+def _target(domain: Domain, driver: ProvisioningDriver) -> Target:
+    """Validate the domain's stored settings with its driver; raise SettingsRefused."""
     try:
-        placement = parse_cloud_placement(domain.placement)
-        driver = parse_driver_settings(domain.driver, provider=domain.provider)
-    except CloudPlacementError as exc:
-        # The layout loader refuses these; a hand-edited row can still get here.
-        _fail(domain, {"code": "invalid_placement", "message": str(exc)}, actor)
-        return False
-    started = _parse_time(status.get("startedAt")) or domain.state_updated_at
-    if core.budget_spent(started_at=started, now=now, policy=policy):
-        last = status.get("lastError") or {
-            "code": "provision_timeout",
-            "message": f"not up within provisionTimeoutMs ({policy.provision_timeout_ms} ms)",
-        }
-        name = cluster_name(domain.fleet.slug, domain.slug)
-        if svc.domain_provision_fail(domain=domain, error=last, actor=actor):
-            # A node still half-way through its launch would be billed for nothing; its logs go
-            # with it (the driver's last error is kept on the domain).
-            try:
-                (sky.serve_down if domain.provider == Provider.SKYSERVE else sky.down)(name)
-            except DriverError as exc:
-                log.warning("domain %s failed; tearing down %s failed too: %s", domain, name, exc)
-        return False
-    name = cluster_name(domain.fleet.slug, domain.slug)
-    serve = domain.provider == Provider.SKYSERVE
-    phase = status.get("phase", "")
-    candidates = placement.candidates()
+        parsed = driver.validate(placement=domain.placement, settings=domain.driver)
+    except DriverSettingsError as exc:
+        raise SettingsRefused(str(exc)) from None
+    fleet_slug = domain.fleet.slug
+    return Target(
+        fleet_slug=fleet_slug,
+        domain_slug=domain.slug,
+        domain_id=str(domain.id),
+        name=driver.resource_name(fleet_slug=fleet_slug, domain_slug=domain.slug),
+        settings=parsed,
+    )
 
+
+def _fail(domain: Domain, exc: DriverError, actor: str) -> None:
+    # The layout loader refuses bad settings; a hand-edited row can still get here.
+    if domain.state == DomainState.STOPPING:
+        _note_error(domain, exc, actor)
+    else:
+        svc.domain_provision_fail(domain=domain, error=exc.as_dict(), actor=actor)
+
+
+def _provision(work: _Work) -> bool:
+    started = parse_iso(work.status.get("startedAt")) or work.domain.state_updated_at
+    if core.budget_spent(started_at=started, now=clock.now(), policy=work.policy):
+        _give_up(work)
+        return False
+    phase = work.status.get("phase", "")
     if phase in ("", Phase.REPLACE):
-        try:
-            (sky.serve_down if serve else sky.down)(name)
-        except DriverError as exc:
-            _note_error(domain, exc, actor)
-            return True
-        svc.domain_phase_advance(
-            domain=domain,
-            to_phase=Phase.LAUNCH,
-            actor=actor,
-            event="domain.provision.replaced",
-            event_data={"cluster": name},
-        )
-        return True
-
+        return _replace(work)
     if phase == Phase.BACKOFF:
-        if core.backoff_over(next_attempt_at=_parse_time(status.get("nextAttemptAt")), now=now):
-            svc.domain_phase_advance(domain=domain, to_phase=Phase.LAUNCH, actor=actor)
+        next_at = parse_iso(work.status.get("nextAttemptAt"))
+        if core.backoff_over(next_attempt_at=next_at, now=clock.now()):
+            svc.domain_phase_advance(domain=work.domain, to_phase=Phase.LAUNCH, actor=work.actor)
             return True
         return False
-
     if phase == Phase.LAUNCH:
-        index = int(status.get("candidate", 0)) % len(candidates)
-        where = candidates[index]
-        # Claim the launch first: exactly one worker wins this attempt and calls `sky`.
-        claimed = svc.domain_phase_advance(
-            domain=domain,
-            to_phase=Phase.WAIT,
-            updates={
-                "launchedAt": clock.iso(now),
-                "where": where.label(),
-                "requestId": None,
-                "launches": int(status.get("launches", 0)) + 1,
-                "cluster": name,
-            },
-            actor=actor,
-        )
-        if claimed is None:
-            return True
-        rendered = render_for(
-            provider=domain.provider,
-            name=name,
-            placement=placement,
-            settings=driver,
-            candidate=where,
-        )
-        # The domain's own token (derived from the master key): the node never holds the key,
-        # nor another domain's token.
-        token = supervisor_token_for(domain.id)
-        if not token:
-            # The supervisor listens beyond loopback on a cloud node and refuses to without one.
-            _backoff(
-                claimed,
-                SkySecretMissing(
-                    "HARU_SUPERVISOR_MASTER_KEY is not set: a provisioned supervisor must "
-                    "require a token"
-                ),
-                policy,
-                len(candidates),
-                actor,
-            )
-            return False
-        try:
-            request_id = sky.launch(
-                cluster=name,
-                yaml_text=rendered.text,
-                secrets={n: token for n in rendered.secret_names},
-                serve=serve,
-            )
-        except DriverError as exc:
-            _backoff(claimed, exc, policy, len(candidates), actor)
-            return False
-        claimed.driver_status["requestId"] = request_id
-        svc.domain_phase_advance(
-            domain=claimed,
-            to_phase=Phase.WAIT,
-            actor=actor,
-            event="domain.provision.launched",
-            event_data={"cluster": name, "where": where.label(), "requestId": request_id},
-        )
-        return True
-
+        return _launch(work)
     if phase == Phase.WAIT:
-        return _wait(domain, status, driver, name, serve, policy, sky, len(candidates), actor)
+        return _wait(work)
     return False  # up: the heartbeat takes it from here
+
+
+def _give_up(work: _Work) -> None:
+    """Past `provisionTimeoutMs`: fail the domain with the driver's last error, then remove
+    what the launches left (a host still half-way through its launch is billed for nothing)."""
+    last = work.status.get("lastError") or {
+        "code": "provision_timeout",
+        "message": f"not up within provisionTimeoutMs ({work.policy.provision_timeout_ms} ms)",
+    }
+    if svc.domain_provision_fail(domain=work.domain, error=last, actor=work.actor):
+        try:
+            work.driver.remove(work.target)
+        except DriverError as exc:
+            name = work.target.name
+            log.warning("domain %s failed; removing %s failed too: %s", work.domain, name, exc)
+
+
+def _replace(work: _Work) -> bool:
+    """Remove whatever an earlier life of the domain left, then launch."""
+    try:
+        work.driver.remove(work.target)
+    except DriverError as exc:
+        _note_error(work.domain, exc, work.actor)
+        return True
+    svc.domain_phase_advance(
+        domain=work.domain,
+        to_phase=Phase.LAUNCH,
+        actor=work.actor,
+        event="domain.provision.replaced",
+        event_data={"cluster": work.target.name},
+    )
+    return True
+
+
+def _launch(work: _Work) -> bool:
+    status, name = work.status, work.target.name
+    candidates = work.driver.candidates(work.target.settings)
+    index = int(status.get("candidate", 0)) % len(candidates)
+    now = clock.now()
+    # Claim the launch first: exactly one worker wins this attempt and calls the driver.
+    claimed = svc.domain_phase_advance(
+        domain=work.domain,
+        to_phase=Phase.WAIT,
+        updates={
+            "launchedAt": clock.iso(now),
+            "where": candidates[index],
+            "requestId": None,
+            "launches": int(status.get("launches", 0)) + 1,
+            "cluster": name,
+        },
+        actor=work.actor,
+    )
+    if claimed is None:
+        return True
+    work = replace(work, domain=claimed)
+    try:
+        # The domain's own token (derived from the master key): the host never holds the key,
+        # nor another domain's token.
+        token = supervisor_token_for(claimed.id)
+        handle = work.driver.launch(work.target, candidate=index, token=token)
+    except DriverError as exc:
+        _backoff(work, exc)
+        return False
+    claimed.driver_status["requestId"] = handle
+    svc.domain_phase_advance(
+        domain=claimed,
+        to_phase=Phase.WAIT,
+        actor=work.actor,
+        event="domain.provision.launched",
+        event_data={"cluster": name, "where": candidates[index], "requestId": handle},
+    )
+    return True
 
 
 def _note_error(domain: Domain, exc: DriverError, actor: str) -> None:
@@ -342,94 +340,45 @@ def _note_error(domain: Domain, exc: DriverError, actor: str) -> None:
     )
 
 
-def _backoff(domain: Domain, exc: DriverError, policy: Policy, count: int, actor: str) -> None:
-    status = domain.driver_status or {}
-    current = int(status.get("candidate", 0))
-    nxt = core.next_candidate(current, count, retry_elsewhere=exc.retry_elsewhere)
+def _backoff(work: _Work, exc: DriverError) -> None:
+    status = work.status
+    count = len(work.driver.candidates(work.target.settings))
+    nxt = core.next_candidate(
+        int(status.get("candidate", 0)), count, retry_elsewhere=exc.retry_elsewhere
+    )
     now = clock.now()
     error = {**exc.as_dict(), "where": status.get("where"), "at": clock.iso(now)}
-    retry_at = now + timedelta(milliseconds=policy.provision_retry_backoff_ms)
+    retry_at = now + timedelta(milliseconds=work.policy.provision_retry_backoff_ms)
     svc.domain_phase_advance(
-        domain=domain,
+        domain=work.domain,
         to_phase=Phase.BACKOFF,
-        updates={
-            "candidate": nxt,
-            "lastError": error,
-            "nextAttemptAt": clock.iso(retry_at),
-        },
-        actor=actor,
+        updates={"candidate": nxt, "lastError": error, "nextAttemptAt": clock.iso(retry_at)},
+        actor=work.actor,
         event="domain.provision.launch_failed",
         event_data={**error, "nextCandidate": nxt},
     )
 
 
-def _wait(
-    domain: Domain,
-    status: dict[str, Any],
-    driver: DriverSettings,
-    name: str,
-    serve: bool,
-    policy: Policy,
-    sky: SkyCli,
-    count: int,
-    actor: str,
-) -> bool:
-    request_id = status.get("requestId")
-    launched = _parse_time(status.get("launchedAt"))
-    state: str | None = None
+def _wait(work: _Work) -> bool:
+    handle = work.status.get("requestId")
+    launched = parse_iso(work.status.get("launchedAt"))
+    if not handle and launched and clock.now() - launched < timedelta(seconds=LOST_LAUNCH_S):
+        return True  # the claiming worker is still calling the driver's launch
     try:
-        if request_id:
-            state = sky.request_status(request_id)
-            if state in ("FAILED", "CANCELLED"):
-                logs = sky.request_logs(request_id)
-                exc = classify_failure(logs, what=f"launch {name}")
-                if isinstance(exc, SkyCommandFailed) and state == "CANCELLED":
-                    exc = SkyCommandFailed(f"launch {name}: request cancelled")
-                if serve:
-                    sky.serve_down(name)  # a failed service keeps its name taken
-                _backoff(domain, exc, policy, count, actor)
-                return False
-        elif launched and clock.now() - launched < timedelta(seconds=LOST_LAUNCH_S):
-            return True  # the claiming worker is still calling `sky launch`
-        if serve:
-            record = sky.serve_status(name)
-            if record is None or record.status != "READY" or not record.replica_endpoints:
-                if record is not None and record.status == "FAILED":
-                    sky.serve_down(name)
-                    _backoff(
-                        domain, SkyCommandFailed(f"service {name} FAILED"), policy, count, actor
-                    )
-                    return False
-                return True
-            host = record.replica_endpoints[0].rsplit(":", 1)[0]
-            supervisor_url = f"{host}:{driver.supervisor_port}"
-            serving = sky.serve_endpoint(name)
-        else:
-            cluster = sky.status(name)
-            if cluster is None:
-                if request_id is None or state == "SUCCEEDED":
-                    # No launch in flight and no cluster: the launch was lost; launch again.
-                    _backoff(
-                        domain,
-                        SkyClusterUnknown(f"cluster {name} not found after launch"),
-                        policy,
-                        count,
-                        actor,
-                    )
-                    return False
-                return True
-            if cluster.status != "UP":
-                return True
-            supervisor_url = sky.endpoint(name, driver.supervisor_port)
-            serving = (
-                sky.endpoint(name, driver.serving_port) if driver.serving_port is not None else ""
-            )
+        found = work.driver.describe(work.target, handle=handle)
     except DriverError as exc:
-        _note_error(domain, exc, actor)
+        _note_error(work.domain, exc, work.actor)
         return True
-    svc.domain_endpoints_record(
-        domain=domain, supervisor_url=supervisor_url, serving_base_url=serving, actor=actor
-    )
+    if found.progress == Progress.FAILED:
+        _backoff(work, found.error or DriverError("the launch failed"))
+        return False
+    if found.progress == Progress.UP:
+        svc.domain_endpoints_record(
+            domain=work.domain,
+            supervisor_url=found.supervisor_url,
+            serving_base_url=found.serving_base_url,
+            actor=work.actor,
+        )
     return True
 
 
@@ -469,24 +418,15 @@ def _settle(fleet: Fleet, domain: Domain, actor: str) -> None:
 # -- teardown ---------------------------------------------------------------------------------
 
 
-def _teardown(domain: Domain, policy: Policy, sky: SkyCli, actor: str) -> bool:
-    name = cluster_name(domain.fleet.slug, domain.slug)
-    mode = core.stop_mode(domain_mode=(domain.driver or {}).get("stopMode"), policy=policy)
+def _teardown(work: _Work) -> bool:
+    domain = work.domain
+    mode = core.stop_mode(domain_mode=(domain.driver or {}).get("stopMode"), policy=work.policy)
     try:
-        if domain.provider == Provider.SKYSERVE:
-            mode = "down"  # a service has no stopped state
-            sky.serve_down(name)
-            gone = sky.serve_status(name) is None
-        else:
-            (sky.stop if mode == "stop" else sky.down)(name)
-            record = sky.status(name)
-            gone = record is None or (mode == "stop" and record.status == "STOPPED")
+        done = work.driver.stop(work.target, mode=mode)
     except DriverError as exc:
-        if not isinstance(exc, SkyClusterUnknown):
-            _note_error(domain, exc, actor)
-            return True
-        gone = True  # nothing to stop
-    if gone:
-        svc.domain_stopped(domain=domain, mode=mode, actor=actor)
+        _note_error(domain, exc, work.actor)
+        return True
+    if done.gone:
+        svc.domain_stopped(domain=domain, mode=done.mode, actor=work.actor)
         return False
     return True

@@ -1,7 +1,7 @@
 """One reconcile tick for one fleet.
 
 1. heartbeat every domain's supervisor, concurrently (HTTP, outside any transaction);
-2. mirror slot health and domain states;
+2. mirror slot health and domain states (the core plans each beat; one service call writes it);
 3. escalate an active degraded past `degradedGraceMs` (every condition inside one UPDATE);
 4. detect failover: a lost active pre-empts an in-flight operation that cannot lead to a
    serving domain (fleets.core.preemption: cancelled, or, for a promotion whose routing
@@ -38,6 +38,7 @@ from fleets.core.failover import (
     standby_to_restore,
 )
 from fleets.core.model_health import outage_started_at
+from fleets.core.policy import Policy
 from fleets.core.preemption import (
     PREEMPTED,
     Ending,
@@ -59,11 +60,11 @@ from fleets.models import Domain, Fleet, Id, Operation
 from fleets.reads.selectors import AUTO_FAILOVER, failover_backoff_state, fleet_get, fleet_view
 from fleets.reconciler import datapath, kick
 from fleets.reconciler.advance import operation_advance
-from fleets.reconciler.client import SupervisorClient, client_for
 from fleets.reconciler.golden import active_baselines_fill
 from fleets.reconciler.heartbeat import heartbeat_apply, heartbeats_collect, serving_urls_of
 from fleets.reconciler.locks import LeaseLost, fleet_tick_lock
 from fleets.reconciler.steps.cleanup import pending_cleanups_run
+from fleets.reconciler.supervisor.client import SupervisorClient, client_for
 from fleets.services.escalation import (
     domain_escalate,
     fleet_no_standby_clear,
@@ -127,61 +128,13 @@ def fleet_tick(
     view = fleet_view(fleet)
     policy = view.policy
 
-    # 1-2. Heartbeats: read all, then apply each. The active's model servers are asked
-    # directly when its supervisor cannot vouch for them.
-    domains = list(Domain.objects.filter(fleet=fleet))
-    routed_id = view.active_domain_id
-    beats = heartbeats_collect(
-        domains,
-        policy=policy,
-        client_for=client_factory,
-        serving_urls={d.id: serving_urls_of(d.id) for d in domains if str(d.id) == routed_id},
-    )
-    # Liveness is judged as of this round's observation: the moment its answers were in, on
-    # this clock, before any database write. A database that stalls the writes below (a held
-    # write lock, a long transaction) delays the tick but cannot age a heartbeat that was just
-    # answered into a stale one (issue 11, finding 6).
-    observed = clock.now()
-    in_flight = Operation.objects.filter(
-        fleet_id=fleet.id, state__in=IN_FLIGHT_OPERATION_STATES
-    ).exists()
-    active_id = Fleet.objects.filter(pk=fleet.id).values_list("active_domain_id", flat=True).get()
-    for beat in beats:
-        checkpoint()  # a slow database can make these writes outlast a lease
-        heartbeat_apply(beat, active_domain_id=active_id, operation_in_flight=in_flight)
-
-    # 2b. A suspected dead active (a proxy's report, or this beat's refusals) is confirmed now
-    # with targeted heartbeats instead of waiting out the stale window.
-    active_beat = next((b for b in beats if b.domain.id == active_id), None)
-    if active_beat is not None and not in_flight:
-        datapath.confirm_active(
-            fleet_id=fleet.id,
-            active=active_beat.domain,
-            tick_beat=active_beat,
-            policy=policy,
-            client_for=client_factory,
-            operation_in_flight=in_flight,
-            actor=actor,
-        )
+    # 1-2b. Heartbeats, then the confirmation of a suspected dead active.
+    observed, in_flight = _heartbeats_run(fleet, view, client_factory, checkpoint, actor)
 
     # 3. Escalation: the core says whether it is due; the UPDATE re-checks it all.
     checkpoint()
-    view = fleet_view(fleet)
     now = observed
-    if view.active is not None:
-        degraded_since = (
-            Domain.objects.filter(pk=view.active.id)
-            .values_list("state_updated_at", flat=True)
-            .first()
-        )
-        if should_escalate(view, now, degraded_since) and domain_escalate(
-            domain_id=view.active.id,
-            now=now,
-            degraded_grace_ms=policy.degraded_grace_ms,
-            heartbeat_stale_ms=policy.heartbeat_stale_ms,
-            actor=actor,
-        ):
-            view = fleet_view(fleet)
+    view = _maybe_escalate(fleet, fleet_view(fleet), policy, now, actor)
 
     # 4. Failover: pre-empt what blocks it, detect, then (nothing else started) a returned
     # standby's posture. Standbys still backing off after failed attempts are passed over.
@@ -209,6 +162,74 @@ def fleet_tick(
     # 6. Clean-ups left pending; after the advance, so a failover never waits behind them.
     pending_cleanups_run(fleet_id=fleet.id, policy=policy, client_for=client_factory, actor=actor)
     return TickResult(str(fleet.id), True, advance.operation_id, advance.nudge_ms)
+
+
+def _heartbeats_run(
+    fleet: Fleet,
+    view: FleetView,
+    client_factory: Callable[[Domain], SupervisorClient],
+    checkpoint: Callable[[], None],
+    actor: str,
+) -> tuple[datetime, bool]:
+    """Heartbeat every domain (read all, then apply each), then confirm a suspected dead
+    active; return the round's observation time and whether an operation is in flight."""
+    policy = view.policy
+    # The active's model servers are asked directly when its supervisor cannot vouch for them.
+    domains = list(Domain.objects.filter(fleet=fleet))
+    routed_id = view.active_domain_id
+    beats = heartbeats_collect(
+        domains,
+        policy=policy,
+        client_for=client_factory,
+        serving_urls={d.id: serving_urls_of(d.id) for d in domains if str(d.id) == routed_id},
+    )
+    # Liveness is judged as of this round's observation: the moment its answers were in, on
+    # this clock, before any database write. A database that stalls the writes below (a held
+    # write lock, a long transaction) delays the tick but cannot age a heartbeat that was just
+    # answered into a stale one (issue 11, finding 6).
+    observed = clock.now()
+    in_flight = Operation.objects.filter(
+        fleet_id=fleet.id, state__in=IN_FLIGHT_OPERATION_STATES
+    ).exists()
+    active_id = Fleet.objects.filter(pk=fleet.id).values_list("active_domain_id", flat=True).get()
+    for beat in beats:
+        checkpoint()  # a slow database can make these writes outlast a lease
+        heartbeat_apply(beat, active_domain_id=active_id, operation_in_flight=in_flight)
+
+    # A suspected dead active (a proxy's report, or this beat's refusals) is confirmed now
+    # with targeted heartbeats instead of waiting out the stale window.
+    active_beat = next((b for b in beats if b.domain.id == active_id), None)
+    if active_beat is not None and not in_flight:
+        datapath.confirm_active(
+            fleet_id=fleet.id,
+            active=active_beat.domain,
+            tick_beat=active_beat,
+            policy=policy,
+            client_for=client_factory,
+            operation_in_flight=in_flight,
+            actor=actor,
+        )
+    return observed, in_flight
+
+
+def _maybe_escalate(
+    fleet: Fleet, view: FleetView, policy: Policy, now: datetime, actor: str
+) -> FleetView:
+    """Escalate an active degraded past its grace; return the view as it stands after."""
+    if view.active is None:
+        return view
+    degraded_since = (
+        Domain.objects.filter(pk=view.active.id).values_list("state_updated_at", flat=True).first()
+    )
+    if should_escalate(view, now, degraded_since) and domain_escalate(
+        domain_id=view.active.id,
+        now=now,
+        degraded_grace_ms=policy.degraded_grace_ms,
+        heartbeat_stale_ms=policy.heartbeat_stale_ms,
+        actor=actor,
+    ):
+        return fleet_view(fleet)
+    return view
 
 
 def _maybe_preempt(

@@ -21,16 +21,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
-from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
+from uvicorn.server import ServerState
 
+from common.private_apis import (
+    STATUS_LINE,
+    FlowControl,
+    RequestResponseCycle,
+    get_client_addr,
+    get_path_with_query_string,
+)
 from fleets.proxy import errors, flow, handler
 from fleets.server import hosts
-
-if TYPE_CHECKING:
-    from fleets.server.protocol import HaruHttpProtocol
 
 log = logging.getLogger("haru.proxy")
 
@@ -45,6 +48,28 @@ _500 = (
     b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain; charset=utf-8\r\n"
     b"content-length: 21\r\nconnection: close\r\n\r\nInternal Server Error"
 )
+
+
+class Connection(Protocol):
+    """What the chat path needs of its connection (protocol.py's HaruHttpProtocol)."""
+
+    @property
+    def transport(self) -> asyncio.Transport: ...
+    @property
+    def flow(self) -> FlowControl: ...
+    @property
+    def access_logger(self) -> logging.Logger: ...
+    @property
+    def access_log(self) -> bool: ...
+    @property
+    def server_state(self) -> ServerState: ...
+    @property
+    def expect_100_continue(self) -> bool: ...
+
+    # The chat request being served on this connection, told when the connection is lost.
+    direct: CycleIO | None
+
+    def on_response_complete(self) -> None: ...
 
 
 class LazyEvent:
@@ -104,7 +129,7 @@ class ChatCycle:
 
     def __init__(
         self,
-        protocol: HaruHttpProtocol,
+        protocol: Connection,
         scope: Any,
         *,
         keep_alive: bool,
@@ -163,7 +188,7 @@ class CycleIO:
 
     __slots__ = ("_chunked", "_watched", "cycle", "gone", "protocol", "task")
 
-    def __init__(self, protocol: HaruHttpProtocol, cycle: Cycle) -> None:
+    def __init__(self, protocol: Connection, cycle: Cycle) -> None:
         self.protocol = protocol
         self.cycle = cycle
         # The task serving the request, set by the protocol that starts it (asking the loop

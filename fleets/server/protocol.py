@@ -17,21 +17,17 @@ path itself: its hooks replace calls the edge makes anyway (`edge_limits` once p
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import logging
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
-from uvicorn.server import ServerState
-
 from common.edge.protocol import EdgeHttpProtocol
+from common.private_apis import RequestResponseCycle
 from fleets.server import limits as edge_limits
 
 if TYPE_CHECKING:
-    from fleets.server import direct
+    from fleets.server.direct import Cycle, CycleIO
 
 log = logging.getLogger("haru.serve")
 
@@ -73,17 +69,8 @@ class HaruHttpProtocol(EdgeHttpProtocol):
     BODY_LIMIT_SETTING = "HARU_HTTP_MAX_BODY_BYTES"
     # The settings' limits, read once per process: the hook the edge calls per connection.
     edge_limits = staticmethod(current_limits)
-
-    def __init__(
-        self,
-        config: Config,
-        server_state: ServerState,
-        app_state: dict[str, Any],
-        _loop: asyncio.AbstractEventLoop | None = None,
-    ) -> None:
-        super().__init__(config, server_state, app_state, _loop)
-        # The chat request being served on the direct path, told when the connection is lost.
-        self.direct: direct.CycleIO | None = None
+    # The chat request being served on the direct path, told when the connection is lost.
+    direct: CycleIO | None = None
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
@@ -98,7 +85,7 @@ class HaruHttpProtocol(EdgeHttpProtocol):
             return
         self._start_chat(cycle, endpoint)
 
-    def _start_chat(self, cycle: direct.Cycle, endpoint: str) -> None:
+    def _start_chat(self, cycle: Cycle, endpoint: str) -> None:
         chat = _direct()
         io = chat.CycleIO(self, cycle)
         coro = chat.serve(io, endpoint)

@@ -35,8 +35,8 @@ import threading
 import uuid
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 from datetime import UTC, datetime
+from typing import Any
 
 from channels.layers import get_channel_layer
 from django.db import close_old_connections, connection, connections

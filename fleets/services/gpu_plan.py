@@ -13,7 +13,7 @@ from typing import Any
 from django.db import transaction
 
 from fleets.core.placement import Plan, PlanInputError
-from fleets.core.report import report_gpus
+from fleets.core.report import read_report
 from fleets.core.states import SlotKind
 from fleets.layouts.planning import (
     UnitInput,
@@ -105,25 +105,24 @@ def domain_plan_apply(*, domain: Domain) -> list[str]:
 
 
 def gpus_from_report(report: Any) -> list[dict[str, Any]]:
-    """Describe GPUs as a layout does (`index`, `type`, `memoryMiB`, `mig`) from a report."""
+    """Describe GPUs as a layout does (`index`, `type`, `memoryMiB`, `mig`) from a stored
+    report (`fleets.core.report`)."""
     out: list[dict[str, Any]] = []
-    for gpu in report_gpus(report if isinstance(report, dict) else {}):
-        index, total, name = gpu.get("index"), gpu.get("totalMiB"), gpu.get("name")
-        mig = gpu.get("mig")
-        instances = [
-            i
-            for i in ((mig.get("instances") if isinstance(mig, dict) else None) or [])
-            if isinstance(i, dict) and isinstance(i.get("totalMiB"), int)
-        ]
-        if not isinstance(index, int) or not (isinstance(total, int) or instances):
+    for gpu in read_report(report).gpus:
+        if gpu.total_mib is None:
             continue
-        entry: dict[str, Any] = {"index": index, "type": name or "GPU"}
-        entry["memoryMiB"] = (
-            total if isinstance(total, int) else sum(i["totalMiB"] for i in instances)
-        )
+        entry: dict[str, Any] = {
+            "index": gpu.index,
+            "type": gpu.name or "GPU",
+            "memoryMiB": round(gpu.total_mib),
+        }
+        instances = [i for i in gpu.mig if i.total_mib is not None]
         if instances:
             entry["mig"] = [
-                {"name": f"gi{i.get('gpuInstanceId', n)}", "memoryMiB": i["totalMiB"]}
+                {
+                    "name": f"gi{n if i.gpu_instance_id is None else i.gpu_instance_id}",
+                    "memoryMiB": round(i.total_mib or 0),
+                }
                 for n, i in enumerate(instances)
             ]
         out.append(entry)

@@ -1,9 +1,12 @@
 """Heartbeat writes: mirror what a supervisor reported onto slots and domains.
 
-A heartbeat is read over HTTP before any of these run, so by the time it is applied an
-operation step may already have moved the same rows. Every mirror is therefore a conditional
-UPDATE guarded by the state we read AND by `state_updated_at <= observed_at`: a row changed
-after the report was taken is newer than the report, and the report must not overwrite it.
+`heartbeat_record` writes one beat's plan (`fleets.core.beat_plan`) in one call; the functions
+below it write one row each, with its event. A heartbeat is read over HTTP before any of these
+run, so by the time it is applied an operation step may already have moved the same rows. Every
+mirror is therefore a conditional UPDATE guarded by the state we read AND by
+`state_updated_at <= observed_at`: a row changed after the report was taken is newer than the
+report, and the report must not overwrite it. Each row is its own short transaction (no
+supervisor call inside one, and no lock held across rows that operation steps also lock).
 """
 
 from __future__ import annotations
@@ -15,9 +18,70 @@ from django.db import transaction
 from django.db.models import Case, F, Q, Value, When
 
 from fleets.base import clock
+from fleets.core.beat_plan import BeatPlan
+from fleets.core.report import HeartbeatNote, heartbeat_json, read_error, read_error_json
 from fleets.core.states import check_transition
 from fleets.models import Domain, Id, ModelBinding, Slot
 from fleets.services.events import event_record
+from fleets.services.model_health import model_health_record
+
+
+def heartbeat_record(*, plan: BeatPlan, actor: str = "heartbeat") -> None:
+    """Write every move of one beat with its events: slots, the domain, each model server,
+    then the domain row's record (seen or failed). A row whose guard fails (moved since it was
+    read, or newer than the report) is left as it is and writes no event."""
+    for move in plan.slots:
+        slot_mirror(
+            slot_id=move.slot_id,
+            from_state=move.from_state,
+            to_state=move.to_state,
+            observed_at=plan.observed_at,
+            now=plan.now,
+            pids=move.pids,
+            reason=move.reason,
+            actor=actor,
+        )
+    for record in plan.pids:
+        slot_pids_record(slot_id=record.slot_id, pids=record.pids)
+    if plan.domain is not None:
+        domain_mirror(
+            domain_id=plan.domain_id,
+            from_state=plan.domain.from_state,
+            to_state=plan.domain.to_state,
+            observed_at=plan.observed_at,
+            now=plan.now,
+            reason=plan.domain.reason,
+        )
+    for health in plan.health:
+        model_health_record(
+            binding_id=health.binding_id,
+            health=health.health,
+            observed_at=plan.observed_at,
+            source=health.source,
+            actor=actor,
+        )
+    for version in plan.versions:
+        binding_engine_version_record(
+            binding_id=version.binding_id,
+            engine_version=version.engine_version,
+            observed_at=plan.observed_at,
+            actor=actor,
+        )
+    if plan.seen is not None:
+        domain_seen(
+            domain_id=plan.domain_id,
+            fleet_id=plan.fleet_id,
+            seen_at=plan.observed_at,
+            report=plan.seen.to_json(),
+            gpus_read_at=plan.gpus_read_at,
+        )
+    elif plan.failed is not None:
+        domain_heartbeat_failed(
+            domain_id=plan.domain_id,
+            fleet_id=plan.fleet_id,
+            checked_at=plan.observed_at,
+            error=read_error_json(plan.failed),
+        )
 
 
 def slot_mirror(
@@ -90,17 +154,6 @@ def domain_mirror(
     return bool(moved)
 
 
-def _heartbeat_display(
-    *, ok: bool, checked_at: datetime, failing_since: datetime | None, error: Any = None
-) -> dict[str, Any]:
-    """The `heartbeat` key of `last_report`, for the dashboard; nothing decides on it."""
-    shown: dict[str, Any] = {"ok": ok, "checkedAt": clock.iso(checked_at)}
-    if not ok:
-        shown["error"] = error
-        shown["failingSince"] = clock.iso(failing_since)
-    return shown
-
-
 def _not_newer(field: str, at: datetime, *, tie_wins: bool = False) -> Q:
     """Match rows whose `field` is unset or older than `at` (or equal to it, when a tie goes to
     this write): a slower tick finishing after a faster one must not write older news over
@@ -131,7 +184,7 @@ def domain_seen(
     )
     stamped = {
         **report,
-        "heartbeat": _heartbeat_display(ok=True, checked_at=seen_at, failing_since=None),
+        "heartbeat": heartbeat_json(HeartbeatNote(ok=True, checked_at=seen_at)),
     }
     values: dict[str, Any] = {
         "last_seen_at": seen_at,
@@ -195,8 +248,10 @@ def domain_heartbeat_failed(
     shown = row["last_report"] if isinstance(row["last_report"], dict) else {}
     report = {
         **shown,
-        "heartbeat": _heartbeat_display(
-            ok=False, checked_at=checked_at, failing_since=since, error=error
+        "heartbeat": heartbeat_json(
+            HeartbeatNote(
+                ok=False, checked_at=checked_at, failing_since=since, error=read_error(error)
+            )
         ),
     }
     with transaction.atomic():

@@ -3,7 +3,7 @@
 Each is one conditional UPDATE on the domain guarded by its state and `provision_attempt` (the
 claim token: a worker that read attempt N writes only if nobody moved it since, and bumps it),
 checked first against the state table (`fleets.core.states`) and the phase table
-(`fleets.core.provisioning`). The `sky` CLI is never called here: callers call it before or
+(`fleets.core.provisioning`). No driver is ever called here: callers call it before or
 after, outside any transaction.
 """
 
@@ -18,8 +18,9 @@ from django.db import transaction
 from fleets.base import clock
 from fleets.base.errors import ServiceError
 from fleets.core.provisioning import PHASES_OF_STATE, Phase, check_phase
-from fleets.core.states import DomainState, Provider, check_transition
+from fleets.core.states import DomainState, check_transition
 from fleets.core.urls import without_userinfo
+from fleets.drivers.registry import builtin
 from fleets.models import Domain, Fleet, ModelBinding
 from fleets.services.events import event_record
 
@@ -32,8 +33,8 @@ class ProvisionRefused(ServiceError):
 
 
 def is_managed(domain: Domain) -> bool:
-    """Whether Haru provisions this domain itself (a driver provider with launch settings)."""
-    return domain.provider in (Provider.SKYPILOT, Provider.SKYSERVE) and bool(domain.driver)
+    """Whether Haru provisions this domain itself (a driver's provider with launch settings)."""
+    return domain.provider in builtin().names() and bool(domain.driver)
 
 
 def _fresh_status(phase: Phase, now: datetime, reason: str) -> dict[str, Any]:

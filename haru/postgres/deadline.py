@@ -6,17 +6,17 @@ keepalives never fire, so a query, or the pool's check of a connection before le
 waits for as long as the database is frozen. Every REST, dashboard and admin request held a
 thread and a pooled connection until it thawed, answering neither 503 nor 500.
 
-The mechanism is psycopg's own timed wait: every database round trip of a psycopg connection
-goes through `Connection.wait`, which (psycopg >= 3.3.9) takes a `timeout` and raises
-`_WaitTimeout`. `DeadlineConnection` (the pool's connection class) passes the request's budget
-there when the wait happens inside a web request (`scope`, opened by
-`haru.postgres.middleware.RequestDeadlineMiddleware`) and nothing otherwise, so migrations,
-`seed_layout`, retention pruning, Celery ticks and the chat proxy's own store thread are never
-cut. It needs no watchdog thread and no socket shut down from outside: the blocked call itself
-returns at the deadline. When it does, the connection is closed at once (its query may still
-be running, its state is unknown: it must never be lent again) and `DatabaseNotAnswering` (an
-OperationalError) is raised, which `fleets/api/outage.py` answers as it answers a stopped
-database: 503 `database_unavailable` with Retry-After.
+The mechanism is psycopg's own timed wait: every database round trip of a psycopg connection goes
+through `Connection.wait`, which (psycopg >= 3.3.9) takes a `timeout` and raises a private error
+when it passes (WAIT_TIMEOUT, fleets/base/private_apis.py). `DeadlineConnection` (the pool's
+connection class) passes the request's budget there when the wait happens inside a web request
+(`scope`, opened by `haru.postgres.middleware.RequestDeadlineMiddleware`) and nothing otherwise, so
+migrations, `seed_layout`, retention pruning, Celery ticks and the chat proxy's own store thread are
+never cut. It needs no watchdog thread and no socket shut down from outside: the blocked call itself
+returns at the deadline. When it does, the connection is closed at once (its query may still be
+running, its state is unknown: it must never be lent again) and `DatabaseNotAnswering` (an
+OperationalError) is raised, which `fleets/api/outage.py` answers as it answers a stopped database:
+503 `database_unavailable` with Retry-After.
 
 Once one wait has passed its deadline the process assumes the database is frozen (`Breaker`):
 one request at a time is let through to try it, every other web request fails at once with the
@@ -27,7 +27,6 @@ deadline, and the server recovers by itself when the database thaws.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import threading
 import time
@@ -36,20 +35,21 @@ from contextvars import ContextVar
 from typing import Any
 
 import psycopg
-import psycopg.errors
 from psycopg.abc import RV, PQGen
+
+from fleets.base.private_apis import WAIT_TIMEOUT, psycopg_wait_has_timeout
 
 log = logging.getLogger("haru.database")
 
 # psycopg's own default interval between wake-ups of a wait (to notice Ctrl-C).
 _INTERVAL = 0.1
-if not hasattr(psycopg.errors, "_WaitTimeout") or (
-    "timeout" not in inspect.signature(psycopg.Connection.wait).parameters
-):
+if WAIT_TIMEOUT is None or not psycopg_wait_has_timeout():
     raise ImportError(
         "haru.postgres needs psycopg >= 3.3.9 (Connection.wait with a timeout); "
         f"installed: {psycopg.__version__}"
     )
+# What a wait raises when its timeout passes (narrowed by the check above).
+_TIMED_OUT: type[Exception] = WAIT_TIMEOUT
 
 FAIL_FAST = (
     "the database is not answering (a request's deadline passed); failing fast until it does"
@@ -205,7 +205,7 @@ class DeadlineConnection(psycopg.Connection[Any]):
         limit = budget.wait_s if timeout is None else min(timeout, budget.wait_s)
         try:
             result = _wait(self, gen, interval, limit)
-        except psycopg.errors._WaitTimeout:
+        except _TIMED_OUT:
             if timeout is not None and timeout <= budget.wait_s:
                 raise  # the caller's own, shorter timeout
             self._cut()

@@ -27,78 +27,12 @@ from starlette.routing import Route
 from supervisor.gpu.sim_state import SimGpuState
 from supervisor.sim.backends import WAKE_TAGS, SimBackend
 from supervisor.sim.inference import InferenceEndpoint
+from supervisor.sim.options import FAULT_NAMES, Faults, SimOptions, Stats
 
 log = logging.getLogger("supervisor.sim")
 
-FAULT_NAMES = {
-    "wakeFails": "wake_fails",
-    "wakeHangs": "wake_hangs",
-    "sleepFails": "sleep_fails",
-    "inference5xx": "inference_5xx",
-    "isSleepingGarbage": "is_sleeping_garbage",
-    "crash": "crash",
-    # The failures a golden probe exists to catch (vLLM issue 53888): a wake after which the
-    # model answers differently, or after which its LoRA adapters silently stop applying.
-    # Each takes effect at the next wake and lasts until the engine is reset.
-    "answerDriftsAfterWake": "answer_drifts_after_wake",
-    "adaptersLostAfterWake": "adapters_lost_after_wake",
-}
 # What `GET /version` answers, as vLLM's does: golden fingerprints are kept per engine version.
 SIM_ENGINE_VERSION = "sim-1"
-
-
-@dataclass
-class SimOptions:
-    model: str
-    port: int
-    host: str = "127.0.0.1"
-    weights_mib: int = 0
-    context_mib: int = 0
-    gpu_index: int = 0
-    sim_state: str | None = None
-    wake_latency_ms: int = 0
-    sleep_latency_ms: int = 0
-    ttft_ms: int = 0
-    token_delay_ms: int = 0
-    load_ms: int = 0
-    reply: str | None = None
-    echo: bool = False
-    # As vLLM's --lora-modules NAME=PATH: extra served names, each answering in its own way.
-    lora_modules: tuple[str, ...] = ()
-    start_asleep: bool = False
-    max_model_len: int = 4096
-    server_load_tracking: bool = False
-    # Like vLLM's --api-key: inference routes need `Authorization: Bearer <key>`.
-    api_key: str | None = None
-    backend: str = "sim"
-    # The torch backend's own settings (device, KV cache, weights file); empty for "sim".
-    backend_settings: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Faults:
-    wake_fails: bool = False
-    wake_hangs: bool = False
-    sleep_fails: bool = False
-    inference_5xx: bool = False
-    is_sleeping_garbage: bool = False
-    crash: bool = False
-    answer_drifts_after_wake: bool = False
-    adapters_lost_after_wake: bool = False
-
-    def to_json(self) -> dict[str, bool]:
-        return {wire: getattr(self, attr) for wire, attr in FAULT_NAMES.items()}
-
-
-@dataclass
-class Stats:
-    requests: int = 0
-    completed: int = 0
-    cancelled: int = 0
-    rejected: int = 0
-    inflight: int = 0
-    sleeps: int = 0
-    wakes: int = 0
 
 
 @dataclass
@@ -332,17 +266,20 @@ def _local_only(request: Request) -> Response | None:
     return _error(403, "simulator controls are local-only")
 
 
-def build_app(engine: SimEngine) -> Starlette:
-    """Build the simulated server's ASGI app around one engine."""
+class SimRoutes:
+    """The simulated server's routes around one engine: vLLM's, and /_sim/ for tests."""
 
-    async def health(request: Request) -> Response:
-        return Response(status_code=200 if engine.loaded else 503)
+    def __init__(self, engine: SimEngine) -> None:
+        self.engine = engine
 
-    async def models(request: Request) -> Response:
-        if not engine.authorized(request.scope):
+    async def health(self, request: Request) -> Response:
+        return Response(status_code=200 if self.engine.loaded else 503)
+
+    async def models(self, request: Request) -> Response:
+        if not self.engine.authorized(request.scope):
             return JSONResponse({"error": "Unauthorized"}, status_code=401)
         created = int(time.time())
-        name = engine.options.model
+        name = self.engine.options.model
         return JSONResponse(
             {
                 "object": "list",
@@ -354,7 +291,7 @@ def build_app(engine: SimEngine) -> Starlette:
                         "owned_by": "vllm",
                         "root": name,
                         "parent": None,
-                        "max_model_len": engine.options.max_model_len,
+                        "max_model_len": self.engine.options.max_model_len,
                         "permission": [
                             {
                                 "id": f"modelperm-sim-{created}",
@@ -376,22 +313,22 @@ def build_app(engine: SimEngine) -> Starlette:
             }
         )
 
-    async def version(request: Request) -> Response:
+    async def version(self, request: Request) -> Response:
         return JSONResponse({"version": SIM_ENGINE_VERSION})
 
-    async def load(request: Request) -> Response:
+    async def load(self, request: Request) -> Response:
         # As vLLM: the count only with --enable-server-load-tracking, otherwise always 0.
-        tracked = engine.options.server_load_tracking
-        return JSONResponse({"server_load": engine.stats.inflight if tracked else 0})
+        tracked = self.engine.options.server_load_tracking
+        return JSONResponse({"server_load": self.engine.stats.inflight if tracked else 0})
 
-    async def metrics(request: Request) -> Response:
-        s, m = engine.stats, engine.options.model
+    async def metrics(self, request: Request) -> Response:
+        s, m = self.engine.stats, self.engine.options.model
         label = f'{{model_name="{m}"}}'
         lines = [
             "# TYPE vllm:num_requests_running gauge",
-            f"vllm:num_requests_running{label} {engine.generating}",
+            f"vllm:num_requests_running{label} {self.engine.generating}",
             "# TYPE vllm:num_requests_waiting gauge",
-            f"vllm:num_requests_waiting{label} {s.inflight - engine.generating}",
+            f"vllm:num_requests_waiting{label} {s.inflight - self.engine.generating}",
             "# TYPE haru_sim_requests_total counter",
             f"haru_sim_requests_total{label} {s.requests}",
             "# TYPE haru_sim_requests_completed_total counter",
@@ -399,40 +336,40 @@ def build_app(engine: SimEngine) -> Starlette:
             "# TYPE haru_sim_requests_cancelled_total counter",
             f"haru_sim_requests_cancelled_total{label} {s.cancelled}",
             "# TYPE haru_sim_sleeping gauge",
-            f"haru_sim_sleeping{label} {int(engine.sleeping)}",
+            f"haru_sim_sleeping{label} {int(self.engine.sleeping)}",
         ]
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
-    async def sleep(request: Request) -> Response:
+    async def sleep(self, request: Request) -> Response:
         raw = request.query_params.get("level", "1")
         if raw not in SLEEP_LEVELS:
             return _query_error("level", f"Input should be 0, 1 or 2, got {raw!r}")
         mode = request.query_params.get("mode", "abort")
         if mode not in SLEEP_MODES:
             return _query_error("mode", "Input should be 'abort', 'wait' or 'keep'")
-        return await engine.sleep(int(raw), mode=mode)
+        return await self.engine.sleep(int(raw), mode=mode)
 
-    async def wake_up(request: Request) -> Response:
+    async def wake_up(self, request: Request) -> Response:
         tags = request.query_params.getlist("tags") or None
         if tags and any(t not in WAKE_TAGS for t in tags):
             return _query_error("tags", f"Invalid tags {tags}: expected weights or kv_cache")
-        return await engine.wake(tags)
+        return await self.engine.wake(tags)
 
-    async def backend(request: Request) -> Response:
+    async def backend(self, request: Request) -> Response:
         if (refused := _local_only(request)) is not None:
             return refused
         checksum = request.query_params.get("checksum") in ("1", "true")
-        facts = await engine.backend_facts(checksum=checksum)
+        facts = await self.engine.backend_facts(checksum=checksum)
         if facts is None:
-            return _error(404, "this engine runs no memory backend (start it with --backend)")
+            return _error(404, "this self.engine runs no memory backend (start it with --backend)")
         return JSONResponse(facts)
 
-    async def is_sleeping(request: Request) -> Response:
-        if engine.faults.is_sleeping_garbage:
+    async def is_sleeping(self, request: Request) -> Response:
+        if self.engine.faults.is_sleeping_garbage:
             return JSONResponse({"is_sleeping": "unknown"})
-        return JSONResponse({"is_sleeping": engine.sleeping})
+        return JSONResponse({"is_sleeping": self.engine.sleeping})
 
-    async def faults(request: Request) -> Response:
+    async def faults(self, request: Request) -> Response:
         if (refused := _local_only(request)) is not None:
             return refused
         if request.method == "POST":
@@ -442,22 +379,22 @@ def build_app(engine: SimEngine) -> Starlette:
                 return _error(400, "body is not valid JSON")
             if not isinstance(changes, dict):
                 return _error(400, "body must be an object")
-            problem = engine.set_faults(changes)
+            problem = self.engine.set_faults(changes)
             if problem:
                 return _error(400, problem)
-            if engine.faults.crash:
-                log.warning("%s: simulated crash", engine.options.model)
+            if self.engine.faults.crash:
+                log.warning("%s: simulated crash", self.engine.options.model)
                 # Answer first, then die without cleanup, as a real crash would.
                 asyncio.get_running_loop().call_later(0.05, os._exit, 70)
-        return JSONResponse(engine.faults.to_json())
+        return JSONResponse(self.engine.faults.to_json())
 
-    async def stats(request: Request) -> Response:
+    async def stats(self, request: Request) -> Response:
         if (refused := _local_only(request)) is not None:
             return refused
-        s = engine.stats
+        s = self.engine.stats
         return JSONResponse(
             {
-                "model": engine.options.model,
+                "model": self.engine.options.model,
                 "requests": s.requests,
                 "completed": s.completed,
                 "cancelled": s.cancelled,
@@ -465,20 +402,20 @@ def build_app(engine: SimEngine) -> Starlette:
                 "inflight": s.inflight,
                 "sleeps": s.sleeps,
                 "wakes": s.wakes,
-                "sleeping": engine.sleeping,
-                "sleepLevel": engine.sleep_level,
-                "loaded": engine.loaded,
-                "weightsMiB": engine.options.weights_mib,
-                "contextMiB": engine.options.context_mib,
-                "gpuIndex": engine.options.gpu_index,
+                "sleeping": self.engine.sleeping,
+                "sleepLevel": self.engine.sleep_level,
+                "loaded": self.engine.loaded,
+                "weightsMiB": self.engine.options.weights_mib,
+                "contextMiB": self.engine.options.context_mib,
+                "gpuIndex": self.engine.options.gpu_index,
                 "pid": os.getpid(),
             }
         )
 
-    async def last_request(request: Request) -> Response:
+    async def last_request(self, request: Request) -> Response:
         if (refused := _local_only(request)) is not None:
             return refused
-        last = engine.last_request
+        last = self.engine.last_request
         if last is None:
             return _error(404, "no inference request received yet")
         if request.query_params.get("raw") in ("1", "true"):
@@ -495,50 +432,54 @@ def build_app(engine: SimEngine) -> Starlette:
             }
         )
 
-    async def reset(request: Request) -> Response:
+    async def reset(self, request: Request) -> Response:
         if (refused := _local_only(request)) is not None:
             return refused
-        engine.stats = Stats(inflight=engine.stats.inflight)
-        engine.last_request = None
-        engine.set_faults({k: False for k in FAULT_NAMES})
-        engine.drifted = engine.adapters_lost = False
+        self.engine.stats = Stats(inflight=self.engine.stats.inflight)
+        self.engine.last_request = None
+        self.engine.set_faults({k: False for k in FAULT_NAMES})
+        self.engine.drifted = self.engine.adapters_lost = False
         return JSONResponse({"ok": True})
 
     @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         loader: asyncio.Task[None] | None = None
-        if engine.loaded:
-            engine.register_memory()
+        if self.engine.loaded:
+            self.engine.register_memory()
         else:
-            loader = asyncio.create_task(_load(engine))
+            loader = asyncio.create_task(_load(self.engine))
         try:
             yield
         finally:
             if loader is not None:
                 loader.cancel()
-            engine.release_memory()
-            if engine.backend is not None:
-                engine.backend.close()
+            self.engine.release_memory()
+            if self.engine.backend is not None:
+                self.engine.backend.close()
 
+
+def build_app(engine: SimEngine) -> Starlette:
+    """Build the simulated server's ASGI app around one engine."""
+    r = SimRoutes(engine)
     return Starlette(
         routes=[
-            Route("/health", health, methods=["GET"]),
-            Route("/v1/models", models, methods=["GET"]),
+            Route("/health", r.health, methods=["GET"]),
+            Route("/v1/models", r.models, methods=["GET"]),
             Route("/v1/chat/completions", InferenceEndpoint(engine, chat=True)),
             Route("/v1/completions", InferenceEndpoint(engine, chat=False)),
-            Route("/metrics", metrics, methods=["GET"]),
-            Route("/sleep", sleep, methods=["POST"]),
-            Route("/wake_up", wake_up, methods=["POST"]),
-            Route("/is_sleeping", is_sleeping, methods=["GET"]),
-            Route("/load", load, methods=["GET"]),
-            Route("/version", version, methods=["GET"]),
-            Route("/_sim/faults", faults, methods=["GET", "POST"]),
-            Route("/_sim/stats", stats, methods=["GET"]),
-            Route("/_sim/backend", backend, methods=["GET"]),
-            Route("/_sim/last-request", last_request, methods=["GET"]),
-            Route("/_sim/reset", reset, methods=["POST"]),
+            Route("/metrics", r.metrics, methods=["GET"]),
+            Route("/sleep", r.sleep, methods=["POST"]),
+            Route("/wake_up", r.wake_up, methods=["POST"]),
+            Route("/is_sleeping", r.is_sleeping, methods=["GET"]),
+            Route("/load", r.load, methods=["GET"]),
+            Route("/version", r.version, methods=["GET"]),
+            Route("/_sim/faults", r.faults, methods=["GET", "POST"]),
+            Route("/_sim/stats", r.stats, methods=["GET"]),
+            Route("/_sim/backend", r.backend, methods=["GET"]),
+            Route("/_sim/last-request", r.last_request, methods=["GET"]),
+            Route("/_sim/reset", r.reset, methods=["POST"]),
         ],
-        lifespan=lifespan,
+        lifespan=r.lifespan,
     )
 
 

@@ -10,14 +10,30 @@ import asyncio
 import contextlib
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from starlette.types import Receive, Scope, Send
 
 from supervisor.sim import replies
+from supervisor.sim.options import Faults, SimOptions, Stats
 
-if TYPE_CHECKING:
-    from supervisor.sim.engine import SimEngine
+
+class Engine(Protocol):
+    """What the inference routes need of the engine (engine.py's SimEngine)."""
+
+    options: SimOptions
+    faults: Faults
+    stats: Stats
+    loaded: bool
+    resumed: asyncio.Event
+
+    def record_request(self, scope: Any, body: bytes) -> None: ...
+    def authorized(self, scope: Any) -> bool: ...
+    def next_id(self, prefix: str) -> str: ...
+    def serves(self, name: object) -> bool: ...
+    def reply_for(self, name: str) -> str: ...
+    def generation_started(self) -> asyncio.Event: ...
+    def generation_ended(self) -> None: ...
 
 
 class DisconnectWatch:
@@ -58,7 +74,7 @@ class DisconnectWatch:
 class InferenceEndpoint:
     """POST /v1/chat/completions or /v1/completions."""
 
-    def __init__(self, engine: SimEngine, *, chat: bool) -> None:
+    def __init__(self, engine: Engine, *, chat: bool) -> None:
         self.engine = engine
         self.chat = chat
 

@@ -105,73 +105,42 @@ def _prompt_text(payload: dict[str, Any], chat: bool) -> str:
 
 
 def chat_body(c: Completion) -> dict[str, Any]:
-    return {
-        "id": c.request_id,
-        "object": "chat.completion",
-        "created": c.created,
-        "model": c.model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": c.text},
-                "logprobs": None,
-                "finish_reason": c.finish_reason,
-            }
-        ],
-        "usage": c.usage(),
-        "haru_sim": c.trace(),
-    }
+    message = {"role": "assistant", "content": c.text}
+    reply = _reply(c, "chat.completion", [_choice({"message": message}, c.finish_reason)])
+    return {**reply, "usage": c.usage(), "haru_sim": c.trace()}
 
 
 def completion_body(c: Completion) -> dict[str, Any]:
-    return {
-        "id": c.request_id,
-        "object": "text_completion",
-        "created": c.created,
-        "model": c.model,
-        "choices": [
-            {"index": 0, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
-        ],
-        "usage": c.usage(),
-        "haru_sim": c.trace(),
-    }
+    reply = _reply(c, "text_completion", [_choice({"text": c.text}, c.finish_reason)])
+    return {**reply, "usage": c.usage(), "haru_sim": c.trace()}
 
 
 def chat_chunk(c: Completion, delta: dict[str, Any], finish: str | None) -> bytes:
-    return sse(
-        {
-            "id": c.request_id,
-            "object": "chat.completion.chunk",
-            "created": c.created,
-            "model": c.model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-        }
-    )
+    return sse(_reply(c, "chat.completion.chunk", [_choice({"delta": delta}, finish)]))
 
 
 def completion_chunk(c: Completion, text: str, finish: str | None) -> bytes:
-    return sse(
-        {
-            "id": c.request_id,
-            "object": "text_completion",
-            "created": c.created,
-            "model": c.model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
-        }
-    )
+    return sse(_reply(c, "text_completion", [_choice({"text": text}, finish)]))
 
 
 def usage_chunk(c: Completion, chat: bool) -> bytes:
-    return sse(
-        {
-            "id": c.request_id,
-            "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": c.created,
-            "model": c.model,
-            "choices": [],
-            "usage": c.usage(),
-        }
-    )
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    return sse({**_reply(c, kind, []), "usage": c.usage()})
+
+
+def _reply(c: Completion, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    """The fields every OpenAI reply and chunk starts with, in the order vLLM writes them."""
+    return {
+        "id": c.request_id,
+        "object": kind,
+        "created": c.created,
+        "model": c.model,
+        "choices": choices,
+    }
+
+
+def _choice(content: dict[str, Any], finish: str | None) -> dict[str, Any]:
+    return {"index": 0, **content, "logprobs": None, "finish_reason": finish}
 
 
 def sse(value: Any) -> bytes:

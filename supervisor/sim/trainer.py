@@ -18,14 +18,13 @@ import contextlib
 import json
 import os
 import re
-import signal
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 from supervisor.gpu.sim_state import SimGpuState
+from supervisor.sim.backends import stop_on_sigterm
 
 _CHECKPOINT = re.compile(r"^step-(\d+)\.json$")
 KEEP_CHECKPOINTS = 3
@@ -119,15 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dump_env:
         Path(args.dump_env).write_text(json.dumps(dict(os.environ), sort_keys=True))
 
-    stop = threading.Event()
-
-    def on_sigterm(signum: int, frame: object) -> None:
-        if args.ignore_sigterm:
-            log("SIGTERM received and ignored (--ignore-sigterm)")
-            return
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_sigterm)
+    stop = stop_on_sigterm(ignore=args.ignore_sigterm, log=log)
 
     state = None
     if args.sim_state and (args.memory_mib > 0 or args.leak_mib > 0):

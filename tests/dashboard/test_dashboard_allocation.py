@@ -8,6 +8,7 @@ import pytest
 
 from fleets.base.errors import LayoutError
 from fleets.core.allocation import gpu_allocations, plan_mismatches
+from fleets.core.report import read_report
 from fleets.layouts.loader import parse_layout
 from fleets.layouts.planning import PLACEMENT_REFUSALS
 from fleets.models import Domain, ModelBinding, Slot
@@ -52,7 +53,9 @@ def west(seeded_fleet):
 
 def allocations(domain):
     return gpu_allocations(
-        Slot.objects.filter(domain=domain), ModelBinding.objects.filter(domain=domain), REPORT
+        Slot.objects.filter(domain=domain),
+        ModelBinding.objects.filter(domain=domain),
+        read_report(REPORT),
     )
 
 
@@ -74,8 +77,8 @@ def test_each_workload_shows_planned_residue_and_measured_memory(west):
 
 
 def test_plan_mismatches_are_read_from_the_report():
-    assert plan_mismatches(REPORT) == ["GPU 0 is planned as 'H100'"]
-    assert plan_mismatches({}) == [] and plan_mismatches(None) == []
+    assert plan_mismatches(read_report(REPORT)) == ["GPU 0 is planned as 'H100'"]
+    assert plan_mismatches(read_report({})) == [] and plan_mismatches(read_report(None)) == []
 
 
 @pytest.mark.django_db

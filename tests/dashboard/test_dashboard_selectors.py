@@ -7,7 +7,8 @@ from datetime import timedelta
 import pytest
 
 from fleets.base import clock
-from fleets.core.report import gpu_bars, report_error, reported_models, reported_training
+from fleets.core.memory_bars import gpu_bars, report_error
+from fleets.core.report import read_report
 from fleets.dashboard import chart
 from fleets.dashboard.drift import drift_status, expected_fingerprint
 from fleets.dashboard.selectors import fleet_page, overview_rows
@@ -73,7 +74,7 @@ REPORT = {
 
 
 def test_gpu_bar_attributes_memory_to_awake_models_residue_and_training():
-    [bar] = gpu_bars(REPORT, [0])
+    [bar] = gpu_bars(read_report(REPORT), [0])
     assert (bar.used_mib, bar.total_mib, bar.used_pct) == (60000, 80000, 75.0)
     assert [(s.kind, s.mib) for s in bar.segments] == [
         ("awake", 20000),
@@ -85,14 +86,14 @@ def test_gpu_bar_attributes_memory_to_awake_models_residue_and_training():
 
 
 def test_gpu_bar_is_unknown_when_the_report_has_no_memory():
-    bars = gpu_bars({"slots": REPORT["slots"]}, [0, 1])
+    bars = gpu_bars(read_report({"slots": REPORT["slots"]}), [0, 1])
     assert [(b.index, b.used_mib, b.segments) for b in bars] == [(0, None, []), (1, None, [])]
     assert all(b.error for b in bars)
 
 
 def test_gpu_memory_nested_or_per_mig_instance_is_read():
     nested = {"memory": {"gpus": [{"index": 2, "usedMiB": 10, "totalMiB": 100}]}}
-    assert gpu_bars(nested)[0].used_pct == 10.0
+    assert gpu_bars(read_report(nested))[0].used_pct == 10.0
     mig = {
         "gpus": [
             {
@@ -110,7 +111,7 @@ def test_gpu_memory_nested_or_per_mig_instance_is_read():
         ],
         "slots": REPORT["slots"],
     }
-    [bar] = gpu_bars(mig)
+    [bar] = gpu_bars(read_report(mig))
     assert (bar.used_mib, bar.total_mib, bar.mig) == (20, 80, True)
     assert [(s.kind, s.mib) for s in bar.segments] == [("training", 5), ("other", 15)]
 
@@ -121,24 +122,62 @@ def test_gpu_memory_nested_or_per_mig_instance_is_read():
         None,
         [],
         "x",
-        {"slots": "x", "gpus": {"a": 1}},
-        {"slots": [None, 3, {"models": [1]}]},
+        {"slots": "x", "gpus": {"a": 1}, "heartbeat": "down"},
+        {"slots": [None, 3, {"models": [1]}, {"gpuIndex": "0", "models": [{"name": "m"}]}]},
         {"gpus": [{"index": "0"}, {"index": 0, "usedMiB": True, "totalMiB": 0}]},
+        {"heartbeat": {"ok": "no"}, "gpusAt": "yesterday", "gpusError": 7},
     ],
 )
 def test_malformed_reports_read_as_unknown_not_as_errors(garbage):
-    gpu_bars(garbage, [0])
-    reported_models(garbage)
-    reported_training(garbage)
-    report_error(garbage)
+    report = read_report(garbage)
+    # Nothing malformed becomes a fact: no model, no trainer, no heartbeat note, no GPU time.
+    assert report.models() == {} and report.trainings() == {}
+    assert report.heartbeat is None and report_error(report) is None
+    assert report.gpus_at is None and report.gpus_error is None
+    # Each layout GPU reads as unknown memory, with why, never as a figure.
+    [bar] = gpu_bars(report, [0])
+    assert (bar.index, bar.used_mib, bar.total_mib, bar.used_pct, bar.segments) == (
+        0,
+        None,
+        None,
+        None,
+        [],
+    )
+    assert bar.error in ("memory not reported", "no GPU memory in the last report")
+
+
+def test_each_malformed_field_reads_as_unknown_beside_the_good_ones():
+    report = read_report(
+        {
+            "slots": [
+                {
+                    "gpuIndex": 0,
+                    "kind": "inference",
+                    "models": [
+                        {"name": "a", "sleeping": "maybe", "fingerprint": 3, "pid": "11"},
+                        {"name": "b", "sleeping": True, "process": {"pid": 12}},
+                    ],
+                },
+                {"gpuIndex": 1, "kind": "training", "training": {"state": 5, "pids": [1, "2"]}},
+            ],
+            "gpus": [{"index": 0, "usedMiB": "lots", "totalMiB": 100}],
+        }
+    )
+    a, b = report.models()["a"], report.models()["b"]
+    assert (a.sleeping, a.fingerprint, a.pid) == (None, None, None)
+    assert (b.sleeping, b.pid) == (True, 12)
+    trainer = report.trainings()[1]
+    assert (trainer.state, trainer.pids, trainer.checkpoint_at) == (None, (1,), None)
+    [bar] = gpu_bars(report)
+    assert (bar.used_mib, bar.total_mib, bar.error) == (None, 100, "memory not reported")
 
 
 def test_models_and_training_are_read_from_the_status_slots():
-    models = reported_models(REPORT)
+    models = read_report(REPORT).models()
     assert (models["qwen-small"].sleeping, models["qwen-small"].pid) == (False, 11)
     assert models["llama-small"].fingerprint is None
-    training = reported_training(REPORT)[0]
-    assert (training.state, training.pids) == ("running", [13])
+    training = read_report(REPORT).trainings()[0]
+    assert (training.state, training.pids) == ("running", (13,))
     assert training.checkpoint_at.isoformat() == "2026-01-01T00:00:00+00:00"
 
 
@@ -150,8 +189,11 @@ def test_failed_heartbeat_is_reported_with_its_message():
             "failingSince": "2026-01-01T00:00:00Z",
         }
     }
-    assert report_error(report) == "connection refused (failing since 2026-01-01T00:00:00Z)"
-    assert report_error({"heartbeat": {"ok": True}}) is None
+    assert (
+        report_error(read_report(report))
+        == "connection refused (failing since 2026-01-01T00:00:00Z)"
+    )
+    assert report_error(read_report({"heartbeat": {"ok": True}})) is None
 
 
 # ----------------------------------------------------------------------------------------------

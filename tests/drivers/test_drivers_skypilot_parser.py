@@ -56,7 +56,7 @@ def _examples() -> list[tuple[str, dict, dict]]:
     for path in sorted((ROOT / "examples").glob("fleet.*")):
         layout = read_layout_file(path)
         for d in layout["domains"]:
-            if "driver" in d:
+            if "driver" in d and d["provider"] in ("skypilot", "skyserve"):
                 out.append((f"{path.name}:{d['slug']}", layout, d))
     out.append(("extra:serve-gcp", {"slug": "extra"}, SKYSERVE_EXTRA))
     return out

@@ -12,8 +12,8 @@ from fleets.base.errors import InvalidTarget
 from fleets.core.policy import Policy
 from fleets.layouts.loader import parse_layout
 from fleets.models import Domain, Event, Fleet, GoldenBaseline
-from fleets.reconciler.client import client_for
 from fleets.reconciler.golden import record_baselines
+from fleets.reconciler.supervisor.client import client_for
 from fleets.services.layouts import layout_apply
 from tests.e2e.harness import fleet_layout
 from tests.e2e.test_e2e_failover import (

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from fleets.core.states import DomainState, InferenceState, TrainingState
+from fleets.drivers.registry import default_registry
 from fleets.drivers.sky_cli import SkyCli
 from fleets.layouts.loader import parse_layout
 from fleets.models import Domain, Event, Fleet, Operation, Slot
@@ -77,7 +78,7 @@ def test_a_provisioned_fleet_loses_its_active_and_heals_by_reconcile_ticks(
 
     def round_() -> None:
         tick_run(fleet_id=fleet.id, wait_s=5, poll_s=0.3)
-        fleet_provision_tick(fleet_id=fleet.id, sky_factory=sky)
+        fleet_provision_tick(fleet_id=fleet.id, drivers=default_registry(sky=sky))
 
     def until(predicate, timeout: float, what: str):
         deadline = time.monotonic() + timeout

@@ -32,6 +32,13 @@ def test_the_two_cloud_example_is_valid():
     assert all(d.driver for d in layout.domains)
 
 
+def test_the_script_example_is_valid():
+    layout = load_layout(ROOT / "examples" / "fleet.script-domain.yaml")
+    rack7 = next(d for d in layout.domains if d.provider == "script")
+    assert rack7.driver["launch"] == ["/opt/haru/bin/node", "launch", "gpu-07"]
+    assert rack7.supervisor_url == ""
+
+
 def test_a_static_domain_still_needs_its_serving_urls():
     data = managed_layout()
     del data["domains"][0]["servingBaseUrl"]

@@ -104,7 +104,12 @@ async def test_model_match_is_exact(haru, engines, proxy_fleet):
     assert engines["east"].requests == []
 
 
-async def test_a_bound_model_whose_slot_is_not_serving_is_unavailable(haru, proxy_fleet):
+async def test_a_bound_model_whose_slot_is_not_serving_is_unavailable(
+    haru, proxy_fleet, haru_settings
+):
+    # A short hold: the refusal is still held (and expires), without waiting out the default.
+    haru_settings(chat_hold_ms=200, chat_hold_poll_ms=50)
+
     def fail_east_inference():
         slot = Slot.objects.get(domain__fleet=proxy_fleet, domain__slug="east", kind="inference")
         assert slot_transition(slot_id=slot.id, to_state="failed")
@@ -113,6 +118,7 @@ async def test_a_bound_model_whose_slot_is_not_serving_is_unavailable(haru, prox
     response = await haru.post(CHAT, content=chat_body())
     assert error_of(response) == (503, "model_unavailable")
     assert response.headers["retry-after"] == "1"
+    assert "HARU_CHAT_HOLD_MS" in response.json()["error"]["message"]
 
 
 async def test_fleet_without_active_domain_is_503(haru, engines, layout_data):

@@ -228,7 +228,8 @@ async def test_a_superseded_snapshot_is_never_served_again(haru, engines, proxy_
 
 
 async def test_non_routing_state_refreshes_after_the_ttl(haru, engines, proxy_fleet, settings):
-    settings.HARU = {**settings.HARU, "snapshot_cache_ttl_ms": 0}
+    # A short hold: the refusal is still held (and expires), without waiting out the default.
+    settings.HARU = {**settings.HARU, "snapshot_cache_ttl_ms": 0, "chat_hold_ms": 200}
     assert (await haru.post(CHAT, content=chat_body())).status_code == 200
 
     def fail_east():
@@ -236,7 +237,9 @@ async def test_non_routing_state_refreshes_after_the_ttl(haru, engines, proxy_fl
         assert slot_transition(slot_id=slot.id, to_state="failed")
 
     await sync_to_async(fail_east)()
-    assert error_of(await haru.post(CHAT, content=chat_body())) == (503, "model_unavailable")
+    response = await haru.post(CHAT, content=chat_body())
+    assert error_of(response) == (503, "model_unavailable")
+    assert "HARU_CHAT_HOLD_MS" in response.json()["error"]["message"]
 
 
 async def test_metrics_count_requests_by_fleet_model_and_outcome(haru, engines, proxy_fleet):

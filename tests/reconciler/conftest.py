@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from fleets.models import Domain
-from fleets.reconciler import client
+from fleets.reconciler.supervisor import peers, transport
 from fleets.reconciler.tick import fleet_tick
 from tests.reconciler.fakes import standby_posture_fleet
 
@@ -15,18 +15,18 @@ from tests.reconciler.fakes import standby_posture_fleet
 @pytest.fixture(autouse=True)
 def _unlearned():
     """Every test starts knowing nothing of any supervisor's features."""
-    client.forget_features()
+    peers.forget_features()
     yield
-    client.forget_features()
+    peers.forget_features()
 
 
 @pytest.fixture
 def hosts():
     """Route every supervisor call to scripted hosts (east active, west standby)."""
     fake = standby_posture_fleet()
-    previous = client.use_transport(fake.transport())
+    previous = transport.use_transport(fake.transport())
     yield fake
-    client.use_transport(previous)
+    transport.use_transport(previous)
 
 
 @pytest.fixture

@@ -8,13 +8,13 @@ import pytest
 from fleets.core.golden import GoldenKey, profile_fingerprint, request_fingerprint
 from fleets.core.policy import Policy
 from fleets.models import Domain, Fleet, GoldenBaseline, ModelBinding
-from fleets.reconciler.client import client_for
 from fleets.reconciler.golden import (
     BASELINE_PROBE_INTERVAL_MS,
     active_baselines_fill,
     missing_baselines,
     targets_of,
 )
+from fleets.reconciler.supervisor.client import client_for
 from fleets.services.baselines import NewBaseline, baseline_record
 from fleets.services.operations import operation_request
 

@@ -9,7 +9,7 @@ import pytest
 
 from common.wire.shape import compact
 from fleets.metrics import reconcile as fleet_metrics
-from fleets.reconciler.client import SupervisorClient, gpu_facts_unavailable
+from fleets.reconciler.supervisor.client import SupervisorClient, gpu_facts_unavailable
 
 TOKEN = "s3cret-supervisor-token-xyz"
 

@@ -18,8 +18,9 @@ from fleets.core.model_health import ServerHealth
 from fleets.models import Domain, Event, Fleet, ModelBinding, Operation
 from fleets.proxy import snapshots, store
 from fleets.reads.shapes import model_json
-from fleets.reconciler import client, datapath, kick
+from fleets.reconciler import datapath, kick
 from fleets.reconciler.steps import promote
+from fleets.reconciler.supervisor import transport
 from fleets.services.operations import operation_request
 from fleets.services.unreachable import UNREACHABLE
 
@@ -250,7 +251,7 @@ def test_jittery_heartbeats_never_fail_over(fleet, tick, hosts, fake_clock):
             fake_clock.advance(ms=rng.uniform(0, 1500))
         return inner.handle_request(request)
 
-    client.use_transport(httpx.MockTransport(slow))
+    transport.use_transport(httpx.MockTransport(slow))
     for _ in range(120):
         fake_clock.advance(ms=1000)
         tick()

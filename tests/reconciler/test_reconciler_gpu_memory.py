@@ -1,8 +1,8 @@
 """Heartbeats also read GPU memory: beside the status, never waited for, never deciding state.
 
 What the reconciler stores is what the dashboard draws (`last_report["gpus"]`, `gpusAt`), and
-the status body goes in whole, so fields the supervisor adds (a trainer's `lastCheckpointAt`)
-reach the dashboard unchanged.
+the status goes in normalized (`fleets.core.report`), so the fields the dashboard shows (a
+trainer's `lastCheckpointAt`) reach it as the supervisor reported them.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def test_heartbeat_stores_gpu_memory_beside_the_status(fleet, settle, fake_clock
     }
     assert west["gpusAt"] == asked_at.isoformat().replace("+00:00", "Z")
     assert "gpusError" not in west
-    # The status body is still there, whole, with the heartbeat's stamp.
+    # The status is still there, normalized, with the heartbeat's stamp.
     assert west["slots"][1]["training"]["state"] == "running"
     assert west["heartbeat"]["ok"] is True
     assert report("east")["gpus"][0]["usedMiB"] == 2 * WEIGHTS_MIB

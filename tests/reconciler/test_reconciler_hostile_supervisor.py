@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from fleets.models import Domain
-from fleets.reconciler import client
+from fleets.reconciler.supervisor import client, transport
 from fleets.reconciler.tick import fleet_tick
 
 
@@ -62,11 +62,11 @@ def hostile() -> Iterator:
     server = _Server(("127.0.0.1", 0), _Hostile)
     server.mode = "deep"  # type: ignore[attr-defined]
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    previous = client.use_transport(None)  # the production transport, real sockets
+    previous = transport.use_transport(None)  # the production transport, real sockets
     try:
         yield server
     finally:
-        client.use_transport(previous)
+        transport.use_transport(previous)
         server.shutdown()
         server.server_close()
 
@@ -81,7 +81,7 @@ def test_a_trickling_supervisor_is_cut_at_the_calls_overall_deadline(hostile, mo
     started = time.monotonic()
     result = client.SupervisorClient(_url(hostile), token=None).status(timeout=2.0)
     took = time.monotonic() - started
-    assert result.error is not None and result.error.kind == client.TIMEOUT
+    assert result.error is not None and result.error.kind == transport.TIMEOUT
     assert took < 3.0, took  # one byte per 0.5 s never resets an overall deadline
 
 
@@ -90,13 +90,13 @@ def test_an_oversized_body_is_refused_at_the_cap_without_reading_it_all(hostile,
     hostile.mode = mode
     sup = client.SupervisorClient(_url(hostile), token=None, max_response_bytes=1024 * 1024)
     result = sup.status(timeout=5.0)
-    assert result.error is not None and result.error.kind == client.BAD_BODY
+    assert result.error is not None and result.error.kind == transport.BAD_BODY
     assert "exceeds 1048576 bytes" in result.error.message
 
 
 def test_deeply_nested_json_is_a_clean_bad_body_error(hostile):
     result = client.SupervisorClient(_url(hostile), token=None).status(timeout=5.0)
-    assert result.error is not None and result.error.kind == client.BAD_BODY
+    assert result.error is not None and result.error.kind == transport.BAD_BODY
     assert "nested deeper than" in result.error.message
 
 

@@ -11,6 +11,7 @@ from django.core.management import call_command
 
 from fleets.core.credentials import derive_supervisor_token
 from fleets.core.states import DomainState
+from fleets.drivers.registry import default_registry
 from fleets.drivers.sky_cli import SkyCli, subprocess_exec
 from fleets.layouts.loader import load_layout
 from fleets.models import Domain, Event, Fleet, ModelBinding
@@ -34,7 +35,9 @@ def run(fleet, fake_sky):
     def one():
         return fleet_provision_tick(
             fleet_id=fleet.id,
-            sky_factory=lambda: SkyCli(venv=str(fake_sky.venv), environ=fake_sky.environ),
+            drivers=default_registry(
+                sky=lambda: SkyCli(venv=str(fake_sky.venv), environ=fake_sky.environ)
+            ),
         )
 
     return one
@@ -191,7 +194,7 @@ def test_static_domains_are_never_touched(db, fake_clock):
     def no_sky():
         raise AssertionError("sky must not be called for static domains")
 
-    assert fleet_provision_tick(fleet_id=fleet.id, sky_factory=no_sky).ran
+    assert fleet_provision_tick(fleet_id=fleet.id, drivers=default_registry(sky=no_sky)).ran
     assert set(Domain.objects.filter(fleet=fleet).values_list("state", flat=True)) == {"failed"}
 
 
@@ -230,7 +233,7 @@ def test_a_node_is_launched_with_its_domains_own_token_and_never_the_key(fleet, 
         return SkyCli(venv=str(fake_sky.venv), environ=fake_sky.environ, exec_=recording)
 
     for _ in range(2):
-        fleet_provision_tick(fleet_id=fleet.id, sky_factory=sky)
+        fleet_provision_tick(fleet_id=fleet.id, drivers=default_registry(sky=sky))
     (launched,) = envs
     assert launched["HARU_SUPERVISOR_TOKEN"] == derive_supervisor_token(master, west().id)
     assert launched["HARU_SUPERVISOR_TOKEN"] != TOKEN  # not the shared one, though it is set

@@ -9,8 +9,9 @@ import httpx
 import pytest
 
 from fleets.core.model_health import Reach
-from fleets.reconciler import client
-from fleets.reconciler.client import SupervisorClient, call_reach, serving_reach
+from fleets.reconciler.supervisor import transport
+from fleets.reconciler.supervisor.client import SupervisorClient
+from fleets.reconciler.supervisor.transport import call_reach, serving_reach
 from haru.local.ports import free_port
 
 
@@ -26,9 +27,9 @@ def answering():
             raise outcome
         return httpx.Response(outcome)
 
-    previous = client.use_transport(httpx.MockTransport(handle))
+    previous = transport.use_transport(httpx.MockTransport(handle))
     yield behaviour
-    client.use_transport(previous)
+    transport.use_transport(previous)
 
 
 @pytest.mark.parametrize(

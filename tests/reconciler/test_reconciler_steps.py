@@ -9,9 +9,9 @@ from prometheus_client import REGISTRY
 
 from fleets.core.policy import Policy
 from fleets.models import Domain, Event, Fleet, Operation, Slot
-from fleets.reconciler.client import client_for
 from fleets.reconciler.steps import promote
 from fleets.reconciler.steps.base import StepContext
+from fleets.reconciler.supervisor.client import client_for
 from fleets.services.operations import operation_request, operation_start
 
 pytestmark = pytest.mark.django_db

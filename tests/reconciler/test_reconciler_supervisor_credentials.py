@@ -15,7 +15,7 @@ from fleets.base.supervisor_tokens import forget_warnings
 from fleets.checks import shared_supervisor_token
 from fleets.core.credentials import derive_supervisor_token
 from fleets.models import Domain, Event
-from fleets.reconciler import client
+from fleets.reconciler.supervisor import client, transport
 
 pytestmark = pytest.mark.django_db
 
@@ -56,9 +56,9 @@ def seen(hosts):
             headers.status[slug].append(header)
         return inner.handle_request(request)
 
-    previous = client.use_transport(httpx.MockTransport(record))
+    previous = transport.use_transport(httpx.MockTransport(record))
     yield headers
-    client.use_transport(previous)
+    transport.use_transport(previous)
 
 
 def configure(settings, **values):

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import trustme
 
-from fleets.reconciler import client
+from fleets.reconciler.supervisor import client, transport
 from tests.reconciler.fakes import FakeHost
 
 # A real TLS server on a loopback socket, in a thread.
@@ -60,12 +60,12 @@ def tls_supervisor(ca) -> Iterator[str]:
 @pytest.fixture
 def real_transport():
     """The process-wide client with its real transport (no test transport injected)."""
-    previous = client.use_transport(None)
+    previous = transport.use_transport(None)
     yield
-    client.use_transport(previous)
+    transport.use_transport(previous)
 
 
-def _status(settings, url: str, ca_bundle: str | None) -> client.Call:
+def _status(settings, url: str, ca_bundle: str | None) -> transport.Call:
     settings.HARU = {**settings.HARU, "supervisor_ca_bundle": ca_bundle}
     return client.SupervisorClient(url, token="t" * 40).status(timeout=5.0)
 
@@ -85,7 +85,7 @@ def test_without_the_bundle_the_certificate_is_refused_and_no_token_is_sent(
     tls_supervisor, real_transport, settings
 ):
     result = _status(settings, tls_supervisor, None)
-    assert result.error is not None and result.error.kind == client.NETWORK
+    assert result.error is not None and result.error.kind == transport.NETWORK
     assert "CERTIFICATE_VERIFY_FAILED" in result.error.message
     assert _Supervisor.seen == []  # the handshake failed before any request was sent
 

@@ -2,8 +2,8 @@
 
 Once (the default): one tick of each fleet, each result printed as a JSON line; for cron or
 for poking a stuck fleet by hand. With --provision, each tick is followed by a provisioning pass
-(the `sky` CLI, for domains Haru provisions). With --loop: the same loop the server runs (ticks
-and provisioning passes), in the foreground, until Ctrl-C.
+(each provisioned domain's driver: the `sky` CLI, an operator's script). With --loop: the same
+loop the server runs (ticks and provisioning passes), in the foreground, until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--provision",
             action="store_true",
-            help="also run a provisioning pass per fleet after its tick (calls the sky CLI)",
+            help="also run a provisioning pass per fleet after its tick (calls their drivers)",
         )
         parser.add_argument(
             "--interval-ms",

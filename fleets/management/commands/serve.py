@@ -12,8 +12,9 @@ import os
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
-from uvicorn.supervisors import Multiprocess, multiprocess
+from uvicorn.supervisors import Multiprocess
 
+from common.private_apis import serve_workers_with
 from fleets.metrics.registry import remove_dead_process_files
 from fleets.proxy.drain import DrainingProcess, DrainingServer, graceful_config
 from fleets.server.driver import SERVE_WORKER_ENV, start_for_server
@@ -119,7 +120,7 @@ class Command(BaseCommand):
                 # uvicorn's supervisor builds its worker processes from this module global, and
                 # each builds its own Server: have them build ours, so every worker drains
                 # (readiness first, held requests answered) on SIGTERM.
-                multiprocess.Process = DrainingProcess  # type: ignore[misc]
+                serve_workers_with(DrainingProcess)
                 Multiprocess(config, sockets=[config.bind_socket()]).run()
             else:
                 server.run()

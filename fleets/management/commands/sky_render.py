@@ -10,9 +10,11 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from fleets.base.errors import FleetNotFound, InvalidTarget
-from fleets.core.states import Provider
-from fleets.drivers.cloud_placement import CloudPlacementError, parse_cloud_placement
-from fleets.drivers.render import cluster_name, for_review, render_domain
+from fleets.drivers.base import DriverSettingsError, Target
+from fleets.drivers.registry import builtin
+from fleets.drivers.render import for_review
+from fleets.drivers.skypilot import SkyPilotDriver
+from fleets.drivers.skyserve import SkyServeDriver
 from fleets.reads.selectors import domain_get, fleet_get
 
 
@@ -39,38 +41,35 @@ class Command(BaseCommand):
             domain = domain_get(fleet, opts["domain"])
         except InvalidTarget as exc:
             raise CommandError(str(exc)) from None
-        if domain.provider == Provider.STATIC or not domain.driver:
+        driver = builtin().get(domain.provider) if domain.driver else None
+        if not isinstance(driver, SkyPilotDriver):
             raise CommandError(
-                f"domain {domain.slug!r} is not provisioned by Haru (provider {domain.provider}"
-                f"{'' if domain.driver else ', no driver settings in the layout'})"
+                f"domain {domain.slug!r} is not provisioned by Haru with SkyPilot (provider "
+                f"{domain.provider}{'' if domain.driver else ', no driver settings in the layout'})"
             )
-        index = opts["candidate"]
-        if index is None:
-            index = int((domain.driver_status or {}).get("candidate", 0))
         try:
-            candidates = parse_cloud_placement(domain.placement).candidates()
-            if not 0 <= index < len(candidates):
-                raise CommandError(
-                    f"--candidate must be 0 to {len(candidates) - 1} "
-                    f"({', '.join(c.label() for c in candidates)})"
-                )
-            rendered = render_domain(
-                provider=domain.provider,
+            target = Target(
                 fleet_slug=fleet.slug,
                 domain_slug=domain.slug,
-                placement=domain.placement,
-                driver=domain.driver,
-                candidate_index=index,
+                domain_id=str(domain.id),
+                name=driver.resource_name(fleet_slug=fleet.slug, domain_slug=domain.slug),
+                settings=driver.validate(placement=domain.placement, settings=domain.driver),
             )
-        except CloudPlacementError as exc:
+        except DriverSettingsError as exc:
             raise CommandError(str(exc)) from None
-        name = cluster_name(fleet.slug, domain.slug)
-        verb = "sky serve up -n" if domain.provider == Provider.SKYSERVE else "sky launch -c"
+        candidates = driver.candidates(target.settings)
+        index = opts["candidate"]
+        if index is None:
+            index = int((domain.driver_status or {}).get("candidate", 0)) % len(candidates)
+        if not 0 <= index < len(candidates):
+            raise CommandError(
+                f"--candidate must be 0 to {len(candidates) - 1} ({', '.join(candidates)})"
+            )
+        rendered = driver.render(target, candidate=index)
+        verb = "sky serve up -n" if isinstance(driver, SkyServeDriver) else "sky launch -c"
         secrets = " ".join(f"--secret {n}" for n in rendered.secret_names)
-        order = ", ".join(
-            f"{'>' if i == index else ' '}{c.label()}" for i, c in enumerate(candidates)
-        )
-        self.stdout.write(f"# {domain.provider} {fleet.slug}/{domain.slug} as {name}")
+        order = ", ".join(f"{'>' if i == index else ' '}{c}" for i, c in enumerate(candidates))
+        self.stdout.write(f"# {domain.provider} {fleet.slug}/{domain.slug} as {target.name}")
         self.stdout.write(f"# launch order: {order}")
-        self.stdout.write(f"# launched with: {verb} {name} -y --async {secrets} <this file>")
+        self.stdout.write(f"# launched with: {verb} {target.name} -y --async {secrets} <this file>")
         self.stdout.write(for_review(rendered).rstrip("\n"))

@@ -20,7 +20,8 @@ from fleets.base import clock
 from fleets.core.policy import Policy
 from fleets.core.states import SlotKind, leg_step
 from fleets.models import Domain, ModelBinding, Operation, Slot
-from fleets.reconciler.client import CALL_CAP_S, Call, SupervisorClient
+from fleets.reconciler.supervisor.client import SupervisorClient
+from fleets.reconciler.supervisor.transport import CALL_CAP_S, Call
 
 DONE = "done"
 PENDING = "pending"

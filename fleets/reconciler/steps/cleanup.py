@@ -22,8 +22,9 @@ from fleets.core.policy import Policy
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES, CleanupState, DrillMode, OperationKind
 from fleets.models import Domain, Fleet, Id, Operation
 from fleets.reconciler import golden
-from fleets.reconciler.client import CALL_CAP_S, SupervisorClient
 from fleets.reconciler.steps import posture
+from fleets.reconciler.supervisor.client import SupervisorClient
+from fleets.reconciler.supervisor.transport import CALL_CAP_S
 from fleets.services.events import event_record
 from fleets.services.operations import operation_cleanup_claim, operation_cleanup_finish
 from fleets.services.route_pointer import pointer_movers, route_switch_back

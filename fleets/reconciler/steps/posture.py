@@ -11,10 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleets.core.report import StatusReport
 from fleets.core.states import InferenceState, TrainingState
 from fleets.models import Domain, Id
-from fleets.reconciler.client import Call, StatusReport, SupervisorClient
 from fleets.reconciler.steps.base import bound_inference, training_slots
+from fleets.reconciler.supervisor.client import SupervisorClient
+from fleets.reconciler.supervisor.transport import Call
 from fleets.services.transitions import slot_transition
 
 # Every live inference state a proven sleep may settle (the state table allows each -> sleeping).

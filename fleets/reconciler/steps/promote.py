@@ -11,11 +11,10 @@ from fleets.base import clock
 from fleets.core.golden import PROBE_MISMATCH, BaselineReason, Verdict
 from fleets.core.model_health import ServerHealth
 from fleets.core.recovery import during_outage
-from fleets.core.report import TrainerReportState
+from fleets.core.report import StatusReport, TrainerReportState
 from fleets.core.states import InferenceState, OperationState, TrainingState, steps_for
 from fleets.models import Domain, Event, Fleet, ModelBinding, Operation
 from fleets.reconciler import golden
-from fleets.reconciler.client import StatusReport, SupervisorClient
 from fleets.reconciler.steps import posture
 from fleets.reconciler.steps.base import (
     CAS_LOST,
@@ -35,6 +34,7 @@ from fleets.reconciler.steps.base import (
     switch_settle_ms,
     training_slots,
 )
+from fleets.reconciler.supervisor.client import SupervisorClient
 from fleets.services.baselines import baseline_record
 from fleets.services.model_health import model_health_record
 from fleets.services.route_pointer import route_switch

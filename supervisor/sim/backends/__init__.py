@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping
+import signal
+import threading
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 BACKENDS = ("sim", "torch")
@@ -101,6 +103,21 @@ def build_backend(
     return TorchWeights(
         weights_mib=weights_mib, gpu_index=gpu_index, environ=os.environ, **dict(settings)
     )
+
+
+def stop_on_sigterm(*, ignore: bool, log: Callable[[str], None]) -> threading.Event:
+    """An event a trainer's loop stops on, set by SIGTERM (unless told to ignore it, as a
+    trainer that hangs on shutdown would)."""
+    stop = threading.Event()
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        if ignore:
+            log("SIGTERM received and ignored (--ignore-sigterm)")
+            return
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    return stop
 
 
 def cuda_ordinal(gpu_index: int, environ: Mapping[str, str]) -> int:

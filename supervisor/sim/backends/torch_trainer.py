@@ -24,7 +24,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import sys
 import threading
 import time
@@ -37,7 +36,7 @@ from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from supervisor.gpu.sim_state import SimGpuState
-from supervisor.sim.backends import cuda_ordinal
+from supervisor.sim.backends import cuda_ordinal, stop_on_sigterm
 
 MIB = 1024 * 1024
 KEEP_CHECKPOINTS = 3
@@ -287,15 +286,7 @@ def train(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
     torch.set_num_threads(max(1, a.threads))
 
-    stop = threading.Event()
-
-    def on_sigterm(signum: int, frame: object) -> None:
-        if a.ignore_sigterm:
-            log("SIGTERM received and ignored (--ignore-sigterm)")
-            return
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_sigterm)
+    stop = stop_on_sigterm(ignore=a.ignore_sigterm, log=log)
     report = Report(a.report, device)
     state_file = environ.get("HARU_SIM_GPU_STATE")
     sim_state = None

@@ -19,6 +19,8 @@ from contextvars import ContextVar
 import httpcore
 import httpx
 
+from common.private_apis import set_transport_pool
+
 _deadline: ContextVar[float | None] = ContextVar("haru_supervisor_deadline", default=None)
 
 
@@ -113,10 +115,11 @@ class DeadlineTransport(httpx.HTTPTransport):
     def __init__(self, *, ca_bundle: str | None = None) -> None:
         super().__init__()
         # Same pool httpx builds by default (TLS verified, keep-alive), plus our backend.
-        self._pool = httpcore.ConnectionPool(
+        pool = httpcore.ConnectionPool(
             ssl_context=supervisor_ssl_context(ca_bundle),
             max_connections=100,
             max_keepalive_connections=20,
             keepalive_expiry=5.0,
             network_backend=_Backend(),
         )
+        set_transport_pool(self, pool)

@@ -1,8 +1,8 @@
-"""Django admin for fleet layouts, and a read-only view of operations and events.
+"""The admin of fleet layouts: fleets with their domains, domains with their slots and models.
 
 Layout fields (slugs, URLs, placement, policy, slots, models) are editable with the layout
 loader's validation. The routing pointer, the revision and every state field are read-only: they
-move only through operations. The actions (promote, demote, reconcile, cancel an operation) call
+move only through operations. The actions (promote, demote, provision, reconcile, drills) call
 the same services as the API, after a confirmation page.
 """
 
@@ -11,79 +11,24 @@ from __future__ import annotations
 import json
 
 from django.contrib import admin, messages
-from django.contrib.admin import helpers
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
-from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
 from fleets.admin import forms as af
+from fleets.admin.actions import actor, confirm_then, pretty_json, record_edit, replan
 from fleets.base import clock
 from fleets.base.errors import ServiceError
 from fleets.core.policy import Policy
-from fleets.core.states import (
-    DomainRole,
-    OperationKind,
-)
+from fleets.core.states import DomainRole, OperationKind
 from fleets.dashboard import actions as dashboard_actions
-from fleets.models import (
-    Domain,
-    Event,
-    Fleet,
-    FleetArchive,
-    GoldenBaseline,
-    ModelBinding,
-    Operation,
-    Slot,
-)
+from fleets.models import Domain, Event, Fleet, ModelBinding, Operation, Slot
 from fleets.reads.selectors import operation_in_flight
-from fleets.services.events import event_record
 from fleets.services.fleets import fleet_delete
-from fleets.services.gpu_plan import domain_gpus_adopt, domain_plan, domain_plan_apply
+from fleets.services.gpu_plan import domain_gpus_adopt, domain_plan
 from fleets.services.inventory import domain_add, slot_add
 from fleets.services.layouts import layout_export
-
-
-def _pretty_json(value) -> str:
-    return format_html(
-        '<pre style="white-space: pre-wrap; margin: 0">{}</pre>',
-        json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False),
-    )
-
-
-def _actor(request) -> str:
-    return f"admin:{request.user.get_username()}"
-
-
-def _record_edit(request, fleet_id, what: str, changed: list[str]) -> None:
-    """Audit a layout edit; the event also tells open dashboards to refresh."""
-    event_record(
-        fleet_id=fleet_id,
-        kind="layout.edited",
-        actor=_actor(request),
-        data={"what": what, "changed": sorted(set(changed))[:50]},
-    )
-
-
-def _confirm(modeladmin, request, queryset, *, action: str, title: str, text: str):
-    """Render the intermediate confirmation page of a state-moving admin action."""
-    context = {
-        **modeladmin.admin_site.each_context(request),
-        "title": title,
-        "text": text,
-        "objects": list(queryset),
-        "action": action,
-        "opts": modeladmin.model._meta,
-        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-    }
-    return TemplateResponse(request, "admin/fleets/confirm_action.html", context)
-
-
-def _report(modeladmin, request, result: dashboard_actions.ActionResult, label: str) -> None:
-    level = messages.SUCCESS if result.ok else messages.ERROR
-    modeladmin.message_user(request, f"{label}: {result.message}", level)
-
 
 # ---------------------------------------------------------------------------------------------
 # Inlines
@@ -203,7 +148,7 @@ class FleetAdmin(admin.ModelAdmin):
 
     def delete_model(self, request, obj):
         try:
-            fleet_delete(fleet_id=obj.id, actor=_actor(request))
+            fleet_delete(fleet_id=obj.id, actor=actor(request))
         except ServiceError as exc:
             self.message_user(request, exc.message, messages.ERROR)
 
@@ -226,16 +171,16 @@ class FleetAdmin(admin.ModelAdmin):
 
     @admin.display(description="policy with defaults")
     def resolved_policy(self, obj):
-        return _pretty_json(Policy.resolve(obj.policy).to_json())
+        return pretty_json(Policy.resolve(obj.policy).to_json())
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
         if change and form.changed_data:
-            _record_edit(request, obj.id, f"fleet {obj.slug}", form.changed_data)
+            record_edit(request, obj.id, f"fleet {obj.slug}", form.changed_data)
 
     def save_related(self, request, form, formsets, change):
         super().save_related(request, form, formsets, change)
-        _replan(self, request, Domain.objects.filter(fleet=form.instance))
+        replan(self, request, Domain.objects.filter(fleet=form.instance))
 
     def save_formset(self, request, form, formset, change):
         instances = formset.save(commit=False)
@@ -253,7 +198,7 @@ class FleetAdmin(admin.ModelAdmin):
                 obj.save()
         formset.save_m2m()
         if change and changed:
-            _record_edit(request, form.instance.id, f"fleet {form.instance.slug}", changed)
+            record_edit(request, form.instance.id, f"fleet {form.instance.slug}", changed)
 
     def get_urls(self):
         urls = super().get_urls()
@@ -283,70 +228,56 @@ class FleetAdmin(admin.ModelAdmin):
 
     @admin.action(description="Reconcile the selected fleets now")
     def reconcile_now(self, request, queryset):
-        if not request.POST.get("confirm"):
-            return _confirm(
-                self,
-                request,
-                queryset,
-                action="reconcile_now",
-                title="Reconcile now",
-                text="Run a reconcile tick (heartbeats, failover detection, advance the "
-                "in-flight operation) for these fleets:",
-            )
-        for fleet in queryset:
-            result = dashboard_actions.reconcile_now(fleet=fleet, actor=_actor(request))
-            _report(self, request, result, fleet.slug)
-        return None
+        return confirm_then(
+            self,
+            request,
+            queryset,
+            action="reconcile_now",
+            title="Reconcile now",
+            text="Run a reconcile tick (heartbeats, failover detection, advance the "
+            "in-flight operation) for these fleets:",
+            each=lambda fleet: (
+                dashboard_actions.reconcile_now(fleet=fleet, actor=actor(request)),
+                fleet.slug,
+            ),
+        )
 
     @admin.action(description="Record golden baselines from the active domain")
     def record_baselines(self, request, queryset):
-        if not request.POST.get("confirm"):
-            return _confirm(
-                self,
-                request,
-                queryset,
-                action="record_baselines",
-                title="Record golden baselines",
-                text="Probe each fleet's active domain and record its answers as the golden "
-                "baselines (after an expected change, such as an engine upgrade; each replaced "
-                "baseline is an event):",
-            )
-        for fleet in queryset:
-            result = dashboard_actions.record_baseline(
-                fleet=fleet, target=None, actor=_actor(request)
-            )
-            _report(self, request, result, fleet.slug)
-        return None
+        return confirm_then(
+            self,
+            request,
+            queryset,
+            action="record_baselines",
+            title="Record golden baselines",
+            text="Probe each fleet's active domain and record its answers as the golden "
+            "baselines (after an expected change, such as an engine upgrade; each replaced "
+            "baseline is an event):",
+            each=lambda fleet: (
+                dashboard_actions.record_baseline(fleet=fleet, target=None, actor=actor(request)),
+                fleet.slug,
+            ),
+        )
 
     @admin.action(description="Run a failover drill now")
     def run_drill(self, request, queryset):
-        if not request.POST.get("confirm"):
-            return _confirm(
-                self,
-                request,
-                queryset,
-                action="run_drill",
-                title="Run a failover drill",
-                text="Drill each fleet's standby now, in the fleet's drill mode. check: training "
-                "stops, the models wake and must answer their golden probes, then sleep and "
-                "training restarts; routing never moves. round_trip: the standby is promoted "
-                "and the active promoted back; routing moves twice:",
-            )
-        for fleet in queryset:
-            result = dashboard_actions.request_drill(
-                fleet=fleet, target=None, actor=_actor(request), mode=fleet.drill_mode
-            )
-            _report(self, request, result, fleet.slug)
-        return None
-
-
-def _replan(model_admin, request, domains) -> None:
-    """Slots, models or GPUs may have changed: check each domain still fits, like a layout."""
-    for domain in domains:
-        for problem in domain_plan_apply(domain=domain):
-            model_admin.message_user(
-                request, f"GPU plan of {domain.slug}: {problem}", level=messages.ERROR
-            )
+        return confirm_then(
+            self,
+            request,
+            queryset,
+            action="run_drill",
+            title="Run a failover drill",
+            text="Drill each fleet's standby now, in the fleet's drill mode. check: training "
+            "stops, the models wake and must answer their golden probes, then sleep and "
+            "training restarts; routing never moves. round_trip: the standby is promoted "
+            "and the active promoted back; routing moves twice:",
+            each=lambda fleet: (
+                dashboard_actions.request_drill(
+                    fleet=fleet, target=None, actor=actor(request), mode=fleet.drill_mode
+                ),
+                fleet.slug,
+            ),
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -412,7 +343,7 @@ class DomainAdmin(admin.ModelAdmin):
 
     @admin.display(description="last supervisor report")
     def report(self, obj):
-        return _pretty_json(obj.last_report or {})
+        return pretty_json(obj.last_report or {})
 
     @admin.display(description="GPU plan")
     def gpu_plan(self, obj):
@@ -437,11 +368,11 @@ class DomainAdmin(admin.ModelAdmin):
         else:
             domain_add(domain=obj)
         if form.changed_data:
-            _record_edit(request, obj.fleet_id, f"domain {obj.slug}", form.changed_data)
+            record_edit(request, obj.fleet_id, f"domain {obj.slug}", form.changed_data)
 
     def save_related(self, request, form, formsets, change):
         super().save_related(request, form, formsets, change)
-        _replan(self, request, [form.instance])
+        replan(self, request, [form.instance])
 
     def save_formset(self, request, form, formset, change):
         instances = formset.save(commit=False)
@@ -460,7 +391,7 @@ class DomainAdmin(admin.ModelAdmin):
             changed.append(str(obj))
         formset.save_m2m()
         if changed:
-            _record_edit(request, domain.fleet_id, f"domain {domain.slug}", changed)
+            record_edit(request, domain.fleet_id, f"domain {domain.slug}", changed)
 
     def _operation_action(self, request, queryset, kind: str):
         verb = "Promote" if kind == OperationKind.PROMOTE else "Demote"
@@ -476,27 +407,25 @@ class DomainAdmin(admin.ModelAdmin):
                     messages.ERROR,
                 )
                 return None
-        if not request.POST.get("confirm"):
-            text = (
+        return confirm_then(
+            self,
+            request,
+            queryset.select_related("fleet"),
+            action=f"{verb.lower()}_domain",
+            title=f"{verb} domains",
+            text=(
                 "Promote these domains? Training stops, models wake and are probed, then routing "
                 "moves to each (one operation per fleet at a time):"
                 if kind == OperationKind.PROMOTE
                 else "Demote these standbys? Their models sleep and training starts:"
-            )
-            return _confirm(
-                self,
-                request,
-                queryset,
-                action=f"{verb.lower()}_domain",
-                title=f"{verb} domains",
-                text=text,
-            )
-        for domain in queryset.select_related("fleet"):
-            result = dashboard_actions.request_operation(
-                fleet=domain.fleet, kind=kind, target=str(domain.id), actor=_actor(request)
-            )
-            _report(self, request, result, f"{domain.fleet.slug}/{domain.slug}")
-        return None
+            ),
+            each=lambda domain: (
+                dashboard_actions.request_operation(
+                    fleet=domain.fleet, kind=kind, target=str(domain.id), actor=actor(request)
+                ),
+                f"{domain.fleet.slug}/{domain.slug}",
+            ),
+        )
 
     @admin.action(description="Describe GPUs from the last supervisor report, and re-plan")
     def adopt_reported_gpus(self, request, queryset):
@@ -516,28 +445,26 @@ class DomainAdmin(admin.ModelAdmin):
         return self._operation_action(request, queryset, OperationKind.DEMOTE)
 
     def _provision_action(self, request, queryset, action: str):
-        if not request.POST.get("confirm"):
-            text = (
+        return confirm_then(
+            self,
+            request,
+            queryset.select_related("fleet"),
+            action=f"{action}_domain",
+            title=f"{action.capitalize()} domains",
+            text=(
                 "Provision these domains? Any cluster left from before is torn down and a new "
                 "one is launched by the sky CLI (billed by the cloud):"
                 if action == "provision"
                 else "Stop these standbys? Their clusters are stopped or torn down; they cannot "
                 "take over until provisioned again:"
-            )
-            return _confirm(
-                self,
-                request,
-                queryset,
-                action=f"{action}_domain",
-                title=f"{action.capitalize()} domains",
-                text=text,
-            )
-        for domain in queryset.select_related("fleet"):
-            result = dashboard_actions.provision_move(
-                fleet=domain.fleet, action=action, target=str(domain.id), actor=_actor(request)
-            )
-            _report(self, request, result, f"{domain.fleet.slug}/{domain.slug}")
-        return None
+            ),
+            each=lambda domain: (
+                dashboard_actions.provision_move(
+                    fleet=domain.fleet, action=action, target=str(domain.id), actor=actor(request)
+                ),
+                f"{domain.fleet.slug}/{domain.slug}",
+            ),
+        )
 
     @admin.action(description="Provision the selected Haru-provisioned domains (failed or stopped)")
     def provision_domain(self, request, queryset):
@@ -546,161 +473,3 @@ class DomainAdmin(admin.ModelAdmin):
     @admin.action(description="Stop the selected Haru-provisioned standbys")
     def stop_domain(self, request, queryset):
         return self._provision_action(request, queryset, "stop")
-
-
-# ---------------------------------------------------------------------------------------------
-# Operations and events: read-only
-# ---------------------------------------------------------------------------------------------
-
-
-class _ReadOnlyAdmin(admin.ModelAdmin):
-    """View-only: rows are written by the services alone."""
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-
-@admin.register(FleetArchive)
-class FleetArchiveAdmin(_ReadOnlyAdmin):
-    list_display = ("slug", "deleted_at", "deleted_by", "operation_count", "event_count")
-    search_fields = ("slug", "fleet_id", "deleted_by")
-    readonly_fields = ("fleet_id", "slug", "deleted_at", "deleted_by", "archive_json")
-    exclude = ("layout", "operations", "events")
-
-    @admin.display(description="operations")
-    def operation_count(self, obj):
-        return len(obj.operations)
-
-    @admin.display(description="events")
-    def event_count(self, obj):
-        return len(obj.events)
-
-    @admin.display(description="layout, operations and events")
-    def archive_json(self, obj):
-        return _pretty_json(
-            {"layout": obj.layout, "operations": obj.operations, "events": obj.events}
-        )
-
-
-@admin.register(Operation)
-class OperationAdmin(_ReadOnlyAdmin):
-    list_display = (
-        "short_id",
-        "fleet",
-        "kind",
-        "state",
-        "target",
-        "current_step",
-        "cleanup",
-        "reason",
-        "requested_by",
-        "created_at",
-        "finished_at",
-    )
-    list_filter = ("fleet", "kind", "state", "reason", ("created_at", admin.DateFieldListFilter))
-    search_fields = (
-        "id",
-        "target_domain_slug",
-        "fleet__slug",
-        "requested_by",
-        "current_step",
-        "error",
-    )
-    date_hierarchy = "created_at"
-    list_select_related = ("fleet", "target_domain")
-    readonly_fields = ("error_json",)
-    exclude = ("error",)
-    actions = ["cancel_operations"]
-
-    @admin.action(description="Cancel the selected in-flight operations")
-    def cancel_operations(self, request, queryset):
-        """Cancel through the same service as the API; rows stay read-only otherwise."""
-        if not request.POST.get("confirm"):
-            return _confirm(
-                self,
-                request,
-                queryset,
-                action="cancel_operations",
-                title="Cancel operations",
-                text="Cancel these operations? Each stops between steps and routing does not "
-                "move; a cancelled promotion's target is put back in standby posture. A "
-                "promotion that already moved routing ends succeeded instead, without its "
-                "remaining best-effort steps on the old active:",
-            )
-        for op in queryset.select_related("fleet"):
-            result = dashboard_actions.cancel_operation(
-                fleet=op.fleet, operation_id=str(op.id), actor=_actor(request)
-            )
-            _report(self, request, result, f"{op.fleet.slug}/{str(op.id)[:8]}")
-        return None
-
-    @admin.display(description="id", ordering="id")
-    def short_id(self, obj):
-        return str(obj.id)[:8]
-
-    @admin.display(description="target", ordering="target_domain_slug")
-    def target(self, obj):
-        return obj.target_slug
-
-    @admin.display(description="error")
-    def error_json(self, obj):
-        return _pretty_json(obj.error) if obj.error else "-"
-
-
-@admin.register(Event)
-class EventAdmin(_ReadOnlyAdmin):
-    list_display = (
-        "id",
-        "created_at",
-        "fleet",
-        "kind",
-        "domain",
-        "step",
-        "duration_ms",
-        "actor",
-        "operation_short",
-    )
-    list_filter = ("fleet", "kind", "step", ("created_at", admin.DateFieldListFilter))
-    search_fields = ("kind", "actor", "step", "operation__id", "domain__slug")
-    date_hierarchy = "created_at"
-    list_select_related = ("fleet", "domain")
-    readonly_fields = ("data_json",)
-    exclude = ("data",)
-
-    @admin.display(description="operation")
-    def operation_short(self, obj):
-        return str(obj.operation_id)[:8] if obj.operation_id else "-"
-
-    @admin.display(description="data")
-    def data_json(self, obj):
-        return _pretty_json(obj.data)
-
-
-admin.site.site_header = "Haru administration"
-admin.site.site_title = "Haru admin"
-admin.site.index_title = "Fleet layouts, operations and events"
-admin.site.site_url = "/"
-
-
-@admin.register(GoldenBaseline)
-class GoldenBaselineAdmin(_ReadOnlyAdmin):
-    """Read-only: baselines change only through "Record golden baselines" (an event each)."""
-
-    list_display = (
-        "fleet",
-        "model_name",
-        "adapter",
-        "engine_version",
-        "reason",
-        "recorded_by",
-        "recorded_at",
-    )
-    list_filter = ("fleet", "reason")
-    search_fields = ("model_name", "adapter", "engine_version")
-    list_select_related = ("fleet",)

@@ -1,0 +1,79 @@
+"""What the admin's pages share: rendering JSON, naming the actor, auditing an edit, and the
+confirm-then-act flow of every state-moving action (the same services as the API)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.utils.html import format_html
+
+from fleets.dashboard import actions as dashboard_actions
+from fleets.services.events import event_record
+from fleets.services.gpu_plan import domain_plan_apply
+
+
+def pretty_json(value) -> str:
+    return format_html(
+        '<pre style="white-space: pre-wrap; margin: 0">{}</pre>',
+        json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False),
+    )
+
+
+def actor(request) -> str:
+    return f"admin:{request.user.get_username()}"
+
+
+def record_edit(request, fleet_id, what: str, changed: list[str]) -> None:
+    """Audit a layout edit; the event also tells open dashboards to refresh."""
+    event_record(
+        fleet_id=fleet_id,
+        kind="layout.edited",
+        actor=actor(request),
+        data={"what": what, "changed": sorted(set(changed))[:50]},
+    )
+
+
+def confirm_then(
+    modeladmin: admin.ModelAdmin,
+    request: HttpRequest,
+    queryset: QuerySet,
+    *,
+    action: str,
+    title: str,
+    text: str,
+    each: Callable[[Any], tuple[dashboard_actions.ActionResult, str]],
+) -> TemplateResponse | None:
+    """Show the confirmation page of a state-moving action; once confirmed, run `each` on every
+    selected row and report its result under the label it returns."""
+    if not request.POST.get("confirm"):
+        context = {
+            **modeladmin.admin_site.each_context(request),
+            "title": title,
+            "text": text,
+            "objects": list(queryset),
+            "action": action,
+            "opts": modeladmin.model._meta,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "admin/fleets/confirm_action.html", context)
+    for obj in queryset:
+        result, label = each(obj)
+        level = messages.SUCCESS if result.ok else messages.ERROR
+        modeladmin.message_user(request, f"{label}: {result.message}", level)
+    return None
+
+
+def replan(modeladmin: admin.ModelAdmin, request: HttpRequest, domains: Iterable[Any]) -> None:
+    """Slots, models or GPUs may have changed: check each domain still fits, like a layout."""
+    for domain in domains:
+        for problem in domain_plan_apply(domain=domain):
+            modeladmin.message_user(
+                request, f"GPU plan of {domain.slug}: {problem}", level=messages.ERROR
+            )

@@ -1,0 +1,209 @@
+"""The server's side of the supervisor wire contract (docs/design.md, "Supervisor contract").
+
+`SupervisorClient` names each call (status, GPU memory, wake, sleep, training, probe) and what
+it learns from the answers (a supervisor's features); `transport.py` sends them and classifies
+what goes wrong; `reports.py` checks the bodies against the contract and reads them into the
+report model. Every call returns a `Call` and none raises on a bad answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlencode
+
+from django.conf import settings
+
+from common.wire.shape import FEATURE_DRAIN, FEATURE_PROBE_GOLDEN, FEATURE_PROBE_MODELS
+from fleets.base.supervisor_tokens import credentials_for
+from fleets.core.report import GpuMemory, StatusReport
+from fleets.metrics import reconcile as fleet_metrics
+from fleets.reconciler.supervisor.peers import learn_features, learned_features
+from fleets.reconciler.supervisor.reports import (
+    ProbeReport,
+    parse_ack,
+    parse_gpu_memory,
+    parse_probe,
+    parse_status,
+)
+from fleets.reconciler.supervisor.transport import HTTP, Call, CallError, Door
+
+if TYPE_CHECKING:
+    from fleets.models import Domain
+
+T = TypeVar("T")
+
+# A held sleep answers within this share of the call's budget, leaving the rest for the answer.
+WAIT_SHARE = 0.8
+# A selector longer than this goes unsent (the original's client has the same cap): request
+# lines that long break proxies, and the caller judges its own models from the results anyway.
+MAX_SELECTOR_CHARS = 4096
+
+ErrorHook = Callable[[str, CallError], None]
+
+
+def _model_selector(models: Sequence[str] | None) -> list[tuple[str, str]]:
+    """The original's selector: one `model` query parameter per name, a lone "" for none."""
+    if models is None:
+        return []
+    names = list(dict.fromkeys(models)) or [""]
+    params = [("model", n) for n in names]
+    if len(urlencode(params)) > MAX_SELECTOR_CHARS:
+        return []
+    return params
+
+
+def gpu_facts_unavailable(error: CallError | None) -> bool:
+    """Whether a `/v1/gpu/memory` error is the supervisor saying it has no GPU facts (501: no
+    NVML on that host), which is an answer, not a failure."""
+    return error is not None and error.kind == HTTP and error.status == 501
+
+
+def _count_error(call: str, error: CallError) -> None:
+    if call == "gpu_memory" and gpu_facts_unavailable(error):
+        return  # a host without NVML says so on every heartbeat, by design
+
+    fleet_metrics.SUPERVISOR_CALL_ERRORS.labels(call=call, kind=error.kind).inc()
+
+
+class SupervisorClient(Door):
+    """Talk to one domain's supervisor: the wire contract's calls, sent through its door."""
+
+    def __init__(
+        self, base_url: str, *, on_error: ErrorHook | None = _count_error, **door: Any
+    ) -> None:
+        """`door`: the token, the fallback token, the allowed hosts, the HTTP client and the caps
+        (see `transport.Door`); `on_error` hears every failed call by name (the error counter
+        by default)."""
+        super().__init__(base_url, **door)
+        self._on_error = on_error
+
+    def status(self, *, timeout: float) -> Call[StatusReport]:
+        result = self._call("status", "GET", "/v1/status", timeout, parse_status)
+        if result.value is not None:
+            learn_features(self.base_url, result.value.features)
+        return result
+
+    def gpu_memory(self, *, timeout: float) -> Call[GpuMemory]:
+        return self._call("gpu_memory", "GET", "/v1/gpu/memory", timeout, parse_gpu_memory)
+
+    def wake(self, *, timeout: float, gpu_index: int | None = None) -> Call[dict[str, Any]]:
+        body = {"gpuIndex": gpu_index} if gpu_index is not None else {}
+        return self._call("wake", "POST", "/v1/vllm/wake", timeout, parse_ack, body)
+
+    def sleep(self, *, timeout: float, gpu_index: int | None = None) -> Call[dict[str, Any]]:
+        """Ask for sleep. A supervisor that drains first (feature `sleep.drain`) is asked to
+        answer within this call's budget (`?waitMs=`): `status: draining` then means the
+        sleep goes on there, and the next call joins it instead of holding a call open."""
+        body = {"gpuIndex": gpu_index} if gpu_index is not None else {}
+        params = None
+        if FEATURE_DRAIN in (learned_features(self.base_url) or ()):
+            params = [("waitMs", str(max(1, int(timeout * 1000 * WAIT_SHARE))))]
+        return self._call("sleep", "POST", "/v1/vllm/sleep", timeout, parse_ack, body, params)
+
+    def training_start(self, *, timeout: float) -> Call[dict[str, Any]]:
+        return self._call("training_start", "POST", "/v1/training/start", timeout, parse_ack)
+
+    def training_stop(self, *, grace_ms: int, timeout: float) -> Call[dict[str, Any]]:
+        return self._call(
+            "training_stop",
+            "POST",
+            "/v1/training/stop",
+            timeout,
+            parse_ack,
+            {"graceMs": grace_ms},
+        )
+
+    def probe(
+        self,
+        *,
+        prompt: str,
+        max_tokens: int,
+        timeout_ms: int,
+        models: Sequence[str] | None,
+        timeout: float,
+        seed: int | None = None,
+        adapters: Mapping[str, Sequence[str]] | None = None,
+    ) -> Call[ProbeReport]:
+        """Probe the named models (all when None).
+
+        `seed` asks for a golden probe and `adapters` for one probe per LoRA adapter; both go
+        only to a supervisor that advertises `probe.golden` (learned from a status read), and
+        the report says whether the answers were golden, so the caller can fall back to
+        "it answers" with one that does not.
+
+        The selection always rides in the query, which the original supervisor reads (or, in
+        its older releases, ignores and probes everything: the caller judges only its own
+        models). The body's `models` field, which the original refuses, goes only to a
+        supervisor that advertises it or, before anything is learned, once: a 400 then is
+        remembered for this supervisor and the probe is resent without it, counting no error.
+        """
+        body: dict[str, Any] = {"prompt": prompt, "maxTokens": max_tokens, "timeoutMs": timeout_ms}
+        params = _model_selector(models)
+        known = learned_features(self.base_url)
+        golden = seed is not None and FEATURE_PROBE_GOLDEN in (known or ())
+        if golden:
+            body["seed"] = seed
+            if adapters:
+                body["adapters"] = {m: list(names) for m, names in adapters.items() if names}
+        result = self._probe_call(body, params, models, known, timeout)
+        still = FEATURE_PROBE_GOLDEN in (learned_features(self.base_url) or ())
+        if golden and still and result.value is not None:
+            return Call(value=replace(result.value, golden=True), error=None)
+        return result
+
+    def _probe_call(
+        self,
+        body: dict[str, Any],
+        params: list[tuple[str, str]],
+        models: Sequence[str] | None,
+        known: frozenset[str] | None,
+        timeout: float,
+    ) -> Call[ProbeReport]:
+        if models is None or (known is not None and FEATURE_PROBE_MODELS not in known):
+            return self._call("probe", "POST", "/v1/probe", timeout, parse_probe, body, params)
+        result = self.send(
+            "POST", "/v1/probe", timeout, parse_probe, {**body, "models": list(models)}, params
+        )
+        if result.error is not None and result.error.status == 400:
+            # Refused: an original supervisor, or ours replaced by one. Remember, resend once.
+            # Everything beyond the original contract goes, golden fields included.
+            learn_features(
+                self.base_url,
+                (known or frozenset()) - {FEATURE_PROBE_MODELS, FEATURE_PROBE_GOLDEN},
+            )
+            plain = {k: v for k, v in body.items() if k not in ("seed", "adapters")}
+            return self._call("probe", "POST", "/v1/probe", timeout, parse_probe, plain, params)
+        if result.error is not None and self._on_error is not None:
+            self._on_error("probe", result.error)
+        return result
+
+    def _call(
+        self,
+        name: str,
+        method: str,
+        path: str,
+        timeout: float,
+        parse: Callable[[Any], T],
+        body: dict[str, Any] | None = None,
+        params: list[tuple[str, str]] | None = None,
+    ) -> Call[T]:
+        result = self.send(method, path, timeout, parse, body, params)
+        if result.error is not None and self._on_error is not None:
+            self._on_error(name, result.error)
+        return result
+
+
+def client_for(domain: Domain) -> SupervisorClient:
+    """Return a client for one domain's supervisor, with that domain's token."""
+    credentials = credentials_for(domain.id)
+    return SupervisorClient(
+        domain.supervisor_url,
+        token=credentials.token,
+        fallback_token=credentials.fallback,
+        key=str(domain.id),
+        allowed_hosts=settings.HARU["supervisor_hosts"],
+        max_response_bytes=settings.HARU["supervisor_max_response_bytes"],
+        max_depth=settings.HARU["json_max_depth"],
+    )

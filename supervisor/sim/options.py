@@ -1,0 +1,75 @@
+"""What a simulated engine is told (its options) and what it keeps (faults, counters): plain data
+that both the engine (engine.py) and its inference routes (inference.py) read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+FAULT_NAMES = {
+    "wakeFails": "wake_fails",
+    "wakeHangs": "wake_hangs",
+    "sleepFails": "sleep_fails",
+    "inference5xx": "inference_5xx",
+    "isSleepingGarbage": "is_sleeping_garbage",
+    "crash": "crash",
+    # The failures a golden probe exists to catch (vLLM issue 53888): a wake after which the
+    # model answers differently, or after which its LoRA adapters silently stop applying.
+    # Each takes effect at the next wake and lasts until the engine is reset.
+    "answerDriftsAfterWake": "answer_drifts_after_wake",
+    "adaptersLostAfterWake": "adapters_lost_after_wake",
+}
+
+
+@dataclass
+class SimOptions:
+    model: str
+    port: int
+    host: str = "127.0.0.1"
+    weights_mib: int = 0
+    context_mib: int = 0
+    gpu_index: int = 0
+    sim_state: str | None = None
+    wake_latency_ms: int = 0
+    sleep_latency_ms: int = 0
+    ttft_ms: int = 0
+    token_delay_ms: int = 0
+    load_ms: int = 0
+    reply: str | None = None
+    echo: bool = False
+    # As vLLM's --lora-modules NAME=PATH: extra served names, each answering in its own way.
+    lora_modules: tuple[str, ...] = ()
+    start_asleep: bool = False
+    max_model_len: int = 4096
+    server_load_tracking: bool = False
+    # Like vLLM's --api-key: inference routes need `Authorization: Bearer <key>`.
+    api_key: str | None = None
+    backend: str = "sim"
+    # The torch backend's own settings (device, KV cache, weights file); empty for "sim".
+    backend_settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Faults:
+    wake_fails: bool = False
+    wake_hangs: bool = False
+    sleep_fails: bool = False
+    inference_5xx: bool = False
+    is_sleeping_garbage: bool = False
+    crash: bool = False
+    answer_drifts_after_wake: bool = False
+    adapters_lost_after_wake: bool = False
+
+    def to_json(self) -> dict[str, bool]:
+        return {wire: getattr(self, attr) for wire, attr in FAULT_NAMES.items()}
+
+
+@dataclass
+class Stats:
+    requests: int = 0
+    completed: int = 0
+    cancelled: int = 0
+    rejected: int = 0
+    inflight: int = 0
+    sleeps: int = 0
+    wakes: int = 0
