@@ -30,6 +30,8 @@ from common import limits
 from common.strict_json import is_int, is_number, type_name
 
 _LIMIT_PREFIX = "$limits."
+# Keywords that say what a value means and never what is valid.
+_ANNOTATIONS = frozenset({"title", "description", "default", "examples"})
 
 
 # Draft 2020-12 with the house's numbers: "integer" means `is_int` (jsonschema would take 1.0),
@@ -74,7 +76,8 @@ def inline_refs(node: Any, root: dict[str, Any] | None = None, package: str | No
 
     jsonschema resolves a `$ref` on every validation, which costs several times the check
     itself; a policy is validated on every read of a fleet, so the shipped schema is resolved
-    once, here. Only non-recursive references are used by the documents' schemas.
+    once, here. Only non-recursive references are used by the documents' schemas. A local
+    reference may carry annotations beside it (`description`, `default`): they are kept.
     """
     root = node if root is None else root
     if isinstance(node, list):
@@ -82,14 +85,16 @@ def inline_refs(node: Any, root: dict[str, Any] | None = None, package: str | No
     if not isinstance(node, dict):
         return node
     ref = node.get("$ref")
-    if isinstance(ref, str) and len(node) == 1:
-        if ref.startswith("#/$defs/"):
-            return inline_refs(root["$defs"][ref.removeprefix("#/$defs/")], root, package)
-        if ref.endswith(".json") and "/" not in ref and package is not None:
-            other = _schema_text(package, ref.removesuffix(".json"))
-            # A sibling's identity keys may only sit at a document's root.
-            body = {k: v for k, v in other.items() if k not in {"$schema", "$id"}}
-            return inline_refs(body, body, package)
+    ref = ref if isinstance(ref, str) else ""
+    annotations = {k: v for k, v in node.items() if k in _ANNOTATIONS}
+    if ref.startswith("#/$defs/") and len(node) == 1 + len(annotations):
+        definition = inline_refs(root["$defs"][ref.removeprefix("#/$defs/")], root, package)
+        return {**definition, **annotations}
+    if ref.endswith(".json") and "/" not in ref and len(node) == 1 and package is not None:
+        other = _schema_text(package, ref.removesuffix(".json"))
+        # A sibling's identity keys may only sit at a document's root.
+        body = {k: v for k, v in other.items() if k not in {"$schema", "$id"}}
+        return inline_refs(body, body, package)
     return {key: inline_refs(value, root, package) for key, value in node.items()}
 
 

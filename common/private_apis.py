@@ -3,8 +3,8 @@
 Both processes serve HTTP through a subclass of uvicorn's httptools protocol (the bounded edge,
 common/edge/protocol.py; the control plane's chat path, fleets/server/), and the control plane
 calls supervisors through httpx on a deadline-bounded httpcore backend
-(fleets/reconciler/deadline.py). uvicorn documents no protocol API to subclass, and httpx no
-way to give its transport a network backend, so those modules use names their authors may
+(fleets/reconciler/supervisor/deadline.py). uvicorn documents no protocol API to subclass, and
+httpx no way to give its transport a network backend, so those modules use names their authors may
 change in any release. Every such name is imported or touched here and nowhere else, and
 `RELIED_ON` lists what of it is relied on: tests/tools/test_private_apis.py checks each entry
 against the installed version and fails naming the dependency, its version and what changed.
@@ -175,13 +175,13 @@ RELIED_ON: list[Reliance] = [
     Reliance(
         "httpx",
         "httpx:HTTPTransport",
-        "fleets/reconciler/deadline.py (the pool on the deadline-bounded backend)",
+        "fleets/reconciler/supervisor/deadline.py (the pool on the deadline-bounded backend)",
         source=("self._pool = httpcore.ConnectionPool(", "self._pool.handle_request("),
     ),
     Reliance(
         "httpcore",
         "httpcore:ConnectionPool",
-        "fleets/reconciler/deadline.py",
+        "fleets/reconciler/supervisor/deadline.py",
         parameters={
             "__init__": (
                 "ssl_context",

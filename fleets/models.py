@@ -25,13 +25,14 @@ from fleets.core.states import (
     SlotKind,
     TrainingState,
 )
+from fleets.drivers.registry import provider_names
 
 # A primary key as the ORM returns it (UUID) or as a caller spells it (str).
 Id: TypeAlias = uuid.UUID | str
 
 # At most 63 characters (a DNS label), lowercase alphanumerics separated by single hyphens.
 SLUG_REGEX = r"^(?=.{1,63}$)[a-z0-9]+(-[a-z0-9]+)*$"
-# A provider's name, as the layout schema spells it.
+# A provider's name, as the layout schema spells it (the registry's names all fit it).
 PROVIDER_REGEX = r"^[a-z][a-z0-9-]{0,15}$"
 
 
@@ -125,9 +126,10 @@ class Domain(models.Model):
     slug = models.CharField(max_length=63)
     display_name = models.CharField(max_length=200, blank=True, default="")
     # static, or a provisioning driver's name: the registry (fleets/drivers/registry.py) is the
-    # list, checked by the layout loader and the admin; the database keeps the shape, so adding
-    # a driver needs no migration.
-    provider = models.CharField(max_length=16, default=Provider.STATIC)
+    # list, and the database holds it too (a new driver comes with the migration Django makes).
+    provider = models.CharField(
+        max_length=16, choices=[(name, name) for name in provider_names()], default=Provider.STATIC
+    )
     # {cloud, region, accelerator, acceleratorCount, useSpot}
     placement = models.JSONField(default=dict, blank=True)
     supervisor_url = models.URLField(max_length=500, blank=True, default="")
@@ -175,7 +177,7 @@ class Domain(models.Model):
                 condition=Q(state__in=[s.value for s in DomainState]), name="domain_state_valid"
             ),
             models.CheckConstraint(
-                condition=Q(provider__regex=PROVIDER_REGEX), name="domain_provider_valid"
+                condition=Q(provider__in=provider_names()), name="domain_provider_valid"
             ),
         ]
 

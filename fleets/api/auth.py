@@ -11,6 +11,7 @@ from __future__ import annotations
 from django.conf import settings
 from rest_framework import authentication, exceptions, permissions
 
+from fleets.base.errors import ErrorCode
 from fleets.base.private_apis import session_user
 from fleets.base.tokens import Scope, token_scope
 
@@ -29,7 +30,7 @@ class _Token:
 class ChatTokenRefused(exceptions.PermissionDenied):
     """A valid token of the wrong scope: known, so 403 (not 401), and saying which is needed."""
 
-    default_code = "token_scope"
+    default_code = ErrorCode.TOKEN_SCOPE
     default_detail = (
         "this token may only call the chat endpoints (/v1/chat/completions, /v1/completions, "
         "/v1/models); the REST API needs the operator token (HARU_API_TOKEN)"

@@ -10,27 +10,27 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 
 from fleets.api import outage
-from fleets.base.errors import ServiceError
+from fleets.base.errors import ErrorCode, ServiceError
 from fleets.reads.shapes import operation_json
 
-_CODES = {
-    exceptions.NotAuthenticated: "unauthorized",
-    exceptions.AuthenticationFailed: "unauthorized",
-    exceptions.PermissionDenied: "forbidden",
-    exceptions.NotFound: "not_found",
-    exceptions.MethodNotAllowed: "method_not_allowed",
-    exceptions.NotAcceptable: "not_acceptable",
-    exceptions.UnsupportedMediaType: "unsupported_media_type",
-    exceptions.ParseError: "invalid_request",
-    exceptions.ValidationError: "invalid_request",
-    exceptions.Throttled: "rate_limited",
+_CODES: dict[type, str] = {
+    exceptions.NotAuthenticated: ErrorCode.UNAUTHORIZED,
+    exceptions.AuthenticationFailed: ErrorCode.UNAUTHORIZED,
+    exceptions.PermissionDenied: ErrorCode.FORBIDDEN,
+    exceptions.NotFound: ErrorCode.NOT_FOUND,
+    exceptions.MethodNotAllowed: ErrorCode.METHOD_NOT_ALLOWED,
+    exceptions.NotAcceptable: ErrorCode.NOT_ACCEPTABLE,
+    exceptions.UnsupportedMediaType: ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+    exceptions.ParseError: ErrorCode.INVALID_REQUEST,
+    exceptions.ValidationError: ErrorCode.INVALID_REQUEST,
+    exceptions.Throttled: ErrorCode.RATE_LIMITED,
 }
 
 
 class PayloadTooLarge(exceptions.APIException):
     status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
     default_detail = "request body too large"
-    default_code = "payload_too_large"
+    default_code = ErrorCode.PAYLOAD_TOO_LARGE
 
 
 def envelope(code: str, message: str, status_code: int, **extra) -> Response:
@@ -66,9 +66,9 @@ def envelope_exception_handler(exc, context):
             response.data["error"]["operation"] = operation_json(operation)
         return response
     if isinstance(exc, RequestDataTooBig):
-        return envelope("payload_too_large", "request body too large", 413)
+        return envelope(ErrorCode.PAYLOAD_TOO_LARGE, "request body too large", 413)
     if isinstance(exc, Http404):
-        return envelope("not_found", str(exc) or "not found", 404)
+        return envelope(ErrorCode.NOT_FOUND, str(exc) or "not found", 404)
     if isinstance(exc, exceptions.APIException):
         # Exact types only: a subclass (ChatTokenRefused) keeps its own, more precise code.
         code = _CODES.get(type(exc)) or getattr(exc, "default_code", "error")
@@ -86,7 +86,8 @@ def envelope_exception_handler(exc, context):
 def json_not_found(request, exception=None):
     """handler404 for the whole site: JSON envelope for API paths."""
     return JsonResponse(
-        {"error": {"code": "not_found", "message": f"no route for {request.path}"}}, status=404
+        {"error": {"code": ErrorCode.NOT_FOUND, "message": f"no route for {request.path}"}},
+        status=404,
     )
 
 
@@ -101,5 +102,6 @@ def json_server_error(request):
             return outage.json_response()
         return outage.html_response()
     return JsonResponse(
-        {"error": {"code": "internal_error", "message": "internal server error"}}, status=500
+        {"error": {"code": ErrorCode.INTERNAL_ERROR, "message": "internal server error"}},
+        status=500,
     )

@@ -16,6 +16,7 @@ import psycopg
 from django.db import InterfaceError, OperationalError
 from django.http import HttpResponse, JsonResponse
 
+from fleets.base.errors import ErrorCode
 from fleets.base.private_apis import mark_response_logged
 
 log = logging.getLogger("haru.database")
@@ -71,7 +72,9 @@ def _mark(response: HttpResponse) -> HttpResponse:
 
 def json_response() -> HttpResponse:
     return _mark(
-        JsonResponse({"error": {"code": "database_unavailable", "message": MESSAGE}}, status=503)
+        JsonResponse(
+            {"error": {"code": ErrorCode.DATABASE_UNAVAILABLE, "message": MESSAGE}}, status=503
+        )
     )
 
 

@@ -14,6 +14,7 @@ from fleets.api import serializers as s
 from fleets.api.auth import HasApiToken
 from fleets.api.errors import PayloadTooLarge
 from fleets.base import clock
+from fleets.base.errors import ErrorCode
 from fleets.core.decisions import RequestStatus
 from fleets.core.policy import Policy
 from fleets.core.route_intent import build_route_intent
@@ -36,13 +37,14 @@ TICK_LOCK_BUSY = "tick_lock_busy"
 ERRORS = {
     code: OpenApiResponse(s.ErrorEnvelope, description=desc)
     for code, desc in {
-        400: "invalid_request",
-        401: "unauthorized",
-        404: "fleet_not_found",
-        409: "operation_conflict, provision_refused, operation_finished or routing_committed",
-        413: "payload_too_large",
-        422: "invalid_target",
-        502: "supervisor_unavailable",
+        400: ErrorCode.INVALID_REQUEST.value,
+        401: ErrorCode.UNAUTHORIZED.value,
+        404: ErrorCode.FLEET_NOT_FOUND.value,
+        409: f"{ErrorCode.OPERATION_CONFLICT.value}, {ErrorCode.PROVISION_REFUSED.value}, "
+        f"{ErrorCode.OPERATION_FINISHED.value} or {ErrorCode.ROUTING_COMMITTED.value}",
+        413: ErrorCode.PAYLOAD_TOO_LARGE.value,
+        422: ErrorCode.INVALID_TARGET.value,
+        502: ErrorCode.SUPERVISOR_UNAVAILABLE.value,
     }.items()
 }
 

@@ -1,15 +1,60 @@
 """Errors the services and selectors raise; each carries the API error code and HTTP status.
 
+`ErrorCode` is every `error.code` the control plane answers in its error envelope
+(`{"error": {"code", "message"}}`), from the REST API, the dashboard's JSON answers and the chat
+proxy alike. An operation's own failure codes are `fleets.core.states.OperationErrorCode`.
+
 At the bottom of the layers: anything may import it, and it imports nothing of Haru's.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any
 
 
+class ErrorCode(StrEnum):
+    # The REST API and the dashboard (fleets/api/errors.py maps DRF's and Django's errors).
+    INTERNAL_ERROR = "internal_error"
+    UNAUTHORIZED = "unauthorized"
+    FORBIDDEN = "forbidden"
+    # A chat token (HARU_CHAT_TOKENS) on a REST route: it may call the chat endpoints only.
+    TOKEN_SCOPE = "token_scope"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    NOT_ACCEPTABLE = "not_acceptable"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
+    INVALID_REQUEST = "invalid_request"
+    RATE_LIMITED = "rate_limited"
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    DATABASE_UNAVAILABLE = "database_unavailable"
+    # A Host header the server does not answer to (fleets/server/hosts.py).
+    INVALID_HOST = "invalid_host"
+    # The services' own (the ServiceError subclasses).
+    FLEET_NOT_FOUND = "fleet_not_found"
+    OPERATION_NOT_FOUND = "operation_not_found"
+    INVALID_TARGET = "invalid_target"
+    OPERATION_CONFLICT = "operation_conflict"
+    INVALID_LAYOUT = "invalid_layout"
+    OPERATION_FINISHED = "operation_finished"
+    # A cancel in the instant between a promotion's switch and its record: retry it.
+    ROUTING_COMMITTED = "routing_committed"
+    SUPERVISOR_UNAVAILABLE = "supervisor_unavailable"
+    PROVISION_REFUSED = "provision_refused"
+    # The chat proxy (fleets/proxy/errors.py); it also answers unauthorized, invalid_request,
+    # payload_too_large, fleet_not_found and method_not_allowed.
+    MODEL_NOT_FOUND = "model_not_found"
+    MODEL_UNAVAILABLE = "model_unavailable"
+    NO_ACTIVE_DOMAIN = "no_active_domain"
+    STATE_STORE_UNAVAILABLE = "state_store_unavailable"
+    UPSTREAM_TIMEOUT = "upstream_timeout"
+    UPSTREAM_UNREACHABLE = "upstream_unreachable"
+    HOLD_CAPACITY_EXCEEDED = "hold_capacity_exceeded"
+    SERVER_DRAINING = "server_draining"
+
+
 class ServiceError(Exception):
-    code = "internal_error"
+    code: str = ErrorCode.INTERNAL_ERROR
     status = 500
 
     def __init__(self, message: str, *, code: str | None = None) -> None:
@@ -20,22 +65,22 @@ class ServiceError(Exception):
 
 
 class FleetNotFound(ServiceError):
-    code = "fleet_not_found"
+    code = ErrorCode.FLEET_NOT_FOUND
     status = 404
 
 
 class OperationNotFound(ServiceError):
-    code = "operation_not_found"
+    code = ErrorCode.OPERATION_NOT_FOUND
     status = 404
 
 
 class InvalidTarget(ServiceError):
-    code = "invalid_target"
+    code = ErrorCode.INVALID_TARGET
     status = 422
 
 
 class OperationConflict(ServiceError):
-    code = "operation_conflict"
+    code = ErrorCode.OPERATION_CONFLICT
     status = 409
 
     def __init__(self, message: str, *, operation: Any = None) -> None:
@@ -47,7 +92,7 @@ class OperationConflict(ServiceError):
 class LayoutError(ServiceError):
     """A layout that fails validation; `errors` lists every `path: rule` found."""
 
-    code = "invalid_layout"
+    code = ErrorCode.INVALID_LAYOUT
     status = 422
 
     def __init__(self, errors: list[str], *, batches_written: int = 0) -> None:
@@ -64,7 +109,7 @@ class OperationNotCancellable(ServiceError):
     `code` says which (`operation_finished`, `routing_committed`); `operation` is the row.
     """
 
-    code = "operation_finished"
+    code = ErrorCode.OPERATION_FINISHED
     status = 409
 
     def __init__(self, message: str, *, code: str | None = None, operation: Any = None) -> None:
@@ -75,5 +120,5 @@ class OperationNotCancellable(ServiceError):
 class SupervisorUnavailable(ServiceError):
     """A request that needs a supervisor's answer did not get one (unreachable, timed out)."""
 
-    code = "supervisor_unavailable"
+    code = ErrorCode.SUPERVISOR_UNAVAILABLE
     status = 502

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Literal
@@ -58,12 +59,19 @@ def _not_in_fleet(fleet: FleetView, ref: str) -> Decision:
     return Decision("reject", INVALID_TARGET, f"domain {ref!r} is not in fleet {fleet.slug!r}")
 
 
-def decide_promotion(fleet: FleetView, target_id: str) -> Decision:
-    """Decide a promote request for `target_id` (a domain id or slug)."""
+def _decide(
+    fleet: FleetView, target_id: str, rule: Callable[[FleetView, DomainView], Decision]
+) -> Decision:
+    """Resolve `target_id` (a domain id or slug) and apply `rule` to the domain it names."""
     target = find_domain(fleet, target_id)
     if target is None:
         return _not_in_fleet(fleet, target_id)
-    return replace(_promotion(fleet, target), target=target)
+    return replace(rule(fleet, target), target=target)
+
+
+def decide_promotion(fleet: FleetView, target_id: str) -> Decision:
+    """Decide a promote request for `target_id` (a domain id or slug)."""
+    return _decide(fleet, target_id, _promotion)
 
 
 def _promotion(fleet: FleetView, target: DomainView) -> Decision:
@@ -75,12 +83,7 @@ def _promotion(fleet: FleetView, target: DomainView) -> Decision:
             f"domain {target.slug!r} is already active (route revision {fleet.route_revision})",
         )
     if target.state not in PROMOTABLE_DOMAIN_STATES:
-        return Decision(
-            "reject",
-            INVALID_TARGET,
-            f"domain {target.slug!r} is {target.state}; only ready or degraded domains "
-            "can be promoted",
-        )
+        return _not_up(target, "promoted")
     if not target.has_bindings:
         # Nothing to wake, probe or route to: refuse now rather than burn the wake budget.
         return Decision(
@@ -94,10 +97,7 @@ def _promotion(fleet: FleetView, target: DomainView) -> Decision:
 
 def decide_demotion(fleet: FleetView, target_id: str) -> Decision:
     """Decide a demote request for `target_id` (a domain id or slug)."""
-    target = find_domain(fleet, target_id)
-    if target is None:
-        return _not_in_fleet(fleet, target_id)
-    return replace(_demotion(fleet, target), target=target)
+    return _decide(fleet, target_id, _demotion)
 
 
 def _demotion(fleet: FleetView, target: DomainView) -> Decision:
@@ -109,10 +109,14 @@ def _demotion(fleet: FleetView, target: DomainView) -> Decision:
             f"domain {target.slug!r} is the active domain; promote another domain instead",
         )
     if target.state not in PROMOTABLE_DOMAIN_STATES:
-        return Decision(
-            "reject",
-            INVALID_TARGET,
-            f"domain {target.slug!r} is {target.state}; only ready or degraded domains "
-            "can be demoted",
-        )
+        return _not_up(target, "demoted")
     return Decision("proceed")
+
+
+def _not_up(target: DomainView, done: str) -> Decision:
+    """Refuse a domain that is not ready or degraded: a request cannot move it (`done`)."""
+    return Decision(
+        "reject",
+        INVALID_TARGET,
+        f"domain {target.slug!r} is {target.state}; only ready or degraded domains can be {done}",
+    )

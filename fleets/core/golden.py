@@ -19,10 +19,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from fleets.core.states import OperationErrorCode
+
 # Fixed, so every probe of every fleet asks the same question the same way.
 GOLDEN_SEED = 1_337
 # An operation fails with this code when a woken model answers differently.
-PROBE_MISMATCH = "probe_mismatch"
+PROBE_MISMATCH = OperationErrorCode.PROBE_MISMATCH
 # How much of an answer a message or event quotes: enough to see the difference.
 QUOTE_CHARS = 120
 

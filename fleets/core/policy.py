@@ -1,4 +1,8 @@
-"""Fleet policy: defaults, strict validation (`schemas/policy.json`) and its resolved view.
+"""Fleet policy: the table of its keys, strict validation and its resolved view.
+
+Each key is declared once, as a field of `Policy` (its type, default, schema and meaning); the
+defaults, the JSON Schema (`policy_schema`, shipped as `schemas/policy.json` for readers outside
+the code), the public JSON and the step budgets are read from those fields.
 
 A fleet stores only the keys its operator set (`validate_policy` output); every read resolves the
 rest from `DEFAULTS`, so changing a default reaches every fleet that did not pin the value.
@@ -7,86 +11,378 @@ rest from `DEFAULTS`, so changing a default reaches every fleet that did not pin
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass
-from functools import lru_cache
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from functools import cache, lru_cache
 from typing import Any
 
-from common.documents import problems, schema_validator
+from common.documents import problems, strict_validator
+from fleets.core.states import Step, leg_step
 
-# The limits (milliseconds, the probe's bounds) are common/limits.py's, named by the schema:
-# the supervisor enforces the same on its side.
+# Bounds of the keys: the limits are common/limits.py's (the supervisor enforces the same on its
+# side), named by the schema as "$limits.NAME" and filled in by common.documents.
+SWITCH: dict[str, Any] = {"$ref": "#/$defs/switch"}
+TIMEOUT: dict[str, Any] = {"$ref": "#/$defs/timeout"}
+_DEFS: dict[str, Any] = {
+    "switch": {"type": "boolean", "x-rules": {"type": "must be true or false"}},
+    "timeout": {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": "$limits.MAX_MS",
+        "x-rules": {
+            "type": "must be an integer number of milliseconds",
+            "minimum": "must be between 1 and {MAX_MS}",
+            "maximum": "must be between 1 and {MAX_MS}",
+        },
+    },
+}
 
-DEFAULTS: dict[str, Any] = {
-    "autoFailover": False,
+
+def _ms_between(low: int, high: int) -> dict[str, Any]:
+    between = f"must be between {low} and {high}"
+    return {
+        "type": "integer",
+        "minimum": low,
+        "maximum": high,
+        "x-rules": {
+            "type": "must be an integer number of milliseconds",
+            "minimum": between,
+            "maximum": between,
+        },
+    }
+
+
+def _one_of(*choices: str) -> dict[str, Any]:
+    return {"enum": list(choices), "x-rule": "must be " + " or ".join(f'"{c}"' for c in choices)}
+
+
+def _key(
+    default: Any,
+    schema: dict[str, Any],
+    doc: str,
+    *,
+    within: str = "",
+    steps: tuple[Step, ...] = (),
+) -> Any:
+    """One row of the policy table: a Policy field with its default, its schema (type and
+    bounds), what it means, the object it sits in (`probe`) and the steps it bounds."""
+    return field(
+        default=default, metadata={"schema": schema, "doc": doc, "within": within, "steps": steps}
+    )
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A fully resolved fleet policy, and the policy table: one field per key.
+
+    Each field is declared once here; its public camelCase name (`heartbeat_stale_ms` is
+    `heartbeatStaleMs`, `probe_max_tokens` is `probe.maxTokens`), `DEFAULTS`, the schema
+    (`policy_schema`, shipped as `schemas/policy.json`), `resolve` and `to_json` follow from it.
+    """
+
+    auto_failover: bool = _key(
+        False, SWITCH, "Promote a viable standby on its own when the active fails or goes stale."
+    )
     # A standby that is back and healthy but awake (a former active whose host returned after
     # the promotion's own demote steps gave up) is demoted to standby posture by the reconciler.
-    "restoreStandbyOnReturn": True,
-    "heartbeatStaleMs": 30_000,
-    "degradedGraceMs": 60_000,
-    "trainingStopGraceMs": 30_000,
+    restore_standby_on_return: bool = _key(
+        True,
+        SWITCH,
+        "Demote a standby that is back, healthy and awake (typically the old active returning "
+        "after a failover) to standby posture; a failed attempt is retried after 5 minutes.",
+    )
+    heartbeat_stale_ms: int = _key(
+        30_000, TIMEOUT, "A domain not heard from for this long is stale."
+    )
+    degraded_grace_ms: int = _key(
+        60_000, TIMEOUT, "An active degraded this long is escalated to failed (with autoFailover)."
+    )
+    training_stop_grace_ms: int = _key(
+        30_000, TIMEOUT, "SIGTERM to SIGKILL grace given to trainers (planned promotions, drills)."
+    )
     # The same grace when the promotion is a failover (the active failed): the outage waits for
     # it, and trainers resume from their periodic checkpoints (the readiness verdict checks
     # they take them), so by default SIGKILL follows SIGTERM at once. 1 is the least the
     # original supervisor accepts.
-    "failoverTrainingStopGraceMs": 1,
-    "stopTrainingTimeoutMs": 90_000,
-    "verifyGpuTimeoutMs": 30_000,
-    "wakeTimeoutMs": 120_000,
-    "probeTimeoutMs": 60_000,
-    "switchActiveTimeoutMs": 10_000,
-    "sleepTimeoutMs": 60_000,
-    "startTrainingTimeoutMs": 30_000,
+    failover_training_stop_grace_ms: int = _key(
+        1,
+        TIMEOUT,
+        "The same grace when the promotion is a failover: the outage waits for it, so by "
+        "default the trainer is killed at once and resumes from its last periodic checkpoint.",
+    )
+    stop_training_timeout_ms: int = _key(
+        90_000, TIMEOUT, "Budget of stop_training.", steps=(Step.STOP_TRAINING,)
+    )
+    verify_gpu_timeout_ms: int = _key(
+        30_000, TIMEOUT, "Budget of verify_gpu.", steps=(Step.VERIFY_GPU,)
+    )
+    wake_timeout_ms: int = _key(120_000, TIMEOUT, "Budget of wake.", steps=(Step.WAKE,))
+    probe_timeout_ms: int = _key(60_000, TIMEOUT, "Budget of probe.", steps=(Step.PROBE,))
+    switch_active_timeout_ms: int = _key(
+        10_000, TIMEOUT, "Budget of switch_route.", steps=(Step.SWITCH_ROUTE,)
+    )
+    sleep_timeout_ms: int = _key(
+        60_000,
+        TIMEOUT,
+        "Budget of demote_old_sleep and sleep.",
+        steps=(Step.DEMOTE_OLD_SLEEP, Step.SLEEP),
+    )
+    start_training_timeout_ms: int = _key(
+        30_000,
+        TIMEOUT,
+        "Budget of demote_old_train and start_training.",
+        steps=(Step.DEMOTE_OLD_TRAIN, Step.START_TRAINING),
+    )
     # A sleeping vLLM keeps its CUDA context and allocator pools, so "released" means under a
     # ratio of the card, not zero.
-    "verifyGpuMaxUsedRatio": 0.25,
-    "probe": {"prompt": "ping", "maxTokens": 4},
+    verify_gpu_max_used_ratio: float = _key(
+        0.25,
+        {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": 1,
+            "x-rules": {
+                "type": "must be a number",
+                "exclusiveMinimum": "must be greater than 0 and at most 1",
+                "maximum": "must be greater than 0 and at most 1",
+            },
+        },
+        "verify_gpu passes when used/total on each training GPU is at most this (a sleeping "
+        "vLLM keeps its CUDA context, so not zero).",
+    )
+    probe_prompt: str = _key(
+        "ping",
+        {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": "$limits.MAX_PROBE_PROMPT_CHARS",
+            "x-rules": {
+                "type": "must be a string",
+                "minLength": "must be 1 to {MAX_PROBE_PROMPT_CHARS} characters",
+                "maxLength": "must be 1 to {MAX_PROBE_PROMPT_CHARS} characters",
+            },
+        },
+        "The golden probe's synthetic prompt.",
+        within="probe",
+    )
+    probe_max_tokens: int = _key(
+        4,
+        {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": "$limits.MAX_PROBE_TOKENS",
+            "x-rules": {
+                "type": "must be an integer between 1 and {MAX_PROBE_TOKENS}",
+                "minimum": "must be an integer between 1 and {MAX_PROBE_TOKENS}",
+                "maximum": "must be an integer between 1 and {MAX_PROBE_TOKENS}",
+            },
+        },
+        "The golden probe's completion length, in tokens.",
+        within="probe",
+    )
     # Provisioned domains (provider skypilot/skyserve with driver settings; docs/drivers.md).
     # A failed non-active domain is re-provisioned after the grace (it may come back by itself):
     # one that failed as a standby, and one that was the active until a failover moved off it.
-    "replaceFailedStandby": True,
-    "replaceFailedActive": True,
-    "replaceFailedGraceMs": 60_000,
-    # From entering `provisioning` to the first good heartbeat; then the domain goes `failed`.
+    replace_failed_standby: bool = _key(
+        True, SWITCH, "Re-provision a Haru-provisioned standby that failed (or stayed unreachable)."
+    )
+    replace_failed_active: bool = _key(
+        True, SWITCH, "Re-provision the domain a failover moved routing off."
+    )
+    replace_failed_grace_ms: int = _key(
+        60_000, TIMEOUT, "How long a domain stays failed or unreachable before it is replaced."
+    )
     # Cloud launches of GPU nodes take minutes (image pull, weights); 30 min covers a cold one.
-    "provisionTimeoutMs": 1_800_000,
-    # Wait after a failed launch before the next candidate region/zone is tried.
-    "provisionRetryBackoffMs": 30_000,
-    # How a stopped domain is torn down: `down` deletes the cluster (nothing billed), `stop`
-    # keeps its disks (faster restart, disks billed). A domain's driver.stopMode wins.
-    "stopMode": "down",
-    # After a failed automatic promotion, that standby waits failoverBackoffMs before the next
-    # attempt, doubling per failure in a row up to failoverBackoffMaxMs (fleets.core.backoff):
-    # a standby whose probe keeps failing gets a few attempts a minute, not one per tick.
-    "failoverBackoffMs": 15_000,
-    "failoverBackoffMaxMs": 300_000,
-    # Failover readiness (fleets/core/readiness.py): a standby trainer whose last checkpoint is
-    # older than this is not checkpointing; a passing drill older than this proves too little.
-    "checkpointMaxAgeMs": 3_600_000,
-    "drillMaxAgeMs": 604_800_000,
-    # The recovery time objective: the p95 failover (drills and real ones, detection to
-    # routing moved) the fleet promises; /metrics exports it beside the measured p95.
-    "rtoMs": 300_000,
-    # Data-path detection (fleets.reconciler.datapath): a model server asked directly (its
-    # supervisor cannot vouch for it) and each call of a confirmation round is bounded by this.
-    "servingCheckTimeoutMs": 500,
-    # A host a proxy could not reach is failed only when its supervisor and model servers refuse
-    # connections on two checks this far apart (one refused connection is not an outage).
-    "dataPathConfirmIntervalMs": 200,
-}
+    provision_timeout_ms: int = _key(
+        1_800_000,
+        TIMEOUT,
+        "From provisioning to up; then the domain goes failed with the driver's error.",
+    )
+    provision_retry_backoff_ms: int = _key(
+        30_000, TIMEOUT, "Wait after a failed launch before the next try."
+    )
+    # A domain's driver.stopMode wins.
+    stop_mode: str = _key(
+        "down",
+        _one_of("down", "stop"),
+        "down deletes a stopped domain's cluster, stop keeps its disks (a domain's "
+        "driver.stopMode wins).",
+    )
+    # Doubling per failure in a row up to failoverBackoffMaxMs (fleets.core.backoff): a standby
+    # whose probe keeps failing gets a few attempts a minute, not one per tick.
+    failover_backoff_ms: int = _key(
+        15_000,
+        TIMEOUT,
+        "After a failed (or cancelled) automatic promotion, auto-failover waits this long "
+        "before picking the same standby again, doubling per failure in a row.",
+    )
+    failover_backoff_max_ms: int = _key(
+        300_000, TIMEOUT, "The cap of that wait; must be at least failoverBackoffMs."
+    )
+    # Failover readiness (fleets/core/readiness.py).
+    checkpoint_max_age_ms: int = _key(
+        3_600_000,
+        TIMEOUT,
+        "Failover readiness: a standby trainer whose last checkpoint is older is not "
+        "checkpointing.",
+    )
+    drill_max_age_ms: int = _key(
+        604_800_000,
+        TIMEOUT,
+        "Failover readiness: a passing drill older than this no longer counts as proof.",
+    )
+    # /metrics exports it beside the measured p95.
+    rto_ms: int = _key(
+        300_000,
+        TIMEOUT,
+        "The recovery time objective: the p95 failover time (detection to routing moved) the "
+        "fleet promises; an alert fires when the measured p95 drifts above it.",
+    )
+    # Data-path detection (fleets.reconciler.datapath).
+    serving_check_timeout_ms: int = _key(
+        500,
+        _ms_between(50, 10_000),
+        "Bound of a direct check of a model server (GET <servingUrl>/health) when its "
+        "supervisor cannot vouch for it, and of each call of a data-path confirmation.",
+    )
+    # One refused connection is not an outage.
+    data_path_confirm_interval_ms: int = _key(
+        200,
+        _ms_between(10, 10_000),
+        "An active a proxy could not reach is failed only when its supervisor and every model "
+        "server refuse connections on two checks this far apart.",
+    )
 
-# Which Policy field bounds each operation step (step names from fleets.core.states).
-_STEP_TIMEOUT_FIELDS = {
-    "stop_training": "stop_training_timeout_ms",
-    "verify_gpu": "verify_gpu_timeout_ms",
-    "wake": "wake_timeout_ms",
-    "probe": "probe_timeout_ms",
-    "switch_route": "switch_active_timeout_ms",
-    "demote_old_sleep": "sleep_timeout_ms",
-    "sleep": "sleep_timeout_ms",
-    "demote_old_train": "start_training_timeout_ms",
-    "start_training": "start_training_timeout_ms",
-}
+    @classmethod
+    def resolve(cls, raw: Mapping[str, Any] | None) -> Policy:
+        """Validate the stored operator keys and fill every unset key from `DEFAULTS`."""
+        given = _validated(raw if raw is not None else {})
+        return cls(
+            **{
+                key.field: (given.get(key.within, {}) if key.within else given).get(
+                    key.name, key.default
+                )
+                for key in KEYS
+            }
+        )
+
+    def training_stop_grace(self, *, outage: bool) -> int:
+        """SIGTERM to SIGKILL for trainers stopped for a promotion; `outage`: a failover."""
+        return self.failover_training_stop_grace_ms if outage else self.training_stop_grace_ms
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the resolved policy in the public camelCase shape of `DEFAULTS`."""
+        return _public((key, getattr(self, key.field)) for key in KEYS)
+
+    def step_timeout_ms(self, step: str) -> int:
+        """Return the time budget of an operation step; raise ValueError for an unknown step."""
+        # A round-trip drill's second leg runs the promotion's steps under the same budgets.
+        name = _STEP_TIMEOUT_FIELDS.get(leg_step(step))
+        if name is None:
+            raise ValueError(f"unknown step {step!r}")
+        budget: int = getattr(self, name)
+        return budget
+
+
+@dataclass(frozen=True)
+class PolicyKey:
+    """A row of the policy table, as read from the Policy field that declares it."""
+
+    field: str  # the Policy attribute
+    name: str  # the public camelCase key (inside `within`, when that is set)
+    within: str  # the public object the key sits in (`probe`), or ""
+    default: Any
+    schema: dict[str, Any]  # the key's JSON Schema: type, bounds and the rules' words
+    doc: str
+    steps: tuple[Step, ...]  # the operation steps whose time budget it is
+
+    @property
+    def documented_schema(self) -> dict[str, Any]:
+        """The key's schema with what it means and its default (annotations: never a rule)."""
+        return {**self.schema, "description": self.doc, "default": self.default}
+
+    @property
+    def dotted(self) -> str:
+        """The key's path in the public JSON (`probe.maxTokens`)."""
+        return f"{self.within}.{self.name}" if self.within else self.name
+
+
+def _camel(snake: str) -> str:
+    head, *rest = snake.split("_")
+    return head + "".join(word.capitalize() for word in rest)
+
+
+KEYS: tuple[PolicyKey, ...] = tuple(
+    PolicyKey(
+        field=f.name,
+        name=_camel(f.name.removeprefix(f"{f.metadata['within']}_")),
+        within=f.metadata["within"],
+        default=f.default,
+        schema=f.metadata["schema"],
+        doc=f.metadata["doc"],
+        steps=f.metadata["steps"],
+    )
+    for f in fields(Policy)
+)
+# Which Policy field bounds each operation step.
+_STEP_TIMEOUT_FIELDS: dict[str, str] = {step: key.field for key in KEYS for step in key.steps}
+
+
+def _public(values: Iterable[tuple[PolicyKey, Any]]) -> dict[str, Any]:
+    """The public camelCase shape, in the table's order: a key `within` an object sits in it."""
+    out: dict[str, Any] = {}
+    for key, value in values:
+        (out.setdefault(key.within, {}) if key.within else out)[key.name] = value
+    return out
+
+
+# A fleet's policy with nothing set.
+DEFAULTS: dict[str, Any] = _public((key, key.default) for key in KEYS)
+
+
+def policy_schema() -> dict[str, Any]:
+    """The JSON Schema of an operator-written policy, from the table (`schemas/policy.json`)."""
+    properties: dict[str, Any] = {}
+    for key in KEYS:
+        if key.within:
+            group = properties.setdefault(
+                key.within,
+                {
+                    "type": "object",
+                    "x-rules": {"type": "must be an object"},
+                    "additionalProperties": False,
+                    "properties": {},
+                },
+            )
+            group["properties"][key.name] = key.documented_schema
+        else:
+            properties[key.name] = key.documented_schema
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://haru.invalid/schemas/policy.json",
+        "title": "Fleet policy",
+        "description": (
+            "The keys an operator sets; every unset key takes its default. Generated from the "
+            "policy table (fleets/core/policy.py Policy): edit that, not this file. Semantic "
+            "rules a schema cannot say (what PostgreSQL jsonb can store) are checked by "
+            "validate_policy."
+        ),
+        "type": "object",
+        "x-rules": {"type": "must be an object"},
+        "additionalProperties": False,
+        "properties": properties,
+        "$defs": _DEFS,
+    }
+
+
+def policy_schema_text() -> str:
+    """`policy_schema` as the shipped file holds it."""
+    return json.dumps(policy_schema(), indent=2, ensure_ascii=False) + "\n"
+
+
+@cache
+def _validator() -> Any:
+    return strict_validator(policy_schema())
 
 
 class PolicyError(ValueError):
@@ -110,27 +406,30 @@ def _storable(value: str, path: str) -> None:
 def validate_policy(raw: object, *, path: str = "policy") -> dict[str, Any]:
     """Validate an operator-written policy and return the normalized keys that were set.
 
-    Structure and limits are `schemas/policy.json`'s (unknown keys first, then the keys in
+    Structure and limits are `policy_schema`'s (unknown keys first, then the keys in
     `DEFAULTS` order, so the first error reported is deterministic); raise PolicyError naming
     the first offending field. Unset keys stay unset: the result is what gets stored, and
     defaults are applied on read by `Policy.resolve`.
     """
-    validator = schema_validator("fleets.core", "policy")
+    validator = _validator()
     if not validator.is_valid(raw):  # the common case (every read of a stored policy) is valid
         raise PolicyError(*problems(validator, raw, path)[0])
     assert isinstance(raw, Mapping)  # the schema refuses anything else
     out: dict[str, Any] = {}
-    for key in DEFAULTS:  # stored in the policy table's order
-        if key not in raw:
+    for key in KEYS:  # stored in the policy table's order
+        if key.within and key.within not in raw:
             continue
-        value = raw[key]
-        if key == "verifyGpuMaxUsedRatio":
+        given, into = (
+            (raw[key.within], out.setdefault(key.within, {})) if key.within else (raw, out)
+        )
+        if key.name not in given:
+            continue
+        value = given[key.name]
+        if key.schema.get("type") == "number":  # stored as the float it means: 1 is 1.0
             value = float(value)
-        elif key == "probe":
-            value = {k: value[k] for k in DEFAULTS["probe"] if k in value}
-            if "prompt" in value:
-                _storable(value["prompt"], f"{path}.probe.prompt")
-        out[key] = value
+        elif isinstance(value, str):
+            _storable(value, f"{path}.{key.dotted}")
+        into[key.name] = value
     _backoff_in_order(out, path)
     return out
 
@@ -161,121 +460,3 @@ def _validated(raw: object) -> dict[str, Any]:
     except (TypeError, ValueError):  # not a JSON document: the check says why, uncached
         return validate_policy(raw)
     return _validated_text(text)  # shared: resolve only reads it
-
-
-@dataclass(frozen=True)
-class Policy:
-    """A fully resolved fleet policy; field defaults equal `DEFAULTS`."""
-
-    auto_failover: bool = DEFAULTS["autoFailover"]
-    restore_standby_on_return: bool = DEFAULTS["restoreStandbyOnReturn"]
-    heartbeat_stale_ms: int = DEFAULTS["heartbeatStaleMs"]
-    degraded_grace_ms: int = DEFAULTS["degradedGraceMs"]
-    training_stop_grace_ms: int = DEFAULTS["trainingStopGraceMs"]
-    failover_training_stop_grace_ms: int = DEFAULTS["failoverTrainingStopGraceMs"]
-    stop_training_timeout_ms: int = DEFAULTS["stopTrainingTimeoutMs"]
-    verify_gpu_timeout_ms: int = DEFAULTS["verifyGpuTimeoutMs"]
-    wake_timeout_ms: int = DEFAULTS["wakeTimeoutMs"]
-    probe_timeout_ms: int = DEFAULTS["probeTimeoutMs"]
-    switch_active_timeout_ms: int = DEFAULTS["switchActiveTimeoutMs"]
-    sleep_timeout_ms: int = DEFAULTS["sleepTimeoutMs"]
-    start_training_timeout_ms: int = DEFAULTS["startTrainingTimeoutMs"]
-    verify_gpu_max_used_ratio: float = DEFAULTS["verifyGpuMaxUsedRatio"]
-    probe_prompt: str = DEFAULTS["probe"]["prompt"]
-    probe_max_tokens: int = DEFAULTS["probe"]["maxTokens"]
-    replace_failed_standby: bool = DEFAULTS["replaceFailedStandby"]
-    replace_failed_active: bool = DEFAULTS["replaceFailedActive"]
-    replace_failed_grace_ms: int = DEFAULTS["replaceFailedGraceMs"]
-    provision_timeout_ms: int = DEFAULTS["provisionTimeoutMs"]
-    provision_retry_backoff_ms: int = DEFAULTS["provisionRetryBackoffMs"]
-    stop_mode: str = DEFAULTS["stopMode"]
-    failover_backoff_ms: int = DEFAULTS["failoverBackoffMs"]
-    failover_backoff_max_ms: int = DEFAULTS["failoverBackoffMaxMs"]
-    checkpoint_max_age_ms: int = DEFAULTS["checkpointMaxAgeMs"]
-    drill_max_age_ms: int = DEFAULTS["drillMaxAgeMs"]
-    rto_ms: int = DEFAULTS["rtoMs"]
-    serving_check_timeout_ms: int = DEFAULTS["servingCheckTimeoutMs"]
-    data_path_confirm_interval_ms: int = DEFAULTS["dataPathConfirmIntervalMs"]
-
-    @classmethod
-    def resolve(cls, raw: Mapping[str, Any] | None) -> Policy:
-        """Validate the stored operator keys and fill every unset key from `DEFAULTS`."""
-        given = _validated(raw if raw is not None else {})
-        merged = {**DEFAULTS, **given, "probe": {**DEFAULTS["probe"], **given.get("probe", {})}}
-        return cls(
-            auto_failover=merged["autoFailover"],
-            restore_standby_on_return=merged["restoreStandbyOnReturn"],
-            heartbeat_stale_ms=merged["heartbeatStaleMs"],
-            degraded_grace_ms=merged["degradedGraceMs"],
-            training_stop_grace_ms=merged["trainingStopGraceMs"],
-            failover_training_stop_grace_ms=merged["failoverTrainingStopGraceMs"],
-            stop_training_timeout_ms=merged["stopTrainingTimeoutMs"],
-            verify_gpu_timeout_ms=merged["verifyGpuTimeoutMs"],
-            wake_timeout_ms=merged["wakeTimeoutMs"],
-            probe_timeout_ms=merged["probeTimeoutMs"],
-            switch_active_timeout_ms=merged["switchActiveTimeoutMs"],
-            sleep_timeout_ms=merged["sleepTimeoutMs"],
-            start_training_timeout_ms=merged["startTrainingTimeoutMs"],
-            verify_gpu_max_used_ratio=merged["verifyGpuMaxUsedRatio"],
-            probe_prompt=merged["probe"]["prompt"],
-            probe_max_tokens=merged["probe"]["maxTokens"],
-            replace_failed_standby=merged["replaceFailedStandby"],
-            replace_failed_active=merged["replaceFailedActive"],
-            replace_failed_grace_ms=merged["replaceFailedGraceMs"],
-            provision_timeout_ms=merged["provisionTimeoutMs"],
-            provision_retry_backoff_ms=merged["provisionRetryBackoffMs"],
-            stop_mode=merged["stopMode"],
-            failover_backoff_ms=merged["failoverBackoffMs"],
-            failover_backoff_max_ms=merged["failoverBackoffMaxMs"],
-            checkpoint_max_age_ms=merged["checkpointMaxAgeMs"],
-            drill_max_age_ms=merged["drillMaxAgeMs"],
-            rto_ms=merged["rtoMs"],
-            serving_check_timeout_ms=merged["servingCheckTimeoutMs"],
-            data_path_confirm_interval_ms=merged["dataPathConfirmIntervalMs"],
-        )
-
-    def training_stop_grace(self, *, outage: bool) -> int:
-        """SIGTERM to SIGKILL for trainers stopped for a promotion; `outage`: a failover."""
-        return self.failover_training_stop_grace_ms if outage else self.training_stop_grace_ms
-
-    def to_json(self) -> dict[str, Any]:
-        """Return the resolved policy in the public camelCase shape of `DEFAULTS`."""
-        return {
-            "autoFailover": self.auto_failover,
-            "restoreStandbyOnReturn": self.restore_standby_on_return,
-            "heartbeatStaleMs": self.heartbeat_stale_ms,
-            "degradedGraceMs": self.degraded_grace_ms,
-            "trainingStopGraceMs": self.training_stop_grace_ms,
-            "failoverTrainingStopGraceMs": self.failover_training_stop_grace_ms,
-            "stopTrainingTimeoutMs": self.stop_training_timeout_ms,
-            "verifyGpuTimeoutMs": self.verify_gpu_timeout_ms,
-            "wakeTimeoutMs": self.wake_timeout_ms,
-            "probeTimeoutMs": self.probe_timeout_ms,
-            "switchActiveTimeoutMs": self.switch_active_timeout_ms,
-            "sleepTimeoutMs": self.sleep_timeout_ms,
-            "startTrainingTimeoutMs": self.start_training_timeout_ms,
-            "verifyGpuMaxUsedRatio": self.verify_gpu_max_used_ratio,
-            "probe": {"prompt": self.probe_prompt, "maxTokens": self.probe_max_tokens},
-            "replaceFailedStandby": self.replace_failed_standby,
-            "replaceFailedActive": self.replace_failed_active,
-            "replaceFailedGraceMs": self.replace_failed_grace_ms,
-            "provisionTimeoutMs": self.provision_timeout_ms,
-            "provisionRetryBackoffMs": self.provision_retry_backoff_ms,
-            "stopMode": self.stop_mode,
-            "failoverBackoffMs": self.failover_backoff_ms,
-            "failoverBackoffMaxMs": self.failover_backoff_max_ms,
-            "checkpointMaxAgeMs": self.checkpoint_max_age_ms,
-            "drillMaxAgeMs": self.drill_max_age_ms,
-            "rtoMs": self.rto_ms,
-            "servingCheckTimeoutMs": self.serving_check_timeout_ms,
-            "dataPathConfirmIntervalMs": self.data_path_confirm_interval_ms,
-        }
-
-    def step_timeout_ms(self, step: str) -> int:
-        """Return the time budget of an operation step; raise ValueError for an unknown step."""
-        # A round-trip drill's second leg runs the promotion's steps under the same budgets.
-        name = _STEP_TIMEOUT_FIELDS.get(step.removeprefix("back_"))
-        if name is None:
-            raise ValueError(f"unknown step {step!r}")
-        budget: int = getattr(self, name)
-        return budget

@@ -52,11 +52,12 @@ from fleets.core.read_model import FleetView
 from fleets.core.states import (
     BEST_EFFORT_STEPS,
     PROMOTABLE_DOMAIN_STATES,
+    OperationErrorCode,
     OperationKind,
     steps_for,
 )
 
-PREEMPTED = "preempted"
+PREEMPTED = OperationErrorCode.PREEMPTED
 
 
 class Ending(StrEnum):

@@ -28,11 +28,9 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from fleets.core.states import DomainState, OperationKind
+from fleets.core.states import FAILOVER_PATH, DomainState, OperationKind, Step
 from fleets.core.timestamps import utc_iso
 
-# The steps of a failover up to the routing commit (the promotion's PROMOTE_STEPS prefix).
-FAILOVER_PATH = ("stop_training", "verify_gpu", "wake", "probe", "switch_route")
 # p50/p95 over this many most recent samples of each kind.
 RECOVERY_WINDOW = 20
 
@@ -116,12 +114,12 @@ def sample(
     that moved routing (a round trip) counts its switch too."""
     wanted = (
         FAILOVER_PATH
-        if kind == RecoveryKind.FAILOVER or "switch_route" in steps_ms
+        if kind == RecoveryKind.FAILOVER or Step.SWITCH_ROUTE in steps_ms
         else FAILOVER_PATH[:-1]
     )
     if any(step not in steps_ms for step in wanted):
         return None
-    steps = {step: max(0, int(steps_ms[step])) for step in wanted}
+    steps: dict[str, int] = {step: max(0, int(steps_ms[step])) for step in wanted}
     return RecoverySample(kind, finished_at, max(0, detection_ms), steps, detection)
 
 

@@ -142,28 +142,105 @@ TABLES: dict[str, Mapping[Any, frozenset[str]]] = {
 PROMOTABLE_DOMAIN_STATES = frozenset({D.READY, D.DEGRADED})
 IN_FLIGHT_OPERATION_STATES = frozenset({O.PENDING, O.RUNNING})
 
-PROMOTE_STEPS = (
-    "stop_training",
-    "verify_gpu",
-    "wake",
-    "probe",
-    "switch_route",
-    "demote_old_sleep",
-    "demote_old_train",
-)
-DEMOTE_STEPS = ("sleep", "start_training")
-# A check-only failover drill: the promotion's steps on the standby up to its golden probe,
-# then back into standby posture; routing never moves.
-DRILL_STEPS = ("stop_training", "verify_gpu", "wake", "probe", "sleep", "start_training")
 # The prefix that names a round-trip drill's second leg: the same promotion steps, acting on the
 # original active (the operation's source) as target and on the drilled standby as the one
 # demoted. Distinct names keep each leg's step time and events apart.
 BACK_LEG = "back_"
+
+
+class Step(StrEnum):
+    """Every step an operation runs, named once: Operation.current_step and Event.step hold
+    these values; the plans below and the executors' registries are keyed by them.
+
+    A new step is a member here (a promotion step also its BACK_LEG twin), its place in a plan
+    below, its executor and registry line (fleets/reconciler/steps/promote.py or demote.py;
+    the drill's registry follows from theirs) and the policy field whose `steps` it is
+    (fleets/core/policy.py). The dashboard's chart colours a promotion step by its CSS class
+    (haru/static/haru/dashboard.css, `.s-<step>`)."""
+
+    # The promotion (PROMOTE_STEPS), in order.
+    STOP_TRAINING = "stop_training"
+    VERIFY_GPU = "verify_gpu"
+    WAKE = "wake"
+    PROBE = "probe"
+    SWITCH_ROUTE = "switch_route"
+    DEMOTE_OLD_SLEEP = "demote_old_sleep"
+    DEMOTE_OLD_TRAIN = "demote_old_train"
+    # The demotion (DEMOTE_STEPS).
+    SLEEP = "sleep"
+    START_TRAINING = "start_training"
+    # A round-trip drill's second leg: each promotion step again, prefixed by BACK_LEG.
+    BACK_STOP_TRAINING = BACK_LEG + STOP_TRAINING
+    BACK_VERIFY_GPU = BACK_LEG + VERIFY_GPU
+    BACK_WAKE = BACK_LEG + WAKE
+    BACK_PROBE = BACK_LEG + PROBE
+    BACK_SWITCH_ROUTE = BACK_LEG + SWITCH_ROUTE
+    BACK_DEMOTE_OLD_SLEEP = BACK_LEG + DEMOTE_OLD_SLEEP
+    BACK_DEMOTE_OLD_TRAIN = BACK_LEG + DEMOTE_OLD_TRAIN
+
+
+S = Step
+
+PROMOTE_STEPS: tuple[Step, ...] = (
+    S.STOP_TRAINING,
+    S.VERIFY_GPU,
+    S.WAKE,
+    S.PROBE,
+    S.SWITCH_ROUTE,
+    S.DEMOTE_OLD_SLEEP,
+    S.DEMOTE_OLD_TRAIN,
+)
+DEMOTE_STEPS: tuple[Step, ...] = (S.SLEEP, S.START_TRAINING)
+# A check-only failover drill: the promotion's steps on the standby up to its golden probe,
+# then back into standby posture; routing never moves.
+DRILL_STEPS: tuple[Step, ...] = (
+    S.STOP_TRAINING,
+    S.VERIFY_GPU,
+    S.WAKE,
+    S.PROBE,
+    S.SLEEP,
+    S.START_TRAINING,
+)
 # A "promote and promote back" drill: the promotion to the standby, routing moves, the original
 # active is demoted; then the promotion back to the original active and the standby's demotion.
-ROUND_TRIP_DRILL_STEPS = PROMOTE_STEPS + tuple(BACK_LEG + step for step in PROMOTE_STEPS)
+ROUND_TRIP_DRILL_STEPS: tuple[Step, ...] = PROMOTE_STEPS + tuple(
+    Step(BACK_LEG + step) for step in PROMOTE_STEPS
+)
+# The steps of a failover up to the routing commit (the promotion's prefix that a recovery
+# sample times: fleets.core.recovery).
+FAILOVER_PATH: tuple[Step, ...] = PROMOTE_STEPS[: PROMOTE_STEPS.index(S.SWITCH_ROUTE) + 1]
 # Steps after the pointer moved: they act on the old active and never fail the operation.
-BEST_EFFORT_STEPS = frozenset({"demote_old_sleep", "demote_old_train"})
+BEST_EFFORT_STEPS = frozenset({S.DEMOTE_OLD_SLEEP, S.DEMOTE_OLD_TRAIN})
+
+
+class OperationErrorCode(StrEnum):
+    """Every code an operation's `error.code` may hold: why it failed, or why it was cancelled
+    (CANCEL_REASONS). docs/design.md lists them ("Error codes", "Cancel reasons"); a test
+    checks that list against this one."""
+
+    # A 401/403 from the target's supervisor: waiting cannot fix a wrong token.
+    SUPERVISOR_UNAUTHORIZED = "supervisor_unauthorized"
+    # The step's budget (the policy's step timeout) ran out.
+    STEP_TIMEOUT = "step_timeout"
+    PROBE_FAILED = "probe_failed"
+    # A woken model answered differently from its golden baseline (fleets.core.golden).
+    PROBE_MISMATCH = "probe_mismatch"
+    # The routing pointer moved under the switch's compare-and-swap.
+    CAS_LOST = "cas_lost"
+    NO_SUPERVISOR = "no_supervisor"
+    TARGET_IS_ACTIVE = "target_is_active"
+    NO_INFERENCE_BINDINGS = "no_inference_bindings"
+    # A round-trip drill whose original active was removed before it could be promoted back.
+    SOURCE_GONE = "source_gone"
+    # The supervisor's pre-wake check: free GPU memory does not cover what the servers restore.
+    INSUFFICIENT_GPU_MEMORY = "insufficient_gpu_memory"
+    # Cancel reasons: an operator cancelled it (API, dashboard, admin), or a failover
+    # pre-empted it (fleets.core.preemption).
+    CANCELLED = "cancelled"
+    PREEMPTED = "preempted"
+
+
+CANCEL_REASONS = frozenset({OperationErrorCode.CANCELLED, OperationErrorCode.PREEMPTED})
 
 
 class DrillMode(StrEnum):
@@ -180,7 +257,13 @@ def leg_step(step: str) -> str:
     return step.removeprefix(BACK_LEG)
 
 
-def steps_for(kind: str, drill_mode: str = "") -> tuple[str, ...]:
+def on_leg_of(step: Step, other: str) -> Step:
+    """`step` on the same leg as the step `other` (a round-trip drill's second leg names its
+    steps with BACK_LEG)."""
+    return Step(BACK_LEG + step) if other.startswith(BACK_LEG) else step
+
+
+def steps_for(kind: str, drill_mode: str = "") -> tuple[Step, ...]:
     """Return the ordered steps of an operation kind (and, for a drill, its mode)."""
     if kind == OperationKind.PROMOTE:
         return PROMOTE_STEPS

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from fleets.base.errors import ServiceError
+from fleets.base.errors import ErrorCode, ServiceError
 from fleets.core.decisions import RequestStatus
 from fleets.core.policy import Policy
 from fleets.core.states import (
@@ -108,7 +108,9 @@ def reconcile_now(*, fleet: Fleet, actor: str) -> ActionResult:
         return ActionResult(False, exc.status, exc.code, exc.message)
     except Exception:  # noqa: BLE001 - show the operator a clean error; the log has the trace
         log.exception("reconcile of fleet %s requested by %s failed", fleet.slug, actor)
-        return ActionResult(False, 500, "internal_error", "reconcile failed; see the server log")
+        return ActionResult(
+            False, 500, ErrorCode.INTERNAL_ERROR, "reconcile failed; see the server log"
+        )
     op = result.operation()
     tail = ""
     if op is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from fleets.core.states import PROMOTE_STEPS
+from fleets.core.states import PROMOTE_STEPS, Step
 
 # "detection" runs from the outage's start (the last good sighting of the active, or the first
 # failed data-path request, whichever is earlier: `Operation.detected_at`) to the start of the
@@ -38,7 +38,7 @@ class FailoverSample:
         out = 0
         for name in SERIES:
             out += self.durations_ms.get(name, 0)
-            if name == "switch_route":
+            if name == Step.SWITCH_ROUTE:
                 break
         return out
 
@@ -157,14 +157,14 @@ def build_chart(samples: list[FailoverSample]) -> Chart:
         for name in SERIES:
             ms = sample.durations_ms.get(name)
             if not ms:
-                if name == "switch_route":
+                if name == Step.SWITCH_ROUTE:
                     bar.routing_y = round(y, 2)
                 continue
             h = ms * scale
             y -= h
             title = f"{name}: {fmt_ms(ms)}"
             bar.rects.append(Rect(name, bar.x, round(y, 2), bar.w, round(max(h, 0.5), 2), title))
-            if name == "switch_route":
+            if name == Step.SWITCH_ROUTE:
                 bar.routing_y = round(y, 2)
         bars.append(bar)
     return Chart(

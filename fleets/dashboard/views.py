@@ -18,6 +18,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from fleets.base import clock
 from fleets.base.clock import iso
+from fleets.base.errors import ErrorCode
 from fleets.core.states import DrillMode, OperationKind
 from fleets.dashboard import actions
 from fleets.dashboard.forms import ACTIONS, ActionForm
@@ -83,7 +84,7 @@ def heartbeats_live(request):
         fleet = _fleet(slug)
         if fleet is None:
             return JsonResponse(
-                {"error": {"code": "not_found", "message": "no such fleet"}}, status=404
+                {"error": {"code": ErrorCode.NOT_FOUND, "message": "no such fleet"}}, status=404
             )
     return JsonResponse(heartbeats(now=clock.now(), fleet=fleet))
 
@@ -121,7 +122,7 @@ def fleet_action(request, slug: str, action: str):
         message = "; ".join(str(e) for errs in form.errors.values() for e in errs)
         if _wants_json(request):
             return JsonResponse(
-                {"error": {"code": "invalid_request", "message": message}}, status=400
+                {"error": {"code": ErrorCode.INVALID_REQUEST, "message": message}}, status=400
             )
         messages.error(request, message)
         return redirect("dashboard:fleet", slug=fleet.slug)

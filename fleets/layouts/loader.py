@@ -30,6 +30,7 @@ from fleets.drivers.base import DriverSettingsError
 from fleets.drivers.registry import builtin, provider_names
 from fleets.layouts.planning import (
     MEMORY_KEYS,
+    Placed,
     PlanInputError,
     UnitInput,
     count_refusals,
@@ -235,7 +236,6 @@ def parse_layout(data: Any) -> Layout:
     except PolicyError as exc:
         errors.append(str(exc))
         policy = {}
-
     domains: list[DomainSpec] = []
     seen_domains: dict[str, int] = {}
     for di, d in enumerate(data["domains"]):
@@ -246,107 +246,7 @@ def parse_layout(data: Any) -> Layout:
                 f"(also domains[{seen_domains[d['slug']]}])"
             )
         seen_domains.setdefault(d["slug"], di)
-        base_url = d.get("servingBaseUrl", "")
-        errors.extend(
-            f"{dpath}.{key}: {USERINFO_RULE}"
-            for key in ("supervisorUrl", "servingBaseUrl")
-            if has_userinfo(d.get(key, ""))
-        )
-        planned = "gpus" in d
-        managed = "driver" in d
-        errors.extend(_driver_errors(d, dpath))
-        slots: list[SlotSpec] = []
-        seen_slots: dict[tuple[int, str], int] = {}
-        seen_models: dict[str, str] = {}
-        for si, s in enumerate(d.get("slots", [])):
-            spath = f"{dpath}.slots[{si}]"
-            index = s.get("gpuIndex")
-            if index is None and not planned:
-                errors.append(
-                    f"{spath}.gpuIndex: is required when the domain does not describe its gpus"
-                )
-                index = 0
-            key = (index, s["kind"])
-            if index is not None and key in seen_slots:
-                errors.append(
-                    f"{spath}.gpuIndex: duplicate {s['kind']} slot on GPU {s['gpuIndex']} "
-                    f"(also {dpath}.slots[{seen_slots[key]}])"
-                )
-            seen_slots.setdefault(key, si)
-            pins = {"mig_instance": s.get("migInstance", "")}
-            if s["kind"] == SlotKind.TRAINING:
-                spec = {"command": list(s["command"]), "checkpointDir": s["checkpointDir"]}
-                for extra in ("memoryBudgetMiB", "gpuType"):
-                    if extra in s:
-                        spec[extra] = s[extra]
-                slots.append(SlotSpec(SlotKind.TRAINING, index, spec, **pins))
-                continue
-            models = []
-            for mi, m in enumerate(s["models"]):
-                mpath = f"{spath}.models[{mi}]"
-                if m["name"] in seen_models:
-                    errors.append(
-                        f"{mpath}.name: duplicate model {m['name']!r} in domain "
-                        f"{d['slug']!r} (also {seen_models[m['name']]})"
-                    )
-                seen_models.setdefault(m["name"], mpath)
-                if has_userinfo(m.get("servingUrl", "")):
-                    errors.append(f"{mpath}.servingUrl: {USERINFO_RULE}")
-                serving_url = m.get("servingUrl") or base_url
-                # A provisioned domain learns its serving URL from the cluster it gets.
-                if not serving_url and not managed:
-                    errors.append(
-                        f"{mpath}.servingUrl: required when the domain has no servingBaseUrl"
-                    )
-                profile = dict(m.get("profile", {}))
-                first = _profile_first_gpu(profile)
-                if planned and first is not None:
-                    # A profile copied from a host's config names its GPUs: honour it as a pin.
-                    if index is not None and index != first:
-                        errors.append(
-                            f"{mpath}.profile.gpus: starts at GPU {first}, the slot's gpuIndex "
-                            f"is {index}"
-                        )
-                    index = first
-                memory = {k: m[k] for k in MEMORY_KEYS if k in m}
-                if "memoryMiB" in memory and "memoryFraction" in memory:
-                    errors.append(f"{mpath}: give memoryMiB or memoryFraction, not both")
-                golden = {k: m[k] for k in GOLDEN_KEYS if k in m}
-                models.append(ModelSpec(m["name"], serving_url, profile, memory, golden))
-            spec = {"sleepLevel": s.get("sleepLevel", 1)}
-            for extra in ("gpuType", "topology"):
-                if extra in s:
-                    spec[extra] = s[extra]
-            slots.append(SlotSpec(SlotKind.INFERENCE, index, spec, models, **pins))
-        gpu_layout: dict[str, Any] = {}
-        unplanned: list[SlotSpec] = []
-        if planned:
-            # Stored as written (export gives the same file back); expanded when planning.
-            gpu_layout = {"gpus": [dict(g) for g in d["gpus"]]}
-            policy_name = d.get("placementPolicy", data.get("placementPolicy"))
-            if policy_name is not None:
-                gpu_layout["placementPolicy"] = policy_name
-            if "safetyMarginMiB" in d:
-                gpu_layout["safetyMarginMiB"] = d["safetyMarginMiB"]
-            unplanned = copy.deepcopy(slots)
-            if not errors:
-                slots = plan_slots(gpu_layout, slots, dpath, errors)
-        domains.append(
-            DomainSpec(
-                slug=d["slug"],
-                display_name=d.get("displayName", ""),
-                provider=d.get("provider", Provider.STATIC),
-                priority=d.get("priority", 100),
-                placement=dict(d.get("placement", {})),
-                supervisor_url=d.get("supervisorUrl", ""),
-                serving_base_url=base_url,
-                slots=slots,
-                gpu_layout=gpu_layout,
-                unplanned=unplanned,
-                driver=dict(d.get("driver", {})),
-            )
-        )
-
+        domains.append(_parse_domain(data, d, dpath, errors))
     active = data.get("activeDomainSlug")
     if active is not None and active not in seen_domains:
         errors.append(
@@ -364,6 +264,127 @@ def parse_layout(data: Any) -> Layout:
     )
 
 
+def _parse_domain(
+    data: dict[str, Any], d: dict[str, Any], dpath: str, errors: list[str]
+) -> DomainSpec:
+    """One domain of the layout; its problems are appended to `errors` (the whole layout's:
+    a domain is planned only while the layout has none)."""
+    errors.extend(
+        f"{dpath}.{key}: {USERINFO_RULE}"
+        for key in ("supervisorUrl", "servingBaseUrl")
+        if has_userinfo(d.get(key, ""))
+    )
+    errors.extend(_driver_errors(d, dpath))
+    slots = _parse_slots(d, dpath, errors)
+    gpu_layout: dict[str, Any] = {}
+    unplanned: list[SlotSpec] = []
+    if "gpus" in d:
+        gpu_layout = _gpu_layout(data, d)
+        unplanned = copy.deepcopy(slots)
+        if not errors:
+            slots = plan_slots(gpu_layout, slots, dpath, errors)
+    return DomainSpec(
+        slug=d["slug"],
+        display_name=d.get("displayName", ""),
+        provider=d.get("provider", Provider.STATIC),
+        priority=d.get("priority", 100),
+        placement=dict(d.get("placement", {})),
+        supervisor_url=d.get("supervisorUrl", ""),
+        serving_base_url=d.get("servingBaseUrl", ""),
+        slots=slots,
+        gpu_layout=gpu_layout,
+        unplanned=unplanned,
+        driver=dict(d.get("driver", {})),
+    )
+
+
+def _gpu_layout(data: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
+    """The domain's GPUs as written (export gives the same file back); expanded when planning."""
+    gpu_layout: dict[str, Any] = {"gpus": [dict(g) for g in d["gpus"]]}
+    policy_name = d.get("placementPolicy", data.get("placementPolicy"))
+    if policy_name is not None:
+        gpu_layout["placementPolicy"] = policy_name
+    if "safetyMarginMiB" in d:
+        gpu_layout["safetyMarginMiB"] = d["safetyMarginMiB"]
+    return gpu_layout
+
+
+def _parse_slots(d: dict[str, Any], dpath: str, errors: list[str]) -> list[SlotSpec]:
+    """A domain's slots as written: one GPU and kind each, a model name once per domain."""
+    planned = "gpus" in d
+    slots: list[SlotSpec] = []
+    seen_slots: dict[tuple[int, str], int] = {}
+    seen_models: dict[str, str] = {}
+    for si, s in enumerate(d.get("slots", [])):
+        spath = f"{dpath}.slots[{si}]"
+        index = s.get("gpuIndex")
+        if index is None and not planned:
+            errors.append(
+                f"{spath}.gpuIndex: is required when the domain does not describe its gpus"
+            )
+            index = 0
+        key = (index, s["kind"])
+        if index is not None and key in seen_slots:
+            errors.append(
+                f"{spath}.gpuIndex: duplicate {s['kind']} slot on GPU {s['gpuIndex']} "
+                f"(also {dpath}.slots[{seen_slots[key]}])"
+            )
+        seen_slots.setdefault(key, si)
+        pins = {"mig_instance": s.get("migInstance", "")}
+        if s["kind"] == SlotKind.TRAINING:
+            spec = {"command": list(s["command"]), "checkpointDir": s["checkpointDir"]}
+            spec.update({extra: s[extra] for extra in ("memoryBudgetMiB", "gpuType") if extra in s})
+            slots.append(SlotSpec(SlotKind.TRAINING, index, spec, **pins))
+            continue
+        models, index = _parse_models(d, s, spath, index, seen_models, errors)
+        spec = {"sleepLevel": s.get("sleepLevel", 1)}
+        spec.update({extra: s[extra] for extra in ("gpuType", "topology") if extra in s})
+        slots.append(SlotSpec(SlotKind.INFERENCE, index, spec, models, **pins))
+    return slots
+
+
+def _parse_models(
+    d: dict[str, Any],
+    s: dict[str, Any],
+    spath: str,
+    index: Any,
+    seen_models: dict[str, str],
+    errors: list[str],
+) -> tuple[list[ModelSpec], Any]:
+    """An inference slot's models, and the slot's GPU (a profile naming its GPUs pins it)."""
+    planned, managed = "gpus" in d, "driver" in d
+    models = []
+    for mi, m in enumerate(s["models"]):
+        mpath = f"{spath}.models[{mi}]"
+        if m["name"] in seen_models:
+            errors.append(
+                f"{mpath}.name: duplicate model {m['name']!r} in domain "
+                f"{d['slug']!r} (also {seen_models[m['name']]})"
+            )
+        seen_models.setdefault(m["name"], mpath)
+        if has_userinfo(m.get("servingUrl", "")):
+            errors.append(f"{mpath}.servingUrl: {USERINFO_RULE}")
+        serving_url = m.get("servingUrl") or d.get("servingBaseUrl", "")
+        # A provisioned domain learns its serving URL from the cluster it gets.
+        if not serving_url and not managed:
+            errors.append(f"{mpath}.servingUrl: required when the domain has no servingBaseUrl")
+        profile = dict(m.get("profile", {}))
+        first = _profile_first_gpu(profile)
+        if planned and first is not None:
+            # A profile copied from a host's config names its GPUs: honour it as a pin.
+            if index is not None and index != first:
+                errors.append(
+                    f"{mpath}.profile.gpus: starts at GPU {first}, the slot's gpuIndex is {index}"
+                )
+            index = first
+        memory = {k: m[k] for k in MEMORY_KEYS if k in m}
+        if "memoryMiB" in memory and "memoryFraction" in memory:
+            errors.append(f"{mpath}: give memoryMiB or memoryFraction, not both")
+        golden = {k: m[k] for k in GOLDEN_KEYS if k in m}
+        models.append(ModelSpec(m["name"], serving_url, profile, memory, golden))
+    return models, index
+
+
 def _profile_first_gpu(profile: dict[str, Any]) -> int | None:
     """Return the first GPU index a profile's `gpus` names (ints or {index}), else None."""
     gpus = profile.get("gpus")
@@ -375,22 +396,7 @@ def _profile_first_gpu(profile: dict[str, Any]) -> int | None:
 
 def slot_units(slots: list[SlotSpec], prefix: str = "slots") -> list[UnitInput]:
     """Describe each slot as a placement unit, labelled so a refusal names it."""
-    units = []
-    for i, slot in enumerate(slots):
-        names = ", ".join(m.name for m in slot.models) or "trainer"
-        units.append(
-            UnitInput(
-                label=f"{prefix}[{i}] ({names})",
-                kind=slot.kind,
-                gpu_index=slot.gpu_index,
-                mig=slot.mig_instance or None,
-                gpu_type=slot.spec.get("gpuType"),
-                topology=slot.spec.get("topology", "prefer"),
-                servers=[(m.name, m.memory, m.profile) for m in slot.models],
-                budget_mib=slot.spec.get("memoryBudgetMiB"),
-            )
-        )
-    return units
+    return [UnitInput.of_slot(f"{prefix}[{i}]", s, s.models) for i, s in enumerate(slots)]
 
 
 def plan_slots(
@@ -435,7 +441,13 @@ def plan_slots(
             f"{r.workload}: refused on {r.target}: {r.reason} ({r.detail})" for r in result.refusals
         )
         return slots
-    where = placements(result)
+    return _merged_slots(units, slots, placements(result), errors)
+
+
+def _merged_slots(
+    units: list[UnitInput], slots: list[SlotSpec], where: dict[str, Placed], errors: list[str]
+) -> list[SlotSpec]:
+    """One slot per (GPU, kind) the plan placed units on, its models' profiles as planned."""
     merged: dict[tuple[int, str], SlotSpec] = {}
     for unit, slot in zip(units, slots, strict=True):
         placed = where[unit.label]
@@ -467,7 +479,6 @@ def plan_slots(
             into.allocation.setdefault("servers", {}).update(servers)
             into.allocation["pinned"] = into.allocation["pinned"] and pinned
             continue
-        allocation = {**placed.allocation, "pinned": pinned}
         merged[key] = SlotSpec(
             slot.kind,
             placed.gpu_indices[0],
@@ -475,7 +486,7 @@ def plan_slots(
             models,
             gpu_indices=list(placed.gpu_indices),
             mig_instance=placed.mig or "",
-            allocation=allocation,
+            allocation={**placed.allocation, "pinned": pinned},
         )
     return [merged[k] for k in sorted(merged)]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import Counter
 
@@ -45,6 +45,23 @@ PLANNED_PROFILE_KEYS = ("gpus", "gpuMemoryUtilization")
 MEMORY_KEYS = ("memoryMiB", "memoryFraction", "exclusive", "sleepResidueMiB")
 
 
+class SlotLike(Protocol):
+    """A slot as the planner reads it: a layout's SlotSpec or a stored Slot."""
+
+    kind: str
+    gpu_index: Any
+    mig_instance: str
+    spec: Any
+
+
+class ModelLike(Protocol):
+    """A model on a slot as the planner reads it: a layout's ModelSpec or a ModelBinding."""
+
+    name: str
+    memory: Any
+    profile: Any
+
+
 @dataclass
 class UnitInput:
     """One layout slot as the planner sees it."""
@@ -58,6 +75,22 @@ class UnitInput:
     # inference: (model name, memory request, profile)
     servers: list[tuple[str, dict[str, Any], dict[str, Any]]] = field(default_factory=list)
     budget_mib: int | None = None
+
+    @classmethod
+    def of_slot(cls, label: str, slot: SlotLike, models: Sequence[ModelLike]) -> UnitInput:
+        """A slot as written in a layout or as stored, with its models: the slot's spec holds
+        the GPU type, the topology and a trainer's memory budget; an empty MIG instance is
+        none. `label` names it in a refusal."""
+        return cls(
+            label=f"{label} ({', '.join(m.name for m in models) or 'trainer'})",
+            kind=slot.kind,
+            gpu_index=slot.gpu_index,
+            mig=slot.mig_instance or None,
+            gpu_type=slot.spec.get("gpuType"),
+            topology=slot.spec.get("topology", "prefer"),
+            servers=[(m.name, m.memory, m.profile) for m in models],
+            budget_mib=slot.spec.get("memoryBudgetMiB"),
+        )
 
 
 def expand_gpus(raw: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from fleets.core.states import OperationState
+from fleets.core.states import OperationState, Step
 from fleets.metrics.registry import register_database_collector
 from fleets.models import Event, Operation
 
@@ -81,7 +81,7 @@ def step_samples() -> Iterator[tuple[tuple[str, str, str], float]]:
 def failover_samples() -> Iterator[float]:
     """Yield the outage-to-commit seconds of every automatic failover on record."""
     rows = Event.objects.filter(
-        kind="operation.step.done", step="switch_route", data__has_key="failoverMs"
+        kind="operation.step.done", step=Step.SWITCH_ROUTE, data__has_key="failoverMs"
     ).values_list("data", flat=True)
     for data in rows.iterator(chunk_size=2000):
         ms = data.get("failoverMs") if isinstance(data, dict) else None

@@ -14,6 +14,7 @@ import time
 
 from common.wire import bounded_json
 from fleets.base.conf import haru
+from fleets.base.errors import ErrorCode
 from fleets.base.tokens import chat_allowed
 from fleets.metrics import requests as request_metrics
 from fleets.proxy import errors, hold, upstream
@@ -161,7 +162,7 @@ async def forward(
             try:
                 route = pick(snapshot, model)
             except errors.ProxyError as err:
-                if err.code != "model_unavailable":
+                if err.code != ErrorCode.MODEL_UNAVAILABLE:
                     raise
                 why = err
             else:

@@ -21,11 +21,12 @@ from fleets.core.states import (
     DomainState,
     OperationKind,
     OperationState,
+    Step,
     leg_step,
 )
 from fleets.models import Domain, Event, Id, Operation
 from fleets.reconciler.steps import demote, drill, promote
-from fleets.reconciler.steps.base import STEP_TIMEOUT, StepContext, StepResult
+from fleets.reconciler.steps.base import STEP_TIMEOUT, Executor, StepContext, StepResult
 from fleets.reconciler.steps.cleanup import cleanup_run
 from fleets.reconciler.supervisor.client import SupervisorClient
 from fleets.services.events import event_record
@@ -37,7 +38,7 @@ log = logging.getLogger(__name__)
 # The clean-up right after a failure, by name so a test can skip it as a dying worker would.
 cleanup_after_failure = cleanup_run
 
-EXECUTORS: dict[str, Mapping[str, Callable[[StepContext], StepResult]]] = {
+EXECUTORS: dict[str, Mapping[str, Executor]] = {
     OperationKind.PROMOTE: promote.EXECUTORS,
     OperationKind.DEMOTE: demote.EXECUTORS,
     OperationKind.DRILL: drill.EXECUTORS,
@@ -121,7 +122,7 @@ def _record_done(ctx: StepContext, result: StepResult, actor: str) -> None:
     # rebuilt from those rows at scrape time (fleets.metrics.history).
     op, step = ctx.operation, ctx.step
     data = dict(result.data)
-    if step == "switch_route" and op.detected_at is not None and not data.get("alreadyActive"):
+    if step == Step.SWITCH_ROUTE and op.detected_at is not None and not data.get("alreadyActive"):
         # Failover time: from the outage's start (detected_at: the last good sighting of the
         # active or the first failed request, whichever is earlier) to the commit, just now.
         data["failoverMs"] = int((clock.now() - op.detected_at).total_seconds() * 1000)

@@ -16,9 +16,15 @@ from typing import Any
 from django.http.request import split_domain_port, validate_host
 
 from fleets.base import conf
+from fleets.base.errors import ErrorCode
 
 REFUSED_BODY = json.dumps(
-    {"error": {"code": "invalid_host", "message": "this server does not answer to that Host"}}
+    {
+        "error": {
+            "code": ErrorCode.INVALID_HOST,
+            "message": "this server does not answer to that Host",
+        }
+    }
 ).encode()
 REFUSED_HEADERS = [
     (b"content-type", b"application/json"),

@@ -29,22 +29,14 @@ from fleets.models import Domain, ModelBinding, Slot
 def _units(domain: Domain) -> tuple[list[UnitInput], list[Slot]]:
     slots = list(Slot.objects.filter(domain=domain).order_by("gpu_index", "kind"))
     bindings = list(ModelBinding.objects.filter(domain=domain).order_by("name"))
-    units = []
-    for slot in slots:
-        models = [b for b in bindings if b.slot_id == slot.id]
-        names = ", ".join(b.name for b in models) or "trainer"
-        units.append(
-            UnitInput(
-                label=f"slot gpu{slot.gpu_index}/{slot.kind} ({names})",
-                kind=slot.kind,
-                gpu_index=slot.gpu_index,
-                mig=slot.mig_instance or None,
-                gpu_type=slot.spec.get("gpuType"),
-                topology=slot.spec.get("topology", "prefer"),
-                servers=[(b.name, b.memory, b.profile) for b in models],
-                budget_mib=slot.spec.get("memoryBudgetMiB"),
-            )
+    units = [
+        UnitInput.of_slot(
+            f"slot gpu{slot.gpu_index}/{slot.kind}",
+            slot,
+            [b for b in bindings if b.slot_id == slot.id],
         )
+        for slot in slots
+    ]
     return units, slots
 
 

@@ -21,6 +21,7 @@ from django.db.models.functions import Coalesce
 
 from fleets.base import clock
 from fleets.base.errors import (
+    ErrorCode,
     InvalidTarget,
     OperationConflict,
     OperationNotCancellable,
@@ -34,6 +35,7 @@ from fleets.core.states import (
     CleanupState,
     DrillMode,
     InferenceState,
+    OperationErrorCode,
     OperationKind,
     OperationState,
     SlotKind,
@@ -356,7 +358,7 @@ def _undo_promotion_half_moves(target_domain_id: Id, operation_id: Id, actor: st
 
 
 # Why an operation was cancelled (the error code it ends with).
-CANCELLED_BY_OPERATOR = "cancelled"
+CANCELLED_BY_OPERATOR = OperationErrorCode.CANCELLED
 # Message sizes are bounded: an operator's note or a reason never grows the row without limit.
 _MAX_MESSAGE = 500
 
@@ -567,7 +569,7 @@ def operation_cancel_request(*, fleet_id: Id, operation_id: str, actor: str) -> 
         raise OperationNotCancellable(
             f"{op.kind} {op.id} has just moved routing and is recording its switch "
             f"(step {op.current_step}); retry the cancel",
-            code="routing_committed",
+            code=ErrorCode.ROUTING_COMMITTED,
             operation=op,
         )
     raise OperationConflict(f"{op.kind} {op.id} kept changing; retry the cancel", operation=op)

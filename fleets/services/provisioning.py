@@ -16,7 +16,7 @@ from uuid import UUID
 from django.db import transaction
 
 from fleets.base import clock
-from fleets.base.errors import ServiceError
+from fleets.base.errors import ErrorCode, ServiceError
 from fleets.core.provisioning import PHASES_OF_STATE, Phase, check_phase
 from fleets.core.states import DomainState, check_transition
 from fleets.core.urls import without_userinfo
@@ -28,7 +28,7 @@ from fleets.services.events import event_record
 class ProvisionRefused(ServiceError):
     """An operator asked for a provisioning move the domain cannot make now."""
 
-    code = "provision_refused"
+    code = ErrorCode.PROVISION_REFUSED
     status = 409
 
 

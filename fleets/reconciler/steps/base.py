@@ -18,7 +18,7 @@ from django.conf import settings
 
 from fleets.base import clock
 from fleets.core.policy import Policy
-from fleets.core.states import SlotKind, leg_step
+from fleets.core.states import OperationErrorCode, SlotKind, Step, leg_step
 from fleets.models import Domain, ModelBinding, Operation, Slot
 from fleets.reconciler.supervisor.client import SupervisorClient
 from fleets.reconciler.supervisor.transport import CALL_CAP_S, Call
@@ -27,18 +27,16 @@ DONE = "done"
 PENDING = "pending"
 FAILED = "failed"
 
-# Codes an operation can fail with (docs/design.md, "Error codes").
-SUPERVISOR_UNAUTHORIZED = "supervisor_unauthorized"
-STEP_TIMEOUT = "step_timeout"
-PROBE_FAILED = "probe_failed"
-CAS_LOST = "cas_lost"
-NO_SUPERVISOR = "no_supervisor"
-TARGET_IS_ACTIVE = "target_is_active"
-NO_INFERENCE_BINDINGS = "no_inference_bindings"
-# A round-trip drill whose original active was removed before it could be promoted back.
-SOURCE_GONE = "source_gone"
-# The supervisor's pre-wake check: free GPU memory does not cover what the servers restore.
-INSUFFICIENT_GPU_MEMORY = "insufficient_gpu_memory"
+# Codes an operation can fail with, by their short names (fleets.core.states.OperationErrorCode).
+SUPERVISOR_UNAUTHORIZED = OperationErrorCode.SUPERVISOR_UNAUTHORIZED
+STEP_TIMEOUT = OperationErrorCode.STEP_TIMEOUT
+PROBE_FAILED = OperationErrorCode.PROBE_FAILED
+CAS_LOST = OperationErrorCode.CAS_LOST
+NO_SUPERVISOR = OperationErrorCode.NO_SUPERVISOR
+TARGET_IS_ACTIVE = OperationErrorCode.TARGET_IS_ACTIVE
+NO_INFERENCE_BINDINGS = OperationErrorCode.NO_INFERENCE_BINDINGS
+SOURCE_GONE = OperationErrorCode.SOURCE_GONE
+INSUFFICIENT_GPU_MEMORY = OperationErrorCode.INSUFFICIENT_GPU_MEMORY
 
 # How soon a step waiting on the outside world is looked at again.
 RETRY_FAST_MS = 15
@@ -101,7 +99,7 @@ class StepContext:
     @property
     def budget_ms(self) -> int:
         budget = self.policy.step_timeout_ms(self.step)
-        if leg_step(self.step) == "demote_old_sleep":
+        if leg_step(self.step) == Step.DEMOTE_OLD_SLEEP:
             # The wait for proxies to move off the old active comes first and is not the
             # sleep's time: a sleepTimeoutMs shorter than it must not time the step out unslept.
             budget += switch_settle_ms()
@@ -133,6 +131,10 @@ class StepContext:
     @property
     def source(self) -> Domain | None:
         return self.operation.source_domain
+
+
+# Runs one step of an operation; each kind's executors are a registry keyed by Step.
+Executor = Callable[[StepContext], StepResult]
 
 
 def training_slots(domain: Domain) -> list[Slot]:

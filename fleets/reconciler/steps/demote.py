@@ -6,12 +6,14 @@ the active domain meanwhile: sleeping the domain that serves traffic is an outag
 
 from __future__ import annotations
 
+from fleets.core.states import Step
 from fleets.models import Fleet
 from fleets.reconciler.steps import posture
 from fleets.reconciler.steps.base import (
     NO_SUPERVISOR,
     SUPERVISOR_UNAUTHORIZED,
     TARGET_IS_ACTIVE,
+    Executor,
     StepContext,
     StepResult,
     done,
@@ -72,4 +74,4 @@ def start_training(ctx: StepContext) -> StepResult:
     return _answer(ctx, result)
 
 
-EXECUTORS = {"sleep": sleep, "start_training": start_training}
+EXECUTORS: dict[str, Executor] = {Step.SLEEP: sleep, Step.START_TRAINING: start_training}

@@ -11,15 +11,12 @@ second leg promotes the original active and demotes the standby.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 
-from fleets.core.states import BACK_LEG, PROMOTE_STEPS
+from fleets.core.states import BACK_LEG, PROMOTE_STEPS, Step
 from fleets.models import Operation
 from fleets.reconciler.steps import demote, promote
-from fleets.reconciler.steps.base import SOURCE_GONE, StepContext, StepResult, failed
+from fleets.reconciler.steps.base import SOURCE_GONE, Executor, StepContext, StepResult, failed
 from fleets.services.events import event_record
-
-Executor = Callable[[StepContext], StepResult]
 
 
 def back_leg(operation: Operation) -> Operation:
@@ -51,18 +48,12 @@ def _on_back_leg(executor: Executor) -> Executor:
 
 
 EXECUTORS: dict[str, Executor] = {
-    "stop_training": promote.stop_training,
-    "verify_gpu": promote.verify_gpu,
-    "wake": promote.wake,
-    "probe": promote.probe,
-    "sleep": demote.sleep,
-    "start_training": demote.start_training,
-    # A round trip's first leg: the promotion to the standby (routing moves, the original
+    # A check drill: the promotion's steps up to the probe, then the demotion's.
+    **promote.EXECUTORS,
+    **demote.EXECUTORS,
+    # A round trip's first leg is the promotion to the standby (routing moves, the original
     # active is demoted); its second leg: the same, back to the original active.
-    "switch_route": promote.switch_route,
-    "demote_old_sleep": promote.demote_old_sleep,
-    "demote_old_train": promote.demote_old_train,
-    **{BACK_LEG + step: _on_back_leg(promote.EXECUTORS[step]) for step in PROMOTE_STEPS},
+    **{Step(BACK_LEG + step): _on_back_leg(promote.EXECUTORS[step]) for step in PROMOTE_STEPS},
 }
 
 

@@ -12,7 +12,14 @@ from fleets.core.golden import PROBE_MISMATCH, BaselineReason, Verdict
 from fleets.core.model_health import ServerHealth
 from fleets.core.recovery import during_outage
 from fleets.core.report import StatusReport, TrainerReportState
-from fleets.core.states import InferenceState, OperationState, TrainingState, steps_for
+from fleets.core.states import (
+    InferenceState,
+    OperationState,
+    Step,
+    TrainingState,
+    on_leg_of,
+    steps_for,
+)
 from fleets.models import Domain, Event, Fleet, ModelBinding, Operation
 from fleets.reconciler import golden
 from fleets.reconciler.steps import posture
@@ -23,6 +30,7 @@ from fleets.reconciler.steps.base import (
     NO_SUPERVISOR,
     PROBE_FAILED,
     RETRY_FAST_MS,
+    Executor,
     StepContext,
     StepResult,
     bound_inference,
@@ -344,7 +352,7 @@ def _old_active(ctx: StepContext) -> tuple[SupervisorClient, Domain] | StepResul
 def _settle_left_ms(ctx: StepContext) -> int:
     """Milliseconds until no proxy can still send the old active a request (0: none left)."""
     # This leg's switch: a round-trip drill's second leg waits after its own (`back_switch_route`).
-    switch_step = ctx.step.removesuffix("demote_old_sleep") + "switch_route"
+    switch_step = on_leg_of(Step.SWITCH_ROUTE, ctx.step)
     switched = (
         Event.objects.filter(
             operation_id=ctx.operation.id, kind="operation.step.done", step=switch_step
@@ -391,7 +399,7 @@ def demote_old_train(ctx: StepContext) -> StepResult:
         return done("skipped", reason="there was no active domain to demote")
     # The sleep step just before this one (a round-trip drill's second leg names it back_...).
     steps = steps_for(ctx.operation.kind, ctx.operation.drill_mode)
-    sleep_step = steps[steps.index(ctx.step) - 1] if ctx.step in steps else "demote_old_sleep"
+    sleep_step = steps[steps.index(ctx.step) - 1] if ctx.step in steps else Step.DEMOTE_OLD_SLEEP
     proven = Event.objects.filter(
         operation_id=ctx.operation.id, kind="operation.step.done", step=sleep_step
     ).exists()
@@ -414,12 +422,12 @@ def demote_old_train(ctx: StepContext) -> StepResult:
     return pending(result.message)
 
 
-EXECUTORS = {
-    "stop_training": stop_training,
-    "verify_gpu": verify_gpu,
-    "wake": wake,
-    "probe": probe,
-    "switch_route": switch_route,
-    "demote_old_sleep": demote_old_sleep,
-    "demote_old_train": demote_old_train,
+EXECUTORS: dict[str, Executor] = {
+    Step.STOP_TRAINING: stop_training,
+    Step.VERIFY_GPU: verify_gpu,
+    Step.WAKE: wake,
+    Step.PROBE: probe,
+    Step.SWITCH_ROUTE: switch_route,
+    Step.DEMOTE_OLD_SLEEP: demote_old_sleep,
+    Step.DEMOTE_OLD_TRAIN: demote_old_train,
 }
