@@ -4,7 +4,7 @@ and whose best-effort sleep of the old active keeps failing (issue 11, finding 1
     .venv/bin/python bench/committed_preemption.py [-n 3] [--sleep-timeout-ms 60000]
                                                    [--start-training-timeout-ms 30000]
 
-Two simulated hosts (supervisor + two sim engines + sim trainer each, from the e2e harness), a
+Two simulated hosts (supervisor + two sim engines + sim trainer each, from haru/local/), a
 temporary embedded store, ticks driven from this process as the e2e tests drive them. Each
 round: east serves; west is promoted; east's engines refuse to sleep, so the promotion, its
 routing committed, sits in `demote_old_sleep` on east; then west crashes (SIGKILL of its
@@ -20,19 +20,15 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.failover import setup_django  # noqa: E402
-from tests.e2e.harness import (  # noqa: E402
-    FAST_POLICY,
-    SimHost,
-    fleet_layout,
-    put_in_standby_posture,
-)
+from haru.local.layouts import FAST_POLICY, fleet_layout  # noqa: E402
+from haru.local.supervisors import SimHost, put_in_standby_posture  # noqa: E402
+from haru.local.ticks import drive  # noqa: E402
 
 
 def main() -> int:
@@ -49,20 +45,8 @@ def main() -> int:
     from fleets.layouts.loader import parse_layout  # noqa: PLC0415
     from fleets.models import Domain, Event, Fleet, Operation  # noqa: PLC0415
     from fleets.reconciler.steps.base import switch_settle_ms  # noqa: PLC0415
-    from fleets.reconciler.tick import tick_run  # noqa: PLC0415
     from fleets.services.layouts import layout_apply  # noqa: PLC0415
     from fleets.services.operations import operation_request  # noqa: PLC0415
-
-    def drive(fleet_id, until, timeout: float):
-        deadline = time.monotonic() + timeout
-        while True:
-            result = tick_run(fleet_id=fleet_id, wait_s=5, poll_s=0.5)
-            value = until()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise SystemExit(f"bench: not reached within {timeout} s")
-            time.sleep(min(0.2, (result.nudge_ms or 100) / 1000))
 
     policy = {
         "sleepTimeoutMs": args.sleep_timeout_ms,

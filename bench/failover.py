@@ -3,8 +3,8 @@
     .venv/bin/python bench/failover.py [-n 10] [--wake-latency-ms 400] [--interval-ms 100]
                                        [--stale-ms 1000] [--trainer-save-ms 0]
 
-Starts two simulated hosts (supervisor + two sim engines + sim trainer each, from the e2e
-harness), a temporary embedded state store and the server's in-process reconcile loop. Each
+Starts two simulated hosts (supervisor + two sim engines + sim trainer each, from the local
+launcher), a temporary embedded state store and the server's in-process reconcile loop. Each
 round crashes the active host (supervisor and children, SIGKILL), waits for the automatic
 promotion of the standby to commit routing, then restarts the crashed host and demotes it back
 into standby posture for the next round (the roles alternate).
@@ -34,8 +34,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-# The e2e harness knows how to run simulated hosts on free ports; the bench reuses it.
-from tests.e2e.harness import TOKEN, SimHost, fleet_layout, put_in_standby_posture  # noqa: E402
+# The local launcher (haru/local/) runs simulated hosts on free ports.
+from haru.local.layouts import fleet_layout  # noqa: E402
+from haru.local.supervisors import TOKEN, SimHost, put_in_standby_posture  # noqa: E402
 
 STEPS = ("stop_training", "verify_gpu", "wake", "probe", "switch_route")
 

@@ -4,7 +4,7 @@
                                             [--quick] [--jitter-minutes 10]
 
 Starts a real stack like `make demo`: two simulated hosts (supervisor + two sim engines + sim
-trainer each, from the e2e harness) and `manage.py serve` (chat proxy + the in-process reconcile
+trainer each, from the local launcher) and `manage.py serve` (chat proxy + the in-process reconcile
 loop, embedded SQLite). Eight client loops (half streaming) call the proxy with the official
 OpenAI SDK (`max_retries=0`) the whole time, alternating the two models. Kinds:
 
@@ -38,7 +38,6 @@ import math
 import os
 import random
 import signal
-import socket
 import sys
 import tempfile
 import threading
@@ -53,22 +52,17 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 from openai import APIStatusError, OpenAI  # noqa: E402
 
-# The e2e harness knows how to run simulated hosts and the server on free ports.
-from tests.e2e.harness import (  # noqa: E402
-    FAST_POLICY,
-    TOKEN,
-    ServerProc,
-    SimHost,
-    fleet_layout,
-    free_port,
-    put_in_standby_posture,
-    wait_for,
-)
+# The local launcher runs simulated hosts and the server on free ports.
+from haru.local.layouts import FAST_POLICY, fleet_layout  # noqa: E402
+from haru.local.ports import free_port, port_free  # noqa: E402
+from haru.local.processes import wait_for  # noqa: E402
+from haru.local.server import ServerProc  # noqa: E402
+from haru.local.supervisors import TOKEN, SimHost, put_in_standby_posture  # noqa: E402
 
 MODELS = ("llama-small", "qwen-small")
 KINDS = ("crash", "planned", "supervisor", "supervisor-off")
 CLIENTS = 8
-# The fleet's policy: the harness's fast step budgets (a 3 s degraded grace, so the escalated
+# The fleet's policy: the launcher's fast step budgets (a 3 s degraded grace, so the escalated
 # failover of a supervisor-less active happens within a round), but the default stale window:
 # detection must not rest on a short one.
 POLICY = {**FAST_POLICY, "heartbeatStaleMs": 30_000}
@@ -164,7 +158,7 @@ class JitterRelay:
 
     def start(self) -> JitterRelay:
         self._thread.start()
-        wait_for(lambda: not _port_free(self.port), 10, "jitter relay")
+        wait_for(lambda: not port_free(self.port), 10, "jitter relay")
         return self
 
     def _run(self) -> None:
@@ -193,16 +187,6 @@ class JitterRelay:
                 dst.close()
 
         await asyncio.gather(pump(reader, up_w, False), pump(up_r, writer, True))
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 class Stack:

@@ -32,11 +32,16 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-# The server tests' harness runs a cluster of its own, the model-server double and `serve`.
-from tests.server import harness  # noqa: E402
+# The local launcher runs a cluster of its own, the model-server double and `serve`.
+from haru.local.backing import OwnPostgres  # noqa: E402
+from haru.local.layouts import single_upstream_layout  # noqa: E402
+from haru.local.processes import wait_for  # noqa: E402
+from haru.local.server import Serve, prepare, server_env, staff_client  # noqa: E402
+from haru.local.upstream import start_upstream  # noqa: E402
 
 STAFF = ("ops", "ops-password-0123456789")
-CHAT = {"model": harness.MODEL, "messages": [{"role": "user", "content": "ping"}]}
+MODEL = "edge-model"
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "ping"}]}
 
 
 def threads_of(pid: int) -> int:
@@ -53,8 +58,8 @@ def main() -> None:
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="haru-frozen-bench-"))
-    pg = harness.OwnPostgres(harness.free_port_in(18300, 18349))
-    upstream_port, upstream_loop = harness.start_upstream()
+    pg = OwnPostgres().init()
+    upstream_port, upstream_loop = start_upstream()
     serve = None
     try:
         pg.create_database("haru")
@@ -63,10 +68,10 @@ def main() -> None:
             extra["HARU_DB_REQUEST_DEADLINE_MS"] = str(args.deadline_ms)
         if args.pool_timeout_ms is not None:
             extra["HARU_DB_POOL_TIMEOUT_MS"] = str(args.pool_timeout_ms)
-        env = harness.server_env(work, **extra)
-        harness.prepare(env, work, harness.layout("edge", upstream_port), staff=STAFF)
-        serve = harness.Serve(env, work)
-        staff = harness.staff_client(serve.url, STAFF)
+        env = server_env(work, **extra)
+        prepare(env, work, single_upstream_layout("edge", MODEL, upstream_port), staff=STAFF)
+        serve = Serve(env, work)
+        staff = staff_client(serve.url, STAFF)
         assert staff.get("/").status_code == 200
 
         # Warm the pool: concurrent requests make it lend (and so open) several connections.
@@ -144,7 +149,7 @@ def main() -> None:
             with httpx.Client(base_url=serve.url, timeout=5) as c:
                 return c.get("/v1/fleets/edge").status_code == 200
 
-        harness.wait_for(rest_ok, 60, "REST 200 after SIGCONT", every=0.05)
+        wait_for(rest_ok, 60, "REST 200 after SIGCONT", every=0.05)
         back_s = time.monotonic() - thawed_at
         page_after = staff.get("/").status_code
 

@@ -64,13 +64,13 @@ from bench.gpu_truth_procs import (  # noqa: E402
 )
 from bench.gpu_truth_report import judge, render_table  # noqa: E402
 from fleets.core.policy import DEFAULTS  # noqa: E402
+from haru.local.ports import free_port  # noqa: E402
 from supervisor.clock import SystemClock  # noqa: E402
 from supervisor.config import TrainingSlotConfig  # noqa: E402
 from supervisor.gpu.nvml import NvmlBackend  # noqa: E402
 from supervisor.gpu.sim_state import SimGpuState  # noqa: E402
 from supervisor.processes import AsyncioSpawner  # noqa: E402
 from supervisor.training import TrainingSlot  # noqa: E402
-from tests.ports import free_port  # noqa: E402
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB

@@ -44,7 +44,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -58,7 +57,8 @@ sys.path.insert(0, str(ROOT))
 
 import uvicorn  # noqa: E402
 
-from tests.ports import free_port  # noqa: E402
+from haru.local.ports import free_port  # noqa: E402
+from haru.local.processes import stop  # noqa: E402
 
 PYTHON = sys.executable
 TOKEN = "bench-token"
@@ -293,13 +293,7 @@ class Processes:
         return proc
 
     def stop(self, proc: subprocess.Popen) -> None:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop(proc, grace_s=5)
 
     def stop_all(self) -> None:
         for proc in reversed(self.procs):

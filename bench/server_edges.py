@@ -269,7 +269,7 @@ def _get(url: str, token: str | None) -> tuple[int | None, float]:
 
 
 def attack(name: str, pid: int, port: int, api: tuple[str, str], idle_count: int) -> dict:
-    from tests import hostile_clients as hostile  # noqa: PLC0415 - only this mode needs them
+    from bench import hostile_clients as hostile  # noqa: PLC0415 - only this mode needs them
 
     address = ("127.0.0.1", port)
     url = f"http://127.0.0.1:{port}"

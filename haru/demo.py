@@ -25,26 +25,29 @@ var/demo/state.json (mode 0600); neither is ever printed.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
-import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TypedDict
 
 import httpx
 
 from fleets.core.drills import DrillSchedule, schedule_problems
+from haru.local import PYTHON, REPO
+from haru.local.ports import port_free
+from haru.local.processes import NotReady, ProcessBook, kill_stamps, stop_stamps, wait_for
+from haru.local.server import Server, ensure_staff, environment, manage
+from haru.local.supervisors import start_supervisor as local_supervisor
+from haru.local.supervisors import supervisor_ready as local_supervisor_ready
 from supervisor.config import load_config, state_dir_for
 from supervisor.records import ProcessStamp, Record, StateDir
 
-REPO = Path(__file__).resolve().parent.parent
-PYTHON = sys.executable
 SERVER_PORT = 8700
 # Each host's simulated model servers (its supervisor config names the same ports).
 MODEL_PORTS: dict[str, tuple[int, ...]] = {"east": (18001, 18002), "west": (18011, 18012)}
@@ -89,21 +92,12 @@ def pid_dir() -> Path:
 
 def record_started(name: str, proc: subprocess.Popen) -> None:
     """Remember a process this demo started (started in a new session: it leads its group)."""
-    stamp = ProcessStamp.of(proc.pid)
-    (pid_dir() / f"{name}.json").write_text(json.dumps(stamp.to_json()))
+    ProcessBook(pid_dir()).record(name, proc)
 
 
 def started(name: str) -> ProcessStamp | None:
     """Return the recorded process `name` if it still runs (the same process, not a reused pid)."""
-    path = pid_dir() / f"{name}.json"
-    try:
-        stamp = ProcessStamp.from_json(json.loads(path.read_text()))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if stamp.is_alive():
-        return stamp
-    path.unlink(missing_ok=True)
-    return None
+    return ProcessBook(pid_dir()).alive(name)
 
 
 def host_state_dir(name: str) -> Path:
@@ -128,38 +122,13 @@ def demo_processes() -> list[ProcessStamp]:
     return [*([server] if server else []), *(p for name in HOSTS for p in host_processes(name))]
 
 
-def kill_processes(stamps: list[ProcessStamp], sig: int = signal.SIGKILL) -> int:
-    """Signal each still-live process's group (a trainer's workers die with it)."""
-    killed = 0
-    for stamp in stamps:
-        if not stamp.is_alive():  # checked again right before: the pid may be reused since
-            continue
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(stamp.pgid, sig)
-            killed += 1
-    return killed
-
-
-def port_in_use(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-        return False
-
-
 # Credentials the demo sets itself; whatever the caller's shell has for them is dropped.
 _CREDENTIALS = ("HARU_API_TOKEN", "HARU_SUPERVISOR_TOKEN", "HARU_SUPERVISOR_MASTER_KEY")
 
 
 def base_env(run_id: str) -> dict[str, str]:
     # The demo is local development mode: embedded database, no broker, open loopback-only API.
-    dropped = ("DATABASE_URL", "REDIS_URL", *_CREDENTIALS)
-    env = {k: v for k, v in os.environ.items() if k not in dropped}
-    env.update({"HARU_DEMO_RUN": run_id, "PYTHONUNBUFFERED": "1"})
-    return env
+    return environment(("DATABASE_URL", "REDIS_URL", *_CREDENTIALS), HARU_DEMO_RUN=run_id)
 
 
 def control_env(state: dict) -> dict[str, str]:
@@ -179,19 +148,10 @@ def host_token(state: dict, name: str) -> str:
 
 def host_tokens(env: dict[str, str]) -> dict[str, str]:
     """Each host's supervisor token, printed by `manage.py supervisor_token demo/<host>`."""
-    tokens = {}
-    for name in HOSTS:
-        out = subprocess.run(
-            [PYTHON, "manage.py", "supervisor_token", f"{FLEET}/{name}"],
-            cwd=REPO,
-            env=env,
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        tokens[name] = out.stdout.strip()
-    return tokens
+    return {
+        name: manage(env, "supervisor_token", f"{FLEET}/{name}", timeout=60).stdout.strip()
+        for name in HOSTS
+    }
 
 
 def supervisor_env(state: dict, name: str) -> dict[str, str]:
@@ -201,46 +161,28 @@ def supervisor_env(state: dict, name: str) -> dict[str, str]:
 
 def start_supervisor(name: str, state: dict) -> subprocess.Popen:
     spec = HOSTS[name]
-    env = supervisor_env(state, name)
-    env.update(
-        {
-            "PORT": str(spec["port"]),
-            "HARU_SUPERVISOR_CONFIG": spec["config"],
-            "HARU_DEMO_HOST": name,
-        }
+    proc = local_supervisor(
+        port=spec["port"],
+        config=spec["config"],
+        token=host_token(state, name),
+        log=demo_dir() / f"{name}.log",
+        env={**supervisor_env(state, name), "HARU_DEMO_HOST": name},
     )
-    log = open(demo_dir() / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it
-    proc = subprocess.Popen(
-        [PYTHON, "-m", "supervisor"],
-        cwd=REPO,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    log.close()
     record_started(name, proc)
     return proc
 
 
-def wait_until(check, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(Exception):
-            if check():
-                return
-        time.sleep(0.2)
-    raise SystemExit(f"demo: timed out waiting for {what}; see the logs in {demo_dir()}")
+def wait_until(check: Callable[[], object], timeout: float, what: str) -> None:
+    try:
+        wait_for(check, timeout, what, every=0.2)
+    except NotReady:
+        raise SystemExit(
+            f"demo: timed out waiting for {what}; see the logs in {demo_dir()}"
+        ) from None
 
 
 def supervisor_ready(name: str, token: str) -> bool:
-    r = httpx.get(
-        f"http://127.0.0.1:{HOSTS[name]['port']}/v1/status",
-        headers={"Authorization": f"Bearer {token}"},
-        timeout=2,
-        trust_env=False,
-    )
-    return r.status_code == 200 and r.json().get("stateKnown") is True
+    return local_supervisor_ready(f"http://127.0.0.1:{HOSTS[name]['port']}", token)
 
 
 def load_state() -> dict:
@@ -261,8 +203,10 @@ def save_state(state: dict) -> None:
 
 
 def preflight() -> None:
-    busy = [p for p in (SERVER_PORT, *(h["port"] for h in HOSTS.values())) if port_in_use(p)]
-    busy += [p for h in HOSTS.values() for p in h["models"] if port_in_use(p)]
+    ports = [SERVER_PORT, *(h["port"] for h in HOSTS.values())]
+    busy = [
+        p for p in [*ports, *(p for h in HOSTS.values() for p in h["models"])] if not port_free(p)
+    ]
     if not busy:
         return
     leftovers = demo_processes()
@@ -275,14 +219,10 @@ def preflight() -> None:
     raise SystemExit(f"demo: port(s) {', '.join(map(str, busy))} already in use. {hint}")
 
 
-def manage(env: dict, *args: str) -> None:
-    subprocess.run([PYTHON, "manage.py", *args], cwd=REPO, env=env, check=True)
-
-
 def seed(env: dict[str, str]) -> None:
     """Migrate the embedded database and apply the demo's layout."""
-    manage(env, "migrate", "--noinput", "-v0")
-    manage(env, "seed_layout", "--config", LAYOUT)
+    manage(env, "migrate", "--noinput", "-v0", capture=False)
+    manage(env, "seed_layout", "--config", LAYOUT, capture=False)
 
 
 def api(state: dict, method: str, path: str, body: dict | None = None) -> httpx.Response:
@@ -395,22 +335,8 @@ The fleet's events follow. Ctrl-C stops everything.
 def ensure_operator(env: dict) -> None:
     """Create or update the staff user `operator` when HARU_DEMO_PASSWORD is set."""
     password = os.environ.get("HARU_DEMO_PASSWORD")
-    if not password:
-        return
-    script = (
-        "import os\n"
-        "from django.contrib.auth import get_user_model\n"
-        "u, _ = get_user_model().objects.get_or_create(username='operator')\n"
-        "u.is_staff = u.is_superuser = True\n"
-        "u.set_password(os.environ['HARU_DEMO_PASSWORD'])\n"
-        "u.save()\n"
-    )
-    subprocess.run(
-        [PYTHON, "manage.py", "shell", "-c", script],
-        cwd=REPO,
-        check=True,
-        env={**env, "HARU_DEMO_PASSWORD": password},
-    )
+    if password:
+        ensure_staff(env, "operator", password)
 
 
 def follow_events(procs: dict[str, subprocess.Popen]) -> None:
@@ -478,25 +404,11 @@ def run(fresh: bool) -> None:
             procs[name] = start_supervisor(name, state)
         say("demo: starting the supervisors (each starts two simulated model servers)")
         for name in HOSTS:
-            wait_until(lambda n=name: supervisor_ready(n, host_token(state, n)), 60, name)
-        log = open(demo_dir() / "server.log", "ab")  # noqa: SIM115
-        procs["server"] = subprocess.Popen(
-            [PYTHON, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(SERVER_PORT)],
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
+            wait_until(partial(supervisor_ready, name, host_token(state, name)), 60, name)
+        server = Server(env, demo_dir() / "server.log", port=SERVER_PORT)
+        procs["server"] = server.spawn("--host", "127.0.0.1")
         record_started("server", procs["server"])
-        wait_until(
-            lambda: (
-                httpx.get(f"http://127.0.0.1:{SERVER_PORT}/healthz", timeout=2).status_code == 200
-            ),
-            30,
-            "the server",
-        )
+        wait_until(server.healthy, 30, "the server")
         say("demo: putting the standby in standby posture (models asleep, trainer running)")
         prepare_standbys(state)
         print_instructions(current_fleet())
@@ -515,14 +427,8 @@ def shutdown(procs: dict[str, subprocess.Popen]) -> None:
     terminal gets the same orderly SIGTERM as the ones this run started.
     """
     stamps = [stamp for name in ("server", *HOSTS) if (stamp := started(name)) is not None]
-    kill_processes(stamps, signal.SIGTERM)
-    deadline = time.monotonic() + 15
-    for proc in procs.values():
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(max(0.1, deadline - time.monotonic()))
-    while any(stamp.is_alive() for stamp in stamps) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    killed = kill_processes(demo_processes())
+    stop_stamps(stamps, procs.values(), grace_s=15)
+    killed = kill_stamps(demo_processes())
     say(f"demo: stopped ({len(procs)} started, {killed} killed at the end)")
 
 
@@ -532,7 +438,7 @@ def restore(ref: str) -> None:
     fleet = current_fleet()
     host = resolve_host(ref, fleet)
     if started(host) is None:
-        if port_in_use(HOSTS[host]["port"]):
+        if not port_free(HOSTS[host]["port"]):
             raise SystemExit(
                 f"demo: port {HOSTS[host]['port']} is taken by a process this demo did not "
                 "start; find it with `ss -ltnp`"
@@ -683,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     os.chdir(REPO)
     if args.command == "crash":
         host = resolve_host(args.host, current_fleet())
-        killed = kill_processes(host_processes(host))
+        killed = kill_stamps(host_processes(host))
         say(f"demo: {host} is down ({killed} processes killed)")
     elif args.command in ("restore", "start-host"):
         restore(args.host)
@@ -692,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "drill":
         return drill(args.mode)
     elif args.command == "stop":
-        killed = kill_processes(demo_processes())
+        killed = kill_stamps(demo_processes())
         say(f"demo: killed {killed} leftover process(es)")
     else:
         run(args.fresh)

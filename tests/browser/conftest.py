@@ -13,11 +13,8 @@ import contextlib
 import json
 import os
 import secrets
-import signal
-import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,9 +25,16 @@ import psycopg
 import pytest
 from playwright.sync_api import sync_playwright
 
-from tests.ports import free_port
+from haru.local import REPO as ROOT
+from haru.local.layouts import TWO_DOMAIN_EXAMPLE, example_supervisor_config, two_domain_layout
+from haru.local.ports import free_port
+from haru.local.processes import Processes, wait_for
+from haru.local.server import ensure_staff, environment, seed_layout
+from haru.local.server import manage as _manage
+from haru.local.supervisors import start_supervisor, supervisor_children, supervisor_ready
 
-ROOT = Path(__file__).resolve().parents[2]
+__all__ = ["ROOT", "USERNAME", "_manage", "free_port", "wait_for"]
+
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = Path(os.environ.get("HARU_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = [
@@ -44,121 +48,12 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 USERNAME = "operator"
-
-
-def wait_for(predicate: Callable[[], Any], *, timeout: float, what: str) -> Any:
-    """Poll `predicate` until it returns something truthy; fail naming `what`."""
-    deadline = time.monotonic() + timeout
-    last: BaseException | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-        except (httpx.HTTPError, OSError, ValueError, KeyError, TypeError) as exc:
-            last, value = exc, None
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what} (last error: {last!r})")
-
-
-class Processes:
-    """Start processes in their own groups, logging to files; kill every group at teardown."""
-
-    def __init__(self, log_dir: Path) -> None:
-        self.log_dir = log_dir
-        self.procs: list[tuple[str, subprocess.Popen]] = []
-        self.extra_pids: set[int] = set()
-
-    def start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
-        log = (self.log_dir / f"{name}.log").open("wb")
-        proc = subprocess.Popen(
-            argv,
-            env=env,
-            cwd=ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        self.procs.append((name, proc))
-        return proc
-
-    def log_tail(self, name: str, lines: int = 40) -> str:
-        path = self.log_dir / f"{name}.log"
-        if not path.exists():
-            return ""
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-
-    def cleanup(self) -> None:
-        # SIGTERM first: supervisors stop their engines and trainers on the way out.
-        for _, proc in self.procs:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 8
-        for _, proc in self.procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        for pgid in [p.pid for _, p in self.procs] + sorted(self.extra_pids):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGKILL)
-        for pid in sorted(self.extra_pids):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        for _, proc in self.procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=3)
+HOSTS = ("east", "west")
 
 
 def base_env() -> dict[str, str]:
     """The parent's environment minus every Haru/database/Redis setting (set explicitly)."""
-    drop = ("HARU_", "DATABASE_URL", "REDIS_URL", "PORT")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    env["PYTHONPATH"] = str(ROOT)
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-# ----------------------------------------------------------------------------------------------
-# Layout and supervisor configs, rewritten for free ports and a private temp dir
-# ----------------------------------------------------------------------------------------------
-
-
-def supervisor_config(host: str, tmp: Path, model_ports: dict[str, int]) -> dict:
-    config = json.loads((ROOT / "examples" / f"supervisor-{host}.json").read_text())
-    config["gpu"]["simStateFile"] = str(tmp / host / "sim-gpu.json")
-    for slot in config["slots"]:
-        if slot["kind"] == "inference":
-            for model in slot["models"]:
-                model["port"] = model_ports[model["name"]]
-        else:
-            # The interpreter that runs the tests has the repo importable; `python3` may not.
-            slot["command"] = [sys.executable, *slot["command"][1:]]
-            slot["checkpointDir"] = str(tmp / host / "checkpoints")
-    return config
-
-
-def layout(sup_ports: dict[str, int], configs: dict[str, dict]) -> dict:
-    """The two-domain example, pointed at our ports, with each model's engine profile copied
-    from its supervisor's config (so the profile-drift flag has something to compare)."""
-    data = json.loads((ROOT / "examples" / "fleet.two-domain.json").read_text())
-    # Operator-driven in this test: nothing should fail over on its own.
-    data["policy"]["autoFailover"] = False
-    for domain in data["domains"]:
-        host = domain["slug"]
-        domain["supervisorUrl"] = f"http://127.0.0.1:{sup_ports[host]}"
-        ports = {}
-        profiles = {}
-        for slot in configs[host]["slots"]:
-            for model in slot.get("models", []):
-                ports[model["name"]] = model["port"]
-                profiles[model["name"]] = model["profile"]
-        for slot in domain["slots"]:
-            for model in slot.get("models", []):
-                model["servingUrl"] = f"http://127.0.0.1:{ports[model['name']]}"
-                model["profile"] = profiles[model["name"]]
-        domain["servingBaseUrl"] = f"http://127.0.0.1:{ports['qwen-small']}"
-    return data
+    return environment(PYTHONPATH=str(ROOT))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -219,42 +114,94 @@ class Portal:
         return next(d for d in self.fleet(fleet)["domains"] if d["slug"] == slug)
 
 
-def _manage(env: dict[str, str], *args: str, timeout: float = 180) -> None:
-    result = subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    if result.returncode != 0:
-        command = " ".join(args)
-        raise AssertionError(f"manage.py {command} failed:\n{result.stdout}\n{result.stderr}")
-
-
-def _start_supervisor(procs: Processes, host: str, config: dict, port: int, token: str) -> None:
-    env = {
-        **base_env(),
-        "PORT": str(port),
-        "HARU_SUPERVISOR_CONFIG": json.dumps(config),
-        "HARU_SUPERVISOR_TOKEN": token,
+def _start_supervisors(procs: Processes, tmp: Path, token: str, env: dict[str, str]):
+    """Start both example hosts' supervisors (each starts its simulated engines itself) on free
+    ports; return (their ports, their configs)."""
+    sup_ports = {host: free_port() for host in HOSTS}
+    configs = {
+        host: example_supervisor_config(
+            host, tmp, {"qwen-small": free_port(), "llama-small": free_port()}
+        )
+        for host in HOSTS
     }
-    procs.start(f"supervisor-{host}", [sys.executable, "-m", "supervisor"], env)
+    for host in HOSTS:
+        name = f"supervisor-{host}"
+        config = json.dumps(configs[host])
+        log = procs.log_path(name)
+        proc = start_supervisor(port=sup_ports[host], config=config, token=token, log=log, env=env)
+        procs.add(name, proc)
+    return sup_ports, configs
 
 
-def _adopt_children(procs: Processes, url: str, token: str) -> None:
-    """Remember the engines' and trainers' PIDs, so teardown kills them even if a supervisor
-    dies first (they run in process groups of their own)."""
-    with httpx.Client(base_url=url, timeout=5, trust_env=False) as c:
-        body = c.get("/v1/status", headers={"Authorization": f"Bearer {token}"}).json()
-    for slot in body.get("slots", []):
-        for model in slot.get("models") or []:
-            pid = (model.get("process") or {}).get("pid")
-            if pid:
-                procs.extra_pids.add(pid)
-        for pid in (slot.get("training") or {}).get("pids") or []:
-            procs.extra_pids.add(pid)
+def _prepare_database(env: dict[str, str], tmp: Path, layout: dict, password: str) -> None:
+    """Migrate and seed with the real commands, plus a staff user."""
+    _manage(env, "migrate", "--noinput")
+    seed_layout(env, tmp / "fleet.json", layout)
+    if os.environ.get("HARU_DOCS_SCREENSHOTS"):
+        _seed_unreachable_fleet(env, tmp)
+    ensure_staff(env, USERNAME, password)
+
+
+def _wait_supervisors(procs: Processes, sup_ports: dict[str, int], token: str) -> None:
+    for host, port in sup_ports.items():
+        url = f"http://127.0.0.1:{port}"
+        what = f"supervisor {host} ready\n{procs.log_tail(f'supervisor-{host}')}"
+        wait_for(lambda url=url: supervisor_ready(url, token), timeout=40, what=what)
+        procs.adopt(supervisor_children(url, token))
+
+
+def _start_server(
+    procs: Processes, env: dict[str, str], token: str, lane: str, tmp: Path, password: str
+) -> Portal:
+    """Start the server. Without Redis it runs the reconcile loop in-process (the embedded
+    default); with Redis the loop runs in a separate process, so every change reaches the
+    browser through channels_redis, as it would from a Celery worker."""
+    port = free_port()
+    server_env = {**env, "HARU_SUPERVISOR_TOKEN": token, "HARU_RECONCILE_INTERVAL_MS": "500"}
+    procs.start("server", [sys.executable, "manage.py", "serve", "--port", str(port)], server_env)
+    if "REDIS_URL" in env:
+        procs.start(
+            "reconciler",
+            [sys.executable, "manage.py", "reconcile", "--loop", "--interval-ms", "300"],
+            server_env,
+        )
+    portal = Portal(f"http://127.0.0.1:{port}", password, lane, procs, tmp)
+    wait_for(
+        lambda: httpx.get(f"{portal.url}/healthz", timeout=2).status_code == 200,
+        timeout=30,
+        what=f"server up\n{procs.log_tail('server')}",
+    )
+    return portal
+
+
+def _operation_succeeded(api: httpx.Client, answer: httpx.Response, what: str, log: str) -> None:
+    assert answer.status_code == 202, answer.text
+    op_id = answer.json()["operation"]["id"]
+    wait_for(
+        lambda: api.get(f"/v1/operations/{op_id}").json()["state"] == "succeeded",
+        timeout=60,
+        what=f"{what}\n{log}",
+    )
+
+
+def _standby_posture(portal: Portal) -> None:
+    """Both domains seen, then demote west (its models sleep and its trainer starts), which is
+    where a failover starts from."""
+    procs = portal.procs
+    wait_for(
+        lambda: all(d["lastSeenAt"] for d in portal.fleet()["domains"]),
+        timeout=30,
+        what=f"first heartbeats\n{procs.log_tail('server')}",
+    )
+    with portal.api() as api:
+        answer = api.post("/v1/fleets/demo/demote", json={"targetDomainId": "west"})
+        _operation_succeeded(api, answer, "demotion of west", procs.log_tail("server"))
+        if os.environ.get("HARU_DOCS_SCREENSHOTS"):
+            # Some history for the failover chart: two round trips before the test's own.
+            for target in ("west", "east", "west", "east"):
+                answer = api.post("/v1/fleets/demo/promote", json={"targetDomainId": target})
+                what = f"promotion of {target}"
+                _operation_succeeded(api, answer, what, procs.log_tail("server"))
 
 
 @pytest.fixture(scope="module")
@@ -269,6 +216,7 @@ def chromium_path() -> Path:
 
 @pytest.fixture(scope="module")
 def portal(chromium_path, tmp_path_factory) -> Iterator[Portal]:
+    """The server and two supervisors, the demo fleet seeded and in standby posture."""
     tmp = tmp_path_factory.mktemp("portal")
     (tmp / "logs").mkdir()
     procs = Processes(tmp / "logs")
@@ -277,122 +225,29 @@ def portal(chromium_path, tmp_path_factory) -> Iterator[Portal]:
     redis_url = os.environ.get("REDIS_URL") or ""
     with server_database(tmp) as db_env, contextlib.ExitStack() as stack:
         stack.callback(procs.cleanup)
-        env = {**base_env(), **db_env}
-        if redis_url:
-            env["REDIS_URL"] = redis_url
+        env = {**base_env(), **db_env, **({"REDIS_URL": redis_url} if redis_url else {})}
         lane = ("postgres" if "DATABASE_URL" in db_env else "sqlite") + (
             "+redis" if redis_url else "+memory"
         )
-
-        # 1. Two supervisors (each starts its simulated engines itself).
-        sup_ports = {"east": free_port(), "west": free_port()}
-        configs = {
-            host: supervisor_config(
-                host, tmp, {"qwen-small": free_port(), "llama-small": free_port()}
-            )
-            for host in ("east", "west")
-        }
-        for host in ("east", "west"):
-            _start_supervisor(procs, host, configs[host], sup_ports[host], token)
-
-        # 2. The server's database: migrated and seeded with the real commands, plus a staff user.
-        layout_path = tmp / "fleet.json"
-        layout_path.write_text(json.dumps(layout(sup_ports, configs), indent=2))
-        _manage(env, "migrate", "--noinput")
-        _manage(env, "seed_layout", "--config", str(layout_path))
-        if os.environ.get("HARU_DOCS_SCREENSHOTS"):
-            _seed_unreachable_fleet(env, tmp)
-        _manage(
-            {
-                **env,
-                "DJANGO_SUPERUSER_USERNAME": USERNAME,
-                "DJANGO_SUPERUSER_PASSWORD": password,
-                "DJANGO_SUPERUSER_EMAIL": "operator@example.com",
-            },
-            "createsuperuser",
-            "--noinput",
-        )
-
-        for host, port in sup_ports.items():
-            url = f"http://127.0.0.1:{port}"
-            wait_for(
-                lambda url=url: (
-                    httpx.get(
-                        f"{url}/v1/ready", headers={"Authorization": f"Bearer {token}"}, timeout=2
-                    ).json()["stateKnown"]
-                    is True
-                ),
-                timeout=40,
-                what=f"supervisor {host} ready\n{procs.log_tail(f'supervisor-{host}')}",
-            )
-            _adopt_children(procs, url, token)
-
-        # 3. The server. Without Redis it runs the reconcile loop in-process (the embedded
-        # default); with Redis the loop runs in a separate process, so every change reaches
-        # the browser through channels_redis, as it would from a Celery worker.
-        port = free_port()
-        server_env = {**env, "HARU_SUPERVISOR_TOKEN": token, "HARU_RECONCILE_INTERVAL_MS": "500"}
-        procs.start(
-            "server", [sys.executable, "manage.py", "serve", "--port", str(port)], server_env
-        )
-        if redis_url:
-            procs.start(
-                "reconciler",
-                [sys.executable, "manage.py", "reconcile", "--loop", "--interval-ms", "300"],
-                server_env,
-            )
-        portal = Portal(f"http://127.0.0.1:{port}", password, lane, procs, tmp)
-        wait_for(
-            lambda: httpx.get(f"{portal.url}/healthz", timeout=2).status_code == 200,
-            timeout=30,
-            what=f"server up\n{procs.log_tail('server')}",
-        )
-
-        # 4. Standby posture: both domains seen, then demote west (its models sleep and its
-        # trainer starts), which is where a failover starts from.
-        wait_for(
-            lambda: all(d["lastSeenAt"] for d in portal.fleet()["domains"]),
-            timeout=30,
-            what=f"first heartbeats\n{procs.log_tail('server')}",
-        )
-        with portal.api() as api:
-            answer = api.post("/v1/fleets/demo/demote", json={"targetDomainId": "west"})
-            assert answer.status_code == 202, answer.text
-            op_id = answer.json()["operation"]["id"]
-            wait_for(
-                lambda: api.get(f"/v1/operations/{op_id}").json()["state"] == "succeeded",
-                timeout=60,
-                what=f"demotion of west\n{procs.log_tail('server')}",
-            )
-            if os.environ.get("HARU_DOCS_SCREENSHOTS"):
-                # Some history for the failover chart: two round trips before the test's own.
-                for target in ("west", "east", "west", "east"):
-                    answer = api.post("/v1/fleets/demo/promote", json={"targetDomainId": target})
-                    assert answer.status_code == 202, answer.text
-                    op_id = answer.json()["operation"]["id"]
-                    wait_for(
-                        lambda op_id=op_id: (
-                            api.get(f"/v1/operations/{op_id}").json()["state"] == "succeeded"
-                        ),
-                        timeout=60,
-                        what=f"promotion of {target}\n{procs.log_tail('server')}",
-                    )
-        _adopt_children(procs, f"http://127.0.0.1:{sup_ports['west']}", token)
-        _adopt_children(procs, f"http://127.0.0.1:{sup_ports['east']}", token)
+        sup_ports, configs = _start_supervisors(procs, tmp, token, base_env())
+        _prepare_database(env, tmp, two_domain_layout(sup_ports, configs), password)
+        _wait_supervisors(procs, sup_ports, token)
+        portal = _start_server(procs, env, token, lane, tmp, password)
+        _standby_posture(portal)
+        for port in sup_ports.values():
+            procs.adopt(supervisor_children(f"http://127.0.0.1:{port}", token))
         portal.extra.update(sup_ports=sup_ports, token=token, env=env, configs=configs)
         yield portal
 
 
 def _seed_unreachable_fleet(env: dict[str, str], tmp: Path) -> None:
     """For the overview screenshot: a second fleet whose hosts do not answer (closed ports)."""
-    data = json.loads((ROOT / "examples" / "fleet.two-domain.json").read_text())
+    data = json.loads(TWO_DOMAIN_EXAMPLE.read_text())
     data.update(slug="staging", displayName="Staging (hosts unreachable)")
     data["policy"]["autoFailover"] = False
     for domain in data["domains"]:
         domain["supervisorUrl"] = f"http://127.0.0.1:{free_port()}"
-    path = tmp / "staging.json"
-    path.write_text(json.dumps(data))
-    _manage(env, "seed_layout", "--config", str(path))
+    seed_layout(env, tmp / "staging.json", data)
 
 
 @pytest.fixture(scope="module")

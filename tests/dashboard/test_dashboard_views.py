@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import socket
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -16,6 +15,7 @@ from fleets.base import clock
 from fleets.models import Domain, Event, Operation
 from fleets.services.events import event_record
 from fleets.services.operations import operation_fail, operation_request, operation_start
+from haru.local.ports import free_port
 from tests.drivers.managed_layout import seed_managed_fleet
 
 pytestmark = pytest.mark.django_db
@@ -215,16 +215,10 @@ def test_actions_are_post_only(staff_client, seeded_fleet):
     assert staff_client.get("/fleets/demo/actions/promote/").status_code == 405
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_reconcile_now_runs_a_tick_like_the_api(staff_client, seeded_fleet):
     # Point both supervisors at a closed port: the tick's heartbeats fail fast and say so.
     Domain.objects.filter(fleet=seeded_fleet).update(
-        supervisor_url=f"http://127.0.0.1:{_closed_port()}"
+        supervisor_url=f"http://127.0.0.1:{free_port()}"
     )
     response = staff_client.post(
         "/fleets/demo/actions/reconcile/", {"confirm": "on"}, HTTP_ACCEPT="application/json"

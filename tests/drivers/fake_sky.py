@@ -54,10 +54,10 @@ def _scripted(kind: str):
 
 
 def _free_port() -> int:
-    # The suite's helper (a port outside the ephemeral range, tests/ports.py), from the
+    # The launcher's helper (a port outside the ephemeral range, haru/local/ports.py), from the
     # checkout this script was copied out of: FAKE_SKY_CWD is its root.
     sys.path.insert(0, os.environ.get("FAKE_SKY_CWD") or ".")
-    from tests.ports import free_port  # noqa: PLC0415 - this script is copied out of the repo
+    from haru.local.ports import free_port  # noqa: PLC0415 - this script is copied out of the repo
 
     return free_port()
 

@@ -25,7 +25,7 @@ from fleets.reconciler.provision import fleet_provision_tick
 from fleets.reconciler.tick import tick_run
 from fleets.services import provisioning as svc
 from fleets.services.layouts import layout_apply
-from tests.ports import free_port
+from haru.local.ports import free_port
 
 pytestmark = [pytest.mark.integration]
 

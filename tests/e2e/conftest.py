@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from fleets.layouts.loader import parse_layout
 from fleets.models import Fleet
-from fleets.reconciler.tick import tick_run
 from fleets.services.layouts import layout_apply
+from haru.local import ticks
 from tests.e2e.harness import TOKEN, SimHost, fleet_layout, put_in_standby_posture
 
 
@@ -56,14 +54,6 @@ def drive():
     """Return `drive(fleet, until, timeout)`: tick the fleet until `until()` is truthy."""
 
     def run(fleet, until, timeout: float = 20.0, poll_s: float = 0.5):
-        deadline = time.monotonic() + timeout
-        while True:
-            result = tick_run(fleet_id=fleet.id, wait_s=5, poll_s=poll_s)
-            value = until()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"condition not reached within {timeout}s")
-            time.sleep(min(0.2, (result.nudge_ms or 100) / 1000))
+        return ticks.drive(fleet.id, until, timeout, poll_s)
 
     return run

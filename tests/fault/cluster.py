@@ -1,6 +1,7 @@
 """A whole deployment the fault tests may break: its own PostgreSQL cluster and redis-server
 (so they can be stopped, restarted and stalled without touching anyone else's), the server, two
-Celery workers, beat, and two supervisors with simulated engines (`tests/e2e/harness.py`).
+Celery workers, beat, and two supervisors with simulated engines, all started by the local
+launcher (haru/local/).
 
 Every process runs in its own session and is killed by process group at teardown; the database
 cluster and Redis are stopped at the end of the session.
@@ -11,40 +12,36 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pwd
 import re
 import shutil
 import signal
-import socket
 import subprocess
-import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
 import httpx
-import psycopg
 import pytest
 from celery import Celery
 
-from tests.e2e.harness import (
-    PYTHON,
-    REPO,
-    TOKEN,
-    ServerProc,
-    SimHost,
-    exited,
-    fleet_layout,
-    free_port,
-    kill_group,
-    put_in_standby_posture,
-    wait_for,
+from haru.local.backing import (
+    OwnPostgres,
+    OwnRedis,
+    celery_beat_args,
+    celery_worker_args,
+    postgres_bin,
+    start_celery,
 )
+from haru.local.layouts import fleet_layout
+from haru.local.processes import kill_group, wait_for
+from haru.local.server import ServerProc, environment, manage
+from haru.local.supervisors import TOKEN, SimHost, put_in_standby_posture
 from tests.fault.chat_load import ChatLoad
 
-PG_BIN = next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)), None)
+__all__ = ["OwnPostgres", "OwnRedis"]
+
+PG_BIN = postgres_bin()
 # Short enough that a takeover shows within seconds, long enough for a loaded CI machine's
 # heartbeat round plus one step call between checkpoints.
 LEASE_MS = 5000
@@ -80,130 +77,6 @@ def require_tools() -> None:
     pytest.skip(missing)
 
 
-class OwnPostgres:
-    """A throwaway PostgreSQL cluster in a temporary directory, on a port of its own."""
-
-    def __init__(self) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="haru-fault-pg-"))
-        self.data = self.dir / "data"
-        self.log = self.dir / "postgres.log"
-        self.port = free_port()
-        self._as: list[str] = []
-        if os.geteuid() == 0:
-            # initdb refuses to run as root: the cluster belongs to the postgres user.
-            user = pwd.getpwnam("postgres")
-            os.chown(self.dir, user.pw_uid, user.pw_gid)
-            self._as = ["runuser", "-u", "postgres", "--"]
-
-    def _run(self, *args: str, timeout: float = 60) -> None:
-        subprocess.run(
-            [*self._as, *args], check=True, capture_output=True, timeout=timeout, cwd=self.dir
-        )
-
-    def init(self) -> OwnPostgres:
-        self._run(
-            str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust",
-            "-E", "UTF8", "--no-sync",
-        )  # fmt: skip
-        return self.start()
-
-    def start(self) -> OwnPostgres:
-        options = (
-            f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
-            "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
-        )
-        self._run(
-            str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-o", options,
-            "-w", "-t", "60", "start",
-        )  # fmt: skip
-        return self
-
-    def stop(self, mode: str = "fast") -> None:
-        self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
-
-    def restart(self) -> float:
-        """Restart with `-m fast` (every connection is terminated); return seconds it took."""
-        started = time.monotonic()
-        self.stop("fast")
-        self.start()
-        return time.monotonic() - started
-
-    def url(self, db: str) -> str:
-        return f"postgres://postgres@127.0.0.1:{self.port}/{db}"
-
-    def sql(self, query: str, params: tuple = (), db: str = "postgres") -> list[tuple]:
-        with psycopg.connect(self.url(db), autocommit=True, connect_timeout=10) as conn:
-            cursor = conn.execute(query, params)
-            return cursor.fetchall() if cursor.description else []
-
-    def destroy(self) -> None:
-        with contextlib.suppress(Exception):
-            self.stop("immediate")
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-class OwnRedis:
-    """A redis-server of the suite's own, which a test may stop and start again."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.port = free_port()
-        self.dir = workdir
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> OwnRedis:
-        log_path = self.dir / "redis.log"
-        log = open(log_path, "ab")  # noqa: SIM115 - closed once the child holds it
-        self.proc = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.dir),
-            ],  # fmt: skip
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
-        wait_for(self.up, 10, "redis-server up", gave_up=exited(self.proc, log_path))
-        return self
-
-    def up(self) -> bool:
-        with contextlib.suppress(OSError), socket_to(self.port):
-            return True
-        return False
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-    def flush(self) -> None:
-        subprocess.run(
-            ["redis-cli", "-p", str(self.port), "flushall"], check=True, capture_output=True
-        )
-
-
-@contextlib.contextmanager
-def socket_to(port: int) -> Iterator[None]:
-    sock = socket.create_connection(("127.0.0.1", port), timeout=0.5)
-    try:
-        yield
-    finally:
-        sock.close()
-
-
 class Deployment:
     """One fleet over two simulated hosts, driven by the server, two Celery workers and beat."""
 
@@ -229,7 +102,6 @@ class Deployment:
             "HARU_SUPERVISOR_TOKEN": TOKEN,
         }
         self.server = ServerProc(workdir, env=self.env)
-        self.server.env["REDIS_URL"] = redis.url  # ServerProc defaults to the embedded loop
         # Named, so pg_stat_activity tells the server's connections from the workers'.
         self.server.env["DATABASE_URL"] = self.app_url("server")
         layout = workdir / "layout.json"
@@ -248,34 +120,15 @@ class Deployment:
 
     # -- processes -------------------------------------------------------------------------
 
-    def _celery(self, name: str, *args: str) -> subprocess.Popen:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("HARU_")}
-        env.update(self.env, HARU_VAR_DIR=str(self.dir / name / "var"), PYTHONUNBUFFERED="1")
-        env["DATABASE_URL"] = self.app_url(name)
-        (self.dir / name).mkdir(exist_ok=True)
-        log = open(self.dir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen(
-            [PYTHON, "-m", "celery", "-A", "haru", *args],
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
-        return proc
+    def _celery(self, name: str, args: list[str]) -> subprocess.Popen:
+        env = {**self.env, "DATABASE_URL": self.app_url(name)}
+        return start_celery(name, args, env=env, workdir=self.dir)
 
     def start_worker(self, name: str) -> None:
-        self.workers[name] = self._celery(
-            name, "worker", "--loglevel", "INFO", "--concurrency", "1", "--without-gossip",
-            "--without-mingle", "--without-heartbeat", "--hostname", f"{name}@%h",
-        )  # fmt: skip
+        self.workers[name] = self._celery(name, celery_worker_args(name))
 
     def start_beat(self) -> None:
-        # DEBUG for the "sent. id->..." line: it ties a tick a worker ran to the beat that sent it.
-        self.beat = self._celery(
-            "beat", "beat", "--loglevel", "DEBUG", "--schedule", str(self.dir / "beat-schedule")
-        )
+        self.beat = self._celery("beat", celery_beat_args(self.dir / "beat-schedule"))
 
     def _processes(self) -> dict[str, subprocess.Popen]:
         assert self.server.proc is not None and self.beat is not None
@@ -477,19 +330,11 @@ def prepare_template(pg: OwnPostgres, workdir: Path) -> str:
     """Migrate one database to copy for each test (migrations take longer than a copy)."""
     name = "fault_template"
     pg.sql(f'CREATE DATABASE "{name}"')
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HARU_")}
-    env.update(
+    env = environment(
+        ("HARU_", "REDIS_URL"),
         DATABASE_URL=pg.url(name),
         HARU_VAR_DIR=str(workdir / "var"),
         HARU_RECONCILE_INTERVAL_MS=str(INTERVAL_MS),  # seeds beat's schedule
     )
-    env.pop("REDIS_URL", None)
-    subprocess.run(
-        [PYTHON, "manage.py", "migrate", "--noinput", "-v0"],
-        cwd=REPO,
-        env=env,
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    manage(env, "migrate", "--noinput", "-v0", timeout=300)
     return name

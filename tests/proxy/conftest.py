@@ -26,6 +26,7 @@ from fleets.proxy.push import FEED
 from fleets.proxy.snapshots import ROUTES
 from fleets.server.protocol import HaruHttpProtocol
 from fleets.services.layouts import layout_apply
+from haru.local.ports import free_port
 
 CHAT = "/v1/chat/completions"
 
@@ -178,10 +179,8 @@ async def serving(app, http="auto"):
 
 
 def closed_port() -> int:
-    """Return a loopback port nothing listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """Return a loopback port nothing listens on."""
+    return free_port()
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ from django.dispatch import Signal
 from fleets.proxy.push import FEED, RevisionFeed, parse
 from fleets.services import route_publish
 from fleets.services.route_publish import PG_CHANNEL, REDIS_CHANNEL, payload
+from haru.local.ports import free_port
 from tests.proxy.test_proxy_routing import promote
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -98,15 +99,12 @@ async def test_redis_message_from_another_client_wakes_a_waiter(feed, settings):
 async def test_a_redis_that_stops_takes_its_channel_down(feed, settings, tmp_path):
     """Redis stopped: the channel goes down (the poll takes over) and comes back with it."""
     import shutil  # noqa: PLC0415
-    import socket  # noqa: PLC0415
     import subprocess  # noqa: PLC0415
 
     server = shutil.which("redis-server")
     if server is None:
         pytest.skip("needs redis-server to run a private instance")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     argv = [server, "--port", str(port), "--save", "", "--appendonly", "no"]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, cwd=tmp_path)
     try:

@@ -13,20 +13,21 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import sys
-import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import httpx
 import pytest
 
 from common.wire.contract import check_response
-from tests.ports import free_port
+from haru.local import REPO, processes
+from haru.local.ports import free_port
+from haru.local.processes import exited, spawn, wait_for
+from haru.local.supervisors import sim_trainer
+from haru.local.supervisors import start_supervisor as local_supervisor
 
-REPO = Path(__file__).resolve().parents[2]
 MODEL = "tiny"
 SUPERVISOR_TOKEN = "realengine-supervisor-token-0123"
 EAST_KEY_ENV = "HARU_REALENGINE_EAST_KEY"
@@ -55,28 +56,18 @@ def base_env() -> dict[str, str]:
     return {k: os.environ[k] for k in keep if k in os.environ}
 
 
+# A vLLM server gets longer than the default to drain before it is killed.
+stop = partial(processes.stop, grace_s=15)
+
+
 def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"{url} exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2, trust_env=False).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"{url} not healthy within {timeout:.0f}s:\n{log.read_text()[-3000:]}")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    wait_for(
+        lambda: httpx.get(f"{url}/health", timeout=2, trust_env=False).status_code == 200,
+        timeout,
+        f"{url} healthy",
+        every=0.5,
+        gave_up=exited(proc, log, lines=60),
+    )
 
 
 @dataclass
@@ -155,17 +146,9 @@ def trainer_slot(checkpoints: Path) -> dict:
     return {
         "kind": "training",
         "gpuIndex": 0,
-        "command": [
-            sys.executable,
-            "-m",
-            "supervisor.sim.trainer",
-            "--memory-mib",
-            "1024",
-            "--step-s",
-            "0.05",
-            "--checkpoint-every-s",
-            "1",
-        ],  # fmt: skip
+        "command": sim_trainer(
+            memory_mib=1024, step_s=0.05, checkpoint_every_s=1, sigterm_save_s=None
+        ),
         "checkpointDir": str(checkpoints),
         "graceMs": 2000,
     }
@@ -176,22 +159,13 @@ def start_supervisor(workdir: Path, name: str, config: dict, extra_env: dict) ->
     path = workdir / f"{name}.json"
     path.write_text(json.dumps(config, indent=1))
     log = workdir / f"{name}.log"
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "supervisor"],
-            cwd=REPO,
-            env={
-                **base_env(),
-                "PYTHONPATH": str(REPO),
-                "PORT": str(port),
-                "HARU_SUPERVISOR_TOKEN": SUPERVISOR_TOKEN,
-                "HARU_SUPERVISOR_CONFIG": str(path),
-                **extra_env,
-            },
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    proc = local_supervisor(
+        port=port,
+        config=str(path),
+        token=SUPERVISOR_TOKEN,
+        log=log,
+        env={**base_env(), "PYTHONPATH": str(REPO), **extra_env},
+    )
     return Served(f"http://127.0.0.1:{port}", port, proc, log)
 
 
@@ -200,27 +174,24 @@ def engines(vllm_python, tiny_model, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("realengine")
     port = free_port()
     log = workdir / "vllm-plain.log"
-    with open(log, "ab") as out:
-        plain_proc = subprocess.Popen(
-            [
-                str(vllm_python),
-                "-m",
-                "vllm.entrypoints.openai.api_server",
-                "--model",
-                str(tiny_model),
-                "--served-model-name",
-                MODEL,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                *VLLM_ARGS,
-            ],  # fmt: skip
-            env={**base_env(), **VLLM_ENV, "VLLM_SERVER_DEV_MODE": "1"},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    plain_proc = spawn(
+        [
+            str(vllm_python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(tiny_model),
+            "--served-model-name",
+            MODEL,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            *VLLM_ARGS,
+        ],  # fmt: skip
+        env={**base_env(), **VLLM_ENV, "VLLM_SERVER_DEV_MODE": "1"},
+        log=log,
+    )
     plain = Served(f"http://127.0.0.1:{port}", port, plain_proc, log)
     east_port = free_port()
     east = start_supervisor(

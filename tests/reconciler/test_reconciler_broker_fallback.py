@@ -18,6 +18,7 @@ from fleets.reconciler import kick
 from fleets.reconciler.loop import ReconcileLoop
 from fleets.server.driver import RESUME_GRACE_S, BrokerFallback, start_for_server
 from fleets.services.operations import operation_request
+from haru.local.ports import free_port
 
 
 class RecordingLoop:
@@ -105,9 +106,7 @@ def own_redis(tmp_path):
     server = shutil.which("redis-server")
     if server is None:
         pytest.skip("redis-server is not installed")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
 
     def start() -> subprocess.Popen:
         proc = subprocess.Popen(

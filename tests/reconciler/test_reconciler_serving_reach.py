@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
@@ -13,6 +12,7 @@ from fleets.core.model_health import Reach
 from fleets.reconciler.supervisor import transport
 from fleets.reconciler.supervisor.client import SupervisorClient
 from fleets.reconciler.supervisor.transport import call_reach, serving_reach
+from haru.local.ports import free_port
 
 
 @pytest.fixture
@@ -72,9 +72,7 @@ def test_a_supervisor_call_carries_whether_it_was_refused(answering):
 
 
 def test_against_real_sockets_a_closed_port_refuses_and_a_live_server_answers():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = s.getsockname()[1]
+    closed = free_port()
     assert serving_reach(f"http://127.0.0.1:{closed}", timeout=1.0) == Reach.REFUSED
 
     class Health(BaseHTTPRequestHandler):

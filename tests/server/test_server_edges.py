@@ -22,7 +22,7 @@ import httpx
 import pytest
 from websockets.sync.client import connect as ws_connect
 
-from tests.hostile_clients import (
+from bench.hostile_clients import (
     closed_by_peer,
     header_flood,
     open_sockets,

@@ -19,11 +19,11 @@ import httpx
 import pytest
 
 from common.wire.contract import check_response
+from haru.local.ports import free_port
 from supervisor.api import create_app
 from supervisor.config import parse_config
 from supervisor.gpu.nvml import NvmlBackend
 from supervisor.host import Host, HostDeps
-from tests.ports import free_port
 from tests.supervisor.fakes import FakeModelServers, FakeNvml, FakeSpawner
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

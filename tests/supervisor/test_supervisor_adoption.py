@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from haru.local.ports import port_free
 from supervisor.gpu.sim_state import SimGpuState, pid_alive
 from supervisor.procfs import boot_id, process_start_time
 from supervisor.records import ProcessStamp, ServerRecord, StateDir, TrainerRecord
@@ -82,16 +83,6 @@ def used_mib(client: httpx.Client) -> int:
     return client.get("/v1/gpu/memory").json()["gpus"][0]["usedMiB"]
 
 
-def port_is_free(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def sigkill_supervisor_only(sup) -> None:
     # Its own pid, not its group: the children must survive, as after a real crash.
     os.kill(sup.proc.pid, signal.SIGKILL)
@@ -115,7 +106,7 @@ def test_a_restarted_supervisor_adopts_what_the_crashed_one_left_running(
     sigkill_supervisor_only(first)
     assert all(pid_alive(pid) for pid in [trainer_pid, *engine_pids.values()])
     # No child may hold on to the supervisor's listening socket (see `bind_socket`).
-    assert port_is_free(first.port)
+    assert port_free(first.port)
 
     second = tools.start_supervisor(processes, config, port=first.port)
     with second.client() as client:

@@ -19,9 +19,9 @@ import time
 import httpx
 import pytest
 
+from bench import hostile_clients as hostile
 from supervisor.api import MAX_BODY_BYTES as API_MAX_BODY_BYTES
 from supervisor.settings import EDGE_SETTINGS
-from tests import hostile_clients as hostile
 
 HEADER_TIMEOUT_S = 1.0
 BODY_TIMEOUT_S = 1.5

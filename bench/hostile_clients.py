@@ -1,8 +1,8 @@
 """Hostile HTTP clients on raw sockets, and what they do to the server they are pointed at.
 
 Finding 1 of issue 11 (idle-connection floods, slowloris, oversized headers), as helpers the
-edge tests of both servers (the supervisor's here; the control plane's keeps its own in
-tests/server/test_server_edges.py) and bench/server_edges.py's figures share.
+edge tests of both servers (tests/supervisor/test_supervisor_edges.py; the control plane's keeps
+its own in tests/server/test_server_edges.py) and bench/server_edges.py's figures share.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""The test harness's own helpers: free ports outside the ephemeral range, and a wait that
-gives up as soon as the process it waits for has exited."""
+"""The local launcher's own helpers (haru/local/): free ports outside the ephemeral range, and a
+wait that gives up as soon as the process it waits for has exited."""
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -10,8 +11,8 @@ import time
 
 import pytest
 
-from tests import ports
-from tests.e2e.harness import exited, wait_for
+from haru.local import ports
+from haru.local.processes import Processes, exited, spawn, stop, wait_for
 
 
 def test_free_ports_lie_outside_the_kernels_ephemeral_range_and_are_never_repeated():
@@ -94,3 +95,25 @@ def test_a_wait_for_a_running_process_waits_as_before(tmp_path):
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def test_a_stop_that_sigterm_does_not_end_kills_the_group_after_the_grace(tmp_path):
+    ignores = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    proc = spawn([sys.executable, "-c", ignores], env={}, log=tmp_path / "stubborn.log")
+    time.sleep(0.5)  # its handler is installed
+    started = time.monotonic()
+    stop(proc, grace_s=1)
+    assert proc.poll() == -signal.SIGKILL
+    assert time.monotonic() - started < 10
+
+
+def test_cleanup_kills_the_groups_it_started_and_the_processes_it_adopted(tmp_path):
+    procs = Processes(tmp_path)
+    leader = procs.start("leader", [sys.executable, "-c", "import time; time.sleep(60)"], env={})
+    # A child in a session of its own, as a supervisor's engines are: the leader's group does
+    # not reach it, only its adoption does.
+    orphan = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    procs.adopt([orphan.pid])
+    procs.cleanup(grace_s=2)
+    assert leader.poll() is not None
+    assert orphan.wait(5) == -signal.SIGKILL

@@ -1,4 +1,4 @@
-"""Free TCP ports for the servers tests and benchmarks start, outside the ephemeral range.
+"""Free TCP ports for the servers the launcher starts, outside the ephemeral range.
 
 Binding port 0 asks the kernel for a port from its ephemeral range, the range it also draws the
 source port of every outgoing connection from. Between that probe and the server's own bind,
@@ -6,6 +6,8 @@ any connection made on the machine (a Celery worker's to Postgres, a test's to a
 can be given the same port, and the server then exits with "address already in use": seen in
 CI as a supervisor that never answered. Ports below the range are never handed out that way;
 only another listener can take them, and this process hands each port out once.
+
+The one place in the project that probes a port by binding it (tests/tools checks that).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import threading
 from pathlib import Path
 
 # Below this the well-known and registered services this project runs live (Postgres, Redis,
-# the demo's ports); the test helpers that pin a range of their own stay under it too.
+# the demo's ports).
 FIRST = 20000
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _DEFAULT_EPHEMERAL = (32768, 60999)
@@ -26,7 +28,8 @@ _lock = threading.Lock()
 
 
 def ephemeral_range() -> tuple[int, int]:
-    """The kernel's range for outgoing connections' source ports (Linux's default elsewhere)."""
+    """Return the kernel's range for outgoing connections' source ports (Linux's default
+    elsewhere)."""
     try:
         low, high = (int(part) for part in EPHEMERAL_RANGE.read_text().split())
     except (OSError, ValueError):
@@ -35,29 +38,40 @@ def ephemeral_range() -> tuple[int, int]:
 
 
 def candidates() -> range:
-    """The ports `free_port` draws from: the widest stretch at or above FIRST outside the range."""
+    """Return the ports `free_port` draws from: the widest stretch at or above FIRST outside
+    the range."""
     low, high = ephemeral_range()
     below = range(FIRST, low) if low > FIRST else range(0)
     above = range(max(high + 1, FIRST), 65536)
     return max(below, above, key=len)
 
 
-def free_port() -> int:
-    """A port nobody listens on, outside the ephemeral range, not handed out before here."""
-    pool = candidates()
+def free_port(within: range | None = None) -> int:
+    """Return a port nobody listens on, outside the ephemeral range (or in `within`), not
+    handed out before."""
+    pool = candidates() if within is None else within
     with _lock:
         for _ in range(200):
             port = random.choice(pool) if pool else _kernel_port()
-            if port in _given or not _bindable(port):
+            # Strict (no SO_REUSEADDR): a port with connections still in TIME_WAIT is passed
+            # over too.
+            if port in _given or not _binds(port, reuse=False):
                 continue
             _given.add(port)
             return port
     raise AssertionError(f"no free port found in {pool.start}-{pool.stop - 1}")
 
 
-def _bindable(port: int) -> bool:
-    # Without SO_REUSEADDR: a port with connections still in TIME_WAIT is passed over too.
+def port_free(port: int) -> bool:
+    """Whether a server could listen on `port` now (as servers bind: with SO_REUSEADDR, so a
+    closed listener's TIME_WAIT connections do not count)."""
+    return _binds(port, reuse=True)
+
+
+def _binds(port: int, *, reuse: bool) -> bool:
     with socket.socket() as s:
+        if reuse:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -68,4 +82,4 @@ def _bindable(port: int) -> bool:
 def _kernel_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
