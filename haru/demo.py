@@ -38,6 +38,7 @@ from typing import TypedDict
 
 import httpx
 
+from fleets.base.setting_table import SetByHaru
 from fleets.core.drills import DrillSchedule, schedule_problems
 from haru.local import PYTHON, REPO
 from haru.local.ports import port_free
@@ -128,7 +129,9 @@ _CREDENTIALS = ("HARU_API_TOKEN", "HARU_SUPERVISOR_TOKEN", "HARU_SUPERVISOR_MAST
 
 def base_env(run_id: str) -> dict[str, str]:
     # The demo is local development mode: embedded database, no broker, open loopback-only API.
-    return environment(("DATABASE_URL", "REDIS_URL", *_CREDENTIALS), HARU_DEMO_RUN=run_id)
+    return environment(
+        ("DATABASE_URL", "REDIS_URL", *_CREDENTIALS), **{SetByHaru.demo_run.env: run_id}
+    )
 
 
 def control_env(state: dict) -> dict[str, str]:

@@ -515,6 +515,12 @@ class SetByHaru:
         area="Set by Haru for its own processes",
         reads=(),
     )
+    local_host_dir = text(
+        "HARU_LOCAL_HOST_DIR",
+        doc="set by the local launcher (haru/local) on every child of a simulated host: marks them",
+        area="Set by Haru for its own processes",
+        reads=(),
+    )
     demo_host = text(
         "HARU_DEMO_HOST",
         doc="set by the demo on each supervisor it starts: the simulated host's name",
@@ -524,40 +530,41 @@ class SetByHaru:
 
     script_fleet = text(
         "HARU_FLEET",
-        doc="set by the script driver on every command: the domain's fleet slug (docs/drivers.md)",
+        doc="set by the script driver on every command: the domain's fleet slug",
         area="Set by Haru for the script driver's commands",
         reads=(),
     )
     script_domain = text(
         "HARU_DOMAIN",
-        doc="set by the script driver on every command: the domain's slug (docs/drivers.md)",
+        doc="set by the script driver on every command: the domain's slug",
         area="Set by Haru for the script driver's commands",
         reads=(),
     )
     script_domain_id = text(
         "HARU_DOMAIN_ID",
-        doc="set by the script driver on every command: the domain's id (docs/drivers.md)",
+        doc="set by the script driver on every command: the domain's id",
         area="Set by Haru for the script driver's commands",
         reads=(),
     )
     script_resource = text(
         "HARU_RESOURCE",
-        doc="set by the script driver on every command: the resource name `haru-FLEET-DOMAIN` (docs/drivers.md)",
+        doc="set by the script driver on every command: the resource name `haru-FLEET-DOMAIN`",
         area="Set by Haru for the script driver's commands",
         reads=(),
     )
     script_launch_id = text(
         "HARU_LAUNCH_ID",
-        doc="set by the script driver on launch and describe: the launch attempt's id (docs/drivers.md)",
+        doc="set by the script driver on launch and describe: the launch attempt's id",
         area="Set by Haru for the script driver's commands",
         reads=(),
     )
     script_stop_mode = text(
         "HARU_STOP_MODE",
-        doc="set by the script driver on stop: `stop` keeps disks, `down` removes everything (docs/drivers.md)",
+        doc="set by the script driver on stop: `stop` keeps disks, `down` removes everything",
         area="Set by Haru for the script driver's commands",
         reads=(),
     )
+
 
 TABLES: tuple[type, ...] = (HaruSettings, DemoSettings, SetByHaru)
 __all__ = ["TABLES", "DemoSettings", "HaruSettings", "SetByHaru"]

@@ -24,9 +24,9 @@ SERVER_VARS = ("DATABASE_URL", "REDIS_URL", "PORT", "HARU_")
 _STAFF_SCRIPT = """\
 import os
 from django.contrib.auth import get_user_model
-u, _ = get_user_model().objects.get_or_create(username=os.environ['HARU_LOCAL_STAFF_USER'])
+u, _ = get_user_model().objects.get_or_create(username=os.environ['DJANGO_SUPERUSER_USERNAME'])
 u.is_staff = u.is_superuser = True
-u.set_password(os.environ['HARU_LOCAL_STAFF_PASSWORD'])
+u.set_password(os.environ['DJANGO_SUPERUSER_PASSWORD'])
 u.save()
 """
 
@@ -76,7 +76,8 @@ def seed_layout(env: dict[str, str], path: Path, data: dict | None = None) -> No
 
 def ensure_staff(env: dict[str, str], username: str, password: str) -> None:
     """Create the staff user `username` with `password`, or update the one that exists."""
-    staff = {**env, "HARU_LOCAL_STAFF_USER": username, "HARU_LOCAL_STAFF_PASSWORD": password}
+    # The names createsuperuser reads: a child that is only ever this one-off shell.
+    staff = {**env, "DJANGO_SUPERUSER_USERNAME": username, "DJANGO_SUPERUSER_PASSWORD": password}
     manage(staff, "shell", "-c", _STAFF_SCRIPT)
 
 

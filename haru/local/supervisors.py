@@ -18,6 +18,8 @@ from typing import Any
 
 import httpx
 
+from fleets.base.setting_table import SetByHaru
+
 from . import PYTHON
 from .ports import free_port, port_free
 from .processes import exited, kill_group, kill_group_of, pids_with_env, spawn, stop, wait_for
@@ -27,7 +29,7 @@ from .processes import exited, kill_group, kill_group_of, pids_with_env, spawn, 
 TOKEN = "e2e-supervisor-token-0123456789"
 MODELS = ("llama-small", "qwen-small")
 # Marks every child of a simulated host, orphans included (see pids_with_env).
-HOST_DIR_ENV = "HARU_LOCAL_HOST_DIR"
+HOST_DIR_ENV = SetByHaru.local_host_dir.env
 
 
 def start_supervisor(
