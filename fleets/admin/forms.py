@@ -135,7 +135,7 @@ class FleetForm(forms.ModelForm):
         rows=16,
         help_text=(
             'Operator-set keys only, e.g. {"autoFailover": true, "wakeTimeoutMs": 60000}. '
-            "Unset keys use the defaults (see the README)."
+            "Unset keys use the defaults (docs/layouts.md, 'Policy')."
         ),
     )
 

@@ -56,7 +56,7 @@ def supervisor_token_for(domain_id: uuid.UUID | str) -> str | None:
         warn_once(
             "legacy",
             f"{LEGACY_TOKEN_ENV} is one token for every supervisor and is deprecated: set "
-            f"{MASTER_KEY_ENV} so each domain gets its own (README, 'Credentials')",
+            f"{MASTER_KEY_ENV} so each domain gets its own (docs/api.md, 'Credentials')",
         )
     return legacy
 

@@ -28,7 +28,7 @@ class Command(BaseCommand):
         if not haru_settings().supervisor_master_key:
             raise CommandError(
                 f"{MASTER_KEY_ENV} is not set: per-domain tokens are derived from it "
-                "(README, 'Credentials')"
+                "(docs/api.md, 'Credentials')"
             )
         domain = Domain.objects.filter(fleet__slug=fleet_slug, slug=domain_slug).only("id").first()
         if domain is None:
