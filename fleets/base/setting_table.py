@@ -16,6 +16,7 @@ from common.setting import (
     SERVER,
     WORKER,
     Kind,
+    Setting,
     flag,
     host_patterns,
     integer,
@@ -500,69 +501,54 @@ class DemoSettings:
     )
 
 
+OWN_PROCESSES = "Set by Haru for its own processes"
+SCRIPT_COMMANDS = "Set by Haru for the script driver's commands"
+
+
+def _handed(env: str, doc: str, area: str, reads: tuple[str, ...] = ()) -> Setting[str | None]:
+    """A variable Haru sets for a process it starts: text, no default, for no operator."""
+    return text(env, doc=doc, area=area, reads=reads)
+
+
+def _script(env: str, when: str, what: str) -> Setting[str | None]:
+    """A variable the script driver sets on its commands (`when`: on which of them)."""
+    return _handed(env, f"set by the script driver on {when}: {what}", SCRIPT_COMMANDS)
+
+
 class SetByHaru:
     """Variables a Haru process sets for the processes it starts; an operator sets none."""
 
-    serve_worker_driver = text(
+    serve_worker_driver = _handed(
         "HARU_SERVE_WORKER_DRIVER",
-        doc="set by `manage.py serve` for its worker processes: run the tick driver here",
-        area="Set by Haru for its own processes",
+        "set by `manage.py serve` for its worker processes: run the tick driver here",
+        OWN_PROCESSES,
         reads=(SERVER,),
     )
-    demo_run = text(
+    demo_run = _handed(
         "HARU_DEMO_RUN",
-        doc="set by the demo on every process it starts: which demo run it belongs to",
-        area="Set by Haru for its own processes",
-        reads=(),
+        "set by the demo on every process it starts: which demo run it belongs to",
+        OWN_PROCESSES,
     )
-    local_host_dir = text(
+    local_host_dir = _handed(
         "HARU_LOCAL_HOST_DIR",
-        doc="set by the local launcher (haru/local) on every child of a simulated host: marks them",
-        area="Set by Haru for its own processes",
-        reads=(),
+        "set by the local launcher (haru/local) on every child of a simulated host: marks them",
+        OWN_PROCESSES,
     )
-    demo_host = text(
+    demo_host = _handed(
         "HARU_DEMO_HOST",
-        doc="set by the demo on each supervisor it starts: the simulated host's name",
-        area="Set by Haru for its own processes",
-        reads=(),
+        "set by the demo on each supervisor it starts: the simulated host's name",
+        OWN_PROCESSES,
     )
 
-    script_fleet = text(
-        "HARU_FLEET",
-        doc="set by the script driver on every command: the domain's fleet slug",
-        area="Set by Haru for the script driver's commands",
-        reads=(),
+    script_fleet = _script("HARU_FLEET", "every command", "the domain's fleet slug")
+    script_domain = _script("HARU_DOMAIN", "every command", "the domain's slug")
+    script_domain_id = _script("HARU_DOMAIN_ID", "every command", "the domain's id")
+    script_resource = _script(
+        "HARU_RESOURCE", "every command", "the resource name `haru-FLEET-DOMAIN`"
     )
-    script_domain = text(
-        "HARU_DOMAIN",
-        doc="set by the script driver on every command: the domain's slug",
-        area="Set by Haru for the script driver's commands",
-        reads=(),
-    )
-    script_domain_id = text(
-        "HARU_DOMAIN_ID",
-        doc="set by the script driver on every command: the domain's id",
-        area="Set by Haru for the script driver's commands",
-        reads=(),
-    )
-    script_resource = text(
-        "HARU_RESOURCE",
-        doc="set by the script driver on every command: the resource name `haru-FLEET-DOMAIN`",
-        area="Set by Haru for the script driver's commands",
-        reads=(),
-    )
-    script_launch_id = text(
-        "HARU_LAUNCH_ID",
-        doc="set by the script driver on launch and describe: the launch attempt's id",
-        area="Set by Haru for the script driver's commands",
-        reads=(),
-    )
-    script_stop_mode = text(
-        "HARU_STOP_MODE",
-        doc="set by the script driver on stop: `stop` keeps disks, `down` removes everything",
-        area="Set by Haru for the script driver's commands",
-        reads=(),
+    script_launch_id = _script("HARU_LAUNCH_ID", "launch and describe", "the launch attempt's id")
+    script_stop_mode = _script(
+        "HARU_STOP_MODE", "stop", "`stop` keeps disks, `down` removes everything"
     )
 
 
