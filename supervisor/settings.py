@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from common.edge.limits import EdgeLimits
+from common.edge.limits import EdgeLimit, EdgeLimits, edge_settings
 from common.setting import (
     SIMULATOR,
     SUPERVISOR,
@@ -102,70 +102,42 @@ class SupervisorSettings:
     # each bound holds for unauthenticated clients too. Its callers are a few control-plane
     # processes sending small requests: tighter than the control plane's own edge (HARU_HTTP_*),
     # which also serves chat clients.
-    header_timeout_ms = integer(
-        "HARU_SUPERVISOR_HTTP_HEADER_TIMEOUT_MS",
-        10_000,
-        100,
-        600_000,
-        doc="as HARU_HTTP_HEADER_TIMEOUT_MS: the connection is closed",
-        area=EDGE,
-        reads=(SUPERVISOR,),
-    )
-    body_timeout_ms = integer(
-        "HARU_SUPERVISOR_HTTP_BODY_TIMEOUT_MS",
-        10_000,
-        100,
-        3_600_000,
-        doc="408 `request_timeout`",
-        area=EDGE,
-        reads=(SUPERVISOR,),
-    )
-    keepalive_timeout_ms = integer(
-        "HARU_SUPERVISOR_HTTP_KEEPALIVE_TIMEOUT_MS",
-        5_000,
-        100,
-        3_600_000,
-        doc="an idle kept-alive connection is closed (uvicorn's default, kept)",
-        area=EDGE,
-        reads=(SUPERVISOR,),
-    )
-    max_header_bytes = integer(
-        "HARU_SUPERVISOR_HTTP_MAX_HEADER_BYTES",
-        16_384,
-        4_096,
-        16 * 1024**2,
-        doc="431 `headers_too_large`",
-        area=EDGE,
-        reads=(SUPERVISOR,),
-    )
-    max_headers = integer(
-        "HARU_SUPERVISOR_HTTP_MAX_HEADERS",
-        64,
-        16,
-        10_000,
-        doc="431 `too_many_headers`",
-        area=EDGE,
-        reads=(SUPERVISOR,),
-    )
-    # At least the API's own cap on a control body (supervisor/api.py MAX_BODY_BYTES), whose
-    # finer refusal answers first below this one.
-    max_body_bytes = integer(
-        "HARU_SUPERVISOR_HTTP_MAX_BODY_BYTES",
-        1024**2,
-        64 * 1024,
-        2**30,
-        doc="a larger body: 413 `request_too_large` before any of it is read and before the "
-        "token is checked",
-        area=EDGE,
-        reads=(SUPERVISOR,),
-    )
-    max_connections = integer(
-        "HARU_SUPERVISOR_HTTP_MAX_CONNECTIONS",
-        256,
-        8,
-        1_000_000,
-        doc="the longest-idle connection is closed to make room, so `/healthz` and "
-        "`/v1/status` keep answering; the open-file limit is raised to twice the cap plus 256",
+    (
+        header_timeout_ms,
+        body_timeout_ms,
+        keepalive_timeout_ms,
+        max_header_bytes,
+        max_headers,
+        max_body_bytes,
+        max_connections,
+    ) = edge_settings(
+        "HARU_SUPERVISOR_HTTP_",
+        {
+            "header_timeout_ms": EdgeLimit(
+                10_000, "as HARU_HTTP_HEADER_TIMEOUT_MS: the connection is closed"
+            ),
+            "body_timeout_ms": EdgeLimit(10_000, "408 `request_timeout`"),
+            "keepalive_timeout_ms": EdgeLimit(
+                5_000, "an idle kept-alive connection is closed (uvicorn's default, kept)"
+            ),
+            "max_header_bytes": EdgeLimit(16_384, "431 `headers_too_large`"),
+            "max_headers": EdgeLimit(64, "431 `too_many_headers`"),
+            # At least the API's own cap on a control body (supervisor/api.py MAX_BODY_BYTES),
+            # whose finer refusal answers first below this one.
+            "max_body_bytes": EdgeLimit(
+                1024**2,
+                "a larger body: 413 `request_too_large` before any of it is read and before "
+                "the token is checked",
+                low=64 * 1024,
+                high=2**30,
+            ),
+            "max_connections": EdgeLimit(
+                256,
+                "the longest-idle connection is closed to make room, so `/healthz` and "
+                "`/v1/status` keep answering; the open-file limit is raised to twice the cap "
+                "plus 256",
+            ),
+        },
         area=EDGE,
         reads=(SUPERVISOR,),
     )

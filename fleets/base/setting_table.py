@@ -9,6 +9,7 @@ when it is out of date. A new variable is one attribute here, then the docs rege
 
 from __future__ import annotations
 
+from common.edge.limits import EdgeLimit, edge_settings
 from common.setting import (
     COMMANDS,
     CONTROL_PLANE,
@@ -257,72 +258,50 @@ class HaruSettings:
 
     # The HTTP server's edge (fleets/server/): every phase of a client connection is bounded,
     # so idle or trickling clients cannot hold the process's descriptors. Per server process.
-    http_header_timeout_ms = integer(
-        "HARU_HTTP_HEADER_TIMEOUT_MS",
-        10_000,
-        100,
-        600_000,
-        doc="request line and headers not complete this long after the connection opened (or "
-        "a kept-alive request's first byte): the connection is closed",
-        area=EDGE,
-        reads=(SERVER,),
-    )
-    http_body_timeout_ms = integer(
-        "HARU_HTTP_BODY_TIMEOUT_MS",
-        60_000,
-        100,
-        3_600_000,
-        doc="the request body not received this long after its headers: 408 `request_timeout`",
-        area=EDGE,
-        reads=(SERVER,),
-    )
-    http_keepalive_timeout_ms = integer(
-        "HARU_HTTP_KEEPALIVE_TIMEOUT_MS",
-        5000,
-        100,
-        3_600_000,
-        doc="an idle kept-alive connection is closed; behind a load balancer, keep it above the "
-        "balancer's idle timeout",
-        area=EDGE,
-        reads=(SERVER,),
-    )
-    http_max_header_bytes = integer(
-        "HARU_HTTP_MAX_HEADER_BYTES",
-        65_536,
-        4096,
-        16 * MIB,
-        doc="431 `headers_too_large`, checked as bytes arrive",
-        area=EDGE,
-        reads=(SERVER,),
-    )
-    http_max_headers = integer(
-        "HARU_HTTP_MAX_HEADERS",
-        100,
-        16,
-        10_000,
-        doc="431 `too_many_headers`",
-        area=EDGE,
-        reads=(SERVER,),
-    )
-    http_max_body_bytes = integer(
-        "HARU_HTTP_MAX_BODY_BYTES",
-        CHAT_MAX_BODY_BYTES + HTTP_BODY_HEADROOM,
-        MIB,
-        2**40,
-        shown_default="`HARU_CHAT_MAX_BODY_BYTES` + 1 MiB "
-        f"({CHAT_MAX_BODY_BYTES + HTTP_BODY_HEADROOM})",
-        doc="a larger body: 413 `request_too_large` before the app runs. Never below "
-        "`HARU_CHAT_MAX_BODY_BYTES` (start-up refuses it), so chat keeps its finer 413",
-        area=EDGE,
-        reads=(SERVER,),
-    )
-    http_max_connections = integer(
-        "HARU_HTTP_MAX_CONNECTIONS",
-        2048,
-        8,
-        1_000_000,
-        doc="past it a new connection closes the one that has waited longest for a request; "
-        "the open-file limit is raised to twice the cap plus 256, or the cap lowered",
+    (
+        http_header_timeout_ms,
+        http_body_timeout_ms,
+        http_keepalive_timeout_ms,
+        http_max_header_bytes,
+        http_max_headers,
+        http_max_body_bytes,
+        http_max_connections,
+    ) = edge_settings(
+        "HARU_HTTP_",
+        {
+            "header_timeout_ms": EdgeLimit(
+                10_000,
+                "request line and headers not complete this long after the connection opened "
+                "(or a kept-alive request's first byte): the connection is closed",
+            ),
+            "body_timeout_ms": EdgeLimit(
+                60_000,
+                "the request body not received this long after its headers: 408 `request_timeout`",
+            ),
+            "keepalive_timeout_ms": EdgeLimit(
+                5000,
+                "an idle kept-alive connection is closed; behind a load balancer, keep it above "
+                "the balancer's idle timeout",
+            ),
+            "max_header_bytes": EdgeLimit(
+                65_536, "431 `headers_too_large`, checked as bytes arrive"
+            ),
+            "max_headers": EdgeLimit(100, "431 `too_many_headers`"),
+            "max_body_bytes": EdgeLimit(
+                CHAT_MAX_BODY_BYTES + HTTP_BODY_HEADROOM,
+                "a larger body: 413 `request_too_large` before the app runs. Never below "
+                "`HARU_CHAT_MAX_BODY_BYTES` (start-up refuses it), so chat keeps its finer 413",
+                low=MIB,
+                high=2**40,
+                shown_default="`HARU_CHAT_MAX_BODY_BYTES` + 1 MiB "
+                f"({CHAT_MAX_BODY_BYTES + HTTP_BODY_HEADROOM})",
+            ),
+            "max_connections": EdgeLimit(
+                2048,
+                "past it a new connection closes the one that has waited longest for a request; "
+                "the open-file limit is raised to twice the cap plus 256, or the cap lowered",
+            ),
+        },
         area=EDGE,
         reads=(SERVER,),
     )
