@@ -8,93 +8,70 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from common.edge.limits import EdgeLimit, EdgeLimits, edge_settings
-from common.setting import (
-    SIMULATOR,
-    SUPERVISOR,
-    TRAINER,
-    Kind,
-    declared,
-    integer,
-    listing,
-    optional_integer,
-    text,
-)
+from common.setting import SIMULATOR, SUPERVISOR, TRAINER, Kind, Section, declared
 
 DEFAULT_PORT = 8701
 DEFAULT_BIND = "127.0.0.1"
 MIN_TOKEN_LENGTH = 16
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
-AGENT = "Listening, credentials and children"
-EDGE = "Supervisor HTTP limits"
+# The headings of the docs, each with the processes that read its variables.
+AGENT = Section("Listening, credentials and children", (SUPERVISOR,))
+EDGE = Section("Supervisor HTTP limits", (SUPERVISOR,))
+HANDED_TO_TRAINERS = Section("Handed to trainers", (TRAINER,))
+HANDED_TO_SIMULATOR = Section("Handed to the simulator", (SIMULATOR,))
 
 
 class SupervisorSettings:
     """The supervisor's variables, declared once (common/setting.py); docs/configuration.md is
     generated from this class and the control plane's (haru/setting_docs.py)."""
 
-    config = text(
+    config = AGENT.text(
         "HARU_SUPERVISOR_CONFIG",
         shown_default="– (required)",
         doc="the host's slots and models: inline JSON or the path of a JSON file",
-        area=AGENT,
-        reads=(SUPERVISOR,),
     )
-    port = integer(
+    port = AGENT.integer(
         "PORT",
         DEFAULT_PORT,
         1,
         65535,
         doc="the supervisor's port (the control plane's server reads PORT too, default 8700)",
-        area=AGENT,
-        reads=(SUPERVISOR,),
     )
-    bind_host = text(
+    bind_host = AGENT.text(
         "HARU_SUPERVISOR_HOST",
         shown_default=DEFAULT_BIND,
         doc="bind address; one beyond loopback needs HARU_SUPERVISOR_TOKEN",
-        area=AGENT,
-        reads=(SUPERVISOR,),
     )
-    token = text(
+    token = AGENT.text(
         "HARU_SUPERVISOR_TOKEN",
         doc="bearer token on every `/v1/` route: this domain's own token, printed on the "
         "control plane by `manage.py supervisor_token <fleet>/<domain>`. Unset: loopback only",
-        area=AGENT,
-        reads=(SUPERVISOR,),
     )
-    tls_cert = text(
+    tls_cert = AGENT.text(
         "HARU_SUPERVISOR_TLS_CERT",
         kind=Kind.FILE,
         shown_default="unset: plain HTTP",
         doc="PEM certificate (chain) to serve HTTPS with; goes with HARU_SUPERVISOR_TLS_KEY",
-        area=AGENT,
-        reads=(SUPERVISOR,),
     )
-    tls_key = text(
+    tls_key = AGENT.text(
         "HARU_SUPERVISOR_TLS_KEY",
         kind=Kind.FILE,
         shown_default="unset: plain HTTP",
         doc="the certificate's private key (PEM); both or neither",
-        area=AGENT,
-        reads=(SUPERVISOR,),
     )
-    log_level = text(
+    log_level = AGENT.text(
         "HARU_SUPERVISOR_LOG_LEVEL",
         kind=Kind.CHOICE,
         choices=LOG_LEVELS,
         shown_default="info",
         doc="how much the supervisor logs",
-        area=AGENT,
-        reads=(SUPERVISOR,),
     )
-    child_env_allow = listing(
+    child_env_allow = AGENT.listing(
         "HARU_CHILD_ENV_ALLOW",
         shown_default="none allowed",
         doc="names a model server or trainer inherits although they contain `TOKEN`, "
         "`SECRET`, `KEY` or `PASSWORD` (HF_TOKEN for a gated model, say)",
-        area=AGENT,
-        reads=(SUPERVISOR,),
     )
 
     # The HTTP edge (common/edge/protocol.py). The supervisor listens beyond loopback when the
@@ -138,8 +115,7 @@ class SupervisorSettings:
                 "plus 256",
             ),
         },
-        area=EDGE,
-        reads=(SUPERVISOR,),
+        EDGE,
     )
 
 
@@ -147,40 +123,32 @@ class ChildEnvironment:
     """What the supervisor hands the processes it starts (supervisor/training.py), and what the
     simulator reads: the trainer contract, not for operators to set."""
 
-    checkpoint_dir = text(
+    checkpoint_dir = HANDED_TO_TRAINERS.text(
         "HARU_CHECKPOINT_DIR",
         kind=Kind.PATH,
         doc="the slot's `checkpointDir`: resume from the newest checkpoint here, write new ones "
         "here",
-        area="Handed to trainers",
-        reads=(TRAINER,),
     )
-    gpu_index = integer(
+    gpu_index = HANDED_TO_TRAINERS.integer(
         "HARU_GPU_INDEX",
         0,
         0,
         1023,
         doc="the slot's GPU (also pinned through `CUDA_VISIBLE_DEVICES`)",
-        area="Handed to trainers",
-        reads=(TRAINER,),
     )
-    gpu_memory_limit_mib = optional_integer(
+    gpu_memory_limit_mib = HANDED_TO_TRAINERS.optional_integer(
         "HARU_GPU_MEMORY_LIMIT_MIB",
         1,
         2**31 - 1,
         shown_default="unset when the slot has no `memoryLimitMiB`",
         doc="the most GPU memory the trainer may use: what the sleeping servers leave, less a "
         "margin",
-        area="Handed to trainers",
-        reads=(TRAINER,),
     )
-    sim_gpu_state = text(
+    sim_gpu_state = HANDED_TO_SIMULATOR.text(
         "HARU_SIM_GPU_STATE",
         kind=Kind.PATH,
         doc="the simulated GPUs' shared state file (the supervisor's `simStateFile`), for the "
         "simulated engine and trainer in tests and the demo",
-        area="Handed to the simulator",
-        reads=(SIMULATOR,),
     )
 
 
@@ -188,7 +156,7 @@ class ChildEnvironment:
 EDGE_SETTINGS: dict[str, tuple[str, int, int, int]] = {
     s.key: (s.env, s.default, s.minimum or 0, s.maximum or 0)
     for s in declared(SupervisorSettings)
-    if s.area == EDGE
+    if s.area == EDGE.area
 }
 
 

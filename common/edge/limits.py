@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-from common.setting import About, Setting, integer
+from common.setting import Section, Setting, Words
 
 # Descriptors kept back from client connections: a database pool, calls to supervisors or model
 # servers, children's pipes, metrics files, logs. A cap that left none of these would turn an
@@ -80,24 +80,22 @@ class EdgeSettings(NamedTuple):
     max_connections: Setting[int]
 
 
-def edge_settings(
-    prefix: str, limits: Mapping[str, EdgeLimit], *, area: str, reads: tuple[str, ...]
-) -> EdgeSettings:
+def edge_settings(prefix: str, limits: Mapping[str, EdgeLimit], section: Section) -> EdgeSettings:
     """Declare an edge's variables `<prefix><suffix>`, one for each key of EDGE_RANGES, all in
-    one area of the docs and read by the same processes."""
+    `section`."""
     if set(limits) != set(EDGE_RANGES):
         raise ValueError(f"an edge declares exactly {sorted(EDGE_RANGES)}, not {sorted(limits)}")
     declared = []
     for key, (suffix, low, high) in EDGE_RANGES.items():
         limit = limits[key]
-        words: About = {"doc": limit.doc, "area": area, "reads": reads}
+        words: Words = {"doc": limit.doc}
         if limit.shown_default is not None:
             words["shown_default"] = limit.shown_default
         low = low if limit.low is None else limit.low
         high = high if limit.high is None else limit.high
         if low is None or high is None:
             raise ValueError(f"{prefix}{suffix} needs its own range")
-        declared.append(integer(f"{prefix}{suffix}", limit.default, low, high, **words))
+        declared.append(section.integer(f"{prefix}{suffix}", limit.default, low, high, **words))
     return EdgeSettings(*declared)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from common.edge.limits import EDGE_RANGES, EdgeLimit, edge_settings
+from common.setting import Section
 from fleets.base.setting_table import HaruSettings
 from supervisor.settings import SupervisorSettings
 
@@ -28,7 +29,7 @@ def test_each_edge_bound_lands_on_the_attribute_named_for_it(
 def test_an_edge_family_refuses_a_missing_bound_or_a_body_cap_without_a_range() -> None:
     limits = {key: EdgeLimit(100, "doc") for key in EDGE_RANGES}
     with pytest.raises(ValueError, match="HARU_X_MAX_BODY_BYTES needs its own range"):
-        edge_settings("HARU_X_", limits, area="a", reads=())
+        edge_settings("HARU_X_", limits, Section("a", ()))
     del limits["max_headers"]
     with pytest.raises(ValueError, match="an edge declares exactly"):
-        edge_settings("HARU_X_", limits, area="a", reads=())
+        edge_settings("HARU_X_", limits, Section("a", ()))
