@@ -27,14 +27,14 @@ MILLISECONDS = "must be an integer number of milliseconds"
 
 
 def _bounded(
-    kind: str, bounds: dict[str, Any], *, type_rule: str, range_rule: str
+    kind: str, bounds: dict[str, Any], *, type_rule: str, range_rule: str | None = None
 ) -> dict[str, Any]:
     """A schema of JSON type `kind` within `bounds` (keyword: limit); a value past either end is
-    refused with the same words, so the range reads as one rule."""
+    refused with the same words (`range_rule`, or the type's where one sentence says both)."""
     return {
         "type": kind,
         **bounds,
-        "x-rules": {"type": type_rule, **dict.fromkeys(bounds, range_rule)},
+        "x-rules": {"type": type_rule, **dict.fromkeys(bounds, range_rule or type_rule)},
     }
 
 
@@ -169,7 +169,6 @@ class Policy:
             "integer",
             {"minimum": 1, "maximum": "$limits.MAX_PROBE_TOKENS"},
             type_rule="must be an integer between 1 and {MAX_PROBE_TOKENS}",
-            range_rule="must be an integer between 1 and {MAX_PROBE_TOKENS}",
         ),
         "The golden probe's completion length, in tokens.",
         within="probe",
