@@ -1,7 +1,8 @@
 """An environment variable declared once: its name, kind, default, bounds, readers and meaning.
 
 Each process declares its variables as a class whose attributes are `Setting`s (the control
-plane's in fleets/base/setting_table.py, the supervisor's in supervisor/settings.py). The
+plane's in fleets/base/setting_table.py, the supervisor's in supervisor/settings.py), each
+through the `Section` it is listed under, which says the docs' heading and the readers once. The
 process reads its environment through that class, code reads the values as typed attributes,
 and docs/configuration.md is generated from the same classes (haru/setting_docs.py).
 
@@ -153,3 +154,53 @@ def listing(env: str, **about: Unpack[About]) -> Setting[list[str]]:
 def host_patterns(env: str, **about: Unpack[About]) -> Setting[tuple[str, ...]]:
     """Comma-separated host globs or CIDR networks; empty when unset."""
     return Setting[tuple[str, ...]](env, Kind.HOSTS, (), **about)
+
+
+class Words(TypedDict, total=False):
+    """What a declaration in a `Section` says besides its value and bounds."""
+
+    doc: Required[str]
+    shown_default: str
+    choices: tuple[str, ...]
+    # Where a variable's readers are not its section's.
+    reads: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Section:
+    """Variables under one heading of the docs, read by the same processes unless one says
+    otherwise: the heading and the readers are written once, not on every declaration."""
+
+    area: str
+    reads: tuple[str, ...]
+
+    def _about(self, words: Words) -> About:
+        return {"area": self.area, "reads": self.reads, **words}
+
+    def integer(
+        self, env: str, default: int, low: int, high: int, **words: Unpack[Words]
+    ) -> Setting[int]:
+        """An integer in [low, high]."""
+        return integer(env, default, low, high, **self._about(words))
+
+    def optional_integer(
+        self, env: str, low: int, high: int, **words: Unpack[Words]
+    ) -> Setting[int | None]:
+        """An integer in [low, high], or None when unset."""
+        return optional_integer(env, low, high, **self._about(words))
+
+    def text(self, env: str, kind: Kind = Kind.TEXT, **words: Unpack[Words]) -> Setting[str | None]:
+        """A string (`kind` says which), or None when unset."""
+        return text(env, kind, **self._about(words))
+
+    def flag(self, env: str, default: bool, **words: Unpack[Words]) -> Setting[bool]:
+        """A boolean: 1/0, true/false, yes/no, on/off."""
+        return flag(env, default, **self._about(words))
+
+    def listing(self, env: str, **words: Unpack[Words]) -> Setting[list[str]]:
+        """Comma-separated items; an empty list when unset."""
+        return listing(env, **self._about(words))
+
+    def host_patterns(self, env: str, **words: Unpack[Words]) -> Setting[tuple[str, ...]]:
+        """Comma-separated host globs or CIDR networks; empty when unset."""
+        return host_patterns(env, **self._about(words))

@@ -7,94 +7,71 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from common.edge.limits import EdgeLimits
-from common.setting import (
-    SIMULATOR,
-    SUPERVISOR,
-    TRAINER,
-    Kind,
-    declared,
-    integer,
-    listing,
-    optional_integer,
-    text,
-)
+from common.edge.limits import EdgeLimit, EdgeLimits, edge_settings
+from common.setting import SIMULATOR, SUPERVISOR, TRAINER, Kind, Section, declared
 
 DEFAULT_PORT = 8701
 DEFAULT_BIND = "127.0.0.1"
 MIN_TOKEN_LENGTH = 16
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
-AGENT = "Listening, credentials and children"
-EDGE = "Supervisor HTTP limits"
+# The headings of the docs, each with the processes that read its variables.
+AGENT = Section("Listening, credentials and children", (SUPERVISOR,))
+EDGE = Section("Supervisor HTTP limits", (SUPERVISOR,))
+HANDED_TO_TRAINERS = Section("Handed to trainers", (TRAINER,))
+HANDED_TO_SIMULATOR = Section("Handed to the simulator", (SIMULATOR,))
 
 
 class SupervisorSettings:
     """The supervisor's variables, declared once (common/setting.py); docs/configuration.md is
     generated from this class and the control plane's (haru/setting_docs.py)."""
 
-    config = text(
+    config = AGENT.text(
         "HARU_SUPERVISOR_CONFIG",
         shown_default="– (required)",
         doc="the host's slots and models: inline JSON or the path of a JSON file",
-        area=AGENT,
-        reads=(SUPERVISOR,),
     )
-    port = integer(
+    port = AGENT.integer(
         "PORT",
         DEFAULT_PORT,
         1,
         65535,
         doc="the supervisor's port (the control plane's server reads PORT too, default 8700)",
-        area=AGENT,
-        reads=(SUPERVISOR,),
     )
-    bind_host = text(
+    bind_host = AGENT.text(
         "HARU_SUPERVISOR_HOST",
         shown_default=DEFAULT_BIND,
         doc="bind address; one beyond loopback needs HARU_SUPERVISOR_TOKEN",
-        area=AGENT,
-        reads=(SUPERVISOR,),
     )
-    token = text(
+    token = AGENT.text(
         "HARU_SUPERVISOR_TOKEN",
         doc="bearer token on every `/v1/` route: this domain's own token, printed on the "
         "control plane by `manage.py supervisor_token <fleet>/<domain>`. Unset: loopback only",
-        area=AGENT,
-        reads=(SUPERVISOR,),
     )
-    tls_cert = text(
+    tls_cert = AGENT.text(
         "HARU_SUPERVISOR_TLS_CERT",
         kind=Kind.FILE,
         shown_default="unset: plain HTTP",
         doc="PEM certificate (chain) to serve HTTPS with; goes with HARU_SUPERVISOR_TLS_KEY",
-        area=AGENT,
-        reads=(SUPERVISOR,),
     )
-    tls_key = text(
+    tls_key = AGENT.text(
         "HARU_SUPERVISOR_TLS_KEY",
         kind=Kind.FILE,
         shown_default="unset: plain HTTP",
         doc="the certificate's private key (PEM); both or neither",
-        area=AGENT,
-        reads=(SUPERVISOR,),
     )
-    log_level = text(
+    log_level = AGENT.text(
         "HARU_SUPERVISOR_LOG_LEVEL",
         kind=Kind.CHOICE,
         choices=LOG_LEVELS,
         shown_default="info",
         doc="how much the supervisor logs",
-        area=AGENT,
-        reads=(SUPERVISOR,),
     )
-    child_env_allow = listing(
+    child_env_allow = AGENT.listing(
         "HARU_CHILD_ENV_ALLOW",
         shown_default="none allowed",
         doc="names a model server or trainer inherits although they contain `TOKEN`, "
         "`SECRET`, `KEY` or `PASSWORD` (HF_TOKEN for a gated model, say)",
-        area=AGENT,
-        reads=(SUPERVISOR,),
     )
 
     # The HTTP edge (common/edge/protocol.py). The supervisor listens beyond loopback when the
@@ -102,72 +79,43 @@ class SupervisorSettings:
     # each bound holds for unauthenticated clients too. Its callers are a few control-plane
     # processes sending small requests: tighter than the control plane's own edge (HARU_HTTP_*),
     # which also serves chat clients.
-    header_timeout_ms = integer(
-        "HARU_SUPERVISOR_HTTP_HEADER_TIMEOUT_MS",
-        10_000,
-        100,
-        600_000,
-        doc="as HARU_HTTP_HEADER_TIMEOUT_MS: the connection is closed",
-        area=EDGE,
-        reads=(SUPERVISOR,),
-    )
-    body_timeout_ms = integer(
-        "HARU_SUPERVISOR_HTTP_BODY_TIMEOUT_MS",
-        10_000,
-        100,
-        3_600_000,
-        doc="408 `request_timeout`",
-        area=EDGE,
-        reads=(SUPERVISOR,),
-    )
-    keepalive_timeout_ms = integer(
-        "HARU_SUPERVISOR_HTTP_KEEPALIVE_TIMEOUT_MS",
-        5_000,
-        100,
-        3_600_000,
-        doc="an idle kept-alive connection is closed (uvicorn's default, kept)",
-        area=EDGE,
-        reads=(SUPERVISOR,),
-    )
-    max_header_bytes = integer(
-        "HARU_SUPERVISOR_HTTP_MAX_HEADER_BYTES",
-        16_384,
-        4_096,
-        16 * 1024**2,
-        doc="431 `headers_too_large`",
-        area=EDGE,
-        reads=(SUPERVISOR,),
-    )
-    max_headers = integer(
-        "HARU_SUPERVISOR_HTTP_MAX_HEADERS",
-        64,
-        16,
-        10_000,
-        doc="431 `too_many_headers`",
-        area=EDGE,
-        reads=(SUPERVISOR,),
-    )
-    # At least the API's own cap on a control body (supervisor/api.py MAX_BODY_BYTES), whose
-    # finer refusal answers first below this one.
-    max_body_bytes = integer(
-        "HARU_SUPERVISOR_HTTP_MAX_BODY_BYTES",
-        1024**2,
-        64 * 1024,
-        2**30,
-        doc="a larger body: 413 `request_too_large` before any of it is read and before the "
-        "token is checked",
-        area=EDGE,
-        reads=(SUPERVISOR,),
-    )
-    max_connections = integer(
-        "HARU_SUPERVISOR_HTTP_MAX_CONNECTIONS",
-        256,
-        8,
-        1_000_000,
-        doc="the longest-idle connection is closed to make room, so `/healthz` and "
-        "`/v1/status` keep answering; the open-file limit is raised to twice the cap plus 256",
-        area=EDGE,
-        reads=(SUPERVISOR,),
+    (
+        header_timeout_ms,
+        body_timeout_ms,
+        keepalive_timeout_ms,
+        max_header_bytes,
+        max_headers,
+        max_body_bytes,
+        max_connections,
+    ) = edge_settings(
+        "HARU_SUPERVISOR_HTTP_",
+        {
+            "header_timeout_ms": EdgeLimit(
+                10_000, "as HARU_HTTP_HEADER_TIMEOUT_MS: the connection is closed"
+            ),
+            "body_timeout_ms": EdgeLimit(10_000, "408 `request_timeout`"),
+            "keepalive_timeout_ms": EdgeLimit(
+                5_000, "an idle kept-alive connection is closed (uvicorn's default, kept)"
+            ),
+            "max_header_bytes": EdgeLimit(16_384, "431 `headers_too_large`"),
+            "max_headers": EdgeLimit(64, "431 `too_many_headers`"),
+            # At least the API's own cap on a control body (supervisor/api.py MAX_BODY_BYTES),
+            # whose finer refusal answers first below this one.
+            "max_body_bytes": EdgeLimit(
+                1024**2,
+                "a larger body: 413 `request_too_large` before any of it is read and before "
+                "the token is checked",
+                low=64 * 1024,
+                high=2**30,
+            ),
+            "max_connections": EdgeLimit(
+                256,
+                "the longest-idle connection is closed to make room, so `/healthz` and "
+                "`/v1/status` keep answering; the open-file limit is raised to twice the cap "
+                "plus 256",
+            ),
+        },
+        EDGE,
     )
 
 
@@ -175,40 +123,32 @@ class ChildEnvironment:
     """What the supervisor hands the processes it starts (supervisor/training.py), and what the
     simulator reads: the trainer contract, not for operators to set."""
 
-    checkpoint_dir = text(
+    checkpoint_dir = HANDED_TO_TRAINERS.text(
         "HARU_CHECKPOINT_DIR",
         kind=Kind.PATH,
         doc="the slot's `checkpointDir`: resume from the newest checkpoint here, write new ones "
         "here",
-        area="Handed to trainers",
-        reads=(TRAINER,),
     )
-    gpu_index = integer(
+    gpu_index = HANDED_TO_TRAINERS.integer(
         "HARU_GPU_INDEX",
         0,
         0,
         1023,
         doc="the slot's GPU (also pinned through `CUDA_VISIBLE_DEVICES`)",
-        area="Handed to trainers",
-        reads=(TRAINER,),
     )
-    gpu_memory_limit_mib = optional_integer(
+    gpu_memory_limit_mib = HANDED_TO_TRAINERS.optional_integer(
         "HARU_GPU_MEMORY_LIMIT_MIB",
         1,
         2**31 - 1,
         shown_default="unset when the slot has no `memoryLimitMiB`",
         doc="the most GPU memory the trainer may use: what the sleeping servers leave, less a "
         "margin",
-        area="Handed to trainers",
-        reads=(TRAINER,),
     )
-    sim_gpu_state = text(
+    sim_gpu_state = HANDED_TO_SIMULATOR.text(
         "HARU_SIM_GPU_STATE",
         kind=Kind.PATH,
         doc="the simulated GPUs' shared state file (the supervisor's `simStateFile`), for the "
         "simulated engine and trainer in tests and the demo",
-        area="Handed to the simulator",
-        reads=(SIMULATOR,),
     )
 
 
@@ -216,7 +156,7 @@ class ChildEnvironment:
 EDGE_SETTINGS: dict[str, tuple[str, int, int, int]] = {
     s.key: (s.env, s.default, s.minimum or 0, s.maximum or 0)
     for s in declared(SupervisorSettings)
-    if s.area == EDGE
+    if s.area == EDGE.area
 }
 
 

@@ -6,6 +6,9 @@ import logging
 import resource
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import NamedTuple
+
+from common.setting import Section, Setting, Words
 
 # Descriptors kept back from client connections: a database pool, calls to supervisors or model
 # servers, children's pipes, metrics files, logs. A cap that left none of these would turn an
@@ -39,6 +42,61 @@ class EdgeLimits:
             max_body_bytes=values["max_body_bytes"],
             max_connections=values["max_connections"],
         )
+
+
+class EdgeLimit(NamedTuple):
+    """One process's default and words for one bound of its edge; the range is the family's
+    (EDGE_RANGES) unless the process gives its own."""
+
+    default: int
+    doc: str
+    low: int | None = None
+    high: int | None = None
+    shown_default: str | None = None
+
+
+# Each bound's variable suffix and the range both processes accept, by EdgeLimits.from_settings'
+# keys. The body cap has no shared range: each process sizes it to the bodies it serves.
+EDGE_RANGES: dict[str, tuple[str, int | None, int | None]] = {
+    "header_timeout_ms": ("HEADER_TIMEOUT_MS", 100, 600_000),
+    "body_timeout_ms": ("BODY_TIMEOUT_MS", 100, 3_600_000),
+    "keepalive_timeout_ms": ("KEEPALIVE_TIMEOUT_MS", 100, 3_600_000),
+    "max_header_bytes": ("MAX_HEADER_BYTES", 4096, 16 * 1024**2),
+    "max_headers": ("MAX_HEADERS", 16, 10_000),
+    "max_body_bytes": ("MAX_BODY_BYTES", None, None),
+    "max_connections": ("MAX_CONNECTIONS", 8, 1_000_000),
+}
+
+
+class EdgeSettings(NamedTuple):
+    """An edge's seven variables, in EDGE_RANGES' order (a settings table unpacks them)."""
+
+    header_timeout_ms: Setting[int]
+    body_timeout_ms: Setting[int]
+    keepalive_timeout_ms: Setting[int]
+    max_header_bytes: Setting[int]
+    max_headers: Setting[int]
+    max_body_bytes: Setting[int]
+    max_connections: Setting[int]
+
+
+def edge_settings(prefix: str, limits: Mapping[str, EdgeLimit], section: Section) -> EdgeSettings:
+    """Declare an edge's variables `<prefix><suffix>`, one for each key of EDGE_RANGES, all in
+    `section`."""
+    if set(limits) != set(EDGE_RANGES):
+        raise ValueError(f"an edge declares exactly {sorted(EDGE_RANGES)}, not {sorted(limits)}")
+    declared = []
+    for key, (suffix, low, high) in EDGE_RANGES.items():
+        limit = limits[key]
+        words: Words = {"doc": limit.doc}
+        if limit.shown_default is not None:
+            words["shown_default"] = limit.shown_default
+        low = low if limit.low is None else limit.low
+        high = high if limit.high is None else limit.high
+        if low is None or high is None:
+            raise ValueError(f"{prefix}{suffix} needs its own range")
+        declared.append(section.integer(f"{prefix}{suffix}", limit.default, low, high, **words))
+    return EdgeSettings(*declared)
 
 
 def fit_descriptors(limits: EdgeLimits, *, setting: str, log: logging.Logger) -> EdgeLimits:

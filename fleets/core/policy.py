@@ -23,33 +23,39 @@ from fleets.core.states import Step, leg_step
 # side), named by the schema as "$limits.NAME" and filled in by common.documents.
 SWITCH: dict[str, Any] = {"$ref": "#/$defs/switch"}
 TIMEOUT: dict[str, Any] = {"$ref": "#/$defs/timeout"}
+MILLISECONDS = "must be an integer number of milliseconds"
+
+
+def _bounded(
+    kind: str, bounds: dict[str, Any], *, type_rule: str, range_rule: str | None = None
+) -> dict[str, Any]:
+    """A schema of JSON type `kind` within `bounds` (keyword: limit); a value past either end is
+    refused with the same words (`range_rule`, or the type's where one sentence says both)."""
+    return {
+        "type": kind,
+        **bounds,
+        "x-rules": {"type": type_rule, **dict.fromkeys(bounds, range_rule or type_rule)},
+    }
+
+
 _DEFS: dict[str, Any] = {
     "switch": {"type": "boolean", "x-rules": {"type": "must be true or false"}},
-    "timeout": {
-        "type": "integer",
-        "minimum": 1,
-        "maximum": "$limits.MAX_MS",
-        "x-rules": {
-            "type": "must be an integer number of milliseconds",
-            "minimum": "must be between 1 and {MAX_MS}",
-            "maximum": "must be between 1 and {MAX_MS}",
-        },
-    },
+    "timeout": _bounded(
+        "integer",
+        {"minimum": 1, "maximum": "$limits.MAX_MS"},
+        type_rule=MILLISECONDS,
+        range_rule="must be between 1 and {MAX_MS}",
+    ),
 }
 
 
 def _ms_between(low: int, high: int) -> dict[str, Any]:
-    between = f"must be between {low} and {high}"
-    return {
-        "type": "integer",
-        "minimum": low,
-        "maximum": high,
-        "x-rules": {
-            "type": "must be an integer number of milliseconds",
-            "minimum": between,
-            "maximum": between,
-        },
-    }
+    return _bounded(
+        "integer",
+        {"minimum": low, "maximum": high},
+        type_rule=MILLISECONDS,
+        range_rule=f"must be between {low} and {high}",
+    )
 
 
 def _one_of(*choices: str) -> dict[str, Any]:
@@ -137,46 +143,33 @@ class Policy:
     # ratio of the card, not zero.
     verify_gpu_max_used_ratio: float = _key(
         0.25,
-        {
-            "type": "number",
-            "exclusiveMinimum": 0,
-            "maximum": 1,
-            "x-rules": {
-                "type": "must be a number",
-                "exclusiveMinimum": "must be greater than 0 and at most 1",
-                "maximum": "must be greater than 0 and at most 1",
-            },
-        },
+        _bounded(
+            "number",
+            {"exclusiveMinimum": 0, "maximum": 1},
+            type_rule="must be a number",
+            range_rule="must be greater than 0 and at most 1",
+        ),
         "verify_gpu passes when used/total on each training GPU is at most this (a sleeping "
         "vLLM keeps its CUDA context, so not zero).",
     )
     probe_prompt: str = _key(
         "ping",
-        {
-            "type": "string",
-            "minLength": 1,
-            "maxLength": "$limits.MAX_PROBE_PROMPT_CHARS",
-            "x-rules": {
-                "type": "must be a string",
-                "minLength": "must be 1 to {MAX_PROBE_PROMPT_CHARS} characters",
-                "maxLength": "must be 1 to {MAX_PROBE_PROMPT_CHARS} characters",
-            },
-        },
+        _bounded(
+            "string",
+            {"minLength": 1, "maxLength": "$limits.MAX_PROBE_PROMPT_CHARS"},
+            type_rule="must be a string",
+            range_rule="must be 1 to {MAX_PROBE_PROMPT_CHARS} characters",
+        ),
         "The golden probe's synthetic prompt.",
         within="probe",
     )
     probe_max_tokens: int = _key(
         4,
-        {
-            "type": "integer",
-            "minimum": 1,
-            "maximum": "$limits.MAX_PROBE_TOKENS",
-            "x-rules": {
-                "type": "must be an integer between 1 and {MAX_PROBE_TOKENS}",
-                "minimum": "must be an integer between 1 and {MAX_PROBE_TOKENS}",
-                "maximum": "must be an integer between 1 and {MAX_PROBE_TOKENS}",
-            },
-        },
+        _bounded(
+            "integer",
+            {"minimum": 1, "maximum": "$limits.MAX_PROBE_TOKENS"},
+            type_rule="must be an integer between 1 and {MAX_PROBE_TOKENS}",
+        ),
         "The golden probe's completion length, in tokens.",
         within="probe",
     )

@@ -6,7 +6,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 
 from supervisor.engines.control import ServerControl
-from supervisor.engines.launch import LaunchCommand, LaunchContext
+from supervisor.engines.launch import (
+    QUANTIZATION_FLAGS,
+    LaunchCommand,
+    LaunchContext,
+    validate_common,
+)
 from supervisor.engines.profile import EngineProfile, GpuSpec
 
 
@@ -18,10 +23,23 @@ class EngineAdapter(ABC):
     health_path: str = "/health"
     # Whether `validate` insists on modelPath (the simulated engine loads nothing).
     needs_model_path: bool = True
+    # The flags the supervisor sets itself; extraArgs may not repeat them.
+    owned_flags: tuple[str, ...] = ()
+    # The flags that name a quantization in extraArgs; none where the engine takes none.
+    quantization_flags: tuple[str, ...] = QUANTIZATION_FLAGS
 
-    @abstractmethod
     def validate(self, profile: EngineProfile, facts: Mapping[int, GpuSpec]) -> list[str]:
-        """Return every reason this profile cannot run on these GPUs; empty when it can."""
+        """Return every reason this profile cannot run on these GPUs; empty when it can.
+
+        The rules every engine shares; an engine with rules of its own extends this.
+        """
+        return validate_common(
+            profile,
+            facts,
+            owned_flags=self.owned_flags,
+            needs_model_path=self.needs_model_path,
+            quantization_flags=self.quantization_flags,
+        )
 
     @abstractmethod
     def build(self, profile: EngineProfile, ctx: LaunchContext) -> LaunchCommand:

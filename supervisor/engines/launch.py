@@ -37,6 +37,8 @@ def inherited_env(environ: Mapping[str, str]) -> dict[str, str]:
 # The bind address of every model server. Sleep and wake are unauthenticated dev endpoints;
 # the supervisor's authenticated API is the only way in from outside the host.
 LOOPBACK = "127.0.0.1"
+# The flags vLLM and SGLang name a quantization by in extraArgs.
+QUANTIZATION_FLAGS = ("--quantization", "-q")
 
 # Lowest compute capability each quantization runs on, as (major, minor).
 QUANTIZATION_MIN_CC: dict[str, tuple[int, int]] = {
@@ -173,6 +175,20 @@ def format_fraction(value: float) -> str:
     return f"{value:.4f}".rstrip("0").rstrip(".")
 
 
+def listen_args(ctx: LaunchContext) -> list[str]:
+    """Bind the server to loopback on its own port: the flags every engine takes alike."""
+    return ["--host", LOOPBACK, "--port", str(ctx.port)]
+
+
+def tuning_args(profile: EngineProfile, ctx: LaunchContext, *, fraction_flag: str) -> list[str]:
+    """The profile's quantization, then its memory fraction under the engine's own flag."""
+    argv = ["--quantization", profile.quantization] if profile.quantization else []
+    fraction = memory_fraction(profile, ctx)
+    if fraction is not None:
+        argv += [fraction_flag, format_fraction(fraction)]
+    return argv
+
+
 def finish(
     profile: EngineProfile, ctx: LaunchContext, argv: Sequence[str], engine_env: Mapping[str, str]
 ) -> LaunchCommand:
@@ -198,7 +214,7 @@ def validate_common(
     *,
     owned_flags: Iterable[str],
     needs_model_path: bool = True,
-    quantization_flags: Iterable[str] = ("--quantization", "-q"),
+    quantization_flags: Iterable[str] = QUANTIZATION_FLAGS,
 ) -> list[str]:
     """Check the rules every engine shares; return the problems found."""
     out: list[str] = []

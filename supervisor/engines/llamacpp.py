@@ -6,19 +6,8 @@ from collections.abc import Mapping
 
 from supervisor.engines.adapter import EngineAdapter
 from supervisor.engines.control import StopControl
-from supervisor.engines.launch import LOOPBACK, LaunchCommand, LaunchContext, finish, problem
-from supervisor.engines.launch import validate_common as _validate_common
+from supervisor.engines.launch import LaunchCommand, LaunchContext, finish, listen_args, problem
 from supervisor.engines.profile import EngineProfile, GpuSpec
-
-OWNED_FLAGS = (
-    "--host",
-    "--port",
-    "--alias",
-    "--model",
-    "-m",
-    "--split-mode",
-    "-sm",
-)
 
 # Offload every layer: a partial offload would leave the model on the CPU without saying so.
 ALL_LAYERS = "999"
@@ -27,9 +16,11 @@ ALL_LAYERS = "999"
 class LlamaCppAdapter(EngineAdapter):
     name = "llamacpp"
     control = StopControl()
+    owned_flags = ("--host", "--port", "--alias", "--model", "-m", "--split-mode", "-sm")
+    quantization_flags = ()
 
     def validate(self, profile: EngineProfile, facts: Mapping[int, GpuSpec]) -> list[str]:
-        out = _validate_common(profile, facts, owned_flags=OWNED_FLAGS, quantization_flags=())
+        out = super().validate(profile, facts)
         if profile.nodes > 1:
             out.append(problem(profile, "llama.cpp runs on one node; nodes must be 1"))
         if profile.tensor_parallel > 1 and profile.pipeline_parallel > 1:
@@ -56,10 +47,7 @@ class LlamaCppAdapter(EngineAdapter):
             profile.model_path or "",
             "--alias",
             profile.served_model_name,
-            "--host",
-            LOOPBACK,
-            "--port",
-            str(ctx.port),
+            *listen_args(ctx),
             "--n-gpu-layers",
             ALL_LAYERS,
         ]

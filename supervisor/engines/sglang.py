@@ -2,42 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from supervisor.engines.adapter import EngineAdapter
 from supervisor.engines.control import SglangControl
-from supervisor.engines.launch import (
-    LOOPBACK,
-    LaunchCommand,
-    LaunchContext,
-    finish,
-    format_fraction,
-    memory_fraction,
-    validate_common,
-)
-from supervisor.engines.profile import EngineProfile, GpuSpec
-
-OWNED_FLAGS = (
-    "--host",
-    "--port",
-    "--served-model-name",
-    "--model-path",
-    "--tp-size",
-    "--tp",
-    "--pp-size",
-    "--nnodes",
-    "--node-rank",
-    "--dist-init-addr",
-    "--mem-fraction-static",
-)
+from supervisor.engines.launch import LaunchCommand, LaunchContext, finish, listen_args, tuning_args
+from supervisor.engines.profile import EngineProfile
 
 
 class SglangAdapter(EngineAdapter):
     name = "sglang"
     control = SglangControl()
-
-    def validate(self, profile: EngineProfile, facts: Mapping[int, GpuSpec]) -> list[str]:
-        return validate_common(profile, facts, owned_flags=OWNED_FLAGS)
+    owned_flags = (
+        "--host",
+        "--port",
+        "--served-model-name",
+        "--model-path",
+        "--tp-size",
+        "--tp",
+        "--pp-size",
+        "--nnodes",
+        "--node-rank",
+        "--dist-init-addr",
+        "--mem-fraction-static",
+    )
 
     def build(self, profile: EngineProfile, ctx: LaunchContext) -> LaunchCommand:
         argv = [
@@ -48,10 +34,7 @@ class SglangAdapter(EngineAdapter):
             profile.model_path or "",
             "--served-model-name",
             profile.served_model_name,
-            "--host",
-            LOOPBACK,
-            "--port",
-            str(ctx.port),
+            *listen_args(ctx),
             "--tp-size",
             str(profile.tensor_parallel),
             "--pp-size",
@@ -59,11 +42,7 @@ class SglangAdapter(EngineAdapter):
             # Without the memory saver, release/resume_memory_occupation are refused.
             "--enable-memory-saver",
         ]
-        if profile.quantization:
-            argv += ["--quantization", profile.quantization]
-        fraction = memory_fraction(profile, ctx)
-        if fraction is not None:
-            argv += ["--mem-fraction-static", format_fraction(fraction)]
+        argv += tuning_args(profile, ctx, fraction_flag="--mem-fraction-static")
         if profile.nodes > 1:
             argv += [
                 "--nnodes",

@@ -7,22 +7,19 @@ from collections.abc import Mapping
 
 from supervisor.engines.adapter import EngineAdapter
 from supervisor.engines.control import VllmControl
-from supervisor.engines.launch import LOOPBACK, LaunchCommand, LaunchContext, finish, problem
-from supervisor.engines.launch import validate_common as _validate_common
+from supervisor.engines.launch import LaunchCommand, LaunchContext, finish, listen_args, problem
 from supervisor.engines.profile import EngineProfile, GpuSpec
-
-OWNED_FLAGS = ("--host", "--port", "--model", "--gpu-index")
 
 
 class SimAdapter(EngineAdapter):
     name = "sim"
     control = VllmControl()
     needs_model_path = False
+    owned_flags = ("--host", "--port", "--model", "--gpu-index")
+    quantization_flags = ()
 
     def validate(self, profile: EngineProfile, facts: Mapping[int, GpuSpec]) -> list[str]:
-        out = _validate_common(
-            profile, facts, owned_flags=OWNED_FLAGS, needs_model_path=False, quantization_flags=()
-        )
+        out = super().validate(profile, facts)
         if profile.nodes > 1:
             out.append(problem(profile, "the simulated engine runs on one node; nodes must be 1"))
         return out
@@ -33,10 +30,7 @@ class SimAdapter(EngineAdapter):
             profile.executable or sys.executable,
             "-m",
             "supervisor.sim",
-            "--host",
-            LOOPBACK,
-            "--port",
-            str(ctx.port),
+            *listen_args(ctx),
             "--model",
             profile.served_model_name,
             "--gpu-index",

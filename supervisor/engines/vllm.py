@@ -2,47 +2,34 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from supervisor.engines.adapter import EngineAdapter
 from supervisor.engines.control import VllmControl
-from supervisor.engines.launch import (
-    LOOPBACK,
-    LaunchCommand,
-    LaunchContext,
-    finish,
-    format_fraction,
-    memory_fraction,
-    validate_common,
-)
-from supervisor.engines.profile import EngineProfile, GpuSpec
+from supervisor.engines.launch import LaunchCommand, LaunchContext, finish, listen_args, tuning_args
+from supervisor.engines.profile import EngineProfile
 
-OWNED_FLAGS = (
-    "--host",
-    "--port",
-    "--served-model-name",
-    "--tensor-parallel-size",
-    "-tp",
-    "--pipeline-parallel-size",
-    "-pp",
-    "--nnodes",
-    "--node-rank",
-    "--master-addr",
-    "--master-port",
-    "--headless",
-    "--gpu-memory-utilization",
-    "--enable-sleep-mode",
-    "--model",
-)
 API_SERVER = "vllm.entrypoints.openai.api_server"
 
 
 class VllmAdapter(EngineAdapter):
     name = "vllm"
     control = VllmControl()
-
-    def validate(self, profile: EngineProfile, facts: Mapping[int, GpuSpec]) -> list[str]:
-        return validate_common(profile, facts, owned_flags=OWNED_FLAGS)
+    owned_flags = (
+        "--host",
+        "--port",
+        "--served-model-name",
+        "--tensor-parallel-size",
+        "-tp",
+        "--pipeline-parallel-size",
+        "-pp",
+        "--nnodes",
+        "--node-rank",
+        "--master-addr",
+        "--master-port",
+        "--headless",
+        "--gpu-memory-utilization",
+        "--enable-sleep-mode",
+        "--model",
+    )
 
     def build(self, profile: EngineProfile, ctx: LaunchContext) -> LaunchCommand:
         if profile.entrypoint == "api-server":
@@ -54,10 +41,7 @@ class VllmAdapter(EngineAdapter):
             profile.model_path or "",
             "--served-model-name",
             profile.served_model_name,
-            "--host",
-            LOOPBACK,
-            "--port",
-            str(ctx.port),
+            *listen_args(ctx),
         ]
         if profile.sleep_mode == "native":
             # Sleep mode is what makes a standby cost no idle GPU. A platform without it (CPU)
@@ -69,11 +53,7 @@ class VllmAdapter(EngineAdapter):
             "--pipeline-parallel-size",
             str(profile.pipeline_parallel),
         ]
-        if profile.quantization:
-            argv += ["--quantization", profile.quantization]
-        fraction = memory_fraction(profile, ctx)
-        if fraction is not None:
-            argv += ["--gpu-memory-utilization", format_fraction(fraction)]
+        argv += tuning_args(profile, ctx, fraction_flag="--gpu-memory-utilization")
         if profile.nodes > 1:
             # Multi-node without Ray: every rank runs the same command with its rank, and only
             # rank 0 serves the API; the others run headless.
