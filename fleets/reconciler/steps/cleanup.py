@@ -23,6 +23,7 @@ from fleets.core.states import IN_FLIGHT_OPERATION_STATES, CleanupState, DrillMo
 from fleets.models import Domain, Fleet, Id, Operation
 from fleets.reconciler import golden
 from fleets.reconciler.steps import posture
+from fleets.reconciler.steps.base import SlotMover
 from fleets.reconciler.supervisor.client import SupervisorClient
 from fleets.reconciler.supervisor.transport import CALL_CAP_S
 from fleets.services.events import event_record
@@ -240,7 +241,7 @@ def promotion_cleanup(
     """
     target = operation.target_domain
     assert target is not None and target.supervisor_url  # _skip_reason checked
-    client = client_for(target)
+    where = posture.Target(client_for(target), target, SlotMover(operation.id, actor))
 
     def record(kind: str, **data: Any) -> None:
         event_record(
@@ -255,23 +256,11 @@ def promotion_cleanup(
     def call_cap(budget_ms: int) -> Callable[[], float]:
         return lambda: min(CALL_CAP_S, budget_ms / 1000)
 
-    slept = posture.ensure_asleep(
-        client=client,
-        domain=target,
-        timeout=call_cap(policy.sleep_timeout_ms),
-        operation_id=operation.id,
-        actor=actor,
-    )
+    slept = posture.ensure_asleep(where, call_cap(policy.sleep_timeout_ms))
     record("sleep", ok=slept.reached, message=slept.message)
     if not slept.reached:
         record("training", ok=False, skipped=True, message="sleep not proven; training left off")
         return False
-    trained = posture.ensure_training(
-        client=client,
-        domain=target,
-        timeout=call_cap(policy.start_training_timeout_ms),
-        operation_id=operation.id,
-        actor=actor,
-    )
+    trained = posture.ensure_training(where, call_cap(policy.start_training_timeout_ms))
     record("training", ok=trained.reached, message=trained.message)
     return trained.reached
