@@ -165,14 +165,7 @@ def route_back(
         return False  # routing never left the original, or the second switch committed
 
     def record(ok: bool, message: str) -> None:
-        event_record(
-            fleet_id=operation.fleet_id,
-            domain_id=original.id,
-            operation_id=operation.id,
-            kind="operation.cleanup.route_back",
-            actor=actor,
-            data={"ok": ok, "message": message[:500]},
-        )
+        _record(operation, original, "route_back", actor, ok=ok, message=message[:500])
 
     mover = pointer_movers(operation.fleet_id).values("id", "kind").first()
     if mover is not None:
@@ -202,6 +195,18 @@ def route_back(
         return False
     record(True, f"routing back on {original.slug} (revision {revision})")
     return True
+
+
+def _record(operation: Operation, domain: Domain, kind: str, actor: str, **data: Any) -> None:
+    """Record one move of the operation's clean-up on `domain` (`operation.cleanup.<kind>`)."""
+    event_record(
+        fleet_id=operation.fleet_id,
+        domain_id=domain.id,
+        operation_id=operation.id,
+        kind=f"operation.cleanup.{kind}",
+        actor=actor,
+        data=data,
+    )
 
 
 def _skip_reason(operation: Operation) -> str | None:
@@ -244,14 +249,7 @@ def promotion_cleanup(
     where = posture.Target(client_for(target), target, SlotMover(operation.id, actor))
 
     def record(kind: str, **data: Any) -> None:
-        event_record(
-            fleet_id=operation.fleet_id,
-            domain_id=target.id,
-            operation_id=operation.id,
-            kind=f"operation.cleanup.{kind}",
-            actor=actor,
-            data=data,
-        )
+        _record(operation, target, kind, actor, **data)
 
     def call_cap(budget_ms: int) -> Callable[[], float]:
         return lambda: min(CALL_CAP_S, budget_ms / 1000)
