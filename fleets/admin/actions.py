@@ -70,6 +70,40 @@ def confirm_then(
     return None
 
 
+def confirmed_action(
+    name: str,
+    *,
+    description: str,
+    title: str,
+    text: str,
+    run: Callable[[Any, str], dashboard_actions.ActionResult],
+    label: Callable[[Any], str] = lambda row: row.slug,
+    related: tuple[str, ...] = (),
+) -> Callable[[admin.ModelAdmin, HttpRequest, QuerySet], TemplateResponse | None]:
+    """Declare the admin action `name`: its confirmation page (`title`, `text`), then
+    `run(row, actor)` on every selected row (with `related` joined), reported under `label`."""
+
+    @admin.action(description=description)
+    def action(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet):
+        return confirm_then(
+            modeladmin,
+            request,
+            queryset.select_related(*related) if related else queryset,
+            action=name,
+            title=title,
+            text=text,
+            each=lambda row: (run(row, actor(request)), label(row)),
+        )
+
+    action.__name__ = name
+    return action
+
+
+def domain_label(domain: Any) -> str:
+    """How a domain is named in an action's report: `fleet/domain`."""
+    return f"{domain.fleet.slug}/{domain.slug}"
+
+
 def replan(modeladmin: admin.ModelAdmin, request: HttpRequest, domains: Iterable[Any]) -> None:
     """Slots, models or GPUs may have changed: check each domain still fits, like a layout."""
     for domain in domains:

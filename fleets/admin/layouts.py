@@ -17,7 +17,15 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 
 from fleets.admin import forms as af
-from fleets.admin.actions import actor, confirm_then, pretty_json, record_edit, replan
+from fleets.admin.actions import (
+    actor,
+    confirm_then,
+    confirmed_action,
+    domain_label,
+    pretty_json,
+    record_edit,
+    replan,
+)
 from fleets.base import clock
 from fleets.base.errors import ServiceError
 from fleets.core.policy import Policy
@@ -226,63 +234,57 @@ class FleetAdmin(admin.ModelAdmin):
             return None
         return self.export_view(request, str(queryset.get().pk))
 
-    @admin.action(description="Reconcile the selected fleets now")
-    def reconcile_now(self, request, queryset):
-        return confirm_then(
-            self,
-            request,
-            queryset,
-            action="reconcile_now",
-            title="Reconcile now",
-            text="Run a reconcile tick (heartbeats, failover detection, advance the "
-            "in-flight operation) for these fleets:",
-            each=lambda fleet: (
-                dashboard_actions.reconcile_now(fleet=fleet, actor=actor(request)),
-                fleet.slug,
-            ),
-        )
-
-    @admin.action(description="Record golden baselines from the active domain")
-    def record_baselines(self, request, queryset):
-        return confirm_then(
-            self,
-            request,
-            queryset,
-            action="record_baselines",
-            title="Record golden baselines",
-            text="Probe each fleet's active domain and record its answers as the golden "
-            "baselines (after an expected change, such as an engine upgrade; each replaced "
-            "baseline is an event):",
-            each=lambda fleet: (
-                dashboard_actions.record_baseline(fleet=fleet, target=None, actor=actor(request)),
-                fleet.slug,
-            ),
-        )
-
-    @admin.action(description="Run a failover drill now")
-    def run_drill(self, request, queryset):
-        return confirm_then(
-            self,
-            request,
-            queryset,
-            action="run_drill",
-            title="Run a failover drill",
-            text="Drill each fleet's standby now, in the fleet's drill mode. check: training "
-            "stops, the models wake and must answer their golden probes, then sleep and "
-            "training restarts; routing never moves. round_trip: the standby is promoted "
-            "and the active promoted back; routing moves twice:",
-            each=lambda fleet: (
-                dashboard_actions.request_drill(
-                    fleet=fleet, target=None, actor=actor(request), mode=fleet.drill_mode
-                ),
-                fleet.slug,
-            ),
-        )
+    reconcile_now = confirmed_action(
+        "reconcile_now",
+        description="Reconcile the selected fleets now",
+        title="Reconcile now",
+        text="Run a reconcile tick (heartbeats, failover detection, advance the "
+        "in-flight operation) for these fleets:",
+        run=lambda fleet, who: dashboard_actions.reconcile_now(fleet=fleet, actor=who),
+    )
+    record_baselines = confirmed_action(
+        "record_baselines",
+        description="Record golden baselines from the active domain",
+        title="Record golden baselines",
+        text="Probe each fleet's active domain and record its answers as the golden "
+        "baselines (after an expected change, such as an engine upgrade; each replaced "
+        "baseline is an event):",
+        run=lambda fleet, who: dashboard_actions.record_baseline(
+            fleet=fleet, target=None, actor=who
+        ),
+    )
+    run_drill = confirmed_action(
+        "run_drill",
+        description="Run a failover drill now",
+        title="Run a failover drill",
+        text="Drill each fleet's standby now, in the fleet's drill mode. check: training "
+        "stops, the models wake and must answer their golden probes, then sleep and "
+        "training restarts; routing never moves. round_trip: the standby is promoted "
+        "and the active promoted back; routing moves twice:",
+        run=lambda fleet, who: dashboard_actions.request_drill(
+            fleet=fleet, target=None, actor=who, mode=fleet.drill_mode
+        ),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # Domain
 # ---------------------------------------------------------------------------------------------
+
+
+def _provision_action(action: str, description: str, text: str):
+    """The admin action that asks for the provisioning move `action` on each selected domain."""
+    return confirmed_action(
+        f"{action}_domain",
+        description=description,
+        title=f"{action.capitalize()} domains",
+        text=text,
+        run=lambda domain, who: dashboard_actions.provision_move(
+            fleet=domain.fleet, action=action, target=str(domain.id), actor=who
+        ),
+        label=domain_label,
+        related=("fleet",),
+    )
 
 
 @admin.register(Domain)
@@ -423,7 +425,7 @@ class DomainAdmin(admin.ModelAdmin):
                 dashboard_actions.request_operation(
                     fleet=domain.fleet, kind=kind, target=str(domain.id), actor=actor(request)
                 ),
-                f"{domain.fleet.slug}/{domain.slug}",
+                domain_label(domain),
             ),
         )
 
@@ -444,32 +446,15 @@ class DomainAdmin(admin.ModelAdmin):
     def demote_domain(self, request, queryset):
         return self._operation_action(request, queryset, OperationKind.DEMOTE)
 
-    def _provision_action(self, request, queryset, action: str):
-        return confirm_then(
-            self,
-            request,
-            queryset.select_related("fleet"),
-            action=f"{action}_domain",
-            title=f"{action.capitalize()} domains",
-            text=(
-                "Provision these domains? Any cluster left from before is torn down and a new "
-                "one is launched by the sky CLI (billed by the cloud):"
-                if action == "provision"
-                else "Stop these standbys? Their clusters are stopped or torn down; they cannot "
-                "take over until provisioned again:"
-            ),
-            each=lambda domain: (
-                dashboard_actions.provision_move(
-                    fleet=domain.fleet, action=action, target=str(domain.id), actor=actor(request)
-                ),
-                f"{domain.fleet.slug}/{domain.slug}",
-            ),
-        )
-
-    @admin.action(description="Provision the selected Haru-provisioned domains (failed or stopped)")
-    def provision_domain(self, request, queryset):
-        return self._provision_action(request, queryset, "provision")
-
-    @admin.action(description="Stop the selected Haru-provisioned standbys")
-    def stop_domain(self, request, queryset):
-        return self._provision_action(request, queryset, "stop")
+    provision_domain = _provision_action(
+        "provision",
+        "Provision the selected Haru-provisioned domains (failed or stopped)",
+        "Provision these domains? Any cluster left from before is torn down and a new one is "
+        "launched by the sky CLI (billed by the cloud):",
+    )
+    stop_domain = _provision_action(
+        "stop",
+        "Stop the selected Haru-provisioned standbys",
+        "Stop these standbys? Their clusters are stopped or torn down; they cannot take over "
+        "until provisioned again:",
+    )

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import (
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_view,
+    inline_serializer,
+)
 from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 from rest_framework import serializers as drf_serializers
 from rest_framework.renderers import JSONRenderer
@@ -278,12 +283,13 @@ class _DomainActionView(HaruAPIView):
     def move(*, domain: Domain, actor: str) -> bool:
         raise NotImplementedError
 
-    def act(self, request, ref: str, domain_ref: str) -> Response:
+    def post(self, request, ref: str, domain: str) -> Response:
+        """Make the move `move` names, answered 202 when the domain moved, 200 when it had."""
         fleet = selectors.fleet_get(ref)
-        domain = selectors.domain_get(fleet, domain_ref)
-        moved = self.move(domain=domain, actor=self.actor(request))
+        row = selectors.domain_get(fleet, domain)
+        moved = self.move(domain=row, actor=self.actor(request))
         snapshot = selectors.fleet_snapshot(fleet)
-        out = next(d for d in snapshot["domains"] if d["id"] == str(domain.id))
+        out = next(d for d in snapshot["domains"] if d["id"] == str(row.id))
         return Response(
             {
                 "status": (RequestStatus.ACCEPTED if moved else RequestStatus.UNCHANGED).value,
@@ -301,31 +307,32 @@ _DOMAIN_ACTION_RESPONSES = {
 }
 
 
-class DomainProvisionView(_DomainActionView):
-    @extend_schema(
-        request=None,
-        operation_id="provisionDomain",
-        responses=_DOMAIN_ACTION_RESPONSES,
+def _domain_action(operation_id: str, description: str):
+    """The schema of a provisioning move's POST, answered as `_DOMAIN_ACTION_RESPONSES` say."""
+    return extend_schema_view(
+        post=extend_schema(
+            request=None,
+            operation_id=operation_id,
+            description=description,
+            responses=_DOMAIN_ACTION_RESPONSES,
+        )
     )
-    def post(self, request, ref: str, domain: str):
-        """Provision (or re-provision) a failed or stopped domain that Haru launches itself."""
-        return self.act(request, ref, domain)
 
+
+@_domain_action(
+    "provisionDomain",
+    "Provision (or re-provision) a failed or stopped domain that Haru launches itself.",
+)
+class DomainProvisionView(_DomainActionView):
     @staticmethod
     def move(*, domain, actor: str) -> bool:
         return domain_provision_begin(domain_id=domain.id, actor=actor, reason="manual")
 
 
+@_domain_action(
+    "stopDomain", "Stop a standby that Haru provisioned: its cluster is stopped or torn down."
+)
 class DomainStopView(_DomainActionView):
-    @extend_schema(
-        request=None,
-        operation_id="stopDomain",
-        responses=_DOMAIN_ACTION_RESPONSES,
-    )
-    def post(self, request, ref: str, domain: str):
-        """Stop a standby that Haru provisioned: its cluster is stopped or torn down."""
-        return self.act(request, ref, domain)
-
     @staticmethod
     def move(*, domain, actor: str) -> bool:
         return domain_stop_request(domain_id=domain.id, actor=actor)

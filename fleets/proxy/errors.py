@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from fleets.base.errors import ErrorCode
 
@@ -31,8 +32,14 @@ def envelope(code: str, message: str) -> bytes:
 RETRY_SOON = ((b"retry-after", b"1"),)
 
 
-def _retry_soon(status: int, code: str, message: str) -> ProxyError:
-    return ProxyError(status, code, message, headers=RETRY_SOON)
+def _answer(status: int, code: str, *, retry: bool = False) -> Callable[[str], ProxyError]:
+    """The factory of one error kind: its status and code fixed, the message given."""
+    headers = RETRY_SOON if retry else ()
+
+    def make(message: str) -> ProxyError:
+        return ProxyError(status, code, message, headers=headers)
+
+    return make
 
 
 def unauthorized() -> ProxyError:
@@ -42,10 +49,6 @@ def unauthorized() -> ProxyError:
         "missing or invalid bearer token",
         headers=[(b"www-authenticate", b'Bearer realm="haru"')],
     )
-
-
-def invalid_request(message: str) -> ProxyError:
-    return ProxyError(400, ErrorCode.INVALID_REQUEST, message)
 
 
 def payload_too_large(limit: int) -> ProxyError:
@@ -58,38 +61,18 @@ def payload_too_large(limit: int) -> ProxyError:
     )
 
 
-def fleet_not_found(message: str) -> ProxyError:
-    return ProxyError(404, ErrorCode.FLEET_NOT_FOUND, message)
-
-
-def model_not_found(message: str) -> ProxyError:
-    return ProxyError(404, ErrorCode.MODEL_NOT_FOUND, message)
-
-
-def model_unavailable(message: str) -> ProxyError:
-    # Transient (a slot waking, a failover in progress): 503 with Retry-After, so SDKs retry.
-    return _retry_soon(503, ErrorCode.MODEL_UNAVAILABLE, message)
-
-
-def no_active_domain(message: str) -> ProxyError:
-    return _retry_soon(503, ErrorCode.NO_ACTIVE_DOMAIN, message)
-
-
-def state_store_unavailable(message: str) -> ProxyError:
-    return _retry_soon(503, ErrorCode.STATE_STORE_UNAVAILABLE, message)
-
-
-def upstream_timeout(message: str) -> ProxyError:
-    return ProxyError(504, ErrorCode.UPSTREAM_TIMEOUT, message)
-
-
-def upstream_unreachable(message: str) -> ProxyError:
-    # The model server may be restarting or a failover may be under way: worth a retry.
-    return _retry_soon(502, ErrorCode.UPSTREAM_UNREACHABLE, message)
-
-
-def hold_expired(message: str) -> ProxyError:
-    return _retry_soon(503, ErrorCode.MODEL_UNAVAILABLE, message)
+invalid_request = _answer(400, ErrorCode.INVALID_REQUEST)
+fleet_not_found = _answer(404, ErrorCode.FLEET_NOT_FOUND)
+model_not_found = _answer(404, ErrorCode.MODEL_NOT_FOUND)
+# Transient (a slot waking, a failover in progress): 503 with Retry-After, so SDKs retry.
+model_unavailable = _answer(503, ErrorCode.MODEL_UNAVAILABLE, retry=True)
+no_active_domain = _answer(503, ErrorCode.NO_ACTIVE_DOMAIN, retry=True)
+state_store_unavailable = _answer(503, ErrorCode.STATE_STORE_UNAVAILABLE, retry=True)
+upstream_timeout = _answer(504, ErrorCode.UPSTREAM_TIMEOUT)
+# The model server may be restarting or a failover may be under way: worth a retry.
+upstream_unreachable = _answer(502, ErrorCode.UPSTREAM_UNREACHABLE, retry=True)
+hold_expired = _answer(503, ErrorCode.MODEL_UNAVAILABLE, retry=True)
+draining = _answer(503, ErrorCode.SERVER_DRAINING, retry=True)
 
 
 def hold_capacity(limit: int) -> ProxyError:
@@ -100,10 +83,6 @@ def hold_capacity(limit: int) -> ProxyError:
         f"requests as it may (HARU_CHAT_HOLD_MAX {limit}, or HARU_CHAT_HOLD_MAX_BYTES); retry",
         headers=RETRY_SOON,
     )
-
-
-def draining(message: str) -> ProxyError:
-    return _retry_soon(503, ErrorCode.SERVER_DRAINING, message)
 
 
 def method_not_allowed(allowed: str) -> ProxyError:

@@ -102,10 +102,10 @@ def operation_advance(
             _record_done(ctx, result, actor)
             continue
         if result.failed:
-            _fail(ctx, result.code, result.message, actor, client_for)
+            _fail(ctx, result.code, result.message)
             return Advance(op.id, None)
         if ctx.expired():
-            _timeout(ctx, result, actor, client_for)
+            _timeout(ctx, result)
             continue
         if result.trouble:
             _record_retry(ctx, result, actor)
@@ -156,13 +156,8 @@ def _acted_on(op: Operation, step: str) -> Id | None:
     return op.source_domain_id if on_source else op.target_domain_id
 
 
-def _timeout(
-    ctx: StepContext,
-    result: StepResult,
-    actor: str,
-    client_for: Callable[[Domain], SupervisorClient],
-) -> None:
-    op, step = ctx.operation, ctx.step
+def _timeout(ctx: StepContext, result: StepResult) -> None:
+    op, step, actor = ctx.operation, ctx.step, ctx.actor
     budget = ctx.budget_ms
     message = f"{step} did not finish within {budget} ms: {result.message}"
     # A round-trip drill's demotion of the original active is what it set out to prove: its
@@ -189,23 +184,19 @@ def _timeout(
                 operation_id=op.id,
             )
         return
-    _fail(ctx, STEP_TIMEOUT, message, actor, client_for)
+    _fail(ctx, STEP_TIMEOUT, message)
 
 
-def _fail(
-    ctx: StepContext,
-    code: str,
-    message: str,
-    actor: str,
-    client_for: Callable[[Domain], SupervisorClient],
-) -> None:
-    op, step = ctx.operation, ctx.step
+def _fail(ctx: StepContext, code: str, message: str) -> None:
+    op, step, actor = ctx.operation, ctx.step, ctx.actor
     if not operation_fail(operation_id=op.id, step=step, code=code, message=message, actor=actor):
         return
     log.warning("operation %s failed at %s: %s: %s", op.id, step, code, message)
     if op.kind in (OperationKind.PROMOTE, OperationKind.DRILL):
         # operation_fail has committed the clean-up as pending; the supervisor calls run here,
         # outside any transaction, and the next tick finishes them if this worker dies first.
-        cleanup_after_failure(operation=op, policy=ctx.policy, client_for=client_for, actor=actor)
+        cleanup_after_failure(
+            operation=op, policy=ctx.policy, client_for=ctx.client_for, actor=actor
+        )
     if op.kind == OperationKind.DRILL:
         drill.alert_failed(operation=op, step=step, code=code, message=message, actor=actor)

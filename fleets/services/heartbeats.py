@@ -14,7 +14,6 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
 from django.db.models import Case, F, Q, Value, When
 
 from fleets.base import clock
@@ -22,7 +21,7 @@ from fleets.core.beat_plan import BeatPlan
 from fleets.core.report import HeartbeatNote, heartbeat_json, read_error, read_error_json
 from fleets.core.states import check_transition
 from fleets.models import Domain, Id, ModelBinding, Slot
-from fleets.services.events import event_record
+from fleets.services.events import EventFields, guarded_update
 from fleets.services.model_health import model_health_record
 
 
@@ -101,19 +100,18 @@ def slot_mirror(
         return False
     check_transition(row["kind"], from_state, to_state)
     extra: dict[str, Any] = {} if pids is None else {"pids": pids}
-    with transaction.atomic():
-        # Guarded by the state we read and by "unchanged since the report was taken".
-        moved = Slot.objects.filter(
-            pk=slot_id, state=from_state, state_updated_at__lte=observed_at
-        ).update(state=to_state, state_updated_at=now, **extra)
-        if moved:
-            event_record(
-                fleet_id=row["domain__fleet_id"],
-                domain_id=row["domain_id"],
-                kind=f"slot.{row['kind']}.{to_state}",
-                actor=actor,
-                data={"slotId": str(slot_id), "from": from_state, "to": to_state, "reason": reason},
-            )
+    # Guarded by the state we read and by "unchanged since the report was taken".
+    moved = guarded_update(
+        Slot.objects.filter(pk=slot_id, state=from_state, state_updated_at__lte=observed_at),
+        {"state": to_state, "state_updated_at": now, **extra},
+        {
+            "fleet_id": row["domain__fleet_id"],
+            "domain_id": row["domain_id"],
+            "kind": f"slot.{row['kind']}.{to_state}",
+            "actor": actor,
+            "data": {"slotId": str(slot_id), "from": from_state, "to": to_state, "reason": reason},
+        },
+    )
     return bool(moved)
 
 
@@ -137,20 +135,19 @@ def domain_mirror(
     if row is None or from_state == to_state:
         return False
     check_transition("domain", from_state, to_state)
-    with transaction.atomic():
-        # Same guard as slots: escalation or a step that moved the domain after the report
-        # was read wins over the report.
-        moved = Domain.objects.filter(
-            pk=domain_id, state=from_state, state_updated_at__lte=observed_at
-        ).update(state=to_state, state_updated_at=now)
-        if moved:
-            event_record(
-                fleet_id=row["fleet_id"],
-                domain_id=domain_id,
-                kind=f"domain.{to_state}",
-                actor=actor,
-                data={"from": from_state, "to": to_state, "reason": reason},
-            )
+    # Same guard as slots: escalation or a step that moved the domain after the report was
+    # read wins over the report.
+    moved = guarded_update(
+        Domain.objects.filter(pk=domain_id, state=from_state, state_updated_at__lte=observed_at),
+        {"state": to_state, "state_updated_at": now},
+        {
+            "fleet_id": row["fleet_id"],
+            "domain_id": domain_id,
+            "kind": f"domain.{to_state}",
+            "actor": actor,
+            "data": {"from": from_state, "to": to_state, "reason": reason},
+        },
+    )
     return bool(moved)
 
 
@@ -199,27 +196,30 @@ def domain_seen(
             When(_not_newer("gpus_read_at", gpus_read_at), then=Value(gpus_read_at)),
             default=F("gpus_read_at"),
         )
-    with transaction.atomic():
-        # Guarded like a failure: by the failing-since value read (the recovered edge is
-        # decided once) and by "not older than any heartbeat recorded so far", good or bad. A
-        # success a slow tick observed before a faster tick's failure is older news: recording
-        # it would clear the failure, move `heartbeat_checked_at` back and report a recovery
-        # that did not happen. A success and a failure taken at the same instant: the success
-        # wins (the failure's guard is strict on `last_seen_at`).
-        moved = (
-            Domain.objects.filter(pk=domain_id, heartbeat_failing_since=failing_since)
-            .filter(_not_newer("heartbeat_checked_at", seen_at, tie_wins=True))
-            .filter(_not_newer("last_seen_at", seen_at))
-            .update(**values)
+    recovered: list[EventFields] = []
+    if failing_since is not None:
+        recovered.append(
+            {
+                "fleet_id": fleet_id,
+                "domain_id": domain_id,
+                "kind": "domain.heartbeat.recovered",
+                "actor": actor,
+                "data": {"failingSince": clock.iso(failing_since)},
+            }
         )
-        if moved and failing_since is not None:
-            event_record(
-                fleet_id=fleet_id,
-                domain_id=domain_id,
-                kind="domain.heartbeat.recovered",
-                actor=actor,
-                data={"failingSince": clock.iso(failing_since)},
-            )
+    # Guarded like a failure: by the failing-since value read (the recovered edge is decided
+    # once) and by "not older than any heartbeat recorded so far", good or bad. A success a
+    # slow tick observed before a faster tick's failure is older news: recording it would
+    # clear the failure, move `heartbeat_checked_at` back and report a recovery that did not
+    # happen. A success and a failure taken at the same instant: the success wins (the
+    # failure's guard is strict on `last_seen_at`).
+    moved = guarded_update(
+        Domain.objects.filter(pk=domain_id, heartbeat_failing_since=failing_since)
+        .filter(_not_newer("heartbeat_checked_at", seen_at, tie_wins=True))
+        .filter(_not_newer("last_seen_at", seen_at)),
+        values,
+        *recovered,
+    )
     return bool(moved)
 
 
@@ -254,27 +254,26 @@ def domain_heartbeat_failed(
             )
         ),
     }
-    with transaction.atomic():
-        # Guarded by the failing-since value read (so the edge is decided once) and by "newer
-        # than every heartbeat recorded so far".
-        moved = (
-            Domain.objects.filter(pk=domain_id, heartbeat_failing_since=failing_since)
-            .filter(_not_newer("heartbeat_checked_at", checked_at))
-            .filter(_not_newer("last_seen_at", checked_at))
-            .update(
-                heartbeat_checked_at=checked_at,
-                heartbeat_failing_since=since,
-                last_report=report,
-            )
-        )
-        if moved and started:
-            event_record(
-                fleet_id=fleet_id,
-                domain_id=domain_id,
-                kind="domain.heartbeat.failed",
-                actor=actor,
-                data=error,
-            )
+    failed: EventFields = {
+        "fleet_id": fleet_id,
+        "domain_id": domain_id,
+        "kind": "domain.heartbeat.failed",
+        "actor": actor,
+        "data": error,
+    }
+    # Guarded by the failing-since value read (so the edge is decided once) and by "newer than
+    # every heartbeat recorded so far".
+    moved = guarded_update(
+        Domain.objects.filter(pk=domain_id, heartbeat_failing_since=failing_since)
+        .filter(_not_newer("heartbeat_checked_at", checked_at))
+        .filter(_not_newer("last_seen_at", checked_at)),
+        {
+            "heartbeat_checked_at": checked_at,
+            "heartbeat_failing_since": since,
+            "last_report": report,
+        },
+        *([failed] if started else []),
+    )
     return bool(moved) and started
 
 
@@ -296,23 +295,22 @@ def binding_engine_version_record(
     )
     if row is None or not engine_version or row["engine_version"] == engine_version:
         return False
-    with transaction.atomic():
-        moved = (
-            ModelBinding.objects.filter(pk=binding_id, engine_version=row["engine_version"])
-            .filter(_not_newer("engine_version_at", observed_at))
-            .update(engine_version=engine_version, engine_version_at=observed_at)
-        )
-        if moved:
-            event_record(
-                fleet_id=row["domain__fleet_id"],
-                domain_id=row["domain_id"],
-                kind="model.engine_version.changed",
-                actor=actor,
-                data={
-                    "model": row["name"],
-                    "from": row["engine_version"] or None,
-                    "to": engine_version,
-                    "observedAt": clock.iso(observed_at),
-                },
-            )
+    moved = guarded_update(
+        ModelBinding.objects.filter(pk=binding_id, engine_version=row["engine_version"]).filter(
+            _not_newer("engine_version_at", observed_at)
+        ),
+        {"engine_version": engine_version, "engine_version_at": observed_at},
+        {
+            "fleet_id": row["domain__fleet_id"],
+            "domain_id": row["domain_id"],
+            "kind": "model.engine_version.changed",
+            "actor": actor,
+            "data": {
+                "model": row["name"],
+                "from": row["engine_version"] or None,
+                "to": engine_version,
+                "observedAt": clock.iso(observed_at),
+            },
+        },
+    )
     return bool(moved)

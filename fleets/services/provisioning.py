@@ -52,9 +52,7 @@ def domain_provision_begin(
     """Move a managed domain to `provisioning`: from `stopped` it launches; from `failed` it
     first tears the old cluster down (replace). Clears its URLs, which belong to the old
     cluster. Return whether it moved; raise ProvisionRefused for a domain that cannot."""
-    domain = Domain.objects.filter(pk=domain_id).first()
-    if domain is None:
-        raise ProvisionRefused("domain not found")
+    domain = _domain_of(domain_id)
     if not is_managed(domain):
         raise ProvisionRefused(
             f"domain {domain.slug!r} is not provisioned by Haru (provider {domain.provider}"
@@ -66,33 +64,31 @@ def domain_provision_begin(
             f"domain {domain.slug!r} is {domain.state}; only a failed or stopped domain is "
             "provisioned (stop it first to replace a live one)"
         )
-    active = Fleet.objects.filter(pk=domain.fleet_id).values_list("active_domain_id", flat=True)
-    if active.first() == domain.id:
-        raise ProvisionRefused(
-            f"domain {domain.slug!r} is the active domain; promote another domain first"
-        )
+    _refuse_if_active(domain)
     check_transition("domain", domain.state, DomainState.PROVISIONING)
     old_phase = (domain.driver_status or {}).get("phase", "")
     phase = Phase.LAUNCH if domain.state == DomainState.STOPPED else Phase.REPLACE
     check_phase(old_phase, phase)
     now = clock.now()
-    moved = _domain_move(
+    return _domain_enter(
         domain,
+        DomainState.PROVISIONING,
+        actor,
         {
-            "state": DomainState.PROVISIONING,
             "state_updated_at": now,
             "driver_status": _fresh_status(phase, now, reason),
             "supervisor_url": "",
             "serving_base_url": "",
         },
-        _event(
-            domain,
-            "domain.provisioning",
-            actor,
-            {"from": domain.state, "to": DomainState.PROVISIONING, "reason": reason},
-        ),
+        reason=reason,
     )
-    return bool(moved)
+
+
+def _domain_of(domain_id: UUID | str) -> Domain:
+    domain = Domain.objects.filter(pk=domain_id).first()
+    if domain is None:
+        raise ProvisionRefused("domain not found")
+    return domain
 
 
 def _domain_move(
@@ -115,6 +111,33 @@ def _domain_move(
         *events,
         then=then,
     )
+
+
+def _domain_enter(
+    domain: Domain,
+    to_state: DomainState,
+    actor: str,
+    values: dict[str, Any],
+    **data: Any,
+) -> bool:
+    """Move the domain from the state read to `to_state` with `values` (guarded as
+    `_domain_move`; `values` may name the `state_updated_at` it shares with them), recording
+    `domain.<to_state>` with both states and `data`; return whether it moved."""
+    moved = _domain_move(
+        domain,
+        {"state": to_state, "state_updated_at": clock.now(), **values},
+        _event(domain, f"domain.{to_state}", actor, {"from": domain.state, "to": to_state, **data}),
+    )
+    return bool(moved)
+
+
+def _refuse_if_active(domain: Domain) -> None:
+    """Refuse to provision or stop the domain that serves traffic."""
+    active = Fleet.objects.filter(pk=domain.fleet_id).values_list("active_domain_id", flat=True)
+    if active.first() == domain.id:
+        raise ProvisionRefused(
+            f"domain {domain.slug!r} is the active domain; promote another domain first"
+        )
 
 
 def _event(domain: Domain, kind: str, actor: str, data: dict[str, Any]) -> EventFields:
@@ -204,82 +227,52 @@ def domain_provision_fail(
     """Give up this provisioning round: the domain goes `failed` with the driver's error."""
     check_transition("domain", domain.state, DomainState.FAILED)
     status = {**(domain.driver_status or {}), "lastError": error}
-    moved = _domain_move(
+    return _domain_enter(
         domain,
-        {"state": DomainState.FAILED, "state_updated_at": clock.now(), "driver_status": status},
-        _event(
-            domain,
-            "domain.failed",
-            actor,
-            {
-                "from": domain.state,
-                "to": DomainState.FAILED,
-                "reason": "provisioning",
-                "error": error,
-            },
-        ),
+        DomainState.FAILED,
+        actor,
+        {"driver_status": status},
+        reason="provisioning",
+        error=error,
     )
-    return bool(moved)
 
 
 def domain_stop_request(*, domain_id: UUID | str, actor: str, reason: str = "manual") -> bool:
     """Move a managed, non-active domain to `stopping` (its cluster is torn down next)."""
-    domain = Domain.objects.filter(pk=domain_id).first()
-    if domain is None:
-        raise ProvisionRefused("domain not found")
+    domain = _domain_of(domain_id)
     if not is_managed(domain):
         raise ProvisionRefused(
             f"domain {domain.slug!r} is not provisioned by Haru; stop its hosts where they run"
         )
     if domain.state in (DomainState.STOPPING, DomainState.STOPPED):
         return False  # asking twice is what was asked
-    active = Fleet.objects.filter(pk=domain.fleet_id).values_list("active_domain_id", flat=True)
-    if active.first() == domain.id:
-        raise ProvisionRefused(
-            f"domain {domain.slug!r} is the active domain; promote another domain first"
-        )
+    _refuse_if_active(domain)
     check_transition("domain", domain.state, DomainState.STOPPING)
     old_phase = (domain.driver_status or {}).get("phase", "")
     check_phase(old_phase, Phase.TEARDOWN)
     now = clock.now()
-    moved = _domain_move(
+    status = {
+        **(domain.driver_status or {}),
+        "phase": Phase.TEARDOWN.value,
+        "stopRequestedAt": clock.iso(now),
+    }
+    return _domain_enter(
         domain,
-        {
-            "state": DomainState.STOPPING,
-            "state_updated_at": now,
-            "driver_status": {
-                **(domain.driver_status or {}),
-                "phase": Phase.TEARDOWN.value,
-                "stopRequestedAt": clock.iso(now),
-            },
-        },
-        _event(
-            domain,
-            "domain.stopping",
-            actor,
-            {"from": domain.state, "to": DomainState.STOPPING, "reason": reason},
-        ),
+        DomainState.STOPPING,
+        actor,
+        {"state_updated_at": now, "driver_status": status},
+        reason=reason,
     )
-    return bool(moved)
 
 
 def domain_stopped(*, domain: Domain, mode: str, actor: str = "provisioner") -> bool:
     """Confirm the teardown: `stopping` -> `stopped`, URLs cleared (the cluster is gone)."""
+    # The table allows `stopped` from `stopping` only: the write is guarded by `stopping`.
     check_transition("domain", domain.state, DomainState.STOPPED)
-    moved = _domain_move(
+    return _domain_enter(
         domain,
-        {
-            "state": DomainState.STOPPED,
-            "state_updated_at": clock.now(),
-            "supervisor_url": "",
-            "serving_base_url": "",
-        },
-        _event(
-            domain,
-            "domain.stopped",
-            actor,
-            {"from": DomainState.STOPPING, "to": DomainState.STOPPED, "mode": mode},
-        ),
-        state=DomainState.STOPPING,
+        DomainState.STOPPED,
+        actor,
+        {"supervisor_url": "", "serving_base_url": ""},
+        mode=mode,
     )
-    return bool(moved)

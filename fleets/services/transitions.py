@@ -10,10 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from django.db.models import QuerySet
+
 from fleets.base import clock
 from fleets.core.states import allowed_sources, check_transition
 from fleets.models import Domain, Id, Slot
-from fleets.services.events import guarded_update
+from fleets.services.events import EventFields, guarded_update
 
 
 def domain_transition(
@@ -26,17 +28,16 @@ def domain_transition(
     operation_id: Id | None = None,
 ) -> bool:
     """Move a domain to `to_state` if it is in one of `from_states`; return whether it moved."""
-    sources = (
-        frozenset(from_states) if from_states is not None else allowed_sources("domain", to_state)
-    )
     row = Domain.objects.filter(pk=domain_id).values("state", "fleet_id").first()
-    if row is None or row["state"] not in sources or row["state"] == to_state:
+    if row is None:
         return False
-    check_transition("domain", row["state"], to_state)
-    # Guarded by the state we read: a concurrent writer that moved it first wins.
-    moved = guarded_update(
-        Domain.objects.filter(pk=domain_id, state=row["state"]),
-        {"state": to_state, "state_updated_at": clock.now()},
+    return _move(
+        Domain.objects.filter(pk=domain_id),
+        "domain",
+        row["state"],
+        to_state,
+        from_states,
+        {},
         {
             "fleet_id": row["fleet_id"],
             "domain_id": domain_id,
@@ -46,7 +47,6 @@ def domain_transition(
             "data": {"from": row["state"], "to": to_state, "reason": reason},
         },
     )
-    return bool(moved)
 
 
 def slot_transition(
@@ -67,17 +67,13 @@ def slot_transition(
     )
     if row is None:
         return False
-    sources = (
-        frozenset(from_states)
-        if from_states is not None
-        else allowed_sources(row["kind"], to_state)
-    )
-    if row["state"] not in sources or row["state"] == to_state:
-        return False
-    check_transition(row["kind"], row["state"], to_state)
-    moved = guarded_update(
-        Slot.objects.filter(pk=slot_id, state=row["state"]),
-        {"state": to_state, "state_updated_at": clock.now(), **(extra or {})},
+    return _move(
+        Slot.objects.filter(pk=slot_id),
+        row["kind"],
+        row["state"],
+        to_state,
+        from_states,
+        extra or {},
         {
             "fleet_id": row["domain__fleet_id"],
             "domain_id": row["domain_id"],
@@ -91,5 +87,30 @@ def slot_transition(
                 "reason": reason,
             },
         },
+    )
+
+
+def _move(
+    row: QuerySet[Any],
+    table: str,
+    state: str,
+    to_state: str,
+    from_states: Iterable[str] | None,
+    extra: dict[str, Any],
+    event: EventFields,
+) -> bool:
+    """Move the `row` read in `state` to `to_state` (with `extra`), recording `event`, if
+    `state` is one of `from_states` (default: every state `table` allows it from)."""
+    sources = (
+        frozenset(from_states) if from_states is not None else allowed_sources(table, to_state)
+    )
+    if state not in sources or state == to_state:
+        return False
+    check_transition(table, state, to_state)
+    # Guarded by the state we read: a concurrent writer that moved it first wins.
+    moved = guarded_update(
+        row.filter(state=state),
+        {"state": to_state, "state_updated_at": clock.now(), **extra},
+        event,
     )
     return bool(moved)

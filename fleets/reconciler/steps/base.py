@@ -9,7 +9,7 @@ change they make goes through `fleets.services`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -18,9 +18,10 @@ from fleets.base import clock
 from fleets.base.conf import haru_settings
 from fleets.core.policy import Policy
 from fleets.core.states import OperationErrorCode, SlotKind, Step, leg_step
-from fleets.models import Domain, ModelBinding, Operation, Slot
+from fleets.models import Domain, Id, ModelBinding, Operation, Slot
 from fleets.reconciler.supervisor.client import SupervisorClient
 from fleets.reconciler.supervisor.transport import CALL_CAP_S, Call
+from fleets.services.transitions import slot_transition
 
 DONE = "done"
 PENDING = "pending"
@@ -81,6 +82,29 @@ def failed(code: str, message: str) -> StepResult:
     return StepResult(FAILED, code=code, message=message)
 
 
+@dataclass(frozen=True)
+class SlotMover:
+    """Moves slots for an operation: each move guarded by the states it may come from, and
+    recorded under the operation and the actor."""
+
+    operation_id: Id
+    actor: str
+
+    def __call__(
+        self, slot: Slot, to_state: str, from_states: Iterable[str], reason: str, **extra: Any
+    ) -> bool:
+        """Move `slot` to `to_state` if it is still in one of `from_states`; return whether."""
+        return slot_transition(
+            slot_id=slot.id,
+            to_state=to_state,
+            from_states=from_states,
+            actor=self.actor,
+            reason=reason,
+            operation_id=self.operation_id,
+            extra=extra or None,
+        )
+
+
 @dataclass
 class StepContext:
     """Everything an executor needs, loaded once per nudge."""
@@ -113,6 +137,11 @@ class StepContext:
 
     def expired(self) -> bool:
         return self.remaining_s() <= 0
+
+    @property
+    def slot_move(self) -> SlotMover:
+        """Move a slot on this operation's behalf."""
+        return SlotMover(self.operation.id, self.actor)
 
     def call_timeout(self) -> float:
         """Cap one supervisor call at min(10 s, what is left of the step's budget)."""

@@ -23,6 +23,7 @@ from fleets.core.states import IN_FLIGHT_OPERATION_STATES, CleanupState, DrillMo
 from fleets.models import Domain, Fleet, Id, Operation
 from fleets.reconciler import golden
 from fleets.reconciler.steps import posture
+from fleets.reconciler.steps.base import SlotMover
 from fleets.reconciler.supervisor.client import SupervisorClient
 from fleets.reconciler.supervisor.transport import CALL_CAP_S
 from fleets.services.events import event_record
@@ -164,14 +165,7 @@ def route_back(
         return False  # routing never left the original, or the second switch committed
 
     def record(ok: bool, message: str) -> None:
-        event_record(
-            fleet_id=operation.fleet_id,
-            domain_id=original.id,
-            operation_id=operation.id,
-            kind="operation.cleanup.route_back",
-            actor=actor,
-            data={"ok": ok, "message": message[:500]},
-        )
+        _record(operation, original, "route_back", actor, ok=ok, message=message[:500])
 
     mover = pointer_movers(operation.fleet_id).values("id", "kind").first()
     if mover is not None:
@@ -201,6 +195,18 @@ def route_back(
         return False
     record(True, f"routing back on {original.slug} (revision {revision})")
     return True
+
+
+def _record(operation: Operation, domain: Domain, kind: str, actor: str, **data: Any) -> None:
+    """Record one move of the operation's clean-up on `domain` (`operation.cleanup.<kind>`)."""
+    event_record(
+        fleet_id=operation.fleet_id,
+        domain_id=domain.id,
+        operation_id=operation.id,
+        kind=f"operation.cleanup.{kind}",
+        actor=actor,
+        data=data,
+    )
 
 
 def _skip_reason(operation: Operation) -> str | None:
@@ -240,38 +246,19 @@ def promotion_cleanup(
     """
     target = operation.target_domain
     assert target is not None and target.supervisor_url  # _skip_reason checked
-    client = client_for(target)
+    where = posture.Target(client_for(target), target, SlotMover(operation.id, actor))
 
     def record(kind: str, **data: Any) -> None:
-        event_record(
-            fleet_id=operation.fleet_id,
-            domain_id=target.id,
-            operation_id=operation.id,
-            kind=f"operation.cleanup.{kind}",
-            actor=actor,
-            data=data,
-        )
+        _record(operation, target, kind, actor, **data)
 
     def call_cap(budget_ms: int) -> Callable[[], float]:
         return lambda: min(CALL_CAP_S, budget_ms / 1000)
 
-    slept = posture.ensure_asleep(
-        client=client,
-        domain=target,
-        timeout=call_cap(policy.sleep_timeout_ms),
-        operation_id=operation.id,
-        actor=actor,
-    )
+    slept = posture.ensure_asleep(where, call_cap(policy.sleep_timeout_ms))
     record("sleep", ok=slept.reached, message=slept.message)
     if not slept.reached:
         record("training", ok=False, skipped=True, message="sleep not proven; training left off")
         return False
-    trained = posture.ensure_training(
-        client=client,
-        domain=target,
-        timeout=call_cap(policy.start_training_timeout_ms),
-        operation_id=operation.id,
-        actor=actor,
-    )
+    trained = posture.ensure_training(where, call_cap(policy.start_training_timeout_ms))
     record("training", ok=trained.reached, message=trained.message)
     return trained.reached

@@ -51,13 +51,8 @@ def _reach(ctx: StepContext, ensure: Callable[..., posture.Posture]) -> StepResu
     refusal = _refusal(ctx)
     if refusal is not None:
         return refusal
-    result = ensure(
-        client=ctx.client_for(ctx.target),
-        domain=ctx.target,
-        timeout=ctx.call_timeout,
-        operation_id=ctx.operation.id,
-        actor=ctx.actor,
-    )
+    target = posture.Target(ctx.client_for(ctx.target), ctx.target, ctx.slot_move)
+    result = ensure(target, ctx.call_timeout)
     return _answer(ctx, result)
 
 

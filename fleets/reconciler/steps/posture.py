@@ -13,11 +13,10 @@ from typing import Any
 
 from fleets.core.report import StatusReport
 from fleets.core.states import InferenceState, TrainingState
-from fleets.models import Domain, Id
-from fleets.reconciler.steps.base import bound_inference, training_slots
+from fleets.models import Domain
+from fleets.reconciler.steps.base import SlotMover, bound_inference, training_slots
 from fleets.reconciler.supervisor.client import SupervisorClient
 from fleets.reconciler.supervisor.transport import Call
-from fleets.services.transitions import slot_transition
 
 # Every live inference state a proven sleep may settle (the state table allows each -> sleeping).
 _TO_SLEEPING_FROM = frozenset(
@@ -56,33 +55,31 @@ def _not_proven_asleep(report: StatusReport, models: list[str]) -> list[str]:
     return out
 
 
-def _settle_sleeping(domain: Domain, report: StatusReport, operation_id: Id, actor: str) -> None:
-    slots, _ = bound_inference(domain)
+@dataclass(frozen=True)
+class Target:
+    """The domain brought to a posture, its supervisor, and who moves its slots."""
+
+    client: SupervisorClient
+    domain: Domain
+    slot_move: SlotMover
+
+
+def _settle_sleeping(target: Target, report: StatusReport) -> None:
+    slots, _ = bound_inference(target.domain)
     for slot in slots:
         names = list(slot.bindings.values_list("name", flat=True))
         if slot.state == InferenceState.SLEEPING or _not_proven_asleep(report, names):
             continue
         if slot.state in _TO_SLEEPING_FROM:
-            slot_transition(
-                slot_id=slot.id,
-                to_state=InferenceState.SLEEPING,
-                from_states={slot.state},
-                actor=actor,
-                reason="sleep proven by the supervisor",
-                operation_id=operation_id,
+            target.slot_move(
+                slot, InferenceState.SLEEPING, {slot.state}, "sleep proven by the supervisor"
             )
 
 
-def ensure_asleep(
-    *,
-    client: SupervisorClient,
-    domain: Domain,
-    timeout: Callable[[], float],
-    operation_id: Id,
-    actor: str,
-) -> Posture:
-    """Check every bound model of `domain` is asleep; ask the supervisor to sleep them if not."""
-    _, models = bound_inference(domain)
+def ensure_asleep(target: Target, timeout: Callable[[], float]) -> Posture:
+    """Check every bound model of the target is asleep; ask the supervisor to sleep them if not."""
+    client = target.client
+    _, models = bound_inference(target.domain)
     if not models:
         return Posture(True, "no bound models", data={"models": []})
     for attempt in range(2):
@@ -92,7 +89,7 @@ def ensure_asleep(
             return Posture(False, f"status: {_why(status)}", call=status)
         awake = _not_proven_asleep(report, models)
         if not awake:
-            _settle_sleeping(domain, report, operation_id, actor)
+            _settle_sleeping(target, report)
             return Posture(True, "every bound model is asleep", data={"models": models})
         draining = [n for n in awake if (m := report.model(n)) and m.draining]
         if draining:
@@ -110,16 +107,10 @@ def ensure_asleep(
     return Posture(False, f"not asleep yet: {', '.join(awake)}")
 
 
-def ensure_training(
-    *,
-    client: SupervisorClient,
-    domain: Domain,
-    timeout: Callable[[], float],
-    operation_id: Id,
-    actor: str,
-) -> Posture:
-    """Check every training slot of `domain` runs with a PID; start training if not."""
-    slots = training_slots(domain)
+def ensure_training(target: Target, timeout: Callable[[], float]) -> Posture:
+    """Check every training slot of the target runs with a PID; start training if not."""
+    client = target.client
+    slots = training_slots(target.domain)
     if not slots:
         return Posture(True, "no training slots", data={"trainingSlots": 0})
     for attempt in range(2):
@@ -136,14 +127,12 @@ def ensure_training(
                 continue
             if slot.state != TrainingState.TRAINING:
                 # Only now, with a PID in hand: "running" without one never counts.
-                slot_transition(
-                    slot_id=slot.id,
-                    to_state=TrainingState.TRAINING,
-                    from_states={TrainingState.IDLE},
-                    actor=actor,
-                    reason="training proven running by the supervisor",
-                    operation_id=operation_id,
-                    extra={"pids": list(report.pids)},
+                target.slot_move(
+                    slot,
+                    TrainingState.TRAINING,
+                    {TrainingState.IDLE},
+                    "training proven running by the supervisor",
+                    pids=list(report.pids),
                 )
             pids[str(slot.gpu_index)] = list(report.pids)
         if not missing:

@@ -7,6 +7,8 @@ the old active (the operation's recorded source) and never fail the operation.
 
 from __future__ import annotations
 
+from typing import Any
+
 from fleets.base import clock
 from fleets.core.golden import PROBE_MISMATCH, BaselineReason, Verdict
 from fleets.core.model_health import ServerHealth
@@ -20,7 +22,7 @@ from fleets.core.states import (
     on_leg_of,
     steps_for,
 )
-from fleets.models import Domain, Event, Fleet, ModelBinding, Operation
+from fleets.models import Event, Fleet, ModelBinding, Operation, Slot
 from fleets.reconciler import golden
 from fleets.reconciler.steps import posture
 from fleets.reconciler.steps.base import (
@@ -46,7 +48,6 @@ from fleets.reconciler.supervisor.client import SupervisorClient
 from fleets.services.baselines import baseline_record
 from fleets.services.model_health import model_health_record
 from fleets.services.route_pointer import route_switch
-from fleets.services.transitions import slot_transition
 
 
 def _target_client(ctx: StepContext) -> SupervisorClient | None:
@@ -73,13 +74,11 @@ def stop_training(ctx: StepContext) -> StepResult:
     for slot in slots:
         if slot.state == TrainingState.TRAINING:
             # Claim the slots first, so heartbeats leave them to this step.
-            claimed |= slot_transition(
-                slot_id=slot.id,
-                to_state=TrainingState.STOPPING,
-                from_states={TrainingState.TRAINING},
-                actor=ctx.actor,
-                reason="promotion: stopping training",
-                operation_id=op.id,
+            claimed |= ctx.slot_move(
+                slot,
+                TrainingState.STOPPING,
+                {TrainingState.TRAINING},
+                "promotion: stopping training",
             )
     source = op.source_domain
     grace_ms = ctx.policy.training_stop_grace(
@@ -107,14 +106,12 @@ def stop_training(ctx: StepContext) -> StepResult:
             busy.append((slot, report))
     if not busy:
         for slot in slots:
-            slot_transition(
-                slot_id=slot.id,
-                to_state=TrainingState.IDLE,
-                from_states={TrainingState.STOPPING, TrainingState.TRAINING},
-                actor=ctx.actor,
-                reason="training stopped",
-                operation_id=op.id,
-                extra={"pids": []},
+            ctx.slot_move(
+                slot,
+                TrainingState.IDLE,
+                {TrainingState.STOPPING, TrainingState.TRAINING},
+                "training stopped",
+                pids=[],
             )
         return done(trainingSlots=len(slots))
     if not claimed and any(report.state != TrainerReportState.STOPPING for _, report in busy):
@@ -166,34 +163,30 @@ def _settle_probing(ctx: StepContext, report: StatusReport) -> None:
     for slot in slots:
         names = list(slot.bindings.values_list("name", flat=True))
         if slot.state == InferenceState.WAKING and not _not_proven_awake(report, names):
-            slot_transition(
-                slot_id=slot.id,
-                to_state=InferenceState.PROBING,
-                from_states={InferenceState.WAKING},
-                actor=ctx.actor,
-                reason="awake",
-                operation_id=ctx.operation.id,
-            )
+            ctx.slot_move(slot, InferenceState.PROBING, {InferenceState.WAKING}, "awake")
 
 
-def wake(ctx: StepContext) -> StepResult:
-    """Wake every bound model of the target; done when the supervisor reports each awake."""
+def _bound_target(ctx: StepContext) -> tuple[list[Slot], list[str], SupervisorClient] | StepResult:
+    """The target's bound inference slots and models, with a client for its supervisor; or the
+    failure of a step that needs them."""
     slots, models = bound_inference(ctx.target)
     if not models:
         return failed(NO_INFERENCE_BINDINGS, f"domain {ctx.target.slug} has no model bindings")
     client = _target_client(ctx)
     if client is None:
         return _no_supervisor(ctx)
+    return slots, models, client
+
+
+def wake(ctx: StepContext) -> StepResult:
+    """Wake every bound model of the target; done when the supervisor reports each awake."""
+    bound = _bound_target(ctx)
+    if isinstance(bound, StepResult):
+        return bound
+    slots, models, client = bound
     for slot in slots:
         if slot.state in (InferenceState.SLEEPING, InferenceState.FAILED):
-            slot_transition(
-                slot_id=slot.id,
-                to_state=InferenceState.WAKING,
-                from_states={slot.state},
-                actor=ctx.actor,
-                reason="promotion: waking",
-                operation_id=ctx.operation.id,
-            )
+            ctx.slot_move(slot, InferenceState.WAKING, {slot.state}, "promotion: waking")
     # Nudge, then check: the supervisor's wake is idempotent (awake models are left alone) and
     # blocks until its engines report awake, so the fast path is this call plus one status.
     woke = client.wake(timeout=ctx.call_timeout())
@@ -219,12 +212,10 @@ def wake(ctx: StepContext) -> StepResult:
 def probe(ctx: StepContext) -> StepResult:
     """Golden-probe every bound model and LoRA adapter; any failure is final, routing never
     moves. A woken model must reproduce its baseline answer (fleets.core.golden)."""
-    slots, models = bound_inference(ctx.target)
-    if not models:
-        return failed(NO_INFERENCE_BINDINGS, f"domain {ctx.target.slug} has no model bindings")
-    client = _target_client(ctx)
-    if client is None:
-        return _no_supervisor(ctx)
+    bound = _bound_target(ctx)
+    if isinstance(bound, StepResult):
+        return bound
+    slots, models, client = bound
     timeout = ctx.call_timeout()
     targets = golden.targets_of(ctx.target)
     # The supervisor must answer before our own call gives up on it.
@@ -264,14 +255,7 @@ def probe(ctx: StepContext) -> StepResult:
         path = paths.get(slot.state, ())
         current = slot.state
         for to_state in path:
-            slot_transition(
-                slot_id=slot.id,
-                to_state=to_state,
-                from_states={current},
-                actor=ctx.actor,
-                reason="probe passed",
-                operation_id=ctx.operation.id,
-            )
+            ctx.slot_move(slot, to_state, {current}, "probe passed")
             current = to_state
     # The probe just proved each model's own server serves: say so before routing moves, or
     # the first snapshot after the switch would read the health the standby had asleep (down)
@@ -333,7 +317,7 @@ def _source_is_active(ctx: StepContext) -> bool:
     return ctx.source is not None and active.first() == ctx.source.id
 
 
-def _old_active(ctx: StepContext) -> tuple[SupervisorClient, Domain] | StepResult:
+def _old_active(ctx: StepContext) -> posture.Target | StepResult:
     """Return the old active and a client for it, or a skip when there is nothing to do.
 
     Both best-effort steps skip rather than fail: the old active is often the domain that just
@@ -346,7 +330,7 @@ def _old_active(ctx: StepContext) -> tuple[SupervisorClient, Domain] | StepResul
         return done("skipped", reason="the old active is the active domain again")
     if not source.supervisor_url:
         return done("skipped", reason=f"domain {source.slug} has no supervisor URL")
-    return ctx.client_for(source), source
+    return posture.Target(ctx.client_for(source), source, ctx.slot_move)
 
 
 def _settle_left_ms(ctx: StepContext) -> int:
@@ -376,19 +360,16 @@ def demote_old_sleep(ctx: StepContext) -> StepResult:
     old = _old_active(ctx)
     if isinstance(old, StepResult):
         return old
-    client, source = old
     left = _settle_left_ms(ctx)
     if left > 0:
-        return pending(f"letting proxies move off {source.slug} ({left} ms left)", left)
-    result = posture.ensure_asleep(
-        client=client,
-        domain=source,
-        timeout=ctx.call_timeout,
-        operation_id=ctx.operation.id,
-        actor=ctx.actor,
-    )
+        return pending(f"letting proxies move off {old.domain.slug} ({left} ms left)", left)
+    return _best_effort(posture.ensure_asleep(old, ctx.call_timeout), sleepProven=True)
+
+
+def _best_effort(result: posture.Posture, **proof: Any) -> StepResult:
+    """The answer of a step on the old active: done once its posture is reached, else pending."""
     if result.reached:
-        return done(sleepProven=True, **result.data)
+        return done(**proof, **result.data)
     # Never fail the operation for the old active: keep trying until the step's budget ends.
     return pending(result.message)
 
@@ -409,17 +390,7 @@ def demote_old_train(ctx: StepContext) -> StepResult:
     old = _old_active(ctx)
     if isinstance(old, StepResult):
         return old
-    client, source = old
-    result = posture.ensure_training(
-        client=client,
-        domain=source,
-        timeout=ctx.call_timeout,
-        operation_id=ctx.operation.id,
-        actor=ctx.actor,
-    )
-    if result.reached:
-        return done(**result.data)
-    return pending(result.message)
+    return _best_effort(posture.ensure_training(old, ctx.call_timeout))
 
 
 EXECUTORS: dict[str, Executor] = {
