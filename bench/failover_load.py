@@ -52,9 +52,10 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 from openai import APIStatusError, OpenAI  # noqa: E402
 
+from common.ports import free_port, port_free  # noqa: E402
+
 # The local launcher runs simulated hosts and the server on free ports.
 from haru.local.layouts import FAST_POLICY, fleet_layout  # noqa: E402
-from haru.local.ports import free_port, port_free  # noqa: E402
 from haru.local.processes import wait_for  # noqa: E402
 from haru.local.server import ServerProc  # noqa: E402
 from haru.local.supervisors import TOKEN, SimHost, put_in_standby_posture  # noqa: E402

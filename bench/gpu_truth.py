@@ -63,8 +63,8 @@ from bench.gpu_truth_procs import (  # noqa: E402
     wait_http,
 )
 from bench.gpu_truth_report import judge, render_table  # noqa: E402
+from common.ports import free_port  # noqa: E402
 from fleets.core.policy import DEFAULTS  # noqa: E402
-from haru.local.ports import free_port  # noqa: E402
 from supervisor.clock import SystemClock  # noqa: E402
 from supervisor.config import TrainingSlotConfig  # noqa: E402
 from supervisor.gpu.nvml import NvmlBackend  # noqa: E402

@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT))
 
 import uvicorn  # noqa: E402
 
-from haru.local.ports import free_port  # noqa: E402
+from common.ports import free_port  # noqa: E402
 from haru.local.processes import stop  # noqa: E402
 
 PYTHON = sys.executable

@@ -38,10 +38,10 @@ from typing import TypedDict
 
 import httpx
 
+from common.ports import port_free
 from fleets.base.setting_table import SetByHaru
 from fleets.core.drills import DrillSchedule, schedule_problems
 from haru.local import PYTHON, REPO
-from haru.local.ports import port_free
 from haru.local.processes import NotReady, ProcessBook, kill_stamps, stop_stamps, wait_for
 from haru.local.server import Server, ensure_staff, environment, manage
 from haru.local.supervisors import start_supervisor as local_supervisor

@@ -1,7 +1,8 @@
 """One local Haru: the server, supervisors with simulated engines and trainers, and Celery, as
 real processes on this machine, for the demo, the test tiers and the benchmarks.
 
-- `ports`: free ports outside the kernel's ephemeral range, and "is this port free".
+- ports: `common/ports.py` (free ports outside the kernel's ephemeral range, and "is this port
+  free"), in `common/` so that the GPU host's benchmark can use it without Django.
 - `processes`: start in a session of its own, wait until ready, stop by process group, each
   with a bounded deadline.
 - `supervisors`: a simulated GPU host (config, `python -m supervisor`, its calls).

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import psycopg
 
+from common.ports import free_port
+
 from . import PYTHON
-from .ports import free_port
 from .processes import exited, spawn, wait_for
 from .server import environment
 

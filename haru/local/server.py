@@ -13,8 +13,9 @@ from typing import Any
 
 import httpx
 
+from common.ports import free_port
+
 from . import PYTHON, REPO
-from .ports import free_port
 from .processes import NotReady, exited, kill_group, log_tail, spawn, stop, wait_for
 from .supervisors import TOKEN
 

@@ -18,10 +18,10 @@ from typing import Any
 
 import httpx
 
+from common.ports import free_port, port_free
 from fleets.base.setting_table import SetByHaru
 
 from . import PYTHON
-from .ports import free_port, port_free
 from .processes import exited, kill_group, kill_group_of, pids_with_env, spawn, stop, wait_for
 
 # The supervisor token a simulated host gets unless told otherwise (the control plane is

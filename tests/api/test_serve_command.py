@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from common.ports import free_port
 from fleets.management.commands.serve import is_loopback
-from haru.local.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_VARS = {"DATABASE_URL", "REDIS_URL", "PORT", "HARU_API_TOKEN", "HARU_RECONCILE_INTERVAL_MS"}

@@ -25,9 +25,9 @@ import psycopg
 import pytest
 from playwright.sync_api import sync_playwright
 
+from common.ports import free_port
 from haru.local import REPO as ROOT
 from haru.local.layouts import TWO_DOMAIN_EXAMPLE, example_supervisor_config, two_domain_layout
-from haru.local.ports import free_port
 from haru.local.processes import Processes, wait_for
 from haru.local.server import ensure_staff, environment, seed_layout
 from haru.local.server import manage as _manage

@@ -11,11 +11,11 @@ import pytest
 from django.conf import settings
 from django.test import Client
 
+from common.ports import free_port
 from fleets.base import clock
 from fleets.models import Domain, Event, Operation
 from fleets.services.events import event_record
 from fleets.services.operations import operation_fail, operation_request, operation_start
-from haru.local.ports import free_port
 from tests.drivers.managed_layout import seed_managed_fleet
 
 pytestmark = pytest.mark.django_db

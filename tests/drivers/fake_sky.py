@@ -54,10 +54,10 @@ def _scripted(kind: str):
 
 
 def _free_port() -> int:
-    # The launcher's helper (a port outside the ephemeral range, haru/local/ports.py), from the
+    # The launcher's helper (a port outside the ephemeral range, common/ports.py), from the
     # checkout this script was copied out of: FAKE_SKY_CWD is its root.
     sys.path.insert(0, os.environ.get("FAKE_SKY_CWD") or ".")
-    from haru.local.ports import free_port  # noqa: PLC0415 - this script is copied out of the repo
+    from common.ports import free_port  # noqa: PLC0415 - this script is copied out of the repo
 
     return free_port()
 

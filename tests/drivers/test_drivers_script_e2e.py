@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from common.ports import free_port
 from fleets.core.states import DomainState
 from fleets.layouts.loader import parse_layout
 from fleets.models import Domain, Event, Fleet
@@ -25,7 +26,6 @@ from fleets.reconciler.provision import fleet_provision_tick
 from fleets.reconciler.tick import tick_run
 from fleets.services import provisioning as svc
 from fleets.services.layouts import layout_apply
-from haru.local.ports import free_port
 
 pytestmark = [pytest.mark.integration]
 

@@ -7,9 +7,9 @@ use of it, so they import from one place.
 
 from __future__ import annotations
 
+from common.ports import free_port, port_free
 from haru.local import PYTHON, REPO
 from haru.local.layouts import FAST_POLICY, fleet_layout
-from haru.local.ports import free_port, port_free
 from haru.local.processes import exited, kill_group, kill_group_of, pids_with_env, wait_for
 from haru.local.server import ServerProc
 from haru.local.supervisors import MODELS, TOKEN, SimHost, put_in_standby_posture

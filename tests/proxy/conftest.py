@@ -19,6 +19,7 @@ import uvicorn
 from asgiref.sync import sync_to_async
 from django.db import connections
 
+from common.ports import free_port
 from fleets.layouts.loader import parse_layout
 from fleets.models import Fleet
 from fleets.proxy import store, upstream
@@ -26,7 +27,6 @@ from fleets.proxy.push import FEED
 from fleets.proxy.snapshots import ROUTES
 from fleets.server.protocol import HaruHttpProtocol
 from fleets.services.layouts import layout_apply
-from haru.local.ports import free_port
 
 CHAT = "/v1/chat/completions"
 

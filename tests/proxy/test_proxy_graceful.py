@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from haru.local.ports import free_port
+from common.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_VARS = {"DATABASE_URL", "REDIS_URL", "PORT", "HARU_API_TOKEN", "HARU_RECONCILE_INTERVAL_MS"}

@@ -15,10 +15,10 @@ from asgiref.sync import sync_to_async
 from django.db import connections
 from django.dispatch import Signal
 
+from common.ports import free_port
 from fleets.proxy.push import FEED, RevisionFeed, parse
 from fleets.services import route_publish
 from fleets.services.route_publish import PG_CHANNEL, REDIS_CHANNEL, payload
-from haru.local.ports import free_port
 from tests.proxy.test_proxy_routing import promote
 
 pytestmark = pytest.mark.django_db(transaction=True)

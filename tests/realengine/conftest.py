@@ -21,9 +21,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from common.ports import free_port
 from common.wire.contract import check_response
 from haru.local import REPO, processes
-from haru.local.ports import free_port
 from haru.local.processes import exited, spawn, wait_for
 from haru.local.supervisors import sim_trainer
 from haru.local.supervisors import start_supervisor as local_supervisor

@@ -13,12 +13,12 @@ import redis
 from django.conf import settings
 from django.test import override_settings
 
+from common.ports import free_port
 from fleets.models import Operation
 from fleets.reconciler import kick
 from fleets.reconciler.loop import ReconcileLoop
 from fleets.server.driver import RESUME_GRACE_S, BrokerFallback, start_for_server
 from fleets.services.operations import operation_request
-from haru.local.ports import free_port
 
 
 class RecordingLoop:

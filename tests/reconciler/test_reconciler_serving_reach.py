@@ -8,11 +8,11 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import httpx
 import pytest
 
+from common.ports import free_port
 from fleets.core.model_health import Reach
 from fleets.reconciler.supervisor import transport
 from fleets.reconciler.supervisor.client import SupervisorClient
 from fleets.reconciler.supervisor.transport import call_reach, serving_reach
-from haru.local.ports import free_port
 
 
 @pytest.fixture

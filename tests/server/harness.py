@@ -12,8 +12,8 @@ import os
 
 import pytest
 
+from common.ports import free_port
 from haru.local import backing, layouts
-from haru.local.ports import free_port
 from haru.local.processes import wait_for
 from haru.local.server import SERVER_VARS, Serve, manage, prepare, server_env, staff_client
 from haru.local.upstream import read_request, start_upstream

@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
+from common.ports import free_port
 from common.wire.contract import check_response
-from haru.local.ports import free_port
 from supervisor.api import create_app
 from supervisor.config import parse_config
 from supervisor.gpu.nvml import NvmlBackend

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from haru.local.ports import port_free
+from common.ports import port_free
 from supervisor.gpu.sim_state import SimGpuState, pid_alive
 from supervisor.procfs import boot_id, process_start_time
 from supervisor.records import ProcessStamp, ServerRecord, StateDir, TrainerRecord

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PORTS = ROOT / "haru" / "local" / "ports.py"
+PORTS = ROOT / "common" / "ports.py"
 
 
 def _python_files(*folders: str) -> Iterator[Path]:
@@ -99,7 +99,7 @@ def test_only_the_launchers_ports_module_probes_a_port():
         for path in _python_files("tests", "bench", "haru")
         if path != PORTS and (lines := port_probes(path))
     }
-    assert offenders == {}, "probe ports with haru.local.ports (free_port, port_free) instead"
+    assert offenders == {}, "probe ports with common.ports (free_port, port_free) instead"
     assert port_probes(PORTS), "the probe itself moved: point PORTS at it"
 
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from haru.local import ports
+from common import ports
 from haru.local.processes import Processes, exited, spawn, stop, wait_for
 
 

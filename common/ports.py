@@ -1,4 +1,6 @@
-"""Free TCP ports for the servers the launcher starts, outside the ephemeral range.
+"""Free TCP ports for the servers the local launcher (haru/local/) and the GPU host's benchmark
+start, outside the ephemeral range. Standard library only, in `common/` because the GPU truth
+run (bench/gpu_truth.py) uses it on a host that carries only the supervisor and `common/`.
 
 Binding port 0 asks the kernel for a port from its ephemeral range, the range it also draws the
 source port of every outgoing connection from. Between that probe and the server's own bind,
