@@ -103,7 +103,7 @@ def _status_record(name: str, c: dict) -> dict:
     }
 
 
-def _alive(pid: int | None) -> bool:
+def alive(pid: int | None) -> bool:
     if not pid:
         return False
     try:
@@ -117,10 +117,11 @@ def _alive(pid: int | None) -> bool:
         return False
 
 
-def _pids_marked(marker: str) -> list[int]:
-    """The processes of one simulated cluster: the supervisor's children run in sessions of
-    their own, so they are found by the marker in their environment."""
-    needle = f"FAKE_SKY_NODE={marker}".encode()
+def pids_marked(variable: str, marker: object) -> list[int]:
+    """The processes of one simulated host: the supervisor's children run in sessions of their
+    own, so they are found by the marker (`variable=marker`) they inherit in their environment.
+    script_host.py, the script driver's host, finds its own the same way."""
+    needle = f"{variable}={marker}".encode()
     out = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) != os.getpid():
@@ -138,7 +139,7 @@ def _kill(c: dict) -> None:
             os.killpg(pid, signal.SIGKILL)
         c["pid"] = None
     if c.get("node"):
-        for other in _pids_marked(c["node"]):
+        for other in pids_marked("FAKE_SKY_NODE", c["node"]):
             with contextlib.suppress(OSError):
                 os.kill(other, signal.SIGKILL)
 
@@ -221,7 +222,7 @@ def main(argv: list[str]) -> int:
     if kind == "status":
         name = argv[-1]
         c = clusters.get(name)
-        if c is not None and c["status"] == "UP" and c.get("ports") and not _alive(c.get("pid")):
+        if c is not None and c["status"] == "UP" and c.get("ports") and not alive(c.get("pid")):
             # The cloud lost the node (or its job died): a refresh says so.
             c["status"] = "INIT"
             _save("clusters.json", clusters)

@@ -19,6 +19,10 @@ import sys
 import time
 from pathlib import Path
 
+# Run as a script, this file's folder is on sys.path: the fake sky CLI beside it shares its
+# process helpers.
+from fake_sky import alive, pids_marked
+
 
 def _home() -> Path:
     home = Path(os.environ["SCRIPT_HOST_DIR"]) / os.environ["HARU_DOMAIN"]
@@ -34,27 +38,6 @@ def _record(phase: str, stdin: str) -> None:
 def _state() -> dict | None:
     path = _home() / "state.json"
     return json.loads(path.read_text()) if path.exists() else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
-
-
-def _marked() -> list[int]:
-    """Every process of this host: the supervisor's children run in sessions of their own, so
-    they are found by the marker they inherit."""
-    needle = f"SCRIPT_HOST_NODE={_home()}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            with contextlib.suppress(OSError):
-                if needle in (entry / "environ").read_bytes():
-                    found.append(int(entry.name))
-    return found
 
 
 def launch() -> int:
@@ -92,7 +75,7 @@ def launch() -> int:
 def describe() -> int:
     _record("describe", sys.stdin.read())
     state = _state()
-    if state is None or not _alive(state["pid"]):
+    if state is None or not alive(state["pid"]):
         print(json.dumps({"state": "stopped"}))
         return 0
     try:
@@ -107,13 +90,13 @@ def describe() -> int:
 def stop() -> int:
     _record("stop", sys.stdin.read())
     state = _state()
-    if state is not None and _alive(state["pid"]):
+    if state is not None and alive(state["pid"]):
         with contextlib.suppress(OSError):
             os.killpg(state["pid"], signal.SIGTERM)  # the supervisor stops its children
         deadline = time.monotonic() + 10
-        while _alive(state["pid"]) and time.monotonic() < deadline:
+        while alive(state["pid"]) and time.monotonic() < deadline:
             time.sleep(0.1)
-    for pid in _marked():  # whatever is left
+    for pid in pids_marked("SCRIPT_HOST_NODE", _home()):  # whatever is left
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
     (_home() / "state.json").unlink(missing_ok=True)
