@@ -5,7 +5,12 @@ from django.core import checks
 from django.db.models.signals import post_migrate
 
 from fleets.base.conf import haru_settings
-from fleets.checks import scoped_tokens, shared_supervisor_token, short_tokens
+from fleets.checks import (
+    partly_squashed_schema,
+    scoped_tokens,
+    shared_supervisor_token,
+    short_tokens,
+)
 
 
 def _seed_beat_schedule(**_kwargs: Any) -> None:
@@ -31,4 +36,5 @@ class FleetsConfig(AppConfig):
         checks.register(short_tokens, checks.Tags.security)
         checks.register(shared_supervisor_token, checks.Tags.security)
         checks.register(scoped_tokens, checks.Tags.security)
+        checks.register(partly_squashed_schema, checks.Tags.database)
         post_migrate.connect(_seed_beat_schedule, sender=self, dispatch_uid="haru-beat-schedule")

@@ -6,11 +6,14 @@ guess is worth a warning at every start, not a silent acceptance. No check ever 
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from django.core.checks import CheckMessage
 from django.core.checks import Error as CheckError
 from django.core.checks import Warning as CheckWarning
+from django.db import DatabaseError, connections
+from django.db.migrations.recorder import MigrationRecorder
 
 from fleets.base.conf import haru_settings
 
@@ -93,3 +96,44 @@ def scoped_tokens(app_configs: Any = None, **_kwargs: Any) -> list[CheckMessage]
             )
         ]
     return []
+
+
+# The fourteen migrations of 30 November to 4 December 2026, squashed into
+# 0001_squashed_0014 (which lists them in `replaces`). Django applies the squashed one to a new
+# database and counts it as applied where all fourteen are; a database that holds some of them
+# only would be left silently short of columns, because their files are gone.
+LAST_COMMIT_WITH_THEM = "9645153"
+
+
+def partly_squashed_schema(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Refuse a database that applied some, not all, of the squashed migrations (`migrate`
+    runs database checks first, so it stops before it changes anything)."""
+    squashed = importlib.import_module("fleets.migrations.0001_squashed_0014").Migration
+    replaced = [name for _, name in squashed.replaces]
+    out: list[CheckMessage] = []
+    for alias in kwargs.get("databases") or ():
+        try:
+            applied = {
+                name
+                for app, name in MigrationRecorder(connections[alias]).applied_migrations()
+                if app == "fleets"
+            }
+        except DatabaseError:
+            continue  # no database yet, or not reachable: migrate itself will say so
+        done = [name for name in replaced if name in applied]
+        if done and len(done) < len(replaced):
+            out.append(
+                CheckError(
+                    f"database {alias!r} holds the fleets schema at {done[-1]}, from before its "
+                    f"migrations were squashed; this version can only upgrade it from "
+                    f"{replaced[-1]}",
+                    hint=(
+                        f"migrate it once with a checkout of commit {LAST_COMMIT_WITH_THEM} "
+                        "(git worktree add /tmp/haru-upgrade "
+                        f"{LAST_COMMIT_WITH_THEM}; manage.py migrate there, same DATABASE_URL), "
+                        "then run this version's migrate; docs/deployment.md, 'Upgrading'"
+                    ),
+                    id="haru.E003",
+                )
+            )
+    return out

@@ -6,11 +6,9 @@ one; whatever it recorded must never overwrite newer news, for a failure as for 
 
 from __future__ import annotations
 
-import importlib
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.apps import apps as django_apps
 
 from fleets.models import Domain, Event, Fleet
 from fleets.services.heartbeats import domain_heartbeat_failed, domain_seen
@@ -143,24 +141,3 @@ def test_the_gpu_read_time_never_moves_back_to_an_answer_asked_earlier(seeded_fl
     d.refresh_from_db()
     assert d.last_seen_at == T0 + timedelta(seconds=1)
     assert d.gpus_read_at == later
-
-
-def test_the_upgrade_fills_the_columns_from_what_the_reports_held(seeded_fleet):
-    migration = importlib.import_module("fleets.migrations.0002_scheduling_columns")
-    d = west(seeded_fleet)
-    Domain.objects.filter(pk=d.pk).update(
-        last_report={
-            "heartbeat": {
-                "ok": False,
-                "checkedAt": "2026-01-01T00:00:05Z",
-                "failingSince": "2026-01-01T00:00:01Z",
-            },
-            "gpusAt": "2026-01-01T00:00:02Z",
-            "gpusError": {"kind": "timeout", "at": "2026-01-01T00:00:03Z"},
-        }
-    )
-    migration.fill_from_reports(django_apps, None)
-    d.refresh_from_db()
-    assert d.heartbeat_checked_at == T0 + timedelta(seconds=5)
-    assert d.heartbeat_failing_since == T0 + timedelta(seconds=1)
-    assert d.gpus_read_at == T0 + timedelta(seconds=3)
