@@ -237,15 +237,10 @@ def parse_layout(data: Any) -> Layout:
         errors.append(str(exc))
         policy = {}
     domains: list[DomainSpec] = []
-    seen_domains: dict[str, int] = {}
+    seen_domains: dict[str, str] = {}
     for di, d in enumerate(data["domains"]):
         dpath = f"domains[{di}]"
-        if d["slug"] in seen_domains:
-            errors.append(
-                f"{dpath}.slug: duplicate domain {d['slug']!r} "
-                f"(also domains[{seen_domains[d['slug']]}])"
-            )
-        seen_domains.setdefault(d["slug"], di)
+        _first_seen(seen_domains, d["slug"], dpath, "slug", f"domain {d['slug']!r}", errors)
         domains.append(_parse_domain(data, d, dpath, errors))
     active = data.get("activeDomainSlug")
     if active is not None and active not in seen_domains:
@@ -309,11 +304,21 @@ def _gpu_layout(data: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
     return gpu_layout
 
 
+def _first_seen(
+    seen: dict[Any, str], key: Any, path: str, field: str, what: str, errors: list[str]
+) -> None:
+    """Remember that `key` is first written at `path`; a second one is an error at its `field`
+    naming `what` is duplicated and where it was first."""
+    if key in seen:
+        errors.append(f"{path}.{field}: duplicate {what} (also {seen[key]})")
+    seen.setdefault(key, path)
+
+
 def _parse_slots(d: dict[str, Any], dpath: str, errors: list[str]) -> list[SlotSpec]:
     """A domain's slots as written: one GPU and kind each, a model name once per domain."""
     planned = "gpus" in d
     slots: list[SlotSpec] = []
-    seen_slots: dict[tuple[int, str], int] = {}
+    seen_slots: dict[tuple[int, str], str] = {}
     seen_models: dict[str, str] = {}
     for si, s in enumerate(d.get("slots", [])):
         spath = f"{dpath}.slots[{si}]"
@@ -323,13 +328,9 @@ def _parse_slots(d: dict[str, Any], dpath: str, errors: list[str]) -> list[SlotS
                 f"{spath}.gpuIndex: is required when the domain does not describe its gpus"
             )
             index = 0
-        key = (index, s["kind"])
-        if index is not None and key in seen_slots:
-            errors.append(
-                f"{spath}.gpuIndex: duplicate {s['kind']} slot on GPU {s['gpuIndex']} "
-                f"(also {dpath}.slots[{seen_slots[key]}])"
-            )
-        seen_slots.setdefault(key, si)
+        if index is not None:
+            what = f"{s['kind']} slot on GPU {index}"
+            _first_seen(seen_slots, (index, s["kind"]), spath, "gpuIndex", what, errors)
         pins = {"mig_instance": s.get("migInstance", "")}
         if s["kind"] == SlotKind.TRAINING:
             spec = {"command": list(s["command"]), "checkpointDir": s["checkpointDir"]}
@@ -356,12 +357,8 @@ def _parse_models(
     models = []
     for mi, m in enumerate(s["models"]):
         mpath = f"{spath}.models[{mi}]"
-        if m["name"] in seen_models:
-            errors.append(
-                f"{mpath}.name: duplicate model {m['name']!r} in domain "
-                f"{d['slug']!r} (also {seen_models[m['name']]})"
-            )
-        seen_models.setdefault(m["name"], mpath)
+        what = f"model {m['name']!r} in domain {d['slug']!r}"
+        _first_seen(seen_models, m["name"], mpath, "name", what, errors)
         if has_userinfo(m.get("servingUrl", "")):
             errors.append(f"{mpath}.servingUrl: {USERINFO_RULE}")
         serving_url = m.get("servingUrl") or d.get("servingBaseUrl", "")

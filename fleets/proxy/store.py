@@ -123,13 +123,27 @@ def stalled_for() -> float:
     return 0.0 if since is None else time.monotonic() - since
 
 
+# The Fleet columns a Pointer is read from, in the order `_pointer` takes them.
+_POINTER_FIELDS = ("id", "slug", "active_domain", "route_revision")
+
+
+def _pointer(row: tuple[Any, ...]) -> Pointer:
+    """The Pointer of one row of `_POINTER_FIELDS` (raw SQL or `values_list`, either backend)."""
+    return Pointer(
+        fleet_id=_uuid_str(row[0]),
+        slug=row[1],
+        active_domain_id=_uuid_text(row[2]),
+        revision=int(row[3]),
+    )
+
+
 @functools.cache
 def _sql() -> tuple[str, str]:
     quote = connections["default"].ops.quote_name
     meta = Fleet._meta
     cols = ", ".join(
         quote(meta.get_field(name).column)  # type: ignore[union-attr,arg-type]  # concrete fields
-        for name in ("id", "slug", "active_domain", "route_revision")
+        for name in _POINTER_FIELDS
     )
     table = quote(meta.db_table)
     by_slug = f"SELECT {cols} FROM {table} WHERE {quote('slug')} = %s"
@@ -192,15 +206,7 @@ def pointer_read(ref: str, as_id: uuid.UUID | None) -> Pointer | None:
             rows = cursor.fetchall()
         if not rows:
             return None
-        pointers = [
-            Pointer(
-                fleet_id=_uuid_str(row[0]),
-                slug=row[1],
-                active_domain_id=_uuid_text(row[2]),
-                revision=int(row[3]),
-            )
-            for row in rows
-        ]
+        pointers = [_pointer(row) for row in rows]
         if as_id is not None:
             wanted = str(as_id)
             pointers.sort(key=lambda p: p.fleet_id != wanted)
@@ -213,19 +219,10 @@ def snapshot_rows_read(fleet_id: str) -> SnapshotRows | None:
     """Read what the routing snapshot of `fleet_id` needs; None when the fleet is gone."""
 
     def read(conn) -> SnapshotRows | None:
-        fleet = (
-            Fleet.objects.filter(pk=fleet_id)
-            .values_list("id", "slug", "active_domain_id", "route_revision")
-            .first()
-        )
+        fleet = Fleet.objects.filter(pk=fleet_id).values_list(*_POINTER_FIELDS).first()
         if fleet is None:
             return None
-        pointer = Pointer(
-            fleet_id=_uuid_str(fleet[0]),
-            slug=fleet[1],
-            active_domain_id=_uuid_text(fleet[2]),
-            revision=int(fleet[3]),
-        )
+        pointer = _pointer(fleet)
         if pointer.active_domain_id is None:
             return SnapshotRows(pointer, None, None, None, ())
         domain = (

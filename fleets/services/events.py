@@ -1,13 +1,15 @@
 """Append the audit trail and announce it to the live layer after commit; write a guarded
-update together with the events it owes (`guarded_update`)."""
+update together with the events it owes (`guarded_update`), and the "not older news" guard
+(`not_newer`) the writes of what a heartbeat observed share."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import Any, Required, TypedDict
 
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from fleets.base import clock
 from fleets.models import Event, Id
@@ -78,3 +80,10 @@ def guarded_update(
             if then is not None:
                 then()
     return moved
+
+
+def not_newer(field: str, at: datetime, *, tie_wins: bool = False) -> Q:
+    """Match rows whose `field` is unset or older than `at` (or equal to it, when a tie goes to
+    this write): a slower tick finishing after a faster one must not write older news over
+    newer."""
+    return Q(**{f"{field}__isnull": True}) | Q(**{f"{field}__{'lte' if tie_wins else 'lt'}": at})

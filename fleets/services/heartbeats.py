@@ -14,15 +14,20 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Case, F, Q, Value, When
+from django.db.models import Case, F, Value, When
 
 from fleets.base import clock
 from fleets.core.beat_plan import BeatPlan
 from fleets.core.report import HeartbeatNote, heartbeat_json, read_error, read_error_json
-from fleets.core.states import check_transition
 from fleets.models import Domain, Id, ModelBinding, Slot
-from fleets.services.events import EventFields, guarded_update
+from fleets.services.events import EventFields, guarded_update, not_newer
 from fleets.services.model_health import model_health_record
+from fleets.services.transitions import (
+    SLOT_EVENT_FIELDS,
+    domain_moved,
+    slot_moved,
+    state_move,
+)
 
 
 def heartbeat_record(*, plan: BeatPlan, actor: str = "heartbeat") -> None:
@@ -95,24 +100,19 @@ def slot_mirror(
     actor: str = "heartbeat",
 ) -> bool:
     """Move a slot to the posture its supervisor reported; return whether it moved."""
-    row = Slot.objects.filter(pk=slot_id).values("kind", "domain_id", "domain__fleet_id").first()
+    row = Slot.objects.filter(pk=slot_id).values(*SLOT_EVENT_FIELDS).first()
     if row is None or from_state == to_state:
         return False
-    check_transition(row["kind"], from_state, to_state)
-    extra: dict[str, Any] = {} if pids is None else {"pids": pids}
     # Guarded by the state we read and by "unchanged since the report was taken".
-    moved = guarded_update(
-        Slot.objects.filter(pk=slot_id, state=from_state, state_updated_at__lte=observed_at),
-        {"state": to_state, "state_updated_at": now, **extra},
-        {
-            "fleet_id": row["domain__fleet_id"],
-            "domain_id": row["domain_id"],
-            "kind": f"slot.{row['kind']}.{to_state}",
-            "actor": actor,
-            "data": {"slotId": str(slot_id), "from": from_state, "to": to_state, "reason": reason},
-        },
+    return state_move(
+        Slot.objects.filter(pk=slot_id, state_updated_at__lte=observed_at),
+        row["kind"],
+        from_state,
+        to_state,
+        slot_moved(row, slot_id, from_state, to_state, actor, reason),
+        now=now,
+        extra=None if pids is None else {"pids": pids},
     )
-    return bool(moved)
 
 
 def slot_pids_record(*, slot_id: Id, pids: list[int]) -> None:
@@ -134,28 +134,16 @@ def domain_mirror(
     row = Domain.objects.filter(pk=domain_id).values("fleet_id").first()
     if row is None or from_state == to_state:
         return False
-    check_transition("domain", from_state, to_state)
     # Same guard as slots: escalation or a step that moved the domain after the report was
     # read wins over the report.
-    moved = guarded_update(
-        Domain.objects.filter(pk=domain_id, state=from_state, state_updated_at__lte=observed_at),
-        {"state": to_state, "state_updated_at": now},
-        {
-            "fleet_id": row["fleet_id"],
-            "domain_id": domain_id,
-            "kind": f"domain.{to_state}",
-            "actor": actor,
-            "data": {"from": from_state, "to": to_state, "reason": reason},
-        },
+    return state_move(
+        Domain.objects.filter(pk=domain_id, state_updated_at__lte=observed_at),
+        "domain",
+        from_state,
+        to_state,
+        domain_moved(row["fleet_id"], domain_id, from_state, to_state, actor, reason),
+        now=now,
     )
-    return bool(moved)
-
-
-def _not_newer(field: str, at: datetime, *, tie_wins: bool = False) -> Q:
-    """Match rows whose `field` is unset or older than `at` (or equal to it, when a tie goes to
-    this write): a slower tick finishing after a faster one must not write older news over
-    newer."""
-    return Q(**{f"{field}__isnull": True}) | Q(**{f"{field}__{'lte' if tie_wins else 'lt'}": at})
 
 
 def domain_seen(
@@ -193,7 +181,7 @@ def domain_seen(
         # Another process's reads keep their own in-flight table, so a newer beat may carry an
         # answer asked before the one already stored: keep the later time.
         values["gpus_read_at"] = Case(
-            When(_not_newer("gpus_read_at", gpus_read_at), then=Value(gpus_read_at)),
+            When(not_newer("gpus_read_at", gpus_read_at), then=Value(gpus_read_at)),
             default=F("gpus_read_at"),
         )
     recovered: list[EventFields] = []
@@ -215,8 +203,8 @@ def domain_seen(
     # failure's guard is strict on `last_seen_at`).
     moved = guarded_update(
         Domain.objects.filter(pk=domain_id, heartbeat_failing_since=failing_since)
-        .filter(_not_newer("heartbeat_checked_at", seen_at, tie_wins=True))
-        .filter(_not_newer("last_seen_at", seen_at)),
+        .filter(not_newer("heartbeat_checked_at", seen_at, tie_wins=True))
+        .filter(not_newer("last_seen_at", seen_at)),
         values,
         *recovered,
     )
@@ -265,8 +253,8 @@ def domain_heartbeat_failed(
     # every heartbeat recorded so far".
     moved = guarded_update(
         Domain.objects.filter(pk=domain_id, heartbeat_failing_since=failing_since)
-        .filter(_not_newer("heartbeat_checked_at", checked_at))
-        .filter(_not_newer("last_seen_at", checked_at)),
+        .filter(not_newer("heartbeat_checked_at", checked_at))
+        .filter(not_newer("last_seen_at", checked_at)),
         {
             "heartbeat_checked_at": checked_at,
             "heartbeat_failing_since": since,
@@ -297,7 +285,7 @@ def binding_engine_version_record(
         return False
     moved = guarded_update(
         ModelBinding.objects.filter(pk=binding_id, engine_version=row["engine_version"]).filter(
-            _not_newer("engine_version_at", observed_at)
+            not_newer("engine_version_at", observed_at)
         ),
         {"engine_version": engine_version, "engine_version_at": observed_at},
         {

@@ -12,12 +12,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Q
-
 from fleets.base import clock
 from fleets.core.model_health import ServerHealth
 from fleets.models import Id, ModelBinding
-from fleets.services.events import EventFields, guarded_update
+from fleets.services.events import EventFields, guarded_update, not_newer
 
 
 def model_health_record(
@@ -32,11 +30,8 @@ def model_health_record(
 
     `source` says who told (`supervisor`, `direct`, `datapath`), for the edge event.
     """
-    row = (
-        ModelBinding.objects.filter(pk=binding_id)
-        .values("health", "name", "domain_id", "domain__fleet_id")
-        .first()
-    )
+    binding = ModelBinding.objects.filter(pk=binding_id)
+    row = binding.values("health", "name", "domain_id", "domain__fleet_id").first()
     if row is None:
         return False
     values: dict[str, Any] = {"health": health, "health_at": observed_at}
@@ -58,8 +53,8 @@ def model_health_record(
     # Guarded by the value read (so the edge is decided once) and by "newer than what is
     # recorded" (a slower beat loses).
     moved = guarded_update(
-        ModelBinding.objects.filter(pk=binding_id, health=row["health"]).filter(
-            Q(health_at__isnull=True) | Q(health_at__lte=observed_at)
+        binding.filter(health=row["health"]).filter(
+            not_newer("health_at", observed_at, tie_wins=True)
         ),
         values,
         *([edge] if row["health"] != health else []),

@@ -16,7 +16,7 @@ from django.db.models import Exists, OuterRef
 from fleets.base import clock
 from fleets.core.states import DomainState, check_transition
 from fleets.models import Domain, Fleet, Id
-from fleets.services.events import guarded_update
+from fleets.services.transitions import domain_moved, state_move
 
 _FROM = (DomainState.READY, DomainState.DEGRADED)
 # The `reason` of the `domain.failed` event this writes.
@@ -45,23 +45,19 @@ def domain_unreachable_fail(
     row = Domain.objects.filter(pk=domain_id).values("fleet_id", "state").first()
     if row is None or row["state"] not in _FROM:
         return False
-    moved = guarded_update(
-        Domain.objects.filter(
-            pk=domain_id, state=row["state"], state_updated_at__lte=checked_since
-        ).filter(is_active),
-        {"state": DomainState.FAILED, "state_updated_at": now},
-        {
-            "fleet_id": row["fleet_id"],
-            "domain_id": domain_id,
-            "kind": "domain.failed",
-            "actor": actor,
-            "data": {
-                "from": row["state"],
-                "to": DomainState.FAILED,
-                "reason": UNREACHABLE,
-                "confirmedAt": clock.iso(now),
-                **evidence,
-            },
-        },
+    return state_move(
+        Domain.objects.filter(pk=domain_id, state_updated_at__lte=checked_since).filter(is_active),
+        "domain",
+        row["state"],
+        DomainState.FAILED,
+        domain_moved(
+            row["fleet_id"],
+            domain_id,
+            row["state"],
+            DomainState.FAILED,
+            actor,
+            UNREACHABLE,
+            more={"confirmedAt": clock.iso(now), **evidence},
+        ),
+        now=now,
     )
-    return bool(moved)

@@ -99,6 +99,20 @@ def test_without_a_gpu_description_gpu_indices_stay_required():
     )
 
 
+def test_two_slots_without_gpu_indices_are_reported_not_a_crash():
+    # Both default to GPU 0 after the "required" error: the duplicate is said as one more
+    # error (it once read the missing gpuIndex for its message and raised KeyError).
+    data = copy.deepcopy(read_layout_file(TWO_DOMAIN))
+    east = data["domains"][0]
+    del east["gpus"]
+    east["slots"].append({"kind": "inference", "models": [{"name": "tiny"}]})
+    for slot in east["slots"]:
+        slot.pop("gpuIndex", None)
+    with pytest.raises(LayoutError) as err:
+        parse_layout(data)
+    assert any(": duplicate inference slot on GPU 0 (also " in e for e in err.value.errors)
+
+
 def test_planned_slot_merge_keeps_one_inference_slot_per_gpu():
     data = copy.deepcopy(read_layout_file(TWO_DOMAIN))
     data["domains"][0]["slots"].append(
