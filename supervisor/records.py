@@ -25,9 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Annotated, Any, ClassVar
 
-from common.strict_json import is_int
+from common.wire.codec import Wire, WireRecord
 from supervisor.clock import iso_utc
 from supervisor.procfs import boot_id, process_group, process_start_time, same_process
 
@@ -42,12 +42,12 @@ class StateDirBusy(Exception):
 
 
 @dataclass(frozen=True)
-class ProcessStamp:
+class ProcessStamp(WireRecord):
     """What identifies one process across a supervisor restart."""
 
     pid: int
     pgid: int
-    start_time: str | None
+    start_time: Annotated[str | None, Wire("procStartTime")]
     boot_id: str | None
 
     @classmethod
@@ -59,33 +59,39 @@ class ProcessStamp:
         """Tell whether the stamped process still runs (and is not a later reuse of its pid)."""
         return same_process(self.pid, self.start_time, self.boot_id)
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "pid": self.pid,
-            "pgid": self.pgid,
-            "procStartTime": self.start_time,
-            "bootId": self.boot_id,
-        }
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ProcessStamp:
-        return cls(
-            pid=_int(data["pid"]),
-            pgid=_int(data["pgid"]),
-            start_time=_opt_str(data.get("procStartTime")),
-            boot_id=_opt_str(data.get("bootId")),
-        )
+def _timestamp(value: Any) -> float:
+    if not isinstance(value, str):
+        raise ValueError(f"not a timestamp: {value!r}")
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+# Written as ISO 8601 UTC, so a person reading the state directory sees when.
+StartedAt = Annotated[float, Wire(encode=iso_utc, decode=_timestamp)]
+# The process's stamp is spread in the record itself, not nested under a key.
+Stamp = Annotated[ProcessStamp, Wire(flatten=True)]
+
+
+class _Record(WireRecord):
+    """A record's file: its version and kind, then its fields (common/wire/codec.py)."""
+
+    KIND: ClassVar[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": VERSION, "kind": self.KIND, **super().to_json()}
 
 
 @dataclass(frozen=True)
-class ServerRecord:
+class ServerRecord(_Record):
     """A managed model server some supervisor started on this host."""
+
+    KIND: ClassVar[str] = "server"
 
     name: str
     port: int
     fingerprint: str | None
-    started_at: float
-    stamp: ProcessStamp
+    started_at: StartedAt
+    stamp: Stamp
     # What the supervisor last asked for and last saw confirmed, so that an adopted server
     # that later crashes is put back to sleep, and an engine without a status endpoint
     # (SGLang) still has a known state after the restart.
@@ -97,69 +103,25 @@ class ServerRecord:
         # Ports are unique on a host and safe in a file name; model names may hold "/".
         return f"server-{self.port}.json"
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "version": VERSION,
-            "kind": "server",
-            "name": self.name,
-            "port": self.port,
-            "fingerprint": self.fingerprint,
-            "startedAt": iso_utc(self.started_at),
-            "wantAsleep": self.want_asleep,
-            "sleeping": self.sleeping,
-            **self.stamp.to_json(),
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ServerRecord:
-        return cls(
-            name=str(data["name"]),
-            port=_int(data["port"]),
-            fingerprint=_opt_str(data.get("fingerprint")),
-            started_at=_timestamp(data["startedAt"]),
-            stamp=ProcessStamp.from_json(data),
-            want_asleep=_opt_bool(data.get("wantAsleep")),
-            sleeping=_opt_bool(data.get("sleeping")),
-        )
-
 
 @dataclass(frozen=True)
-class TrainerRecord:
+class TrainerRecord(_Record):
     """A trainer some supervisor started on this host."""
+
+    KIND: ClassVar[str] = "trainer"
 
     gpu_index: int
     command: tuple[str, ...]
-    started_at: float
-    stamp: ProcessStamp
+    started_at: StartedAt
+    stamp: Stamp
 
     @property
     def filename(self) -> str:
         return f"trainer-gpu{self.gpu_index}.json"
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "version": VERSION,
-            "kind": "trainer",
-            "gpuIndex": self.gpu_index,
-            "command": list(self.command),
-            "startedAt": iso_utc(self.started_at),
-            **self.stamp.to_json(),
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TrainerRecord:
-        command = data["command"]
-        if not isinstance(command, list):
-            raise ValueError("command must be a list")
-        return cls(
-            gpu_index=_int(data["gpuIndex"]),
-            command=tuple(str(c) for c in command),
-            started_at=_timestamp(data["startedAt"]),
-            stamp=ProcessStamp.from_json(data),
-        )
-
 
 Record = ServerRecord | TrainerRecord
+RECORD_KINDS: dict[Any, type[Record]] = {k.KIND: k for k in (ServerRecord, TrainerRecord)}
 
 
 @dataclass(frozen=True)
@@ -265,36 +227,9 @@ class StateDir:
             data = json.loads(path.read_text(encoding="utf-8"))
             if not isinstance(data, dict) or data.get("version") != VERSION:
                 return None
-            if data.get("kind") == "server":
-                return ServerRecord.from_json(data)
-            if data.get("kind") == "trainer":
-                return TrainerRecord.from_json(data)
+            kind = RECORD_KINDS.get(data.get("kind"))
+            if kind is not None:
+                return kind.from_json(data)
         except (OSError, ValueError, KeyError, TypeError):
             return None
         return None
-
-
-def _int(value: Any) -> int:
-    if not is_int(value):
-        raise ValueError(f"not an integer: {value!r}")
-    return value
-
-
-def _opt_str(value: Any) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise ValueError(f"not a string: {value!r}")
-    return value
-
-
-def _opt_bool(value: Any) -> bool | None:
-    if value is None or isinstance(value, bool):
-        return value
-    raise ValueError(f"not a boolean: {value!r}")
-
-
-def _timestamp(value: Any) -> float:
-    if not isinstance(value, str):
-        raise ValueError(f"not a timestamp: {value!r}")
-    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
+from common.wire.codec import Wire, WireRecord, to_wire
 from fleets.core.states import FAILOVER_PATH, DomainState, OperationKind, Step
 from fleets.core.timestamps import utc_iso
 
@@ -63,24 +64,18 @@ def during_outage(*, kind: str, detected_at: datetime | None, source_state: str 
 @dataclass(frozen=True)
 class RecoverySample:
     kind: RecoveryKind
-    finished_at: datetime
+    finished_at: Annotated[datetime, Wire(encode=utc_iso)]
     detection_ms: int
+    # Declared in its place on the wire (after detectionMs); passed by name.
+    detection: Detection = field(default=Detection.MEASURED, kw_only=True)
     steps_ms: Mapping[str, int]
-    detection: Detection = Detection.MEASURED
 
     @property
     def total_ms(self) -> int:
         return self.detection_ms + sum(self.steps_ms.values())
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "finishedAt": utc_iso(self.finished_at),
-            "detectionMs": self.detection_ms,
-            "detection": self.detection,
-            "stepsMs": dict(self.steps_ms),
-            "totalMs": self.total_ms,
-        }
+        return {**to_wire(self), "totalMs": self.total_ms}
 
 
 def detection_of(
@@ -120,7 +115,7 @@ def sample(
     if any(step not in steps_ms for step in wanted):
         return None
     steps: dict[str, int] = {step: max(0, int(steps_ms[step])) for step in wanted}
-    return RecoverySample(kind, finished_at, max(0, detection_ms), steps, detection)
+    return RecoverySample(kind, finished_at, max(0, detection_ms), steps, detection=detection)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -131,21 +126,12 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 @dataclass(frozen=True)
-class RecoverySummary:
+class RecoverySummary(WireRecord):
     kind: RecoveryKind
     count: int
     p50_ms: float | None
     p95_ms: float | None
     last: RecoverySample | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "count": self.count,
-            "p50Ms": self.p50_ms,
-            "p95Ms": self.p95_ms,
-            "last": self.last.to_json() if self.last else None,
-        }
 
 
 def summarize(

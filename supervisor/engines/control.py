@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from common.wire.codec import to_wire
 from supervisor.engines.launch import LOOPBACK
 
 # vLLM's sleep and wake move weights between GPU and CPU memory; large models take seconds.
@@ -40,14 +41,7 @@ class SleepCapability:
     wake_kind: str
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "mode": self.mode,
-            "levels": list(self.levels),
-            "sleep": self.sleep,
-            "wake": self.wake,
-            "status": self.status,
-            "wakeKind": self.wake_kind,
-        }
+        return to_wire(self)
 
 
 class ServerControl(Protocol):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
+
+from common.wire.codec import Wire, WireRecord, encode
 
 MIB = 1024 * 1024
 
@@ -16,67 +18,47 @@ class GpuQueryFailed(Exception):
     """NVML is there but a query failed (GPU lost, permissions): a 502."""
 
 
+# The wire says MiB where camelCase would say Mib.
+UsedMiB = Annotated[int, Wire("usedMiB")]
+TotalMiB = Annotated[int, Wire("totalMiB")]
+
+
 @dataclass(frozen=True)
-class GpuProcess:
+class GpuProcess(WireRecord):
     pid: int
-    used_mib: int | None
+    used_mib: Annotated[int | None, Wire("usedMiB")]
     name: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return {"pid": self.pid, "usedMiB": self.used_mib, "name": self.name}
-
 
 @dataclass(frozen=True)
-class MigInstance:
+class MigInstance(WireRecord):
     """One MIG partition: memory is accounted per instance, not per parent GPU."""
 
     gpu_instance_id: int | None
     compute_instance_id: int | None
     uuid: str | None
-    used_mib: int
-    total_mib: int
+    used_mib: UsedMiB
+    total_mib: TotalMiB
     processes: tuple[GpuProcess, ...] = ()
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "gpuInstanceId": self.gpu_instance_id,
-            "computeInstanceId": self.compute_instance_id,
-            "uuid": self.uuid,
-            "usedMiB": self.used_mib,
-            "totalMiB": self.total_mib,
-            "processes": [p.to_json() for p in self.processes],
-        }
+
+def _mig_json(mig: tuple[MigInstance, ...] | None) -> dict[str, Any] | None:
+    return None if mig is None else {"enabled": True, "instances": encode(mig)}
 
 
 @dataclass(frozen=True)
-class GpuFacts:
+class GpuFacts(WireRecord):
     index: int
-    used_mib: int
-    total_mib: int
+    used_mib: UsedMiB
+    total_mib: TotalMiB
     name: str | None = None
     uuid: str | None = None
     compute_capability: str | None = None
     processes: tuple[GpuProcess, ...] = ()
     # None when the GPU is not partitioned; otherwise its instances.
-    mig: tuple[MigInstance, ...] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "usedMiB": self.used_mib,
-            "totalMiB": self.total_mib,
-            "name": self.name,
-            "uuid": self.uuid,
-            "computeCapability": self.compute_capability,
-            "processes": [p.to_json() for p in self.processes],
-            "mig": (
-                None
-                if self.mig is None
-                else {"enabled": True, "instances": [m.to_json() for m in self.mig]}
-            ),
-            **self.extra,
-        }
+    mig: Annotated[tuple[MigInstance, ...] | None, Wire(encode=_mig_json)] = None
+    # Whatever else a backend reports, beside the fields above.
+    extra: Annotated[dict[str, Any], Wire(flatten=True)] = field(default_factory=dict)
 
 
 class GpuBackend(Protocol):

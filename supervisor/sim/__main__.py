@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+from dataclasses import fields
 
 import uvicorn
 
@@ -37,7 +38,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[SimOptions, str]:
     p.add_argument("--echo", action="store_true", help="answer with the last user message")
     p.add_argument("--start-asleep", action="store_true")
     p.add_argument("--max-model-len", type=int, default=4096)
-    p.add_argument("--enable-server-load-tracking", action="store_true", help="as vLLM's")
+    p.add_argument(
+        "--enable-server-load-tracking",
+        dest="server_load_tracking",
+        action="store_true",
+        help="as vLLM's",
+    )
     p.add_argument(
         "--api-key",
         default=os.environ.get("VLLM_API_KEY") or None,
@@ -57,29 +63,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[SimOptions, str]:
     for name in ("weights_mib", "context_mib", "wake_latency_ms", "ttft_ms", "token_delay_ms"):
         if getattr(a, name) < 0:
             p.error(f"--{name.replace('_', '-')} must not be negative")
-    return SimOptions(
-        model=a.model,
-        port=a.port,
-        host=a.host,
-        weights_mib=a.weights_mib,
-        context_mib=a.context_mib,
-        gpu_index=a.gpu_index,
-        sim_state=a.sim_state,
-        wake_latency_ms=a.wake_latency_ms,
-        sleep_latency_ms=a.sleep_latency_ms,
-        ttft_ms=a.ttft_ms,
-        token_delay_ms=a.token_delay_ms,
-        load_ms=a.load_ms,
-        reply=a.reply,
-        echo=a.echo,
-        lora_modules=tuple(m.split("=", 1)[0] for m in a.lora_modules),
-        start_asleep=a.start_asleep,
-        max_model_len=a.max_model_len,
-        server_load_tracking=a.enable_server_load_tracking,
-        api_key=a.api_key,
-        backend=a.backend,
-        backend_settings=backend_settings,
-    ), a.log_level
+    # The options' names are their fields' (argparse's dests); only these are read otherwise.
+    given = {f.name: getattr(a, f.name) for f in fields(SimOptions) if hasattr(a, f.name)}
+    given["lora_modules"] = tuple(m.split("=", 1)[0] for m in a.lora_modules)
+    given["backend_settings"] = backend_settings
+    return SimOptions(**given), a.log_level
 
 
 def main(argv: list[str] | None = None) -> int:

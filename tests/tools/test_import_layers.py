@@ -70,7 +70,8 @@ SUPERVISOR_DOORS = {
     "supervisor.settings",
 }
 # What the pure core may import beyond itself and the standard library.
-CORE_MAY_IMPORT = {"common.limits", "common.documents", "common.strict_json"}
+# (common.wire.codec: the dataclass <-> camelCase JSON codec, standard library only.)
+CORE_MAY_IMPORT = {"common.limits", "common.documents", "common.strict_json", "common.wire.codec"}
 # The drivers render and call their tools: beyond themselves, only the shared schema checker.
 DRIVERS_MAY_IMPORT = {"common.documents", "common.strict_json", "common.limits"}
 # The chat proxy reaches the control plane at these points only (docs/architecture.md); the
