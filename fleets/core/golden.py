@@ -62,14 +62,17 @@ class GoldenKey:
 
 @dataclass(frozen=True)
 class ProbeAnswer:
-    """One probe result, as the caller read it from the supervisor."""
+    """One probe result as read from the supervisor's `POST /v1/probe` answer (the reconciler's
+    report reader builds it; the judge and the promotion read it)."""
 
     model: str
-    adapter: str
+    adapter: str  # "" for the base model
     ok: bool
     error: str | None = None
+    # Golden probes (feature probe.golden): the answer text and the engine's version.
     answer: str | None = None
     engine_version: str | None = None
+    latency_ms: int | None = None
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@ from fleets.core.golden import (
     GOLDEN_SEED,
     BaselineReason,
     Judgement,
-    ProbeAnswer,
     Verdict,
     baseline_missing,
     judge,
@@ -30,7 +29,7 @@ from fleets.core.policy import Policy
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES, DomainState, InferenceState
 from fleets.models import Domain, Fleet, GoldenBaseline, Id, ModelBinding, Operation, Slot
 from fleets.reconciler.supervisor.client import SupervisorClient
-from fleets.reconciler.supervisor.reports import ProbeReport, ProbeResult
+from fleets.reconciler.supervisor.reports import ProbeReport
 from fleets.reconciler.supervisor.transport import CALL_CAP_S, Call
 from fleets.services.baselines import (
     NewBaseline,
@@ -92,19 +91,6 @@ def ask(
     )
 
 
-def _answer(result: ProbeResult | None) -> ProbeAnswer | None:
-    if result is None:
-        return None
-    return ProbeAnswer(
-        model=result.model,
-        adapter=result.adapter or "",
-        ok=result.ok,
-        error=result.error,
-        answer=result.answer,
-        engine_version=result.engine_version,
-    )
-
-
 def judge_all(
     fleet_id: object, targets: list[Target], report: ProbeReport, policy: Policy
 ) -> list[tuple[Target, Judgement]]:
@@ -113,7 +99,7 @@ def judge_all(
     if not report.golden:
         # A supervisor without `probe.golden` probed the base models only, plainly.
         targets = [t for t in targets if not t.adapter]
-    answers = {t: _answer(report.result(t.binding.name, t.adapter or None)) for t in targets}
+    answers = {t: report.result(t.binding.name, t.adapter) for t in targets}
     keys = [
         key_for(a, profile=t.binding.profile, request=request)
         for t, a in answers.items()
@@ -240,7 +226,7 @@ def record_baselines(
 
 
 def _answer_text(report: ProbeReport, target: Target) -> str | None:
-    result = report.result(target.binding.name, target.adapter or None)
+    result = report.result(target.binding.name, target.adapter)
     return result.answer if result is not None else None
 
 

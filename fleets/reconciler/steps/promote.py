@@ -272,7 +272,7 @@ def probe(ctx: StepContext) -> StepResult:
             actor=ctx.actor,
         )
     latencies = {
-        r.model: r.latency_ms for r in probed.results if r.model in models and r.adapter is None
+        r.model: r.latency_ms for r in probed.results if r.model in models and not r.adapter
     }
     return done(latencyMs=latencies, golden=golden.summary(judged))
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from common.wire import contract
 from common.wire.shape import compact
+from fleets.core.golden import ProbeAnswer
 from fleets.core.report import (
     GpuMemory,
     StatusReport,
@@ -23,26 +24,13 @@ from fleets.reconciler.supervisor.transport import BadBody
 
 
 @dataclass(frozen=True)
-class ProbeResult:
-    model: str
-    ok: bool
-    latency_ms: int | None = None
-    error: str | None = None
-    # Golden probes (feature probe.golden): the LoRA adapter probed (None: the base model),
-    # the answer text and the engine's version.
-    adapter: str | None = None
-    answer: str | None = None
-    engine_version: str | None = None
-
-
-@dataclass(frozen=True)
 class ProbeReport:
     ok: bool
-    results: tuple[ProbeResult, ...]
+    results: tuple[ProbeAnswer, ...]
     # Whether the answers were asked for greedy and seeded: only then are they comparable.
     golden: bool = False
 
-    def result(self, model: str, adapter: str | None = None) -> ProbeResult | None:
+    def result(self, model: str, adapter: str = "") -> ProbeAnswer | None:
         return next((r for r in self.results if r.model == model and r.adapter == adapter), None)
 
 
@@ -75,14 +63,14 @@ def parse_probe(body: Any) -> ProbeReport:
     """Validate a `POST /v1/probe` body."""
     root = _checked("probe.response", body, "probe")
     results = tuple(
-        ProbeResult(
+        ProbeAnswer(
             model=r["model"],
+            adapter=r.get("adapter") or "",
             ok=r["ok"],
-            latency_ms=int(r["latencyMs"]),
             error=r.get("error"),
-            adapter=r.get("adapter"),
             answer=r.get("answer"),
             engine_version=engine_version(r.get("engineVersion")),
+            latency_ms=int(r["latencyMs"]),
         )
         for r in root["results"]
     )
