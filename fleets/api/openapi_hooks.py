@@ -11,6 +11,7 @@ once for every route.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from fleets.base.errors import ErrorCode
@@ -64,6 +65,12 @@ STALE = {
     }
 }
 
+MODEL_FIELD = {
+    "type": "string",
+    "minLength": 1,
+    "description": "A model name bound on the fleet's active domain (exact).",
+}
+STREAM_FIELD = {"type": "boolean", "description": "Server-sent events when true."}
 CHAT_REQUEST = {
     "type": "object",
     "description": "An OpenAI chat completion request, forwarded byte for byte (vendor fields "
@@ -71,13 +78,9 @@ CHAT_REQUEST = {
     "required": ["model", "messages"],
     "additionalProperties": True,
     "properties": {
-        "model": {
-            "type": "string",
-            "minLength": 1,
-            "description": "A model name bound on the fleet's active domain (exact).",
-        },
+        "model": MODEL_FIELD,
         "messages": {"type": "array", "items": {"type": "object", "additionalProperties": True}},
-        "stream": {"type": "boolean", "description": "Server-sent events when true."},
+        "stream": STREAM_FIELD,
     },
 }
 COMPLETION_REQUEST = {
@@ -87,9 +90,9 @@ COMPLETION_REQUEST = {
     "required": ["model", "prompt"],
     "additionalProperties": True,
     "properties": {
-        "model": CHAT_REQUEST["properties"]["model"],
+        "model": MODEL_FIELD,
         "prompt": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
-        "stream": CHAT_REQUEST["properties"]["stream"],
+        "stream": STREAM_FIELD,
     },
 }
 MODEL = {
@@ -266,8 +269,9 @@ CHAT_PATHS: dict[str, dict] = {
 
 def add_chat_proxy_paths(result: dict, **_kwargs: Any) -> dict:
     """Add the chat proxy's paths, their shapes and the chat token scheme to the schema."""
-    result.setdefault("paths", {}).update(CHAT_PATHS)
+    # Copies: the tables are module constants, and a schema is a document its reader may change.
+    result.setdefault("paths", {}).update(copy.deepcopy(CHAT_PATHS))
     components = result.setdefault("components", {})
-    components.setdefault("schemas", {}).update(COMPONENTS)
-    components.setdefault("securitySchemes", {})["chatToken"] = CHAT_SCHEME
+    components.setdefault("schemas", {}).update(copy.deepcopy(COMPONENTS))
+    components.setdefault("securitySchemes", {})["chatToken"] = dict(CHAT_SCHEME)
     return result
