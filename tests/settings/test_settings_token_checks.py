@@ -13,6 +13,7 @@ from django.conf import settings
 from django.core.checks import run_checks
 
 from common.secret_strength import secret_weakness
+from supervisor.settings import SettingsError, is_loopback, settings_from_env
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = "Zq3v_8mKp2LxR7tWc9HbN4sYj6FgD1aE5uQ0oIeV"  # 40 characters, generated-looking
@@ -53,7 +54,8 @@ def test_the_example_env_files_placeholders_are_errors(secrets_set):
     assert found("haru.E004") == [
         "HARU_API_TOKEN is a placeholder (it contains 'changeme'); replace it with a generated "
         "secret",
-        "HARU_SUPERVISOR_MASTER_KEY is 9 characters; use at least 32",
+        "HARU_SUPERVISOR_MASTER_KEY is a placeholder (it contains 'changeme'); replace it with "
+        "a generated secret",
         "HARU_SECRET_KEY is a placeholder (it contains 'changeme'); replace it with a generated "
         "secret",
         "HARU_CHAT_TOKENS item 2 is a placeholder (it contains 'example'); replace it with a "
@@ -116,3 +118,40 @@ def test_serve_refuses_to_start_with_a_placeholder_token(tmp_path):
     assert result.returncode != 0
     assert "haru.E004" in result.stderr and "HARU_SUPERVISOR_MASTER_KEY" in result.stderr
     assert "haru serving" not in result.stdout
+
+
+def example_secrets(name: str) -> dict[str, str]:
+    """The credentials deploy/`name` sets, as an operator who copied it unedited would have."""
+    text = (ROOT / "deploy" / name).read_text()
+    return {
+        var: value
+        for var, value in (line.split("=", 1) for line in text.splitlines() if "=" in line)
+        if not var.startswith("#") and var.endswith(("_TOKEN", "_TOKENS", "_KEY")) and value
+    }
+
+
+def test_the_example_env_files_secrets_do_not_start_unedited(secrets_set):
+    """Issue 28: a forgotten edit of deploy/*.env.example must not run with a guessable secret."""
+    control = example_secrets("haru.env.example")
+    assert "HARU_API_TOKEN" in control
+    names = {
+        "HARU_API_TOKEN": "api_token",
+        "HARU_SUPERVISOR_MASTER_KEY": "supervisor_master_key",
+        "HARU_SUPERVISOR_TOKEN": "supervisor_token",
+        "HARU_SECRET_KEY": "secret_key",
+    }
+    secrets_set(**{names[var]: value for var, value in control.items()})
+    refused = found("haru.E004")
+    assert sorted(m.split(" ", 1)[0] for m in refused) == sorted(control)
+    assert not any(value in m for m in refused for value in control.values())
+
+
+def test_the_example_supervisor_env_does_not_start_unedited():
+    """supervisor.env.example binds 0.0.0.0: its placeholder token stops the supervisor."""
+    text = (ROOT / "deploy" / "supervisor.env.example").read_text()
+    environ = dict(
+        line.split("=", 1) for line in text.splitlines() if "=" in line and line[0] != "#"
+    )
+    assert not is_loopback(environ["HARU_SUPERVISOR_HOST"])
+    with pytest.raises(SettingsError, match="HARU_SUPERVISOR_TOKEN is a placeholder"):
+        settings_from_env(environ)
