@@ -65,36 +65,38 @@ STALE = {
     }
 }
 
-MODEL_FIELD = {
-    "type": "string",
-    "minLength": 1,
-    "description": "A model name bound on the fleet's active domain (exact).",
-}
-STREAM_FIELD = {"type": "boolean", "description": "Server-sent events when true."}
-CHAT_REQUEST = {
-    "type": "object",
-    "description": "An OpenAI chat completion request, forwarded byte for byte (vendor fields "
-    "survive); Haru reads `model` only.",
-    "required": ["model", "messages"],
-    "additionalProperties": True,
-    "properties": {
-        "model": MODEL_FIELD,
-        "messages": {"type": "array", "items": {"type": "object", "additionalProperties": True}},
-        "stream": STREAM_FIELD,
-    },
-}
-COMPLETION_REQUEST = {
-    "type": "object",
-    "description": "An OpenAI (legacy) completion request, forwarded byte for byte; Haru reads "
-    "`model` only.",
-    "required": ["model", "prompt"],
-    "additionalProperties": True,
-    "properties": {
-        "model": MODEL_FIELD,
-        "prompt": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
-        "stream": STREAM_FIELD,
-    },
-}
+
+def _openai_request(what: str, field: str, schema: dict) -> dict:
+    """An OpenAI request body as the proxy takes it: forwarded byte for byte (vendor fields
+    survive), of which Haru reads `model` only; `field` is the request's own content."""
+    return {
+        "type": "object",
+        "description": f"An OpenAI {what} request, forwarded byte for byte (vendor fields "
+        "survive); Haru reads `model` only.",
+        "required": ["model", field],
+        "additionalProperties": True,
+        "properties": {
+            "model": {
+                "type": "string",
+                "minLength": 1,
+                "description": "A model name bound on the fleet's active domain (exact).",
+            },
+            field: schema,
+            "stream": {"type": "boolean", "description": "Server-sent events when true."},
+        },
+    }
+
+
+CHAT_REQUEST = _openai_request(
+    "chat completion",
+    "messages",
+    {"type": "array", "items": {"type": "object", "additionalProperties": True}},
+)
+COMPLETION_REQUEST = _openai_request(
+    "(legacy) completion",
+    "prompt",
+    {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+)
 MODEL = {
     "type": "object",
     "required": ["id", "object", "created", "owned_by"],

@@ -62,6 +62,14 @@ def _errors(*codes: int) -> dict:
     return {c: ERRORS[c] for c in codes}
 
 
+def _read(operation_id: str, summary: str, body, *errors: int):
+    """The schema of a GET answered with `body` (200) or one of `errors`; the method's docstring
+    is its description."""
+    return extend_schema(
+        summary=summary, operation_id=operation_id, responses={200: body, **_errors(*errors)}
+    )
+
+
 class HaruAPIView(APIView):
     def initial(self, request: Request, *args, **kwargs):
         try:
@@ -79,22 +87,14 @@ class HaruAPIView(APIView):
 
 
 class FleetListView(HaruAPIView):
-    @extend_schema(
-        summary="List fleets",
-        responses={200: s.FleetListOut, **_errors(401)},
-        operation_id="listFleets",
-    )
+    @_read("listFleets", "List fleets", s.FleetListOut, 401)
     def get(self, request):
         """Every fleet with its active domain and route revision."""
         return Response({"fleets": [shapes.fleet_summary_json(f) for f in Fleet.objects.all()]})
 
 
 class FleetDetailView(HaruAPIView):
-    @extend_schema(
-        summary="Get a fleet",
-        responses={200: s.FleetDetailOut, **_errors(401, 404)},
-        operation_id="getFleet",
-    )
+    @_read("getFleet", "Get a fleet", s.FleetDetailOut, 401, 404)
     def get(self, request, ref: str):
         """The fleet's snapshot: policy, domains with their health and models, the operation in
         flight, and the failover readiness verdict."""
@@ -104,11 +104,7 @@ class FleetDetailView(HaruAPIView):
 
 
 class RouteIntentView(HaruAPIView):
-    @extend_schema(
-        summary="Get the route intent",
-        responses={200: s.RouteIntentOut, **_errors(401, 404)},
-        operation_id="getRouteIntent",
-    )
+    @_read("getRouteIntent", "Get the route intent", s.RouteIntentOut, 401, 404)
     def get(self, request, ref: str):
         """Where traffic should go now, per model, for a router that routes on its own
         (docs/api.md, 'Route intent'), with the failover readiness verdict."""
@@ -260,11 +256,7 @@ class ReconcileView(HaruAPIView):
 
 
 class BaselinesView(HaruAPIView):
-    @extend_schema(
-        summary="List golden baselines",
-        responses={200: s.BaselineListOut, **_errors(401, 404)},
-        operation_id="listBaselines",
-    )
+    @_read("listBaselines", "List golden baselines", s.BaselineListOut, 401, 404)
     def get(self, request, ref: str):
         """The fleet's golden baselines: what each model and LoRA adapter answered when known
         good, per profile fingerprint and engine version."""
@@ -302,11 +294,7 @@ class BaselinesView(HaruAPIView):
 
 
 class RecoveryView(HaruAPIView):
-    @extend_schema(
-        summary="Get the published recovery time",
-        responses={200: s.RecoveryOut, **_errors(401, 404)},
-        operation_id="getRecovery",
-    )
+    @_read("getRecovery", "Get the published recovery time", s.RecoveryOut, 401, 404)
     def get(self, request, ref: str):
         """The published recovery time: p50/p95 of the last N drills and real failovers
         (automatic ones, and an operator's promotion away from a failed active) against the
@@ -437,11 +425,7 @@ class OperationCancelView(HaruAPIView):
 
 
 class OperationDetailView(HaruAPIView):
-    @extend_schema(
-        summary="Get an operation",
-        responses={200: s.OperationOut, **_errors(401, 404)},
-        operation_id="getOperation",
-    )
+    @_read("getOperation", "Get an operation", s.OperationOut, 401, 404)
     def get(self, request, operation_id: str):
         """One operation of any fleet: its kind, state, steps with their durations, and error."""
         return Response(shapes.operation_json(selectors.operation_get(operation_id)))
