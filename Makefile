@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine: `make demo` and `make test`.
 # The interpreter: $(PYTHON) when set, else the first of Python 3.11-3.13 that actually runs
-# (on PATH, then ~/.pyenv); see tools/pick-python. Changing it rebuilds the venv.
+# (on PATH, then ~/.pyenv); see tools/pick-python. An existing .venv keeps the Python that built
+# it; PYTHON naming a different one rebuilds it (tools/ensure-venv --plan says what make would do).
 export PYTHON
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -25,7 +26,7 @@ TORCH_WHEEL := $(wildcard $(TORCH_WHEEL_DIR)/torch-2.13.0+cpu-cp311-*.whl)
 TORCH_PACKAGES := torch transformers peft safetensors starlette uvicorn httptools httpx sniffio \
 	nvidia-ml-py jsonschema
 
-# Always consulted: tools/ensure-venv returns at once when the stamp in the venv matches the
+# Always consulted: tools/ensure-venv returns at once when the stamp in the venv matches its
 # interpreter and the dependency files.
 install:
 	@tools/ensure-venv $(VENV)

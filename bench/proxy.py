@@ -61,7 +61,7 @@ from common.ports import free_port  # noqa: E402
 from haru.local.processes import stop  # noqa: E402
 
 PYTHON = sys.executable
-TOKEN = "bench-token"
+TOKEN = "bench-token-0123456789abcdefghijklmnop"
 
 # The model name each upstream kind is bound under in the benchmark fleet.
 MODELS = {"raw": "bench-raw", "sim": "bench-sim"}

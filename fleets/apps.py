@@ -9,7 +9,7 @@ from fleets.checks import (
     partly_squashed_schema,
     scoped_tokens,
     shared_supervisor_token,
-    short_tokens,
+    weak_secrets,
 )
 
 
@@ -33,7 +33,7 @@ class FleetsConfig(AppConfig):
 
         # The /metrics series, from one place: the collectors read models, so after the registry.
         metrics.register()
-        checks.register(short_tokens, checks.Tags.security)
+        checks.register(weak_secrets, checks.Tags.security)
         checks.register(shared_supervisor_token, checks.Tags.security)
         checks.register(scoped_tokens, checks.Tags.security)
         checks.register(partly_squashed_schema, checks.Tags.database)

@@ -1,7 +1,10 @@
 """System checks on the configuration (`manage.py check`, and before `serve` starts).
 
-A bearer token is the only thing between the network and promote/demote: one short enough to
-guess is worth a warning at every start, not a silent acceptance. No check ever prints a token.
+A bearer token is the only thing between the network and promote/demote: with HARU_API_TOKEN set
+(a deployment), a short or placeholder secret stops `serve`, `migrate` and every other command
+(`haru.E004`), so the example env file's `change-me` cannot go live by being forgotten; in local
+development (no HARU_API_TOKEN, loopback only) it is a warning (`haru.W001`). No check ever
+prints a secret.
 """
 
 from __future__ import annotations
@@ -15,32 +18,36 @@ from django.core.checks import Warning as CheckWarning
 from django.db import DatabaseError, connections
 from django.db.migrations.recorder import MigrationRecorder
 
+from common.secret_strength import HOW_TO_GENERATE, secret_weakness
 from fleets.base.conf import haru_settings
 
-# 32 characters of `secrets.token_urlsafe` are ~190 bits; below this a token is guessable.
-MIN_TOKEN_CHARS = 32
 
-
-def short_tokens(app_configs: Any = None, **_kwargs: Any) -> list[CheckMessage]:
-    """Warn for each configured token shorter than MIN_TOKEN_CHARS (never printing it)."""
+def _secrets() -> list[tuple[str, str | None]]:
+    """(variable, value) of every secret the control plane reads; the secret key only when set
+    (unset, Django's is generated at random and kept in var/secret_key)."""
+    conf = haru_settings()
     named: list[tuple[str, str | None]] = [
-        ("HARU_API_TOKEN", haru_settings().api_token),
-        ("HARU_SUPERVISOR_TOKEN", haru_settings().supervisor_token),
-        ("HARU_SUPERVISOR_MASTER_KEY", haru_settings().supervisor_master_key),
+        ("HARU_API_TOKEN", conf.api_token),
+        ("HARU_SUPERVISOR_TOKEN", conf.supervisor_token),
+        ("HARU_SUPERVISOR_MASTER_KEY", conf.supervisor_master_key),
+        ("HARU_SECRET_KEY", conf.secret_key),
     ]
-    named += [
-        (f"HARU_CHAT_TOKENS item {i + 1}", t) for i, t in enumerate(haru_settings().chat_tokens)
-    ]
+    return named + [(f"HARU_CHAT_TOKENS item {i + 1}", t) for i, t in enumerate(conf.chat_tokens)]
+
+
+def weak_secrets(app_configs: Any = None, **_kwargs: Any) -> list[CheckMessage]:
+    """Refuse each short or placeholder secret (common/secret_strength.py) once HARU_API_TOKEN
+    is set; without it (local development: loopback only) only warn. Never prints a secret."""
+    deployed = bool(haru_settings().api_token)
     out: list[CheckMessage] = []
-    for name, token in named:
-        if token and len(token) < MIN_TOKEN_CHARS:
-            out.append(
-                CheckWarning(
-                    f"{name} is {len(token)} characters; use at least {MIN_TOKEN_CHARS}",
-                    hint="python -c 'import secrets; print(secrets.token_urlsafe(32))'",
-                    id="haru.W001",
-                )
-            )
+    for name, secret in _secrets():
+        reason = secret_weakness(secret) if secret else None
+        if reason is None:
+            continue
+        if deployed:
+            out.append(CheckError(f"{name} {reason}", hint=HOW_TO_GENERATE, id="haru.E004"))
+        else:
+            out.append(CheckWarning(f"{name} {reason}", hint=HOW_TO_GENERATE, id="haru.W001"))
     return out
 
 

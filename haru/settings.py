@@ -305,7 +305,11 @@ REST_FRAMEWORK = {
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Haru control plane API",
-    "DESCRIPTION": "Fleet state, promote and demote, route intent, the OpenAI-compatible proxy.",
+    "DESCRIPTION": "Fleet state, promote and demote, route intent, drills and recovery time, "
+    "and the OpenAI-compatible chat proxy (`/v1/chat/completions`, `/v1/completions`, "
+    "`/v1/models`). Every route takes `Authorization: Bearer <HARU_API_TOKEN>`; the chat paths "
+    'also take a chat token (HARU_CHAT_TOKENS). Errors are `{"error": {"code", '
+    '"message"}}`.',
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
@@ -318,6 +322,13 @@ SPECTACULAR_SETTINGS = {
         "RecoveryKindEnum": ["drill", "failover"],
         "DrillModeEnum": ["check", "round_trip"],
     },
+    # drf-spectacular's own enum hook, then the path parameters' meanings and the chat proxy's
+    # paths, which are served ahead of Django (fleets/api/openapi_hooks.py).
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "fleets.api.openapi_hooks.describe_path_parameters",
+        "fleets.api.openapi_hooks.add_chat_proxy_paths",
+    ],
 }
 # Bodies of control requests are tiny; the chat proxy reads its own body with its own limit.
 DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024

@@ -193,8 +193,8 @@ def log_exposure(settings: Settings) -> None:
             "%s only. Set a token before exposing this supervisor. !!!",
             settings.bind_host,
         )
-    elif settings.token_is_weak:
-        log.warning("HARU_SUPERVISOR_TOKEN is shorter than 16 characters; use a longer one")
+    elif settings.token_weakness is not None:  # only on loopback: beyond, settings refused it
+        log.warning("HARU_SUPERVISOR_TOKEN %s", settings.token_weakness)
     if not is_loopback(settings.bind_host):
         log.info("listening beyond loopback on %s (token required)", settings.bind_host)
     if settings.tls_cert is not None:

@@ -8,11 +8,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from common.edge.limits import EdgeLimit, EdgeLimits, edge_settings
+from common.secret_strength import secret_weakness
 from common.setting import SIMULATOR, SUPERVISOR, TRAINER, Kind, Section, declared
 
 DEFAULT_PORT = 8701
 DEFAULT_BIND = "127.0.0.1"
-MIN_TOKEN_LENGTH = 16
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 # The headings of the docs, each with the processes that read its variables.
@@ -41,7 +41,8 @@ class SupervisorSettings:
     bind_host = AGENT.text(
         "HARU_SUPERVISOR_HOST",
         shown_default=DEFAULT_BIND,
-        doc="bind address; one beyond loopback needs HARU_SUPERVISOR_TOKEN",
+        doc="bind address; one beyond loopback needs HARU_SUPERVISOR_TOKEN, at least 32 "
+        "characters and no placeholder",
     )
     token = AGENT.text(
         "HARU_SUPERVISOR_TOKEN",
@@ -178,8 +179,13 @@ class Settings:
     edge: EdgeLimits = field(default_factory=lambda: edge_limits_from_env({}))
 
     @property
+    def token_weakness(self) -> str | None:
+        """Why the token is unfit (common/secret_strength.py), or None: fit, or no token."""
+        return secret_weakness(self.token) if self.token is not None else None
+
+    @property
     def token_is_weak(self) -> bool:
-        return self.token is not None and len(self.token) < MIN_TOKEN_LENGTH
+        return self.token_weakness is not None
 
 
 def _get(environ: Mapping[str, str], name: str) -> str | None:
@@ -237,6 +243,15 @@ def settings_from_env(environ: Mapping[str, str]) -> Settings:
         raise SettingsError(
             f"refusing to listen on {bind_host} without {table.token.env}: the supervisor "
             "controls model servers and trainers; set a token, or bind 127.0.0.1"
+        )
+    # Beyond loopback the token is all that guards the host's model servers and trainers: a
+    # placeholder left from supervisor.env.example, or a short one, stops the supervisor as it
+    # stops the control plane (haru.E004). On loopback it stays a warning (local development).
+    weakness = secret_weakness(token) if token is not None else None
+    if weakness is not None and not is_loopback(bind_host):
+        raise SettingsError(
+            f"refusing to listen on {bind_host}: {table.token.env} {weakness} "
+            "(manage.py supervisor_token <fleet>/<domain> prints this domain's own)"
         )
     tls_cert, tls_key = _tls_files(environ)
     log_level = (_get(environ, table.log_level.env) or "info").strip().lower()

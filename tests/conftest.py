@@ -59,6 +59,9 @@ def seeded_fleet(db, layout_data):
     return Fleet.objects.get(slug=layout_data["slug"])
 
 
+API_TOKEN = "test-token-7f3a-0123456789abcdefghijklmn"
+
+
 @pytest.fixture
 def api_client():
     return APIClient()
@@ -66,8 +69,9 @@ def api_client():
 
 @pytest.fixture
 def api_token(settings):
-    """Configure HARU_API_TOKEN for the test and return it."""
-    token = "test-token-7f3a"
+    """Configure HARU_API_TOKEN for the test and return it (as long as a deployment needs:
+    fleets/checks.py refuses a shorter one)."""
+    token = API_TOKEN
     settings.HARU = {**settings.HARU, "api_token": token}
     return token
 

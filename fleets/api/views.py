@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from drf_spectacular.utils import (
+    OpenApiParameter,
     OpenApiResponse,
     extend_schema,
     extend_schema_view,
@@ -36,6 +37,9 @@ from fleets.services.provisioning import domain_provision_begin, domain_stop_req
 
 # Control bodies are a few bytes; refuse anything large before parsing it.
 MAX_CONTROL_BODY = 64 * 1024
+# GET .../operations?limit=: how many of the newest operations, by default and at most.
+DEFAULT_OPERATIONS = 50
+MAX_OPERATIONS = 500
 # Why a reconcile request did not run a tick: another held the fleet's lock past the wait.
 TICK_LOCK_BUSY = "tick_lock_busy"
 
@@ -58,6 +62,14 @@ def _errors(*codes: int) -> dict:
     return {c: ERRORS[c] for c in codes}
 
 
+def _read(operation_id: str, summary: str, body, *errors: int):
+    """The schema of a GET answered with `body` (200) or one of `errors`; the method's docstring
+    is its description."""
+    return extend_schema(
+        summary=summary, operation_id=operation_id, responses={200: body, **_errors(*errors)}
+    )
+
+
 class HaruAPIView(APIView):
     def initial(self, request: Request, *args, **kwargs):
         try:
@@ -75,24 +87,27 @@ class HaruAPIView(APIView):
 
 
 class FleetListView(HaruAPIView):
-    @extend_schema(responses={200: s.FleetListOut, **_errors(401)}, operation_id="listFleets")
+    @_read("listFleets", "List fleets", s.FleetListOut, 401)
     def get(self, request):
+        """Every fleet with its active domain and route revision."""
         return Response({"fleets": [shapes.fleet_summary_json(f) for f in Fleet.objects.all()]})
 
 
 class FleetDetailView(HaruAPIView):
-    @extend_schema(responses={200: s.FleetDetailOut, **_errors(401, 404)}, operation_id="getFleet")
+    @_read("getFleet", "Get a fleet", s.FleetDetailOut, 401, 404)
     def get(self, request, ref: str):
+        """The fleet's snapshot: policy, domains with their health and models, the operation in
+        flight, and the failover readiness verdict."""
         fleet = selectors.fleet_get(ref)
         snapshot = selectors.fleet_snapshot(fleet)
         return Response({**snapshot, "failoverReadiness": fleet_readiness(fleet).to_json()})
 
 
 class RouteIntentView(HaruAPIView):
-    @extend_schema(
-        responses={200: s.RouteIntentOut, **_errors(401, 404)}, operation_id="getRouteIntent"
-    )
+    @_read("getRouteIntent", "Get the route intent", s.RouteIntentOut, 401, 404)
     def get(self, request, ref: str):
+        """Where traffic should go now, per model, for a router that routes on its own
+        (docs/api.md, 'Route intent'), with the failover readiness verdict."""
         fleet = selectors.fleet_get(ref)
         view = selectors.fleet_view(fleet)
         now = clock.now()
@@ -135,6 +150,12 @@ class PromoteView(_OperationRequestView):
     kind = OperationKind.PROMOTE
 
     @extend_schema(
+        summary="Promote a standby domain",
+        description="Start a promotion of `targetDomainId` (id or slug) to active: the "
+        "reconciler drives its steps (stop_training, verify_gpu, wake, probe, switch_route, then "
+        "the old active's demote_old_sleep and demote_old_train). 200 `already_active` when it "
+        "is the active; 409 while another operation is in flight; 422 when the target cannot be "
+        "promoted.",
         request=s.TargetRequest,
         operation_id="promoteDomain",
         responses={
@@ -151,6 +172,10 @@ class DemoteView(_OperationRequestView):
     kind = OperationKind.DEMOTE
 
     @extend_schema(
+        summary="Demote a domain",
+        description="Start putting `targetDomainId` (id or slug) back into standby posture "
+        "(sleep, start_training). 409 while another operation is in flight; 422 when the target "
+        "cannot be demoted (the active, say).",
         request=s.TargetRequest,
         operation_id="demoteDomain",
         responses={202: s.AcceptedOut, **_errors(400, 401, 404, 409, 413, 422)},
@@ -161,6 +186,7 @@ class DemoteView(_OperationRequestView):
 
 class DrillView(HaruAPIView):
     @extend_schema(
+        summary="Run a failover drill",
         request=s.DrillRequest,
         operation_id="drillFleet",
         responses={202: s.AcceptedOut, **_errors(400, 401, 404, 409, 413, 422)},
@@ -193,6 +219,7 @@ class DrillView(HaruAPIView):
 
 class ReconcileView(HaruAPIView):
     @extend_schema(
+        summary="Run one reconcile tick",
         request=None,
         operation_id="reconcileFleet",
         responses={
@@ -229,9 +256,7 @@ class ReconcileView(HaruAPIView):
 
 
 class BaselinesView(HaruAPIView):
-    @extend_schema(
-        responses={200: s.BaselineListOut, **_errors(401, 404)}, operation_id="listBaselines"
-    )
+    @_read("listBaselines", "List golden baselines", s.BaselineListOut, 401, 404)
     def get(self, request, ref: str):
         """The fleet's golden baselines: what each model and LoRA adapter answered when known
         good, per profile fingerprint and engine version."""
@@ -239,6 +264,7 @@ class BaselinesView(HaruAPIView):
         return Response({"baselines": [shapes.baseline_json(b) for b in fleet.baselines.all()]})
 
     @extend_schema(
+        summary="Record golden baselines",
         request=s.BaselineRecordRequest,
         operation_id="recordBaselines",
         responses={200: s.BaselineRecordOut, **_errors(400, 401, 404, 413, 422, 502)},
@@ -268,7 +294,7 @@ class BaselinesView(HaruAPIView):
 
 
 class RecoveryView(HaruAPIView):
-    @extend_schema(responses={200: s.RecoveryOut, **_errors(401, 404)}, operation_id="getRecovery")
+    @_read("getRecovery", "Get the published recovery time", s.RecoveryOut, 401, 404)
     def get(self, request, ref: str):
         """The published recovery time: p50/p95 of the last N drills and real failovers
         (automatic ones, and an operator's promotion away from a failed active) against the
@@ -307,10 +333,11 @@ _DOMAIN_ACTION_RESPONSES = {
 }
 
 
-def _domain_action(operation_id: str, description: str):
+def _domain_action(operation_id: str, summary: str, description: str):
     """The schema of a provisioning move's POST, answered as `_DOMAIN_ACTION_RESPONSES` say."""
     return extend_schema_view(
         post=extend_schema(
+            summary=summary,
             request=None,
             operation_id=operation_id,
             description=description,
@@ -321,6 +348,7 @@ def _domain_action(operation_id: str, description: str):
 
 @_domain_action(
     "provisionDomain",
+    "Provision a domain",
     "Provision (or re-provision) a failed or stopped domain that Haru launches itself.",
 )
 class DomainProvisionView(_DomainActionView):
@@ -330,7 +358,9 @@ class DomainProvisionView(_DomainActionView):
 
 
 @_domain_action(
-    "stopDomain", "Stop a standby that Haru provisioned: its cluster is stopped or torn down."
+    "stopDomain",
+    "Stop a provisioned standby",
+    "Stop a standby that Haru provisioned: its cluster is stopped or torn down.",
 )
 class DomainStopView(_DomainActionView):
     @staticmethod
@@ -340,20 +370,36 @@ class DomainStopView(_DomainActionView):
 
 class FleetOperationsView(HaruAPIView):
     @extend_schema(
-        responses={200: s.OperationListOut, **_errors(401, 404)}, operation_id="listFleetOperations"
+        summary="List a fleet's operations",
+        parameters=[
+            OpenApiParameter(
+                "limit",
+                int,
+                OpenApiParameter.QUERY,
+                description=f"How many of the newest to return: 1 to {MAX_OPERATIONS} (a value "
+                f"out of range is clamped; one that is not a number gives {DEFAULT_OPERATIONS}).",
+                default=DEFAULT_OPERATIONS,
+            )
+        ],
+        responses={200: s.OperationListOut, **_errors(401, 404)},
+        operation_id="listFleetOperations",
     )
     def get(self, request, ref: str):
+        """The fleet's operations (promote, demote, drill, failover), newest first, each with
+        its steps, state and error."""
         fleet = selectors.fleet_get(ref)
         try:
-            limit = max(1, min(int(request.query_params.get("limit", 50)), 500))
+            limit = int(request.query_params.get("limit", DEFAULT_OPERATIONS))
         except ValueError:
-            limit = 50
+            limit = DEFAULT_OPERATIONS
+        limit = max(1, min(limit, MAX_OPERATIONS))
         ops = Operation.objects.filter(fleet=fleet).order_by("-created_at")[:limit]
         return Response({"operations": [shapes.operation_json(op) for op in ops]})
 
 
 class OperationCancelView(HaruAPIView):
     @extend_schema(
+        summary="Cancel an operation",
         request=None,
         operation_id="cancelOperation",
         responses={200: s.CancelledOut, **_errors(401, 404, 409, 413)},
@@ -379,10 +425,9 @@ class OperationCancelView(HaruAPIView):
 
 
 class OperationDetailView(HaruAPIView):
-    @extend_schema(
-        responses={200: s.OperationOut, **_errors(401, 404)}, operation_id="getOperation"
-    )
+    @_read("getOperation", "Get an operation", s.OperationOut, 401, 404)
     def get(self, request, operation_id: str):
+        """One operation of any fleet: its kind, state, steps with their durations, and error."""
         return Response(shapes.operation_json(selectors.operation_get(operation_id)))
 
 

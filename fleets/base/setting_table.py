@@ -69,7 +69,10 @@ class HaruSettings:
     api_token = CREDENTIALS.text(
         "HARU_API_TOKEN",
         doc="bearer token for `/v1/`. Unset: no authentication and a loopback-only bind with a "
-        "loud warning. Shorter than 32 characters: the system check warning `haru.W001`",
+        "loud warning (local development). Set: every secret in this section must be at least 32 "
+        "characters and no placeholder (`change-me`, `example`, `xxxx…`), or `serve`, "
+        "`migrate` and every other command stop with `haru.E004` naming the variable; "
+        "without it a weak one is the warning `haru.W001`",
     )
     chat_tokens = CREDENTIALS.listing(
         "HARU_CHAT_TOKENS", doc="tokens that may call the chat endpoints only (never the REST API)"

@@ -175,7 +175,7 @@ class ServerProc(Server):
     def __init__(self, workdir: Path, *, env: dict[str, str]) -> None:
         self.dir = workdir / "server"
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.api_token = "e2e-api-token-abcdef"
+        self.api_token = "e2e-api-token-0123456789abcdefghijklmn"
         full = {
             **environment(("HARU_",)),
             "HARU_VAR_DIR": str(self.dir / "var"),

@@ -26,7 +26,7 @@ from .processes import exited, kill_group, kill_group_of, pids_with_env, spawn, 
 
 # The supervisor token a simulated host gets unless told otherwise (the control plane is
 # configured with the same one).
-TOKEN = "e2e-supervisor-token-0123456789"
+TOKEN = "e2e-supervisor-token-0123456789abcdef"
 MODELS = ("llama-small", "qwen-small")
 # Marks every child of a simulated host, orphans included (see pids_with_env).
 HOST_DIR_ENV = SetByHaru.local_host_dir.env

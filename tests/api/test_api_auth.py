@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 from django.urls import get_resolver
 from rest_framework.test import APIClient
 
 from fleets.api import urls as api_urls
 from fleets.api.auth import HasApiToken
+from tests.conftest import API_TOKEN
 
 pytestmark = pytest.mark.django_db
 
@@ -39,10 +42,10 @@ if any(str(p.pattern) == "fleets/<str:ref>/reconcile" for p in api_urls.urlpatte
 
 WRONG_HEADERS = {
     "wrong token": "Bearer not-the-token",
-    "token with a suffix": "Bearer test-token-7f3ax",
-    "token prefix only": "Bearer test-token",
-    "basic scheme": "Basic dGVzdC10b2tlbi03ZjNh",
-    "no scheme": "test-token-7f3a",
+    "token with a suffix": f"Bearer {API_TOKEN}x",
+    "token prefix only": f"Bearer {API_TOKEN[:10]}",
+    "basic scheme": f"Basic {base64.b64encode(API_TOKEN.encode()).decode()}",
+    "no scheme": API_TOKEN,
     "empty bearer": "Bearer ",
 }
 

@@ -111,3 +111,86 @@ def test_docs_page_renders_with_local_assets(client_with_token):
     assert "swagger-ui" in html.lower()
     assert "/v1/openapi.json" in html
     assert "cdn." not in html and "unpkg.com" not in html  # closed networks: no CDN
+
+
+def operations(schema: dict) -> list[tuple[str, str, dict]]:
+    return [
+        (path, method, op)
+        for path, methods in schema["paths"].items()
+        for method, op in methods.items()
+    ]
+
+
+def test_every_operation_has_a_summary_and_a_description(schema):
+    """Issue 28: the page listed bare paths; an operator reads what each call does."""
+    bare = [
+        f"{method} {path}"
+        for path, method, op in operations(schema)
+        if not op.get("summary") or not op.get("description")
+    ]
+    assert bare == []
+
+
+def test_path_parameters_say_what_they_accept(schema):
+    """`ref` takes an id or a slug; every path parameter says so, not just `string`."""
+    undescribed = [
+        f"{method} {path} {p['name']}"
+        for path, method, op in operations(schema)
+        for p in op.get("parameters", ())
+        if not p.get("description")
+    ]
+    assert undescribed == []
+    ref = next(
+        p for p in schema["paths"]["/v1/fleets/{ref}"]["get"]["parameters"] if p["name"] == "ref"
+    )
+    assert ref["in"] == "path" and "slug" in ref["description"]
+
+
+def test_the_operations_limit_is_documented(schema, seeded_fleet, client_with_token):
+    params = schema["paths"]["/v1/fleets/{ref}/operations"]["get"]["parameters"]
+    limit = next(p for p in params if p["name"] == "limit")
+    assert limit["in"] == "query" and limit["schema"]["type"] == "integer"
+    assert limit["schema"]["default"] == 50 and "1 to 500" in limit["description"]
+    # What the description says is what the view does: clamped, and a non-number is the default.
+    created = client_with_token.post(
+        "/v1/fleets/demo/demote", {"targetDomainId": "west"}, format="json"
+    )
+    assert created.status_code == 202
+    for query in ("?limit=0", "?limit=1", "?limit=9999", "?limit=x"):
+        response = client_with_token.get(f"/v1/fleets/demo/operations{query}")
+        assert response.status_code == 200 and len(response.json()["operations"]) == 1, query
+
+
+def test_the_chat_proxys_paths_are_in_the_schema(schema):
+    """The OpenAI-compatible paths the proxy serves ahead of Django, with their shapes."""
+    chat = schema["paths"]["/v1/chat/completions"]["post"]
+    body = json_body(schema, chat["requestBody"])
+    assert body["required"] == ["model", "messages"] and body["additionalProperties"] is True
+    assert set(chat["responses"]["200"]["content"]) == {"application/json", "text/event-stream"}
+    assert {"401", "404", "503"} <= set(chat["responses"])
+    assert chat["security"] == [{"bearerToken": []}, {"chatToken": []}]
+    assert "X-Haru-Fleet" in [p["name"] for p in chat["parameters"]]
+    completion = json_body(schema, schema["paths"]["/v1/completions"]["post"]["requestBody"])
+    assert "prompt" in completion["required"]
+    listing = json_body(schema, schema["paths"]["/v1/models"]["get"]["responses"]["200"])
+    model = resolve(schema, listing["properties"]["data"]["items"])
+    assert set(model["properties"]) == {"id", "object", "created", "owned_by"}
+    assert "/v1/models/{model}" in schema["paths"]
+    assert schema["components"]["securitySchemes"]["chatToken"]["scheme"] == "bearer"
+
+
+def test_every_path_the_proxy_serves_is_described():
+    """The hook cannot import the proxy (both are entry points): this holds them together."""
+    from fleets.api.openapi_hooks import CHAT_PATHS, MODEL_PREFIX  # noqa: PLC0415
+    from fleets.proxy import handler  # noqa: PLC0415
+
+    assert MODEL_PREFIX == handler.MODEL_PREFIX
+    assert set(CHAT_PATHS) == {*handler.ENDPOINTS, f"{handler.MODEL_PREFIX}{{model}}"}
+
+
+def test_the_models_list_matches_what_the_proxy_answers(schema):
+    from fleets.proxy import handler  # noqa: PLC0415
+
+    live = handler._model_object("qwen-small")
+    model = schema["components"]["schemas"]["OpenAIModel"]
+    assert set(live) == set(model["properties"]) == set(model["required"])

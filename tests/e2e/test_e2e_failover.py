@@ -216,7 +216,7 @@ def test_a_failing_probe_never_moves_routing(make_hosts, make_fleet, drive):
 def test_a_supervisor_with_another_token_fails_the_promotion_as_unauthorized(
     make_hosts, make_fleet, drive
 ):
-    east, west = make_hosts(west_token="a-different-token-for-west-0000")
+    east, west = make_hosts(west_token="a-different-token-for-west-0123456789")
     fleet = make_fleet(east, west)
     drive(fleet, lambda: Domain.objects.get(fleet=fleet, slug="west").state == "degraded")
 

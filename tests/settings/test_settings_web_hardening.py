@@ -14,6 +14,10 @@ import pytest
 
 from tests.settings.test_settings_env import ROOT, clean_env
 
+# Generated-looking: fleets/checks.py refuses a short or placeholder secret with a token set.
+TOKEN = "hardening-token-0123456789abcdefghijklmn"
+SECRET_KEY = "hardening-secret-key-0123456789abcdefghijklmnopqrstuvwxyzABCD"
+
 # Asks the server, in-process, for /healthz under several Host names: Django's own check, and
 # the ASGI guard in front of the chat proxy (which Django's check never sees).
 PROBE = """
@@ -63,7 +67,7 @@ def test_without_a_token_only_loopback_names_are_answered(tmp_path):
 
 
 def test_with_a_token_every_name_is_answered_unless_listed(tmp_path):
-    token = "t" * 40
+    token = TOKEN
     out = probe(tmp_path, HARU_API_TOKEN=token)
     assert out["allowed"] == ["*"]
     assert out["evil.example:8700"][0] == 200
@@ -79,7 +83,7 @@ def check_deploy(tmp_path, **extra: str) -> str:
     result = subprocess.run(
         [sys.executable, "manage.py", "check", "--deploy"],
         cwd=ROOT,
-        env=clean_env(tmp_path, HARU_SECRET_KEY="k" * 60, HARU_API_TOKEN="t" * 40, **extra),
+        env=clean_env(tmp_path, HARU_SECRET_KEY=SECRET_KEY, HARU_API_TOKEN=TOKEN, **extra),
         capture_output=True,
         text=True,
         timeout=120,

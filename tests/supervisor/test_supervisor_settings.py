@@ -52,10 +52,28 @@ def test_non_loopback_bind_with_a_token_is_allowed():
         {
             "HARU_SUPERVISOR_CONFIG": CONFIG,
             "HARU_SUPERVISOR_HOST": "0.0.0.0",
-            "HARU_SUPERVISOR_TOKEN": "a-long-enough-token",
+            "HARU_SUPERVISOR_TOKEN": "a-long-enough-token-0123456789abcdef",
         }
     )
     assert s.bind_host == "0.0.0.0" and not s.token_is_weak
+
+
+@pytest.mark.parametrize(
+    ("token", "reason"),
+    [
+        ("change-me-this-domains-token-xxxxxxx", "is a placeholder (it contains 'changeme')"),
+        ("a-long-enough-token", "is 19 characters; use at least 32"),
+    ],
+)
+def test_non_loopback_bind_with_a_placeholder_or_short_token_is_refused(token, reason):
+    """deploy/supervisor.env.example's placeholder must not go live by being forgotten."""
+    env = {"HARU_SUPERVISOR_CONFIG": CONFIG, "HARU_SUPERVISOR_TOKEN": token}
+    with pytest.raises(SettingsError) as refused:
+        settings_from_env({**env, "HARU_SUPERVISOR_HOST": "0.0.0.0"})
+    assert f"HARU_SUPERVISOR_TOKEN {reason}" in str(refused.value)
+    assert token not in str(refused.value)
+    # On loopback (local development) it starts, warned about (supervisor/server.py).
+    assert settings_from_env(env).token_is_weak
 
 
 @pytest.mark.parametrize(
