@@ -70,6 +70,19 @@ def _read(operation_id: str, summary: str, body, *errors: int):
     )
 
 
+def _write(operation_id: str, summary: str, request, answers: dict, *errors: int, **more):
+    """The schema of a POST that takes `request` (None: no body) and answers one of `answers`
+    (status: body) or of `errors`; `more` passes on (a description where the method has no
+    docstring)."""
+    return extend_schema(
+        summary=summary,
+        request=request,
+        operation_id=operation_id,
+        responses={**answers, **_errors(*errors)},
+        **more,
+    )
+
+
 class HaruAPIView(APIView):
     def initial(self, request: Request, *args, **kwargs):
         try:
@@ -149,20 +162,17 @@ class _OperationRequestView(HaruAPIView):
 class PromoteView(_OperationRequestView):
     kind = OperationKind.PROMOTE
 
-    @extend_schema(
-        summary="Promote a standby domain",
+    @_write(
+        "promoteDomain",
+        "Promote a standby domain",
+        s.TargetRequest,
+        {200: s.AlreadyActiveOut, 202: s.AcceptedOut},
+        *(400, 401, 404, 409, 413, 422),
         description="Start a promotion of `targetDomainId` (id or slug) to active: the "
         "reconciler drives its steps (stop_training, verify_gpu, wake, probe, switch_route, then "
         "the old active's demote_old_sleep and demote_old_train). 200 `already_active` when it "
         "is the active; 409 while another operation is in flight; 422 when the target cannot be "
         "promoted.",
-        request=s.TargetRequest,
-        operation_id="promoteDomain",
-        responses={
-            200: s.AlreadyActiveOut,
-            202: s.AcceptedOut,
-            **_errors(400, 401, 404, 409, 413, 422),
-        },
     )
     def post(self, request, ref: str):
         return super().post(request, ref)
@@ -171,25 +181,27 @@ class PromoteView(_OperationRequestView):
 class DemoteView(_OperationRequestView):
     kind = OperationKind.DEMOTE
 
-    @extend_schema(
-        summary="Demote a domain",
+    @_write(
+        "demoteDomain",
+        "Demote a domain",
+        s.TargetRequest,
+        {202: s.AcceptedOut},
+        *(400, 401, 404, 409, 413, 422),
         description="Start putting `targetDomainId` (id or slug) back into standby posture "
         "(sleep, start_training). 409 while another operation is in flight; 422 when the target "
         "cannot be demoted (the active, say).",
-        request=s.TargetRequest,
-        operation_id="demoteDomain",
-        responses={202: s.AcceptedOut, **_errors(400, 401, 404, 409, 413, 422)},
     )
     def post(self, request, ref: str):
         return super().post(request, ref)
 
 
 class DrillView(HaruAPIView):
-    @extend_schema(
-        summary="Run a failover drill",
-        request=s.DrillRequest,
-        operation_id="drillFleet",
-        responses={202: s.AcceptedOut, **_errors(400, 401, 404, 409, 413, 422)},
+    @_write(
+        "drillFleet",
+        "Run a failover drill",
+        s.DrillRequest,
+        {202: s.AcceptedOut},
+        *(400, 401, 404, 409, 413, 422),
     )
     def post(self, request, ref: str):
         """Run a failover drill now. Mode `check` (default): the standby stops training, wakes,
@@ -263,11 +275,12 @@ class BaselinesView(HaruAPIView):
         fleet = selectors.fleet_get(ref)
         return Response({"baselines": [shapes.baseline_json(b) for b in fleet.baselines.all()]})
 
-    @extend_schema(
-        summary="Record golden baselines",
-        request=s.BaselineRecordRequest,
-        operation_id="recordBaselines",
-        responses={200: s.BaselineRecordOut, **_errors(400, 401, 404, 413, 422, 502)},
+    @_write(
+        "recordBaselines",
+        "Record golden baselines",
+        s.BaselineRecordRequest,
+        {200: s.BaselineRecordOut},
+        *(400, 401, 404, 413, 422, 502),
     )
     def post(self, request, ref: str):
         """Probe a serving domain (default: the active) and record its answers as the golden
@@ -325,24 +338,13 @@ class _DomainActionView(HaruAPIView):
         )
 
 
-# Provision and stop answer alike: 202 when the domain moved, 200 when it already had.
-_DOMAIN_ACTION_RESPONSES = {
-    200: s.DomainActionOut,
-    202: s.DomainActionOut,
-    **_errors(401, 404, 409, 413, 422),
-}
-
-
 def _domain_action(operation_id: str, summary: str, description: str):
-    """The schema of a provisioning move's POST, answered as `_DOMAIN_ACTION_RESPONSES` say."""
+    """The schema of a provisioning move's POST: 202 when the domain moved, 200 when it
+    already had (provision and stop answer alike)."""
+    answers = {200: s.DomainActionOut, 202: s.DomainActionOut}
+    errors = (401, 404, 409, 413, 422)
     return extend_schema_view(
-        post=extend_schema(
-            summary=summary,
-            request=None,
-            operation_id=operation_id,
-            description=description,
-            responses=_DOMAIN_ACTION_RESPONSES,
-        )
+        post=_write(operation_id, summary, None, answers, *errors, description=description)
     )
 
 
@@ -398,11 +400,8 @@ class FleetOperationsView(HaruAPIView):
 
 
 class OperationCancelView(HaruAPIView):
-    @extend_schema(
-        summary="Cancel an operation",
-        request=None,
-        operation_id="cancelOperation",
-        responses={200: s.CancelledOut, **_errors(401, 404, 409, 413)},
+    @_write(
+        "cancelOperation", "Cancel an operation", None, {200: s.CancelledOut}, 401, 404, 409, 413
     )
     def post(self, request, ref: str, operation_id: str):
         """Cancel an in-flight operation of this fleet.
