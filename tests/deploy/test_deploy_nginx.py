@@ -1,12 +1,13 @@
-"""deploy/nginx/haru.conf, checked by the nginx Debian ships (1.22 on Debian 12), not by grep.
+"""deploy/nginx/, checked by the nginx Debian ships (1.22 on Debian 12), not by grep.
 
-The site is included, as /etc/nginx/conf.d/ is, inside a throwaway main config whose pid, logs
+Each site is included, as /etc/nginx/conf.d/ is, inside a throwaway main config whose pid, logs
 and temporary paths are in a temporary directory, with a self-signed certificate in place of
 /etc/ssl/haru/: no root and nothing under /etc or /var is needed or touched.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import http.server
 import socket
@@ -18,10 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from common.ports import free_port
 from tests.deploy.real_tools import require
 
 ROOT = Path(__file__).resolve().parents[2]
 SITE = ROOT / "deploy" / "nginx" / "haru.conf"
+GPU_HOST_SITE = ROOT / "deploy" / "nginx" / "haru-gpu-host.conf"
 CERT = "/etc/ssl/haru/fullchain.pem"
 KEY = "/etc/ssl/haru/privkey.pem"
 SERVER_NAME = "haru.example.com"
@@ -43,12 +46,21 @@ http {{
 
 
 def _replace_once(text: str, old: str, new: str) -> str:
-    assert text.count(old) == 1, f"expected {old!r} once in {SITE.name}"
+    assert text.count(old) == 1, f"expected {old!r} once"
     return text.replace(old, new)
 
 
 def _prefix(tmp_path: Path, site: str) -> Path:
     """A main config around `site`, with a certificate of our own; returns the main config."""
+    if CERT in site:
+        site = _with_own_certificate(tmp_path, site)
+    (tmp_path / "haru.conf").write_text(site)
+    main = tmp_path / "nginx.conf"
+    main.write_text(MAIN.format(d=tmp_path))
+    return main
+
+
+def _with_own_certificate(tmp_path: Path, site: str) -> str:
     openssl = require("openssl")
     subprocess.run(
         [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
@@ -59,11 +71,7 @@ def _prefix(tmp_path: Path, site: str) -> Path:
         timeout=60,
     )
     site = _replace_once(site, CERT, str(tmp_path / "cert.pem"))
-    site = _replace_once(site, KEY, str(tmp_path / "key.pem"))
-    (tmp_path / "haru.conf").write_text(site)
-    main = tmp_path / "nginx.conf"
-    main.write_text(MAIN.format(d=tmp_path))
-    return main
+    return _replace_once(site, KEY, str(tmp_path / "key.pem"))
 
 
 def _nginx(nginx: str, tmp_path: Path, main: Path, *args: str) -> list[str]:
@@ -71,21 +79,20 @@ def _nginx(nginx: str, tmp_path: Path, main: Path, *args: str) -> list[str]:
     return [nginx, "-p", f"{tmp_path}/", "-e", str(tmp_path / "error.log"), "-c", str(main), *args]
 
 
-def test_nginx_t_accepts_the_site(tmp_path):
+@pytest.mark.parametrize("site", [SITE, GPU_HOST_SITE], ids=lambda p: p.name)
+def test_nginx_t_accepts_the_site(tmp_path, site):
     nginx = require("nginx")
-    main = _prefix(tmp_path, SITE.read_text())
+    text = site.read_text()
+    if site == GPU_HOST_SITE:
+        # nginx -t checks that a listen address is one of this machine's: a loopback one here.
+        text = _replace_once(text, "listen 10.0.0.11:8000;", "listen 127.0.0.2:8000;")
+    main = _prefix(tmp_path, text)
     result = subprocess.run(
         _nginx(nginx, tmp_path, main, "-t"), capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
     # A deprecated or ignored directive is only a warning: the test wants none.
     assert "[warn]" not in result.stderr and "[emerg]" not in result.stderr, result.stderr
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _Backend(http.server.BaseHTTPRequestHandler):
@@ -103,44 +110,56 @@ class _Backend(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def _wait_for(port: int, deadline: float) -> None:
+def _wait_for(host: str, port: int, deadline: float) -> None:
     while time.monotonic() < deadline:
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            socket.create_connection((host, port), timeout=0.5).close()
             return
         except OSError:
             time.sleep(0.05)
     raise AssertionError(f"nginx did not listen on {port}")
 
 
-@pytest.fixture
-def running_site(tmp_path):
-    """The shipped site served by the real nginx on loopback ports, in front of a tiny backend."""
+@contextlib.contextmanager
+def _served(tmp_path: Path, site: str, ports: list[tuple[str, int]]):
+    """`site` served by the real nginx (in the foreground) until the block ends."""
     nginx = require("nginx")
-    backend = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Backend)
-    threading.Thread(target=backend.serve_forever, daemon=True).start()
-    _Backend.seen = []
-    tls, plain = _free_port(), _free_port()
-    site = SITE.read_text()
-    site = _replace_once(site, "listen 443 ssl http2;", f"listen 127.0.0.1:{tls} ssl http2;")
-    site = _replace_once(site, "listen 80;", f"listen 127.0.0.1:{plain};")
-    site = _replace_once(site, "server 127.0.0.1:8700 ", f"server 127.0.0.1:{backend.server_port} ")
     main = _prefix(tmp_path, site)
     proc = subprocess.Popen(
         _nginx(nginx, tmp_path, main, "-g", "daemon off;"),
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.monotonic() + 20
-        _wait_for(tls, deadline)
-        _wait_for(plain, deadline)
-        yield tls, plain
+        for host, port in ports:
+            _wait_for(host, port, deadline)
+        yield
     finally:
         proc.terminate()
         proc.wait(timeout=20)
-        backend.shutdown()
-        backend.server_close()
+
+
+@pytest.fixture
+def backend():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Backend)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Backend.seen = []
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def running_site(tmp_path, backend):
+    """The shipped site served by the real nginx on loopback ports, in front of a tiny backend."""
+    tls, plain = free_port(), free_port()
+    site = SITE.read_text()
+    site = _replace_once(site, "listen 443 ssl http2;", f"listen 127.0.0.1:{tls} ssl http2;")
+    site = _replace_once(site, "listen 80;", f"listen 127.0.0.1:{plain};")
+    site = _replace_once(site, "server 127.0.0.1:8700 ", f"server 127.0.0.1:{backend.server_port} ")
+    with _served(tmp_path, site, [("127.0.0.1", tls), ("127.0.0.1", plain)]):
+        yield tls, plain
 
 
 def _tls_context() -> ssl.SSLContext:
@@ -182,3 +201,38 @@ def test_the_site_speaks_http2_redirects_plain_http_and_proxies_with_the_headers
     denied.read()
     assert denied.status == 403
     assert all(s["path"] != "/metrics" for s in _Backend.seen)
+
+
+def test_a_gpu_host_publishes_only_the_inference_paths_on_the_model_servers_port(tmp_path, backend):
+    """As on a GPU host: the model server on 127.0.0.1:P, nginx on the host's own address, same
+    port (here 127.0.0.2, another loopback address), open to the control plane's address only."""
+    port = backend.server_port
+    site = GPU_HOST_SITE.read_text().replace("127.0.0.1:8000", f"127.0.0.1:{port}")
+    site = _replace_once(site, "listen 10.0.0.11:8000;", f"listen 127.0.0.2:{port};")
+    site = _replace_once(site, "allow 10.0.0.10;", "allow 127.0.0.1;")
+    with _served(tmp_path, site, [("127.0.0.2", port)]):
+        conn = http.client.HTTPConnection("127.0.0.2", port, timeout=5)
+        for path in ("/v1/chat/completions", "/v1/completions", "/health"):
+            conn.request("GET", path)
+            answer = conn.getresponse()
+            assert (answer.status, answer.read()) == (200, b"from haru"), path
+        for path in ("/sleep?level=1", "/wake_up", "/is_sleeping", "/metrics", "/v1/models"):
+            conn.request("GET", path)
+            answer = conn.getresponse()
+            answer.read()
+            assert answer.status == 404, path
+        assert [s["path"] for s in _Backend.seen] == [
+            "/v1/chat/completions",
+            "/v1/completions",
+            "/health",
+        ]
+    # Anyone but the control plane is refused (here: the site allowing another address).
+    site = _replace_once(
+        GPU_HOST_SITE.read_text(), "listen 10.0.0.11:8000;", f"listen 127.0.0.2:{port};"
+    )
+    with _served(tmp_path, site, [("127.0.0.2", port)]):
+        conn = http.client.HTTPConnection("127.0.0.2", port, timeout=5)
+        conn.request("GET", "/v1/chat/completions")
+        answer = conn.getresponse()
+        answer.read()
+        assert answer.status == 403

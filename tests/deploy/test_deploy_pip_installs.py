@@ -30,7 +30,10 @@ VALUED = {
     "--no-binary", "--prefix", "--root", "--progress-bar", "--upgrade-strategy",
 }  # fmt: skip
 REQUIREMENT = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[([^\]]*)\])?\s*(.*)$", re.S)
-PINNED = re.compile(r"#sha256=[0-9a-f<]|^git\+\S+@[0-9a-f]{40}\b")
+# A hash written out, a placeholder for it (<wheel-sha256>) or the shell variable holding it.
+PINNED = re.compile(
+    r"#sha256=(?:[0-9a-f]{64}\b|<[^>]+>|\$\{?[A-Z_][A-Z0-9_]*\}?)|^git\+\S+@[0-9a-f]{40}\b"
+)
 
 
 def _extras() -> set[str]:
@@ -84,7 +87,14 @@ def problem(requirement: str, extras: set[str]) -> str | None:
 
 @pytest.mark.parametrize(
     "requirement",
-    ["haru", "haru[supervisor]", "haru==0.1.0", "HARU[server]>=0.1", "haru @ https://x/h.whl"],
+    [
+        "haru",
+        "haru[supervisor]",
+        "haru==0.1.0",
+        "HARU[server]>=0.1",
+        "haru @ https://x/h.whl",
+        "haru @ https://x/h.whl#sha256=abc",
+    ],
 )
 def test_the_check_refuses_haru_from_the_index_or_unpinned(requirement):
     assert problem(requirement, {"server", "dev"}) is not None
@@ -96,6 +106,7 @@ def test_the_check_refuses_haru_from_the_index_or_unpinned(requirement):
         "haru @ https://x/haru-0.1.0-py3-none-any.whl#sha256=" + "ab" * 32,
         "haru[server] @ file:///opt/haru/dist/haru-0.1.0-py3-none-any.whl#sha256=<wheel-sha256>",
         "haru @ git+https://git.example.internal/haru.git@" + "0" * 40,
+        "haru @ file:///opt/haru/src/haru-0.1.0-py3-none-any.whl#sha256=$WHEEL_SHA256",
         "./dist/haru-0.1.0-py3-none-any.whl",
         ".",
         "vllm==0.32.0",
