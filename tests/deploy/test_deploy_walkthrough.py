@@ -7,7 +7,8 @@ this checkout's manage.py with the same environment file (not `runuser` into an 
 and the database is the embedded SQLite (no PostgreSQL, no Redis). Then gpu-a's supervisor starts
 from the files rendered for it, as the GPU host would start it, except that its GPU and engine are
 simulated (no NVML, no vLLM here): it must answer over HTTPS, with a certificate the control
-plane's CA bundle verifies for gpu-a.internal, to gpu-a's token and to nothing else.
+plane's CA bundle verifies for gpu-a.internal, to gpu-a's token and to nothing else; and the
+control plane's own client, configured by the walkthrough's environment file, must reach it.
 
 Every `manage.py` command and flag both READMEs name is checked against Django's own parser.
 """
@@ -90,9 +91,9 @@ def test_both_readmes_rehearse_the_same_commands():
     assert english and japanese == english
 
 
-def _rehearsal(tmp_path: Path) -> str:
+def _prelude(tmp_path: Path) -> str:
     etc = tmp_path / "etc" / "haru"
-    prelude = f"""set -euo pipefail
+    return f"""set -euo pipefail
 DB_PASSWORD=rehearsal
 haru_admin() {{
   env -u DATABASE_URL -u REDIS_URL \\
@@ -101,9 +102,14 @@ haru_admin() {{
     {sys.executable} {ROOT}/manage.py "$@"
 }}
 """
+
+
+def _rehearsal(tmp_path: Path) -> str:
     blocks = [b for rehearsed, b in _blocks(READMES[0]) if rehearsed]
     assert len(blocks) >= 4, "the README's rehearsed blocks are missing"
-    return prelude + "\n".join(blocks).replace("/etc/haru", str(etc))
+    return _prelude(tmp_path) + "\n".join(blocks).replace(
+        "/etc/haru", str(tmp_path / "etc" / "haru")
+    )
 
 
 def _env_file(path: Path) -> dict[str, str]:
@@ -133,6 +139,37 @@ def _simulated(config: dict, sim_state: Path, serving_port: int) -> dict:
                 "extraArgs": ["--weights-mib", "1024", "--wake-latency-ms", "10"],
             }
     return config
+
+
+# The control plane's own client, in the rehearsal's database and environment (its CA bundle,
+# master key, allow-list), calling gpu-a's supervisor as a heartbeat does. The one stand-in:
+# gpu-a.internal:8701 resolves to the supervisor started here, as DNS would resolve it there.
+CONTROL_PLANE_CALL = """
+import json, os, socket
+resolve = socket.getaddrinfo
+def as_dns_would(host, port, *args, **kwargs):
+    if host == "gpu-a.internal" and int(port) == 8701:
+        return resolve("127.0.0.1", int(os.environ["SUPERVISOR_PORT"]), *args, **kwargs)
+    return resolve(host, port, *args, **kwargs)
+socket.getaddrinfo = as_dns_would
+from fleets.models import Domain
+from fleets.reconciler.supervisor.client import client_for
+call = client_for(Domain.objects.get(fleet__slug="gpu-pair", slug="gpu-a")).status(timeout=10)
+print(json.dumps({"ok": call.ok, "error": None if call.ok else str(call.error)}))
+"""
+
+
+def _control_plane_status(tmp_path: Path, port: int) -> dict:
+    run = subprocess.run(
+        ["bash", "-c", _prelude(tmp_path) + 'haru_admin shell -c "$CALL"'],
+        cwd=ROOT,
+        env={**os.environ, "CALL": CONTROL_PLANE_CALL, "SUPERVISOR_PORT": str(port)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 def _get(port: int, ca: Path, path: str, token: str | None) -> tuple[int, bytes]:
@@ -223,6 +260,9 @@ def test_the_walkthrough_runs_here_up_to_a_supervisor_answering_over_tls(tmp_pat
         assert json.loads(body)["host"] == "gpu-a"
         assert _get(port, ca, "/v1/status", None)[0] == 401
         assert _get(port, ca, "/v1/status", tokens["gpu-b"])[0] == 401
+        # And the control plane, configured by the walkthrough, reaches it: TLS verified against
+        # HARU_SUPERVISOR_CA_BUNDLE, the token derived from the master key, the allow-list.
+        assert _control_plane_status(tmp_path, port) == {"ok": True, "error": None}
     finally:
         proc.terminate()
         proc.wait(timeout=60)
