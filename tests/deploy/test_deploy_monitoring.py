@@ -4,44 +4,65 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
 import haru.asgi  # noqa: F401 - registers what a deployed server exports
+from fleets.metrics.placement import GpuPlanCollector
+from fleets.metrics.readiness import ReadinessCollector
+from tests.deploy.real_tools import require
 
 ROOT = Path(__file__).resolve().parents[2]
+RULES = ROOT / "deploy" / "prometheus" / "haru-alerts.yml"
 NAME = re.compile(r"\bharu_[a-z_]+\b")
+# `haru_x{a="1", b=~"2|3"}`: the series and the labels a selector matches on.
+SELECTOR = re.compile(r"\b(haru_[a-z_]+)\{([^}]*)\}")
+GROUPING = re.compile(r"\b(?:by|on)\s*\(([^)]*)\)")
 # What Prometheus derives from an exported family: counters gain _total, histograms their series.
 SUFFIXES = ("_bucket", "_sum", "_count", "_created")
 
 
 def _alert_exprs() -> list[str]:
-    rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "haru-alerts.yml").read_text())
+    rules = yaml.safe_load(RULES.read_text())
     return [r["expr"] for g in rules["groups"] for r in g["rules"]]
 
 
+def _panels() -> list[dict]:
+    return json.loads((ROOT / "deploy" / "grafana" / "haru-dashboard.json").read_text())["panels"]
+
+
 def _dashboard_exprs() -> list[str]:
-    dashboard = json.loads((ROOT / "deploy" / "grafana" / "haru-dashboard.json").read_text())
-    return [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    return [t["expr"] for p in _panels() for t in p.get("targets", [])]
 
 
 def _exported(client) -> set[str]:
     """Every sample name /metrics exposes (TYPE lines name the families, samples the series)."""
+    return set(_exported_labels(client))
+
+
+def _exported_labels(client) -> dict[str, set[str]]:
+    """Each sample name /metrics exposes, with the label names its samples carry (none yet for
+    a family declared without samples)."""
     text = client.get("/metrics").content.decode()
-    names = set()
+    labels: dict[str, set[str]] = {}
     for line in text.splitlines():
         if line.startswith("# TYPE "):
             family, kind = line.split()[2:4]
-            names.add(family)
+            labels.setdefault(family, set())
             if kind == "counter":
-                names.add(f"{family}_total")
+                labels.setdefault(f"{family}_total", set())
             if kind == "histogram":
-                names.update(f"{family}{s}" for s in SUFFIXES)
+                for suffix in SUFFIXES:
+                    labels.setdefault(f"{family}{suffix}", set())
         elif line and not line.startswith("#"):
-            names.add(re.split(r"[{ ]", line, maxsplit=1)[0])
-    return names
+            name, _, rest = line.partition("{")
+            name = name.split(" ", 1)[0]
+            keys = re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="', rest.rpartition("}")[0])
+            labels.setdefault(name, set()).update(keys)
+    return labels
 
 
 @pytest.mark.django_db
@@ -72,3 +93,49 @@ def test_the_alerts_cover_what_the_person_on_call_needs():
         "HaruStateStoreDown",
         "HaruRequestsHeldOrRefused",
     } <= names
+
+
+def test_every_dashboard_panel_asks_for_a_series_haru_exports():
+    for panel in _panels():
+        exprs = [t["expr"] for t in panel.get("targets", [])]
+        assert exprs, f"panel {panel['title']!r} has no query"
+        for expr in exprs:
+            assert NAME.search(expr), f"panel {panel['title']!r}: {expr!r} names no Haru series"
+
+
+@pytest.mark.django_db
+def test_selectors_and_groupings_name_labels_the_series_carry(client, seeded_fleet):
+    """`haru_x{verdict="ready"}` or `by (fleet, gpu)` with a label the series lacks is empty."""
+    labels = _exported_labels(client)
+    wrong = []
+    for expr in _alert_exprs() + _dashboard_exprs():
+        named = [n for n in NAME.findall(expr) if labels.get(n)]
+        carried = set().union(*(labels[n] for n in named)) | {"le", "quantile"}
+        for name, matchers in SELECTOR.findall(expr):
+            keys = set(re.findall(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*[=!]~?", matchers))
+            if labels.get(name) and not keys <= labels[name]:
+                wrong.append(f"{expr}: {name} has no {sorted(keys - labels[name])}")
+        for grouping in GROUPING.findall(expr):
+            keys = {k.strip() for k in grouping.split(",") if k.strip()}
+            if named and not keys <= carried:
+                wrong.append(f"{expr}: no series carries {sorted(keys - carried)}")
+    assert wrong == []
+
+
+def test_the_dashboard_shows_readiness_drills_recovery_and_gpu_memory():
+    """Every family of the readiness and GPU-plan collectors is on a panel."""
+    families = {m.name for c in (ReadinessCollector(), GpuPlanCollector()) for m in c.describe()}
+    assert {"haru_failover_readiness", "haru_recovery_seconds", "haru_gpu_memory_used_mib"} <= (
+        families
+    )
+    shown = {name for expr in _dashboard_exprs() for name in NAME.findall(expr)}
+    assert families - shown == set()
+
+
+def test_promtool_checks_the_alert_rules():
+    promtool = require("promtool")
+    result = subprocess.run(
+        [promtool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import configparser
 import re
-import shutil
 import subprocess
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -14,6 +14,8 @@ import pytest
 from common.setting import declared
 from fleets.base.setting_table import HaruSettings
 from supervisor.settings import SupervisorSettings
+from tests.deploy import real_tools
+from tests.deploy.real_tools import require
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -38,20 +40,16 @@ def test_there_is_a_unit_for_each_process():
 
 
 def test_systemd_analyze_verify_accepts_every_unit(tmp_path):
-    analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.skip("systemd-analyze is not installed (Debian: apt-get install systemd)")
-    # verify insists that ExecStart binaries exist: stand-ins where the recipe installs them.
-    stub_bin = tmp_path / "venv" / "bin"
-    stub_bin.mkdir(parents=True)
+    analyze = require("systemd-analyze")
+    # The units pointed at the venv this test run uses (CI's own build), in place of
+    # /opt/haru/venv: verify insists that every ExecStart binary exists and is executable.
+    venv_bin = Path(sysconfig.get_path("scripts"))
     for name in ("python", "celery", "django-admin"):
-        stub = stub_bin / name
-        stub.write_text("#!/bin/sh\n")
-        stub.chmod(0o755)
+        assert (venv_bin / name).is_file(), f"{venv_bin / name}: the venv lacks it"
     copies = []
     for unit in UNITS:
         copy = tmp_path / unit.name
-        copy.write_text(unit.read_text().replace(VENV_BIN, f"{stub_bin}/"))
+        copy.write_text(unit.read_text().replace(VENV_BIN, f"{venv_bin}/"))
         copies.append(str(copy))
     result = subprocess.run(
         [analyze, "verify", *copies], capture_output=True, text=True, timeout=60, check=False
@@ -121,3 +119,14 @@ def test_every_haru_name_in_deploy_is_declared():
         if path.is_file() and path.suffix in {".example", ".service", ".conf", ".md"}:
             named = set(re.findall(r"(?<![A-Za-z0-9_])HARU_[A-Z0-9_]+", path.read_text()))
             assert named - known == set(), path.relative_to(ROOT)
+
+
+def test_a_missing_tool_skips_by_default_and_fails_where_ci_requires_it(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr(real_tools.shutil, "which", lambda *a, **k: None)
+    monkeypatch.delenv(real_tools.REQUIRED_ENV, raising=False)
+    with pytest.raises(pytest.skip.Exception, match="apt-get install nginx-light"):
+        real_tools.require("nginx")
+    monkeypatch.setenv(real_tools.REQUIRED_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match="HARU_DEPLOY_TOOLS_REQUIRED=1.*promtool"):
+        real_tools.require("promtool")
