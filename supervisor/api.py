@@ -118,17 +118,25 @@ async def _gpu_target(request: Request) -> int | None:
     return gpu_index
 
 
+def _query_seconds(request: Request, name: str) -> float | None:
+    """A query parameter of milliseconds (1 to MAX_MS) in seconds; None when absent."""
+    raw = request.query_params.get(name)
+    if raw is None:
+        return None
+    if not raw.isdigit() or not 0 < int(raw) <= MAX_MS:
+        raise ApiError(400, "invalid_request", f"{name} must be a positive integer")
+    return int(raw) / 1000
+
+
 async def vllm_sleep(request: Request) -> JSONResponse:
     gpu_index = await _gpu_target(request)
-    # Ours: `?waitMs=` bounds how long this call is held (the original ignores the query, and
-    # its callers get the original's answer: held until every server sleeps).
-    raw = request.query_params.get("waitMs")
-    wait_s = None
-    if raw is not None:
-        if not raw.isdigit() or not 0 < int(raw) <= MAX_MS:
-            raise ApiError(400, "invalid_request", "waitMs must be a positive integer")
-        wait_s = int(raw) / 1000
-    result = await host_of(request).sleep(gpu_index, wait_s)
+    # Ours (the original ignores the query, and its callers get the original's answer: held
+    # until every server sleeps, the drain bounded by drainBudgetMs alone). `?waitMs=` bounds
+    # how long this call is held; `?budgetMs=` how long the caller waits for the sleep all
+    # told, which ends the drain early enough for the sleep to finish within it.
+    wait_s = _query_seconds(request, "waitMs")
+    budget_s = _query_seconds(request, "budgetMs")
+    result = await host_of(request).sleep(gpu_index, wait_s, budget_s)
     return wire(result, 202 if result["status"] == "draining" else 200)
 
 

@@ -259,3 +259,20 @@ def test_gpu_memory_501_means_no_gpu_facts_and_is_not_counted_as_an_error():
     assert errors._value.get() == before
     failed = client_answering(lambda r: httpx.Response(502, json={})).gpu_memory(timeout=1)
     assert not gpu_facts_unavailable(failed.error)
+
+
+def test_a_sleep_tells_a_draining_supervisor_how_long_the_step_still_waits():
+    seen: list[str] = []
+
+    def handler(request):
+        seen.append(str(request.url))
+        if request.url.path == "/v1/status":
+            return httpx.Response(200, json={**ok_status(), "features": ["sleep.drain"]})
+        return httpx.Response(200, json={"status": "ok"})
+
+    client = client_answering(handler)
+    assert client.status(timeout=1).ok
+    assert client.sleep(timeout=5, budget=12.5).ok
+    assert client.sleep(timeout=5).ok
+    assert seen[1].endswith("/v1/vllm/sleep?waitMs=4000&budgetMs=12500")
+    assert seen[2].endswith("/v1/vllm/sleep?waitMs=4000")  # no budget stated, none sent
