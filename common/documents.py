@@ -27,7 +27,7 @@ from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError
 
 from common import limits
-from common.strict_json import is_int, is_number, type_name
+from common.strict_json import is_int, is_number, is_whole, type_name
 
 _LIMIT_PREFIX = "$limits."
 # Keywords that say what a value means and never what is valid.
@@ -35,12 +35,19 @@ _ANNOTATIONS = frozenset({"title", "description", "default", "examples"})
 
 
 # Draft 2020-12 with the house's numbers: "integer" means `is_int` (jsonschema would take 1.0),
-# "number" means `is_number` (it would take NaN from a Python caller). "An int but not a bool"
-# is written once, in strict_json, which the supervisor's readers use without jsonschema.
+# "number" means `is_number` (it would take NaN from a Python caller). For what operators write.
 StrictValidator = validators.extend(
     Draft202012Validator,
     type_checker=Draft202012Validator.TYPE_CHECKER.redefine(
         "integer", lambda _checker, value: is_int(value)
+    ).redefine("number", lambda _checker, value: is_number(value)),
+)
+# The same for the supervisor wire (`common/wire/contract.py`), whose integer is a whole number
+# (`is_whole`: 4.0 is 4, as JSON Schema and the original system read it); NaN is still refused.
+WireValidator = validators.extend(
+    Draft202012Validator,
+    type_checker=Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda _checker, value: is_whole(value)
     ).redefine("number", lambda _checker, value: is_number(value)),
 )
 
@@ -104,18 +111,21 @@ def _schema_text(package: str, name: str) -> dict[str, Any]:
     return loaded
 
 
-def strict_validator(schema: dict[str, Any], package: str | None = None) -> Any:
-    """The strict validator of a schema already read: shared limits filled in, references
-    inlined (sibling files from `package`'s `schemas/`), the schema itself checked."""
+def strict_validator(
+    schema: dict[str, Any], package: str | None = None, kind: Any = StrictValidator
+) -> Any:
+    """The strict validator (or the wire's, with `kind=WireValidator`) of a schema already
+    read: shared limits filled in, references inlined (sibling files from `package`'s
+    `schemas/`), the schema itself checked."""
     filled = inline_refs(with_limits(schema), package=package)
-    StrictValidator.check_schema(filled)
-    return StrictValidator(filled)
+    kind.check_schema(filled)
+    return kind(filled)
 
 
 @cache
-def schema_validator(package: str, name: str) -> Any:
-    """The strict validator of `<package>/schemas/<name>.json` (checked once, then cached)."""
-    return strict_validator(_schema_text(package, name), package)
+def schema_validator(package: str, name: str, kind: Any = StrictValidator) -> Any:
+    """The validator of `<package>/schemas/<name>.json` (checked once, then cached)."""
+    return strict_validator(_schema_text(package, name), package, kind)
 
 
 def json_path(parts: Iterable[Any], prefix: str = "") -> str:

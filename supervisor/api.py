@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,14 +15,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from common.limits import (
-    MAX_MS,
-    MAX_PROBE_ADAPTERS,
-    MAX_PROBE_PROMPT_CHARS,
-    MAX_PROBE_TOKENS,
-)
-from common.strict_json import ObjectReader
-from common.wire import bounded_json
+from common.limits import MAX_MS
+from common.wire import bounded_json, contract
 from common.wire.shape import compact
 from supervisor.auth import BearerAuth
 from supervisor.errors import ApiError, error_body
@@ -52,8 +47,12 @@ async def _read_capped(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-async def read_object(request: Request) -> ObjectReader:
-    """Parse an optional JSON object body; an empty body reads as `{}`."""
+async def read_body(request: Request) -> dict[str, Any]:
+    """Parse the body (empty reads as `{}`) and check it against the route's request schema in
+    the wire contract (`common/wire/schemas/`): every problem in one 400 naming its field. The
+    fields come back as the schema declares them (a whole number where it says integer is an
+    int). A key repeated in the body is refused (the original keeps the last one; docs/wire.md).
+    """
     body = await _read_capped(request)
     data: Any = {}
     if body.strip():
@@ -63,14 +62,13 @@ async def read_object(request: Request) -> ObjectReader:
             raise ApiError(400, "invalid_request", f"body is not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise ApiError(400, "invalid_request", "body must be a JSON object")
-    return ObjectReader(data, "", [])
-
-
-def finish_reading(reader: ObjectReader) -> None:
-    """Refuse unknown fields and any type or range error, all in one message."""
-    reader.finish()
-    if reader.errors:
-        raise ApiError(400, "invalid_request", "; ".join(reader.errors))
+    schema = contract.route(request.method, request.url.path).request
+    assert schema is not None, f"{request.url.path} takes no body"
+    found = contract.problems(schema, data)
+    if found:
+        raise ApiError(400, "invalid_request", "; ".join(found))
+    body_read: dict[str, Any] = contract.as_declared(schema, data)
+    return body_read
 
 
 def host_of(request: Request) -> Host:
@@ -81,9 +79,20 @@ async def healthz(request: Request) -> JSONResponse:
     return JSONResponse({"ok": True})
 
 
+class WireResponse(JSONResponse):
+    """A JSON answer in UTF-8, or in escaped ASCII when it holds a lone surrogate (an engine's
+    answer echoed by a golden probe may): that has no UTF-8 form, and the answer must still go."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return json.dumps(content, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
 def wire(body: Any, status_code: int = 200) -> JSONResponse:
     """Render a body the wire contract's way: optional fields left out, never null."""
-    return JSONResponse(compact(body), status_code=status_code)
+    return WireResponse(compact(body), status_code=status_code)
 
 
 def model_selection(request: Request) -> list[str] | None:
@@ -105,23 +114,29 @@ async def ready(request: Request) -> JSONResponse:
 
 
 async def _gpu_target(request: Request) -> int | None:
-    reader = await read_object(request)
-    gpu_index = reader.int("gpuIndex", minimum=0, allow_null=True)
-    finish_reading(reader)
+    gpu_index: int | None = (await read_body(request)).get("gpuIndex")
     return gpu_index
+
+
+def _query_seconds(request: Request, name: str) -> float | None:
+    """A query parameter of milliseconds (1 to MAX_MS) in seconds; None when absent."""
+    raw = request.query_params.get(name)
+    if raw is None:
+        return None
+    if not raw.isdigit() or not 0 < int(raw) <= MAX_MS:
+        raise ApiError(400, "invalid_request", f"{name} must be a positive integer")
+    return int(raw) / 1000
 
 
 async def vllm_sleep(request: Request) -> JSONResponse:
     gpu_index = await _gpu_target(request)
-    # Ours: `?waitMs=` bounds how long this call is held (the original ignores the query, and
-    # its callers get the original's answer: held until every server sleeps).
-    raw = request.query_params.get("waitMs")
-    wait_s = None
-    if raw is not None:
-        if not raw.isdigit() or not 0 < int(raw) <= MAX_MS:
-            raise ApiError(400, "invalid_request", "waitMs must be a positive integer")
-        wait_s = int(raw) / 1000
-    result = await host_of(request).sleep(gpu_index, wait_s)
+    # Ours (the original ignores the query, and its callers get the original's answer: held
+    # until every server sleeps, the drain bounded by drainBudgetMs alone). `?waitMs=` bounds
+    # how long this call is held; `?budgetMs=` how long the caller waits for the sleep all
+    # told, which ends the drain early enough for the sleep to finish within it.
+    wait_s = _query_seconds(request, "waitMs")
+    budget_s = _query_seconds(request, "budgetMs")
+    result = await host_of(request).sleep(gpu_index, wait_s, budget_s)
     return wire(result, 202 if result["status"] == "draining" else 200)
 
 
@@ -131,15 +146,13 @@ async def vllm_wake(request: Request) -> JSONResponse:
 
 
 async def training_start(request: Request) -> JSONResponse:
-    finish_reading(await read_object(request))
+    await read_body(request)
     slots = await host_of(request).training_start()
     return wire({"status": "ok", "slots": slots})
 
 
 async def training_stop(request: Request) -> JSONResponse:
-    reader = await read_object(request)
-    grace_ms = reader.int("graceMs", minimum=0, maximum=MAX_MS, allow_null=True)
-    finish_reading(reader)
+    grace_ms = (await read_body(request)).get("graceMs")
     return wire({"status": "ok", "slots": host_of(request).training_stop(grace_ms)}, 202)
 
 
@@ -152,54 +165,19 @@ async def gpu_memory(request: Request) -> JSONResponse:
 
 
 async def probe(request: Request) -> JSONResponse:
-    reader = await read_object(request)
-    prompt = reader.str("prompt", default="ping")
-    max_tokens = reader.int("maxTokens", default=4, minimum=1, maximum=MAX_PROBE_TOKENS)
-    timeout_ms = reader.int("timeoutMs", default=60_000, minimum=1, maximum=MAX_MS)
-    models = reader.str_list("models")
-    seed = reader.int("seed", minimum=0, maximum=MAX_MS)
-    adapters = _probe_adapters(reader)
-    finish_reading(reader)
+    body = await read_body(request)
+    models = body.get("models")
     if models is None:
         models = model_selection(request)
-    if prompt is not None and len(prompt) > MAX_PROBE_PROMPT_CHARS:
-        raise ApiError(
-            400, "invalid_request", f"prompt exceeds {MAX_PROBE_PROMPT_CHARS} characters"
-        )
     result = await host_of(request).probe(
-        prompt=prompt or "ping",
-        max_tokens=max_tokens or 4,
-        timeout_ms=timeout_ms or 60_000,
+        prompt=body.get("prompt", "ping"),
+        max_tokens=body.get("maxTokens", 4),
+        timeout_ms=body.get("timeoutMs", 60_000),
         models=models,
-        seed=seed,
-        adapters=adapters,
+        seed=body.get("seed"),
+        adapters=body.get("adapters"),
     )
     return wire(result)
-
-
-def _probe_adapters(reader: ObjectReader) -> dict[str, list[str]] | None:
-    """Read `adapters` ({model: [LoRA adapter names]}), bounded per model."""
-    if not reader.has("adapters"):
-        return None
-    raw = reader.raw("adapters")
-    if raw is None:
-        return None
-    if not isinstance(raw, dict):
-        reader.error("adapters", "must be an object of model name to adapter names")
-        return None
-    out: dict[str, list[str]] = {}
-    for model, names in raw.items():
-        if not model:
-            reader.error("adapters", "model names must not be empty")
-            return None
-        if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
-            reader.error("adapters", f"{model}: must be a list of non-empty strings")
-            return None
-        if len(names) > MAX_PROBE_ADAPTERS:
-            reader.error("adapters", f"{model}: at most {MAX_PROBE_ADAPTERS} adapters")
-            return None
-        out[model] = list(names)
-    return out
 
 
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:

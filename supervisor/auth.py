@@ -7,6 +7,7 @@ import json
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from common.bearer import bearer_credential
 from supervisor.errors import error_body
 
 _UNAUTHORIZED = json.dumps(
@@ -53,8 +54,9 @@ class BearerAuth:
         assert self._token is not None
         for name, value in scope["headers"]:
             if name == b"authorization":
-                scheme, _, credentials = value.partition(b" ")
-                if scheme.lower() != b"bearer":
+                # Header bytes are latin-1 (every byte one character), so none is lost.
+                presented = bearer_credential(value.decode("latin-1"))
+                if presented is None:
                     return False
-                return hmac.compare_digest(credentials.strip(), self._token)
+                return hmac.compare_digest(presented.encode("latin-1"), self._token)
         return False

@@ -26,7 +26,7 @@ from supervisor.config import (
     SupervisorConfig,
     servers_per_gpu,
 )
-from supervisor.engines.control import ControlError
+from supervisor.engines.control import ControlError, drain_deadline
 from supervisor.engines.launch import LaunchCommand, LaunchContext
 from supervisor.engines.registry import EngineRegistry, default_registry
 from supervisor.gpu.facts import GpuBackend, GpuQueryFailed, GpuUnavailable
@@ -299,17 +299,25 @@ class Host:
 
     # -- sleep and wake ----------------------------------------------------------------------
 
-    async def sleep(self, gpu_index: int | None, wait_s: float | None = None) -> dict[str, Any]:
+    async def sleep(
+        self,
+        gpu_index: int | None,
+        wait_s: float | None = None,
+        budget_s: float | None = None,
+    ) -> dict[str, Any]:
         """Drain, then sleep every targeted model server; a call while one runs joins it.
 
         With `wait_s`, answer after at most that long: `status: draining` when the sleep is
         still in flight (it goes on; a later call joins it). Without it, as in the original
-        contract, answer when every server is asleep.
+        contract, answer when every server is asleep. With `budget_s` (how long the caller
+        waits for the sleep, all told) the drain ends early enough for the sleep to finish
+        within it (`drain_deadline`).
         """
         targets = self._targets(gpu_index)
         http = self.http
-        budget_s = self.config.drain_budget_ms / 1000
-        tasks = {m.name: m.begin_sleep(http, budget_s) for m in targets}
+        drain_s = self.config.drain_budget_ms / 1000
+        until = None if budget_s is None else drain_deadline(self.clock.monotonic(), budget_s)
+        tasks = {m.name: m.begin_sleep(http, drain_s, until) for m in targets}
         if wait_s is not None:
             _, pending = await asyncio.wait(list(tasks.values()), timeout=wait_s)
             if pending:

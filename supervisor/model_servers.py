@@ -81,6 +81,9 @@ class ModelServer:
         self._tasks: set[asyncio.Task[None]] = set()
         # The sleep in flight (drain, then sleep): a second sleep call joins it.
         self._sleep_task: asyncio.Task[DrainResult | None] | None = None
+        # When the drain of the sleep in flight must end at the latest (monotonic), as its
+        # callers stated; None: only the config's drain budget bounds it.
+        self._drain_until: float | None = None
         self.draining = False
         self.last_drain: DrainResult | None = None
         # The engine version last read, the process it was read from, and when (monotonic).
@@ -136,17 +139,27 @@ class ModelServer:
             return SleepReading(None, str(exc))
 
     def begin_sleep(
-        self, http: httpx.AsyncClient, drain_budget_s: float = 0.0
+        self,
+        http: httpx.AsyncClient,
+        drain_budget_s: float = 0.0,
+        drain_until: float | None = None,
     ) -> asyncio.Task[DrainResult | None]:
         """Start putting the server on standby, or join the sleep already in flight.
 
         The work runs in a task of its own, so a caller that stops waiting (an HTTP call past
-        its cap) leaves it running, and the next call finds and joins it.
+        its cap) leaves it running, and the next call finds and joins it. `drain_until` (a
+        monotonic time) ends the drain by then whatever is left of `drain_budget_s`: a caller
+        that stated how long it waits. A caller joining a sleep in flight may bring its drain's
+        end forward, never push it back (as a later training stop's deadline).
         """
         if self._sleep_task is None or self._sleep_task.done():
+            self._drain_until = drain_until
             self._sleep_task = asyncio.get_running_loop().create_task(
                 self._sleep(http, drain_budget_s)
             )
+        elif drain_until is not None:
+            current = self._drain_until
+            self._drain_until = drain_until if current is None else min(current, drain_until)
         return self._sleep_task
 
     async def sleep(self, http: httpx.AsyncClient, drain_budget_s: float = 0.0) -> None:
@@ -174,17 +187,24 @@ class ModelServer:
         """Let running requests finish (within the budget), then sleep, aborting stragglers."""
         assert isinstance(self.control, VllmControl)
         self.draining = True
+        by_budget = self._clock.monotonic() + budget_s
+
+        def until() -> float:
+            stated = self._drain_until
+            return by_budget if stated is None else min(by_budget, stated)
+
         try:
-            result = await drain(http, self.port, budget_s, self._clock)
+            result = await drain(http, self.port, until, self._clock)
             if not result.supported:
                 await self.control.sleep_after_running(http, self.port)
             else:
                 if not result.drained:
                     log.warning(
-                        "%s: %d request(s) still running after the %.0fs drain budget; the "
-                        "sleep aborts them",
+                        "%s: %d request(s) still running after %.1fs of draining (budget "
+                        "%.0fs, or what the caller stated); the sleep aborts them",
                         self.name,
                         result.running,
+                        result.waited_ms / 1000,
                         budget_s,
                     )
                 await self.control.sleep(http, self.port)

@@ -4,6 +4,7 @@ answers and, for a golden probe, what it answers."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import httpx
@@ -49,14 +50,18 @@ async def probe_model(
     }
     if seed is not None:
         body.update(temperature=0, seed=seed)
+    # ASCII JSON, every non-ASCII character escaped: a prompt may hold a lone surrogate (JSON
+    # text may escape one, and the original control plane's JSON.stringify does), which has no
+    # UTF-8 form, so httpx's UTF-8 JSON raised and the probe answered 500. Escaped, the engine
+    # gets the prompt exactly as the caller wrote it, and judges it itself.
     try:
         # httpx timeouts bound each socket operation; wait_for bounds the whole exchange, so a
         # server trickling bytes cannot stretch a probe past the caller's budget.
         response = await asyncio.wait_for(
             http.post(
                 f"{base_url(port)}/v1/chat/completions",
-                json=body,
-                headers=headers,
+                content=json.dumps(body),
+                headers={**(headers or {}), "Content-Type": "application/json"},
                 timeout=timeout_s,
             ),
             timeout_s,

@@ -9,9 +9,10 @@ this replaces put them.
 
 Values are written as they are, except nested records (their own `to_json` when they have one),
 tuples (lists) and mappings (dictionaries). Reading (`from_wire`) is strict where the field's
-type says so: an int that is no bool, a string or None, a boolean or None; an unreadable value
-raises ValueError, a missing required key KeyError. Each class's plan is worked out once, so a
-heartbeat's GPU facts cost one loop over a list, not a walk over type hints.
+type says so: a whole number that is no bool (read as an int, the wire's one integer rule), a
+string or None, a boolean or None; an unreadable value raises ValueError, a missing required key
+KeyError. Each class's plan is worked out once, so a heartbeat's GPU facts cost one loop over a
+list, not a walk over type hints.
 
 Pure standard library: the supervisor (on GPU hosts) and the control plane's core both use it.
 pydantic (pinned) was weighed: its camelCase generator writes `usedMib` too, it has no
@@ -28,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Self, TypeVar
 
-from common.strict_json import is_int
+from common.strict_json import whole_int
 
 T = TypeVar("T")
 
@@ -163,9 +164,11 @@ def _reader(hint: Any) -> Callable[[Any], Any]:
 
 
 def read_int(value: Any) -> int:
-    if not is_int(value):
+    """The wire's one integer rule: a whole number (`4.0` too) is read as its int."""
+    number = whole_int(value)
+    if number is None:
         raise ValueError(f"not an integer: {value!r}")
-    return value
+    return number
 
 
 def read_str(value: Any) -> str:

@@ -1,4 +1,10 @@
-"""Validate supervisor bodies against the route schemas shipped with this package."""
+"""Validate supervisor bodies against the route schemas shipped with this package.
+
+Both sides read every body through here: the supervisor its requests (`supervisor/api.py`), the
+control plane its answers (`fleets/reconciler/supervisor/reports.py`). One integer rule holds on
+the whole wire: a number with no fractional part is an integer (`4.0` passes where the schema says
+`integer`, as JSON Schema and the original system have it) and is read as one (`as_declared`).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,9 @@ from importlib import resources
 from typing import Any
 
 import httpx
-from jsonschema import Draft202012Validator
+
+from common.documents import WireValidator, schema_validator
+from common.documents import problems as document_problems
 
 
 @dataclass(frozen=True)
@@ -53,20 +61,44 @@ def load(name: str) -> dict[str, Any]:
     return json.loads(text)
 
 
-@cache
-def _validator(name: str) -> Draft202012Validator:
-    schema = load(name)
-    Draft202012Validator.check_schema(schema)
-    return Draft202012Validator(schema)
+def _validator(name: str) -> Any:
+    # Schemas are read, their references inlined and checked once (documents caches it).
+    return schema_validator(__package__, name, WireValidator)
 
 
 def problems(name: str, body: Any) -> list[str]:
-    """Every way `body` breaks schema `name`, as `path: message` lines (empty: valid)."""
-    found = []
-    for err in sorted(_validator(name).iter_errors(body), key=lambda e: list(e.absolute_path)):
-        where = ".".join(str(p) for p in err.absolute_path) or "(body)"
-        found.append(f"{where}: {err.message}")
-    return found
+    """Every way `body` breaks schema `name`, as `path: rule` lines (empty: valid), each naming
+    the field at fault in the house's words (`gpuIndex: must be at least 0`)."""
+    return [f"{where}: {rule}" for where, rule in document_problems(_validator(name), body)]
+
+
+def as_declared(name: str, body: Any) -> Any:
+    """`body` (valid under schema `name`) with every whole number the schema declares an
+    integer read as an int: `{"gpuIndex": 1.0}` is `{"gpuIndex": 1}` to whoever reads it."""
+    return _as_declared(_validator(name).schema, body)
+
+
+def _as_declared(schema: Any, value: Any) -> Any:
+    if not isinstance(schema, dict):
+        return value
+    kinds = schema.get("type")
+    kinds = kinds if isinstance(kinds, list) else [kinds]
+    if isinstance(value, float) and "integer" in kinds and value.is_integer():
+        return int(value)
+    # Every subschema that may apply is followed: one that does not apply can only turn a whole
+    # number that another declares a plain number into an int, which is the same number.
+    for key in ("allOf", "anyOf", "oneOf"):
+        for sub in schema.get(key, ()):
+            value = _as_declared(sub, value)
+    for key in ("then", "else"):
+        value = _as_declared(schema.get(key), value)
+    if isinstance(value, dict):
+        fields = schema.get("properties", {})
+        rest = schema.get("additionalProperties")
+        return {k: _as_declared(fields.get(k, rest), v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_as_declared(schema.get("items"), v) for v in value]
+    return value
 
 
 def route(method: str, path: str) -> WireRoute:

@@ -220,6 +220,10 @@ class FleetOut(FleetSummaryOut):
 class ReadinessReasonOut(serializers.Serializer):
     check = serializers.ChoiceField(_values(ReadinessCheck))
     ok = serializers.BooleanField(allow_null=True, help_text="null: not known")
+    accepted = serializers.BooleanField(
+        help_text="Not proven, and the fleet's policy accepts it (readiness.acceptMissing): "
+        "the verdict does not count it as a risk."
+    )
     message = serializers.CharField()
     at = serializers.DateTimeField(allow_null=True, help_text="When the fact was observed.")
     ageMs = serializers.IntegerField(allow_null=True)  # noqa: N815

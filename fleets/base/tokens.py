@@ -12,6 +12,7 @@ from __future__ import annotations
 import hmac
 from enum import Enum
 
+from common.bearer import bearer_credential
 from fleets.base.conf import haru_settings
 from fleets.base.setting_table import HaruSettings
 
@@ -19,16 +20,6 @@ from fleets.base.setting_table import HaruSettings
 class Scope(Enum):
     OPERATOR = "operator"
     CHAT = "chat"
-
-
-def presented_token(header: str | None) -> str | None:
-    """Return the bearer token an Authorization header carries, or None."""
-    if not header:
-        return None
-    scheme, _, presented = header.partition(" ")
-    if scheme.lower() != "bearer":
-        return None
-    return presented.strip() or None
 
 
 # Authorization headers that carried a known token, with their scope, kept with the settings
@@ -61,7 +52,8 @@ def token_scope(header: str | None) -> Scope | None:
         return None
     scope = accepted.get(header)
     if scope is None:
-        scope = _scope_of(presented_token(header), config)
+        # The one parse every gate shares, the supervisor's included (common/bearer.py).
+        scope = _scope_of(bearer_credential(header), config)
         if scope is not None and len(accepted) < MAX_ACCEPTED:
             accepted[header] = scope
     return scope

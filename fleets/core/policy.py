@@ -224,6 +224,21 @@ class Policy:
         TIMEOUT,
         "Failover readiness: a passing drill older than this no longer counts as proof.",
     )
+    # An original supervisor runs no golden probes and reports no checkpoint times, so those
+    # proofs never come; an operator who knows it accepts them here (fleets/core/readiness.py).
+    readiness_accept_missing: tuple[str, ...] = _key(
+        (),
+        {
+            "type": "array",
+            "items": _one_of("baselines", "trainer", "drill", "wakeMemory"),
+            "uniqueItems": True,
+            "x-rules": {"type": "must be a list of readiness checks"},
+        },
+        "Failover readiness: the checks whose missing proof the operator accepts (baselines, "
+        "trainer, drill, wakeMemory); each reads as accepted, not as a risk, while it fails or "
+        "is unknown. A wake that would not fit in free memory is never accepted.",
+        within="readiness",
+    )
     # /metrics exports it beside the measured p95.
     rto_ms: int = _key(
         300_000,
@@ -252,8 +267,8 @@ class Policy:
         given = _validated(raw if raw is not None else {})
         return cls(
             **{
-                key.field: (given.get(key.within, {}) if key.within else given).get(
-                    key.name, key.default
+                key.field: _held(
+                    (given.get(key.within, {}) if key.within else given).get(key.name, key.default)
                 )
                 for key in KEYS
             }
@@ -305,12 +320,22 @@ def _camel(snake: str) -> str:
     return head + "".join(word.capitalize() for word in rest)
 
 
+def _public_value(value: Any) -> Any:
+    """A value as the public JSON holds it: a tuple (what a frozen Policy holds) is a list."""
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _held(value: Any) -> Any:
+    """A value as the frozen Policy holds it: a list is a tuple."""
+    return tuple(value) if isinstance(value, list) else value
+
+
 KEYS: tuple[PolicyKey, ...] = tuple(
     PolicyKey(
         field=f.name,
         name=_camel(f.name.removeprefix(f"{f.metadata['within']}_")),
         within=f.metadata["within"],
-        default=f.default,
+        default=_public_value(f.default),
         schema=f.metadata["schema"],
         doc=f.metadata["doc"],
         steps=f.metadata["steps"],
@@ -325,7 +350,7 @@ def _public(values: Iterable[tuple[PolicyKey, Any]]) -> dict[str, Any]:
     """The public camelCase shape, in the table's order: a key `within` an object sits in it."""
     out: dict[str, Any] = {}
     for key, value in values:
-        (out.setdefault(key.within, {}) if key.within else out)[key.name] = value
+        (out.setdefault(key.within, {}) if key.within else out)[key.name] = _public_value(value)
     return out
 
 

@@ -3,15 +3,18 @@
 `not_ready`: a failover now would fail (no viable standby, or the memory its wake needs is
 taken). `at_risk`: it would probably work, but something that proves it is missing or stale
 (models awake on the standby, no golden baseline, a trainer that stopped checkpointing, no
-recent passing drill, facts not known). `ready`: every check passed, on facts this fresh.
+recent passing drill, facts not known). `ready`: every check passed, on facts this fresh, or
+its missing proof is accepted by the fleet's policy (`readiness.acceptMissing`: an original
+supervisor never brings golden baselines or checkpoint times, so without it such a fleet
+would read `at_risk` forever).
 
 Pure: the caller gathers the facts (fleets/reads/readiness.py) and supplies the clock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -42,6 +45,8 @@ class ReadinessCheck(StrEnum):
 
 # A failed check of these means a failover now would fail; of the others, that it is unproven.
 _BLOCKING = frozenset({ReadinessCheck.STANDBY, ReadinessCheck.WAKE_MEMORY})
+# Where an operator who cannot bring a proof accepts its absence (policy key).
+ACCEPT_KEY = "readiness.acceptMissing"
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,10 @@ class StandbyFacts:
     # When the oldest baseline the standby's models are judged against was recorded (None:
     # none recorded); the age of the proof when nothing is missing.
     baselines_at: datetime | None = None
+    # What its supervisor can prove. The original Haru supervisor runs no golden probes and
+    # reports no checkpoint times: those proofs never come from it, and the reasons say so.
+    golden_probes: bool = True
+    checkpoint_times: bool = True
 
 
 @dataclass(frozen=True)
@@ -89,15 +98,23 @@ class Reason:
     # When the fact was observed; None only for a fact never observed at all (a standby that
     # never answered a heartbeat, no drill yet, no standby).
     at: datetime | None = None
+    # Not proven, and the fleet's policy accepts that (`readiness.acceptMissing`): the verdict
+    # does not count it as a risk; `ok` and the message still say what the fact is.
+    accepted: bool = False
 
     def to_json(self, now: datetime) -> dict[str, Any]:
         return {
             "check": self.check,
             "ok": self.ok,
+            "accepted": self.accepted,
             "message": self.message,
             "at": utc_iso(self.at) if self.at else None,
             "ageMs": _age_ms(self.at, now) if self.at else None,
         }
+
+    @property
+    def counts_as_proven(self) -> bool:
+        return self.ok is True or self.accepted
 
 
 @dataclass(frozen=True)
@@ -130,6 +147,19 @@ def pick_standby(fleet: FleetView, now: datetime) -> DomainView | None:
     ranked = rank_standbys(fleet, now)
     viable = next((d for d in ranked if is_viable_standby(d, fleet.policy, now)), None)
     return viable or (ranked[0] if ranked else None)
+
+
+# Why a proof never comes from an original supervisor, said where the reason says it is missing.
+_NEVER_PROVEN = {
+    ReadinessCheck.BASELINES: (
+        ": its supervisor runs no golden probes (it does not list the feature probe.golden; "
+        f"the original supervisor does not), so none can be recorded; accept it with {ACCEPT_KEY}"
+    ),
+    ReadinessCheck.TRAINER: (
+        " as far as its supervisor says: it reports no checkpoint times (the original "
+        f"supervisor does not), so this cannot be proven; accept it with {ACCEPT_KEY}"
+    ),
+}
 
 
 def _standby_reason(fleet: FleetView, standby: DomainView, now: datetime) -> Reason:
@@ -174,10 +204,11 @@ def _baselines_reason(facts: StandbyFacts, standby: DomainView) -> Reason:
         # What is missing follows from what the standby reported it serves (its models and
         # their engine version): as of its last heartbeat.
         missing = ", ".join(facts.missing_baselines)
+        why = "" if facts.golden_probes else _NEVER_PROVEN[ReadinessCheck.BASELINES]
         return Reason(
             ReadinessCheck.BASELINES,
             False,
-            f"no golden baseline yet for {missing}",
+            f"no golden baseline yet for {missing}{why}",
             standby.last_seen_at,
         )
     return Reason(
@@ -231,7 +262,8 @@ def _trainer_reason(
         if t.state != TrainerReportState.RUNNING:
             problems.append(f"GPU {t.gpu_index} trainer {t.state}")
         elif at is None:
-            problems.append(f"GPU {t.gpu_index} trainer has not checkpointed")
+            why = "" if facts.checkpoint_times else _NEVER_PROVEN[ReadinessCheck.TRAINER]
+            problems.append(f"GPU {t.gpu_index} trainer has not checkpointed{why}")
         elif _age_ms(at, now) > max_age_ms:
             problems.append(
                 f"GPU {t.gpu_index} last checkpoint {_seconds(_age_ms(at, now))} ago "
@@ -276,7 +308,7 @@ def failover_readiness(
         reason = Reason(ReadinessCheck.STANDBY, False, "the fleet has no standby domain")
         return Readiness(ReadinessVerdict.NOT_READY, None, (reason,), now)
     own = facts.get(standby.id, StandbyFacts())
-    reasons = (
+    judged = (
         _standby_reason(fleet, standby, now),
         _asleep_reason(standby),
         _baselines_reason(own, standby),
@@ -284,10 +316,21 @@ def failover_readiness(
         _trainer_reason(own, standby, policy.checkpoint_max_age_ms, now),
         _drill_reason(last_drill, policy.drill_max_age_ms, now),
     )
+    reasons = tuple(_accepted(r, policy.readiness_accept_missing) for r in judged)
     if any(r.ok is False and r.check in _BLOCKING for r in reasons):
         verdict = ReadinessVerdict.NOT_READY
-    elif all(r.ok is True for r in reasons):
+    elif all(r.counts_as_proven for r in reasons):
         verdict = ReadinessVerdict.READY
     else:
         verdict = ReadinessVerdict.AT_RISK
     return Readiness(verdict, standby.slug, reasons, now)
+
+
+def _accepted(reason: Reason, accept: Collection[str]) -> Reason:
+    """Mark an unproven reason the policy accepts. A blocking failure (no viable standby, a
+    wake that does not fit) is never accepted: a failover now would fail whatever is accepted."""
+    if reason.ok is True or reason.check not in accept:
+        return reason
+    if reason.ok is False and reason.check in _BLOCKING:
+        return reason
+    return replace(reason, accepted=True)

@@ -21,7 +21,7 @@ from enum import StrEnum
 from functools import cached_property
 from typing import Any
 
-from common.strict_json import is_int, is_number
+from common.strict_json import is_number, whole_int
 from fleets.core.timestamps import utc_iso
 
 
@@ -363,14 +363,9 @@ def _text(value: Any) -> str | None:
 
 
 def _int(value: Any) -> int | None:
-    if is_int(value):
-        return value
-    # A whole float is read as its integer on purpose: the wire contract's check (plain
-    # jsonschema) accepts it as one, and this reader never refuses what the control plane
-    # took in.
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return None
+    # The wire's one integer rule (a whole number is an integer): what the contract let in
+    # arrives as an int already; a row stored before that reads the same.
+    return whole_int(value)
 
 
 def _amount(value: Any, *, positive: bool = False) -> float | None:

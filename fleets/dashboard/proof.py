@@ -42,7 +42,12 @@ def readiness_panel(fleet: Fleet, view: FleetView, now: datetime) -> dict[str, A
     reasons = []
     for reason in r.reasons:
         body = reason.to_json(now)
-        status = {True: "ok", False: "bad", None: "unknown"}[reason.ok]
+        # Accepted: unproven, and the fleet's policy says a failover need not wait for it.
+        status = (
+            "accepted"
+            if reason.accepted
+            else {True: "ok", False: "bad", None: "unknown"}[reason.ok]
+        )
         reasons.append({**body, "status": status, "age": _age_text(body["ageMs"])})
     return {"verdict": r.verdict, "standby": r.standby, "reasons": reasons}
 

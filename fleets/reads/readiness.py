@@ -10,6 +10,7 @@ from collections.abc import Collection
 from datetime import datetime
 
 from common.strict_json import is_number
+from common.wire.shape import FEATURE_PROBE_GOLDEN
 from fleets.base import clock
 from fleets.core.golden import (
     baseline_missing,
@@ -123,6 +124,10 @@ def standby_facts(domain: Domain, policy: Policy) -> StandbyFacts:
                 seen.checkpoint_at if seen else None,
             )
         )
+    # What its supervisor can prove, from the features its last status listed (unknown until
+    # one arrives: then nothing is said). Haru's supervisor lists features and reports each
+    # trainer's newest checkpoint; the original lists none and reports none.
+    features = report.status.features if report.status is not None else None
     return StandbyFacts(
         gpus=_gpus(report),
         gpus_read_at=domain.gpus_read_at,
@@ -130,6 +135,8 @@ def standby_facts(domain: Domain, policy: Policy) -> StandbyFacts:
         trainers=tuple(trainers),
         missing_baselines=missing,
         baselines_at=baselines_at,
+        golden_probes=features is None or FEATURE_PROBE_GOLDEN in features,
+        checkpoint_times=features is None or bool(features),
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -206,13 +207,31 @@ async def read_running(http: httpx.AsyncClient, port: int) -> int | None:
     return int(sum(float(value) for _, value in found))
 
 
-async def drain(http: httpx.AsyncClient, port: int, budget_s: float, clock: Any) -> DrainResult:
-    """Wait until the server reports nothing running, for at most `budget_s`."""
+# What a caller's stated budget keeps for the sleep itself once the drain ends: vLLM's level-1
+# sleep moves the weights to host memory, seconds on a large model. A quarter of the budget,
+# from 1 to 10 s.
+SLEEP_RESERVE_MIN_S = 1.0
+SLEEP_RESERVE_MAX_S = 10.0
+
+
+def drain_deadline(now: float, budget_s: float) -> float:
+    """When a drain must end (monotonic) for a sleep asked at `now` to be done within
+    `budget_s`: the one rule for any caller that states how long it waits (a control plane's
+    sleep step with `?budgetMs=`, a migration moving streams off the server)."""
+    reserve = min(SLEEP_RESERVE_MAX_S, max(SLEEP_RESERVE_MIN_S, budget_s / 4))
+    return now + max(0.0, budget_s - reserve)
+
+
+async def drain(
+    http: httpx.AsyncClient, port: int, until: Callable[[], float], clock: Any
+) -> DrainResult:
+    """Wait until the server reports nothing running, at most until `until()` (a monotonic
+    time, read at each poll: a caller may bring it forward while the drain runs)."""
     started = clock.monotonic()
     running = await read_running(http, port)
     if running is None:
         return DrainResult(supported=False, drained=False, waited_ms=0)
-    while running and clock.monotonic() - started < budget_s:
+    while running and clock.monotonic() < until():
         await clock.sleep(DRAIN_POLL_S)
         running = await read_running(http, port)
         if running is None:

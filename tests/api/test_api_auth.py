@@ -109,6 +109,17 @@ def test_bearer_scheme_is_case_insensitive(seeded_fleet, api_client, api_token):
     assert response.status_code == 200
 
 
+@pytest.mark.parametrize("separator", ["\t", "  ", " \t"])
+def test_a_tab_or_more_blanks_before_the_token_are_accepted_as_by_the_supervisor(
+    seeded_fleet, api_client, api_token, separator
+):
+    # One parse for every gate (common/bearer.py); docs/wire.md says why tabs are accepted.
+    header = f"Bearer{separator}{api_token}\t"
+    assert api_client.get("/v1/fleets", HTTP_AUTHORIZATION=header).status_code == 200
+    extra = f"Bearer {api_token} extra"
+    assert api_client.get("/v1/fleets", HTTP_AUTHORIZATION=extra).status_code == 401
+
+
 def test_without_a_configured_token_the_api_is_open(seeded_fleet, api_client, settings):
     settings.HARU = {**settings.HARU, "api_token": None}
     assert api_client.get("/v1/fleets").status_code == 200

@@ -65,6 +65,7 @@ def test_defaults_match_the_design():
         "failoverBackoffMaxMs": 300000,
         "checkpointMaxAgeMs": 3600000,
         "drillMaxAgeMs": 604800000,
+        "readiness": {"acceptMissing": []},
         "rtoMs": 300000,
         "servingCheckTimeoutMs": 500,
         "dataPathConfirmIntervalMs": 200,
@@ -126,6 +127,7 @@ def test_resolve_maps_every_camel_case_key_to_its_field():
         "stopMode": "stop",
         "checkpointMaxAgeMs": 60000,
         "drillMaxAgeMs": 86400000,
+        "readiness": {"acceptMissing": ["baselines", "trainer"]},
         "rtoMs": 45000,
         "servingCheckTimeoutMs": 750,
         "dataPathConfirmIntervalMs": 120,
@@ -134,6 +136,7 @@ def test_resolve_maps_every_camel_case_key_to_its_field():
     assert policy.to_json() == raw
     assert (policy.checkpoint_max_age_ms, policy.drill_max_age_ms) == (60000, 86400000)
     assert policy.rto_ms == 45000
+    assert policy.readiness_accept_missing == ("baselines", "trainer")
     assert policy.heartbeat_stale_ms == 1000
     assert policy.restore_standby_on_return is False
     assert policy.start_training_timeout_ms == 1009
@@ -300,3 +303,21 @@ def test_data_path_keys_are_bounded(key, low, high):
     _refused({key: "200"}, f"policy.{key}", "must be an integer number of milliseconds")
     resolved = Policy.resolve({key: low})
     assert resolved.to_json()[key] == low
+
+
+def test_readiness_accepts_only_the_checks_whose_proof_may_never_come():
+    assert validate_policy({"readiness": {"acceptMissing": ["baselines", "trainer"]}}) == {
+        "readiness": {"acceptMissing": ["baselines", "trainer"]}
+    }
+    # Without a viable standby there is nothing to fail over to: never acceptable.
+    _refused(
+        {"readiness": {"acceptMissing": ["standby"]}},
+        "policy.readiness.acceptMissing[0]",
+        "must be",
+    )
+    _refused({"readiness": {"acceptMissing": "drill"}}, "policy.readiness.acceptMissing", "list")
+    _refused(
+        {"readiness": {"acceptMissing": ["drill", "drill"]}},
+        "policy.readiness.acceptMissing",
+        "repeat",
+    )

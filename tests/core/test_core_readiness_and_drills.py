@@ -214,3 +214,60 @@ def test_a_round_trip_runs_the_promotion_there_and_back_under_the_same_budgets()
     policy = Policy()
     for step in PROMOTE_STEPS:
         assert policy.step_timeout_ms(f"back_{step}") == policy.step_timeout_ms(step)
+
+
+# -- an original supervisor: proofs that never come, and an operator who accepts them ----------
+
+ORIGINAL = StandbyFacts(
+    gpus=GOOD.gpus,
+    gpus_read_at=GOOD.gpus_read_at,
+    wake_mib=GOOD.wake_mib,
+    trainers=(TrainerFacts(0, "running", None),),
+    missing_baselines=("qwen",),
+    golden_probes=False,
+    checkpoint_times=False,
+)
+
+
+def accepting(*checks: str) -> Policy:
+    return Policy.resolve({"readiness": {"acceptMissing": list(checks)}})
+
+
+def test_with_an_original_supervisor_the_reasons_say_why_the_proof_never_comes():
+    east = domain("east", slot_state="serving")
+    r = verdict(east, domain("west"), facts=ORIGINAL)
+    assert r.verdict == AT_RISK
+    baselines, trainer = reason(r, "baselines"), reason(r, "trainer")
+    assert "runs no golden probes" in baselines.message
+    assert "reports no checkpoint times" in trainer.message
+    for why in (baselines, trainer):
+        assert why.message.endswith("accept it with readiness.acceptMissing")
+        assert why.accepted is False
+
+
+def test_an_operator_accepts_the_missing_proofs_and_the_verdict_reads_ready():
+    east, west = domain("east", slot_state="serving"), domain("west")
+    view = replace(fleet(east, west), policy=accepting("baselines", "trainer"))
+    r = failover_readiness(view, {"id-west": ORIGINAL}, PASSED, NOW)
+    assert r.verdict == READY
+    body = {x["check"]: x for x in r.to_json()["reasons"]}
+    # The facts stay as they are; only the verdict stops counting them as a risk.
+    assert body["baselines"] == {**body["baselines"], "ok": False, "accepted": True}
+    assert body["trainer"] == {**body["trainer"], "ok": False, "accepted": True}
+    assert body["drill"]["accepted"] is False  # proven: nothing to accept
+    # Accepting one of two missing proofs leaves the fleet at risk.
+    partial = replace(view, policy=accepting("baselines"))
+    assert failover_readiness(partial, {"id-west": ORIGINAL}, PASSED, NOW).verdict == AT_RISK
+
+
+def test_an_accepted_check_never_hides_a_failover_that_would_fail():
+    east, west = domain("east", slot_state="serving"), domain("west")
+    leaked = replace(GOOD, gpus=(GpuFacts(0, used_mib=78_000, total_mib=81_920),))
+    view = replace(fleet(east, west), policy=accepting("wakeMemory", "drill"))
+    r = failover_readiness(view, {"id-west": leaked}, None, NOW)
+    assert r.verdict == NOT_READY and reason(r, "wakeMemory").accepted is False
+    # An unknown need (no memory plan) and no drill are what may be accepted.
+    unplanned = replace(GOOD, wake_mib=None)
+    r = failover_readiness(view, {"id-west": unplanned}, None, NOW)
+    assert r.verdict == READY
+    assert reason(r, "wakeMemory").accepted and reason(r, "drill").accepted

@@ -13,7 +13,7 @@ from django.test import Client
 
 from common.ports import free_port
 from fleets.base import clock
-from fleets.models import Domain, Event, Operation
+from fleets.models import Domain, Event, Fleet, Operation
 from fleets.services.events import event_record
 from fleets.services.operations import operation_fail, operation_request, operation_start
 from tests.drivers.managed_layout import seed_managed_fleet
@@ -260,6 +260,21 @@ def test_login_page_prints_the_createsuperuser_command_of_this_installation(clie
     )
     assert f"<code>{expected} manage.py createsuperuser</code>" in page
     assert str(settings.BASE_DIR) not in page  # no absolute paths on a public page
+
+
+def test_the_fleet_page_shows_a_check_the_policy_accepts_as_accepted(staff_client, seeded_fleet):
+    Fleet.objects.filter(pk=seeded_fleet.pk).update(
+        policy={"readiness": {"acceptMissing": ["drill"]}}
+    )
+    page = staff_client.get("/fleets/demo/live/").content.decode()
+    # No drill yet, accepted: marked as such, with the policy key that accepts it.
+    assert (
+        '<li class="reason reason-accepted" data-reason="drill" data-reason-status="accepted">'
+        in page
+    )
+    assert "accepted by the fleet's policy (readiness.acceptMissing)" in page
+    # Acceptance never hides a failover that would fail: no viable standby stays not_ready.
+    assert 'data-readiness="not_ready"' in page
 
 
 def test_the_fleet_page_shows_the_verdict_and_a_failed_drill_in_red(staff_client, seeded_fleet):

@@ -38,6 +38,12 @@ async def test_missing_or_wrong_token_is_unauthorized(haru, engines, proxy_fleet
     assert ok.status_code == 200
 
 
+async def test_a_tab_before_the_token_is_accepted_as_everywhere(haru, proxy_fleet, api_token):
+    # The chat gate reads the header with the REST API's and the supervisor's parse.
+    ok = await haru.get("/v1/models", headers={"authorization": f"Bearer\t{api_token}"})
+    assert ok.status_code == 200
+
+
 async def test_models_listing_needs_the_token_too(haru, proxy_fleet, api_token):
     assert error_of(await haru.get("/v1/models")) == (401, "unauthorized")
     ok = await haru.get("/v1/models", headers={"authorization": f"Bearer {api_token}"})

@@ -57,6 +57,26 @@ def test_status_is_validated_and_sends_the_bearer_token():
     assert report.raw["extra"] == {"ignored": True}
 
 
+def test_a_whole_number_where_the_contract_says_integer_is_read_as_that_int():
+    # The wire's one integer rule: JSON Schema's `integer` and the original take 7.0 as 7,
+    # and whoever reads the body after the check holds the int (`pids`, `gpuIndex`, `port`).
+    body = (
+        b'{"ready": true, "slots": [{"gpuIndex": 0.0, "kind": "inference",'
+        b' "models": [{"name": "a", "port": 8001.0, "sleeping": false}]},'
+        b' {"gpuIndex": 1.0, "kind": "training", "training": {"state": "running",'
+        b' "pids": [7.0]}}]}'
+    )
+    call = client_answering(lambda r: httpx.Response(200, content=body)).status(timeout=1)
+    assert call.ok, call.error
+    slots = call.value.raw["slots"]
+    assert [type(s["gpuIndex"]) for s in slots] == [int, int]
+    assert type(slots[0]["models"][0]["port"]) is int
+    assert call.value.training(1).pids == (7,) and type(call.value.training(1).pids[0]) is int
+    half = body.replace(b"[7.0]", b"[7.5]")
+    refused = client_answering(lambda r: httpx.Response(200, content=half)).status(timeout=1)
+    assert refused.error.kind == "bad_body" and "slots[1].training.pids[0]" in refused.error.message
+
+
 @pytest.mark.parametrize(
     "body",
     [
@@ -239,3 +259,20 @@ def test_gpu_memory_501_means_no_gpu_facts_and_is_not_counted_as_an_error():
     assert errors._value.get() == before
     failed = client_answering(lambda r: httpx.Response(502, json={})).gpu_memory(timeout=1)
     assert not gpu_facts_unavailable(failed.error)
+
+
+def test_a_sleep_tells_a_draining_supervisor_how_long_the_step_still_waits():
+    seen: list[str] = []
+
+    def handler(request):
+        seen.append(str(request.url))
+        if request.url.path == "/v1/status":
+            return httpx.Response(200, json={**ok_status(), "features": ["sleep.drain"]})
+        return httpx.Response(200, json={"status": "ok"})
+
+    client = client_answering(handler)
+    assert client.status(timeout=1).ok
+    assert client.sleep(timeout=5, budget=12.5).ok
+    assert client.sleep(timeout=5).ok
+    assert seen[1].endswith("/v1/vllm/sleep?waitMs=4000&budgetMs=12500")
+    assert seen[2].endswith("/v1/vllm/sleep?waitMs=4000")  # no budget stated, none sent

@@ -293,6 +293,8 @@ def test_a_planned_promotion_sleeps_the_old_active_only_after_proxies_moved_off(
     sent = sleeps()
     assert len(sent) == 1
     assert "waitMs=" in sent[0]  # through the supervisor's drain: running requests finish
+    # ... which ends in time for the sleep to fit in what is left of the step.
+    assert "budgetMs=" in sent[0]
     assert all(east.models.values())
 
 

@@ -314,5 +314,7 @@ class FakeModelServers:
             if server.chat_status != 200:
                 return httpx.Response(server.chat_status, text="upstream error")
             message = {"role": "assistant", "content": server.reply}
-            return httpx.Response(200, json={"choices": [{"index": 0, "message": message}]})
+            # ASCII JSON: a reply may carry a lone surrogate, which only an escape can write.
+            reply = json.dumps({"choices": [{"index": 0, "message": message}]})
+            return httpx.Response(200, text=reply, headers={"content-type": "application/json"})
         return httpx.Response(404)

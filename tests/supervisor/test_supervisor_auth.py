@@ -68,6 +68,24 @@ def test_scheme_is_case_insensitive(client):
     assert response.status_code == 200
 
 
+@pytest.mark.parametrize(
+    "header",
+    [f"Bearer\t{TOKEN}", f"Bearer  {TOKEN}", f"Bearer \t {TOKEN}", f"BEARER {TOKEN}\t "],
+)
+def test_spaces_or_tabs_around_the_token_are_accepted_as_the_original_does(client, header):
+    # Deliberate (docs/wire.md): RFC 9110 says one or more spaces; the original also takes
+    # tabs and trailing blanks. The token itself is still compared in full.
+    assert client.get("/v1/status", headers={"Authorization": header}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "header",
+    [f"Bearer{TOKEN}", f"Bearer {TOKEN} extra", f"Bearer \t{TOKEN}x", f"\tBearer {TOKEN}"],
+)
+def test_no_separator_or_a_second_word_carries_no_token(client, header):
+    assert client.get("/v1/status", headers={"Authorization": header}).status_code == 401
+
+
 def test_healthz_is_open(client):
     assert client.get("/healthz").json() == {"ok": True}
 

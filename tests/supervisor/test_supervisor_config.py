@@ -65,6 +65,23 @@ def test_the_original_config_shape_loads():
     assert config.gpu.backend == "nvml"
 
 
+@pytest.mark.parametrize(
+    "reference",
+    ["./node_modules/@haru/protocol/schemas/supervisor-config.schema.json", "https://x/s.json"],
+)
+def test_an_original_config_naming_its_schema_loads_and_the_reference_is_ignored(
+    tmp_path, reference
+):
+    # The original's configs may carry `$schema` for an editor; it says nothing to us.
+    path = tmp_path / "supervisor.json"
+    path.write_text(json.dumps({"$schema": reference, **VALID}))
+    config = load_config(str(path), cwd=tmp_path)
+    assert config == parse_config(VALID, cwd=tmp_path)
+    assert errors_of({**VALID, "$schema": 1}) == ["$schema: must be a string, got a number"]
+    nested = with_changes(["slots", 0, "$schema"], reference)
+    assert errors_of(nested) == ["slots[0].$schema: is not a known field"]
+
+
 def test_model_names_must_be_lowercase():
     data = with_changes(["slots", 0, "models", 1, "name"], "Llama-Small")
     assert errors_of(data) == ["slots[0].models[1].name: must be lowercase"]

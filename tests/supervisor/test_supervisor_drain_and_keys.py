@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import pytest
 from starlette.testclient import TestClient
 
 from common.strict_json import ConfigError
 from common.wire.contract import check_response
+from supervisor.engines.control import drain_deadline
 from tests.supervisor.fakes import FakeServerState
 
 SECRET = "sk-model-server-key-0123456789"
@@ -77,6 +79,55 @@ def test_a_bounded_sleep_answers_draining_and_the_next_call_joins_it(api):
         second = client.post("/v1/vllm/sleep")  # joins: no second drain, no second sleep
         assert second.status_code == 200
     assert server.sleep_queries == ["level=1"]
+
+
+def test_a_stated_budget_ends_the_drain_in_time_for_the_sleep(api):
+    # A long request on the old active and a 30 s drain budget: a caller that waits 2 s for
+    # the sleep (budgetMs) gets it asleep within them; 1 s of it is kept for the sleep itself.
+    server = FakeServerState("m", running=[1])
+    under_test = api(config(30_000), servers={18001: server})
+    with checked(under_test.app) as client:
+        started = time.monotonic()
+        answer = client.post("/v1/vllm/sleep?budgetMs=2000")
+        took = time.monotonic() - started
+    assert answer.status_code == 200 and server.sleep_queries == ["level=1"]
+    assert 0.9 <= answer.json()["models"][0]["drainedMs"] / 1000 <= 1.7
+    assert took < 2.0
+
+
+def test_a_caller_joining_a_drain_brings_its_end_forward_never_back(api):
+    server = FakeServerState("m", running=[1])
+    under_test = api(config(30_000), servers={18001: server})
+    with checked(under_test.app) as client:
+        first = client.post("/v1/vllm/sleep?waitMs=100")  # our control plane, no budget yet
+        assert first.status_code == 202
+        started = time.monotonic()
+        joined = client.post("/v1/vllm/sleep?budgetMs=1500")
+        assert joined.status_code == 200 and time.monotonic() - started < 1.5
+        # A later, longer budget cannot stretch the next sleep's drain past a shorter one.
+        client.post("/v1/vllm/wake")
+        again = client.post("/v1/vllm/sleep?waitMs=100&budgetMs=1200")
+        assert again.status_code == 202
+        longer = client.post("/v1/vllm/sleep?budgetMs=60000")
+        assert longer.status_code == 200
+        assert longer.json()["models"][0]["drainedMs"] < 1500
+    assert server.sleep_queries == ["level=1", "level=1"]
+
+
+def test_the_drain_deadline_keeps_a_share_of_the_budget_for_the_sleep():
+    assert drain_deadline(100.0, 2.0) == 101.0  # at least 1 s kept
+    assert drain_deadline(100.0, 20.0) == 115.0  # a quarter
+    assert drain_deadline(100.0, 80.0) == 170.0  # at most 10 s
+    assert drain_deadline(100.0, 0.5) == 100.0  # no time to drain: sleep at once
+
+
+@pytest.mark.parametrize("query", ["budgetMs=soon", "budgetMs=0", "budgetMs=-5"])
+def test_a_bad_budget_is_refused(api, query):
+    under_test = api(config(0), servers={18001: FakeServerState("m")})
+    with checked(under_test.app) as client:
+        answer = client.post(f"/v1/vllm/sleep?{query}")
+    assert answer.status_code == 400
+    assert answer.json()["error"]["message"] == "budgetMs must be a positive integer"
 
 
 def test_concurrent_sleeps_send_one_sleep_to_the_server(api):

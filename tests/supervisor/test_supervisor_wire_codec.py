@@ -72,3 +72,11 @@ def test_a_type_without_a_reader_says_so():
     assert to_wire(Odd(1.5)) == {"at": 1.5}
     with pytest.raises(TypeError, match="Wire\\(decode=...\\)"):
         from_wire(Odd, {"at": 1.5})
+
+
+def test_a_whole_number_reads_as_its_int_as_everywhere_on_the_wire():
+    data = {"gpuIndex": 2.0, "usedMiB": 300, "command": ["a"], "pid": 7.0, "bootId": "b"}
+    read = from_wire(Outer, data)
+    assert read == Outer(2, Inner(7, "b"), 300, ("a",)) and type(read.gpu_index) is int
+    with pytest.raises(ValueError):
+        Outer.from_json({**data, "gpuIndex": 2.5})

@@ -7,6 +7,7 @@ the active domain meanwhile: sleeping the domain that serves traffic is an outag
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from fleets.core.states import Step
 from fleets.models import Fleet
@@ -58,7 +59,7 @@ def _reach(ctx: StepContext, ensure: Callable[..., posture.Posture]) -> StepResu
 
 def sleep(ctx: StepContext) -> StepResult:
     """Put every bound model of the standby to sleep, proven by the supervisor."""
-    return _reach(ctx, posture.ensure_asleep)
+    return _reach(ctx, partial(posture.ensure_asleep, budget=ctx.remaining_s))
 
 
 def start_training(ctx: StepContext) -> StepResult:

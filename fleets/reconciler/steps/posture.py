@@ -76,8 +76,13 @@ def _settle_sleeping(target: Target, report: StatusReport) -> None:
             )
 
 
-def ensure_asleep(target: Target, timeout: Callable[[], float]) -> Posture:
-    """Check every bound model of the target is asleep; ask the supervisor to sleep them if not."""
+def ensure_asleep(
+    target: Target, timeout: Callable[[], float], budget: Callable[[], float] | None = None
+) -> Posture:
+    """Check every bound model of the target is asleep; ask the supervisor to sleep them if not.
+
+    `budget` says how long the step still waits (seconds): the supervisor is told, so that
+    its drain before the sleep ends in time for the sleep to finish within it."""
     client = target.client
     _, models = bound_inference(target.domain)
     if not models:
@@ -99,7 +104,7 @@ def ensure_asleep(target: Target, timeout: Callable[[], float]) -> Posture:
             break
         # The supervisor's sleep is idempotent: models already asleep are left alone, and a
         # sleep still draining is joined, not restarted.
-        slept = client.sleep(timeout=timeout())
+        slept = client.sleep(timeout=timeout(), budget=budget() if budget else None)
         if not slept.ok:
             return Posture(False, f"sleep: {_why(slept)}", call=slept)
         if slept.value is not None and slept.value.get("status") == "draining":

@@ -363,7 +363,8 @@ def demote_old_sleep(ctx: StepContext) -> StepResult:
     left = _settle_left_ms(ctx)
     if left > 0:
         return pending(f"letting proxies move off {old.domain.slug} ({left} ms left)", left)
-    return _best_effort(posture.ensure_asleep(old, ctx.call_timeout), sleepProven=True)
+    slept = posture.ensure_asleep(old, ctx.call_timeout, budget=ctx.remaining_s)
+    return _best_effort(slept, sleepProven=True)
 
 
 def _best_effort(result: posture.Posture, **proof: Any) -> StepResult:

@@ -91,14 +91,20 @@ class SupervisorClient(Door):
         body = {"gpuIndex": gpu_index} if gpu_index is not None else {}
         return self._call("wake", "POST", "/v1/vllm/wake", timeout, parse_ack, body)
 
-    def sleep(self, *, timeout: float, gpu_index: int | None = None) -> Call[dict[str, Any]]:
+    def sleep(
+        self, *, timeout: float, gpu_index: int | None = None, budget: float | None = None
+    ) -> Call[dict[str, Any]]:
         """Ask for sleep. A supervisor that drains first (feature `sleep.drain`) is asked to
         answer within this call's budget (`?waitMs=`): `status: draining` then means the
-        sleep goes on there, and the next call joins it instead of holding a call open."""
+        sleep goes on there, and the next call joins it instead of holding a call open. With
+        `budget` (seconds the caller still waits for the sleep: what is left of its step) it
+        is told that too (`?budgetMs=`), and ends its drain in time for the sleep to fit."""
         body = {"gpuIndex": gpu_index} if gpu_index is not None else {}
         params = None
         if FEATURE_DRAIN in (learned_features(self.base_url) or ()):
             params = [("waitMs", str(max(1, int(timeout * 1000 * WAIT_SHARE))))]
+            if budget is not None:
+                params.append(("budgetMs", str(max(1, int(budget * 1000)))))
         return self._call("sleep", "POST", "/v1/vllm/sleep", timeout, parse_ack, body, params)
 
     def training_start(self, *, timeout: float) -> Call[dict[str, Any]]:

@@ -38,13 +38,15 @@ def _checked(schema: str, body: Any, where: str) -> dict[str, Any]:
     """Validate `body` against the wire contract's schema; raise BadBody naming every problem.
 
     Strict in what we send, lenient in what we accept: a null where the contract says "leave
-    it out" (what this supervisor sent before the contract was written down) reads as absent.
+    it out" (what this supervisor sent before the contract was written down) reads as absent,
+    and a whole number where it says integer (`"pid": 12.0`) reads as that int.
     """
     body = compact(body)
     found = contract.problems(schema, body)
     if found:
         raise BadBody(f"{where}: " + "; ".join(found[:5]))
-    return body
+    checked: dict[str, Any] = contract.as_declared(schema, body)
+    return checked
 
 
 def parse_status(body: Any) -> StatusReport:
