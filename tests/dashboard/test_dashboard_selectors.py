@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+import re
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -531,3 +532,39 @@ def test_a_retrying_step_shows_its_latest_attempt_and_stays_running(seeded_fleet
     assert wake["detail"] == "retry 2: wake: 502 wake failed"
     kinds = [e["kind"] for e in page["events"]]
     assert kinds.count("operation.step.retry") == 2
+
+
+@pytest.mark.parametrize(
+    "peak_ms", [40, 900, 4_200, 19_000, 59_000, 61_000, 70_000, 130_000, 3_500_000, 5_000_000]
+)
+def test_chart_axis_labels_fit_the_axis_and_read_whole_at_every_range(peak_ms):
+    """Above 60 s the labels ("1 m 00 s") were wider than the room left of the axis, and the
+    browser clipped them to ". m 00 s"."""
+    when = datetime(2026, 1, 1, tzinfo=UTC)
+    sample = chart.FailoverSample("op", when, "manual", "west", {"wake": peak_ms})
+    result = chart.build_chart([sample])
+    labels = [t.label for t in result.ticks]
+    assert labels[0] == "0"
+    assert result.ticks[-1].y < result.ticks[0].y
+    for label in labels:
+        assert len(label) * chart.AXIS_CHAR_W <= result.tick_label_x, label
+    # Every tick reads as its own value: a round number of one unit, or minutes with seconds.
+    assert len(set(labels)) == len(labels)
+    for label in labels[1:]:
+        assert re.fullmatch(r"\d+ ms|\d+(\.\d)? s|\d+m(\d\ds)?|\d+h(\d\dm)?|\d+d(\d+h)?", label)
+
+
+def test_chart_axis_labels_over_a_minute_and_an_hour():
+    assert [chart.axis_label(v) for v in (0, 250, 2_500, 45_000, 60_000, 90_000)] == [
+        "0",
+        "250 ms",
+        "2.5 s",
+        "45 s",
+        "1m",
+        "1m30s",
+    ]
+    assert [chart.axis_label(v) for v in (3_600_000, 5_400_000, 86_400_000 * 3)] == [
+        "1h",
+        "1h30m",
+        "3d",
+    ]
