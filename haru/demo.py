@@ -41,6 +41,7 @@ import httpx
 from common.ports import port_free
 from fleets.base.setting_table import SetByHaru
 from fleets.core.drills import DrillSchedule, schedule_problems
+from fleets.core.states import OperationKind, steps_for
 from haru.local import PYTHON, REPO
 from haru.local.processes import NotReady, ProcessBook, kill_stamps, stop_stamps, wait_for
 from haru.local.server import Server, ensure_staff, environment, manage
@@ -490,20 +491,36 @@ def drill(mode: str) -> int:
         return 1
     op = r.json()["operation"]
     say(f"demo: {mode} drill of {op['targetDomainSlug']} started (operation {op['id'][:8]})")
-    shown = ""
+    # The steps come from the drill's plan, in order: a poll every 0.3 s misses the steps that
+    # take milliseconds (verify_gpu, start_training, a round trip's switch_route), and a step
+    # the operation is past has run, so each one up to the current step is printed.
+    plan = [str(step) for step in steps_for(OperationKind.DRILL, op.get("drillMode") or mode)]
+    printed = 0
+
+    def print_up_to(step: str, *, including: bool) -> None:
+        nonlocal printed
+        if step not in plan:
+            return
+        end = plan.index(step) + (1 if including else 0)
+        for name in plan[printed:end]:
+            say(f"  {name}")
+        printed = max(printed, end)
+
     deadline = time.monotonic() + DRILL_FOLLOW_S
     while op["state"] in ("pending", "running"):
         if time.monotonic() > deadline:
             say(f"demo: the drill is still {op['state']} after {DRILL_FOLLOW_S:.0f}s; see the logs")
             return 1
-        step = op.get("currentStep") or ""
-        if step and step != shown:
-            say(f"  {step}")
-            shown = step
+        print_up_to(op.get("currentStep") or "", including=True)
         time.sleep(0.3)
         op = api({}, "GET", f"/operations/{op['id']}").json()
-    if op["state"] != "succeeded":
+    shown = plan[printed - 1] if printed else ""
+    if op["state"] == "succeeded":
+        print_up_to(plan[-1], including=True)
+    else:
         error = op.get("error") or {}
+        # The failed step is named below; the ones before it ran.
+        print_up_to(error.get("step") or "", including=False)
         say(
             f"demo: the drill {op['state']} at {error.get('step') or shown}: "
             f"{error.get('code', '')}: {error.get('message', '')}"
