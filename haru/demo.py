@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import httpx
 
@@ -343,6 +343,50 @@ def ensure_operator(env: dict) -> None:
         ensure_staff(env, "operator", password)
 
 
+def event_line(event: Any) -> str:
+    """One line for an event in the demo's stream (an error quoting a JSON body included)."""
+    where = f" {event.domain.slug}" if event.domain else ""
+    step = f" {event.step}" if event.step else ""
+    took = f" ({event.duration_ms} ms)" if event.duration_ms is not None else ""
+    detail = event.data.get("reason") or event.data.get("message") or event.data.get("code")
+    extra = f": {' '.join(str(detail).split())[:120]}" if detail else ""
+    return f"{event.created_at:%H:%M:%S.%f}"[:12] + f" {event.kind}{where}{step}{took}{extra}"
+
+
+class RetryFold:
+    """Fold repeated retries of one step failing the same way (a wake failing for a minute
+    writes one every second or so): the first is printed, the rest are counted, and the count
+    is one line when anything else happens."""
+
+    def __init__(self) -> None:
+        self.key: tuple[Any, str, str] | None = None
+        self.folded = 0
+        self.last_attempt: Any = None
+
+    def line(self, event: Any) -> str | None:
+        """The line(s) to print for `event`, or None when it only adds to the count."""
+        key = (
+            (event.operation_id, event.step, str(event.data.get("message", "")))
+            if event.kind == "operation.step.retry"
+            else None
+        )
+        if key is not None and key == self.key:
+            self.folded += 1
+            self.last_attempt = event.data.get("attempt", "?")
+            return None
+        lines = [self.flush()] if self.folded else []
+        self.key, self.folded = key, 0
+        lines.append(event_line(event))
+        return "\n".join(line for line in lines if line)
+
+    def flush(self) -> str:
+        if not self.folded:
+            return ""
+        text = f"the same retry {self.folded} more time(s), to attempt {self.last_attempt}"
+        self.folded = 0
+        return f"{'':12} ... {text}"
+
+
 def follow_events(procs: dict[str, subprocess.Popen]) -> None:
     """Print new events until interrupted; report a process that exits on its own."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "haru.settings")
@@ -353,15 +397,13 @@ def follow_events(procs: dict[str, subprocess.Popen]) -> None:
 
     last = Event.objects.order_by("-id").values_list("id", flat=True).first() or 0
     reported: set[str] = set()
+    folds = RetryFold()
     while True:
         for event in Event.objects.filter(id__gt=last).select_related("domain").order_by("id"):
             last = event.id
-            where = f" {event.domain.slug}" if event.domain else ""
-            step = f" {event.step}" if event.step else ""
-            took = f" ({event.duration_ms} ms)" if event.duration_ms is not None else ""
-            detail = event.data.get("reason") or event.data.get("message") or event.data.get("code")
-            extra = f": {str(detail)[:120]}" if detail else ""
-            say(f"{event.created_at:%H:%M:%S.%f}"[:12] + f" {event.kind}{where}{step}{took}{extra}")
+            line = folds.line(event)
+            if line is not None:
+                say(line)
             if event.kind == "fleet.route.switched" and event.domain:
                 say(
                     f"    {event.domain.slug} is active now: `crash active` takes it down; "

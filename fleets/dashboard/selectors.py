@@ -35,12 +35,15 @@ from fleets.core.states import (
 from fleets.core.urls import without_userinfo
 from fleets.dashboard import chart as chart_mod
 from fleets.dashboard.drift import drift_status, expected_fingerprint
-from fleets.dashboard.progress import operation_progress, step_events
+from fleets.dashboard.progress import RETRY_EVENT, operation_progress, step_events
 from fleets.dashboard.proof import proof_context
 from fleets.models import Domain, Event, Fleet, ModelBinding, Operation, Slot
 from fleets.reads.selectors import failover_backoff_state, fleet_view
 
 EVENT_LIMIT = 60
+# At most this many retry events are read for one page (a step failing once a second for over
+# an hour); past it the timeline starts at the oldest one read.
+RETRY_SCAN_LIMIT = 5000
 CHART_LIMIT = 24
 
 # Event kinds an operator should notice at a glance in the timeline.
@@ -181,7 +184,8 @@ def _event_summary(e: Event, slugs: dict) -> str:
     for key in ("message", "reason"):
         if isinstance(data.get(key), str) and data[key]:
             bits.append(data[key])
-    text = " · ".join(str(b) for b in bits)
+    # One line: a supervisor's error often quotes a JSON body over several lines.
+    text = " ".join(" · ".join(str(b) for b in bits).split())
     return text if len(text) <= 240 else text[:237] + "..."
 
 
@@ -202,25 +206,83 @@ def _event_level(kind: str) -> str:
     return ""
 
 
+def _retry_key(e: Event) -> tuple[Any, str, str] | None:
+    """What makes two retries "the same": their operation, step and error message."""
+    if e.kind != RETRY_EVENT:
+        return None
+    data = e.data if isinstance(e.data, dict) else {}
+    return (e.operation_id, e.step, str(data.get("message", "")))
+
+
+def _timeline_rows(fleet: Fleet, limit: int) -> list[list[Event]]:
+    """Return the fleet's newest `limit` timeline lines, newest first, each a run of events:
+    one event, or consecutive retries of one step failing the same way (newest first).
+
+    A failing wake writes a retry event every second or so; listed one a line they pushed the
+    crash's own events out of the timeline within a minute. The rows stay one per attempt (the
+    audit trail, each attempt's number and every count read from them stay exact); only the
+    page folds them, so every other event is read by its own query, past any number of
+    retries."""
+    others = list(
+        Event.objects.filter(fleet=fleet).exclude(kind=RETRY_EVENT).order_by("-id")[:limit]
+    )
+    floor = others[-1].id if len(others) == limit else 0
+    retries = list(
+        Event.objects.filter(fleet=fleet, kind=RETRY_EVENT, id__gt=floor).order_by("-id")[
+            :RETRY_SCAN_LIMIT
+        ]
+    )
+    if len(retries) == RETRY_SCAN_LIMIT:
+        # More retries than one page reads: show the newest ones, and nothing older than them,
+        # so no line stands next to a gap.
+        floor = retries[-1].id
+        others = [e for e in others if e.id > floor]
+    runs: list[list[Event]] = []
+    for e in sorted([*others, *retries], key=lambda e: e.id, reverse=True):
+        key = _retry_key(e)
+        if key is not None and runs and _retry_key(runs[-1][0]) == key:
+            runs[-1].append(e)
+        else:
+            runs.append([e])
+    return runs[:limit]
+
+
+def _attempt(e: Event) -> Any:
+    return (e.data if isinstance(e.data, dict) else {}).get("attempt", "?")
+
+
 def recent_events(fleet: Fleet, slugs: dict, limit: int = EVENT_LIMIT) -> list[dict[str, Any]]:
-    """Return the fleet's newest events, newest first, ready to render."""
-    rows = Event.objects.filter(fleet=fleet).order_by("-id")[:limit]
-    return [
-        {
-            "id": e.id,
-            "kind": e.kind,
-            "level": _event_level(e.kind),
-            "created_at": iso(e.created_at),
-            "time": e.created_at.strftime("%H:%M:%S.") + f"{e.created_at.microsecond // 1000:03d}",
-            "domain": slugs.get(e.domain_id, ""),
-            "step": e.step,
-            "duration": chart_mod.fmt_ms(e.duration_ms) if e.duration_ms is not None else "",
-            "actor": e.actor,
-            "summary": _event_summary(e, slugs),
-            "operation": str(e.operation_id)[:8] if e.operation_id else "",
-        }
-        for e in rows
-    ]
+    """Return the fleet's newest timeline lines, newest first, ready to render; repeated
+    retries of a step (same operation, step and error) fold into one line with their count."""
+    lines = []
+    for run in _timeline_rows(fleet, limit):
+        e, first = run[0], run[-1]
+        summary = _event_summary(e, slugs)
+        if len(run) > 1:
+            summary = f"attempts {_attempt(first)}–{_attempt(e)} · {summary}"
+        lines.append(
+            {
+                "id": e.id,
+                "kind": e.kind,
+                "level": _event_level(e.kind),
+                "created_at": iso(e.created_at),
+                "time": _clock_text(e.created_at),
+                "count": len(run),
+                "first_at": iso(first.created_at),
+                "first_time": _clock_text(first.created_at),
+                "domain": slugs.get(e.domain_id, ""),
+                "step": e.step,
+                "duration": chart_mod.fmt_ms(e.duration_ms) if e.duration_ms is not None else "",
+                "actor": e.actor,
+                "summary": summary,
+                "operation": str(e.operation_id)[:8] if e.operation_id else "",
+            }
+        )
+    return lines
+
+
+def _clock_text(at: datetime) -> str:
+    return at.strftime("%H:%M:%S.") + f"{at.microsecond // 1000:03d}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 from fleets.base import clock
 from fleets.core.memory_bars import gpu_bars, report_error
 from fleets.core.report import read_report
-from fleets.dashboard import chart
+from fleets.dashboard import chart, selectors
 from fleets.dashboard.drift import drift_status, expected_fingerprint
 from fleets.dashboard.selectors import fleet_page, overview_rows
 from fleets.models import Domain, Event, ModelBinding, Operation, Slot
@@ -530,8 +530,10 @@ def test_a_retrying_step_shows_its_latest_attempt_and_stays_running(seeded_fleet
     wake = next(s for s in page["operation"]["steps"] if s["name"] == "wake")
     assert wake["status"] == "running"
     assert wake["detail"] == "retry 2: wake: 502 wake failed"
-    kinds = [e["kind"] for e in page["events"]]
-    assert kinds.count("operation.step.retry") == 2
+    # Both attempts are on the timeline, folded into one line that counts them.
+    [retries] = [e for e in page["events"] if e["kind"] == "operation.step.retry"]
+    assert retries["count"] == 2
+    assert retries["summary"] == "attempts 1–2 · wake: 502 wake failed"
 
 
 @pytest.mark.parametrize(
@@ -568,3 +570,73 @@ def test_chart_axis_labels_over_a_minute_and_an_hour():
         "1h30m",
         "3d",
     ]
+
+
+@pytest.mark.django_db
+def test_repeated_retries_fold_into_one_line_and_keep_the_crash_on_the_timeline(
+    seeded_fleet, fake_clock
+):
+    """A failing wake wrote a retry event every 0.6 s, one timeline line each: the crash's own
+    events left the page within a minute. Retries of one step failing the same way are one
+    line with their exact count; the rows themselves stay one per attempt."""
+    east = Domain.objects.get(fleet=seeded_fleet, slug="east")
+    west = Domain.objects.get(fleet=seeded_fleet, slug="west")
+    event_record(fleet_id=seeded_fleet.id, domain_id=east.id, kind="domain.heartbeat.failed")
+    event_record(fleet_id=seeded_fleet.id, domain_id=east.id, kind="domain.failed")
+    op = operation_request(fleet=seeded_fleet, kind="promote", target_domain_id=west.id).operation
+    operation_start(operation_id=op.id)
+    blob = '{\n  "error": {\n    "code": "wake_failed"\n  }\n}'
+
+    def retry(attempt: int, message: str) -> None:
+        fake_clock.advance(ms=600)
+        event_record(
+            fleet_id=seeded_fleet.id,
+            operation_id=op.id,
+            domain_id=west.id,
+            kind="operation.step.retry",
+            step="wake",
+            data={"attempt": attempt, "message": f"wake: {message}"},
+        )
+
+    for attempt in range(1, 151):
+        retry(attempt, blob)
+    retry(151, "connection refused")  # another error: a line of its own
+    for attempt in range(152, 162):
+        retry(attempt, blob)
+
+    events = fleet_page(seeded_fleet, now=fake_clock.now())["events"]
+
+    retries = [e for e in events if e["kind"] == "operation.step.retry"]
+    assert [e["count"] for e in retries] == [10, 1, 150]
+    assert (
+        retries[0]["summary"] == 'attempts 152–161 · wake: { "error": { "code": "wake_failed" } }'
+    )
+    assert retries[2]["summary"].startswith("attempts 1–150 · ")
+    assert (
+        sum(e["count"] for e in retries)
+        == Event.objects.filter(kind="operation.step.retry").count()
+    )
+    kinds = [e["kind"] for e in events]
+    assert {"domain.heartbeat.failed", "domain.failed"} <= set(kinds)
+    assert kinds[-1] == "layout.applied"  # nothing older was pushed out
+
+
+@pytest.mark.django_db
+def test_the_timeline_reads_past_more_retries_than_a_page_holds(
+    seeded_fleet, fake_clock, monkeypatch
+):
+    monkeypatch.setattr(selectors, "RETRY_SCAN_LIMIT", 5)
+    west = Domain.objects.get(fleet=seeded_fleet, slug="west")
+    event_record(fleet_id=seeded_fleet.id, domain_id=west.id, kind="domain.failed")
+    for attempt in range(1, 9):
+        event_record(
+            fleet_id=seeded_fleet.id,
+            kind="operation.step.retry",
+            step="wake",
+            data={"attempt": attempt, "message": "wake: refused"},
+        )
+
+    events = fleet_page(seeded_fleet, now=fake_clock.now())["events"]
+
+    # The newest five retries, and nothing older than them: no line stands next to a gap.
+    assert [(e["kind"], e["count"]) for e in events] == [("operation.step.retry", 5)]
