@@ -300,6 +300,10 @@ _POSTURE_OF_SLOT: dict[str, str] = {
 }
 
 
+# A host in these states is not answering (or not meant to): its last report is history.
+_UNREACHABLE_STATES = frozenset({DomainState.FAILED, DomainState.STOPPING, DomainState.STOPPED})
+
+
 def _posture(seen, slot: Slot, report_at: datetime | None) -> str:
     """Return a model's posture: the heartbeat's word, unless the slot moved since then.
 
@@ -453,10 +457,13 @@ def _domain_card(
     role = DomainRole.ACTIVE if str(d.id) == view.active_domain_id else DomainRole.STANDBY
     inference = _inference_rows(d, slots, bindings, report)
     stale = bool(dview and is_stale(dview, view.policy, now))
-    serving_note = (
-        _serving_note(d, stale, _heartbeat_error(report), inference)
-        if role == DomainRole.ACTIVE
-        else ""
+    failing = _heartbeat_error(report)
+    serving_note = _serving_note(d, stale, failing, inference) if role == DomainRole.ACTIVE else ""
+    # Everything drawn from the report (memory bars, model postures, trainer pids, the slot
+    # list) is what the host said at its last good heartbeat: once it stops answering, that
+    # is history, and a crashed host's card must not stay green with it.
+    report_stale = d.last_seen_at is not None and bool(
+        stale or failing or d.state in _UNREACHABLE_STATES
     )
     return {
         "id": str(d.id),
@@ -473,6 +480,8 @@ def _domain_card(
         "last_seen_at": iso(d.last_seen_at),
         "heartbeat_age": fmt_age(_age_s(d.last_seen_at, now)),
         "stale": stale,
+        "report_stale": report_stale,
+        "report_clock": d.last_seen_at.strftime("%H:%M:%S") if d.last_seen_at else "",
         **_report_fields(report, slots, bindings),
         "inference": inference,
         "training": _training_rows(slots, report, now),

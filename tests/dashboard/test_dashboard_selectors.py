@@ -15,6 +15,7 @@ from fleets.dashboard.drift import drift_status, expected_fingerprint
 from fleets.dashboard.selectors import fleet_page, overview_rows
 from fleets.models import Domain, Event, ModelBinding, Operation, Slot
 from fleets.services.events import event_record
+from fleets.services.heartbeats import domain_heartbeat_failed
 from fleets.services.operations import (
     operation_fail,
     operation_request,
@@ -640,3 +641,59 @@ def test_the_timeline_reads_past_more_retries_than_a_page_holds(
 
     # The newest five retries, and nothing older than them: no line stands next to a gap.
     assert [(e["kind"], e["count"]) for e in events] == [("operation.step.retry", 5)]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("how", ["heartbeat_failed", "stale", "domain_failed"])
+def test_a_host_that_stopped_answering_shows_its_last_report_as_history(
+    seeded_fleet, fake_clock, client, django_user_model, how
+):
+    """A crashed host's card stayed green: "awake models 20000 MiB", its bar, its models
+    "awake · profile ok". Once the host does not answer, every part drawn from its last report
+    reads as the past: greyed, labelled with the report's time and age."""
+    east = Domain.objects.get(fleet=seeded_fleet, slug="east")
+    seen = fake_clock.now()
+    Domain.objects.filter(pk=east.pk).update(last_report=REPORT, last_seen_at=seen)
+    staff = django_user_model.objects.create_user("op", password="pw", is_staff=True)
+    client.force_login(staff)
+
+    def east_card(html: str) -> str:
+        start = html.index('data-domain-slug="east"')
+        return html[start : html.index("</article>", start)]
+
+    fresh = east_card(client.get("/fleets/demo/live/").content.decode())
+    assert 'data-report="current"' in fresh and "last report" not in fresh
+    assert ">awake</span>" in fresh
+
+    fake_clock.advance(ms=1200)
+    if how == "heartbeat_failed":
+        domain_heartbeat_failed(
+            domain_id=east.id,
+            fleet_id=seeded_fleet.id,
+            checked_at=fake_clock.now(),
+            error={"code": "unreachable", "message": "connection refused"},
+        )
+    elif how == "stale":
+        fake_clock.advance(seconds=10)  # past the example's heartbeatStaleMs (3000)
+    else:
+        domain_transition(domain_id=east.id, to_state="failed", reason="crashed")
+    page = fleet_page(seeded_fleet, now=fake_clock.now())
+    card = _card(page, "east")
+    assert card["report_stale"] and card["report_clock"] == seen.strftime("%H:%M:%S")
+    assert card["gpus"]  # still shown, as history
+
+    html = east_card(client.get("/fleets/demo/live/").content.decode())
+    assert 'data-report="stale"' in html
+    assert f"last report {seen:%H:%M:%S} UTC" in html
+    assert f'data-since="{clock.iso(seen)}"' in html
+    assert ">awake</span>" not in html and ">was awake</span>" in html
+    # The other host answers: its card is current.
+    west = _card(page, "west")
+    assert not west["report_stale"]
+
+
+@pytest.mark.django_db
+def test_a_host_never_heard_from_has_no_report_to_call_stale(seeded_fleet, fake_clock):
+    fake_clock.advance(seconds=60)
+    card = _card(fleet_page(seeded_fleet, now=fake_clock.now()), "west")
+    assert not card["report_stale"] and card["report_clock"] == ""
