@@ -39,6 +39,7 @@ from fleets.dashboard.progress import RETRY_EVENT, operation_progress, step_even
 from fleets.dashboard.proof import proof_context
 from fleets.models import Domain, Event, Fleet, ModelBinding, Operation, Slot
 from fleets.reads.selectors import failover_backoff_state, fleet_view
+from fleets.reads.snapshot import consistent_read
 
 EVENT_LIMIT = 60
 # At most this many retry events are read for one page (a step failing once a second for over
@@ -411,13 +412,23 @@ def _training_rows(slots: list[Slot], report: DomainReport, now: datetime) -> li
 
 
 def _report_fields(
-    report: DomainReport, slots: list[Slot], bindings: list[ModelBinding]
+    report: DomainReport, slots: list[Slot], bindings: list[ModelBinding], inference: list
 ) -> dict[str, Any]:
     """What the card shows of the last report itself: GPU memory, the plan, the last error."""
+    allocations = gpu_allocations(slots, bindings, report)
+    # A server's posture in the memory table is the slot list's (`_posture`): a promotion that
+    # proved a wake after the last heartbeat showed the model "asleep" in one and "awake" in
+    # the other.
+    asleep = {"awake": False, "asleep": True}
+    postures = {m["name"]: m["posture"] for row in inference for m in row["models"]}
+    for gpu in allocations:
+        for w in gpu.workloads:
+            if w.kind == "server" and postures.get(w.name) in asleep:
+                w.asleep = asleep[postures[w.name]]
     return {
         "report_error": report_error(report),
         "gpus": gpu_bars(report, sorted({s.gpu_index for s in slots})),
-        "allocations": gpu_allocations(slots, bindings, report),
+        "allocations": allocations,
         "plan_mismatches": plan_mismatches(report),
         "has_report": not report.empty,
     }
@@ -482,7 +493,7 @@ def _domain_card(
         "stale": stale,
         "report_stale": report_stale,
         "report_clock": d.last_seen_at.strftime("%H:%M:%S") if d.last_seen_at else "",
-        **_report_fields(report, slots, bindings),
+        **_report_fields(report, slots, bindings, inference),
         "inference": inference,
         "training": _training_rows(slots, report, now),
         "serving": role == DomainRole.ACTIVE and not serving_note,
@@ -513,7 +524,13 @@ def _provisioning_text(d) -> str:
 
 
 def fleet_page(fleet: Fleet, *, now: datetime) -> dict[str, Any]:
-    """Return everything the fleet page (and its live fragment) renders."""
+    """Return everything the fleet page (and its live fragment) renders, read from one
+    snapshot of the database: the header, the cards, the operation and the timeline agree."""
+    with consistent_read():
+        return _fleet_page(fleet, now=now)
+
+
+def _fleet_page(fleet: Fleet, *, now: datetime) -> dict[str, Any]:
     view = fleet_view(fleet)  # refreshes the pointer, revision and policy
     domains = list(Domain.objects.filter(fleet=fleet).order_by("priority", "slug"))
     slots = list(Slot.objects.filter(domain__fleet=fleet))
@@ -581,7 +598,13 @@ def _heartbeat_errors(domains) -> dict[str, str]:
 
 
 def overview_rows(*, now: datetime) -> list[dict[str, Any]]:
-    """Return one row per fleet: active domain, revision, health, the in-flight operation."""
+    """Return one row per fleet: active domain, revision, health, the in-flight operation
+    (every row read from one snapshot of the database)."""
+    with consistent_read():
+        return _overview_rows(now=now)
+
+
+def _overview_rows(*, now: datetime) -> list[dict[str, Any]]:
     rows = []
     in_flight = {
         op.fleet_id: op
