@@ -296,6 +296,18 @@
     });
     // A message newer than the fragment (it arrived while the fragment was being rendered)
     // wins over it: patch the fragment before showing it, so the page never steps back.
+    // A heartbeat the poll already showed is newer than a fragment rendered before it: keep it,
+    // or the age jumps up with the fragment and back down with the next poll.
+    var beats = {};
+    live.querySelectorAll("[data-hb-domain] [data-since]").forEach(function (el) {
+      beats[el.closest("[data-hb-domain]").getAttribute("data-hb-domain")] = el.getAttribute("data-since");
+    });
+    tpl.content.querySelectorAll("[data-hb-domain] [data-since]").forEach(function (el) {
+      var known = beats[el.closest("[data-hb-domain]").getAttribute("data-hb-domain")];
+      if (known && Date.parse(known) > Date.parse(el.getAttribute("data-since") || "")) {
+        el.setAttribute("data-since", known);
+      }
+    });
     var fragEvent = root ? parseInt(root.getAttribute("data-last-event-id") || "0", 10) : 0;
     if (fleetId && latest && latest.eventId > fragEvent) applyState(latest.fleet, tpl.content);
     live.replaceChildren(tpl.content);
