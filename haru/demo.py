@@ -34,13 +34,14 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import httpx
 
 from common.ports import port_free
 from fleets.base.setting_table import SetByHaru
 from fleets.core.drills import DrillSchedule, schedule_problems
+from fleets.core.states import OperationKind, steps_for
 from haru.local import PYTHON, REPO
 from haru.local.processes import NotReady, ProcessBook, kill_stamps, stop_stamps, wait_for
 from haru.local.server import Server, ensure_staff, environment, manage
@@ -342,6 +343,50 @@ def ensure_operator(env: dict) -> None:
         ensure_staff(env, "operator", password)
 
 
+def event_line(event: Any) -> str:
+    """One line for an event in the demo's stream (an error quoting a JSON body included)."""
+    where = f" {event.domain.slug}" if event.domain else ""
+    step = f" {event.step}" if event.step else ""
+    took = f" ({event.duration_ms} ms)" if event.duration_ms is not None else ""
+    detail = event.data.get("reason") or event.data.get("message") or event.data.get("code")
+    extra = f": {' '.join(str(detail).split())[:120]}" if detail else ""
+    return f"{event.created_at:%H:%M:%S.%f}"[:12] + f" {event.kind}{where}{step}{took}{extra}"
+
+
+class RetryFold:
+    """Fold repeated retries of one step failing the same way (a wake failing for a minute
+    writes one every second or so): the first is printed, the rest are counted, and the count
+    is one line when anything else happens."""
+
+    def __init__(self) -> None:
+        self.key: tuple[Any, str, str] | None = None
+        self.folded = 0
+        self.last_attempt: Any = None
+
+    def line(self, event: Any) -> str | None:
+        """The line(s) to print for `event`, or None when it only adds to the count."""
+        key = (
+            (event.operation_id, event.step, str(event.data.get("message", "")))
+            if event.kind == "operation.step.retry"
+            else None
+        )
+        if key is not None and key == self.key:
+            self.folded += 1
+            self.last_attempt = event.data.get("attempt", "?")
+            return None
+        lines = [self.flush()] if self.folded else []
+        self.key, self.folded = key, 0
+        lines.append(event_line(event))
+        return "\n".join(line for line in lines if line)
+
+    def flush(self) -> str:
+        if not self.folded:
+            return ""
+        text = f"the same retry {self.folded} more time(s), to attempt {self.last_attempt}"
+        self.folded = 0
+        return f"{'':12} ... {text}"
+
+
 def follow_events(procs: dict[str, subprocess.Popen]) -> None:
     """Print new events until interrupted; report a process that exits on its own."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "haru.settings")
@@ -352,15 +397,13 @@ def follow_events(procs: dict[str, subprocess.Popen]) -> None:
 
     last = Event.objects.order_by("-id").values_list("id", flat=True).first() or 0
     reported: set[str] = set()
+    folds = RetryFold()
     while True:
         for event in Event.objects.filter(id__gt=last).select_related("domain").order_by("id"):
             last = event.id
-            where = f" {event.domain.slug}" if event.domain else ""
-            step = f" {event.step}" if event.step else ""
-            took = f" ({event.duration_ms} ms)" if event.duration_ms is not None else ""
-            detail = event.data.get("reason") or event.data.get("message") or event.data.get("code")
-            extra = f": {str(detail)[:120]}" if detail else ""
-            say(f"{event.created_at:%H:%M:%S.%f}"[:12] + f" {event.kind}{where}{step}{took}{extra}")
+            line = folds.line(event)
+            if line is not None:
+                say(line)
             if event.kind == "fleet.route.switched" and event.domain:
                 say(
                     f"    {event.domain.slug} is active now: `crash active` takes it down; "
@@ -490,20 +533,36 @@ def drill(mode: str) -> int:
         return 1
     op = r.json()["operation"]
     say(f"demo: {mode} drill of {op['targetDomainSlug']} started (operation {op['id'][:8]})")
-    shown = ""
+    # The steps come from the drill's plan, in order: a poll every 0.3 s misses the steps that
+    # take milliseconds (verify_gpu, start_training, a round trip's switch_route), and a step
+    # the operation is past has run, so each one up to the current step is printed.
+    plan = [str(step) for step in steps_for(OperationKind.DRILL, op.get("drillMode") or mode)]
+    printed = 0
+
+    def print_up_to(step: str, *, including: bool) -> None:
+        nonlocal printed
+        if step not in plan:
+            return
+        end = plan.index(step) + (1 if including else 0)
+        for name in plan[printed:end]:
+            say(f"  {name}")
+        printed = max(printed, end)
+
     deadline = time.monotonic() + DRILL_FOLLOW_S
     while op["state"] in ("pending", "running"):
         if time.monotonic() > deadline:
             say(f"demo: the drill is still {op['state']} after {DRILL_FOLLOW_S:.0f}s; see the logs")
             return 1
-        step = op.get("currentStep") or ""
-        if step and step != shown:
-            say(f"  {step}")
-            shown = step
+        print_up_to(op.get("currentStep") or "", including=True)
         time.sleep(0.3)
         op = api({}, "GET", f"/operations/{op['id']}").json()
-    if op["state"] != "succeeded":
+    shown = plan[printed - 1] if printed else ""
+    if op["state"] == "succeeded":
+        print_up_to(plan[-1], including=True)
+    else:
         error = op.get("error") or {}
+        # The failed step is named below; the ones before it ran.
+        print_up_to(error.get("step") or "", including=False)
         say(
             f"demo: the drill {op['state']} at {error.get('step') or shown}: "
             f"{error.get('code', '')}: {error.get('message', '')}"

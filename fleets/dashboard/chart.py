@@ -107,14 +107,52 @@ def fmt_ms(ms: float | None) -> str:
     return f"{minutes} m {rest:02d} s"
 
 
+# Tick spacings an operator reads at a glance, in milliseconds: round numbers of the unit the
+# axis is in (ms, s, minutes, hours), so every tick lands on a whole label ("1m30s", never
+# "1m 07s"), whatever the longest bar.
+_TICK_STEPS_MS = (
+    *(1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500),
+    *(s * 1000 for s in (1, 2, 2.5, 5, 10, 15, 20, 30)),
+    *(m * 60_000 for m in (1, 2, 5, 10, 15, 20, 30)),
+    *(h * 3_600_000 for h in (1, 2, 3, 6, 12, 24, 48, 96, 168)),
+)
+# The axis font (dashboard.css `.chart .axis-label`: 10.5px monospace) is about 0.6 em wide per
+# character: a label must fit between the viewBox's left edge and the tick's label anchor, or
+# the browser clips its first characters (a "1 m 00 s" read as ". m 00 s").
+AXIS_CHAR_W = 10.5 * 0.6
+
+
 def _nice_step(span: float) -> float:
-    """Return a round tick spacing giving about four ticks over `span` milliseconds."""
+    """Return a round tick spacing giving at most about four ticks over `span` milliseconds."""
     raw = max(span / 4, 1)
-    magnitude = 10 ** len(str(int(raw))) / 10
-    for mult in (1, 2, 2.5, 5, 10):
-        if raw <= mult * magnitude:
-            return mult * magnitude
-    return 10 * magnitude
+    for step in _TICK_STEPS_MS:
+        if raw <= step:
+            return float(step)
+    # Beyond a week per tick: whole weeks.
+    week = _TICK_STEPS_MS[-1]
+    return float(week * -(-raw // week))
+
+
+def axis_label(ms: float) -> str:
+    """Render a tick value short enough for the axis: 0, 250 ms, 2.5 s, 45 s, 1m30s, 2h, 1h30m.
+
+    Shorter than `fmt_ms` on purpose: the axis has a few characters' room, and tick values are
+    round (`_nice_step`), so nothing is lost."""
+    if ms <= 0:
+        return "0"
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:g} s"
+    seconds = int(round(ms / 1000))
+    if seconds < 3600:
+        minutes, rest = divmod(seconds, 60)
+        return f"{minutes}m" if rest == 0 else f"{minutes}m{rest:02d}s"
+    hours, rest = divmod(seconds, 3600)
+    if hours < 48:
+        return f"{hours}h" if rest < 60 else f"{hours}h{rest // 60:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d" if hours == 0 else f"{days}d{hours}h"
 
 
 def build_chart(samples: list[FailoverSample]) -> Chart:
@@ -128,11 +166,10 @@ def build_chart(samples: list[FailoverSample]) -> Chart:
     step = _nice_step(peak)
     top_value = step * (int(peak // step) + 1)
     scale = plot_h / top_value
-    ticks = []
-    value = 0.0
-    while value <= top_value + 1e-9:
-        ticks.append(Tick(bottom - value * scale, fmt_ms(value) if value else "0"))
-        value += step
+    ticks = [
+        Tick(bottom - i * step * scale, axis_label(i * step))
+        for i in range(int(round(top_value / step)) + 1)
+    ]
 
     # Dates only when the samples span days; within a day the time alone tells them apart.
     span = samples[-1].finished_at - samples[0].finished_at

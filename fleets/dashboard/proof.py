@@ -12,7 +12,8 @@ from fleets.core.policy import Policy
 from fleets.core.read_model import FleetView
 from fleets.core.recovery import RECOVERY_WINDOW, over_objective
 from fleets.core.states import DrillMode, OperationKind, OperationState
-from fleets.models import Event, Fleet, GoldenBaseline, Operation
+from fleets.dashboard.progress import operation_progress, step_events
+from fleets.models import Fleet, GoldenBaseline, Operation
 from fleets.reads.readiness import fleet_readiness
 from fleets.reads.recovery import recovery_summaries
 
@@ -57,11 +58,10 @@ def drill_panel(fleet: Fleet, now: datetime) -> dict[str, Any] | None:
     op = Operation.objects.filter(fleet=fleet, kind=OperationKind.DRILL).first()
     if op is None:
         return None
-    steps = list(
-        Event.objects.filter(operation=op, kind="operation.step.done")
-        .order_by("id")
-        .values_list("step", "duration_ms")
-    )
+    # Every step of the drill's plan with its status, as the operation panel shows it: the
+    # panel listed only the `done` events, so a step that was skipped, timed out best-effort
+    # or was still to come had no box.
+    progress = operation_progress(op, step_events([op.id]).get(op.id, []), now, {})
     error = op.error if isinstance(op.error, dict) else None
     finished = op.finished_at
     return {
@@ -73,7 +73,10 @@ def drill_panel(fleet: Fleet, now: datetime) -> dict[str, Any] | None:
         "reason": op.reason,
         "finished_at": iso(finished) if finished else "",
         "finished_age": _age_text((now - finished).total_seconds() * 1000) if finished else "",
-        "steps": [{"name": s, "time": _ms_text(ms)} for s, ms in steps],
+        "steps": [
+            {"name": s["name"], "status": s["status"], "time": s["elapsed"], "detail": s["detail"]}
+            for s in progress["steps"]
+        ],
         "error": error,
     }
 

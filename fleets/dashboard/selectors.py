@@ -20,7 +20,6 @@ from fleets.core.backoff import Backoff
 from fleets.core.decisions import decide_demotion, decide_promotion
 from fleets.core.failover import is_stale, is_viable_standby
 from fleets.core.memory_bars import gpu_bars, report_error
-from fleets.core.preemption import Ending, InFlight, ending
 from fleets.core.read_model import FleetView
 from fleets.core.report import DomainReport, read_report
 from fleets.core.states import (
@@ -32,16 +31,20 @@ from fleets.core.states import (
     OperationState,
     SlotKind,
     TrainingState,
-    steps_for,
 )
 from fleets.core.urls import without_userinfo
 from fleets.dashboard import chart as chart_mod
 from fleets.dashboard.drift import drift_status, expected_fingerprint
+from fleets.dashboard.progress import RETRY_EVENT, operation_progress, step_events
 from fleets.dashboard.proof import proof_context
 from fleets.models import Domain, Event, Fleet, ModelBinding, Operation, Slot
 from fleets.reads.selectors import failover_backoff_state, fleet_view
+from fleets.reads.snapshot import consistent_read
 
 EVENT_LIMIT = 60
+# At most this many retry events are read for one page (a step failing once a second for over
+# an hour); past it the timeline starts at the oldest one read.
+RETRY_SCAN_LIMIT = 5000
 CHART_LIMIT = 24
 
 # Event kinds an operator should notice at a glance in the timeline.
@@ -53,15 +56,10 @@ _WARN = (
     "domain.degraded.escalated",
     "operation.step.retry",
 )
-RETRY_EVENT = "operation.step.retry"
 
 
 def _age_s(then: datetime | None, now: datetime) -> float | None:
     return None if then is None else max(0.0, (now - then).total_seconds())
-
-
-def _elapsed_ms(then: datetime, now: datetime) -> int:
-    return int(max(0.0, (now - then).total_seconds()) * 1000)
 
 
 def fmt_age(seconds: float | None) -> str:
@@ -135,104 +133,6 @@ def fleet_health(
     return level, reasons
 
 
-# ---------------------------------------------------------------------------------------------
-# Operations
-# ---------------------------------------------------------------------------------------------
-
-
-def operation_progress(
-    op: Operation, step_events: list[Event], now: datetime, slugs: dict
-) -> dict[str, Any]:
-    """Return the step-by-step view of one operation: each step's status and elapsed time."""
-    done: dict[str, Event] = {}
-    retries: dict[str, Event] = {}
-    for e in step_events:
-        if e.kind == RETRY_EVENT:
-            retries[e.step] = e  # the newest attempt (events come oldest first)
-        elif e.step and e.kind.startswith("operation.step.") and e.step not in done:
-            done[e.step] = e
-    error = op.error if isinstance(op.error, dict) else None
-    running = op.state in IN_FLIGHT_OPERATION_STATES
-    steps = []
-    for name in steps_for(op.kind, op.drill_mode):
-        entry: dict[str, Any] = {"name": name, "ms": None, "since": None, "detail": ""}
-        if name in done:
-            event = done[name]
-            entry["status"] = "done" if event.kind == "operation.step.done" else "warn"
-            if entry["status"] == "warn":
-                entry["detail"] = event.kind.removeprefix("operation.step.").replace("_", " ")
-            entry["ms"] = event.duration_ms
-        elif running and op.state == OperationState.RUNNING and name == op.current_step:
-            entry["status"] = "running"
-            entry["since"] = iso(op.step_started_at)
-            entry["ms"] = _elapsed_ms(op.step_started_at, now) if op.step_started_at else None
-            retry = retries.get(name)
-            if retry is not None:
-                data = retry.data if isinstance(retry.data, dict) else {}
-                entry["detail"] = f"retry {data.get('attempt', '?')}: {data.get('message', '')}"
-        elif error and error.get("step") == name:
-            entry["status"] = "failed"
-            entry["detail"] = f"{error.get('code', '')}: {error.get('message', '')}"
-        elif op.state in (OperationState.FAILED, OperationState.CANCELLED):
-            entry["status"] = "skipped"
-        else:
-            entry["status"] = "pending"
-        entry["elapsed"] = chart_mod.fmt_ms(entry["ms"]) if entry["ms"] is not None else ""
-        steps.append(entry)
-    ending_of = ending(
-        InFlight(
-            kind=op.kind,
-            target_id=None,
-            routing_committed=op.routing_committed,
-            current_step=op.current_step,
-            drill_mode=op.drill_mode,
-        )
-    )
-    end = op.finished_at or now
-    start = op.started_at or op.created_at
-    total_ms = _elapsed_ms(start, end) if start else None
-    return {
-        "id": str(op.id),
-        "short_id": str(op.id)[:8],
-        "kind": op.kind,
-        "state": op.state,
-        "in_flight": running,
-        "reason": op.reason,
-        "requested_by": op.requested_by,
-        "target": slugs.get(op.target_domain_id, "?"),
-        "source": slugs.get(op.source_domain_id, "") if op.source_domain_id else "",
-        "current_step": op.current_step if running else "",
-        "step_started_at": iso(op.step_started_at) if running else None,
-        "created_at": iso(op.created_at),
-        "started_at": iso(op.started_at),
-        "finished_at": iso(op.finished_at),
-        "routing_committed": op.routing_committed,
-        # Until routing moves a cancel ends the operation cancelled; after, it ends a
-        # promotion succeeded without its best-effort steps (not in the instant between the
-        # switch and its record, when the service asks to retry).
-        "can_cancel": running and ending_of != Ending.NOT_YET,
-        "cancel_skips_rest": running and ending_of == Ending.SKIP_REST,
-        "cleanup": op.cleanup,
-        "error": error,
-        "steps": steps,
-        "total": chart_mod.fmt_ms(total_ms) if total_ms is not None else "",
-    }
-
-
-def _step_events(op_ids: list) -> dict[Any, list[Event]]:
-    by_op: dict[Any, list[Event]] = defaultdict(list)
-    if not op_ids:
-        return by_op
-    rows = (
-        Event.objects.filter(operation_id__in=op_ids, kind__startswith="operation.step.")
-        .only("operation_id", "kind", "step", "duration_ms", "data", "created_at")
-        .order_by("id")
-    )
-    for e in rows:
-        by_op[e.operation_id].append(e)
-    return by_op
-
-
 def failover_chart(fleet: Fleet, slugs: dict) -> chart_mod.Chart:
     """Build the chart of the fleet's last succeeded promotions, per-step durations stacked."""
     ops = list(
@@ -241,7 +141,7 @@ def failover_chart(fleet: Fleet, slugs: dict) -> chart_mod.Chart:
         ).order_by("-finished_at")[:CHART_LIMIT]
     )
     ops.reverse()
-    events = _step_events([op.id for op in ops])
+    events = step_events([op.id for op in ops])
     samples = []
     for op in ops:
         durations: dict[str, int] = {}
@@ -285,7 +185,8 @@ def _event_summary(e: Event, slugs: dict) -> str:
     for key in ("message", "reason"):
         if isinstance(data.get(key), str) and data[key]:
             bits.append(data[key])
-    text = " · ".join(str(b) for b in bits)
+    # One line: a supervisor's error often quotes a JSON body over several lines.
+    text = " ".join(" · ".join(str(b) for b in bits).split())
     return text if len(text) <= 240 else text[:237] + "..."
 
 
@@ -306,25 +207,83 @@ def _event_level(kind: str) -> str:
     return ""
 
 
+def _retry_key(e: Event) -> tuple[Any, str, str] | None:
+    """What makes two retries "the same": their operation, step and error message."""
+    if e.kind != RETRY_EVENT:
+        return None
+    data = e.data if isinstance(e.data, dict) else {}
+    return (e.operation_id, e.step, str(data.get("message", "")))
+
+
+def _timeline_rows(fleet: Fleet, limit: int) -> list[list[Event]]:
+    """Return the fleet's newest `limit` timeline lines, newest first, each a run of events:
+    one event, or consecutive retries of one step failing the same way (newest first).
+
+    A failing wake writes a retry event every second or so; listed one a line they pushed the
+    crash's own events out of the timeline within a minute. The rows stay one per attempt (the
+    audit trail, each attempt's number and every count read from them stay exact); only the
+    page folds them, so every other event is read by its own query, past any number of
+    retries."""
+    others = list(
+        Event.objects.filter(fleet=fleet).exclude(kind=RETRY_EVENT).order_by("-id")[:limit]
+    )
+    floor = others[-1].id if len(others) == limit else 0
+    retries = list(
+        Event.objects.filter(fleet=fleet, kind=RETRY_EVENT, id__gt=floor).order_by("-id")[
+            :RETRY_SCAN_LIMIT
+        ]
+    )
+    if len(retries) == RETRY_SCAN_LIMIT:
+        # More retries than one page reads: show the newest ones, and nothing older than them,
+        # so no line stands next to a gap.
+        floor = retries[-1].id
+        others = [e for e in others if e.id > floor]
+    runs: list[list[Event]] = []
+    for e in sorted([*others, *retries], key=lambda e: e.id, reverse=True):
+        key = _retry_key(e)
+        if key is not None and runs and _retry_key(runs[-1][0]) == key:
+            runs[-1].append(e)
+        else:
+            runs.append([e])
+    return runs[:limit]
+
+
+def _attempt(e: Event) -> Any:
+    return (e.data if isinstance(e.data, dict) else {}).get("attempt", "?")
+
+
 def recent_events(fleet: Fleet, slugs: dict, limit: int = EVENT_LIMIT) -> list[dict[str, Any]]:
-    """Return the fleet's newest events, newest first, ready to render."""
-    rows = Event.objects.filter(fleet=fleet).order_by("-id")[:limit]
-    return [
-        {
-            "id": e.id,
-            "kind": e.kind,
-            "level": _event_level(e.kind),
-            "created_at": iso(e.created_at),
-            "time": e.created_at.strftime("%H:%M:%S.") + f"{e.created_at.microsecond // 1000:03d}",
-            "domain": slugs.get(e.domain_id, ""),
-            "step": e.step,
-            "duration": chart_mod.fmt_ms(e.duration_ms) if e.duration_ms is not None else "",
-            "actor": e.actor,
-            "summary": _event_summary(e, slugs),
-            "operation": str(e.operation_id)[:8] if e.operation_id else "",
-        }
-        for e in rows
-    ]
+    """Return the fleet's newest timeline lines, newest first, ready to render; repeated
+    retries of a step (same operation, step and error) fold into one line with their count."""
+    lines = []
+    for run in _timeline_rows(fleet, limit):
+        e, first = run[0], run[-1]
+        summary = _event_summary(e, slugs)
+        if len(run) > 1:
+            summary = f"attempts {_attempt(first)}–{_attempt(e)} · {summary}"
+        lines.append(
+            {
+                "id": e.id,
+                "kind": e.kind,
+                "level": _event_level(e.kind),
+                "created_at": iso(e.created_at),
+                "time": _clock_text(e.created_at),
+                "count": len(run),
+                "first_at": iso(first.created_at),
+                "first_time": _clock_text(first.created_at),
+                "domain": slugs.get(e.domain_id, ""),
+                "step": e.step,
+                "duration": chart_mod.fmt_ms(e.duration_ms) if e.duration_ms is not None else "",
+                "actor": e.actor,
+                "summary": summary,
+                "operation": str(e.operation_id)[:8] if e.operation_id else "",
+            }
+        )
+    return lines
+
+
+def _clock_text(at: datetime) -> str:
+    return at.strftime("%H:%M:%S.") + f"{at.microsecond // 1000:03d}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -340,6 +299,10 @@ _POSTURE_OF_SLOT: dict[str, str] = {
     InferenceState.WAKING: "waking",
     InferenceState.SLEEPING: "asleep",
 }
+
+
+# A host in these states is not answering (or not meant to): its last report is history.
+_UNREACHABLE_STATES = frozenset({DomainState.FAILED, DomainState.STOPPING, DomainState.STOPPED})
 
 
 def _posture(seen, slot: Slot, report_at: datetime | None) -> str:
@@ -449,13 +412,23 @@ def _training_rows(slots: list[Slot], report: DomainReport, now: datetime) -> li
 
 
 def _report_fields(
-    report: DomainReport, slots: list[Slot], bindings: list[ModelBinding]
+    report: DomainReport, slots: list[Slot], bindings: list[ModelBinding], inference: list
 ) -> dict[str, Any]:
     """What the card shows of the last report itself: GPU memory, the plan, the last error."""
+    allocations = gpu_allocations(slots, bindings, report)
+    # A server's posture in the memory table is the slot list's (`_posture`): a promotion that
+    # proved a wake after the last heartbeat showed the model "asleep" in one and "awake" in
+    # the other.
+    asleep = {"awake": False, "asleep": True}
+    postures = {m["name"]: m["posture"] for row in inference for m in row["models"]}
+    for gpu in allocations:
+        for w in gpu.workloads:
+            if w.kind == "server" and postures.get(w.name) in asleep:
+                w.asleep = asleep[postures[w.name]]
     return {
         "report_error": report_error(report),
         "gpus": gpu_bars(report, sorted({s.gpu_index for s in slots})),
-        "allocations": gpu_allocations(slots, bindings, report),
+        "allocations": allocations,
         "plan_mismatches": plan_mismatches(report),
         "has_report": not report.empty,
     }
@@ -495,10 +468,13 @@ def _domain_card(
     role = DomainRole.ACTIVE if str(d.id) == view.active_domain_id else DomainRole.STANDBY
     inference = _inference_rows(d, slots, bindings, report)
     stale = bool(dview and is_stale(dview, view.policy, now))
-    serving_note = (
-        _serving_note(d, stale, _heartbeat_error(report), inference)
-        if role == DomainRole.ACTIVE
-        else ""
+    failing = _heartbeat_error(report)
+    serving_note = _serving_note(d, stale, failing, inference) if role == DomainRole.ACTIVE else ""
+    # Everything drawn from the report (memory bars, model postures, trainer pids, the slot
+    # list) is what the host said at its last good heartbeat: once it stops answering, that
+    # is history, and a crashed host's card must not stay green with it.
+    report_stale = d.last_seen_at is not None and bool(
+        stale or failing or d.state in _UNREACHABLE_STATES
     )
     return {
         "id": str(d.id),
@@ -515,7 +491,9 @@ def _domain_card(
         "last_seen_at": iso(d.last_seen_at),
         "heartbeat_age": fmt_age(_age_s(d.last_seen_at, now)),
         "stale": stale,
-        **_report_fields(report, slots, bindings),
+        "report_stale": report_stale,
+        "report_clock": d.last_seen_at.strftime("%H:%M:%S") if d.last_seen_at else "",
+        **_report_fields(report, slots, bindings, inference),
         "inference": inference,
         "training": _training_rows(slots, report, now),
         "serving": role == DomainRole.ACTIVE and not serving_note,
@@ -546,7 +524,13 @@ def _provisioning_text(d) -> str:
 
 
 def fleet_page(fleet: Fleet, *, now: datetime) -> dict[str, Any]:
-    """Return everything the fleet page (and its live fragment) renders."""
+    """Return everything the fleet page (and its live fragment) renders, read from one
+    snapshot of the database: the header, the cards, the operation and the timeline agree."""
+    with consistent_read():
+        return _fleet_page(fleet, now=now)
+
+
+def _fleet_page(fleet: Fleet, *, now: datetime) -> dict[str, Any]:
     view = fleet_view(fleet)  # refreshes the pointer, revision and policy
     domains = list(Domain.objects.filter(fleet=fleet).order_by("priority", "slug"))
     slots = list(Slot.objects.filter(domain__fleet=fleet))
@@ -571,8 +555,7 @@ def fleet_page(fleet: Fleet, *, now: datetime) -> dict[str, Any]:
     last = in_flight or Operation.objects.filter(fleet=fleet).order_by("-created_at").first()
     operation = None
     if last is not None:
-        step_events = _step_events([last.id]).get(last.id, [])
-        operation = operation_progress(last, step_events, now, slugs)
+        operation = operation_progress(last, step_events([last.id]).get(last.id, []), now, slugs)
     events = recent_events(fleet, slugs)
     health, reasons = fleet_health(view, now, _heartbeat_errors(domains))
     return {
@@ -615,7 +598,13 @@ def _heartbeat_errors(domains) -> dict[str, str]:
 
 
 def overview_rows(*, now: datetime) -> list[dict[str, Any]]:
-    """Return one row per fleet: active domain, revision, health, the in-flight operation."""
+    """Return one row per fleet: active domain, revision, health, the in-flight operation
+    (every row read from one snapshot of the database)."""
+    with consistent_read():
+        return _overview_rows(now=now)
+
+
+def _overview_rows(*, now: datetime) -> list[dict[str, Any]]:
     rows = []
     in_flight = {
         op.fleet_id: op

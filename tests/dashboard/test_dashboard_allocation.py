@@ -9,6 +9,7 @@ import pytest
 from fleets.base.errors import LayoutError
 from fleets.core.allocation import gpu_allocations, plan_mismatches
 from fleets.core.report import read_report
+from fleets.dashboard.selectors import fleet_page
 from fleets.layouts.loader import parse_layout
 from fleets.layouts.planning import PLACEMENT_REFUSALS
 from fleets.models import Domain, ModelBinding, Slot
@@ -115,3 +116,26 @@ def test_refusals_are_counted_by_reason(layout_data):
         parse_layout(data)
     after = PLACEMENT_REFUSALS.labels(reason="insufficient_memory")._value.get()
     assert after == before + 1
+
+
+def test_the_memory_table_and_the_slot_list_agree_on_a_model_woken_since_the_report(
+    west, fake_clock
+):
+    """A promotion proved west's wake after its last heartbeat (which said asleep): the slot
+    list read "awake" and the memory table "(asleep)" in the same frame."""
+    Domain.objects.filter(pk=west.pk).update(last_seen_at=fake_clock.now())
+    fake_clock.advance(ms=500)
+    Slot.objects.filter(domain=west, kind="inference").update(
+        state="serving", state_updated_at=fake_clock.now()
+    )
+
+    card = next(
+        d for d in fleet_page(west.fleet, now=fake_clock.now())["domains"] if d["slug"] == "west"
+    )
+
+    postures = {m["name"]: m["posture"] for row in card["inference"] for m in row["models"]}
+    asleep = {
+        w.name: w.asleep for a in card["allocations"] for w in a.workloads if w.kind == "server"
+    }
+    assert postures == {"llama-small": "awake", "qwen-small": "awake"}
+    assert asleep == {"llama-small": False, "qwen-small": False}

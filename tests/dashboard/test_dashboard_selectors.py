@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+import re
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from fleets.base import clock
 from fleets.core.memory_bars import gpu_bars, report_error
 from fleets.core.report import read_report
-from fleets.dashboard import chart
+from fleets.dashboard import chart, selectors
 from fleets.dashboard.drift import drift_status, expected_fingerprint
 from fleets.dashboard.selectors import fleet_page, overview_rows
 from fleets.models import Domain, Event, ModelBinding, Operation, Slot
 from fleets.services.events import event_record
+from fleets.services.heartbeats import domain_heartbeat_failed
 from fleets.services.operations import (
     operation_fail,
     operation_request,
@@ -529,5 +531,169 @@ def test_a_retrying_step_shows_its_latest_attempt_and_stays_running(seeded_fleet
     wake = next(s for s in page["operation"]["steps"] if s["name"] == "wake")
     assert wake["status"] == "running"
     assert wake["detail"] == "retry 2: wake: 502 wake failed"
-    kinds = [e["kind"] for e in page["events"]]
-    assert kinds.count("operation.step.retry") == 2
+    # Both attempts are on the timeline, folded into one line that counts them.
+    [retries] = [e for e in page["events"] if e["kind"] == "operation.step.retry"]
+    assert retries["count"] == 2
+    assert retries["summary"] == "attempts 1–2 · wake: 502 wake failed"
+
+
+@pytest.mark.parametrize(
+    "peak_ms", [40, 900, 4_200, 19_000, 59_000, 61_000, 70_000, 130_000, 3_500_000, 5_000_000]
+)
+def test_chart_axis_labels_fit_the_axis_and_read_whole_at_every_range(peak_ms):
+    """Above 60 s the labels ("1 m 00 s") were wider than the room left of the axis, and the
+    browser clipped them to ". m 00 s"."""
+    when = datetime(2026, 1, 1, tzinfo=UTC)
+    sample = chart.FailoverSample("op", when, "manual", "west", {"wake": peak_ms})
+    result = chart.build_chart([sample])
+    labels = [t.label for t in result.ticks]
+    assert labels[0] == "0"
+    assert result.ticks[-1].y < result.ticks[0].y
+    for label in labels:
+        assert len(label) * chart.AXIS_CHAR_W <= result.tick_label_x, label
+    # Every tick reads as its own value: a round number of one unit, or minutes with seconds.
+    assert len(set(labels)) == len(labels)
+    for label in labels[1:]:
+        assert re.fullmatch(r"\d+ ms|\d+(\.\d)? s|\d+m(\d\ds)?|\d+h(\d\dm)?|\d+d(\d+h)?", label)
+
+
+def test_chart_axis_labels_over_a_minute_and_an_hour():
+    assert [chart.axis_label(v) for v in (0, 250, 2_500, 45_000, 60_000, 90_000)] == [
+        "0",
+        "250 ms",
+        "2.5 s",
+        "45 s",
+        "1m",
+        "1m30s",
+    ]
+    assert [chart.axis_label(v) for v in (3_600_000, 5_400_000, 86_400_000 * 3)] == [
+        "1h",
+        "1h30m",
+        "3d",
+    ]
+
+
+@pytest.mark.django_db
+def test_repeated_retries_fold_into_one_line_and_keep_the_crash_on_the_timeline(
+    seeded_fleet, fake_clock
+):
+    """A failing wake wrote a retry event every 0.6 s, one timeline line each: the crash's own
+    events left the page within a minute. Retries of one step failing the same way are one
+    line with their exact count; the rows themselves stay one per attempt."""
+    east = Domain.objects.get(fleet=seeded_fleet, slug="east")
+    west = Domain.objects.get(fleet=seeded_fleet, slug="west")
+    event_record(fleet_id=seeded_fleet.id, domain_id=east.id, kind="domain.heartbeat.failed")
+    event_record(fleet_id=seeded_fleet.id, domain_id=east.id, kind="domain.failed")
+    op = operation_request(fleet=seeded_fleet, kind="promote", target_domain_id=west.id).operation
+    operation_start(operation_id=op.id)
+    blob = '{\n  "error": {\n    "code": "wake_failed"\n  }\n}'
+
+    def retry(attempt: int, message: str) -> None:
+        fake_clock.advance(ms=600)
+        event_record(
+            fleet_id=seeded_fleet.id,
+            operation_id=op.id,
+            domain_id=west.id,
+            kind="operation.step.retry",
+            step="wake",
+            data={"attempt": attempt, "message": f"wake: {message}"},
+        )
+
+    for attempt in range(1, 151):
+        retry(attempt, blob)
+    retry(151, "connection refused")  # another error: a line of its own
+    for attempt in range(152, 162):
+        retry(attempt, blob)
+
+    events = fleet_page(seeded_fleet, now=fake_clock.now())["events"]
+
+    retries = [e for e in events if e["kind"] == "operation.step.retry"]
+    assert [e["count"] for e in retries] == [10, 1, 150]
+    assert (
+        retries[0]["summary"] == 'attempts 152–161 · wake: { "error": { "code": "wake_failed" } }'
+    )
+    assert retries[2]["summary"].startswith("attempts 1–150 · ")
+    assert (
+        sum(e["count"] for e in retries)
+        == Event.objects.filter(kind="operation.step.retry").count()
+    )
+    kinds = [e["kind"] for e in events]
+    assert {"domain.heartbeat.failed", "domain.failed"} <= set(kinds)
+    assert kinds[-1] == "layout.applied"  # nothing older was pushed out
+
+
+@pytest.mark.django_db
+def test_the_timeline_reads_past_more_retries_than_a_page_holds(
+    seeded_fleet, fake_clock, monkeypatch
+):
+    monkeypatch.setattr(selectors, "RETRY_SCAN_LIMIT", 5)
+    west = Domain.objects.get(fleet=seeded_fleet, slug="west")
+    event_record(fleet_id=seeded_fleet.id, domain_id=west.id, kind="domain.failed")
+    for attempt in range(1, 9):
+        event_record(
+            fleet_id=seeded_fleet.id,
+            kind="operation.step.retry",
+            step="wake",
+            data={"attempt": attempt, "message": "wake: refused"},
+        )
+
+    events = fleet_page(seeded_fleet, now=fake_clock.now())["events"]
+
+    # The newest five retries, and nothing older than them: no line stands next to a gap.
+    assert [(e["kind"], e["count"]) for e in events] == [("operation.step.retry", 5)]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("how", ["heartbeat_failed", "stale", "domain_failed"])
+def test_a_host_that_stopped_answering_shows_its_last_report_as_history(
+    seeded_fleet, fake_clock, client, django_user_model, how
+):
+    """A crashed host's card stayed green: "awake models 20000 MiB", its bar, its models
+    "awake · profile ok". Once the host does not answer, every part drawn from its last report
+    reads as the past: greyed, labelled with the report's time and age."""
+    east = Domain.objects.get(fleet=seeded_fleet, slug="east")
+    seen = fake_clock.now()
+    Domain.objects.filter(pk=east.pk).update(last_report=REPORT, last_seen_at=seen)
+    staff = django_user_model.objects.create_user("op", password="pw", is_staff=True)
+    client.force_login(staff)
+
+    def east_card(html: str) -> str:
+        start = html.index('data-domain-slug="east"')
+        return html[start : html.index("</article>", start)]
+
+    fresh = east_card(client.get("/fleets/demo/live/").content.decode())
+    assert 'data-report="current"' in fresh and "last report" not in fresh
+    assert ">awake</span>" in fresh
+
+    fake_clock.advance(ms=1200)
+    if how == "heartbeat_failed":
+        domain_heartbeat_failed(
+            domain_id=east.id,
+            fleet_id=seeded_fleet.id,
+            checked_at=fake_clock.now(),
+            error={"code": "unreachable", "message": "connection refused"},
+        )
+    elif how == "stale":
+        fake_clock.advance(seconds=10)  # past the example's heartbeatStaleMs (3000)
+    else:
+        domain_transition(domain_id=east.id, to_state="failed", reason="crashed")
+    page = fleet_page(seeded_fleet, now=fake_clock.now())
+    card = _card(page, "east")
+    assert card["report_stale"] and card["report_clock"] == seen.strftime("%H:%M:%S")
+    assert card["gpus"]  # still shown, as history
+
+    html = east_card(client.get("/fleets/demo/live/").content.decode())
+    assert 'data-report="stale"' in html
+    assert f"last report {seen:%H:%M:%S} UTC" in html
+    assert f'data-since="{clock.iso(seen)}"' in html
+    assert ">awake</span>" not in html and ">was awake</span>" in html
+    # The other host answers: its card is current.
+    west = _card(page, "west")
+    assert not west["report_stale"]
+
+
+@pytest.mark.django_db
+def test_a_host_never_heard_from_has_no_report_to_call_stale(seeded_fleet, fake_clock):
+    fake_clock.advance(seconds=60)
+    card = _card(fleet_page(seeded_fleet, now=fake_clock.now()), "west")
+    assert not card["report_stale"] and card["report_clock"] == ""

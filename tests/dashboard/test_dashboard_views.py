@@ -13,9 +13,15 @@ from django.test import Client
 
 from common.ports import free_port
 from fleets.base import clock
+from fleets.core.states import DRILL_STEPS, ROUND_TRIP_DRILL_STEPS
 from fleets.models import Domain, Event, Fleet, Operation
 from fleets.services.events import event_record
-from fleets.services.operations import operation_fail, operation_request, operation_start
+from fleets.services.operations import (
+    operation_fail,
+    operation_request,
+    operation_start,
+    operation_step_done,
+)
 from tests.drivers.managed_layout import seed_managed_fleet
 
 pytestmark = pytest.mark.django_db
@@ -457,3 +463,30 @@ def test_the_recovery_panel_shows_p50_and_p95_and_marks_a_p95_over_the_objective
     drill = _recovery_row(page, "drill")
     assert "over objective" not in drill and "bad-text" not in drill
     assert re.findall(r'<td class="mono"[^>]*>(.*?)</td>', drill)[2] == "30.0 s"
+
+
+@pytest.mark.parametrize(
+    ("mode", "plan"),
+    [("check", DRILL_STEPS), ("round_trip", ROUND_TRIP_DRILL_STEPS)],
+)
+def test_the_drill_panel_shows_a_box_for_every_step_of_the_plan(
+    staff_client, seeded_fleet, mode, plan
+):
+    """The panel listed only `operation.step.done` events: 3 boxes where the operation had run
+    6 steps. Each step of the plan has its box, with how it ended or that it is still to come."""
+    Domain.objects.filter(fleet=seeded_fleet).update(last_seen_at=clock.now())
+    drill = operation_request(
+        fleet=seeded_fleet, kind="drill", target_domain_id=None, drill_mode=mode
+    ).operation
+    operation_start(operation_id=drill.id)
+    operation_step_done(operation_id=drill.id, step=plan[0])
+    operation_step_done(operation_id=drill.id, step=plan[1], outcome="skipped")
+    operation_step_done(operation_id=drill.id, step=plan[2])
+
+    page = staff_client.get("/fleets/demo/live/").content.decode()
+    boxes = re.findall(r'data-drill-step="([a-z_]+)" data-step-status="([a-z]+)"', page)
+    assert [name for name, _ in boxes] == list(plan)
+    status = dict(boxes)
+    assert (status[plan[0]], status[plan[1]], status[plan[2]]) == ("done", "warn", "done")
+    assert status[plan[3]] == "running"
+    assert {status[s] for s in plan[4:]} == {"pending"}

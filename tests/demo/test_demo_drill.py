@@ -8,6 +8,7 @@ import os
 import httpx
 import pytest
 
+from fleets.core.states import DRILL_STEPS, ROUND_TRIP_DRILL_STEPS
 from fleets.models import Fleet
 from haru import demo
 
@@ -62,7 +63,8 @@ def test_drill_runs_the_chosen_mode_and_prints_each_step_and_the_published_time(
     assert server.calls[0] == ("POST", "/fleets/demo/drill", {"mode": "round_trip"})
     out = capsys.readouterr().out
     assert "round_trip drill of west started (operation 0d5c1f7a)" in out
-    assert "  stop_training\n  wake\n" in out
+    # Every step of the round trip, also those the 0.3 s poll never saw current.
+    assert "".join(f"  {step}\n" for step in ROUND_TRIP_DRILL_STEPS) in out
     assert "the drill passed; routing moved there and back" in out
     assert "over the last 3: p50 1.2s, p95 4.1s (objective 300.0s)" in out
 
@@ -96,6 +98,23 @@ def test_a_failed_drill_names_its_step_and_code_and_fails(monkeypatch, capsys, n
     assert demo.main(["drill"]) == 1
     out = capsys.readouterr().out
     assert "the drill failed at probe: probe_mismatch: llama-small: expected" in out
+    # The steps before the failed one ran, and each is printed once.
+    assert "  stop_training\n  verify_gpu\n  wake\n  probe\n" in out
+    assert "sleep" not in out.split("failed at")[0]
+
+
+def test_drill_prints_the_steps_that_passed_between_two_polls(monkeypatch, capsys, no_waiting):
+    """`verify_gpu` and `start_training` take milliseconds: the poll never saw them current,
+    and `drill` left them out."""
+    server = ScriptedServer(
+        httpx.Response(202, json={"status": "accepted", "operation": _op("pending")}),
+        [_op("running", "stop_training"), _op("running", "probe"), _op("succeeded")],
+    )
+    monkeypatch.setattr(demo, "api", server)
+    assert demo.main(["drill"]) == 0
+    out = capsys.readouterr().out
+    assert "".join(f"  {step}\n" for step in DRILL_STEPS) in out
+    assert out.count("  probe\n") == 1
 
 
 def test_drill_says_so_when_the_demo_is_not_running(monkeypatch):

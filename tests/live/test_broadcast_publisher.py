@@ -228,3 +228,18 @@ def test_an_idle_publisher_gives_its_connection_back(demo):
     while opened["conn"].connection is not None and time.monotonic() < deadline:
         time.sleep(0.01)
     assert opened["conn"].connection is None
+
+
+def test_a_messages_state_is_one_read_so_its_parts_are_of_one_moment(
+    demo, django_assert_num_queries
+):
+    """The header (pointer, revision) and the operation a message carries are read by one
+    statement: the page applies them together, so they must be of the same commit."""
+    west = Domain.objects.get(fleet=demo, slug="west")
+    op = operation_request(fleet=demo, kind="promote", target_domain_id=west.id).operation
+    operation_start(operation_id=op.id)
+    with django_assert_num_queries(1):
+        state = broadcast.fleet_state(demo.id, op.id)
+    assert state is not None
+    assert state["routeRevision"] == demo.route_revision
+    assert state["operation"]["currentStep"] == "stop_training"

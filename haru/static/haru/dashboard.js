@@ -1,9 +1,11 @@
 /* Haru dashboard: live updates over a WebSocket, confirmed actions, ticking ages.
  *
  * Plain JavaScript, no build step, no dependencies (the portal runs in closed networks).
- * Each broadcast carries the fleet's routing state, which is applied at once (the role flip and
- * the route revision must be on screen within a second of the commit); then the server-rendered
- * fragment of the page is re-fetched so everything else follows. A dropped socket reconnects
+ * Each broadcast carries the fleet's routing state (one read, as the commit left it), which is
+ * applied at once, in one pass, to every part of the page it decides (the header, the roles,
+ * the in-flight strip, the operation's steps; a footer written for the other role is hidden), so
+ * no frame mixes two states; then the server-rendered fragment (itself one snapshot) is
+ * re-fetched so everything else follows. A dropped socket reconnects
  * with exponential backoff and re-fetches the fragment on reconnect, so nothing missed while
  * disconnected stays missed.
  */
@@ -38,6 +40,13 @@
     return Math.floor(total / 60) + " m " + pad(total % 60) + " s";
   }
 
+  // Ages tick ten times a second: sampled once a second, a heartbeat age whose period is a
+  // little over a second read as a countdown (1.4, 1.2, 1.0 ... then a jump back). And an age
+  // never steps back while its start is the same: a new estimate of the clock skew (each one
+  // carries a request's latency) must not make the shown age jitter backwards.
+  var TICK_MS = 100;
+  var shown = typeof WeakMap === "function" ? new WeakMap() : null;
+
   function tickAges() {
     var now = Date.now() - skewMs;
     var els = document.querySelectorAll("[data-since]");
@@ -47,14 +56,24 @@
       var t = Date.parse(v);
       if (isNaN(t)) continue;
       var s = Math.max(0, (now - t) / 1000);
+      var last = shown && shown.get(el);
+      if (last && last.since === v && s < last.s) s = last.s;
+      if (shown) shown.set(el, { since: v, s: s });
       el.textContent = el.getAttribute("data-format") === "ms" ? fmtMs(s * 1000) : fmtAge(s);
     }
   }
 
-  function learnSkew(root) {
-    var gen = root && root.getAttribute("data-generated-at");
-    var t = gen ? Date.parse(gen) : NaN;
-    if (!isNaN(t)) skewMs = Date.now() - t;
+  // The server's clock read at `generated`, for a request sent at `sentAt` and answered now:
+  // the middle of the round trip is the best guess of when the server read it.
+  function learnSkewFrom(generated, sentAt) {
+    var t = generated ? Date.parse(generated) : NaN;
+    if (isNaN(t)) return;
+    var now = Date.now();
+    skewMs = (sentAt ? (sentAt + now) / 2 : now) - t;
+  }
+
+  function learnSkew(root, sentAt) {
+    learnSkewFrom(root && root.getAttribute("data-generated-at"), sentAt);
   }
 
   // ---------------------------------------------------------------------------------------
@@ -131,7 +150,7 @@
       .then(function (ok) { if (ok) sendAction(form); });
   });
 
-  if (!live) { tickAges(); setInterval(tickAges, 1000); return; }
+  if (!live) { tickAges(); setInterval(tickAges, TICK_MS); return; }
 
   // ---------------------------------------------------------------------------------------
   // Live state
@@ -179,6 +198,7 @@
     }
     var op = f.operation;
     var inFlight = op && (op.state === "pending" || op.state === "running");
+    applyOperation(scope, op, inFlight);
     // The header's step clock counts from the step's own start, never the operation's.
     scope.querySelectorAll("[data-step-since]").forEach(function (el) {
       var since = inFlight ? (op.stepStartedAt || "") : "";
@@ -196,7 +216,69 @@
     });
   }
 
-  function swap(html) {
+  function slugOf(scope, domainId) {
+    var card = scope.querySelector('[data-domain-id="' + domainId + '"]');
+    return card ? card.getAttribute("data-domain-slug") : "?";
+  }
+
+  // The parts of the page the message's operation decides: the header's "In flight", and the
+  // operation panel's chip and steps when the panel shows that operation (steps run in order:
+  // the ones before the current step have ended, the current one runs). A panel showing
+  // another operation is marked behind until the fragment replaces it.
+  function applyOperation(scope, op, inFlight) {
+    var strip = scope.querySelector("[data-in-flight]");
+    if (strip) {
+      strip.replaceChildren();
+      if (inFlight) {
+        var name = document.createElement("span");
+        name.className = "step-name";
+        name.textContent = op.currentStep || "queued";
+        strip.append(op.kind + " → " + slugOf(scope, op.targetDomainId) + " · ", name);
+      } else {
+        var none = document.createElement("span");
+        none.className = "muted";
+        none.textContent = "nothing";
+        strip.append(none);
+      }
+    }
+    var panel = scope.querySelector(".op-panel");
+    if (!panel || !op) return;
+    var chip = panel.querySelector("[data-operation-id]");
+    var same = chip && chip.getAttribute("data-operation-id") === op.id;
+    panel.classList.toggle("behind", !same);
+    if (!same) return;
+    chip.setAttribute("data-operation-state", op.state);
+    chip.className = "op-chip op-" + op.state;
+    chip.textContent = op.state;
+    if (!inFlight || !op.currentStep) return;
+    var steps = panel.querySelectorAll("[data-step]");
+    var at = -1;
+    steps.forEach(function (li, i) { if (li.getAttribute("data-step") === op.currentStep) at = i; });
+    if (at < 0) return;
+    steps.forEach(function (li, i) {
+      var status = li.getAttribute("data-step-status");
+      var next = status;
+      if (i < at && (status === "running" || status === "pending")) next = "done";
+      else if (i === at) next = "running";
+      if (next === status) return;
+      li.setAttribute("data-step-status", next);
+      li.classList.remove("step-" + status);
+      li.classList.add("step-" + next);
+      var time = li.querySelector(".step-time");
+      if (time && next === "running") {
+        time.replaceChildren();
+        var age = document.createElement("span");
+        age.className = "age";
+        age.setAttribute("data-since", op.stepStartedAt || "");
+        age.setAttribute("data-format", "ms");
+        time.append(age);
+      } else if (time && status === "running") {
+        time.textContent = "";
+      }
+    });
+  }
+
+  function swap(html, sentAt) {
     var tpl = document.createElement("template");
     tpl.innerHTML = html;
     var root = tpl.content.querySelector(".live-root");
@@ -214,6 +296,18 @@
     });
     // A message newer than the fragment (it arrived while the fragment was being rendered)
     // wins over it: patch the fragment before showing it, so the page never steps back.
+    // A heartbeat the poll already showed is newer than a fragment rendered before it: keep it,
+    // or the age jumps up with the fragment and back down with the next poll.
+    var beats = {};
+    live.querySelectorAll("[data-hb-domain] [data-since]").forEach(function (el) {
+      beats[el.closest("[data-hb-domain]").getAttribute("data-hb-domain")] = el.getAttribute("data-since");
+    });
+    tpl.content.querySelectorAll("[data-hb-domain] [data-since]").forEach(function (el) {
+      var known = beats[el.closest("[data-hb-domain]").getAttribute("data-hb-domain")];
+      if (known && Date.parse(known) > Date.parse(el.getAttribute("data-since") || "")) {
+        el.setAttribute("data-since", known);
+      }
+    });
     var fragEvent = root ? parseInt(root.getAttribute("data-last-event-id") || "0", 10) : 0;
     if (fleetId && latest && latest.eventId > fragEvent) applyState(latest.fleet, tpl.content);
     live.replaceChildren(tpl.content);
@@ -228,7 +322,7 @@
       var value = kept[el.getAttribute("data-keep")];
       if (value !== undefined && el.querySelector('option[value="' + value + '"]')) el.value = value;
     });
-    learnSkew(root);
+    if (!polled) learnSkew(root, sentAt);
     tickAges();
   }
 
@@ -236,6 +330,7 @@
     if (fetching) { dirty = true; return; }
     fetching = true;
     dirty = false;
+    var sentAt = Date.now();
     fetch(live.getAttribute("data-live-url"), {
       credentials: "same-origin",
       cache: "no-store",
@@ -245,7 +340,7 @@
       if (!r.ok) throw new Error("HTTP " + r.status);
       return r.text();
     }).then(function (html) {
-      if (html !== null) swap(html);
+      if (html !== null) swap(html, sentAt);
     }).catch(function () {
       /* the next message, reconnect or periodic refresh tries again */
     }).finally(function () {
@@ -308,13 +403,15 @@
   // Heartbeat ages: once a second, the last good heartbeat of every domain (the API's
   // lastSeenAt) is fetched and the ages tick from it, so the page shows the age the API
   // would, not one that climbs until the next fragment refresh.
+  // The poll is light, so its round trip gives the better skew; the fragment's (whose clock is
+  // read before a render of tens of milliseconds) is used only until the first poll answers.
   var HEARTBEATS_EVERY_MS = 1000;
-  var polling = false;
+  var polling = false, polled = false;
 
-  function applyHeartbeats(body) {
+  function applyHeartbeats(body, sentAt) {
     if (!body || !body.domains) return;
-    var gen = Date.parse(body.generatedAt || "");
-    if (!isNaN(gen)) skewMs = Date.now() - gen;
+    learnSkewFrom(body.generatedAt, sentAt);
+    polled = true;
     var marks = live.querySelectorAll("[data-hb-domain]");
     for (var i = 0; i < marks.length; i++) {
       var mark = marks[i], hb = body.domains[mark.getAttribute("data-hb-domain")];
@@ -330,16 +427,17 @@
     var url = live.getAttribute("data-heartbeats-url");
     if (!url || polling || document.hidden) return;
     polling = true;
+    var sentAt = Date.now();
     fetch(url, { credentials: "same-origin", cache: "no-store", headers: { Accept: "application/json" } })
       .then(function (r) { return r.ok ? r.json() : null; })
-      .then(applyHeartbeats)
+      .then(function (body) { applyHeartbeats(body, sentAt); })
       .catch(function () { /* the next poll tries again */ })
       .finally(function () { polling = false; });
   }
 
   learnSkew(live.querySelector(".live-root"));
   tickAges();
-  setInterval(tickAges, 1000);
+  setInterval(tickAges, TICK_MS);
   setInterval(pollHeartbeats, HEARTBEATS_EVERY_MS);
   setInterval(function () { if (!document.hidden) refresh(); }, REFRESH_EVERY_MS);
   connect();
