@@ -131,7 +131,7 @@ def test_both_answers_match_the_openapi_schema(
 
 
 def test_a_promotion_past_its_switch_says_when_clients_were_served_while_it_still_runs(
-    promotion, seeded_fleet, client_with_token, fake_clock
+    fake_clock, promotion, seeded_fleet, client_with_token
 ):
     _switched(seeded_fleet, promotion, recorded=True)
     served = clock.iso(clock.now())
