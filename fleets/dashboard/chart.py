@@ -3,8 +3,9 @@
 Each bar is what clients waited: from the outage's start to the routing commit (the figure of
 fleets/core/outage.py), stacked by part: detection, then each step up to the switch. The steps
 that follow the switch act on the old active after clients were served again (a best-effort
-sleep of a dead host can take its whole `sleepTimeoutMs`): they are shown apart, as a figure
-above the bar and in its title, never as bar height, so a 2 s failover never reads as 19 s.
+sleep of a dead host can take its whole `sleepTimeoutMs`): they are shown apart, as a `+N s`
+under the bar's time and in its tooltip, never as bar height, so a 2 s failover never reads as
+19 s. The figure itself is written above the bar.
 
 Computed on the server and drawn as inline SVG by the template: no charting library, no
 JavaScript, nothing fetched from outside (the portal runs in closed networks).

@@ -29,20 +29,15 @@ _REAL_FAILOVER = (
 )
 
 
-# What an operation's failover figure is read from.
+# What an operation's failover figure is read from: the columns a query loads for it, and the
+# arguments of fleets.core.outage.failover_ms, which has the same names.
 _FIGURE_FIELDS = ("kind", "source_state", "detected_at", "source_seen_at", "served_at")
 
 
 def operation_failover_ms(op: Operation) -> int | None:
     """The operation's failover figure (fleets/core/outage.py: from the outage's start to the
     routing commit); None for one that answered no outage or has not moved routing."""
-    return failover_ms(
-        kind=op.kind,
-        source_state=op.source_state,
-        detected_at=op.detected_at,
-        source_seen_at=op.source_seen_at,
-        served_at=op.served_at,
-    )
+    return failover_ms(**{name: getattr(op, name) for name in _FIGURE_FIELDS})
 
 
 def recovery_samples(fleet: Fleet, window: int = RECOVERY_WINDOW) -> list[RecoverySample]:
