@@ -325,6 +325,11 @@ class Operation(models.Model):
     current_step = models.CharField(max_length=32, blank=True, default="")
     step_started_at = models.DateTimeField(null=True, blank=True)
     routing_committed = models.BooleanField(default=False)
+    # When clients were served again: the moment a promotion's routing commit moved them to its
+    # target, set in the same compare-and-swap as routing_committed (services/route_pointer.py).
+    # The failover figure ends here (fleets/core/outage.py); the best-effort steps on the old
+    # active that follow are not part of it.
+    served_at = models.DateTimeField(null=True, blank=True)
     # {step, code, message} when the operation failed or was cancelled.
     error = models.JSONField(null=True, blank=True)
     # A failed or cancelled promotion's clean-up (CleanupState), recorded with the failure and
@@ -340,7 +345,10 @@ class Operation(models.Model):
     cleanup_lease_until = models.DateTimeField(null=True, blank=True)
     reason = models.CharField(max_length=64, blank=True, default="manual")
     requested_by = models.CharField(max_length=150, blank=True, default="")
-    # When the failure that triggered an automatic promotion was detected, for failover timing.
+    # When the outage a promotion answers began: the first moment a client could not be served
+    # (fleets.core.model_health.outage_started_at), kept when an automatic failover, or an
+    # operator's promotion away from a failed active, is requested. The failover figure starts
+    # here (fleets/core/outage.py).
     detected_at = models.DateTimeField(null=True, blank=True)
     # The old active's last good heartbeat when the operation was requested: with detected_at,
     # the measured detection time of a real failover (fleets/reads/recovery.py).

@@ -43,6 +43,9 @@ class Wire:
     decode: Callable[[Any], Any] | None = None
     # The nested record's (or dictionary's) keys are the parent's own.
     flatten: bool = False
+    # Kept off the wire (a value the record derives its wire form from); read back as its
+    # field's default.
+    omit: bool = False
 
 
 def camel(name: str) -> str:
@@ -79,6 +82,8 @@ def _plan(cls: type) -> tuple[_Field, ...]:
         flat: list[_Field] = []
         for f in dataclasses.fields(cls):
             hint, wire = _wire_of(hints[f.name])
+            if wire.omit:
+                continue
             key = wire.name or camel(f.name)
             (flat if wire.flatten else plain).append(_Field(f.name, key, wire, hint))
         plan = _PLANS[cls] = (*plain, *flat)

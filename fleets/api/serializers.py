@@ -87,6 +87,12 @@ class OperationOut(serializers.Serializer):
     currentStep = serializers.CharField(allow_null=True)  # noqa: N815
     stepStartedAt = serializers.DateTimeField(allow_null=True)  # noqa: N815
     routingCommitted = serializers.BooleanField()  # noqa: N815
+    servedAt = serializers.DateTimeField(  # noqa: N815
+        allow_null=True,
+        help_text="A promotion's routing commit: clients are served by its target from then on "
+        "(the end of a failover's outage), while the operation may still be running its "
+        "best-effort steps on the old active. Null until routing moved, and for other kinds.",
+    )
     error = OperationError(allow_null=True)
     cleanup = serializers.ChoiceField(
         [c.value for c in CleanupState if c.value],
@@ -343,8 +349,8 @@ class RecoverySampleOut(serializers.Serializer):
     finishedAt = serializers.DateTimeField()  # noqa: N815
     detectionMs = serializers.IntegerField(  # noqa: N815
         help_text="A real failover (automatic, or an operator's promotion away from a failed "
-        "active): from the outage's start (the earlier of its detectedAt and the old active's "
-        "last good heartbeat) to the failover's start. A drill: 0."
+        "active): from the outage's start (the first moment a client could not be served, "
+        "recorded when the failover was requested) to the failover's start. A drill: 0."
     )
     detection = serializers.ChoiceField(
         _values(Detection),
@@ -352,7 +358,11 @@ class RecoverySampleOut(serializers.Serializer):
         "drill: nothing failed).",
     )
     stepsMs = serializers.DictField(child=serializers.IntegerField())  # noqa: N815
-    totalMs = serializers.IntegerField()  # noqa: N815
+    totalMs = serializers.IntegerField(  # noqa: N815
+        help_text="A real failover: its one figure, from the outage's start to the routing "
+        "commit (servedAt), the same as its switch_route event's failoverMs; detectionMs and "
+        "stepsMs are its parts. A drill: the sum of its steps."
+    )
 
 
 class RecoverySummaryOut(serializers.Serializer):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from fleets.core.model_health import ServerHealth
+from fleets.core.model_health import ServerHealth, outage_started_at
 from fleets.core.policy import Policy
 from fleets.core.states import InferenceState, Provider, SlotKind
 
@@ -53,6 +53,12 @@ class DomainView:
     def serving_seen_at(self) -> tuple[datetime | None, ...]:
         """When each bound model's own server was last seen able to serve."""
         return tuple(m.serving_seen_at for m in self.models)
+
+    def outage_started_at(self, first_failed_request: datetime | None = None) -> datetime | None:
+        """The first moment a client could not be served by this domain: after its last good
+        heartbeat and its model servers' last sightings, or at an earlier failed data-path
+        request (fleets.core.model_health.outage_started_at); None when it was never seen."""
+        return outage_started_at([self.last_seen_at, *self.serving_seen_at], first_failed_request)
 
     @property
     def has_failed_inference_slot(self) -> bool:

@@ -1,20 +1,21 @@
 """Published recovery time: how long a failover takes, per fleet, from its drills and real ones.
 
-A sample is detection plus every step a failover runs before routing moves. A real failover
-(an automatic one, or an operator's promotion away from a failed active: `during_outage`)
-measures the steps from its start to the routing commit; a drill measures the same steps on the
-same standby (a check drill stops just before the switch, which is one compare-and-swap; a
-round-trip drill measures its first switch too).
+A real failover (an automatic one, or an operator's promotion away from a failed active:
+`fleets.core.outage.during_outage`) is one sample whose total is the failover figure
+(fleets/core/outage.py): from the first moment a client could not be served to the routing
+commit that served them again, the same figure as its `failoverMs` and
+`haru_failover_duration_seconds`. Its parts are detection (`detection`: from the outage's start
+to the failover's start) and the steps up to the switch. A drill measures the same steps on
+the same standby (a check drill stops just before the switch, which is one compare-and-swap; a
+round-trip drill measures its first switch too); it has no detection (0, labelled `none`):
+nothing failed.
 
-Detection of a real failover is measured (`detection`): from the moment the outage began to
-the moment the failover started. The outage began at the operation's `detected_at` or at the
-old active's last good heartbeat (`source_seen_at`, kept when the failover was requested),
-whichever is earlier: after its last good heartbeat the active was no longer known to serve,
-so the figure is what a customer may have waited, never less. An operator's promotion has no
-`detected_at`: its detection runs from that heartbeat to the moment the promotion started, the
-time it took the operator to notice and act included. Only a failover with neither
-timestamp falls back to the bound, the policy's `heartbeatStaleMs`, and says so. A drill has
-no detection (0, labelled `none`): nothing failed.
+The outage's start is the operation's `detected_at`, recorded when the failover was requested
+(an operator's promotion away from a failed active records it too, so the time the operator
+took to notice and act counts); an operation requested before that was kept falls back to the
+old active's last good heartbeat (`source_seen_at`). Only a failover with neither falls back to
+the bound, the policy's `heartbeatStaleMs`, and says so (its total is then detection plus its
+steps).
 
 Pure: the caller reads the step events; `summarize` gives p50 and p95 over the last N.
 """
@@ -29,7 +30,8 @@ from enum import StrEnum
 from typing import Annotated, Any
 
 from common.wire.codec import Wire, WireRecord, to_wire
-from fleets.core.states import FAILOVER_PATH, DomainState, OperationKind, Step
+from fleets.core.outage import outage_start
+from fleets.core.states import FAILOVER_PATH, Step
 from fleets.core.timestamps import utc_iso
 
 # p50/p95 over this many most recent samples of each kind.
@@ -49,18 +51,6 @@ class Detection(StrEnum):
     NONE = "none"  # a drill: nothing failed, nothing to detect
 
 
-def during_outage(*, kind: str, detected_at: datetime | None, source_state: str | None) -> bool:
-    """Whether an operation runs while the fleet is down: a promotion away from a failed active.
-
-    An automatic failover carries when its outage began (`detected_at`); an operator's promotion
-    counts once the active it moves away from is failed. Whatever such a promotion waits for
-    (a trainer's final save above all) is time every client waits too.
-    """
-    return kind == OperationKind.PROMOTE and (
-        detected_at is not None or source_state == DomainState.FAILED
-    )
-
-
 @dataclass(frozen=True)
 class RecoverySample:
     kind: RecoveryKind
@@ -69,9 +59,15 @@ class RecoverySample:
     # Declared in its place on the wire (after detectionMs); passed by name.
     detection: Detection = field(default=Detection.MEASURED, kw_only=True)
     steps_ms: Mapping[str, int]
+    # A real failover's figure (outage start to routing commit), when both are known: its total,
+    # whatever its parts add up to (time the control plane was down between steps counts here,
+    # as it did for every client, and not in any step). On the wire as totalMs only.
+    failover_ms: Annotated[int | None, Wire(omit=True)] = field(default=None, kw_only=True)
 
     @property
     def total_ms(self) -> int:
+        if self.failover_ms is not None:
+            return self.failover_ms
         return self.detection_ms + sum(self.steps_ms.values())
 
     def to_json(self) -> dict[str, Any]:
@@ -90,11 +86,10 @@ def detection_of(
     docstring."""
     if kind == RecoveryKind.DRILL:
         return 0, Detection.NONE
-    marks = [t for t in (detected_at, source_seen_at) if t is not None]
-    if started_at is None or not marks:
+    start = outage_start(detected_at=detected_at, source_seen_at=source_seen_at)
+    if started_at is None or start is None:
         return max(0, bound_ms), Detection.BOUND
-    outage_start = min(marks)
-    return max(0, int((started_at - outage_start).total_seconds() * 1000)), Detection.MEASURED
+    return max(0, int((started_at - start).total_seconds() * 1000)), Detection.MEASURED
 
 
 def sample(
@@ -103,10 +98,12 @@ def sample(
     steps_ms: Mapping[str, int],
     detection_ms: int,
     detection: Detection = Detection.MEASURED,
+    failover_ms: int | None = None,
 ) -> RecoverySample | None:
     """Build a sample from an operation's step durations; None unless every step of the
     failover path that this kind runs was recorded (a partial one would understate). A drill
-    that moved routing (a round trip) counts its switch too."""
+    that moved routing (a round trip) counts its switch too. `failover_ms`: a real failover's
+    figure (fleets.core.outage.failover_ms), its total."""
     wanted = (
         FAILOVER_PATH
         if kind == RecoveryKind.FAILOVER or Step.SWITCH_ROUTE in steps_ms
@@ -115,7 +112,10 @@ def sample(
     if any(step not in steps_ms for step in wanted):
         return None
     steps: dict[str, int] = {step: max(0, int(steps_ms[step])) for step in wanted}
-    return RecoverySample(kind, finished_at, max(0, detection_ms), steps, detection=detection)
+    figure = failover_ms if kind == RecoveryKind.FAILOVER else None
+    return RecoverySample(
+        kind, finished_at, max(0, detection_ms), steps, detection=detection, failover_ms=figure
+    )
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -1,4 +1,11 @@
-"""Geometry of the failover chart: one stacked bar per succeeded promotion, one segment per step.
+"""Geometry of the failover chart: one bar per succeeded promotion, the failover figure.
+
+Each bar is what clients waited: from the outage's start to the routing commit (the figure of
+fleets/core/outage.py), stacked by part: detection, then each step up to the switch. The steps
+that follow the switch act on the old active after clients were served again (a best-effort
+sleep of a dead host can take its whole `sleepTimeoutMs`): they are shown apart, as a `+N s`
+under the bar's time and in its tooltip, never as bar height, so a 2 s failover never reads as
+19 s. The figure itself is written above the bar.
 
 Computed on the server and drawn as inline SVG by the template: no charting library, no
 JavaScript, nothing fetched from outside (the portal runs in closed networks).
@@ -9,12 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from fleets.core.states import PROMOTE_STEPS, Step
+from fleets.core.states import FAILOVER_PATH, PROMOTE_STEPS, Step
 
-# "detection" runs from the outage's start (the last good sighting of the active, or the first
-# failed data-path request, whichever is earlier: `Operation.detected_at`) to the start of the
-# promotion (automatic failovers only); it comes first because it comes first in the incident.
-SERIES = ("detection", *PROMOTE_STEPS)
+# "detection" runs from the outage's start (the first moment a client could not be served:
+# `Operation.detected_at`) to the start of the promotion (real failovers only); it comes first
+# because it comes first in the incident. The bar stops at the routing commit.
+SERIES = ("detection", *FAILOVER_PATH)
+# The steps after the switch, on the old active: shown apart from the bar.
+AFTER_SWITCH: tuple[Step, ...] = PROMOTE_STEPS[len(FAILOVER_PATH) :]
 
 WIDTH, HEIGHT = 760, 230
 PAD_LEFT, PAD_RIGHT, PAD_TOP, PAD_BOTTOM = 52, 12, 14, 40
@@ -26,21 +35,23 @@ class FailoverSample:
     finished_at: datetime
     reason: str
     target: str
-    durations_ms: dict[str, int]  # series name -> milliseconds
-
-    @property
-    def total_ms(self) -> int:
-        return sum(self.durations_ms.values())
+    durations_ms: dict[str, int]  # series or step name -> milliseconds
+    # A real failover's figure (outage start to routing commit); None for a planned promotion,
+    # whose bar is its steps up to the switch.
+    failover_ms: int | None = None
+    outcomes: dict[str, str] = field(default_factory=dict)  # step -> outcome, when not done
 
     @property
     def to_routing_ms(self) -> int:
-        """Milliseconds from detection (or start) until the routing pointer moved."""
-        out = 0
-        for name in SERIES:
-            out += self.durations_ms.get(name, 0)
-            if name == Step.SWITCH_ROUTE:
-                break
-        return out
+        """The bar: the failover figure, or the parts up to the routing commit without one."""
+        if self.failover_ms is not None:
+            return self.failover_ms
+        return sum(self.durations_ms.get(name, 0) for name in SERIES)
+
+    @property
+    def after_switch_ms(self) -> int:
+        """The steps after the routing commit, on the old active (not part of the figure)."""
+        return sum(self.durations_ms.get(name, 0) for name in AFTER_SWITCH)
 
 
 @dataclass
@@ -61,6 +72,14 @@ class Bar:
     title: str
     rects: list[Rect] = field(default_factory=list)
     routing_y: float | None = None
+    figure: str = ""  # the bar's figure, above it
+    after: str = ""  # the steps after the switch, apart from the bar ("" when none ran)
+    after_title: str = ""
+    top_y: float = 0.0
+
+    @property
+    def figure_y(self) -> float:
+        return round(max(self.top_y - 4, PAD_TOP - 4), 2)
 
     @property
     def x2(self) -> float:
@@ -92,6 +111,10 @@ class Chart:
     @property
     def bar_label_y(self) -> int:
         return self.plot_bottom + 14
+
+    @property
+    def after_label_y(self) -> int:
+        return self.plot_bottom + 28
 
 
 def fmt_ms(ms: float | None) -> str:
@@ -162,7 +185,7 @@ def build_chart(samples: list[FailoverSample]) -> Chart:
     bottom = HEIGHT - PAD_BOTTOM
     if not samples:
         return Chart(WIDTH, HEIGHT, [], [], SERIES, PAD_LEFT, WIDTH - PAD_RIGHT, bottom, empty=True)
-    peak = max(max(s.total_ms for s in samples), 1)
+    peak = max(max(s.to_routing_ms for s in samples), 1)
     step = _nice_step(peak)
     top_value = step * (int(peak // step) + 1)
     scale = plot_h / top_value
@@ -180,15 +203,21 @@ def build_chart(samples: list[FailoverSample]) -> Chart:
     for i, sample in enumerate(samples):
         x = PAD_LEFT + i * slot_w + (slot_w - bar_w) / 2
         label = sample.finished_at.strftime(label_format)
+        what = "failover" if sample.failover_ms is not None else "to routing"
+        after = _after_switch(sample)
         bar = Bar(
             x=round(x, 2),
             w=round(bar_w, 2),
             label=label,
             title=(
                 f"{sample.reason} promotion to {sample.target}, finished "
-                f"{sample.finished_at:%Y-%m-%d %H:%M:%S} UTC: total {fmt_ms(sample.total_ms)}, "
-                f"to routing {fmt_ms(sample.to_routing_ms)}"
+                f"{sample.finished_at:%Y-%m-%d %H:%M:%S} UTC: {what} "
+                f"{fmt_ms(sample.to_routing_ms)}"
+                + (f"; after the switch, on the old active: {after}" if after else "")
             ),
+            figure=fmt_ms(sample.to_routing_ms),
+            after=f"+{fmt_ms(sample.after_switch_ms)}" if after else "",
+            after_title=f"after the switch, on the old active: {after}" if after else "",
         )
         y = float(bottom)
         for name in SERIES:
@@ -203,7 +232,20 @@ def build_chart(samples: list[FailoverSample]) -> Chart:
             bar.rects.append(Rect(name, bar.x, round(y, 2), bar.w, round(max(h, 0.5), 2), title))
             if name == Step.SWITCH_ROUTE:
                 bar.routing_y = round(y, 2)
+        bar.top_y = round(y, 2)
         bars.append(bar)
     return Chart(
         WIDTH, HEIGHT, bars, ticks, SERIES, PAD_LEFT, WIDTH - PAD_RIGHT, bottom, empty=False
     )
+
+
+def _after_switch(sample: FailoverSample) -> str:
+    """The steps after the switch with their times and outcomes ("" when none was recorded)."""
+    parts = []
+    for name in AFTER_SWITCH:
+        ms = sample.durations_ms.get(name)
+        if ms is None:
+            continue
+        outcome = sample.outcomes.get(name, "").replace("_", " ")
+        parts.append(f"{name} {fmt_ms(ms)}" + (f" ({outcome})" if outcome else ""))
+    return ", ".join(parts)

@@ -15,6 +15,7 @@ from fleets.core.preemption import Ending, InFlight, ending
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES, OperationState, steps_for
 from fleets.dashboard.chart import fmt_ms
 from fleets.models import Event, Operation
+from fleets.reads.recovery import operation_failover_ms
 
 RETRY_EVENT = "operation.step.retry"
 
@@ -74,6 +75,7 @@ def operation_progress(
     end = op.finished_at or now
     start = op.started_at or op.created_at
     total_ms = _elapsed_ms(start, end) if start else None
+    figure = operation_failover_ms(op)
     return {
         "id": str(op.id),
         "short_id": str(op.id)[:8],
@@ -90,6 +92,11 @@ def operation_progress(
         "started_at": iso(op.started_at),
         "finished_at": iso(op.finished_at),
         "routing_committed": op.routing_committed,
+        # Clients are served by the target from the routing commit on, while the promotion
+        # may still run its best-effort steps on the old active: the page says so.
+        "served_at": iso(op.served_at),
+        "served_time": op.served_at.strftime("%H:%M:%S") if op.served_at else "",
+        "failover": fmt_ms(figure) if figure is not None else "",
         # Until routing moves a cancel ends the operation cancelled; after, it ends a
         # promotion succeeded without its best-effort steps (not in the instant between the
         # switch and its record, when the service asks to retry).

@@ -20,6 +20,7 @@ from fleets.core.backoff import Backoff
 from fleets.core.decisions import decide_demotion, decide_promotion
 from fleets.core.failover import is_stale, is_viable_standby
 from fleets.core.memory_bars import gpu_bars, report_error
+from fleets.core.outage import during_outage, outage_start, span_ms
 from fleets.core.read_model import FleetView
 from fleets.core.report import DomainReport, read_report
 from fleets.core.states import (
@@ -38,6 +39,7 @@ from fleets.dashboard.drift import drift_status, expected_fingerprint
 from fleets.dashboard.progress import RETRY_EVENT, operation_progress, step_events
 from fleets.dashboard.proof import proof_context
 from fleets.models import Domain, Event, Fleet, ModelBinding, Operation, Slot
+from fleets.reads.recovery import operation_failover_ms
 from fleets.reads.selectors import failover_backoff_state, fleet_view
 from fleets.reads.snapshot import consistent_read
 
@@ -145,11 +147,17 @@ def failover_chart(fleet: Fleet, slugs: dict) -> chart_mod.Chart:
     samples = []
     for op in ops:
         durations: dict[str, int] = {}
+        outcomes: dict[str, str] = {}
         for e in events.get(op.id, []):
             if e.duration_ms is not None and e.step not in durations:
                 durations[e.step] = max(0, e.duration_ms)
-        if op.detected_at and op.started_at and op.started_at > op.detected_at:
-            durations["detection"] = int((op.started_at - op.detected_at).total_seconds() * 1000)
+                if e.kind != "operation.step.done":
+                    outcomes[e.step] = e.kind.removeprefix("operation.step.")
+        if during_outage(kind=op.kind, detected_at=op.detected_at, source_state=op.source_state):
+            start = outage_start(detected_at=op.detected_at, source_seen_at=op.source_seen_at)
+            detection = span_ms(start, op.started_at)
+            if detection:
+                durations["detection"] = detection
         samples.append(
             chart_mod.FailoverSample(
                 operation_id=str(op.id),
@@ -157,6 +165,8 @@ def failover_chart(fleet: Fleet, slugs: dict) -> chart_mod.Chart:
                 reason=op.reason,
                 target=slugs.get(op.target_domain_id) or op.target_domain_slug or "?",
                 durations_ms=durations,
+                failover_ms=operation_failover_ms(op),
+                outcomes=outcomes,
             )
         )
     return chart_mod.build_chart(samples)
@@ -612,13 +622,14 @@ def _overview_rows(*, now: datetime) -> list[dict[str, Any]]:
             "target_domain"
         )
     }
-    # The last time routing moved, not when the last promotion finished: a promotion is still
-    # running its best-effort steps on the old active for up to sleepTimeoutMs after the switch,
-    # and the overview showed the previous failover's age meanwhile.
+    # When clients were last served by a newly promoted domain (served_at, the routing commit),
+    # not when the last promotion finished: a promotion is still running its best-effort steps
+    # on the old active for up to sleepTimeoutMs after the switch. A round-trip drill's switches
+    # are rehearsals, not failovers.
     last_failover = dict(
-        Event.objects.filter(kind="fleet.route.switched")
+        Operation.objects.filter(kind=OperationKind.PROMOTE, served_at__isnull=False)
         .values("fleet_id")
-        .annotate(at=Max("created_at"))
+        .annotate(at=Max("served_at"))
         .values_list("fleet_id", "at")
     )
     domains_by_fleet: dict[Any, list[Domain]] = defaultdict(list)

@@ -3,9 +3,9 @@
 Celery workers run the steps, often on other machines, so a histogram kept in the process that
 ran a step is invisible to a scrape of the server. Every finished step is an Event row with its
 duration (`operation.step.*`), every failed step leaves its start and end on the Operation, and
-an automatic failover's outage-to-commit time is on its `switch_route` event (`failoverMs`:
-from the outage start, the last good sighting of the active or the first failed data-path
-request, to the routing commit). Rebuilding the histograms from those rows makes one
+a real failover's figure is on its `switch_route` event (`failoverMs`: from the first moment a
+client could not be served to the routing commit, fleets/core/outage.py; the same figure as its
+recovery sample's total). Rebuilding the histograms from those rows makes one
 `/metrics` of any replica tell the whole story. They count what the retention window keeps
 (HARU_EVENT_RETENTION_DAYS): a prune lowers them, which Prometheus reads as a counter reset.
 """
@@ -78,7 +78,7 @@ def step_samples() -> Iterator[tuple[tuple[str, str, str], float]]:
 
 
 def failover_samples() -> Iterator[float]:
-    """Yield the outage-to-commit seconds of every automatic failover on record."""
+    """Yield the figure (outage start to routing commit) of every real failover on record."""
     rows = Event.objects.filter(
         kind="operation.step.done", step=Step.SWITCH_ROUTE, data__has_key="failoverMs"
     ).values_list("data", flat=True)
@@ -106,8 +106,9 @@ def _fill(
 STEP_LABELS = ["kind", "step", "outcome"]
 STEP_DOC = "Duration of each operation step, from its start to done, timeout or failure."
 FAILOVER_DOC = (
-    "Automatic failovers: from the first moment a client could not be served (the last good "
-    "sighting of the active or the first failed request) to the routing pointer commit."
+    "Real failovers (automatic, or an operator's promotion away from a failed active): from the "
+    "first moment a client could not be served to the routing pointer commit; the steps on the "
+    "old active after the switch are not part of it."
 )
 
 

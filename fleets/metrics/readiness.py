@@ -42,8 +42,9 @@ _FAMILIES: dict[str, tuple[str, list[str]]] = {
         ["fleet"],
     ),
     "haru_recovery_seconds": (
-        "Recovery time (measured detection plus the failover steps up to routing moved; a "
-        "drill has no detection) over the last N drills or real failovers.",
+        "Recovery time over the last N drills or real failovers: a failover's figure, from the "
+        "first moment a client could not be served to the routing commit (the same figure as "
+        "haru_failover_duration_seconds); a drill's steps up to the switch.",
         ["fleet", "kind", "quantile"],
     ),
     "haru_recovery_samples": (

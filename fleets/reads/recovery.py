@@ -6,6 +6,7 @@ from typing import Any
 
 from django.db.models import Q
 
+from fleets.core.outage import failover_ms
 from fleets.core.policy import Policy
 from fleets.core.recovery import (
     RECOVERY_WINDOW,
@@ -20,7 +21,7 @@ from fleets.core.recovery import (
 from fleets.core.states import DomainState, OperationKind, OperationState
 from fleets.models import Event, Fleet, Operation
 
-# The promotions that are real failovers (fleets.core.recovery.during_outage, with the old
+# The promotions that are real failovers (fleets.core.outage.during_outage, with the old
 # active's state as it was when the promotion was requested): automatic ones, and an
 # operator's promotion away from a failed active (a fleet run with autoFailover off).
 _REAL_FAILOVER = (
@@ -28,11 +29,23 @@ _REAL_FAILOVER = (
 )
 
 
+# What an operation's failover figure is read from: the columns a query loads for it, and the
+# arguments of fleets.core.outage.failover_ms, which has the same names.
+_FIGURE_FIELDS = ("kind", "source_state", "detected_at", "source_seen_at", "served_at")
+
+
+def operation_failover_ms(op: Operation) -> int | None:
+    """The operation's failover figure (fleets/core/outage.py: from the outage's start to the
+    routing commit); None for one that answered no outage or has not moved routing."""
+    return failover_ms(**{name: getattr(op, name) for name in _FIGURE_FIELDS})
+
+
 def recovery_samples(fleet: Fleet, window: int = RECOVERY_WINDOW) -> list[RecoverySample]:
     """The newest `window` successful drills and real failovers of the fleet, as samples.
 
     A real failover is an automatic one or an operator's promotion away from a failed active;
-    either's detection is measured from the outage's start to the promotion's start.
+    its total is its figure (fleets/core/outage.py: outage start to routing commit), its
+    detection measured from the outage's start to the promotion's start.
     """
     bound = Policy.resolve(fleet.policy).heartbeat_stale_ms
     out: list[RecoverySample] = []
@@ -49,28 +62,27 @@ def recovery_samples(fleet: Fleet, window: int = RECOVERY_WINDOW) -> list[Recove
                 finished_at__isnull=False,
             )
             .order_by("-finished_at")
-            .values_list("id", "finished_at", "started_at", "detected_at", "source_seen_at")[
-                :window
-            ]
+            .only(*_FIGURE_FIELDS, "finished_at", "started_at")[:window]
         )
-        steps: dict[object, dict[str, int]] = {op_id: {} for op_id, *_ in ops}
+        steps: dict[object, dict[str, int]] = {op.id: {} for op in ops}
         rows = Event.objects.filter(
             operation_id__in=list(steps), kind="operation.step.done", duration_ms__isnull=False
         ).values_list("operation_id", "step", "duration_ms")
         for op_id, step, ms in rows:
             if ms is not None:
                 steps[op_id][step] = ms
-        for op_id, finished_at, started_at, detected_at, source_seen_at in ops:
-            if finished_at is None:
+        for op in ops:
+            if op.finished_at is None:
                 continue
             detection_ms, how = detection_of(
                 name,
-                started_at=started_at,
-                detected_at=detected_at,
-                source_seen_at=source_seen_at,
+                started_at=op.started_at,
+                detected_at=op.detected_at,
+                source_seen_at=op.source_seen_at,
                 bound_ms=bound,
             )
-            s = sample(name, finished_at, steps[op_id], detection_ms, how)
+            figure = operation_failover_ms(op)
+            s = sample(name, op.finished_at, steps[op.id], detection_ms, how, figure)
             if s is not None:
                 out.append(s)
     return out

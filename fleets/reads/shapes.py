@@ -35,6 +35,7 @@ def operation_json(op: Operation | None) -> dict[str, Any] | None:
         "currentStep": op.current_step or None,
         "stepStartedAt": iso(op.step_started_at),
         "routingCommitted": op.routing_committed,
+        "servedAt": iso(op.served_at),
         "error": op.error,
         "cleanup": op.cleanup or None,
         "reason": op.reason,

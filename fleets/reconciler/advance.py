@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from fleets.base import clock
 from fleets.core.policy import Policy
 from fleets.core.states import (
     BEST_EFFORT_STEPS,
@@ -25,6 +24,7 @@ from fleets.core.states import (
     leg_step,
 )
 from fleets.models import Domain, Event, Id, Operation
+from fleets.reads.recovery import operation_failover_ms
 from fleets.reconciler.steps import demote, drill, promote
 from fleets.reconciler.steps.base import STEP_TIMEOUT, Executor, StepContext, StepResult
 from fleets.reconciler.steps.cleanup import cleanup_run
@@ -122,10 +122,14 @@ def _record_done(ctx: StepContext, result: StepResult, actor: str) -> None:
     # rebuilt from those rows at scrape time (fleets.metrics.history).
     op, step = ctx.operation, ctx.step
     data = dict(result.data)
-    if step == Step.SWITCH_ROUTE and op.detected_at is not None and not data.get("alreadyActive"):
-        # Failover time: from the outage's start (detected_at: the last good sighting of the
-        # active or the first failed request, whichever is earlier) to the commit, just now.
-        data["failoverMs"] = int((clock.now() - op.detected_at).total_seconds() * 1000)
+    if step == Step.SWITCH_ROUTE:
+        # The failover figure (fleets/core/outage.py): from the outage's start to the routing
+        # commit as the compare-and-swap recorded it (served_at), not to this record a moment
+        # later; also when the commit was ours but its record was lost (alreadyActive).
+        committed = Operation.objects.filter(pk=op.id).first()
+        figure = operation_failover_ms(committed) if committed is not None else None
+        if figure is not None:
+            data["failoverMs"] = figure
     operation_step_done(
         operation_id=op.id, step=step, actor=actor, outcome=result.outcome, data=data
     )

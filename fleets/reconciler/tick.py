@@ -37,7 +37,6 @@ from fleets.core.failover import (
     should_escalate,
     standby_to_restore,
 )
-from fleets.core.model_health import outage_started_at
 from fleets.core.policy import Policy
 from fleets.core.preemption import (
     PREEMPTED,
@@ -303,10 +302,7 @@ def _maybe_fail_over(
     active = view.active
     outage_start = now
     if active is not None:
-        started = outage_started_at(
-            [active.last_seen_at, *active.serving_seen_at],
-            datapath.first_failed_at(fleet.id, active.id),
-        )
+        started = active.outage_started_at(datapath.first_failed_at(fleet.id, active.id))
         if started is not None and started < now:
             outage_start = started
     try:

@@ -30,6 +30,7 @@ from fleets.base.errors import (
 )
 from fleets.core.decisions import Decision, RequestStatus, decide_demotion, decide_promotion
 from fleets.core.drills import decide_drill
+from fleets.core.outage import during_outage
 from fleets.core.preemption import Ending, InFlight, ending, steps_left
 from fleets.core.read_model import DomainView, FleetView
 from fleets.core.states import (
@@ -95,6 +96,16 @@ def operation_request(
     if decision.outcome == "reject" or decision.target is None:
         raise InvalidTarget(decision.message)
     target = decision.target
+    active = view.active
+    if (
+        detected_at is None
+        and active is not None
+        and during_outage(kind=kind, detected_at=None, source_state=active.state)
+    ):
+        # An operator's promotion away from a failed active answers an outage too: it keeps
+        # when that outage began, by the rule an automatic failover uses, so its figure counts
+        # the time it took to notice and act (fleets/core/outage.py).
+        detected_at = active.outage_started_at()
     if decision.outcome == "noop":
         # "Already there" is only true if nothing is moving the fleet away from there: while
         # another operation is in flight the answer is that operation, as for any request.

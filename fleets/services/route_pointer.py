@@ -22,9 +22,10 @@ from fleets.services.route_publish import revision_publish
 
 # Postgres does it in one statement: the CTE locks the operation row (so a concurrent fail
 # waits for us, or we see it failed), moves the pointer only where pointer and revision are what
-# the caller read, and sets routing_committed in the same statement. A round-trip drill moves the
-# pointer to its standby and back to its source; it never commits routing, because its failure
-# clean-up must be free to route back (fleets/reconciler/steps/cleanup.py).
+# the caller read, and sets routing_committed and served_at (clients are served by the target
+# from this commit on: the failover figure's end) in the same statement. A round-trip drill moves
+# the pointer to its standby and back to its source; it never commits routing, because its
+# failure clean-up must be free to route back (fleets/reconciler/steps/cleanup.py).
 _SWITCH_SQL = """
 WITH op AS (
     SELECT id, kind FROM fleets_operation
@@ -43,7 +44,8 @@ WITH op AS (
       AND EXISTS (SELECT 1 FROM fleets_domain d WHERE d.id = %(target)s AND d.fleet_id = %(fleet)s)
     RETURNING f.route_revision
 )
-UPDATE fleets_operation o SET routing_committed = (o.kind = %(promote)s)
+UPDATE fleets_operation o SET routing_committed = (o.kind = %(promote)s),
+    served_at = CASE WHEN o.kind = %(promote)s THEN %(now)s ELSE o.served_at END
 FROM moved WHERE o.id = %(op)s
 RETURNING moved.route_revision
 """
@@ -73,7 +75,7 @@ def route_switch(
 
     Wins only where the pointer and revision are still what the caller read, the target is in the
     fleet, and the driving promotion is still running; it sets that operation's
-    `routing_committed` atomically with the move.
+    `routing_committed` and `served_at` (the move's own time) atomically with the move.
     """
     params: dict[str, Any] = {
         "op": _as_uuid(operation_id),
@@ -160,7 +162,7 @@ def _switch_serialized(p: dict[str, Any]) -> int | None:
     if not moved:
         return None
     if op == OperationKind.PROMOTE:
-        Operation.objects.filter(pk=p["op"]).update(routing_committed=True)
+        Operation.objects.filter(pk=p["op"]).update(routing_committed=True, served_at=p["now"])
     return int(p["revision"]) + 1
 
 

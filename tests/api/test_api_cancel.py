@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 
+from fleets.base import clock
 from fleets.layouts.loader import parse_layout
 from fleets.models import Domain, Event, Fleet, Operation
 from fleets.services.layouts import layout_apply
@@ -127,6 +128,24 @@ def test_both_answers_match_the_openapi_schema(
     schema = client_with_token.get("/v1/openapi.json").json()
     path = "/v1/fleets/{ref}/operations/{operation_id}/cancel"
     assert_valid(body, response_schema(schema, path, "post", "200"))
+
+
+def test_a_promotion_past_its_switch_says_when_clients_were_served_while_it_still_runs(
+    fake_clock, promotion, seeded_fleet, client_with_token
+):
+    _switched(seeded_fleet, promotion, recorded=True)
+    served = clock.iso(clock.now())
+    fake_clock.advance(seconds=17)  # its best-effort sleep of the old active retries meanwhile
+
+    response = client_with_token.get(f"/v1/operations/{promotion.id}")
+
+    body = response.json()
+    assert body["state"] == "running" and body["currentStep"] == "demote_old_sleep"
+    assert body["routingCommitted"] is True and body["servedAt"] == served
+    schema = client_with_token.get("/v1/openapi.json").json()
+    assert_valid(body, response_schema(schema, "/v1/operations/{operation_id}", "get", "200"))
+    fields = schema["components"]["schemas"]["OperationOut"]["properties"]
+    assert fields["servedAt"]["format"] == "date-time" and fields["servedAt"]["nullable"]
 
 
 @pytest.mark.parametrize("ref", [str(uuid.UUID(int=7)), "not-a-uuid"])

@@ -209,6 +209,7 @@ def test_operation_detail_renders_the_public_contract(seeded_fleet, client_with_
         "currentStep": None,
         "stepStartedAt": None,
         "routingCommitted": False,
+        "servedAt": None,
         "error": None,
         "cleanup": None,
         "reason": "manual",

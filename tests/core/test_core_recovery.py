@@ -6,10 +6,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from fleets.core.outage import during_outage
 from fleets.core.recovery import (
     Detection,
     detection_of,
-    during_outage,
     over_objective,
     percentile,
     sample,
@@ -51,17 +51,20 @@ def test_nearest_rank_percentile():
     assert percentile([1.0], 0.95) == 1.0
 
 
-def test_a_failovers_detection_is_measured_from_the_earlier_of_its_marks():
+def test_a_failovers_detection_is_measured_from_its_recorded_outage_start():
     started = T0 + timedelta(seconds=10)
-    # The old active's last good heartbeat came before the tick noticed: it counts from there.
+    # Only the supervisor died: its last good heartbeat (T0+2) came before the model servers
+    # were last seen serving, which the outage's start (detected_at, T0+6) already weighed.
+    # Clients were served until then: the heartbeat does not move the start earlier (it did,
+    # and the recovery time read seven times the failover figure).
     assert detection_of(
         "failover",
         started_at=started,
         detected_at=T0 + timedelta(seconds=6),
         source_seen_at=T0 + timedelta(seconds=2),
         bound_ms=3000,
-    ) == (8000, Detection.MEASURED)
-    # A detected_at that already names the outage's start (earlier than the heartbeat) wins.
+    ) == (4000, Detection.MEASURED)
+    # A detected_at that names an earlier start (a failed request) is kept as it is.
     assert detection_of(
         "failover",
         started_at=started,
@@ -69,10 +72,21 @@ def test_a_failovers_detection_is_measured_from_the_earlier_of_its_marks():
         source_seen_at=T0 + timedelta(seconds=2),
         bound_ms=3000,
     ) == (10_000, Detection.MEASURED)
-    # One mark is enough.
+    # An operation recorded before its start was kept: the last good heartbeat stands in.
     assert detection_of(
         "failover", started_at=started, detected_at=None, source_seen_at=T0, bound_ms=3000
     ) == (10_000, Detection.MEASURED)
+
+
+def test_a_failovers_total_is_its_figure_whatever_its_parts_add_up_to():
+    steps = {**DRILL_STEPS, "switch_route": 5}
+    s = sample("failover", T0, steps, 4000, Detection.MEASURED, failover_ms=9000)
+    assert s is not None and s.total_ms == 9000 and s.to_json()["totalMs"] == 9000
+    assert s.detection_ms == 4000 and dict(s.steps_ms) == steps
+    # Without a figure (a bound detection), the parts are the total; a drill never has one.
+    assert sample("failover", T0, steps, 4000).total_ms == 4000 + 1505
+    drill = sample("drill", T0, DRILL_STEPS, 0, Detection.NONE, failover_ms=9000)
+    assert drill is not None and drill.total_ms == 1500
 
 
 def test_detection_falls_back_to_its_bound_only_without_marks_and_a_drill_has_none():

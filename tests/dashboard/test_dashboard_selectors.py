@@ -22,6 +22,7 @@ from fleets.services.operations import (
     operation_start,
     operation_step_done,
 )
+from fleets.services.route_pointer import route_switch
 from fleets.services.transitions import domain_transition
 from supervisor.engines.fingerprint import profile_fingerprint
 from supervisor.engines.profile import parse_profile
@@ -489,24 +490,59 @@ def test_a_dead_active_does_not_read_serving_traffic(seeded_fleet, fake_clock):
     )
 
 
+def _promote_to_the_switch(fleet, target: str = "west") -> Operation:
+    """A promotion of `target` whose routing just committed (its best-effort steps to come)."""
+    west = Domain.objects.get(fleet=fleet, slug=target)
+    op = operation_request(fleet=fleet, kind="promote", target_domain_id=west.id).operation
+    operation_start(operation_id=op.id)
+    for step in ("stop_training", "verify_gpu", "wake", "probe"):
+        operation_step_done(operation_id=op.id, step=step)
+    fleet.refresh_from_db()
+    assert route_switch(
+        fleet_id=fleet.id,
+        operation_id=op.id,
+        target_domain_id=west.id,
+        expected_active_id=fleet.active_domain_id,
+        expected_revision=fleet.route_revision,
+    )
+    operation_step_done(operation_id=op.id, step="switch_route")
+    op.refresh_from_db()
+    return op
+
+
 @pytest.mark.django_db
-def test_last_failover_is_when_routing_moved_not_when_the_promotion_finished(
+def test_last_failover_is_when_clients_were_served_again_not_when_the_promotion_finished(
     seeded_fleet, fake_clock
 ):
-
     east = Domain.objects.get(fleet=seeded_fleet, slug="east")
-    old = operation_request(fleet=seeded_fleet, kind="demote", target_domain_id="west").operation
-    Operation.objects.filter(pk=old.pk).update(
-        kind="promote", state="succeeded", finished_at=fake_clock.now()
-    )
-    fake_clock.advance(seconds=126)
-    # A promotion switched routing 4 s ago and is still on its best-effort steps.
+    # A promotion's routing committed 4 s ago; it is still on its best-effort steps.
+    op = _promote_to_the_switch(seeded_fleet)
+    assert op.state == "running" and op.served_at == fake_clock.now()
+    fake_clock.advance(seconds=3)
+    # A round-trip drill's switch is a rehearsal, not a failover (it used to count).
     event_record(fleet_id=seeded_fleet.id, domain_id=east.id, kind="fleet.route.switched")
-    fake_clock.advance(seconds=4)
+    fake_clock.advance(seconds=1)
 
     [row] = overview_rows(now=fake_clock.now())
 
+    assert row["last_failover_at"] == clock.iso(op.served_at)
     assert row["last_failover_age"] == "4.0s"
+
+
+@pytest.mark.django_db
+def test_a_promotion_past_its_switch_says_clients_are_served_and_keeps_skip_remaining(
+    seeded_fleet, fake_clock
+):
+    op = _promote_to_the_switch(seeded_fleet)
+    fake_clock.advance(seconds=17)  # the old active's sleep retries against a dead host
+
+    page = fleet_page(seeded_fleet, now=fake_clock.now())
+    shown = page["operation"]
+
+    assert shown["in_flight"] and shown["state"] == "running"
+    assert shown["cancel_skips_rest"]  # the button stays: the operation is still running
+    assert shown["served_at"] == clock.iso(op.served_at)
+    assert shown["failover"] == ""  # a planned promotion: no client went unserved
 
 
 @pytest.mark.django_db

@@ -9,6 +9,8 @@ flight and routing only ever moves after a passing probe.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import threading
 import time
@@ -124,6 +126,37 @@ def test_killing_the_active_supervisor_fails_over_to_the_standby(make_hosts, mak
     assert switched.data["failoverMs"] > 0
     assert_routing_moved_only_after_probe(op)
     assert_nothing_in_flight(fleet)
+
+
+def test_a_supervisor_only_failover_has_one_figure_in_the_event_the_metrics_and_the_api(
+    make_hosts, make_fleet, drive, client
+):
+    east, west = make_hosts()
+    fleet = make_fleet(east, west)
+    drive(fleet, seen(fleet))
+
+    os.kill(east.proc.pid, signal.SIGKILL)  # the supervisor only: its engines stay up
+    op = drive(
+        fleet,
+        lambda: Operation.objects.filter(
+            fleet=fleet, reason="auto_failover", state="succeeded"
+        ).first(),
+        timeout=30,
+    )
+
+    assert op.detected_at is not None and op.served_at is not None
+    # East's engines served through the degraded grace, after its supervisor's last heartbeat:
+    # that heartbeat is not when the outage began.
+    assert op.source_seen_at is not None and op.detected_at > op.source_seen_at
+    figure = int((op.served_at - op.detected_at).total_seconds() * 1000)
+    switched = Event.objects.get(operation=op, kind="operation.step.done", step="switch_route")
+    assert switched.data["failoverMs"] == figure
+    report = client.get(f"/v1/fleets/{fleet.slug}/recovery").json()
+    assert [s["totalMs"] for s in report["samples"]] == [figure]
+    text = client.get("/metrics").content.decode()
+    assert f"haru_failover_duration_seconds_sum {figure / 1000}" in text
+    served = client.get(f"/v1/operations/{op.id}").json()["servedAt"]
+    assert served == clock.iso(op.served_at)
 
 
 # -- faults ----------------------------------------------------------------------------------

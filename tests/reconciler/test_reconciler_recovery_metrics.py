@@ -105,13 +105,15 @@ def test_an_operators_promotion_away_from_a_failed_active_is_a_failover_sample(
 
     op = _promote_by_hand(fleet, tick, fake_clock)
 
-    assert op.reason == "manual" and op.detected_at is None
+    # The outage's start is recorded as for an automatic failover (the last moment east was
+    # seen able to serve), not left out: this promotion answers an outage too.
+    assert op.reason == "manual" and op.detected_at == domains()["east"].last_seen_at
     assert op.source_state == "failed"
     assert op.source_seen_at == domains()["east"].last_seen_at
-    assert op.started_at is not None
-    # Measured as for an automatic failover: from the old active's last good heartbeat to the
-    # moment the operator's promotion started; every client waited that long.
-    detection = int((op.started_at - op.source_seen_at).total_seconds() * 1000)
+    assert op.started_at is not None and op.served_at is not None
+    # Measured as for an automatic failover: from the outage's start to the moment the
+    # operator's promotion started; every client waited that long.
+    detection = int((op.started_at - op.detected_at).total_seconds() * 1000)
     assert detection >= 42_000
     summary = recovery_summaries(fleet)["failover"]
     assert summary.count == 1 and summary.last is not None
@@ -121,7 +123,11 @@ def test_an_operators_promotion_away_from_a_failed_active_is_a_failover_sample(
         for e in Event.objects.filter(operation=op, kind="operation.step.done", step__in=PATH)
     }
     assert dict(summary.last.steps_ms) == steps
-    assert summary.p95_ms == detection + sum(steps.values())
+    # One figure: outage start to the routing commit, as its switch_route event says too.
+    figure = int((op.served_at - op.detected_at).total_seconds() * 1000)
+    assert summary.p95_ms == figure == detection + sum(steps.values())
+    switched = Event.objects.get(operation=op, kind="operation.step.done", step="switch_route")
+    assert switched.data["failoverMs"] == figure
 
 
 def test_a_planned_promotion_is_not_a_recovery_sample(fleet, tick, hosts, fake_clock):

@@ -12,7 +12,7 @@ from typing import Any
 from fleets.base import clock
 from fleets.core.golden import PROBE_MISMATCH, BaselineReason, Verdict
 from fleets.core.model_health import ServerHealth
-from fleets.core.recovery import during_outage
+from fleets.core.outage import during_outage
 from fleets.core.report import StatusReport, TrainerReportState
 from fleets.core.states import (
     InferenceState,
