@@ -12,6 +12,7 @@ from fleets.core.policy import Policy
 from fleets.core.read_model import FleetView
 from fleets.core.recovery import RECOVERY_WINDOW, over_objective
 from fleets.core.states import DrillMode, OperationKind, OperationState
+from fleets.dashboard.chart import fmt_ms
 from fleets.dashboard.progress import operation_progress, step_events
 from fleets.models import Fleet, GoldenBaseline, Operation
 from fleets.reads.readiness import fleet_readiness
@@ -32,10 +33,6 @@ def _age_text(ms: float | None) -> str:
     if seconds < 48 * 3600:
         return f"{int(seconds // 3600)}h {int(seconds % 3600 // 60):02d}m"
     return f"{int(seconds // 86400)}d {int(seconds % 86400 // 3600)}h"
-
-
-def _ms_text(ms: float | None) -> str:
-    return "–" if ms is None else (f"{ms:.0f} ms" if ms < 10_000 else f"{ms / 1000:.1f} s")
 
 
 def readiness_panel(fleet: Fleet, view: FleetView, now: datetime) -> dict[str, Any]:
@@ -89,12 +86,12 @@ def recovery_panel(fleet: Fleet) -> dict[str, Any]:
             {
                 "kind": kind,
                 "count": summary.count,
-                "p50": _ms_text(summary.p50_ms),
-                "p95": _ms_text(summary.p95_ms),
+                "p50": fmt_ms(summary.p50_ms),
+                "p95": fmt_ms(summary.p95_ms),
                 "over": over_objective(summary, rto),
             }
         )
-    return {"rto": _ms_text(rto), "window": RECOVERY_WINDOW, "rows": rows}
+    return {"rto": fmt_ms(rto), "window": RECOVERY_WINDOW, "rows": rows}
 
 
 def baselines_panel(fleet: Fleet) -> list[dict[str, Any]]:

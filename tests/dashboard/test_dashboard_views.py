@@ -450,10 +450,10 @@ def test_the_recovery_panel_shows_p50_and_p95_and_marks_a_p95_over_the_objective
     page = staff_client.get("/fleets/demo/live/").content.decode()
     drill = _recovery_row(page, "drill")
     cells = re.findall(r'<td class="mono"[^>]*>(.*?)</td>', drill, flags=re.S)
-    assert cells == ["3", "2000 ms", "30.0 s ✗ over objective"]
+    assert cells == ["3", "2.0 s", "30.0 s ✗ over objective"]
     assert 'class="bad-text"' in drill
     failover = _recovery_row(page, "failover")
-    assert re.findall(r'<td class="mono"[^>]*>(.*?)</td>', failover) == ["0", "–", "–"]
+    assert re.findall(r'<td class="mono"[^>]*>(.*?)</td>', failover) == ["0", "—", "—"]
     assert "over objective" not in failover and "bad-text" not in failover
     assert "objective 20.0 s" in page
 

@@ -14,7 +14,6 @@ import re
 import pytest
 
 from fleets.dashboard.chart import fmt_ms
-from fleets.dashboard.proof import _ms_text
 from fleets.dashboard.selectors import fleet_page, overview_rows
 from fleets.models import Event
 from tests.reconciler.test_reconciler_flow import run_until_done
@@ -70,7 +69,7 @@ def test_a_supervisor_only_failover_has_one_figure_everywhere(
 
     page = fleet_page(fleet, now=fake_clock.now())
     [row] = [r for r in page["recovery"]["rows"] if r["kind"] == "failover"]
-    assert row["p50"] == row["p95"] == _ms_text(figure)
+    assert row["p50"] == row["p95"] == fmt_ms(figure)
     [bar] = page["chart"].bars
     assert bar.figure == fmt_ms(figure)
     # The bar is the figure; the old active's sleep, retried against a dead supervisor until
