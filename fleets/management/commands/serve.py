@@ -9,12 +9,14 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import signal
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from uvicorn.supervisors import Multiprocess
 
 from common.private_apis import serve_workers_with
+from fleets.base import stopping
 from fleets.base.conf import haru_settings
 from fleets.base.setting_table import HaruSettings
 from fleets.metrics.registry import remove_dead_process_files
@@ -123,7 +125,12 @@ class Command(BaseCommand):
                 # each builds its own Server: have them build ours, so every worker drains
                 # (readiness first, held requests answered) on SIGTERM.
                 serve_workers_with(DrainingProcess)
-                Multiprocess(config, sockets=[config.bind_socket()]).run()
+                parent = Multiprocess(config, sockets=[config.bind_socket()])
+                # This parent ticks every fleet: its stop must reach its ticks at once, not
+                # after its workers have drained (uvicorn's handlers, installed just above,
+                # keep their meaning).
+                stopping.mark_first_on((signal.SIGINT, signal.SIGTERM))
+                parent.run()
             else:
                 server.run()
         finally:
