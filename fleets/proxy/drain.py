@@ -10,8 +10,6 @@ Order, so that a load balancer moves away before anything is refused:
    are answered 503 with Retry-After: never dropped silently. uvicorn waits a little longer for
    those answers to go out; only then is whatever still runs (a long stream) cancelled.
 A second SIGTERM or SIGINT during the drain keeps uvicorn's meaning: stop now.
-The first one also marks the process stopping (`fleets.base.stopping`) before anything else: its
-reconcile ticks stop at once, so hosts stopping together with it are never failed over.
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ from types import FrameType
 import uvicorn
 
 from common.private_apis import WorkerProcess, note_captured_signal, worker_server
-from fleets.base import stopping
 from fleets.base.conf import haru_settings
 from fleets.proxy.hold import HOLDS
 
@@ -71,10 +68,6 @@ class DrainingServer(uvicorn.Server):
         await super().startup(sockets=sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if sig in (signal.SIGTERM, signal.SIGINT):
-            # First of all: this process's reconcile ticks stop now, not when the drain ends;
-            # the hosts may be stopping with it, and their refusals are not an outage.
-            stopping.begin()
         loop = getattr(self, "_loop", None)
         if DRAIN.draining or loop is None or sig not in (signal.SIGTERM, signal.SIGINT):
             if DRAIN.draining:

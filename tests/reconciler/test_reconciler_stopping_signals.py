@@ -1,6 +1,7 @@
 """Who marks a process stopping, first thing on SIGTERM or SIGINT, and who reads it besides the
-tick (tests/reconciler/test_reconciler_stopping.py): the draining server, the `serve --workers`
-parent, a Celery worker (its pool children included), the loop and the data path's reports."""
+tick (tests/reconciler/test_reconciler_stopping.py): the server (before its drain), the
+`serve --workers` parent, a Celery worker (its pool children included), the loop and the data
+path's reports."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ from celery.signals import worker_init, worker_shutting_down
 
 from fleets import tasks  # noqa: F401 - connects the Celery receivers under test
 from fleets.base import stopping
-from fleets.proxy.drain import DRAIN, DrainingServer
+from fleets.proxy.drain import DRAIN
 from fleets.reconciler import datapath, kick
 from fleets.reconciler.loop import ReconcileLoop
+from fleets.server.shutdown import StoppingServer
 
 
 @pytest.fixture(autouse=True)
@@ -26,9 +28,9 @@ def _not_stopping():
     stopping.reset()
 
 
-def test_the_draining_server_marks_the_process_stopping_on_its_first_signal(monkeypatch):
+def test_the_server_marks_the_process_stopping_on_its_first_signal(monkeypatch):
     monkeypatch.setattr(DRAIN, "draining", False)
-    server = DrainingServer(uvicorn.Config(app="haru.asgi:application"))
+    server = StoppingServer(uvicorn.Config(app="haru.asgi:application"))
     monkeypatch.setattr(uvicorn.Server, "handle_exit", lambda *_args: None)
 
     server.handle_exit(signal.SIGTERM, None)
