@@ -6,12 +6,15 @@ path's reports."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
+import threading
 import time
 
 import pytest
 import uvicorn
 from celery.signals import worker_init, worker_shutting_down
+from django.core.management import call_command
 
 from fleets import tasks  # noqa: F401 - connects the Celery receivers under test
 from fleets.base import stopping
@@ -113,3 +116,32 @@ def test_a_stopping_server_reports_no_refused_connection(monkeypatch):
     finally:
         kick.drive(None)
     assert kicks == []
+
+
+class _IdleLoop:
+    def __init__(self, **_kwargs) -> None:
+        pass
+
+    def start(self) -> _IdleLoop:
+        return self
+
+    def request(self, *_args) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+def test_reconcile_loop_command_marks_stopping_on_its_signal(monkeypatch):
+    monkeypatch.setattr("fleets.management.commands.reconcile.ReconcileLoop", _IdleLoop)
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    try:
+        call_command("reconcile", "--loop", "--interval-ms", "100")
+    finally:
+        timer.cancel()
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        kick.drive(None)
+    assert stopping.is_stopping()
