@@ -497,7 +497,9 @@ class Lease(models.Model):
     Taken and renewed by conditional UPDATEs (`fleets.services.leases`), so it needs no session
     state and works behind a transaction-mode pooler; a holder that freezes or dies simply stops
     renewing, and the next taker waits at most until `expires_at`. Not tied to the fleet by a
-    foreign key: the name carries the purpose (`tick:<fleet id>`, `provision:<fleet id>`).
+    foreign key: the name carries the purpose (`tick:<fleet id>`, `provision:<fleet id>`). A
+    tick lease given back keeps the moment of release in `expires_at` (free either way), so the
+    next tick knows how long the fleet went without a control plane.
     """
 
     name = models.CharField(primary_key=True, max_length=100)

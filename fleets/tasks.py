@@ -14,9 +14,14 @@ from typing import Any
 
 import redis
 from celery import shared_task
-from celery.signals import worker_process_init, worker_process_shutdown
+from celery.signals import (
+    worker_init,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_shutting_down,
+)
 
-from fleets.base import clock
+from fleets.base import clock, stopping
 from fleets.base.conf import haru_settings
 from fleets.metrics.registry import mark_this_process_dead
 from fleets.reconciler import datapath, kick
@@ -109,6 +114,21 @@ def _task(
         ignore_result=True,
         **({"reject_on_worker_lost": True} if redeliver else {}),
     )
+
+
+@worker_init.connect
+def _share_stopping(**_kwargs) -> None:
+    # The worker's main process, before its pool forks: the children (where ticks run) then
+    # see the main process begin its shutdown.
+    stopping.share_with_children()
+
+
+@worker_shutting_down.connect
+def _stop_ticking(**_kwargs) -> None:
+    # Sent first thing on SIGTERM or SIGINT, in the main process (inside its signal handler).
+    # A warm shutdown lets running tasks finish: a tick running in a pool child stops at its
+    # next checkpoint instead, before it writes what the stop looks like (hosts stopping too).
+    stopping.begin()
 
 
 @worker_process_init.connect

@@ -36,7 +36,7 @@ TICKS = Counter(
     "haru_reconcile_ticks_total",
     "Reconcile ticks by outcome (ok, skipped: another tick held the fleet's lease, taken_over: "
     "took an expired or dead holder's lease, lease_lost: stopped after another took it over, "
-    "error).",
+    "stopping: not run, or stopped, because this process is stopping, error).",
     ["outcome"],
 )
 TICK_DURATION = Histogram(

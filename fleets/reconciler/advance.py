@@ -101,6 +101,10 @@ def operation_advance(
         if result.done:
             _record_done(ctx, result, actor)
             continue
+        if checkpoint is not None:
+            # A wait, a failure or a timeout seen after this process began to stop may be the
+            # stop itself (its hosts stopping with it): leave the step to resume, unjudged.
+            checkpoint()
         if result.failed:
             _fail(ctx, result.code, result.message)
             return Advance(op.id, None)

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from fleets.base import clock
+from fleets.base import clock, stopping
 from fleets.core.model_health import Verdict
 from fleets.core.policy import Policy
 from fleets.models import Domain, Id
@@ -76,6 +76,10 @@ def report_unreachable(fleet_id: str, domain_id: str, model: str, failed_at: flo
     `failed_at`: time.time() of the first failed request. Non-blocking, never raises, at most
     one kick per (fleet, domain) per REPORT_EVERY_S from this process.
     """
+    if stopping.is_stopping():
+        # A stopping server's refused connections are its hosts stopping with it, most likely:
+        # not news for a reconciler (one still running sees a real outage by its heartbeats).
+        return
     try:
         key = (str(fleet_id), str(domain_id))
         failed_at = _bounded(float(failed_at))
@@ -179,11 +183,14 @@ def confirm_active(
     client_for: Callable[[Domain], SupervisorClient],
     operation_in_flight: bool,
     actor: str = "reconciler",
+    checkpoint: Callable[[], None] | None = None,
 ) -> Confirmation | None:
     """Confirm a suspected dead active with targeted heartbeats; None when nothing is owed.
 
     Owed when a data-path report is pending for the active, or when this tick's own heartbeat
     found its supervisor and model servers all refusing (the same evidence, without traffic).
+    `checkpoint` (the tick's) runs before anything the rounds saw is written: a process that
+    began to stop meanwhile writes none of it.
     """
     reported = _take_pending(fleet_id, active.id)
     suspicious = tick_beat is not None and tick_beat.verdict() == Verdict.GONE
@@ -203,6 +210,8 @@ def confirm_active(
         if verdicts[-1] != Verdict.GONE:
             break
     assert beat is not None  # two rounds at most, one at least
+    if checkpoint is not None:
+        checkpoint()
 
     def mirror() -> None:
         # What the last round saw is a heartbeat like any other: mirror it (model health,

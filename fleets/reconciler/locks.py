@@ -26,7 +26,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from django.db import DatabaseError, connection
@@ -103,6 +103,8 @@ class TickLease:
         self.acquired = False
         self.taken_over_from = ""
         self.retry_in_s: float | None = None  # not acquired: when the holder's lease runs out
+        # Acquired: when a holder before this one last held it (None: never, as far as known).
+        self.last_held_at: datetime | None = None
         # When the last take/renew was *sent*, on the injectable clock's monotonic reading (a
         # test's fake clock moving past the lease is a frozen holder).
         self._confirmed_mono = 0.0
@@ -131,6 +133,7 @@ class TickLease:
             self._confirmed_mono = sent
             self.taken_over_from = taken.taken_over_from
             self.retry_in_s = None
+            self.last_held_at = taken.last_held_at
         elif taken.expires_at is not None:
             self.retry_in_s = max(0.0, (taken.expires_at - now).total_seconds())
         return self.acquired
@@ -164,7 +167,7 @@ class TickLease:
     def release(self) -> None:
         if self.acquired and not self._lost:
             try:
-                lease_release(name=self.name, holder=self.holder)
+                lease_release(name=self.name, holder=self.holder, now=clock.now())
             except DatabaseError:
                 # The tick most likely failed on the same broken connection (a database restart):
                 # one retry on a fresh connection gives the fleet back now instead of one lease
@@ -172,7 +175,7 @@ class TickLease:
                 if not connection.in_atomic_block:
                     with contextlib.suppress(Exception):
                         connection.close()
-                        lease_release(name=self.name, holder=self.holder)
+                        lease_release(name=self.name, holder=self.holder, now=clock.now())
         self.acquired = False
 
 

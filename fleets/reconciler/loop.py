@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from django.db import close_old_connections
 
+from fleets.base import stopping
 from fleets.reconciler.provision import fleet_provision_tick
 from fleets.reconciler.tick import fleets_to_reconcile, tick_run
 
@@ -117,6 +118,11 @@ class ReconcileLoop:
             with self._cond:
                 if self._stopping:
                     return
+                if stopping.is_stopping():
+                    # The process stops: its ticks would end at once (`tick_run`). Wait for
+                    # `stop()`, which the process's shutdown calls after its drain.
+                    self._cond.wait(self.interval_s)
+                    continue
                 now = time.monotonic()
                 for fid, due in list(self._due.items()):
                     if due <= now and fid not in self._running:
@@ -150,7 +156,7 @@ class ReconcileLoop:
 
     def _provision_start(self, fleet_id: str) -> None:
         with self._cond:
-            if fleet_id in self._provisioning or self._stopping:
+            if fleet_id in self._provisioning or self._stopping or stopping.is_stopping():
                 return
             self._provisioning.add(fleet_id)
         try:

@@ -16,6 +16,12 @@
 
 `tick_run` wraps it in the fleet's tick lease; `fleet_tick` is the bare tick (safe to run
 concurrently: every write is a conditional UPDATE; the race tests run it from 8 threads).
+
+A process that is stopping (`fleets.base.stopping`: SIGTERM or SIGINT received) runs no tick,
+and a tick running when the signal arrives stops at its next checkpoint: what a stopping
+control plane sees (its hosts stopping with it, refusing connections) is never written as a
+failure, and no operation is started. One in flight is left as it is, to resume after the
+restart with the time the control plane was away taken off its step's clock (`_resume`).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from fleets.base import clock
+from fleets.base import clock, stopping
 from fleets.base.errors import FleetNotFound, InvalidTarget, OperationConflict
 from fleets.core.backoff import held_targets
 from fleets.core.drills import DrillSchedule, drill_due
@@ -61,7 +67,7 @@ from fleets.reconciler import datapath, kick
 from fleets.reconciler.advance import operation_advance
 from fleets.reconciler.golden import active_baselines_fill
 from fleets.reconciler.heartbeat import heartbeat_apply, heartbeats_collect, serving_urls_of
-from fleets.reconciler.locks import LeaseLost, fleet_tick_lock
+from fleets.reconciler.locks import LeaseLost, fleet_tick_lock, tick_lease_s
 from fleets.reconciler.steps.cleanup import pending_cleanups_run
 from fleets.reconciler.supervisor.client import SupervisorClient, client_for
 from fleets.services.escalation import (
@@ -75,6 +81,7 @@ from fleets.services.operations import (
     operation_finish_early,
     operation_request,
 )
+from fleets.services.resume import operation_step_clock_resume
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +126,15 @@ def fleet_tick(
     """Run one tick for one fleet without taking its lease (see `tick_run`).
 
     `checkpoint` is called between phases and steps; the lease's raises `LeaseLost` once this
-    tick may no longer write (see `fleets.reconciler.locks`).
+    tick may no longer write (see `fleets.reconciler.locks`). Every checkpoint also raises
+    `Stopping` once this process is stopping, before anything observed is written.
     """
+
+    def gate() -> None:
+        stopping.check()
+        checkpoint()
+
+    gate()
     fleet = Fleet.objects.filter(pk=fleet_id).first()
     if fleet is None:
         return TickResult(str(fleet_id), ran=True)
@@ -128,24 +142,27 @@ def fleet_tick(
     policy = view.policy
 
     # 1-2b. Heartbeats, then the confirmation of a suspected dead active.
-    observed, in_flight = _heartbeats_run(fleet, view, client_factory, checkpoint, actor)
+    observed, in_flight = _heartbeats_run(fleet, view, client_factory, gate, actor)
 
     # 3. Escalation: the core says whether it is due; the UPDATE re-checks it all.
-    checkpoint()
+    gate()
     now = observed
     view = _maybe_escalate(fleet, fleet_view(fleet), policy, now, actor)
 
     # 4. Failover: pre-empt what blocks it, detect, then (nothing else started) a returned
     # standby's posture. Standbys still backing off after failed attempts are passed over.
     held = held_targets(failover_backoff_state(fleet.id, policy), now)
+    gate()
     if in_flight:
         in_flight = not _maybe_preempt(fleet, view, now, held, actor)
-    if not in_flight and not _maybe_fail_over(fleet, view, now, held, actor):
+    if not in_flight and not _maybe_fail_over(fleet, view, now, held, actor, gate):
         # None of this could start beside a failover, and the outage waits for its first step:
         # a failover requested just now goes straight to the advance below.
+        gate()
         _maybe_restore_standby(fleet, now, actor)
         # Before a drill: its standby's wake is then judged against what the active serves.
         active_baselines_fill(fleet=fleet, policy=policy, client_for=client_factory, now=now)
+        gate()
         _maybe_drill(fleet, now, actor)
 
     # 5. Advance whatever is in flight now (including a promotion created just above).
@@ -155,10 +172,11 @@ def fleet_tick(
         budget_s=budget_s,
         poll_s=poll_s,
         actor=actor,
-        checkpoint=checkpoint,
+        checkpoint=gate,
     )
 
     # 6. Clean-ups left pending; after the advance, so a failover never waits behind them.
+    gate()
     pending_cleanups_run(fleet_id=fleet.id, policy=policy, client_for=client_factory, actor=actor)
     return TickResult(str(fleet.id), True, advance.operation_id, advance.nudge_ms)
 
@@ -207,6 +225,7 @@ def _heartbeats_run(
             client_for=client_factory,
             operation_in_flight=in_flight,
             actor=actor,
+            checkpoint=checkpoint,
         )
     return observed, in_flight
 
@@ -286,7 +305,12 @@ def _maybe_preempt(
 
 
 def _maybe_fail_over(
-    fleet: Fleet, view: FleetView, now: datetime, held: dict[str, datetime], actor: str
+    fleet: Fleet,
+    view: FleetView,
+    now: datetime,
+    held: dict[str, datetime],
+    actor: str,
+    checkpoint: Callable[[], None] = _no_checkpoint,
 ) -> bool:
     """Request the failover the core calls for; True if one was created."""
     decision = detect_failover(view, now, held)
@@ -305,6 +329,7 @@ def _maybe_fail_over(
         started = active.outage_started_at(datapath.first_failed_at(fleet.id, active.id))
         if started is not None and started < now:
             outage_start = started
+    checkpoint()  # the last moment a stop reaches before the promotion is written
     try:
         result = operation_request(
             fleet=fleet,
@@ -460,8 +485,12 @@ def tick_run(
 
     A skipped tick says when the holder's lease runs out (`nudge_ms`), so the driver looks again
     then: a holder that was killed or frozen is taken over one lease later, not one beat later.
+    A process that is stopping runs none (ran=False), and one that it interrupts ends there.
     """
     started = time.monotonic()
+    if stopping.is_stopping():
+        fleet_metrics.TICKS.labels(outcome="stopping").inc()
+        return TickResult(str(fleet_id), ran=False)
     with fleet_tick_lock(fleet_id, wait_s=wait_s) as lease:
         if not lease:
             fleet_metrics.TICKS.labels(outcome="skipped").inc()
@@ -471,6 +500,8 @@ def tick_run(
         if lease.taken_over_from:
             fleet_metrics.TICKS.labels(outcome="taken_over").inc()
         try:
+            stopping.check()
+            _resume(fleet_id, lease.last_held_at, actor)
             result = fleet_tick(
                 fleet_id=fleet_id,
                 client_factory=client_factory,
@@ -485,12 +516,41 @@ def tick_run(
             log.warning("fleet %s: tick stopped: %s", fleet_id, exc)
             fleet_metrics.TICKS.labels(outcome="lease_lost").inc()
             return TickResult(str(fleet_id), ran=False)
+        except stopping.Stopping:
+            # What this tick saw after the stop began (hosts stopping with it) is not written.
+            log.info("fleet %s: tick stopped: this process is stopping", fleet_id)
+            fleet_metrics.TICKS.labels(outcome="stopping").inc()
+            return TickResult(str(fleet_id), ran=False)
         except Exception:
             fleet_metrics.TICKS.labels(outcome="error").inc()
             raise
     fleet_metrics.TICKS.labels(outcome="ok").inc()
     fleet_metrics.TICK_DURATION.observe(time.monotonic() - started)
     return result
+
+
+def _resume(fleet_id: Id, last_held_at: datetime | None, actor: str) -> None:
+    """Take the control plane's absence off the in-flight step's clock, if it was away.
+
+    Away: nobody held the fleet's tick lease for longer than the lease itself lasts, the same
+    silence after which a holder counts as gone. A live control plane re-ticks a fleet with an
+    operation in flight within its nudge (a second at most) or interval, so that never happens
+    while one runs.
+    """
+    away_ms = operation_step_clock_resume(
+        fleet_id=fleet_id,
+        last_held_at=last_held_at,
+        now=clock.now(),
+        away_after=timedelta(seconds=tick_lease_s()),
+        actor=actor,
+    )
+    if away_ms:
+        log.warning(
+            "fleet %s: no control plane held it for %.1f s; the operation in flight resumes "
+            "with that time off its step's clock",
+            fleet_id,
+            away_ms / 1000,
+        )
 
 
 def fleets_to_reconcile(selection: list[str] | None = None) -> list[str]:

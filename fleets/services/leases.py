@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import Q
@@ -29,6 +30,27 @@ class Taken:
     expires_at: datetime | None  # acquired: our deadline; not acquired: the holder's
     taken_over_from: str = ""  # acquired from a holder whose lease had run out (or was dead)
     holder: str = ""  # not acquired: who holds it
+    # Acquired: the last moment a previous holder is known to have held it (None: never held,
+    # or given back before release times were kept). See `_last_held`.
+    last_held_at: datetime | None = None
+
+
+def _last_held(row: dict[str, Any] | None, ttl: timedelta) -> datetime | None:
+    """When a holder last held the lease, as far as its row tells.
+
+    Given back: the moment of release (`lease_release` keeps it as the expiry). Still named (a
+    holder that died or froze): its last take or renewal; each renewal pushes the expiry one
+    lease length ahead, so that is the expiry less one length (ours: lengths rarely change).
+    """
+    if row is None:
+        return None
+    released: datetime | None = row["expires_at"]
+    if not row["holder"]:
+        return released
+    seen: list[datetime | None] = [row["acquired_at"]]
+    if row["expires_at"] is not None:
+        seen.append(row["expires_at"] - ttl)
+    return max((t for t in seen if t is not None), default=None)
 
 
 def lease_acquire(
@@ -41,7 +63,8 @@ def lease_acquire(
     the row.
     """
     until = now + ttl
-    previous = Lease.objects.filter(name=name).values("holder", "expires_at").first()
+    fields = ("holder", "expires_at", "acquired_at")
+    previous = Lease.objects.filter(name=name).values(*fields).first()
     if previous is None:
         try:
             with transaction.atomic():
@@ -50,7 +73,7 @@ def lease_acquire(
         except IntegrityError:
             # Created by another taker between our read and our insert: fall through to the
             # conditional UPDATE, which decides against the row as it is now.
-            previous = Lease.objects.filter(name=name).values("holder", "expires_at").first()
+            previous = Lease.objects.filter(name=name).values(*fields).first()
     free = Q(holder="") | Q(expires_at__isnull=True) | Q(expires_at__lt=now)
     if dead_holder:
         free |= Q(holder=dead_holder)
@@ -72,7 +95,8 @@ def lease_acquire(
                 stale_holder,
                 "gone" if stale_holder == dead_holder else "expired",
             )
-        return Taken(True, until, stale_holder)
+        held = _last_held(previous, ttl)
+        return Taken(True, until, stale_holder, last_held_at=held and min(held, now))
     current = Lease.objects.filter(name=name).values("holder", "expires_at").first()
     if current is None:
         return Taken(False, None)
@@ -90,6 +114,11 @@ def lease_renew(*, name: str, holder: str, now: datetime, ttl: timedelta) -> dat
     return until if moved else None
 
 
-def lease_release(*, name: str, holder: str) -> bool:
-    """Give the lease back at once (only if `holder` still has it)."""
-    return bool(Lease.objects.filter(name=name, holder=holder).update(holder="", expires_at=None))
+def lease_release(*, name: str, holder: str, now: datetime | None = None) -> bool:
+    """Give the lease back at once (only if `holder` still has it).
+
+    `now`: the moment it is given back, kept as its expiry (a free lease either way) so the
+    next taker knows when it was last held (`Taken.last_held_at`).
+    """
+    released = Lease.objects.filter(name=name, holder=holder).update(holder="", expires_at=now)
+    return bool(released)

@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import json
+import os
+import uuid
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
 import pytest
 
 from fleets.layouts.loader import parse_layout
 from fleets.models import Fleet
 from fleets.services.layouts import layout_apply
 from haru.local import ticks
-from tests.e2e.harness import TOKEN, SimHost, fleet_layout, put_in_standby_posture
+from tests.e2e.harness import (
+    TOKEN,
+    ServerProc,
+    SimHost,
+    fleet_layout,
+    put_in_standby_posture,
+    wait_for,
+)
 
 
 @pytest.fixture
@@ -57,3 +70,49 @@ def drive():
         return ticks.drive(fleet.id, until, timeout, poll_s)
 
     return run
+
+
+@pytest.fixture
+def server_db():
+    """Return the server's DATABASE_URL env (empty for the embedded SQLite); drop it after."""
+    base = os.environ.get("DATABASE_URL") or ""
+    if not base.startswith("postgres"):
+        yield {}
+        return
+
+    name = f"haru_e2e_{uuid.uuid4().hex[:10]}"
+    parts = urlsplit(base)
+    admin = urlunsplit(parts._replace(path="/postgres"))
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield {"DATABASE_URL": urlunsplit(parts._replace(path=f"/{name}"))}
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def served(tmp_path, make_hosts, server_db):
+    """Return a function starting (east, west, server) with a seeded fleet `e2e`."""
+    servers: list[ServerProc] = []
+
+    def start(policy: dict | None = None, serve_args=(), server_env=None, **host_kwargs):
+        east, west = make_hosts(**host_kwargs)
+        server = ServerProc(tmp_path, env={**server_db, **(server_env or {})})
+        servers.append(server)
+        layout = tmp_path / "layout.json"
+        layout.write_text(json.dumps(fleet_layout(east, west, policy)))
+        server.manage("migrate", "--noinput", "-v0")
+        server.manage("seed_layout", "--config", str(layout))
+        server.start(*serve_args)
+        wait_for(
+            lambda: all(
+                d["lastSeenAt"] for d in server.api("GET", "/fleets/e2e").json()["domains"]
+            ),
+            15,
+            "heartbeats",
+        )
+        return east, west, server
+
+    yield start
+    for server in servers:
+        server.kill()

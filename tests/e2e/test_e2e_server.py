@@ -6,59 +6,14 @@ suite runs on PostgreSQL), seeded with `manage.py seed_layout`; the test only ta
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import uuid
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
-import psycopg
 import pytest
 
-from tests.e2e.harness import ServerProc, fleet_layout, wait_for
+from tests.e2e.harness import ServerProc, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
-
-
-@pytest.fixture
-def server_db():
-    """Return the server's DATABASE_URL env (empty for the embedded SQLite); drop it after."""
-    base = os.environ.get("DATABASE_URL") or ""
-    if not base.startswith("postgres"):
-        yield {}
-        return
-
-    name = f"haru_e2e_{uuid.uuid4().hex[:10]}"
-    parts = urlsplit(base)
-    admin = urlunsplit(parts._replace(path="/postgres"))
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield {"DATABASE_URL": urlunsplit(parts._replace(path=f"/{name}"))}
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-@pytest.fixture
-def served(tmp_path, make_hosts, server_db):
-    """Return a function starting (east, west, server) with a seeded fleet `e2e`."""
-    servers: list[ServerProc] = []
-
-    def start(policy: dict | None = None, serve_args=(), server_env=None, **host_kwargs):
-        east, west = make_hosts(**host_kwargs)
-        server = ServerProc(tmp_path, env={**server_db, **(server_env or {})})
-        servers.append(server)
-        layout = tmp_path / "layout.json"
-        layout.write_text(json.dumps(fleet_layout(east, west, policy)))
-        server.manage("migrate", "--noinput", "-v0")
-        server.manage("seed_layout", "--config", str(layout))
-        server.start(*serve_args)
-        wait_for(lambda: all(d["lastSeenAt"] for d in fleet(server)["domains"]), 15, "heartbeats")
-        return east, west, server
-
-    yield start
-    for server in servers:
-        server.kill()
 
 
 def fleet(server: ServerProc) -> dict:

@@ -14,6 +14,7 @@ import threading
 
 from django.core.management.base import BaseCommand, CommandError
 
+from fleets.base import stopping
 from fleets.base.conf import haru_settings
 from fleets.reads.shapes import operation_json
 from fleets.reconciler import kick
@@ -71,8 +72,15 @@ class Command(BaseCommand):
         if interval < 100:
             raise CommandError("--interval-ms must be at least 100")
         stop = threading.Event()
+
+        def on_signal(*_args: object) -> None:
+            # Marked stopping first: a tick running now ends at its next checkpoint instead of
+            # failing over hosts that are stopping with this process.
+            stopping.begin()
+            stop.set()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
+            signal.signal(sig, on_signal)
         loop = ReconcileLoop(interval_ms=interval, fleets=selection).start()
         kick.drive(kick.TickDriver(loop.request))
         self.stdout.write(f"reconciling every {interval} ms; Ctrl-C to stop")

@@ -9,18 +9,21 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import signal
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from uvicorn.supervisors import Multiprocess
 
 from common.private_apis import serve_workers_with
+from fleets.base import stopping
 from fleets.base.conf import haru_settings
 from fleets.base.setting_table import HaruSettings
 from fleets.metrics.registry import remove_dead_process_files
-from fleets.proxy.drain import DrainingProcess, DrainingServer, graceful_config
+from fleets.proxy.drain import graceful_config
 from fleets.server.driver import SERVE_WORKER_ENV, start_for_server
 from fleets.server.protocol import HaruHttpProtocol, current_limits
+from fleets.server.shutdown import StoppingProcess, StoppingServer
 
 log = logging.getLogger("haru.serve")
 
@@ -116,14 +119,19 @@ class Command(BaseCommand):
             # (fleets/server/protocol.py); each worker process reads the same settings.
             http=HaruHttpProtocol,
         )
-        server = DrainingServer(config)
+        server = StoppingServer(config)
         try:
             if config.workers > 1:
                 # uvicorn's supervisor builds its worker processes from this module global, and
                 # each builds its own Server: have them build ours, so every worker drains
                 # (readiness first, held requests answered) on SIGTERM.
-                serve_workers_with(DrainingProcess)
-                Multiprocess(config, sockets=[config.bind_socket()]).run()
+                serve_workers_with(StoppingProcess)
+                parent = Multiprocess(config, sockets=[config.bind_socket()])
+                # This parent ticks every fleet: its stop must reach its ticks at once, not
+                # after its workers have drained (uvicorn's handlers, installed just above,
+                # keep their meaning).
+                stopping.mark_first_on((signal.SIGINT, signal.SIGTERM))
+                parent.run()
             else:
                 server.run()
         finally:
