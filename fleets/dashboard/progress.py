@@ -24,10 +24,8 @@ def _elapsed_ms(then: datetime, now: datetime) -> int:
     return int(max(0.0, (now - then).total_seconds()) * 1000)
 
 
-def operation_progress(
-    op: Operation, step_events: list[Event], now: datetime, slugs: dict
-) -> dict[str, Any]:
-    """Return the step-by-step view of one operation: each step's status and elapsed time."""
+def _step_entries(op: Operation, step_events: list[Event], now: datetime) -> list[dict[str, Any]]:
+    """Each step of the operation's plan, with its status, elapsed time and detail."""
     done: dict[str, Event] = {}
     retries: dict[str, Event] = {}
     for e in step_events:
@@ -63,6 +61,16 @@ def operation_progress(
             entry["status"] = "pending"
         entry["elapsed"] = fmt_ms(entry["ms"]) if entry["ms"] is not None else ""
         steps.append(entry)
+    return steps
+
+
+def operation_progress(
+    op: Operation, step_events: list[Event], now: datetime, slugs: dict
+) -> dict[str, Any]:
+    """Return the step-by-step view of one operation: each step's status and elapsed time."""
+    error = op.error if isinstance(op.error, dict) else None
+    running = op.state in IN_FLIGHT_OPERATION_STATES
+    steps = _step_entries(op, step_events, now)
     ending_of = ending(
         InFlight(
             kind=op.kind,
