@@ -22,9 +22,8 @@ import pytest
 from fleets.base import clock
 from fleets.models import Domain, Event, Fleet
 from fleets.services.broadcast import fleet_state
-from fleets.services.operations import operation_request, operation_start, operation_step_done
-from fleets.services.route_pointer import route_switch
 from tests.browser.conftest import ROOT
+from tests.dashboard.failover_steps import commit_switch, promotion_at_probe
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db]
 
@@ -100,16 +99,6 @@ class FakePortal:
         self.sockets[-1].send(json.dumps(message))
 
 
-def _promotion_at_probe(fleet: Fleet):
-    Domain.objects.filter(fleet=fleet).update(last_seen_at=clock.now())
-    west = Domain.objects.get(fleet=fleet, slug="west")
-    op = operation_request(fleet=fleet, kind="promote", target_domain_id=west.id).operation
-    operation_start(operation_id=op.id)
-    for step in ("stop_training", "verify_gpu", "wake"):
-        operation_step_done(operation_id=op.id, step=step)
-    return op, west
-
-
 # Records, in the page, each batch of mutations (one batch per task that changed the DOM),
 # leaving out the ages that tick on their own ten times a second.
 RECORD_BATCHES = """
@@ -136,20 +125,12 @@ VISIBLE = """
 def test_one_live_message_moves_every_part_of_the_page_it_decides_at_once(
     browser, seeded_fleet, staff_html
 ):
-    op, west = _promotion_at_probe(seeded_fleet)
+    op, west = promotion_at_probe(seeded_fleet)
     east_id = seeded_fleet.active_domain_id
     html = staff_html("/fleets/demo/")
     # The switch commits; the message is what the commit hook reads (fleets.services.broadcast).
     revision = Fleet.objects.get(pk=seeded_fleet.pk).route_revision
-    operation_step_done(operation_id=op.id, step="probe")
-    assert route_switch(
-        fleet_id=seeded_fleet.id,
-        operation_id=op.id,
-        target_domain_id=west.id,
-        expected_active_id=east_id,
-        expected_revision=revision,
-    )
-    operation_step_done(operation_id=op.id, step="switch_route")
+    commit_switch(seeded_fleet, op, west, east_id, revision)
     switched = Event.objects.filter(kind="fleet.route.switched").latest("id")
     message = {
         "type": "fleet.event",

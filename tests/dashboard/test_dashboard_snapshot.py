@@ -15,25 +15,14 @@ from django.db import connection
 from fleets.base import clock
 from fleets.dashboard import selectors
 from fleets.dashboard.selectors import fleet_page, overview_rows
-from fleets.models import Domain, Fleet
-from fleets.services.operations import operation_request, operation_start, operation_step_done
-from fleets.services.route_pointer import route_switch
-
-
-def _promotion_at_probe(fleet: Fleet):
-    Domain.objects.filter(fleet=fleet).update(last_seen_at=clock.now())
-    west = Domain.objects.get(fleet=fleet, slug="west")
-    op = operation_request(fleet=fleet, kind="promote", target_domain_id=west.id).operation
-    operation_start(operation_id=op.id)
-    for step in ("stop_training", "verify_gpu", "wake"):
-        operation_step_done(operation_id=op.id, step=step)
-    return op, west
+from fleets.models import Fleet
+from tests.dashboard.failover_steps import commit_switch, promotion_at_probe
 
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("build", [fleet_page, overview_rows])
 def test_every_query_of_a_page_runs_in_one_transaction(seeded_fleet, build):
-    _promotion_at_probe(seeded_fleet)
+    promotion_at_probe(seeded_fleet)
     outside: list[str] = []
     statements: list[str] = []
 
@@ -80,21 +69,13 @@ def test_a_failover_committing_while_the_page_is_built_does_not_mix_into_it(
 ):
     """The switch commits after the cards were read and before the operation and the timeline
     are: the page shows the state before it, every part of it."""
-    op, west = _promotion_at_probe(seeded_fleet)
+    op, west = promotion_at_probe(seeded_fleet)
     east_id = seeded_fleet.active_domain_id
     revision = Fleet.objects.get(pk=seeded_fleet.pk).route_revision
 
     def failover_commits() -> None:
         try:
-            operation_step_done(operation_id=op.id, step="probe")
-            assert route_switch(
-                fleet_id=seeded_fleet.id,
-                operation_id=op.id,
-                target_domain_id=west.id,
-                expected_active_id=east_id,
-                expected_revision=revision,
-            )
-            operation_step_done(operation_id=op.id, step="switch_route")
+            commit_switch(seeded_fleet, op, west, east_id, revision)
         finally:
             connection.close()
 

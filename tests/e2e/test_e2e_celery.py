@@ -96,16 +96,20 @@ def celery_procs(tmp_path):
             proc.wait(5)
 
 
-def test_celery_beat_and_worker_advance_a_promotion(make_hosts, make_fleet, celery_procs):
-    east, west = make_hosts()
-    fleet = make_fleet(east, west)
-    # Beat's ticks heartbeat the fleet: proof the worker reaches the database and supervisors.
+def wait_for_worker_heartbeats(fleet) -> None:
+    """Beat's ticks heartbeat the fleet: proof the worker reaches the database and supervisors."""
     wait_for(
         lambda: all(d.last_seen_at for d in Domain.objects.filter(fleet=fleet)),
         30,
         "heartbeats from the Celery worker",
         every=0.2,
     )
+
+
+def test_celery_beat_and_worker_advance_a_promotion(make_hosts, make_fleet, celery_procs):
+    east, west = make_hosts()
+    fleet = make_fleet(east, west)
+    wait_for_worker_heartbeats(fleet)
     target = Domain.objects.get(fleet=fleet, slug="west")
     op = operation_request(fleet=fleet, kind="promote", target_domain_id=target.id).operation
 
@@ -138,12 +142,7 @@ def test_a_worker_stopped_with_its_hosts_writes_nothing_it_saw_after(
     # shutdown lets the running tick finish, and that tick must not record west's refusals.
     east, west = make_hosts(west={"trainer_args": ("--sigterm-save-s", "8"), "grace_ms": 10_000})
     fleet = make_fleet(east, west, {"stopTrainingTimeoutMs": 30_000, "trainingStopGraceMs": 10_000})
-    wait_for(
-        lambda: all(d.last_seen_at for d in Domain.objects.filter(fleet=fleet)),
-        30,
-        "heartbeats from the Celery worker",
-        every=0.2,
-    )
+    wait_for_worker_heartbeats(fleet)
     target = Domain.objects.get(fleet=fleet, slug="west")
     op = operation_request(fleet=fleet, kind="promote", target_domain_id=target.id).operation
     assert op is not None

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.tools.test_pick_python import isolated_env
+
 ROOT = Path(__file__).resolve().parents[2]
 ENSURE = ROOT / "tools" / "ensure-venv"
 BASH = shutil.which("bash") or "/bin/bash"
@@ -66,13 +68,7 @@ def venv_of(tmp_path: Path, base: Path, version: str = "3.12.1", deps: str = DIG
 
 
 def plan(tmp_path: Path, venv: Path, *args: str, python: str | None = None) -> str:
-    env = {
-        "PATH": f"{tmp_path / 'bin'}:{tmp_path / 'utils'}",
-        "HOME": str(tmp_path / "home"),
-        "PYENV_ROOT": str(tmp_path / "pyenv"),
-    }
-    if python is not None:
-        env["PYTHON"] = python
+    env = isolated_env(tmp_path, python)
     result = subprocess.run(
         [BASH, str(ENSURE), "--plan", str(venv), *args],
         env=env,

@@ -27,7 +27,8 @@ def fake_python(path: Path, version: str | None) -> Path:
     return path
 
 
-def pick(tmp_path: Path, *args: str, python: str | None = None) -> subprocess.CompletedProcess:
+def isolated_env(tmp_path: Path, python: str | None = None) -> dict[str, str]:
+    """An environment that sees only `tmp_path`'s fakes and utilities (and PYTHON if given)."""
     env = {
         "PATH": f"{tmp_path / 'bin'}:{tmp_path / 'utils'}",
         "HOME": str(tmp_path / "home"),
@@ -35,6 +36,11 @@ def pick(tmp_path: Path, *args: str, python: str | None = None) -> subprocess.Co
     }
     if python is not None:
         env["PYTHON"] = python
+    return env
+
+
+def pick(tmp_path: Path, *args: str, python: str | None = None) -> subprocess.CompletedProcess:
+    env = isolated_env(tmp_path, python)
     return subprocess.run(
         [str(PICK), *args], env=env, capture_output=True, text=True, timeout=30, check=False
     )
