@@ -59,6 +59,23 @@ def test_managed_vllm_reports_its_fingerprint_sleeps_wakes_and_passes_the_keyed_
     assert refused.status_code == 401
 
 
+def test_a_probe_prompt_with_a_lone_surrogate_gets_a_200_from_the_supervisor(engines):
+    # Issue 28: the supervisor answered 500 (UnicodeEncodeError); the original answers 200. It
+    # forwards the escape as the caller sent it, and reports what the real vLLM made of it.
+    with supervisor_client(engines.east.url) as east:
+        answer = east.post(
+            "/v1/probe",
+            content=b'{"prompt": "ping \\ud800", "maxTokens": 4, "timeoutMs": 60000}',
+            headers={"content-type": "application/json"},
+        )
+        assert answer.status_code == 200, answer.text
+        [result] = answer.json()["results"]
+        assert result["model"] == MODEL
+        # vLLM 0.32's tokenizer refuses the lone surrogate (400), as it would from the original
+        # supervisor (JSON.stringify escapes it the same way): a failed probe, named, not a 500.
+        assert result["ok"] is False and result["error"].startswith("HTTP 400"), result
+
+
 def test_sleep_through_the_supervisor_drains_a_running_request_first(engines):
     key = {"Authorization": f"Bearer {EAST_KEY}"}
     out: dict = {}
