@@ -9,12 +9,14 @@ Celery runs on a lost connection is called on it.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import shutil
 from types import SimpleNamespace
 
 import pytest
 from celery.worker.consumer import Consumer as CeleryConsumer
-from kombu import Connection, Queue
+from kombu import Connection, Message, Queue
 
 from haru.celery import app
 from haru.celery_consumer import Consumer
@@ -28,8 +30,9 @@ pytestmark = [
 
 
 @pytest.fixture
-def lost_connection(tmp_path):
-    """A connection holding one unacknowledged message, BRPOPs in flight, its Redis killed."""
+def lost(tmp_path):
+    """A connection holding one unacknowledged message (a task running with acks_late, or an
+    ETA tick waiting), BRPOPs in flight, its Redis killed: `.connection` and `.message`."""
     redis = OwnRedis(tmp_path).start()
     try:
         with Connection(redis.url) as producer:
@@ -46,7 +49,12 @@ def lost_connection(tmp_path):
             conn.drain_events(timeout=0.3)  # idle: a BRPOP now waits on every channel
     finally:
         redis.stop()
-    return conn
+    return SimpleNamespace(connection=conn, message=held[0])
+
+
+@pytest.fixture
+def lost_connection(lost):
+    return lost.connection
 
 
 def _consumer(cls: type[CeleryConsumer], connection: Connection) -> CeleryConsumer:
@@ -73,3 +81,43 @@ def test_a_worker_that_loses_redis_holding_a_message_goes_on_to_reconnect(lost_c
     consumer.on_connection_error_after_connected(ConnectionError("lost"))
     assert consumer.connection is None  # dropped, for the consumer's restart to reconnect
     assert "the lost broker connection's clean-up failed" in caplog.text
+
+
+def _late_ack(consumer: CeleryConsumer, message: Message, errors: tuple) -> None:
+    """Acknowledge `message` as a worker does when its task ends: through `call_soon_ack`, then
+    run by the event loop, which lets any exception out (a hub's callbacks are not guarded)."""
+    ready: list = []
+    consumer.hub = SimpleNamespace(call_soon=ready.append)
+    consumer.call_soon_ack(message.ack_log_error, logging.getLogger("test"), errors)
+    for callback in ready:
+        callback()
+
+
+def test_celerys_late_ack_of_a_task_running_through_the_loss_raises(lost):
+    # Issue 29: the task that ran while Redis was away ends after Celery dropped the connection.
+    consumer = _consumer(CeleryConsumer, lost.connection)
+    with contextlib.suppress(AttributeError):  # the clean-up's own failure (above)
+        consumer.on_connection_error_after_connected(ConnectionError("lost"))
+    with pytest.raises(AttributeError, match="hostname"):
+        _late_ack(consumer, lost.message, lost.connection.connection_errors)
+
+
+def test_the_late_ack_of_a_task_running_through_the_loss_leaves_the_worker_running(lost, caplog):
+    consumer = _consumer(Consumer, lost.connection)
+    consumer.on_connection_error_after_connected(ConnectionError("lost"))
+    _late_ack(consumer, lost.message, lost.connection.connection_errors)
+    assert "the ack of a task received before the broker connection was lost" in caplog.text
+    assert not lost.message.acknowledged  # never sent: the broker redelivers it if it holds it
+
+
+class _FailingAck(Message):
+    def ack_log_error(self, *_args: object, **_kwargs: object) -> None:
+        raise AttributeError("a defect of its own")
+
+
+def test_an_ack_that_fails_on_a_live_connection_still_stops_the_worker(lost):
+    # Only the dropped connection's failure is absorbed; any other is not hidden.
+    consumer = _consumer(Consumer, lost.connection)
+    message = _FailingAck(channel=lost.connection.default_channel, body=b"{}")
+    with pytest.raises(AttributeError, match="a defect of its own"):
+        _late_ack(consumer, message, ())
