@@ -6,6 +6,7 @@ from django.db.models.signals import post_migrate
 
 from fleets.base.conf import haru_settings
 from fleets.checks import (
+    lease_within_hold,
     partly_squashed_schema,
     scoped_tokens,
     shared_supervisor_token,
@@ -37,4 +38,5 @@ class FleetsConfig(AppConfig):
         checks.register(shared_supervisor_token, checks.Tags.security)
         checks.register(scoped_tokens, checks.Tags.security)
         checks.register(partly_squashed_schema, checks.Tags.database)
+        checks.register(lease_within_hold)
         post_migrate.connect(_seed_beat_schedule, sender=self, dispatch_uid="haru-beat-schedule")

@@ -144,3 +144,31 @@ def partly_squashed_schema(app_configs: Any = None, **kwargs: Any) -> list[Check
                 )
             )
     return out
+
+
+# What a takeover still needs once the frozen holder's lease ran out, before a held request's
+# time is up: the next tick (the nudge a skipped tick scheduled for the lease's deadline),
+# detection of a crashed active (two data-path checks 200 ms apart), and the standby's wake and
+# probe (a few seconds on a real engine). docs/tick-lease.md, "Lease and hold".
+TAKEOVER_BUDGET_MS = 5000
+
+
+def lease_within_hold(app_configs: Any = None, **_kwargs: Any) -> list[CheckMessage]:
+    """Refuse a tick lease that does not end, with room for a failover, before a held chat
+    request expires: a worker frozen holding a fleet would outlast every held request."""
+    conf = haru_settings()
+    lease, hold = conf.tick_lease_ms, conf.chat_hold_ms
+    if not hold or lease + TAKEOVER_BUDGET_MS <= hold:
+        return []  # 0: nothing is ever held, so nothing can outlive its hold
+    return [
+        CheckError(
+            f"HARU_TICK_LEASE_MS ({lease}) plus {TAKEOVER_BUDGET_MS} ms for a takeover's "
+            f"failover is more than HARU_CHAT_HOLD_MS ({hold}): when a worker freezes holding a "
+            "fleet and the active then fails, held chat requests get 503 before another worker "
+            "takes the fleet over",
+            hint=f"raise HARU_CHAT_HOLD_MS to at least {lease + TAKEOVER_BUDGET_MS}, or lower "
+            f"HARU_TICK_LEASE_MS to at most {hold - TAKEOVER_BUDGET_MS} (keep it above one "
+            "supervisor call, 10 s, plus a few seconds); docs/tick-lease.md",
+            id="haru.E005",
+        )
+    ]

@@ -155,12 +155,15 @@ class HaruSettings:
         doc="largest chat request body (413 `payload_too_large` above)",
     )
     # Hold and forward (docs/proxy-hold.md).
+    # Longer than a tick lease plus a failover (haru.E005): a worker frozen holding the fleet
+    # is taken over before a held request expires (docs/tick-lease.md, "Lease and hold").
     chat_hold_ms = CHAT.integer(
         "HARU_CHAT_HOLD_MS",
-        10_000,
+        30_000,
         0,
         600_000,
-        doc="how long a chat request may be held for a domain that can serve it (0: never hold)",
+        doc="how long a chat request may be held for a domain that can serve it (0: never "
+        "hold); at least HARU_TICK_LEASE_MS + 5 s (haru.E005)",
     )
     chat_hold_max = CHAT.integer(
         "HARU_CHAT_HOLD_MAX",
@@ -298,7 +301,8 @@ class HaruSettings:
         2000,
         600_000,
         doc="how long a fleet's tick lease lasts unrenewed: the most a frozen worker delays "
-        "its fleet (keep it above one supervisor call, 10 s, plus a few seconds)",
+        "its fleet (keep it above one supervisor call, 10 s, plus a few seconds, and 5 s "
+        "below HARU_CHAT_HOLD_MS: haru.E005)",
     )
     supervisor_hosts = RECONCILE.host_patterns(
         "HARU_SUPERVISOR_HOSTS",

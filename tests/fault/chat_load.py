@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import httpx
 
 MODELS = ("qwen-small", "llama-small")
-# Longer than the proxy's hold (HARU_CHAT_HOLD_MS, 10 s by default) plus a forwarded answer: a
+# Longer than the proxy's hold (HARU_CHAT_HOLD_MS, 30 s by default) plus a forwarded answer: a
 # held request that is forwarded late still counts as served, one that is never answered fails.
-REQUEST_TIMEOUT_S = 30.0
+REQUEST_TIMEOUT_S = 45.0
 
 
 @dataclass(frozen=True)

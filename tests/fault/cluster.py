@@ -81,7 +81,13 @@ class Deployment:
     """One fleet over two simulated hosts, driven by the server, two Celery workers and beat."""
 
     def __init__(
-        self, workdir: Path, pg: OwnPostgres, redis: OwnRedis, template: str, policy: dict
+        self,
+        workdir: Path,
+        pg: OwnPostgres,
+        redis: OwnRedis,
+        template: str,
+        policy: dict,
+        env: dict[str, str | None] | None = None,
     ) -> None:
         self.dir = workdir
         self.pg = pg
@@ -101,6 +107,12 @@ class Deployment:
             "HARU_TICK_LEASE_MS": str(LEASE_MS),
             "HARU_SUPERVISOR_TOKEN": TOKEN,
         }
+        # A test's own settings; None drops one of the suite's, leaving Haru's default.
+        for key, value in (env or {}).items():
+            if value is None:
+                self.env.pop(key, None)
+            else:
+                self.env[key] = value
         self.server = ServerProc(workdir, env=self.env)
         # Named, so pg_stat_activity tells the server's connections from the workers'.
         self.server.env["DATABASE_URL"] = self.app_url("server")

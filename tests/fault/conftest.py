@@ -25,14 +25,14 @@ def backing(tmp_path_factory):
 
 @pytest.fixture
 def deploy(backing, tmp_path):
-    """Return `deploy(policy)`: a running deployment of the fleet `e2e`; torn down after."""
+    """Return `deploy(policy, env)`: a running deployment of the fleet `e2e`; torn down after."""
     pg, redis, template = backing
     made: list[Deployment] = []
 
-    def make(policy: dict | None = None) -> Deployment:
+    def make(policy: dict | None = None, env: dict[str, str | None] | None = None) -> Deployment:
         if not redis.up():
             redis.start()
-        deployment = Deployment(tmp_path, pg, redis, template, policy or {})
+        deployment = Deployment(tmp_path, pg, redis, template, policy or {}, env)
         made.append(deployment)
         return deployment
 

@@ -31,6 +31,7 @@ import httpx
 import psycopg
 import pytest
 
+from fleets.base.setting_table import HaruSettings
 from tests.e2e.harness import kill_group, port_free, wait_for
 from tests.fault.chat_load import ChatRequest, failures, in_flight_at, started_between
 from tests.fault.cluster import LEASE_MS, Deployment, pid_of
@@ -38,6 +39,8 @@ from tests.fault.conftest import figure
 
 pytestmark = [pytest.mark.fault, pytest.mark.integration]
 
+# HARU_CHAT_HOLD_MS's default, which these deployments keep.
+DEFAULT_HOLD_S = HaruSettings.chat_hold_ms.default / 1000
 # A wake that hangs until the test lets it go: the step is "in the middle" for as long as needed.
 HANGING_WAKE = {"wakeTimeoutMs": 60_000, "sleepTimeoutMs": 1500}
 
@@ -139,6 +142,38 @@ def test_a_sigstopped_worker_holding_the_lease_is_taken_over(deploy):
     _assert_chat_ran_through(requests, frozen_at, thawed_at)
     assert not _chat_failed("sigstop", requests)
     _revision_figure("sigstop", d, revision, operations=1)
+    d.assert_invariants(promotions=1)
+    assert d.active_slug() == "west"
+
+
+def test_a_worker_frozen_holding_the_lease_loses_no_held_request_to_a_crash(deploy):
+    # Issue 29: with Haru's default timings (15 s lease, 30 s hold; docs/tick-lease.md, "Lease
+    # and hold"), a worker frozen while it holds the fleet, then the active's crash: nothing
+    # can fail the fleet over until the lease runs out, and the proxy holds what the dead
+    # active cannot take for that long. Every held request is served after the takeover.
+    d = deploy({"sleepTimeoutMs": 1500}, env={"HARU_TICK_LEASE_MS": None})
+    revision = d.revision()
+    load = d.start_chat()
+    _holder, pid = _signal_the_holder(d, signal.SIGSTOP)
+    try:
+        crash_at = time.monotonic()
+        d.east.crash()
+        crashed_at = time.monotonic()
+        wait_for(lambda: d.revision() == revision + 1, 45, "routing moved off the crashed active")
+        moved = time.monotonic() - crashed_at
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    figure("frozen holder, then crash: seconds from the crash until routing moved", moved)
+    wait_for(lambda: all(o[2] == "succeeded" for o in d.operations()), 30, "the failover's end")
+    requests = load.stop()
+    _assert_chat_ran_through(requests, crashed_at, crashed_at + moved)
+    _chat_failed("frozen holder, then crash", requests)
+    # Only requests already sent to east when it was SIGKILLed may fail (docs/proxy-hold.md).
+    cut = failures(in_flight_at(requests, crash_at, crashed_at))
+    others = [r for r in failures(requests) if r not in cut]
+    assert len(cut) <= load.clients, cut
+    assert not others, Counter(r.error for r in others)
+    assert moved < DEFAULT_HOLD_S, moved  # else held requests would have got 503
     d.assert_invariants(promotions=1)
     assert d.active_slug() == "west"
 

@@ -163,4 +163,4 @@ def test_hold_and_drain_defaults(tmp_path):
         text=True,
         timeout=60,
     )
-    assert result.stdout.split() == ["10000", "1000", "250", "1000", "15000"], result.stderr
+    assert result.stdout.split() == ["30000", "1000", "250", "1000", "15000"], result.stderr
