@@ -202,7 +202,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
         }
     )
     # libpq waits for ever on a server that accepts TCP but never answers (a frozen postmaster).
-    DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", 5)
+    # 2 s, libpq's least: an attempt to a host that drops packets is what a request probing an
+    # unreachable database waits (haru/postgres/reachability.py); a healthy connect takes ms.
+    DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", 2)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Login throttling (django-axes): failures are rows in the database, so every server process and

@@ -60,6 +60,17 @@ RELIED_ON: list[Reliance] = [
         source=("def pool(self):", "if self.pool:", "connection = self.pool.getconn()"),
     ),
     Reliance(
+        "django",
+        "django.db.backends.postgresql.base:DatabaseWrapper",
+        "haru/postgres/base.py (a web request's pooled connection, lent by Haru's own wait)",
+        source=(
+            'isolation_level_value = options["isolation_level"]',
+            "self.isolation_level = IsolationLevel.READ_COMMITTED",
+            "self.pool.open()",
+            "connection = self.pool.getconn()",
+        ),
+    ),
+    Reliance(
         "prometheus-client",
         "prometheus_client.metrics:Counter",
         "fleets/metrics/requests.py (a batch of requests counted in one write)",

@@ -13,7 +13,6 @@ recovery sample's total). Rebuilding the histograms from those rows makes one
 from __future__ import annotations
 
 import bisect
-import logging
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
@@ -21,9 +20,8 @@ from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from fleets.core.states import OperationState, Step
+from fleets.metrics.scrape import read_store
 from fleets.models import Event, Operation
-
-log = logging.getLogger(__name__)
 
 # Step durations span a no-op (milliseconds) to a large model's wake (minutes).
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -123,19 +121,16 @@ class HistoryCollector(Collector):
         ]
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
-        try:
-            steps = _fill(
-                _family(
-                    "haru_operation_step_duration_seconds", STEP_DOC, ["kind", "step", "outcome"]
-                ),
-                step_samples(),
-            )
-            failovers = _fill(
-                _family("haru_failover_duration_seconds", FAILOVER_DOC, []),
-                (((), s) for s in failover_samples()),
-            )
-        except Exception:  # noqa: BLE001 - haru_state_store_up says the store is down
-            log.warning("metrics: step history unreadable", exc_info=True)
-            return
-        yield steps
-        yield failovers
+        # haru_state_store_up says when the store could not be read (scrape.py).
+        yield from read_store("step history", self._collect) or ()
+
+    def _collect(self) -> list[HistogramMetricFamily]:
+        steps = _fill(
+            _family("haru_operation_step_duration_seconds", STEP_DOC, ["kind", "step", "outcome"]),
+            step_samples(),
+        )
+        failovers = _fill(
+            _family("haru_failover_duration_seconds", FAILOVER_DOC, []),
+            (((), s) for s in failover_samples()),
+        )
+        return [steps, failovers]

@@ -8,15 +8,12 @@ refusals (`haru_placement_refusals_total`) are counted where the layout was plan
 
 from __future__ import annotations
 
-import logging
-
 from prometheus_client.core import GaugeMetricFamily
 
 from fleets.core.allocation import gpu_allocations
 from fleets.core.report import read_report
+from fleets.metrics.scrape import read_store
 from fleets.models import Domain, ModelBinding, Slot
-
-log = logging.getLogger(__name__)
 
 
 class GpuPlanCollector:
@@ -46,12 +43,8 @@ class GpuPlanCollector:
         }
 
     def collect(self):
-        try:
-            families = self._collect()
-        except Exception:  # noqa: BLE001 - a scrape must answer with the database down
-            log.warning("metrics: GPU plan unreadable", exc_info=True)
-            return
-        yield from families.values()
+        families = read_store("GPU plan", self._collect)  # None: the store is down (scrape.py)
+        yield from (families or {}).values()
 
     def _collect(self) -> dict[str, GaugeMetricFamily]:
         families = self._families()

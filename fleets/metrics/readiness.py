@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 
 from prometheus_client.core import GaugeMetricFamily
@@ -22,11 +21,10 @@ from prometheus_client.metrics_core import Metric
 from fleets.base import clock
 from fleets.core.policy import Policy
 from fleets.core.readiness import ReadinessVerdict
+from fleets.metrics.scrape import read_store
 from fleets.models import Fleet
 from fleets.reads.readiness import fleet_readiness, last_drill
 from fleets.reads.recovery import recovery_summaries
-
-log = logging.getLogger(__name__)
 
 _FAMILIES: dict[str, tuple[str, list[str]]] = {
     "haru_failover_readiness": (
@@ -71,12 +69,9 @@ class ReadinessCollector:
         return list(_families().values())
 
     def collect(self) -> Iterator[Metric]:
-        try:
-            families = self._collect()
-        except Exception:  # noqa: BLE001 - haru_state_store_up says the store is down
-            log.warning("metrics: readiness unreadable", exc_info=True)
-            return
-        yield from families.values()
+        # haru_state_store_up says when the store could not be read (scrape.py).
+        families = read_store("readiness", self._collect)
+        yield from (families or {}).values()
 
     def _collect(self) -> dict[str, GaugeMetricFamily]:
         f = _families()

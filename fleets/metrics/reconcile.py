@@ -20,6 +20,7 @@ from prometheus_client.metrics_core import Metric
 
 from fleets.base import clock
 from fleets.core.states import DomainState, OperationKind, OperationState
+from fleets.metrics.scrape import read_store
 from fleets.models import Domain, Fleet, Operation
 
 log = logging.getLogger(__name__)
@@ -84,10 +85,8 @@ class StateCollector:
         up = GaugeMetricFamily(
             "haru_state_store_up", "1 when the metrics could read the state store."
         )
-        try:
-            families = list(self._collect_state())
-        except Exception:  # noqa: BLE001 - a scrape must answer even with the database down
-            log.warning("metrics: state store unreadable", exc_info=True)
+        families = read_store("state store", lambda: list(self._collect_state()))
+        if families is None:  # down, or read by an earlier collector of this scrape as down
             up.add_metric([], 0)
             yield up
             return

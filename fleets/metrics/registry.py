@@ -29,6 +29,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 
+from fleets.metrics import scrape
+
 # Keyed by class: a module reloaded in a test run replaces its collector instead of adding one.
 _database_collectors: dict[str, Collector] = {}
 # prometheus_client's file names: counter_123.db, histogram_123.db, gauge_livesum_123.db, ...
@@ -113,4 +115,6 @@ def _is_running(pid: int) -> bool:
 def metrics_view(request):
     before_scrape.send(sender=None)
     registry = scrape_registry(settings.PROMETHEUS_MULTIPROC_DIR)
-    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+    with scrape.scope():  # one outage check for every collector of this answer
+        body = generate_latest(registry)
+    return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)

@@ -38,6 +38,7 @@ import psycopg
 from psycopg.abc import RV, PQGen
 
 from fleets.base.private_apis import WAIT_TIMEOUT, psycopg_wait_has_timeout
+from haru.postgres import reachability
 
 log = logging.getLogger("haru.database")
 
@@ -183,6 +184,20 @@ _wait = psycopg.Connection.wait
 
 class DeadlineConnection(psycopg.Connection[Any]):
     """A psycopg connection whose waits inside a web request end at the request's deadline."""
+
+    @classmethod
+    def connect(cls, *args: Any, **kwargs: Any) -> Any:
+        # Every connection this process opens (the pool's, a probe's): whether the database
+        # could be reached at all (reachability.py). A server that answered with an error
+        # (too many clients, starting up, a wrong password) was reached: not counted.
+        try:
+            conn = super().connect(*args, **kwargs)
+        except psycopg.OperationalError as exc:
+            if exc.sqlstate is None:
+                reachability.REACHABILITY.failed(exc)
+            raise
+        reachability.REACHABILITY.opened()
+        return conn
 
     # Closed here after a deadline: the pool's "discarding closed connection" line is ours
     # to report (once per outage, fleets/api/outage.py), not once per connection.

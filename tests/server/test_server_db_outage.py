@@ -79,11 +79,18 @@ def test_a_stopped_database_gets_503s_not_tracebacks_and_recovers(world):
         assert page.status_code == 503
         assert page.headers["content-type"].startswith("text/html")
         assert page.headers["retry-after"] == "5"
+        # Issue 29: /metrics serves what needs no database and says what it cannot.
+        metrics = client.get("/metrics")
+        assert metrics.status_code == 200
+        assert "haru_state_store_up 0.0" in metrics.text
+        assert "haru_reconcile_ticks_total" in metrics.text  # a per-process family, still served
     finally:
         pg.start()
     new_log = serve.log.read_text()[len(log_before) :]
     assert "Traceback" not in new_log
     assert 1 <= new_log.count("database unavailable") <= 2, new_log
+    # The refused connections made the process answer at once (haru/postgres/reachability.py).
+    assert new_log.count("database unreachable (") == 1, new_log
     # Back without a restart of the server.
     harness.wait_for(lambda: client.get("/v1/fleets/edge").status_code == 200, 30, "REST back")
     assert client.get("/").status_code == 200

@@ -69,7 +69,7 @@ def test_postgres_gets_a_pool_and_no_persistent_connections(tmp_path):
         "max_idle": 60,
         "connection_class": "haru.postgres.deadline.DeadlineConnection",
     }
-    assert got["options"]["connect_timeout"] == 5
+    assert got["options"]["connect_timeout"] == 2
 
 
 def test_postgres_runs_on_the_backend_with_the_request_deadline(tmp_path):
@@ -85,8 +85,8 @@ def test_postgres_runs_on_the_backend_with_the_request_deadline(tmp_path):
 
 
 def test_a_connect_timeout_in_the_url_wins(tmp_path):
-    got = read(tmp_path, DATABASE_URL="postgres://u@db.invalid:5432/haru?connect_timeout=2")
-    assert got["options"]["connect_timeout"] == 2
+    got = read(tmp_path, DATABASE_URL="postgres://u@db.invalid:5432/haru?connect_timeout=7")
+    assert got["options"]["connect_timeout"] == 7
 
 
 def test_sqlite_has_no_pool(tmp_path):
