@@ -114,6 +114,8 @@ INSTALLED_APPS = [
     "django_celery_beat",
     # Login throttling (AXES_* below).
     "axes",
+    # Per-fleet roles as object permissions (fleets/core/access.py, docs/access.md).
+    "guardian",
     "fleets",
 ]
 
@@ -212,7 +214,12 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
+    # Answers has_perm(perm, fleet) from per-fleet grants; global ones stay ModelBackend's.
+    "guardian.backends.ObjectPermissionBackend",
 ]
+# No guardian "AnonymousUser" row: anonymous requests hold no role anywhere, and a fresh
+# install keeps exactly the users its operator created.
+ANONYMOUS_USER_NAME = None
 AXES_FAILURE_LIMIT = _haru.login_failure_limit
 AXES_COOLOFF_TIME = timedelta(minutes=_haru.login_lockout_minutes)
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
@@ -294,9 +301,9 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "fleets.api.auth.BearerTokenAuthentication",
-        "fleets.api.auth.StaffSessionAuthentication",
+        "fleets.api.auth.PortalSessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["fleets.api.auth.HasApiToken"],
+    "DEFAULT_PERMISSION_CLASSES": ["fleets.api.auth.HasApiToken", "fleets.api.auth.FleetRole"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["fleets.api.parsers.BoundedJSONParser"],
     "EXCEPTION_HANDLER": "fleets.api.errors.envelope_exception_handler",
