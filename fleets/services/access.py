@@ -83,6 +83,11 @@ def _model_perm(holder: Any, perm: str, *, add: bool) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+def new_token_secret() -> str:
+    """A new stored token's secret: the prefix that marks it, then 32 random bytes."""
+    return STORED_TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
 def api_token_create(
     *,
     name: str,
@@ -92,11 +97,11 @@ def api_token_create(
 ) -> tuple[ApiToken, str]:
     """Create a token for `fleets` (None: every fleet); return it with its secret, which is
     shown this once and kept only as its SHA-256."""
-    secret = STORED_TOKEN_PREFIX + secrets.token_urlsafe(32)
+    secret = new_token_secret()
     with transaction.atomic():
         token = ApiToken.objects.create(
             name=name,
-            prefix=secret[:12],
+            prefix=secret[: len(STORED_TOKEN_PREFIX) + 7],
             secret_sha256=secret_digest(secret),
             scope=scope.value,
             all_fleets=fleets is None,
