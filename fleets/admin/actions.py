@@ -80,6 +80,35 @@ def confirm_then(
     return None
 
 
+def administers(request, fleet_id: object | None) -> bool:
+    """Whether the user administers the fleet `fleet_id` (None: any fleet at all).
+
+    The admin's model permissions (change_fleet, delete_domain, ...) still say which pages a
+    staff user may use; this says on which fleets: editing a layout, deleting a fleet and
+    managing its access need the administer role on that fleet as well."""
+    grant = user_grant(request.user)
+    if fleet_id is None:
+        return max([grant.all_fleets, *grant.per_fleet.values()]) >= Role.ADMINISTER
+    return grant.allows(fleet_id, Role.ADMINISTER)
+
+
+def administers_all(request) -> bool:
+    """Whether the user administers every fleet (present and future)."""
+    return user_grant(request.user).all_fleets >= Role.ADMINISTER
+
+
+def refuse_administration(request, fleet_id, action: str) -> None:
+    """Audit an admin request refused for want of the administer role on `fleet_id`."""
+    access_denied_record(
+        fleet_id=fleet_id,
+        actor=f"admin:{principal_label(request.user)}",
+        surface="admin",
+        action=action,
+        needed=Role.ADMINISTER,
+        held=user_grant(request.user).role(fleet_id),
+    )
+
+
 def _refuse(modeladmin, request, obj, fleet_id, action: str, held: Role) -> None:
     """Skip a row whose fleet the user may not operate: say so, and audit it."""
     access_denied_record(

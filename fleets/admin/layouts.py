@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
@@ -20,11 +21,14 @@ from guardian.admin import GuardedModelAdminMixin
 from fleets.admin import forms as af
 from fleets.admin.actions import (
     actor,
+    administers,
+    administers_all,
     confirm_then,
     confirmed_action,
     domain_label,
     pretty_json,
     record_edit,
+    refuse_administration,
     replan,
 )
 from fleets.base import clock
@@ -157,9 +161,49 @@ class FleetAdmin(GuardedModelAdminMixin, admin.ModelAdmin):
             )
             for f in fleets
         ]
+        busy += [
+            f"{f.slug}: you need the administer role on it"
+            for f in fleets
+            if not administers(request, f.pk)
+        ]
         return summary, {"fleets": len(fleets)}, set(), busy
 
+    # Per-fleet administration on top of the admin's model permissions (fleets/admin/actions.py,
+    # `administers`): a page a staff user may use, on the fleets that user administers.
+    def has_add_permission(self, request):
+        # A new fleet is no one's yet: creating one is for who administers every fleet.
+        return super().has_add_permission(request) and administers_all(request)
+
+    def has_change_permission(self, request, obj=None):
+        fleet_id = obj.pk if obj is not None else None
+        return super().has_change_permission(request, obj) and administers(request, fleet_id)
+
+    def has_delete_permission(self, request, obj=None):
+        fleet_id = obj.pk if obj is not None else None
+        return super().has_delete_permission(request, obj) and administers(request, fleet_id)
+
+    def _access_page(self, view, request, object_pk, *args):
+        """Guardian's Access pages, on a fleet the user administers only (audited otherwise)."""
+        fleet = get_object_or_404(Fleet, pk=object_pk)
+        if not administers(request, fleet.pk):
+            refuse_administration(request, fleet.pk, "manage access")
+            raise PermissionDenied
+        return view(request, object_pk, *args)
+
+    def obj_perms_manage_view(self, request, object_pk):
+        return self._access_page(super().obj_perms_manage_view, request, object_pk)
+
+    def obj_perms_manage_user_view(self, request, object_pk, user_id):
+        return self._access_page(super().obj_perms_manage_user_view, request, object_pk, user_id)
+
+    def obj_perms_manage_group_view(self, request, object_pk, group_id):
+        return self._access_page(super().obj_perms_manage_group_view, request, object_pk, group_id)
+
     def delete_model(self, request, obj):
+        if not administers(request, obj.pk):
+            refuse_administration(request, obj.pk, "delete")
+            self.message_user(request, f"{obj.slug}: you need the administer role", messages.ERROR)
+            return
         try:
             fleet_delete(fleet_id=obj.id, actor=actor(request))
         except ServiceError as exc:
@@ -315,6 +359,19 @@ class DomainAdmin(admin.ModelAdmin):
         "stop_domain",
         "adopt_reported_gpus",
     ]
+
+    # A domain is part of its fleet's layout: editing one needs the administer role on that
+    # fleet, adding one the role on every fleet (fleets/admin/actions.py, `administers`).
+    def has_add_permission(self, request):
+        return super().has_add_permission(request) and administers_all(request)
+
+    def has_change_permission(self, request, obj=None):
+        fleet_id = obj.fleet_id if obj is not None else None
+        return super().has_change_permission(request, obj) and administers(request, fleet_id)
+
+    def has_delete_permission(self, request, obj=None):
+        fleet_id = obj.fleet_id if obj is not None else None
+        return super().has_delete_permission(request, obj) and administers(request, fleet_id)
 
     def get_fieldsets(self, request, obj=None):
         layout = [

@@ -11,8 +11,9 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 
 from fleets.core.access import Role
-from fleets.models import ApiToken, Domain, Operation
+from fleets.models import ApiToken, Domain, Fleet, Operation
 from fleets.reads.access import secret_digest, user_grant
+from fleets.services.access import fleet_role_set
 from tests.access_fixtures import denials
 from tests.admin.test_admin_layouts import _action
 
@@ -69,3 +70,27 @@ def test_a_token_created_in_the_admin_shows_its_secret_once(superuser_client, se
     assert list(token.fleets.values_list("slug", flat=True)) == ["demo"]
     listing = superuser_client.get("/admin/fleets/apitoken/").content.decode()
     assert secret not in listing and token.prefix in listing
+
+
+def test_layout_edits_and_access_need_the_administer_role_on_that_fleet(
+    seeded_fleet, other_fleet, django_user_model
+):
+    # change_fleet lets a staff user use the edit pages; the role says on which fleets.
+    user = django_user_model.objects.create_user("lead", password="pw-0123456789", is_staff=True)
+    user.user_permissions.add(
+        *Permission.objects.filter(codename__in=["view_fleet", "change_fleet", "delete_fleet"])
+    )
+    fleet_role_set(holder=user, role=Role.ADMINISTER, fleet=seeded_fleet)
+    client = Client()
+    client.force_login(user)
+
+    own = client.get(f"/admin/fleets/fleet/{seeded_fleet.pk}/change/").content.decode()
+    theirs = client.get(f"/admin/fleets/fleet/{other_fleet.pk}/change/").content.decode()
+    assert 'name="_save"' in own and 'name="_save"' not in theirs
+    assert client.get(f"/admin/fleets/fleet/{seeded_fleet.pk}/permissions/").status_code == 200
+    assert client.get(f"/admin/fleets/fleet/{other_fleet.pk}/permissions/").status_code == 403
+    (event,) = denials(other_fleet)
+    assert (event.data["action"], event.data["needed"]) == ("manage access", "administer")
+
+    client.post(f"/admin/fleets/fleet/{other_fleet.pk}/delete/", {"post": "yes"})
+    assert Fleet.objects.filter(pk=other_fleet.pk).exists()
