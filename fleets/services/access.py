@@ -42,6 +42,11 @@ DENIED = Counter(
     "live, admin); every one, including those folded into one access.denied event.",
     ["surface"],
 )
+# Every surface's series exists from the start (at 0), so a rate over it is defined before the
+# first refusal, in each process's multiprocess file too.
+SURFACES = ("api", "dashboard", "live", "admin")
+for _surface in SURFACES:
+    DENIED.labels(surface=_surface)
 
 
 # ---------------------------------------------------------------------------------------------
