@@ -63,14 +63,18 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
             stored = stored_token(header)
             if stored is None:
                 raise exceptions.AuthenticationFailed("invalid bearer token")
-            api_token_touch(token_id=stored.token_id, now=clock.now())
+            now = clock.now()
+            if stored.touch_due(now):
+                api_token_touch(token_id=stored.token_id, now=now)
             return (stored, "stored-token")
         if scope is not Scope.OPERATOR:
+            match = request.resolver_match
             access_denied_record(
                 fleet_id=None,
                 actor="api:chat-token",
                 surface="api",
-                action=f"{request.method} {request.path}",
+                # The route's name, not its path: a scan of paths is one key, not one a path.
+                action=f"{request.method} {match.url_name if match else 'unknown'}",
                 needed=Role.VIEW,
                 held=Role.NONE,
             )
@@ -149,7 +153,7 @@ class FleetRole(permissions.BasePermission):
             fleet_id=fleet_id,
             actor=f"api:{principal_label(request.user)}",
             surface="api",
-            action=f"{request.method} {match.url_name if match else request.path}",
+            action=f"{request.method} {match.url_name if match else 'unknown'}",
             needed=needed,
             held=held,
         )

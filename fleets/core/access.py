@@ -131,3 +131,7 @@ def method_role(method: str) -> Role:
 # first is recorded at once, the rest are counted and reported by the next event of that key
 # (data.suppressed), so a client hammering a forbidden endpoint adds at most one event a window.
 DENIAL_AUDIT_WINDOW_S = 60
+
+# How often a stored token's last_used_at is written: often enough to tell a live token from a
+# dead one, rarely enough that a busy token is not a write per request.
+TOKEN_TOUCH_EVERY_S = 60

@@ -13,6 +13,7 @@ A stored API token's grant: its scope on its fleets (or all). The operator token
 from __future__ import annotations
 
 import hashlib
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.contenttypes.models import ContentType
@@ -24,6 +25,7 @@ from fleets.core.access import (
     FULL_ACCESS,
     NO_ACCESS,
     ROLE_PERMISSIONS,
+    TOKEN_TOUCH_EVERY_S,
     AccessGrant,
     TokenScope,
     role_of_codenames,
@@ -50,11 +52,25 @@ class TokenPrincipal:
     is_staff = False
     is_superuser = False
 
-    def __init__(self, *, token_id: int, name: str, prefix: str, grant: AccessGrant) -> None:
+    def __init__(
+        self,
+        *,
+        token_id: int,
+        name: str,
+        prefix: str,
+        grant: AccessGrant,
+        last_used_at: datetime | None = None,
+    ) -> None:
         self.token_id = token_id
         self.username = f"token:{name}"
         self.prefix = prefix
         self.access_grant = grant
+        self.last_used_at = last_used_at
+
+    def touch_due(self, now: datetime) -> bool:
+        """Whether its last use is older than the touch interval (so worth writing)."""
+        last = self.last_used_at
+        return last is None or now - last >= timedelta(seconds=TOKEN_TOUCH_EVERY_S)
 
     def __str__(self) -> str:
         return self.username
@@ -77,7 +93,13 @@ def stored_token(header: str | None) -> TokenPrincipal | None:
         return None
     fleet_ids = None if row.all_fleets else [str(f.pk) for f in row.fleets.all()]
     grant = token_grant(TokenScope(row.scope), fleet_ids)
-    return TokenPrincipal(token_id=row.pk, name=row.name, prefix=row.prefix, grant=grant)
+    return TokenPrincipal(
+        token_id=row.pk,
+        name=row.name,
+        prefix=row.prefix,
+        grant=grant,
+        last_used_at=row.last_used_at,
+    )
 
 
 def user_grant(user: Any) -> AccessGrant:

@@ -18,13 +18,21 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.auth.models import Group, Permission
+from django.contrib.contenttypes.models import ContentType
 from django.core.cache import cache
 from django.db import DatabaseError, transaction
 from django.db.models import Q
+from guardian.models import GroupObjectPermission, UserObjectPermission
 from guardian.shortcuts import assign_perm, remove_perm
 from prometheus_client import Counter
 
-from fleets.core.access import DENIAL_AUDIT_WINDOW_S, ROLE_PERMISSIONS, Role, TokenScope
+from fleets.core.access import (
+    DENIAL_AUDIT_WINDOW_S,
+    ROLE_PERMISSIONS,
+    TOKEN_TOUCH_EVERY_S,
+    Role,
+    TokenScope,
+)
 from fleets.models import ApiToken, Fleet, Id
 from fleets.reads.access import STORED_TOKEN_PREFIX, secret_digest
 from fleets.services.events import event_record
@@ -32,9 +40,8 @@ from fleets.services.events import event_record
 log = logging.getLogger(__name__)
 
 ACCESS_DENIED = "access.denied"
-# How often a token's last_used_at is written: often enough to tell a live token from a dead
-# one, rarely enough that a busy token is not a write per request.
-_TOUCH_EVERY = timedelta(minutes=1)
+# fleets/core/access.py says why a token's use is written at most this often.
+_TOUCH_EVERY = timedelta(seconds=TOKEN_TOUCH_EVERY_S)
 
 DENIED = Counter(
     "haru_access_denied_total",
@@ -70,6 +77,19 @@ def fleet_role_set(*, holder: Any, role: Role, fleet: Fleet | None = None) -> No
                 _model_perm(holder, perm, add=True)
             else:
                 assign_perm(perm, holder, fleet)
+
+
+def fleet_access_forget(*, fleet_id: Id) -> int:
+    """Delete every per-fleet grant on `fleet_id` (its fleet is being deleted); return how many.
+
+    Guardian's rows name their object generically (content type and primary key as text), so
+    no foreign key removes them with the fleet; left behind, they would keep counting a user
+    as a member of the portal for a fleet that is gone."""
+    fleet_type = ContentType.objects.get_for_model(Fleet)
+    gone = 0
+    for model in (UserObjectPermission, GroupObjectPermission):
+        gone += model.objects.filter(content_type=fleet_type, object_pk=str(fleet_id)).delete()[0]
+    return gone
 
 
 def _model_perm(holder: Any, perm: str, *, add: bool) -> None:
@@ -146,26 +166,21 @@ def access_denied_record(
     first, or no fleet to file it under, or the database refused the write)."""
     DENIED.labels(surface=surface).inc()
     detail = {"surface": surface, "action": action, "needed": needed.label, "held": held.label}
+    key = hashlib.sha256(f"{actor}\n{fleet_id}\n{surface}\n{action}".encode()).hexdigest()[:40]
+    suppressed = _first_in_window(key)
+    if suppressed is None:
+        return False  # folded into the window's first, which is already recorded
     if fleet_id is None:
         # A fleet that does not exist (or no fleet at all) has no event stream to write to.
-        log.warning("access denied to %s: %s", actor, detail)
+        log.warning("access denied to %s: %s (suppressed %d)", actor, detail, suppressed)
         return False
-    key = hashlib.sha256(f"{actor}\n{fleet_id}\n{surface}\n{action}".encode()).hexdigest()[:40]
-    suppressed_key = f"haru:denied:n:{key}"
-    if not cache.add(f"haru:denied:w:{key}", 1, timeout=DENIAL_AUDIT_WINDOW_S):
-        # Inside the window: count it for the next event instead of writing one now.
-        if not cache.add(suppressed_key, 1, timeout=DENIAL_AUDIT_WINDOW_S * 10):
-            cache.incr(suppressed_key)
-        return False
-    suppressed = cache.get(suppressed_key) or 0
-    cache.delete(suppressed_key)
     try:
         with transaction.atomic():
             event_record(
                 fleet_id=fleet_id,
                 kind=ACCESS_DENIED,
                 actor=actor[:150],
-                data={**detail, "suppressed": int(suppressed)},
+                data={**detail, "suppressed": suppressed},
             )
     except DatabaseError:
         # The refusal stands whatever happens here; only its audit row is lost (and logged).
@@ -178,3 +193,17 @@ def access_denied_record(
         )
         return False
     return True
+
+
+def _first_in_window(key: str) -> int | None:
+    """Open the denial window of `key` and return how many refusals of it were folded since the
+    last recorded one; None when a window is open already (this one is counted, not recorded)."""
+    suppressed_key = f"haru:denied:n:{key}"
+    if not cache.add(f"haru:denied:w:{key}", 1, timeout=DENIAL_AUDIT_WINDOW_S):
+        # Kept ten windows: a key refused again after a quiet spell still reports the fold.
+        if not cache.add(suppressed_key, 1, timeout=DENIAL_AUDIT_WINDOW_S * 10):
+            cache.incr(suppressed_key)
+        return None
+    suppressed = cache.get(suppressed_key) or 0
+    cache.delete(suppressed_key)
+    return int(suppressed)

@@ -12,6 +12,7 @@ from django.core.management import CommandError, call_command
 from fleets.core.access import Role
 from fleets.models import ApiToken
 from fleets.reads.access import secret_digest, user_grant
+from fleets.services.fleets import fleet_delete
 
 pytestmark = pytest.mark.django_db
 
@@ -59,3 +60,12 @@ def test_grant_sets_a_role_per_fleet_or_for_every_fleet(seeded_fleet, django_use
     assert run("fleet_access", "show", "bob").strip() == "demo\tview"
     with pytest.raises(CommandError, match="no user"):
         run("fleet_access", "grant", "nobody", "view")
+
+
+def test_deleting_a_fleet_forgets_its_grants(seeded_fleet, django_user_model):
+    user = django_user_model.objects.create_user("carol", password="pw-0123456789")
+    run("fleet_access", "grant", "carol", "view", "--fleet", "demo")
+    assert user_grant(django_user_model.objects.get(pk=user.pk)).is_member
+    fleet_delete(fleet_id=seeded_fleet.pk, actor="test")
+    # Guardian's rows name the fleet generically: nothing else would have removed them.
+    assert not user_grant(django_user_model.objects.get(pk=user.pk)).is_member

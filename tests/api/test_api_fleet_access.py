@@ -6,7 +6,9 @@ each refusal is an `access.denied` event of the fleet it concerned, bounded unde
 from __future__ import annotations
 
 import io
+import logging
 import re
+from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
@@ -213,3 +215,28 @@ def test_the_operator_token_and_superusers_reach_every_fleet(
     api_client.force_login(admin)
     assert api_client.get("/v1/fleets/other").status_code == 200
     assert Event.objects.filter(kind="access.denied").count() == 0
+
+
+def test_use_is_written_at_most_once_a_minute(seeded_fleet, api_client, api_token):
+    token = token_for(TokenScope.READ, seeded_fleet)
+    call(api_client, "get", "/v1/fleets/demo", token)
+    first = ApiToken.objects.get().last_used_at
+    call(api_client, "get", "/v1/fleets/demo", token)
+    assert ApiToken.objects.get().last_used_at == first
+    ApiToken.objects.update(last_used_at=first - timedelta(minutes=2))
+    call(api_client, "get", "/v1/fleets/demo", token)
+    assert ApiToken.objects.get().last_used_at > first - timedelta(minutes=2)
+
+
+def test_a_chat_token_hammering_the_rest_api_is_one_log_line_a_window(
+    seeded_fleet, api_client, settings, caplog
+):
+    chat = "chat-token-0123456789abcdefghijklmnopqrstu"
+    operator = "operator-token-0123456789abcdefghijklmnopq"
+    settings.HARU = {**settings.HARU, "api_token": operator, "chat_tokens": [chat]}
+    with caplog.at_level(logging.WARNING, logger="fleets.services.access"):
+        for n in range(20):
+            response = call(api_client, "get", f"/v1/fleets/probe-{n}", chat)
+            assert response.status_code == 403
+    lines = [r for r in caplog.records if r.name == "fleets.services.access"]
+    assert len(lines) == 1 and chat not in caplog.text
