@@ -314,8 +314,9 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "Haru control plane API",
     "DESCRIPTION": "Fleet state, promote and demote, route intent, drills and recovery time, "
     "and the OpenAI-compatible chat proxy (`/v1/chat/completions`, `/v1/completions`, "
-    "`/v1/models`). Every route takes `Authorization: Bearer <HARU_API_TOKEN>`; the chat paths "
-    'also take a chat token (HARU_CHAT_TOKENS). Errors are `{"error": {"code", '
+    "`/v1/models`). Every route takes `Authorization: Bearer <HARU_API_TOKEN>` or a stored "
+    "token scoped to some fleets and to read or operate (403 `forbidden` beyond them); the "
+    'chat paths also take a chat token (HARU_CHAT_TOKENS). Errors are `{"error": {"code", '
     '"message"}}`.',
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
