@@ -128,11 +128,13 @@ def heartbeats_live(request):
         return JsonResponse(heartbeats(now=clock.now(), fleet_ids=visible))
     fleet, refused = _fleet_for(request, slug, action="view", needed=Role.VIEW)
     if fleet is None:
-        if refused.status_code == 404:
-            return JsonResponse(
-                {"error": {"code": ErrorCode.NOT_FOUND, "message": "no such fleet"}}, status=404
-            )
-        return refused
+        # The poll reads JSON whatever it asked for: the refusal's page would not parse.
+        missing = refused.status_code == 404
+        code = ErrorCode.NOT_FOUND if missing else ErrorCode.FORBIDDEN
+        message = "no such fleet" if missing else "you may not view this fleet"
+        return JsonResponse(
+            {"error": {"code": code, "message": message}}, status=refused.status_code
+        )
     return JsonResponse(heartbeats(now=clock.now(), fleet=fleet))
 
 

@@ -143,7 +143,8 @@ def test_lists_and_polls_show_only_the_fleets_a_user_may_view(viewer, seeded_fle
         assert 'data-fleet-slug="demo"' in html and 'data-fleet-slug="other"' not in html
     domains = viewer.get("/live/heartbeats/").json()["domains"]
     assert set(domains) == {str(d.id) for d in Domain.objects.filter(fleet=seeded_fleet)}
-    assert viewer.get("/live/heartbeats/?fleet=other").status_code == 403
+    refused = viewer.get("/live/heartbeats/?fleet=other")
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "forbidden"
     assert viewer.get("/fleets/other/").status_code == 403
     # A missing fleet reads as a refusal to a user who may not see every fleet.
     assert viewer.get("/fleets/no-such-fleet/").status_code == 403
