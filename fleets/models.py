@@ -10,9 +10,11 @@ from __future__ import annotations
 import uuid
 from typing import TypeAlias
 
+from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from fleets.core.access import TokenScope
 from fleets.core.model_health import ServerHealth
 from fleets.core.states import (
     CleanupState,
@@ -100,6 +102,13 @@ class Fleet(models.Model):
 
     class Meta:
         ordering = ["slug"]
+        # The per-fleet roles (fleets/core/access.py): held for every fleet as a model
+        # permission, or for one fleet as a django-guardian object permission. `view_fleet`,
+        # Django's default, is the third.
+        permissions = [
+            ("operate_fleet", "Can operate the fleet (promote, demote, drill, cancel, ...)"),
+            ("administer_fleet", "Can administer the fleet (layout, deletion, access)"),
+        ]
         constraints = [
             models.CheckConstraint(condition=Q(slug__regex=SLUG_REGEX), name="fleet_slug_valid"),
             models.CheckConstraint(
@@ -509,3 +518,43 @@ class Lease(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} held by {self.holder or 'nobody'} until {self.expires_at}"
+
+
+class ApiToken(models.Model):
+    """A REST API token scoped to some fleets (or all) and to read or operate.
+
+    Only the SHA-256 of the secret is kept: the secret is shown once, when the token is created
+    (`manage.py api_token create`), and a lost one is revoked and replaced, never recovered.
+    `prefix` (the secret's first characters, not enough to guess the rest) tells tokens apart
+    in the admin and in audit events. The operator token (HARU_API_TOKEN) is not a row here.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=100, unique=True)
+    prefix = models.CharField(max_length=16, editable=False)
+    secret_sha256 = models.CharField(max_length=64, unique=True, editable=False)
+    scope = models.CharField(
+        max_length=16, choices=_choices(TokenScope), default=TokenScope.READ.value
+    )
+    all_fleets = models.BooleanField(
+        default=False, help_text="Every fleet, present and future; otherwise only those chosen."
+    )
+    fleets = models.ManyToManyField(Fleet, blank=True, related_name="api_tokens")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    # Written at most once a minute per token (services/access.py), not on every request.
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(scope__in=[s.value for s in TokenScope]), name="apitoken_scope_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"

@@ -114,6 +114,8 @@ INSTALLED_APPS = [
     "django_celery_beat",
     # Login throttling (AXES_* below).
     "axes",
+    # Per-fleet roles as object permissions (fleets/core/access.py, docs/access.md).
+    "guardian",
     "fleets",
 ]
 
@@ -214,7 +216,12 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
+    # Answers has_perm(perm, fleet) from per-fleet grants; global ones stay ModelBackend's.
+    "guardian.backends.ObjectPermissionBackend",
 ]
+# No guardian "AnonymousUser" row: anonymous requests hold no role anywhere, and a fresh
+# install keeps exactly the users its operator created.
+ANONYMOUS_USER_NAME = None
 AXES_FAILURE_LIMIT = _haru.login_failure_limit
 AXES_COOLOFF_TIME = timedelta(minutes=_haru.login_lockout_minutes)
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
@@ -296,9 +303,9 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "fleets.api.auth.BearerTokenAuthentication",
-        "fleets.api.auth.StaffSessionAuthentication",
+        "fleets.api.auth.PortalSessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["fleets.api.auth.HasApiToken"],
+    "DEFAULT_PERMISSION_CLASSES": ["fleets.api.auth.HasApiToken", "fleets.api.auth.FleetRole"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["fleets.api.parsers.BoundedJSONParser"],
     "EXCEPTION_HANDLER": "fleets.api.errors.envelope_exception_handler",
@@ -309,8 +316,9 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "Haru control plane API",
     "DESCRIPTION": "Fleet state, promote and demote, route intent, drills and recovery time, "
     "and the OpenAI-compatible chat proxy (`/v1/chat/completions`, `/v1/completions`, "
-    "`/v1/models`). Every route takes `Authorization: Bearer <HARU_API_TOKEN>`; the chat paths "
-    'also take a chat token (HARU_CHAT_TOKENS). Errors are `{"error": {"code", '
+    "`/v1/models`). Every route takes `Authorization: Bearer <HARU_API_TOKEN>` or a stored "
+    "token scoped to some fleets and to read or operate (403 `forbidden` beyond them); the "
+    'chat paths also take a chat token (HARU_CHAT_TOKENS). Errors are `{"error": {"code", '
     '"message"}}`.',
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,

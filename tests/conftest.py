@@ -20,6 +20,9 @@ from fleets.reconciler import kick
 from fleets.services.layouts import layout_apply
 from tests.clocks import FakeClock
 
+# The per-fleet access tests' fixtures (a second fleet, a fresh denial window), for every folder.
+pytest_plugins = ["tests.access_fixtures"]
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_LAYOUT = ROOT / "examples" / "fleet.two-domain.json"
 

@@ -3,7 +3,7 @@ Importing the package registers the model admins (Django's admin autodiscovery i
 
 from django.contrib import admin
 
-from fleets.admin import history, layouts  # noqa: F401 - registers the ModelAdmins
+from fleets.admin import history, layouts, tokens  # noqa: F401 - registers the ModelAdmins
 
 admin.site.site_header = "Haru administration"
 admin.site.site_title = "Haru admin"

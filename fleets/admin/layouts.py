@@ -11,19 +11,24 @@ from __future__ import annotations
 import json
 
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
 from django.utils.html import format_html
+from guardian.admin import GuardedModelAdminMixin
 
 from fleets.admin import forms as af
 from fleets.admin.actions import (
     actor,
+    administers,
+    administers_all,
     confirm_then,
     confirmed_action,
     domain_label,
     pretty_json,
     record_edit,
+    refuse_administration,
     replan,
 )
 from fleets.base import clock
@@ -89,7 +94,11 @@ class ModelBindingInline(admin.TabularInline):
 
 
 @admin.register(Fleet)
-class FleetAdmin(admin.ModelAdmin):
+class FleetAdmin(GuardedModelAdminMixin, admin.ModelAdmin):
+    # django-guardian's "Object permissions" page (<id>/permissions/) grants a user or a group
+    # a role on this one fleet (docs/access.md); Haru's own change form (not the mixin's)
+    # links to it. (The stubs of Django and guardian disagree on the attribute's kind.)
+    change_form_template = "admin/fleets/fleet/change_form.html"  # type: ignore[misc]
     form = af.FleetForm
     inlines = [DomainInline]
     list_display = ("slug", "display_name", "active", "route_revision", "in_flight", "dashboard")
@@ -152,9 +161,49 @@ class FleetAdmin(admin.ModelAdmin):
             )
             for f in fleets
         ]
+        busy += [
+            f"{f.slug}: you need the administer role on it"
+            for f in fleets
+            if not administers(request, f.pk)
+        ]
         return summary, {"fleets": len(fleets)}, set(), busy
 
+    # Per-fleet administration on top of the admin's model permissions (fleets/admin/actions.py,
+    # `administers`): a page a staff user may use, on the fleets that user administers.
+    def has_add_permission(self, request):
+        # A new fleet is no one's yet: creating one is for who administers every fleet.
+        return super().has_add_permission(request) and administers_all(request)
+
+    def has_change_permission(self, request, obj=None):
+        fleet_id = obj.pk if obj is not None else None
+        return super().has_change_permission(request, obj) and administers(request, fleet_id)
+
+    def has_delete_permission(self, request, obj=None):
+        fleet_id = obj.pk if obj is not None else None
+        return super().has_delete_permission(request, obj) and administers(request, fleet_id)
+
+    def _access_page(self, view, request, object_pk, *args):
+        """Guardian's Access pages, on a fleet the user administers only (audited otherwise)."""
+        fleet = get_object_or_404(Fleet, pk=object_pk)
+        if not administers(request, fleet.pk):
+            refuse_administration(request, fleet.pk, "manage access")
+            raise PermissionDenied
+        return view(request, object_pk, *args)
+
+    def obj_perms_manage_view(self, request, object_pk):
+        return self._access_page(super().obj_perms_manage_view, request, object_pk)
+
+    def obj_perms_manage_user_view(self, request, object_pk, user_id):
+        return self._access_page(super().obj_perms_manage_user_view, request, object_pk, user_id)
+
+    def obj_perms_manage_group_view(self, request, object_pk, group_id):
+        return self._access_page(super().obj_perms_manage_group_view, request, object_pk, group_id)
+
     def delete_model(self, request, obj):
+        if not administers(request, obj.pk):
+            refuse_administration(request, obj.pk, "delete")
+            self.message_user(request, f"{obj.slug}: you need the administer role", messages.ERROR)
+            return
         try:
             fleet_delete(fleet_id=obj.id, actor=actor(request))
         except ServiceError as exc:
@@ -311,6 +360,19 @@ class DomainAdmin(admin.ModelAdmin):
         "adopt_reported_gpus",
     ]
 
+    # A domain is part of its fleet's layout: editing one needs the administer role on that
+    # fleet, adding one the role on every fleet (fleets/admin/actions.py, `administers`).
+    def has_add_permission(self, request):
+        return super().has_add_permission(request) and administers_all(request)
+
+    def has_change_permission(self, request, obj=None):
+        fleet_id = obj.fleet_id if obj is not None else None
+        return super().has_change_permission(request, obj) and administers(request, fleet_id)
+
+    def has_delete_permission(self, request, obj=None):
+        fleet_id = obj.fleet_id if obj is not None else None
+        return super().has_delete_permission(request, obj) and administers(request, fleet_id)
+
     def get_fieldsets(self, request, obj=None):
         layout = [
             "slug",
@@ -429,7 +491,11 @@ class DomainAdmin(admin.ModelAdmin):
             ),
         )
 
-    @admin.action(description="Describe GPUs from the last supervisor report, and re-plan")
+    # A layout edit, not an operation: it needs the right to change domains.
+    @admin.action(
+        description="Describe GPUs from the last supervisor report, and re-plan",
+        permissions=["change"],
+    )
     def adopt_reported_gpus(self, request, queryset):
         for domain in queryset:
             problems = domain_gpus_adopt(domain=domain)

@@ -13,22 +13,26 @@ class BearerTokenScheme(OpenApiAuthenticationExtension):
         return {
             "type": "http",
             "scheme": "bearer",
-            "description": "HARU_API_TOKEN, the operator token (required on /v1/ when the "
-            "server has one set). A chat token (HARU_CHAT_TOKENS) is refused here with 403 "
-            "`token_scope`: it may call the chat endpoints only.",
+            "description": "HARU_API_TOKEN, the operator token (operates every fleet), or a "
+            "stored token (`haru_...`, `manage.py api_token create`) that reads or operates the "
+            "fleets it names: 403 `forbidden` on any other fleet and, for a read token, on "
+            "every POST. Required on /v1/ when the server has HARU_API_TOKEN set. A chat token "
+            "(HARU_CHAT_TOKENS) is refused here with 403 `token_scope`: it may call the chat "
+            "endpoints only. docs/access.md.",
         }
 
 
-class StaffSessionScheme(OpenApiAuthenticationExtension):
-    target_class = "fleets.api.auth.StaffSessionAuthentication"
-    name = "staffSession"
+class PortalSessionScheme(OpenApiAuthenticationExtension):
+    target_class = "fleets.api.auth.PortalSessionAuthentication"
+    name = "portalSession"
 
     def get_security_definition(self, auto_schema):
         return {
             "type": "apiKey",
             "in": "cookie",
             "name": "sessionid",
-            "description": "A logged-in staff user's session (dashboard, browsable docs).",
+            "description": "A logged-in portal user's session (browsable docs), with that "
+            "user's fleet roles (view, operate, administer; docs/access.md).",
         }
 
 

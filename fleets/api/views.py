@@ -17,7 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from fleets.api import serializers as s
-from fleets.api.auth import HasApiToken
+from fleets.api.auth import HasApiToken, request_grant
 from fleets.api.errors import PayloadTooLarge
 from fleets.base import clock
 from fleets.base.errors import ErrorCode
@@ -27,6 +27,7 @@ from fleets.core.route_intent import build_route_intent
 from fleets.core.states import OperationKind
 from fleets.models import Domain, Fleet, Operation
 from fleets.reads import selectors, shapes
+from fleets.reads.access import visible_fleets
 from fleets.reads.readiness import fleet_readiness
 from fleets.reads.recovery import recovery_report
 from fleets.reconciler.golden import record_baselines
@@ -48,6 +49,8 @@ ERRORS = {
     for code, desc in {
         400: ErrorCode.INVALID_REQUEST.value,
         401: ErrorCode.UNAUTHORIZED.value,
+        403: f"{ErrorCode.FORBIDDEN.value} (no role on this fleet for the caller, or a read "
+        f"token on a write) or {ErrorCode.TOKEN_SCOPE.value} (a chat token)",
         404: ErrorCode.FLEET_NOT_FOUND.value,
         409: f"{ErrorCode.OPERATION_CONFLICT.value}, {ErrorCode.PROVISION_REFUSED.value}, "
         f"{ErrorCode.OPERATION_FINISHED.value} or {ErrorCode.ROUTING_COMMITTED.value}",
@@ -59,7 +62,9 @@ ERRORS = {
 
 
 def _errors(*codes: int) -> dict:
-    return {c: ERRORS[c] for c in codes}
+    # Whoever can be refused for want of a token can be refused for want of a role (403).
+    codes = (*codes, 403) if 401 in codes else codes
+    return {c: ERRORS[c] for c in sorted(codes)}
 
 
 def _read(operation_id: str, summary: str, body, *errors: int):
@@ -102,8 +107,9 @@ class HaruAPIView(APIView):
 class FleetListView(HaruAPIView):
     @_read("listFleets", "List fleets", s.FleetListOut, 401)
     def get(self, request):
-        """Every fleet with its active domain and route revision."""
-        return Response({"fleets": [shapes.fleet_summary_json(f) for f in Fleet.objects.all()]})
+        """Every fleet the caller may view, with its active domain and route revision."""
+        fleets = visible_fleets(request_grant(request), Fleet.objects.all())
+        return Response({"fleets": [shapes.fleet_summary_json(f) for f in fleets]})
 
 
 class FleetDetailView(HaruAPIView):

@@ -686,11 +686,19 @@ def _overview_rows(*, now: datetime) -> list[dict[str, Any]]:
     return rows
 
 
-def heartbeats(*, now: datetime, fleet: Fleet | None = None) -> dict[str, Any]:
+def heartbeats(
+    *, now: datetime, fleet: Fleet | None = None, fleet_ids: frozenset[str] | None = None
+) -> dict[str, Any]:
     """Every domain's last good heartbeat (the API's `lastSeenAt`, the same column) and whether
     it reads stale, for the page's once-a-second poll: ages tick from this, not from a
-    fragment re-fetched every few seconds (which made a healthy fleet's age climb to 5 s)."""
-    fleets = [fleet] if fleet is not None else list(Fleet.objects.all())
+    fragment re-fetched every few seconds (which made a healthy fleet's age climb to 5 s).
+    One `fleet`, or the fleets of `fleet_ids` (None: every fleet)."""
+    if fleet is not None:
+        fleets = [fleet]
+    elif fleet_ids is not None:
+        fleets = list(Fleet.objects.filter(pk__in=list(fleet_ids)))
+    else:
+        fleets = list(Fleet.objects.all())
     domains: dict[str, Any] = {}
     for f in fleets:
         view = fleet_view(f)

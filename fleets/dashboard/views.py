@@ -1,4 +1,10 @@
-"""Dashboard views: staff only, thin. Each parses, calls one selector or action, and renders.
+"""Dashboard views: thin. Each parses, calls one selector or action, and renders.
+
+Who sees what (fleets/core/access.py): a logged-in user who may view at least one fleet is
+admitted; lists and the overview show only the fleets the user may view, a fleet page only
+renders for a viewer (403 otherwise, existing or not, unless the user may view every fleet),
+its action buttons only for an operator, and an action posted without the role it needs is
+answered 403 and audited (`access.denied`).
 
 Pages render in full on load; `.../live/` renders only the part that changes, which the page's
 script re-fetches after every broadcast (and on reconnect, to resynchronise).
@@ -19,22 +25,25 @@ from django.views.decorators.http import require_GET, require_POST
 from fleets.base import clock
 from fleets.base.clock import iso
 from fleets.base.errors import ErrorCode
+from fleets.core.access import DASHBOARD_ACTION_ROLES, Role
 from fleets.core.states import DrillMode, OperationKind
 from fleets.dashboard import actions
 from fleets.dashboard.forms import ACTIONS, ActionForm
 from fleets.dashboard.selectors import fleet_page, heartbeats, overview_rows
 from fleets.models import Fleet
+from fleets.reads.access import principal_label, user_grant
+from fleets.services.access import access_denied_record
 
 
-def staff_required(view):
-    """Send anonymous users to the login page; refuse logged-in users who are not staff."""
+def member_required(view):
+    """Send anonymous users to the login page; refuse users who may view no fleet at all."""
 
     @wraps(view)
     def wrapper(request, *args, **kwargs):
         user = request.user
         if not user.is_authenticated:
             return redirect_to_login(request.get_full_path())
-        if not (user.is_active and user.is_staff):
+        if not user_grant(user).is_member:
             return render(request, "dashboard/forbidden.html", status=403)
         return view(request, *args, **kwargs)
 
@@ -50,9 +59,44 @@ def _not_found(request, slug: str):
     return render(request, "dashboard/not_found.html", {"slug": slug}, status=404)
 
 
-def _overview_context() -> dict:
+def _refused(request, slug: str, fleet: Fleet | None, *, action: str, needed: Role):
+    """Audit a refusal and answer 403 (a page, or the JSON envelope for the page's script)."""
+    grant = user_grant(request.user)
+    access_denied_record(
+        fleet_id=fleet.pk if fleet is not None else None,
+        actor=f"dashboard:{principal_label(request.user)}",
+        surface="dashboard",
+        action=action,
+        needed=needed,
+        held=grant.role(fleet.pk) if fleet is not None else Role.NONE,
+    )
+    message = f"you need the {needed.label} role on fleet {slug!r} to {action}"
+    if _wants_json(request):
+        return JsonResponse(
+            {"error": {"code": ErrorCode.FORBIDDEN, "message": message}}, status=403
+        )
+    return render(request, "dashboard/forbidden.html", {"message": message}, status=403)
+
+
+def _fleet_for(request, slug: str, *, action: str, needed: Role):
+    """Return (the fleet, None) when the user holds `needed` on it, else (None, the answer):
+    404 for a missing fleet only to a user who may view every fleet, 403 otherwise."""
+    fleet = _fleet(slug)
+    grant = user_grant(request.user)
+    if fleet is None and grant.sees_every_fleet:
+        return None, _not_found(request, slug)
+    if fleet is None or not grant.allows(fleet.pk, needed):
+        return None, _refused(request, slug, fleet, action=action, needed=needed)
+    return fleet, None
+
+
+def _overview_context(request) -> dict:
     now = clock.now()
-    return {"rows": overview_rows(now=now), "generated_at": iso(now)}
+    visible = user_grant(request.user).visible_ids()
+    rows = overview_rows(now=now)
+    if visible is not None:
+        rows = [row for row in rows if str(row["id"]) in visible]
+    return {"rows": rows, "generated_at": iso(now)}
 
 
 def _wants_json(request) -> bool:
@@ -61,63 +105,73 @@ def _wants_json(request) -> bool:
 
 @require_GET
 @never_cache
-@staff_required
+@member_required
 def overview(request):
-    return render(request, "dashboard/overview.html", _overview_context())
+    return render(request, "dashboard/overview.html", _overview_context(request))
 
 
 @require_GET
 @never_cache
-@staff_required
+@member_required
 def overview_live(request):
-    return render(request, "dashboard/_overview_live.html", _overview_context())
+    return render(request, "dashboard/_overview_live.html", _overview_context(request))
 
 
 @require_GET
 @never_cache
-@staff_required
+@member_required
 def heartbeats_live(request):
     """Last heartbeat per domain (`?fleet=<slug>` for one fleet), polled every second."""
     slug = request.GET.get("fleet")
-    fleet = None
-    if slug is not None:
-        fleet = _fleet(slug)
-        if fleet is None:
-            return JsonResponse(
-                {"error": {"code": ErrorCode.NOT_FOUND, "message": "no such fleet"}}, status=404
-            )
+    if slug is None:
+        visible = user_grant(request.user).visible_ids()
+        return JsonResponse(heartbeats(now=clock.now(), fleet_ids=visible))
+    fleet, refused = _fleet_for(request, slug, action="view", needed=Role.VIEW)
+    if fleet is None:
+        # The poll reads JSON whatever it asked for: the refusal's page would not parse.
+        missing = refused.status_code == 404
+        code = ErrorCode.NOT_FOUND if missing else ErrorCode.FORBIDDEN
+        message = "no such fleet" if missing else "you may not view this fleet"
+        return JsonResponse(
+            {"error": {"code": code, "message": message}}, status=refused.status_code
+        )
     return JsonResponse(heartbeats(now=clock.now(), fleet=fleet))
 
 
 @require_GET
 @never_cache
-@staff_required
+@member_required
 def fleet_detail(request, slug: str):
     return _fleet_page(request, slug, "dashboard/fleet.html")
 
 
 @require_GET
 @never_cache
-@staff_required
+@member_required
 def fleet_live(request, slug: str):
     return _fleet_page(request, slug, "dashboard/_fleet_live.html")
 
 
 def _fleet_page(request, slug: str, template: str):
-    fleet = _fleet(slug)
+    fleet, refused = _fleet_for(request, slug, action="view", needed=Role.VIEW)
     if fleet is None:
-        return _not_found(request, slug)
-    return render(request, template, fleet_page(fleet, now=clock.now()))
+        return refused
+    context = fleet_page(fleet, now=clock.now())
+    # The buttons render only for who may press them; the action view checks again.
+    context["can_operate"] = user_grant(request.user).allows(fleet.pk, Role.OPERATE)
+    return render(request, template, context)
 
 
 @require_POST
-@staff_required
+@member_required
 def fleet_action(request, slug: str, action: str):
     """Promote, demote, reconcile, cancel, provision or stop; unconfirmed requests get a
     confirmation page first."""
-    fleet = _fleet(slug)
-    if fleet is None or action not in ACTIONS:
+    if action not in ACTIONS:
         return _not_found(request, slug)
+    fleet, refused = _fleet_for(request, slug, action=action, needed=DASHBOARD_ACTION_ROLES[action])
+    if fleet is None:
+        return refused
     form = ActionForm(request.POST, action=action)
     if not form.is_valid():
         message = "; ".join(str(e) for errs in form.errors.values() for e in errs)

@@ -13,6 +13,7 @@ from fleets.base.errors import FleetNotFound, OperationConflict
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES
 from fleets.models import Event, Fleet, FleetArchive, Operation
 from fleets.reads.shapes import operation_json
+from fleets.services.access import fleet_access_forget
 from fleets.services.layouts import layout_export
 
 
@@ -69,5 +70,6 @@ def fleet_delete(*, fleet_id: uuid.UUID | str, actor: str) -> FleetArchive:
         Fleet.objects.filter(pk=fleet.id).update(active_domain=None)
         Event.objects.filter(fleet_id=fleet.id).delete()
         Operation.objects.filter(fleet_id=fleet.id).delete()
+        fleet_access_forget(fleet_id=fleet.id)
         Fleet.objects.filter(pk=fleet.id).delete()
     return archive

@@ -10,6 +10,8 @@ from rest_framework.test import APIClient
 
 from fleets.api import urls as api_urls
 from fleets.api.auth import HasApiToken
+from fleets.core.access import Role
+from fleets.services.access import fleet_role_set
 from tests.conftest import API_TOKEN
 
 pytestmark = pytest.mark.django_db
@@ -127,24 +129,29 @@ def test_without_a_configured_token_the_api_is_open(seeded_fleet, api_client, se
     assert api_client.get("/v1/fleets", HTTP_AUTHORIZATION="Bearer x").status_code == 200
 
 
-def test_staff_session_is_accepted_and_other_users_are_not(
+def test_a_session_is_accepted_only_for_a_user_with_a_fleet_role(
     seeded_fleet, api_client, api_token, django_user_model, envelope
 ):
     user = django_user_model.objects.create_user("viewer", password="pw-123456")
     api_client.force_login(user)
     envelope(api_client.get("/v1/fleets"), 401, "unauthorized")
+    # Staff status lets a user into the Django admin; it grants no fleet (docs/access.md).
     user.is_staff = True
     user.save()
     api_client.force_login(user)
+    envelope(api_client.get("/v1/fleets"), 401, "unauthorized")
+    fleet_role_set(holder=user, role=Role.VIEW, fleet=seeded_fleet)
+    api_client.force_login(django_user_model.objects.get(pk=user.pk))
     assert api_client.get("/v1/fleets").status_code == 200
 
 
-def test_staff_session_needs_csrf_to_write(seeded_fleet, api_token, django_user_model, envelope):
-    staff = django_user_model.objects.create_user("ops", password="pw-123456", is_staff=True)
+def test_a_session_needs_csrf_to_write(seeded_fleet, api_token, django_user_model, envelope):
+    admin = django_user_model.objects.create_superuser("ops", password="pw-123456")
     client = APIClient(enforce_csrf_checks=True)
-    client.force_login(staff)
+    client.force_login(admin)
     response = client.post("/v1/fleets/demo/promote", {"targetDomainId": "west"}, format="json")
     envelope(response, 403, "forbidden")
+    assert "CSRF" in response.json()["error"]["message"]
 
 
 def test_healthz_needs_no_token_and_never_touches_the_database(

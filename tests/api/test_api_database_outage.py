@@ -72,7 +72,9 @@ def test_the_next_report_counts_the_requests_in_between(client, api_token, monke
 
 
 def test_a_dashboard_page_answers_503_html(client, monkeypatch, caplog):
-    staff = User.objects.create_user("ops", password="pw-0123456789", is_staff=True)
+    staff = User.objects.create_user(
+        "ops", password="pw-0123456789", is_staff=True, is_superuser=True
+    )
     client.force_login(staff)
     monkeypatch.setattr(SessionStore, "load", refused)  # the session middleware reads it
     with caplog.at_level(logging.INFO):

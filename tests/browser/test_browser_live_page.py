@@ -42,7 +42,9 @@ def django_in_playwright():
 
 @pytest.fixture
 def staff_html(client, django_user_model):
-    staff = django_user_model.objects.create_user("op", password="pw", is_staff=True)
+    staff = django_user_model.objects.create_user(
+        "op", password="pw", is_staff=True, is_superuser=True
+    )
     client.force_login(staff)
 
     def get(path: str) -> str:

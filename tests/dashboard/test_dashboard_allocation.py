@@ -84,7 +84,9 @@ def test_plan_mismatches_are_read_from_the_report():
 
 @pytest.mark.django_db
 def test_fleet_page_shows_the_allocation_and_the_mismatch(west, client, django_user_model):
-    staff = django_user_model.objects.create_user("ops", password="pw", is_staff=True)
+    staff = django_user_model.objects.create_user(
+        "ops", password="pw", is_staff=True, is_superuser=True
+    )
     client.force_login(staff)
     html = client.get("/fleets/demo/live/").content.decode()
     assert "plan vs host: GPU 0 is planned as &#x27;H100&#x27;" in html

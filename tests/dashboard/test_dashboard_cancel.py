@@ -23,7 +23,9 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def staff(django_user_model):
-    return django_user_model.objects.create_user("ops", password="pw-ops-1234", is_staff=True)
+    return django_user_model.objects.create_user(
+        "ops", password="pw-ops-1234", is_staff=True, is_superuser=True
+    )
 
 
 @pytest.fixture

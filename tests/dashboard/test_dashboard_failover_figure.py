@@ -17,7 +17,9 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def staff_client(django_user_model):
-    staff = django_user_model.objects.create_user("ops", password="pw-ops-1234", is_staff=True)
+    staff = django_user_model.objects.create_user(
+        "ops", password="pw-ops-1234", is_staff=True, is_superuser=True
+    )
     client = Client()
     client.force_login(staff)
     return client

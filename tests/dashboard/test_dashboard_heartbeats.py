@@ -21,7 +21,9 @@ JS = Path(__file__).resolve().parents[2] / "haru" / "static" / "haru" / "dashboa
 def staff_client(django_user_model):
     client = Client()
     client.force_login(
-        django_user_model.objects.create_user("ops", password="pw-ops-1234", is_staff=True)
+        django_user_model.objects.create_user(
+            "ops", password="pw-ops-1234", is_staff=True, is_superuser=True
+        )
     )
     return client
 

@@ -24,7 +24,9 @@ def fast_hasher(settings):
 
 @pytest.fixture
 def staff(django_user_model):
-    return django_user_model.objects.create_user("ops", password=PASSWORD, is_staff=True)
+    return django_user_model.objects.create_user(
+        "ops", password=PASSWORD, is_staff=True, is_superuser=True
+    )
 
 
 def attempt(client: Client, page: str, password: str, *, address: str = "203.0.113.7"):

@@ -690,7 +690,9 @@ def test_a_host_that_stopped_answering_shows_its_last_report_as_history(
     east = Domain.objects.get(fleet=seeded_fleet, slug="east")
     seen = fake_clock.now()
     Domain.objects.filter(pk=east.pk).update(last_report=REPORT, last_seen_at=seen)
-    staff = django_user_model.objects.create_user("op", password="pw", is_staff=True)
+    staff = django_user_model.objects.create_user(
+        "op", password="pw", is_staff=True, is_superuser=True
+    )
     client.force_login(staff)
 
     def east_card(html: str) -> str:

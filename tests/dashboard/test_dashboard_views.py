@@ -29,7 +29,9 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def staff(django_user_model):
-    return django_user_model.objects.create_user("ops", password="pw-ops-1234", is_staff=True)
+    return django_user_model.objects.create_user(
+        "ops", password="pw-ops-1234", is_staff=True, is_superuser=True
+    )
 
 
 @pytest.fixture
@@ -65,7 +67,7 @@ def test_a_logged_in_user_who_is_not_staff_is_refused(client, django_user_model,
     client.force_login(user)
     response = client.get("/fleets/demo/")
     assert response.status_code == 403
-    assert b"Staff only" in response.content
+    assert b"holds no role on any fleet" in response.content
 
 
 def test_logout_is_a_post_and_ends_the_session(staff_client, seeded_fleet):

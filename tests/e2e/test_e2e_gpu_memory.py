@@ -80,7 +80,9 @@ def test_a_host_whose_gpus_differ_from_the_plan_says_so_up_to_the_dashboard(
         reported = Domain.objects.get(fleet=fleet, slug="east").last_report
         assert reported["planMismatches"] == mismatches
 
-        staff = django_user_model.objects.create_user("ops", password="pw", is_staff=True)
+        staff = django_user_model.objects.create_user(
+            "ops", password="pw", is_staff=True, is_superuser=True
+        )
         client.force_login(staff)
         html = client.get(f"/fleets/{fleet.slug}/live/").content.decode()
         assert "plan vs host: GPU 0 is planned as &#x27;A100&#x27;" in html

@@ -89,7 +89,9 @@ def test_the_api_snapshot_and_route_intent_strip_credentials(
 def test_the_dashboard_and_the_export_strip_credentials(
     stored_with_credentials, client, django_user_model
 ):
-    staff = django_user_model.objects.create_user("ops", password="pw-123456", is_staff=True)
+    staff = django_user_model.objects.create_user(
+        "ops", password="pw-123456", is_staff=True, is_superuser=True
+    )
     client.force_login(staff)
     page = client.get("/fleets/demo/")
     assert page.status_code == 200 and SECRET not in page.content.decode()

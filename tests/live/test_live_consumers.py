@@ -1,5 +1,6 @@
-"""The live layer: staff-only sockets, and exactly one message per state change, carrying the
-new state, on the in-memory layer and on channels_redis against a real Redis."""
+"""The live layer: sockets only for users who may view the fleet, and exactly one message per
+state change, carrying the new state, on the in-memory layer and on channels_redis against a
+real Redis."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def _headers(client: Client | None) -> list[tuple[bytes, bytes]]:
 
 async def _login(django_user_model, username: str, *, staff: bool) -> Client:
     user = await sync_to_async(django_user_model.objects.create_user)(
-        username, password="pw-1234567", is_staff=staff
+        username, password="pw-1234567", is_staff=staff, is_superuser=staff
     )
     client = Client()
     await sync_to_async(client.force_login)(user)
@@ -83,10 +84,10 @@ async def test_anonymous_socket_is_refused(channel_layer, demo):
     assert code == 4401
 
 
-async def test_socket_of_a_user_who_is_not_staff_is_refused(channel_layer, demo, django_user_model):
+async def test_socket_of_a_user_without_a_role_is_refused(channel_layer, demo, django_user_model):
     client = await _login(django_user_model, "visitor", staff=False)
     connected, code = await _communicator("/ws/fleets/demo/", client).connect()
-    assert (connected, code) == (False, 4401)
+    assert (connected, code) == (False, 4403)
 
 
 async def test_socket_for_an_unknown_fleet_is_refused(channel_layer, demo, django_user_model):

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 async def _staff_cookie(django_user_model) -> bytes:
     user = await sync_to_async(django_user_model.objects.create_user)(
-        "ops", password="pw-1234567", is_staff=True
+        "ops", password="pw-1234567", is_staff=True, is_superuser=True
     )
     client = Client()
     await sync_to_async(client.force_login)(user)
