@@ -25,7 +25,7 @@ from common.wire import bounded_json
 from fleets.base.errors import LayoutError
 from fleets.core.policy import PolicyError, validate_policy
 from fleets.core.states import Provider, SlotKind
-from fleets.core.urls import USERINFO_RULE, has_userinfo
+from fleets.core.urls import url_problem
 from fleets.drivers.base import DriverSettingsError
 from fleets.drivers.registry import builtin, provider_names
 from fleets.layouts.planning import (
@@ -295,11 +295,10 @@ def _parse_domain(
 ) -> DomainSpec:
     """One domain of the layout; its problems are appended to `errors` (the whole layout's:
     a domain is planned only while the layout has none)."""
-    errors.extend(
-        f"{dpath}.{key}: {USERINFO_RULE}"
-        for key in ("supervisorUrl", "servingBaseUrl")
-        if has_userinfo(d.get(key, ""))
-    )
+    for key in ("supervisorUrl", "servingBaseUrl"):
+        problem = url_problem(d.get(key, ""))
+        if problem:
+            errors.append(f"{dpath}.{key}: {problem}")
     errors.extend(_driver_errors(d, dpath))
     slots = _parse_slots(d, dpath, errors)
     gpu_layout: dict[str, Any] = {}
@@ -414,8 +413,9 @@ def _parse_models(
         mpath = f"{spath}.models[{mi}]"
         what = f"model {m['name']!r} in domain {d['slug']!r}"
         _first_seen(seen_models, m["name"], mpath, "name", what, errors)
-        if has_userinfo(m.get("servingUrl", "")):
-            errors.append(f"{mpath}.servingUrl: {USERINFO_RULE}")
+        problem = url_problem(m.get("servingUrl", ""))
+        if problem:
+            errors.append(f"{mpath}.servingUrl: {problem}")
         serving_url = m.get("servingUrl") or d.get("servingBaseUrl", "")
         # A provisioned domain learns its serving URL from the cluster it gets.
         if not serving_url and not managed:
