@@ -156,6 +156,13 @@ class _StrictYamlLoader(yaml.SafeLoader):
 LAYOUT_MAX_BYTES = 4 * 1024 * 1024
 
 
+def not_utf8(path: Path, exc: UnicodeDecodeError) -> str:
+    """Say where a file stops being UTF-8 (a latin-1 file, say), by line and byte."""
+    line = exc.object[: exc.start].count(b"\n") + 1
+    byte = exc.object[exc.start]
+    return f"{path}: not UTF-8 (byte 0x{byte:02x} on line {line}); a layout must be saved as UTF-8"
+
+
 def read_layout_file(
     path: str | Path,
     *,
@@ -170,9 +177,11 @@ def read_layout_file(
         size = p.stat().st_size
         if size > limit:
             raise LayoutError([f"{p}: {size} bytes; a layout may be at most {limit}"])
-        text = p.read_text()
+        text = p.read_bytes().decode("utf-8")
     except OSError as exc:
         raise LayoutError([f"{p}: cannot read layout file ({exc.strerror})"]) from None
+    except UnicodeDecodeError as exc:
+        raise LayoutError([not_utf8(p, exc)]) from None
     kind = p.suffix.lstrip(".") or "JSON"
     try:
         if p.suffix in {".yaml", ".yml"}:

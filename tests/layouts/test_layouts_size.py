@@ -143,3 +143,17 @@ def test_a_plan_that_would_weigh_too_many_pairs_is_refused_before_it_starts():
         for i in range(count)
     )
     assert plan(PlanRequest(gpus=gpus, groups=pinned)).ok
+
+
+@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+def test_a_latin1_layout_file_is_refused_naming_the_file_and_utf8(tmp_path, suffix):
+    path = tmp_path / f"fleet{suffix}"
+    data = _layout(_models(1, memoryMiB=1))
+    data = {"displayName": "Flotte de Montréal", **data}
+    path.write_bytes(json.dumps(data, ensure_ascii=False, indent=1).encode("latin-1"))
+    with pytest.raises(CommandError) as err:
+        call_command("seed_layout", "--config", str(path), "--dry-run")
+    assert str(err.value) == (
+        f"layout {path} refused, nothing written:\n"
+        f"  {path}: not UTF-8 (byte 0xe9 on line 2); a layout must be saved as UTF-8"
+    )
