@@ -2,11 +2,12 @@
 
     .venv/bin/python bench/layout_size.py [--models 20000] [--variants all] [--json]
 
-Writes layouts of `--models` models (about 4 MiB each, under HARU_LAYOUT_MAX_BYTES) in a
-temporary directory and runs `manage.py seed_layout --config FILE --dry-run` on each in a child
-process of its own, against a fresh migrated SQLite database. Prints, per variant, the child's
-wall time, its peak resident memory (`ru_maxrss` from `wait4`, so the figure is that child's
-own), its exit status, the file's size and the first line of what it printed. Variants:
+Writes layouts of `--models` models (padded to about 3.96 MiB each, just under the default
+HARU_LAYOUT_MAX_BYTES) in a temporary directory and runs `manage.py seed_layout --config FILE
+--dry-run` on each in a child process of its own, against a fresh migrated SQLite database. Prints, per variant, the child's
+wall time and CPU time, its peak resident memory (`ru_maxrss` from `wait4`, so the figure is
+that child's own), its exit status, the file's size and what it printed (size, first and last
+line). Variants:
 
 - `valid`: one planned domain of 1,024 GPUs, 20 models (memoryMiB 1) to a slot: accepted.
 - `spread`: the same with one model per slot: refused, too much to plan (each unpinned slot is
@@ -39,38 +40,39 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-# Padding per model so the file is about 4 MiB at 20,000 models, like the finding's.
-PROFILE_PAD = 16
+# Each file is padded (in its models' modelPath) to about this size: just under the default
+# HARU_LAYOUT_MAX_BYTES (4 MiB), the largest layout the loader takes.
+TARGET_BYTES = 4_150_000
 
 
-def _model(i: int, *, memory: bool, upper: bool) -> dict[str, Any]:
+def _model(i: int, *, memory: bool, upper: bool, pad: int) -> dict[str, Any]:
     name = f"model-{i:05d}"
     out: dict[str, Any] = {
         "name": name.upper() if upper else name,
         "servingUrl": f"http://10.0.{i // 250}.{i % 250 + 1}:8000",
-        "profile": {"engine": "sim", "modelPath": f"/models/{name}/" + "w" * PROFILE_PAD},
+        "profile": {"engine": "sim", "modelPath": f"/models/{name}/" + "w" * pad},
     }
     if memory:
         out["memoryMiB"] = 1
     return out
 
 
-def layout(variant: str, models: int) -> dict[str, Any]:
+def layout(variant: str, models: int, pad: int = 0) -> dict[str, Any]:
     """The layout of one variant (module docstring)."""
     memory = variant != "missing-memory"
     upper = variant == "bad-names"
-    every = [_model(i, memory=memory, upper=upper) for i in range(models)]
+    every = [_model(i, memory=memory, upper=upper, pad=pad) for i in range(models)]
     # 1,024 GPUs (the planner's most), 64 to an entry (the schema's most).
     gpus = [{"count": 64, "type": "H100", "memoryMiB": 81559} for _ in range(16)]
     if variant == "spread":
-        slots = [{"kind": "inference", "models": [m]} for m in every]
+        slots: list[dict[str, Any]] = [{"kind": "inference", "models": [m]} for m in every]
     elif variant in {"valid", "too-many-rows"}:
         # 20 models to a slot, planned on whichever GPU fits.
         slots = [{"kind": "inference", "models": every[i : i + 20]} for i in range(0, models, 20)]
     else:
         # The finding's shape: every model in one slot.
         slots = [{"kind": "inference", "gpuIndex": 0, "models": every}]
-    domain = {
+    domain: dict[str, Any] = {
         "slug": "east",
         "provider": "static",
         "supervisorUrl": "http://10.0.0.1:8701",
@@ -91,18 +93,26 @@ def run_child(config: Path, env: dict[str, str]) -> dict[str, Any]:
         argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
     assert proc.stdout is not None
-    output = proc.stdout.read()
+    # Streamed, keeping the ends only: a parent that held a 200 MB report would lend that
+    # memory to the next child's ru_maxrss (Linux keeps the high-water mark across fork).
+    size, count, first, last = 0, 0, b"", b""
+    for line in proc.stdout:
+        size, count = size + len(line), count + 1
+        first = first or line[:400]
+        last = line[:400]
     _, status, usage = os.wait4(proc.pid, 0)
     took = time.perf_counter() - started
     proc.returncode = os.waitstatus_to_exitcode(status)
-    lines = output.decode("utf-8", "replace").splitlines()
+    lines = [x.decode("utf-8", "replace").rstrip("\n") for x in (first, last) if x]
     return {
         "wall_s": round(took, 2),
+        # CPU seconds of the child alone: steadier than wall time on a shared machine.
+        "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
         # Linux reports ru_maxrss in KiB.
         "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
         "exit": proc.returncode,
-        "output_lines": len(lines),
-        "output_bytes": len(output),
+        "output_lines": count,
+        "output_bytes": size,
         "first_line": lines[0][:160] if lines else "",
         "last_line": lines[-1][:160] if lines else "",
     }
@@ -119,7 +129,9 @@ def main() -> None:
         # In a child of its own: a parent that built the layout would lend its memory to the
         # next child's ru_maxrss (Linux keeps the high-water mark across fork and exec).
         variant, path = args.write
-        Path(path).write_text(json.dumps(layout(variant, args.models)))
+        bare = len(json.dumps(layout(variant, args.models)))
+        pad = max(0, (TARGET_BYTES - bare) // max(args.models, 1))
+        Path(path).write_text(json.dumps(layout(variant, args.models, pad)))
         return
     variants = VARIANTS if args.variants == "all" else tuple(args.variants.split(","))
     tmp = Path(tempfile.mkdtemp(prefix="haru-bench-layout-size-"))
@@ -149,6 +161,7 @@ def main() -> None:
             if not args.json:
                 print(
                     f"{variant:15s} file={row['file_mib']:5.2f}MiB wall={row['wall_s']:7.2f}s "
+                    f"cpu={row['cpu_s']:7.2f}s "
                     f"peak_rss={row['peak_rss_mib']:8.1f}MiB exit={row['exit']} "
                     f"lines={row['output_lines']} bytes={row['output_bytes']}\n"
                     f"{'':15s} {row['first_line']}\n{'':15s} {row['last_line']}",
