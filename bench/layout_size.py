@@ -4,10 +4,10 @@
 
 Writes layouts of `--models` models (padded to about 3.96 MiB each, just under the default
 HARU_LAYOUT_MAX_BYTES) in a temporary directory and runs `manage.py seed_layout --config FILE
---dry-run` on each in a child process of its own, against a fresh migrated SQLite database. Prints, per variant, the child's
-wall time and CPU time, its peak resident memory (`ru_maxrss` from `wait4`, so the figure is
-that child's own), its exit status, the file's size and what it printed (size, first and last
-line). Variants:
+--dry-run` on each in a child process of its own, against a fresh migrated SQLite database.
+Prints, per variant, the child's wall time and CPU time, its peak resident memory (`ru_maxrss`
+from `wait4`, so the figure is that child's own), its exit status, the file's size and what it
+printed (size, first and last line). Variants:
 
 - `valid`: one planned domain of 1,024 GPUs, 20 models (memoryMiB 1) to a slot: accepted.
 - `spread`: the same with one model per slot: refused, too much to plan (each unpinned slot is
@@ -17,9 +17,9 @@ line). Variants:
 - `missing-memory`: as `one-slot` without memoryMiB: one refusal per model, each naming the
   slot (the finding: each message listed every model, 87 s and 13.2 GB for 19,000).
 - `bad-names`: every model name upper case: one schema error per model.
-- `too-many-rows`: `valid` under the default HARU_LAYOUT_MAX_ROWS (20,000: the models, their
-  slot and domain are over it): refused before it is planned. The others run with the limit
-  raised to its most, so they are planned.
+- `too-many-rows`: `valid` under the default HARU_LAYOUT_MAX_ROWS (20,000: the models with their
+  slots and domain, 21,001 rows, are over it): refused before it is checked or planned. The
+  others run with the limit raised to its most, so they are planned.
 
 The target (issue 29): a 4 MiB layout of 20,000 models refused or accepted in at most 10 s and
 1 GiB. A dry run plans and diffs against the database like a real apply, without the writes
