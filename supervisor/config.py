@@ -155,6 +155,14 @@ def read_config_source(source: str, cwd: Path) -> tuple[Any, str]:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError([f"(root): cannot read config file {path}: {exc.strerror}"]) from exc
+        except UnicodeDecodeError as exc:
+            line = exc.object[: exc.start].count(b"\n") + 1
+            raise ConfigError(
+                [
+                    f"(root): config file {path} is not UTF-8 (byte 0x{exc.object[exc.start]:02x} "
+                    f"on line {line}); save it as UTF-8"
+                ]
+            ) from None
     try:
         # Bounded and strict: a key written twice would otherwise keep its last value silently.
         return bounded_json.loads(text), origin

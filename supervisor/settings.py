@@ -70,9 +70,9 @@ class SupervisorSettings:
     )
     child_env_allow = AGENT.listing(
         "HARU_CHILD_ENV_ALLOW",
-        shown_default="none allowed",
-        doc="names a model server or trainer inherits although they contain `TOKEN`, "
-        "`SECRET`, `KEY` or `PASSWORD` (HF_TOKEN for a gated model, say)",
+        shown_default="none added",
+        doc="names (or `PREFIX*` families) a model server or trainer inherits beyond the "
+        "allow-list (docs/supervisor.md), as they are: HF_TOKEN for a gated model, say",
     )
 
     # The HTTP edge (common/edge/protocol.py). The supervisor listens beyond loopback when the

@@ -1,11 +1,12 @@
 """Training slots: start the configured trainer, stop it with SIGTERM then SIGKILL.
 
 The trainer contract: the command is spawned exactly as written, in its own process group,
-with the parent environment plus HARU_CHECKPOINT_DIR, HARU_GPU_INDEX, CUDA_VISIBLE_DEVICES
-(numbered as NVML numbers GPUs: CUDA_DEVICE_ORDER=PCI_BUS_ID) and, when the plan gives one,
-HARU_GPU_MEMORY_LIMIT_MIB (the most GPU memory it may use),
-and without the supervisor's token or config. Failover never waits for a perfect checkpoint:
-after the grace period the group is killed, and trainers must resume from what they saved.
+with the allowed part of the parent environment (`child_env.py`) plus HARU_CHECKPOINT_DIR,
+HARU_GPU_INDEX, CUDA_VISIBLE_DEVICES (numbered as NVML numbers GPUs:
+CUDA_DEVICE_ORDER=PCI_BUS_ID) and, when the plan gives one, HARU_GPU_MEMORY_LIMIT_MIB (the most
+GPU memory it may use), and never the supervisor's token, config or other secrets. Failover
+never waits for a perfect checkpoint: after the grace period the group is killed, and trainers
+must resume from what they saved.
 
 A running trainer is recorded in the state directory, so a supervisor restarted after a crash
 adopts it (see `adoption.py`) instead of losing sight of a process that holds the GPU.
@@ -23,9 +24,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from supervisor.child_env import inherited_env
 from supervisor.clock import Clock, iso_utc
 from supervisor.config import TrainingSlotConfig
-from supervisor.engines.launch import inherited_env
 from supervisor.processes import AdoptedProcess, ChildProcess, Spawner
 from supervisor.records import ProcessStamp, StateDir, TrainerRecord
 from supervisor.settings import ChildEnvironment
@@ -48,7 +49,8 @@ class SpawnFailed(Exception):
 def trainer_env(
     slot: TrainingSlotConfig, environ: Mapping[str, str], host_env: Mapping[str, str]
 ) -> dict[str, str]:
-    """Build the trainer's environment: the parent's less secrets, + the contract's variables."""
+    """Build the trainer's environment: the allowed part of the parent's, + the contract's
+    variables."""
     env = inherited_env(environ)
     env.update(host_env)
     env[ChildEnvironment.checkpoint_dir.env] = str(slot.checkpoint_dir)

@@ -23,7 +23,7 @@ from fleets.base.errors import LayoutError
 from fleets.core.drills import DrillSchedule, schedule_problems
 from fleets.core.policy import PolicyError, validate_policy
 from fleets.core.states import Provider, SlotKind
-from fleets.core.urls import USERINFO_RULE, has_userinfo, supervisor_url_problem
+from fleets.core.urls import has_userinfo, supervisor_url_problem, url_problem, without_userinfo
 from fleets.drivers.base import DriverSettingsError
 from fleets.drivers.registry import builtin, provider_names
 from fleets.layouts.loader import layout_schema, parse_layout, schema_problems
@@ -52,10 +52,32 @@ def validate_slug(value: str) -> None:
 
 
 def validate_url(value: str) -> None:
+    """The layout's URL rules: http(s), no credentials, no query or fragment."""
     if value:
         _check_pattern(value, _def("url"))
-        if has_userinfo(value):
-            raise ValidationError(USERINFO_RULE)
+        problem = url_problem(value)
+        if problem:
+            raise ValidationError(problem)
+
+
+class ShownWithoutCredentials(forms.ModelForm):
+    """Show stored URLs (`url_fields`) without the credentials a row written before the rule
+    may hold: the change form would print the password. The form then counts as changed, so
+    saving it (an inline row too) stores the URL stripped."""
+
+    url_fields: tuple[str, ...] = ()
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.strips_credentials = False
+        for name in self.url_fields:
+            value = self.initial.get(name)
+            if isinstance(value, str) and has_userinfo(value):
+                self.initial[name] = without_userinfo(value)
+                self.strips_credentials = True
+
+    def has_changed(self) -> bool:
+        return self.strips_credentials or super().has_changed()
 
 
 def validate_supervisor_url(value: str) -> None:
@@ -179,7 +201,7 @@ class FleetForm(forms.ModelForm):
 # ---------------------------------------------------------------------------------------------
 
 
-class DomainForm(forms.ModelForm):
+class DomainForm(ShownWithoutCredentials):
     placement = PrettyJSONField(
         required=False,
         rows=7,
@@ -203,6 +225,8 @@ class DomainForm(forms.ModelForm):
         help_text='{"gpus": [{"count", "type", "memoryMiB", ...}], "placementPolicy", '
         '"safetyMarginMiB"}; empty to place slots by hand',
     )
+
+    url_fields = ("supervisor_url", "serving_base_url")
 
     class Meta:
         model = Domain
@@ -394,7 +418,7 @@ class SlotInlineFormSet(forms.BaseInlineFormSet):
         super().clean()
 
 
-class ModelBindingForm(forms.ModelForm):
+class ModelBindingForm(ShownWithoutCredentials):
     profile = PrettyJSONField(
         required=False,
         rows=3,
@@ -414,6 +438,8 @@ class ModelBindingForm(forms.ModelForm):
         help_text='planned domains: {"memoryMiB" or "memoryFraction", "exclusive", '
         '"sleepResidueMiB"}',
     )
+
+    url_fields = ("serving_url",)
 
     class Meta:
         model = ModelBinding

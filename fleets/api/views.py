@@ -11,11 +11,14 @@ from drf_spectacular.utils import (
 )
 from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 from rest_framework import serializers as drf_serializers
+from rest_framework.exceptions import ParseError
+from rest_framework.permissions import SAFE_METHODS
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from common.strict_json import type_name
 from fleets.api import serializers as s
 from fleets.api.auth import HasApiToken, request_grant
 from fleets.api.errors import PayloadTooLarge
@@ -97,6 +100,13 @@ class HaruAPIView(APIView):
         if length > MAX_CONTROL_BODY:
             raise PayloadTooLarge(f"request body of {length} bytes exceeds {MAX_CONTROL_BODY}")
         super().initial(request, *args, **kwargs)
+        # After authentication (above). A body is a JSON object or absent ({}), on every write
+        # route, those that read none included: `null`, `[]` or `0` read as "no body" once,
+        # and drills and baseline records ran on them.
+        if request.method not in SAFE_METHODS and not isinstance(request.data, dict):
+            raise ParseError(
+                f"the request body must be a JSON object (or empty), got {type_name(request.data)}"
+            )
 
     @staticmethod
     def actor(request: Request) -> str:
@@ -216,7 +226,7 @@ class DrillView(HaruAPIView):
         (routing moves twice); refused (422) while autoFailover is off. Refused (409) while any
         operation is in flight and (422) while anything is degraded."""
         fleet = selectors.fleet_get(ref)
-        body = s.DrillRequest(data=request.data if request.data else {})
+        body = s.DrillRequest(data=request.data)
         body.is_valid(raise_exception=True)
         result = operation_request(
             fleet=fleet,
@@ -252,7 +262,7 @@ class ReconcileView(HaruAPIView):
                     "operation": s.OperationOut(allow_null=True),
                 },
             ),
-            **_errors(401, 404),
+            **_errors(400, 401, 404),
         },
     )
     def post(self, request, ref: str):
@@ -293,7 +303,7 @@ class BaselinesView(HaruAPIView):
         baselines, replacing any that differ: how an expected drift (an engine upgrade) is
         accepted. Each write is a `golden.baseline.recorded` event."""
         fleet = selectors.fleet_get(ref)
-        body = s.BaselineRecordRequest(data=request.data if request.data else {})
+        body = s.BaselineRecordRequest(data=request.data)
         body.is_valid(raise_exception=True)
         domain = selectors.domain_or_active(fleet, body.validated_data.get("domainId"))
         done = record_baselines(
@@ -348,7 +358,7 @@ def _domain_action(operation_id: str, summary: str, description: str):
     """The schema of a provisioning move's POST: 202 when the domain moved, 200 when it
     already had (provision and stop answer alike)."""
     answers = {200: s.DomainActionOut, 202: s.DomainActionOut}
-    errors = (401, 404, 409, 413, 422)
+    errors = (400, 401, 404, 409, 413, 422)
     return extend_schema_view(
         post=_write(operation_id, summary, None, answers, *errors, description=description)
     )
@@ -407,7 +417,11 @@ class FleetOperationsView(HaruAPIView):
 
 class OperationCancelView(HaruAPIView):
     @_write(
-        "cancelOperation", "Cancel an operation", None, {200: s.CancelledOut}, 401, 404, 409, 413
+        "cancelOperation",
+        "Cancel an operation",
+        None,
+        {200: s.CancelledOut},
+        *(400, 401, 404, 409, 413),
     )
     def post(self, request, ref: str, operation_id: str):
         """Cancel an in-flight operation of this fleet.

@@ -89,13 +89,35 @@ class OperationConflict(ServiceError):
         self.operation = operation
 
 
+# What a layout refusal reports: the first errors, each cut to a length, then how many more.
+# A 20,000-model layout can break a rule 20,000 times; the operator fixes the first ones and
+# applies again, and the report (a terminal, an API answer, an admin page) stays small.
+MAX_REPORTED_ERRORS = 50
+MAX_ERROR_CHARS = 500
+
+
+def bounded_errors(errors: list[str]) -> list[str]:
+    """At most MAX_REPORTED_ERRORS of `errors`, each at most MAX_ERROR_CHARS, then a line
+    saying how many more were found."""
+    shown = [
+        e if len(e) <= MAX_ERROR_CHARS else e[: MAX_ERROR_CHARS - 1] + "…"
+        for e in errors[:MAX_REPORTED_ERRORS]
+    ]
+    more = len(errors) - MAX_REPORTED_ERRORS
+    if more > 0:
+        shown.append(f"(layout): and {more} more error(s) not shown; fix these and check again")
+    return shown
+
+
 class LayoutError(ServiceError):
-    """A layout that fails validation; `errors` lists every `path: rule` found."""
+    """A layout that fails validation; `errors` lists the `path: rule` found (bounded:
+    `bounded_errors`)."""
 
     code = ErrorCode.INVALID_LAYOUT
     status = 422
 
     def __init__(self, errors: list[str], *, batches_written: int = 0) -> None:
+        errors = bounded_errors(errors)
         super().__init__("; ".join(errors))
         self.errors = errors
         # Batches an apply had committed before it stopped (a partial apply; re-apply completes).

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 Policy = Literal["binpack", "spread"]
@@ -33,6 +34,12 @@ SortKey = tuple[Any, ...]
 DEFAULT_SLEEP_RESIDUE_MIB = 3072
 DEFAULT_SAFETY_MARGIN_MIB = 1024
 MAX_TARGETS = 1024  # bounds the work of one plan
+# Bounds the work of one plan: each unpinned workload is weighed against every target, so 20,000
+# one-model slots on 1,024 GPUs would take minutes. 1,024 slots on 1,024 GPUs is about 5 s.
+MAX_PLAN_PAIRS = 1024 * 1024
+# A refusal names at most this many targets or workloads (a GPU may host thousands of slots):
+# otherwise every message repeats the whole list and the report grows with its square.
+NAMED_AT_MOST = 5
 
 # Refusal reasons (HAMi's filter names in brackets, for operators who know them).
 INSUFFICIENT_MEMORY = "insufficient_memory"  # CardInsufficientMemory
@@ -94,11 +101,13 @@ class ServerGroup:
     mig: str | None = None
     topology: Topology = "prefer"
 
-    @property
+    # Cached: read once per target the group is weighed against (a frozen dataclass keeps
+    # them in its __dict__, outside its fields, hash and equality).
+    @cached_property
     def width(self) -> int:
         return max(s.tensor_parallel for s in self.servers)
 
-    @property
+    @cached_property
     def whole_gpus(self) -> bool:
         return any(s.whole_gpus for s in self.servers)
 
@@ -216,6 +225,28 @@ class PlanInputError(ValueError):
     """The request itself is malformed (duplicate GPUs, impossible numbers)."""
 
 
+def named(items: Sequence[str], limit: int = NAMED_AT_MOST) -> str:
+    """List at most `limit` names, then how many more: `a, b, c and 17 more`."""
+    shown = ", ".join(items[:limit])
+    rest = len(items) - limit
+    return f"{shown} and {rest} more" if rest > 0 else shown
+
+
+def _bounded(refusals: list[Refusal]) -> list[Refusal]:
+    """One workload's refusals, at most NAMED_AT_MOST targets named and the rest counted: an
+    unpinned slot refused by 1,024 GPUs otherwise reports 1,024 lines."""
+    if len(refusals) <= NAMED_AT_MOST:
+        return refusals
+    kept, rest = refusals[:NAMED_AT_MOST], refusals[NAMED_AT_MOST:]
+    reasons: dict[str, int] = {}
+    for r in rest:
+        reasons[r.reason] = reasons.get(r.reason, 0) + 1
+    common = max(reasons, key=lambda k: reasons[k])
+    counts = ", ".join(f"{k}: {v}" for k, v in sorted(reasons.items()))
+    summary = Refusal(rest[0].workload, f"{len(rest)} more targets", common, counts)
+    return [*kept, summary]
+
+
 def _grant(server: Server, total_mib: int, margin: int) -> tuple[float, int]:
     """Return (vLLM --gpu-memory-utilization, the MiB that fraction grants) on a target.
 
@@ -256,6 +287,14 @@ def _check_request(req: PlanRequest) -> None:
     names = [g.name for g in req.groups] + [t.name for t in req.trainers]
     if len(set(names)) != len(names):
         raise PlanInputError("workload names must be unique")
+    pinned = [g.gpu_index for g in req.groups] + [t.gpu_index for t in req.trainers]
+    pairs = sum(1 if index is not None else len(req.gpus) for index in pinned)
+    if pairs > MAX_PLAN_PAIRS:
+        raise PlanInputError(
+            f"{len(names)} workloads on {len(req.gpus)} GPUs is too much to plan (each unpinned "
+            f"slot is weighed against every GPU: at most {MAX_PLAN_PAIRS} pairs); put models "
+            "that share a GPU in one slot, or pin slots with gpuIndex"
+        )
     for group in req.groups:
         if not group.servers:
             raise PlanInputError(f"{group.name}: a server group needs at least one server")
@@ -344,26 +383,44 @@ def _pinned(
     if chosen:
         return chosen, []
     where = f"GPU {index}" if index is not None else "domain"
-    known = ", ".join(t.label for t in targets) or "none"
+    known = named([t.label for t in targets]) or "none"
     what = f"MIG instance {mig!r}" if mig is not None else f"GPU {index}"
     return [], [Refusal(name, where, NO_SUCH_GPU, f"{what} is not in the domain (has {known})")]
 
 
-def _group_refusal(group: ServerGroup, t: _Target, margin: int) -> tuple[str, str] | None:
-    """Return (reason, detail) when `t` cannot take `group`, else None."""
+class _NeedsOf:
+    """A group's per-GPU needs on a target, computed once per target size: a domain has a
+    few sizes and up to 1,024 targets, and each need is a rounding per server."""
+
+    def __init__(self, group: ServerGroup, margin: int) -> None:
+        self._group, self._margin = group, margin
+        self._by_total: dict[int, tuple[int, ...]] = {}
+
+    def __call__(self, t: _Target) -> tuple[int, ...]:
+        total = t.total_mib
+        needs = self._by_total.get(total)
+        if needs is None:
+            needs = self._by_total[total] = _needs(self._group, t, self._margin)
+        return needs
+
+
+def _group_refusal(
+    group: ServerGroup, t: _Target, margin: int, needs: tuple[int, ...]
+) -> tuple[str, str] | None:
+    """Return (reason, detail) when `t` cannot take `group` (needing `needs` there), else
+    None."""
     if not _type_ok(group.gpu_type, t.gpu):
         return TYPE_MISMATCH, f"wants {group.gpu_type!r}, GPU is {t.gpu.type!r}"
     if t.exclusive_of is not None:
         return EXCLUSIVE_CONFLICT, f"held whole by {t.exclusive_of}"
     if group.whole_gpus and t.groups:
-        return EXCLUSIVE_CONFLICT, f"needs the GPU whole, already hosts {', '.join(t.groups)}"
+        return EXCLUSIVE_CONFLICT, f"needs the GPU whole, already hosts {named(t.groups)}"
     if t.mig is not None and group.width > 1:
         return TOPOLOGY_NOT_SATISFIABLE, "a MIG instance cannot join a tensor-parallel group"
-    needs = _needs(group, t, margin)
     if t.mig is not None and t.groups:
         return (
             EXCLUSIVE_CONFLICT,
-            f"already hosts {', '.join(t.groups)}; an instance is never split",
+            f"already hosts {named(t.groups)}; an instance is never split",
         )
     if t.mig is not None and sum(needs) + margin > t.total_mib:
         return MIG_TOO_SMALL, (
@@ -394,15 +451,16 @@ def _place_group(
         return _place_wide(group, candidates, targets, policy, margin, gpu_count)
     refusals: list[Refusal] = []
     fitting: list[tuple[SortKey, _Target, tuple[int, ...]]] = []
+    needs_of = _NeedsOf(group, margin)
     for t in candidates:
-        verdict = _group_refusal(group, t, margin)
+        needs = needs_of(t)
+        verdict = _group_refusal(group, t, margin, needs)
         if verdict is not None:
             refusals.append(Refusal(group.name, t.label, *verdict))
         else:
-            needs = _needs(group, t, margin)
             fitting.append((_score(t, sum(needs), policy), t, needs))
     if not fitting:
-        return refusals
+        return _bounded(refusals)
     _, target, needs = min(fitting, key=lambda f: f[0])
     return _commit(group, [target], needs, margin)
 
@@ -423,8 +481,9 @@ def _place_wide(
         candidates = targets[start:]
     refusals: list[Refusal] = []
     free: list[_Target] = []
+    needs_of = _NeedsOf(group, margin)
     for t in candidates:
-        verdict = _group_refusal(group, t, margin)
+        verdict = _group_refusal(group, t, margin, needs_of(t))
         if verdict is not None:
             refusals.append(Refusal(group.name, t.label, *verdict))
         else:
@@ -433,7 +492,7 @@ def _place_wide(
         run = free[:width]
         indices = [t.gpu.index for t in run]
         if indices != list(range(group.gpu_index, group.gpu_index + width)):
-            return refusals or [
+            return _bounded(refusals) or [
                 Refusal(
                     group.name,
                     f"GPU {group.gpu_index}",
@@ -455,13 +514,13 @@ def _place_wide(
     if not options:
         wanted = {"prefer": "", "nvlink": " on one NVLink group", "numa": " on one NUMA node"}
         return [
-            *refusals,
+            *_bounded(refusals),
             Refusal(
                 group.name,
                 "domain",
                 TOPOLOGY_NOT_SATISFIABLE,
                 f"needs {width} whole GPUs{wanted[group.topology]}, "
-                f"{len(free)} free ({', '.join(t.label for t in free) or 'none'})",
+                f"{len(free)} free ({named([t.label for t in free]) or 'none'})",
             ),
         ]
     # Spread and binpack agree for whole GPUs: take the tightest-fitting set, lowest indices.
@@ -594,7 +653,7 @@ def _place_trainer(
                 key = (False, residue, t.gpu.index, t.mig.name if t.mig else "")
             fitting.append((key, t, budget))
     if not fitting:
-        return refusals
+        return _bounded(refusals)
     _, target, budget = min(fitting, key=lambda f: f[0])
     target.trainer = trainer.name
     target.trainer_mib = budget

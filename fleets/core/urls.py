@@ -2,8 +2,9 @@
 
 Credentials never ride in these URLs: the input paths refuse a `user:password@` part, and the
 output paths strip one from rows written before that rule (a bare `user@` too: the user part is
-often a token itself). Supervisors are optionally limited to an allow-list of hosts, so a
-mistyped or planted `supervisorUrl` can never receive a supervisor token.
+often a token itself). The input paths also refuse a query or a fragment: Haru appends paths.
+Supervisors are optionally limited to an allow-list of hosts, so a mistyped or planted
+`supervisorUrl` can never receive a supervisor token.
 """
 
 from __future__ import annotations
@@ -21,6 +22,21 @@ _USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*://)[^/?#]*@")
 _USERINFO_IN_TEXT = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://)[^/?#\s@]*@")
 
 USERINFO_RULE = "must not carry credentials (user:password@); supervisors take a bearer token"
+
+
+# Haru appends a path to these URLs (`/v1/status`, `/v1/chat/completions`): after a query or a
+# fragment that path lands inside it, the calls miss, and chat clients are shown the URL.
+QUERY_RULE = "must not carry a query (?...) or a fragment (#...); Haru appends paths to this URL"
+
+
+def url_problem(url: str) -> str | None:
+    """Why a supervisor or serving URL is refused at input (credentials, a query or a
+    fragment), or None."""
+    if has_userinfo(url):
+        return USERINFO_RULE
+    if "?" in url or "#" in url:
+        return QUERY_RULE
+    return None
 
 
 def has_userinfo(url: str) -> bool:
@@ -86,8 +102,9 @@ def host_allowed(url: str, patterns: Sequence[str]) -> bool:
 
 def supervisor_url_problem(url: str, patterns: Sequence[str]) -> str | None:
     """Why Haru must not call or store this supervisor URL, or None when it may."""
-    if has_userinfo(url):
-        return USERINFO_RULE
+    problem = url_problem(url)
+    if problem:
+        return problem
     if not host_allowed(url, patterns):
         host = urlsplit(without_userinfo(url)).hostname or "?"
         return (

@@ -24,6 +24,7 @@ from fleets.core.placement import (
     Server,
     ServerGroup,
     Trainer,
+    named,
     plan,
 )
 from fleets.core.states import SlotKind
@@ -66,7 +67,9 @@ class ModelLike(Protocol):
 class UnitInput:
     """One layout slot as the planner sees it."""
 
-    label: str  # e.g. "slots[1] (qwen-small, llama-small)"
+    # e.g. "slots[1] (qwen-small, llama-small)"; a few names at most, since every refusal and
+    # every "needs memoryMiB" line repeats it (listing 19,000 models made those quadratic).
+    label: str
     kind: str
     gpu_index: int | None
     mig: str | None = None
@@ -82,7 +85,7 @@ class UnitInput:
         the GPU type, the topology and a trainer's memory budget; an empty MIG instance is
         none. `label` names it in a refusal."""
         return cls(
-            label=f"{label} ({', '.join(m.name for m in models) or 'trainer'})",
+            label=f"{label} ({named([m.name for m in models]) or 'trainer'})",
             kind=slot.kind,
             gpu_index=slot.gpu_index,
             mig=slot.mig_instance or None,

@@ -105,8 +105,9 @@ def upstream_targets(serving_url: str) -> dict[str, Target]:
         shown = without_userinfo(serving_url)
         raise Malformed(f"serving URL {shown!r} is not an absolute http(s) URL")
     if parts.query or parts.fragment or "?" in serving_url or "#" in serving_url:
-        shown = without_userinfo(serving_url)
-        raise Malformed(f"serving URL {shown!r} carries a query or fragment")
+        # Shown without them: the message reaches chat clients, and a query may hold a key.
+        shown = without_userinfo(serving_url).split("?", 1)[0].split("#", 1)[0]
+        raise Malformed(f"serving URL {shown!r} carries a query or fragment (not shown)")
     if parts.username is not None or parts.password is not None:
         raise Malformed(f"serving URL of {parts.hostname} carries credentials")
     prefix = parts.path.rstrip("/")

@@ -42,7 +42,7 @@ from fleets.core.states import (
 )
 from fleets.core.urls import supervisor_url_problem, without_userinfo
 from fleets.drivers.cloud_placement import PLACEMENT_FIELDS
-from fleets.layouts.loader import DomainSpec, Layout, SlotSpec, plan_slots
+from fleets.layouts.loader import DomainSpec, Layout, SlotSpec, plan_slots, rows_problem
 from fleets.layouts.planning import PLANNED_PROFILE_KEYS
 from fleets.models import Domain, Fleet, Id, ModelBinding, Operation, Slot
 from fleets.services.events import event_record
@@ -143,15 +143,11 @@ def layout_apply(
     (`seed_layout` prints progress with it).
     """
     _refuse_supervisor_hosts(layout)
-    limit = haru_settings().layout_max_rows
-    rows = layout_rows(layout)
-    if rows > limit:
-        raise LayoutError(
-            [
-                f"domains: the layout names {rows} rows (domains, slots and models), over the "
-                f"limit of {limit} (HARU_LAYOUT_MAX_ROWS)"
-            ]
-        )
+    # `seed_layout` refused such a file before planning it; a Layout built otherwise is
+    # refused here.
+    too_many = rows_problem(layout_rows(layout), haru_settings().layout_max_rows)
+    if too_many:
+        raise LayoutError([too_many])
     report = LayoutReport(dry_run=dry_run)
     if dry_run:
         _plan(layout, prune, report, actor)

@@ -6,33 +6,9 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from supervisor.child_env import inherited_env
 from supervisor.engines.fingerprint import profile_fingerprint
 from supervisor.engines.profile import EngineProfile, GpuSpec
-from supervisor.settings import SupervisorSettings
-
-# Variables a model server must never inherit from the supervisor: the token is the only outside
-# control credential on the host, and the config may carry paths the server has no use for.
-# Children (model servers, trainers) inherit the supervisor's environment minus anything that
-# looks like a credential: a name containing one of these words, in any case. Named, not
-# guessed per variable, so a new secret in the unit file is dropped without anyone listing it.
-SECRET_NAME_WORDS = ("TOKEN", "SECRET", "KEY", "PASSWORD")
-# Also dropped: the supervisor's own config, which names where its secrets live.
-STRIPPED_ENV = ("HARU_SUPERVISOR_CONFIG",)
-# Comma-separated names an operator lets through despite the words (HF_TOKEN for a gated
-# model, say). What the contract and the profile add on top is never scrubbed.
-CHILD_ENV_ALLOW = SupervisorSettings.child_env_allow.env
-
-
-def inherited_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The part of the supervisor's environment a child may inherit (see SECRET_NAME_WORDS)."""
-    allow = {n.strip() for n in environ.get(CHILD_ENV_ALLOW, "").split(",") if n.strip()}
-    return {
-        k: v
-        for k, v in environ.items()
-        if k in allow
-        or (k not in STRIPPED_ENV and not any(w in k.upper() for w in SECRET_NAME_WORDS))
-    }
-
 
 # The bind address of every model server. Sleep and wake are unauthenticated dev endpoints;
 # the supervisor's authenticated API is the only way in from outside the host.
@@ -116,10 +92,10 @@ def build_env(
 ) -> tuple[dict[str, str], dict[str, str]]:
     """Return (complete env, generated part) for a server.
 
-    Layering, lowest first: the parent environment (engines need PATH, HOME, HF_HOME,
-    LD_LIBRARY_PATH...), the shared GPU and NCCL rules, the engine's own variables, what the
-    host adds, and last the profile's overrides: the escape hatch for per-cluster tuning no
-    adapter can guess.
+    Layering, lowest first: the allowed part of the parent environment (engines need PATH,
+    HOME, HF_HOME, LD_LIBRARY_PATH...: `supervisor/child_env.py`), the shared GPU and NCCL
+    rules, the engine's own variables, what the host adds, and last the profile's overrides:
+    the escape hatch for per-cluster tuning no adapter can guess.
     """
     generated: dict[str, str] = {}
     # CUDA numbers devices fastest-first by default; NVML and the config number them by PCI bus.

@@ -131,8 +131,8 @@ BAD_BODIES = {
     "null target": ({"targetDomainId": None}, "targetDomainId: This field may not be null."),
     "blank target": ({"targetDomainId": "  "}, "targetDomainId: This field may not be blank."),
     "number target": ({"targetDomainId": 7}, "targetDomainId: must be a string"),
-    "list body": (["west"], "Expected a dictionary"),
-    "string body": ("west", "Expected a dictionary"),
+    "list body": (["west"], "must be a JSON object (or empty), got a list"),
+    "string body": ("west", "must be a JSON object (or empty), got a string"),
 }
 
 

@@ -102,3 +102,21 @@ def test_the_dashboard_and_the_export_strip_credentials(
     assert east["supervisor_url"] == "http://127.0.0.1:8701"
     exported = str(layout_export(stored_with_credentials))
     assert SECRET not in exported and "http://127.0.0.1:8701" in exported
+
+
+@pytest.mark.parametrize("suffix", ["?tenant=a", "/v1?x=1", "#frag", "?"])
+def test_the_loader_refuses_a_query_or_fragment_in_every_url_naming_the_path(layout_data, suffix):
+    east = layout_data["domains"][0]
+    east["supervisorUrl"] = "http://127.0.0.1:8701" + suffix
+    east["servingBaseUrl"] = "http://127.0.0.1:18001" + suffix
+    east["slots"][0]["models"][0]["servingUrl"] = "http://127.0.0.1:18002" + suffix
+    with pytest.raises(LayoutError) as refused:
+        parse_layout(layout_data)
+    rule = "must not carry a query (?...) or a fragment (#...); Haru appends paths to this URL"
+    for where in (
+        "domains[0].supervisorUrl",
+        "domains[0].servingBaseUrl",
+        "domains[0].slots[0].models[0].servingUrl",
+    ):
+        assert f"{where}: {rule}" in refused.value.errors
+    assert not Fleet.objects.exists()

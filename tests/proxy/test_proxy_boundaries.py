@@ -125,3 +125,13 @@ def test_a_malformed_serving_url_is_named_without_its_credentials(url):
     with pytest.raises(Malformed) as refused:
         upstream_targets(url)
     assert "127.0.0.1:8000" in str(refused.value) and "hunter2" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:8000/v1?key=k-5521", "http://127.0.0.1:8000#k-5521"]
+)
+def test_a_serving_url_s_query_or_fragment_is_never_shown(url):
+    # The message reaches chat clients (503 malformed routing state); a query may hold a key.
+    with pytest.raises(Malformed) as refused:
+        upstream_targets(url)
+    assert "k-5521" not in str(refused.value) and "127.0.0.1:8000" in str(refused.value)

@@ -311,3 +311,13 @@ def test_a_key_written_twice_in_the_config_file_is_refused_with_its_path(tmp_pat
     assert info.value.errors == [f"slots[0].models[1].port: duplicate key 'port' (in {path})"]
     with pytest.raises(ConfigError, match=r"^host: duplicate key 'host' \(in HARU_SUPERVISOR"):
         load_config('{"host": "a", "host": "b", "slots": []}', cwd=tmp_path)
+
+
+def test_a_config_file_that_is_not_utf8_is_named_with_the_byte_and_line(tmp_path):
+    path = tmp_path / "supervisor.json"
+    path.write_bytes('{\n  "slots": [],\n  "note": "Café"\n}'.encode("latin-1"))
+    with pytest.raises(ConfigError) as refused:
+        load_config(str(path), cwd=tmp_path)
+    assert refused.value.errors == [
+        f"(root): config file {path} is not UTF-8 (byte 0xe9 on line 3); save it as UTF-8"
+    ]

@@ -102,7 +102,7 @@ def test_no_engine_inherits_anything_named_like_a_secret(engine):
     leaked = sorted(SECRET_NAMED.keys() & launch.env.keys())
     assert not leaked, f"{engine} would inherit {leaked}"
     assert not any(v in launch.env.values() for v in SECRET_NAMED.values())
-    # Everything else is inherited: the scrub goes by name, not by dropping the environment.
+    # What engines need is inherited: the process basics and the families they read.
     assert (launch.env["PATH"], launch.env["HOME"], launch.env["HF_HOME"]) == (
         "/usr/bin",
         "/home/op",
@@ -117,6 +117,58 @@ def test_a_name_the_operator_allows_reaches_every_engine_and_only_that_one(engin
     launch = build(make_profile(engine=engine, modelPath="/m"), environ=environ)
     assert launch.env["HF_TOKEN"] == "hf-token"
     assert sorted(SECRET_NAMED.keys() & launch.env.keys()) == ["HF_TOKEN"]
+
+
+# Secrets under names no deny-list knows (issue 29): only an allow-list keeps them home.
+UNLISTED_SECRETS = {
+    "DATABASE_URL": "postgres://haru:db-pass-4821@db.internal/haru",
+    "SECRET_THING": "thing-7731",
+    "SENTRY_DSN": "https://dsn-0192@sentry.io/1",
+    "HTTPS_PROXY": "http://proxy-user:proxy-pass-553@proxy.internal:3128",
+    "http_proxy": "proxy-user:proxy-pass-553@proxy.internal:3128",
+}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_no_engine_inherits_a_secret_under_a_name_off_the_allow_list(engine, caplog):
+    environ = {
+        **PARENT_ENV,
+        **UNLISTED_SECRETS,
+        "NO_PROXY": "localhost,127.0.0.1",
+        "CUDA_CACHE_PATH": "/cache/cuda",
+        "VLLM_LOGGING_LEVEL": "INFO",
+        "LC_ALL": "C.UTF-8",
+    }
+    with caplog.at_level("WARNING", logger="supervisor.child_env"):
+        launch = build(make_profile(engine=engine, modelPath="/m"), environ=environ)
+    assert not UNLISTED_SECRETS.keys() & launch.env.keys()
+    assert not any(secret in v for v in launch.env.values() for secret in ("pass", "7731"))
+    # The families engines read pass, and a proxy without credentials.
+    assert launch.env["CUDA_CACHE_PATH"] == "/cache/cuda"
+    assert launch.env["VLLM_LOGGING_LEVEL"] == "INFO" and launch.env["LC_ALL"] == "C.UTF-8"
+    assert launch.env["NO_PROXY"] == "localhost,127.0.0.1"
+    # The proxy with credentials is named in a warning, its value never.
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert "HTTPS_PROXY carries credentials" in warned and "http_proxy carries" in warned
+    assert "proxy-pass" not in warned and "proxy-user" not in warned
+
+
+def test_a_proxy_without_credentials_reaches_the_engine():
+    environ = {**PARENT_ENV, "HTTPS_PROXY": "http://proxy.internal:3128"}
+    launch = build(make_profile(engine="vllm", modelPath="/m"), environ=environ)
+    assert launch.env["HTTPS_PROXY"] == "http://proxy.internal:3128"
+
+
+def test_the_operator_may_allow_a_family_by_prefix():
+    environ = {
+        **PARENT_ENV,
+        "MYCO_CACHE": "/c",
+        "MYCO_MODE": "fast",
+        "HARU_CHILD_ENV_ALLOW": "MYCO_*",
+    }
+    launch = build(make_profile(engine="vllm", modelPath="/m"), environ=environ)
+    assert (launch.env["MYCO_CACHE"], launch.env["MYCO_MODE"]) == ("/c", "fast")
+    assert "HARU_CHILD_ENV_ALLOW" not in launch.env
 
 
 def test_vllm_shared_gpu_splits_memory_between_the_servers():

@@ -356,6 +356,10 @@ def test_real_trainer_never_inherits_anything_named_like_a_secret(tmp_path):
         "AWS_SECRET_ACCESS_KEY": "aws-secret",
         "PGPASSWORD": "pg-pass",
         "openai_api_key": "lower-case-key",
+        # Under names no deny-list knows (issue 29).
+        "DATABASE_URL": "postgres://haru:db-pass-4821@db.internal/haru",
+        "HTTPS_PROXY": "http://proxy-user:proxy-pass-553@proxy.internal:3128",
+        "SECRET_THING": "thing-7731",
     }
     parent = {
         **PARENT_ENV,

@@ -45,6 +45,7 @@ class Command(BaseCommand):
                 path,
                 max_bytes=haru_settings().layout_max_bytes,
                 max_depth=haru_settings().json_max_depth,
+                max_rows=haru_settings().layout_max_rows,
             )
             report = layout_apply(
                 layout=layout,

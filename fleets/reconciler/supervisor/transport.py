@@ -209,7 +209,9 @@ class Door:
         """Exchange the request, presenting each token in turn until one is not refused;
         a transport failure becomes its CallError."""
         http = self._http or _shared_http()
-        url = self.base_url + path
+        # Without userinfo: httpx would turn a legacy `user:password@` into Basic auth in place
+        # of the bearer token (and send the password).
+        url = self.where + path
         budget = max(MIN_CALL_S, timeout)
         # `budget` bounds the whole exchange (connect, headers, body), not each read; a retry
         # with the fallback token shares it.
@@ -258,8 +260,9 @@ class Door:
             payload, refused = None, str(exc)
         if not 200 <= status < 300:
             code, message = _envelope(payload)
-            detail = f"{code}: {message}" if code else f"HTTP {status}"
-            message = f"{where}: HTTP {status} {detail}"[:500]
+            # The status once ("HTTP 302 HTTP 302" read twice), the supervisor's words after it.
+            detail = f" {code}: {message}" if code else ""
+            message = f"{where}: HTTP {status}{detail}"[:500]
             return Call(error=CallError(HTTP, message, status, code))
         if payload is None:
             why = f"body is not JSON ({refused})" if refused else "body is not JSON"
@@ -316,6 +319,12 @@ class Door:
             status = response.status_code
             if status in (401, 403):
                 return status, b""  # refused: what it says is not worth reading
+            if 300 <= status < 400:
+                # Never followed (a token must not travel to wherever it points); said once.
+                moved = _shown_location(response.headers.get("location", ""))
+                return CallError(
+                    HTTP, f"{where}: HTTP {status}, redirect{moved} not followed", status
+                )
             too_big = CallError(BAD_BODY, f"{where}: body exceeds {cap} bytes", status)
             declared = response.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > cap:
@@ -334,6 +343,14 @@ class Door:
                     raise httpx.ReadTimeout("the call's overall deadline passed")
                 chunks.append(chunk)
         return status, b"".join(chunks)
+
+
+def _shown_location(location: str) -> str:
+    """` to <Location>` as safe to show in an event: no userinfo, no query or fragment (either
+    may hold a key), printable ASCII, bounded; "" when there is none."""
+    shown = without_userinfo(location.strip()).split("?", 1)[0].split("#", 1)[0]
+    shown = "".join(c if 32 < ord(c) < 127 else "?" for c in shown)[:200]
+    return f" to {shown}" if shown else ""
 
 
 def _envelope(payload: Any) -> tuple[str | None, str]:
@@ -381,7 +398,7 @@ def serving_reach(serving_url: str, *, timeout: float) -> Reach:
     and the body is never read. Any answer below 500 means a live server; 5xx means it says it
     cannot serve; a refused connection means nothing listens there.
     """
-    url = serving_url.rstrip("/") + "/health"
+    url = without_userinfo(serving_url).rstrip("/") + "/health"
     budget = max(MIN_CALL_S / 5, timeout)
     try:
         with (
