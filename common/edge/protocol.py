@@ -110,11 +110,29 @@ class _Books:
         self.trusted = _Trusted(config.forwarded_allow_ips)
 
     def oldest(self, other_than: EdgeHttpProtocol) -> EdgeHttpProtocol | None:
-        for protocol in self.waiting:
-            if protocol is not other_than:
+        """The connection to close for `other_than`: the longest-waiting one from its own
+        address among the SAME_ADDRESS_SCAN longest-waiting, else the longest-waiting one. A
+        flood from one address that opens connections fast keeps every waiting connection
+        young; taking its own first keeps a normal client's new connection, waiting for its
+        first byte, from being the oldest one closed."""
+        address = other_than._address
+        first = None
+        for scanned, protocol in enumerate(self.waiting):
+            if protocol is other_than:
+                continue
+            if address is None or protocol._address == address:
+                # From a trusted address (not counted), simply the longest-waiting one.
                 return protocol
-        return None
+            if first is None:
+                first = protocol
+            if scanned >= SAME_ADDRESS_SCAN:
+                break
+        return first
 
+
+# How many of the longest-waiting connections are looked through for one of the newcomer's own
+# address: bounded, so making room costs the same under a flood from many addresses.
+SAME_ADDRESS_SCAN = 64
 
 _BOOKS: weakref.WeakKeyDictionary[ServerState, _Books] = weakref.WeakKeyDictionary()
 

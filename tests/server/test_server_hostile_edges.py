@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from bench.hostile_clients import closed_by_peer, read_response
+from bench.hostile_clients import closed_by_peer, read_response, still_open
 from bench.hostile_floods import HOSTILE_SOURCE, attacks
 from tests.server import harness
 
@@ -306,3 +306,21 @@ def test_one_address_cannot_take_more_than_its_share(server):
     again.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     assert read_response(again)[0] == 200
     again.close()
+
+
+def test_making_room_closes_the_newcomers_own_address_first(server):
+    # At the cap, a newcomer from an address that already waits closes that address's oldest
+    # connection, not the oldest of all (here the trusted address's, opened first).
+    trusted = [connect(server) for _ in range(MAX_CONNECTIONS - 2 * (PER_ADDRESS - 1))]
+    mine = [hostile(server) for _ in range(PER_ADDRESS - 1)]
+    other = [connect(server, "127.0.0.3") for _ in range(PER_ADDRESS - 1)]
+    try:
+        newcomer = hostile(server)  # the 21st connection, its address's 5th
+        time.sleep(0.2)
+        assert still_open(trusted) == len(trusted)
+        assert still_open(other) == len(other)
+        assert still_open(mine) == len(mine) - 1
+        newcomer.close()
+    finally:
+        for sock in trusted + mine + other:
+            sock.close()
