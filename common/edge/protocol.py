@@ -18,8 +18,8 @@ headers, is kept and buffered for as long as it likes. This subclass adds, per c
 - the keep-alive idle limit (uvicorn's, set from the limits, on one lazy timer per connection);
 - trailer fields after a chunked body, counted with the headers against the same size and
   count limits (431): the raw bytes after the last chunk as they arrive, the fields once parsed;
-- the keep-alive idle limit runs until a request's first byte, so blank lines (CRLF, which the
-  parser skips) between requests neither reset it nor start a header deadline;
+- blank lines (CRLF, which the parser skips) between requests: the idle limit runs until a
+  request's first byte, so they neither reset it nor start a header deadline;
 - upgrade requests: one with a body (declared or chunked) is refused 400 at once (the parser
   stops at an upgrade's headers, and uvicorn's WebSocket protocol would wait for ever on the
   unparsed body), and a WebSocket is accepted only under WEBSOCKET_PATHS (every other upgrade is
@@ -172,7 +172,7 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         books = _BOOKS.get(server_state)
         if books is None:
             books = _BOOKS[server_state] = _Books(config)
-        self._idle = books
+        self._books = books
         self._address: str | None = None  # counted against the per-address cap
         self._phase = _HEADERS
         # One lazy timer per connection for the header deadline: a request on a kept-alive
@@ -216,12 +216,12 @@ class EdgeHttpProtocol(HttpToolsProtocol):
             return
         self._header_deadline = self.loop.time() + self.limits.header_timeout_s
         self._header_timer = self.loop.call_at(self._header_deadline, self._header_timeout)
-        self._idle.waiting[self] = None
+        self._books.waiting[self] = None
         if len(self.connections) > self.limits.max_connections:
             self._make_room()
 
     def _make_room(self) -> None:
-        victim = self._idle.oldest(other_than=self)
+        victim = self._books.oldest(other_than=self)
         if victim is None:
             # Every other connection is serving a request: this one is the one too many.
             self._forget()
@@ -233,10 +233,10 @@ class EdgeHttpProtocol(HttpToolsProtocol):
     def _count_address(self) -> bool:
         """Count this connection against its address's cap; False: over it, refuse."""
         client = self.client
-        if client is None or client[0] in self._idle.trusted:
+        if client is None or client[0] in self._books.trusted:
             return True
         address = client[0]
-        counts = self._idle.per_address
+        counts = self._books.per_address
         count = counts.get(address, 0)
         if count >= self.limits.max_connections_per_address:
             return False
@@ -248,7 +248,7 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         address, self._address = self._address, None
         if address is None:
             return
-        counts = self._idle.per_address
+        counts = self._books.per_address
         left = counts.get(address, 1) - 1
         if left > 0:
             counts[address] = left
@@ -261,7 +261,7 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def _forget(self) -> None:
-        self._idle.waiting.pop(self, None)
+        self._books.waiting.pop(self, None)
         self._idle_deadline = None
         for timer in (self._header_timer, self._body_timer, self._keepalive_timer):
             if timer is not None:
@@ -292,7 +292,7 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         elif self._body_waiting:
             # The body's first bytes: the connection is busy, no longer evictable.
             self._body_waiting = False
-            self._idle.waiting.pop(self, None)
+            self._books.waiting.pop(self, None)
         body_before = self._body_bytes
         try:
             self.parser.feed_data(data)
@@ -330,7 +330,7 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_timeout)
         if self._body_bytes == 0:
             self._body_waiting = True
-            self._idle.waiting[self] = None
+            self._books.waiting[self] = None
 
     def _body_allowed(self) -> bool:
         """Whether this request may wait for its body: it carries TOKEN (any request, when
@@ -368,7 +368,7 @@ class EdgeHttpProtocol(HttpToolsProtocol):
                 self._header_timer = self.loop.call_at(self._header_deadline, self._header_timeout)
 
     def on_headers_complete(self) -> None:
-        self._idle.waiting.pop(self, None)
+        self._books.waiting.pop(self, None)
         # Checked once the headers are parsed, and only when the raw count says they might be
         # too long: the raw check in data_received already bounds what can be buffered.
         count = self._n_headers = len(self.headers)
@@ -450,7 +450,7 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         self._idle_deadline = self.loop.time() + self.timeout_keep_alive
         if self._keepalive_timer is None:
             self._keepalive_timer = self.loop.call_at(self._idle_deadline, self._keepalive_due)
-        self._idle.waiting[self] = None
+        self._books.waiting[self] = None
 
     def _unset_keepalive_if_required(self) -> None:
         # uvicorn calls this when bytes arrive (not here: data_received is the edge's) and when
