@@ -1,6 +1,15 @@
 """Measure how Haru's edges treat hostile input: how fast each is cut, and what it costs.
 
-    .venv/bin/python bench/hostile_inputs.py
+    .venv/bin/python bench/hostile_inputs.py [--inputs | --floods] [--connections 4000]
+                                             [--seconds 120] [--reopen-per-s 1000] [--json]
+
+`--floods` (issue 29; bench/hostile_fleet.py): against a running simulated fleet, the four
+connection floods (upgrade with body, header-only POST, endless trailers, CRLF keep-alive),
+`--connections` of each at once from 127.0.0.2, held and reopened as they close (at most
+`--reopen-per-s` a second each), for `--seconds`, first at the server, then at the active's
+supervisor; a normal client probes once a second. Prints per target the rounds served of the
+total, the server's and supervisor's memory growth and the failovers. Without either flag, both
+parts run; `--inputs` (issue 11):
 
 Starts hostile servers on loopback and prints, for the real supervisor client: seconds until a
 supervisor trickling one byte every 0.5 s (in the body, then in the headers) is cut, and the
@@ -11,7 +20,9 @@ chunked body sent to the supervisor's API. Figures, never assertions.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
 import os
 import socket
 import socketserver
@@ -35,7 +46,7 @@ from fleets.base.errors import LayoutError  # noqa: E402
 from fleets.layouts.loader import read_layout_file  # noqa: E402
 from fleets.reconciler.supervisor.client import SupervisorClient  # noqa: E402
 from fleets.reconciler.supervisor.transport import use_transport  # noqa: E402
-from supervisor.api import MAX_BODY_BYTES, read_object  # noqa: E402
+from supervisor.api import MAX_BODY_BYTES, read_body  # noqa: E402
 
 # The classic "billion laughs": nine levels of nine aliases each, under a kilobyte.
 BOMB = "\n".join(
@@ -102,7 +113,7 @@ def supervisor_body_256mb() -> str:
 
     async def run() -> str:
         try:
-            await read_object(Request(scope, receive))
+            await read_body(Request(scope, receive))
         except Exception as exc:  # noqa: BLE001 - the refusal is the figure
             return f"{type(exc).__name__} after {chunks[0]} chunks of 64 KiB (cap {MAX_BODY_BYTES})"
         return "accepted"
@@ -111,6 +122,30 @@ def supervisor_body_256mb() -> str:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    part = parser.add_mutually_exclusive_group()
+    part.add_argument("--inputs", action="store_true", help="only the hostile inputs (issue 11)")
+    part.add_argument("--floods", action="store_true", help="only the connection floods")
+    parser.add_argument("--connections", type=int, default=4000, help="per attack")
+    parser.add_argument("--seconds", type=float, default=120, help="per target")
+    parser.add_argument("--reopen-per-s", type=int, default=1000, help="per attack")
+    parser.add_argument("--json", action="store_true", help="print the floods' figures as JSON")
+    args = parser.parse_args()
+    if not args.floods:
+        inputs()
+    if not args.inputs:
+        from bench import hostile_fleet  # noqa: PLC0415 - only for the floods
+
+        results = hostile_fleet.run(
+            connections=args.connections, seconds=args.seconds, reopen_per_s=args.reopen_per_s
+        )
+        if args.json:
+            print(json.dumps(results, indent=1))
+        else:
+            hostile_fleet.report(results)
+
+
+def inputs() -> None:
     server = Server(("127.0.0.1", 0), Hostile)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     use_transport(None)

@@ -13,7 +13,9 @@ credential itself is still compared in full, in constant time, by the caller. An
 
 from __future__ import annotations
 
+import hmac
 import re
+from collections.abc import Iterable
 
 _BEARER = re.compile(r"bearer[ \t]+([^ \t]+)[ \t]*", re.IGNORECASE)
 
@@ -24,3 +26,14 @@ def bearer_credential(header: str | None) -> str | None:
         return None
     match = _BEARER.fullmatch(header)
     return match.group(1) if match else None
+
+
+def bearer_matches(headers: Iterable[tuple[bytes, bytes]], token: bytes) -> bool:
+    """Whether raw header fields (lowercase names, as the server parses them) carry `token` as
+    their first Authorization's bearer credential, compared in constant time."""
+    for name, value in headers:
+        if name == b"authorization":
+            # Header bytes are latin-1 (every byte one character), so none is lost.
+            presented = bearer_credential(value.decode("latin-1"))
+            return presented is not None and hmac.compare_digest(presented.encode("latin-1"), token)
+    return False

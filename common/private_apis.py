@@ -27,6 +27,7 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
+from uvicorn.protocols.websockets import websockets_sansio_impl
 from uvicorn.server import Server
 from uvicorn.supervisors import multiprocess
 
@@ -43,6 +44,7 @@ __all__ = [
     "note_captured_signal",
     "serve_workers_with",
     "set_transport_pool",
+    "websocket_handshake_done",
     "worker_server",
 ]
 
@@ -106,6 +108,12 @@ RELIED_ON: list[Reliance] = [
             "self.access_logger =",
             "self.access_log =",
             "self.timeout_keep_alive =",
+            # The client's address the per-address cap counts, set in connection_made.
+            "self.client = get_remote_addr(transport)",
+            # An accepted upgrade's handshake deadline reads the WebSocket protocol off it.
+            "self.transport.set_protocol(protocol)",
+            # Trailer fields after a chunked body are added to the request's headers.
+            "self.headers.append((name, value))",
             # The edge's lazy keep-alive timer replaces this one: it must still be the only one.
             "self._unset_keepalive_if_required()",
             "self.timeout_keep_alive_task",
@@ -132,6 +140,12 @@ RELIED_ON: list[Reliance] = [
             "self.response_started =",
             "self.response_complete =",
         ),
+    ),
+    Reliance(
+        "uvicorn",
+        "uvicorn.protocols.websockets.websockets_sansio_impl:WebSocketsSansIOProtocol",
+        "common/edge/protocol.py (an accepted upgrade's handshake deadline)",
+        source=("self.handshake_complete = False", "self.handshake_complete = True"),
     ),
     Reliance(
         "uvicorn",
@@ -221,3 +235,12 @@ def worker_server(process: multiprocess.Process, make: type[Server]) -> Server:
 def serve_workers_with(process_class: type[multiprocess.Process]) -> None:
     """Make uvicorn's multiprocess supervisor start its workers as `process_class`."""
     multiprocess.Process = process_class  # type: ignore[misc]
+
+
+def websocket_handshake_done(protocol: object) -> bool:
+    """Whether uvicorn's WebSocket protocol (the websockets sans-I/O implementation, the one
+    `ws="auto"` picks with `websockets` installed) has completed its opening handshake. Any
+    other protocol is taken as done: its own deadlines, if any, hold it."""
+    if isinstance(protocol, websockets_sansio_impl.WebSocketsSansIOProtocol):
+        return protocol.handshake_complete
+    return True

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import hmac
 import json
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from common.bearer import bearer_credential
+from common.bearer import bearer_matches
 from supervisor.errors import error_body
 
 _UNAUTHORIZED = json.dumps(
@@ -52,11 +51,4 @@ class BearerAuth:
 
     def _authorized(self, scope: Scope) -> bool:
         assert self._token is not None
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                # Header bytes are latin-1 (every byte one character), so none is lost.
-                presented = bearer_credential(value.decode("latin-1"))
-                if presented is None:
-                    return False
-                return hmac.compare_digest(presented.encode("latin-1"), self._token)
-        return False
+        return bearer_matches(scope["headers"], self._token)

@@ -119,13 +119,15 @@ class SupervisorServer(uvicorn.Server):
         os._exit(1)
 
 
-def edge_protocol(limits: EdgeLimits) -> type[EdgeHttpProtocol]:
+def edge_protocol(limits: EdgeLimits, token: str | None = None) -> type[EdgeHttpProtocol]:
     """The HTTP protocol serving the API with the edge's deadlines and limits, its connection
-    cap fitted to the open-file limit (raised as far as the cap needs)."""
+    cap fitted to the open-file limit (raised as far as the cap needs); with a token, a request
+    waits for its body only if it bears the token (every route: `/healthz` takes no body)."""
     fitted = fit_descriptors(limits, setting="HARU_SUPERVISOR_HTTP_MAX_CONNECTIONS", log=log)
     log.info(
         "HTTP edge: headers within %gs, body within %gs, keep-alive idle %gs, headers at most "
-        "%d bytes and %d fields, bodies at most %d bytes, at most %d connections",
+        "%d bytes and %d fields, bodies at most %d bytes, at most %d connections (%d per "
+        "address)",
         fitted.header_timeout_s,
         fitted.body_timeout_s,
         fitted.keepalive_timeout_s,
@@ -133,8 +135,9 @@ def edge_protocol(limits: EdgeLimits) -> type[EdgeHttpProtocol]:
         fitted.max_headers,
         fitted.max_body_bytes,
         fitted.max_connections,
+        fitted.max_connections_per_address,
     )
-    return protocol_with(fitted, body_setting="HARU_SUPERVISOR_HTTP_MAX_BODY_BYTES")
+    return protocol_with(fitted, body_setting="HARU_SUPERVISOR_HTTP_MAX_BODY_BYTES", token=token)
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -208,9 +211,9 @@ def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
         # Deadlines and limits at the edge, before the token is checked: a flood of idle or
         # slowloris connections must not run the supervisor out of descriptors, or the
         # control plane's heartbeats would fail and fail over a healthy active.
-        http=edge_protocol(settings.edge),
-        # No route is a WebSocket: an upgrade request is served as plain HTTP, never handed
-        # to a WebSocket protocol outside the edge's limits.
+        http=edge_protocol(settings.edge, settings.token),
+        # No route is a WebSocket: the edge refuses every upgrade request (400), and none is
+        # ever handed to a WebSocket protocol.
         ws="none",
         log_level=settings.log_level,
         access_log=False,

@@ -88,6 +88,7 @@ class SupervisorSettings:
         max_headers,
         max_body_bytes,
         max_connections,
+        max_connections_per_address,
     ) = edge_settings(
         "HARU_SUPERVISOR_HTTP_",
         {
@@ -114,6 +115,13 @@ class SupervisorSettings:
                 "the longest-idle connection is closed to make room, so `/healthz` and "
                 "`/v1/status` keep answering; the open-file limit is raised to twice the cap "
                 "plus 256",
+            ),
+            # Half the cap: the control plane's few concurrent calls to one supervisor stay far
+            # below it, and one address leaves the other half to everyone else.
+            "max_connections_per_address": EdgeLimit(
+                128,
+                "past it a new connection from that address is closed at once, so one address "
+                "cannot take every slot; 127.0.0.1 (uvicorn's `FORWARDED_ALLOW_IPS`) is exempt",
             ),
         },
         EDGE,

@@ -29,6 +29,9 @@ class EdgeLimits:
     max_headers: int
     max_body_bytes: int  # one request's body, declared or streamed (chunked)
     max_connections: int  # per process
+    # Per client address, per process; the trusted proxy's own addresses are exempt (the
+    # protocol reads them from uvicorn's `forwarded_allow_ips`).
+    max_connections_per_address: int
 
     @classmethod
     def from_settings(cls, values: Mapping[str, int]) -> EdgeLimits:
@@ -41,6 +44,7 @@ class EdgeLimits:
             max_headers=values["max_headers"],
             max_body_bytes=values["max_body_bytes"],
             max_connections=values["max_connections"],
+            max_connections_per_address=values["max_connections_per_address"],
         )
 
 
@@ -65,11 +69,12 @@ EDGE_RANGES: dict[str, tuple[str, int | None, int | None]] = {
     "max_headers": ("MAX_HEADERS", 16, 10_000),
     "max_body_bytes": ("MAX_BODY_BYTES", None, None),
     "max_connections": ("MAX_CONNECTIONS", 8, 1_000_000),
+    "max_connections_per_address": ("MAX_CONNECTIONS_PER_ADDRESS", 1, 1_000_000),
 }
 
 
 class EdgeSettings(NamedTuple):
-    """An edge's seven variables, in EDGE_RANGES' order (a settings table unpacks them)."""
+    """An edge's eight variables, in EDGE_RANGES' order (a settings table unpacks them)."""
 
     header_timeout_ms: Setting[int]
     body_timeout_ms: Setting[int]
@@ -78,6 +83,7 @@ class EdgeSettings(NamedTuple):
     max_headers: Setting[int]
     max_body_bytes: Setting[int]
     max_connections: Setting[int]
+    max_connections_per_address: Setting[int]
 
 
 def edge_settings(prefix: str, limits: Mapping[str, EdgeLimit], section: Section) -> EdgeSettings:

@@ -213,6 +213,7 @@ class HaruSettings:
         http_max_headers,
         http_max_body_bytes,
         http_max_connections,
+        http_max_connections_per_address,
     ) = edge_settings(
         "HARU_HTTP_",
         {
@@ -247,6 +248,12 @@ class HaruSettings:
                 2048,
                 "past it a new connection closes the one that has waited longest for a request; "
                 "the open-file limit is raised to twice the cap plus 256, or the cap lowered",
+            ),
+            "max_connections_per_address": EdgeLimit(
+                256,
+                "past it a new connection from that address is closed at once, so one address "
+                "cannot take every slot; the trusted proxy's addresses (uvicorn's "
+                "`FORWARDED_ALLOW_IPS`, default 127.0.0.1) are exempt",
             ),
         },
         EDGE,

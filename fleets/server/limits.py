@@ -34,6 +34,7 @@ def from_settings() -> EdgeLimits:
             "max_headers": config.http_max_headers,
             "max_body_bytes": config.http_max_body_bytes,
             "max_connections": config.http_max_connections,
+            "max_connections_per_address": config.http_max_connections_per_address,
         }
     )
 

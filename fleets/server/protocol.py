@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from common.edge.protocol import EdgeHttpProtocol
 from common.private_apis import RequestResponseCycle
+from fleets.server import body_gate
 from fleets.server import limits as edge_limits
 
 if TYPE_CHECKING:
@@ -53,6 +54,8 @@ def _direct() -> ModuleType:
 
 class HaruHttpProtocol(EdgeHttpProtocol):
     BODY_LIMIT_SETTING = "HARU_HTTP_MAX_BODY_BYTES"
+    # The dashboard's live pages (fleets/live/urls.py): the only WebSocket routes.
+    WEBSOCKET_PATHS = (b"/ws/",)
     # The settings' limits, read once per process: the hook the edge calls per connection.
     edge_limits = staticmethod(current_limits)
     # The chat request being served on the direct path, told when the connection is lost.
@@ -62,6 +65,10 @@ class HaruHttpProtocol(EdgeHttpProtocol):
         super().connection_lost(exc)
         if self.direct is not None:
             self.direct.client_left()
+
+    def _body_allowed(self) -> bool:
+        # Only for a body that did not come with its headers (never the usual chat request).
+        return body_gate.body_allowed(self.url, self.headers)
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         # `app is self.app`: not uvicorn's 503 for an exceeded concurrency limit.

@@ -87,6 +87,8 @@ def test_the_reverse_proxy_bounds_headers_bodies_and_streams_chat():
         "client_body_timeout",
         "client_max_body_size",
         "large_client_header_buffers",
+        "limit_conn_zone $binary_remote_addr",
+        "limit_conn ",
         "proxy_buffering off",
         "proxy_read_timeout",
     ):

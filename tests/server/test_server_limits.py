@@ -16,6 +16,7 @@ BASE = edge_limits.EdgeLimits(
     max_headers=100,
     max_body_bytes=33 * 1024 * 1024,
     max_connections=2048,
+    max_connections_per_address=256,
 )
 
 

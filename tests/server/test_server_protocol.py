@@ -20,6 +20,7 @@ LIMITS = EdgeLimits(
     max_headers=16,
     max_body_bytes=4096,
     max_connections=2,
+    max_connections_per_address=1000,
 )
 
 

@@ -46,6 +46,7 @@ def test_safe_defaults(tmp_path):
         "http_max_header_bytes": 65536,
         "http_max_headers": 100,
         "http_max_connections": 2048,
+        "http_max_connections_per_address": 256,
         # The chat proxy's cap (32 MiB) plus 1 MiB: chat keeps its own, finer 413.
         "http_max_body_bytes": 33 * 1024 * 1024,
         "db_pool_max": 20,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import resource
+import socket
 import sys
 import time
 
@@ -20,6 +21,7 @@ import httpx
 import pytest
 
 from bench import hostile_clients as hostile
+from bench.hostile_floods import HOSTILE_SOURCE, attacks
 from supervisor.api import MAX_BODY_BYTES as API_MAX_BODY_BYTES
 from supervisor.settings import EDGE_SETTINGS
 
@@ -32,6 +34,7 @@ MAX_HEADER_BYTES = EDGE_SETTINGS["max_header_bytes"][1]
 MAX_HEADERS = EDGE_SETTINGS["max_headers"][1]
 MAX_BODY = EDGE_SETTINGS["max_body_bytes"][1]
 TOKEN = "edge-test-token-0123456789"
+PER_ADDRESS = 5  # from 127.0.0.2; 127.0.0.1 (FORWARDED_ALLOW_IPS' default) is exempt
 
 pytestmark = pytest.mark.integration
 
@@ -58,6 +61,7 @@ def supervisor(module_processes, tools, tmp_path_factory):
             "HARU_SUPERVISOR_HTTP_BODY_TIMEOUT_MS": str(int(BODY_TIMEOUT_S * 1000)),
             "HARU_SUPERVISOR_HTTP_KEEPALIVE_TIMEOUT_MS": str(int(KEEPALIVE_S * 1000)),
             "HARU_SUPERVISOR_HTTP_MAX_CONNECTIONS": str(MAX_CONNECTIONS),
+            "HARU_SUPERVISOR_HTTP_MAX_CONNECTIONS_PER_ADDRESS": str(PER_ADDRESS),
         }
     )
     proc = module_processes.start(
@@ -189,3 +193,115 @@ def test_a_body_under_the_edge_cap_but_over_the_apis_gets_the_apis_own_413(super
     )
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "payload_too_large"
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 29: upgrades, authentication before the body, trailers, blank lines, one address.
+
+
+def from_hostile(supervisor) -> socket.socket:
+    sock = socket.socket()
+    sock.settimeout(10)
+    sock.bind((HOSTILE_SOURCE, 0))
+    sock.connect(address(supervisor))
+    return sock
+
+
+def refused_at_once(sock: socket.socket, status: int) -> str:
+    """`status` within a second, then closed; return the envelope's code."""
+    code, data = hostile.read_response(sock, timeout=1)
+    assert code == status, data[:300]
+    assert hostile.closed_by_peer(sock, 1), "answered but left open"
+    return json.loads(data.partition(b"\r\n\r\n")[2])["error"]["code"]
+
+
+def test_every_upgrade_is_refused_the_supervisor_has_no_websocket(supervisor):
+    sock = from_hostile(supervisor)
+    sock.sendall(
+        b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\n"
+        b"Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    )
+    assert refused_at_once(sock, 400) == "upgrade_refused"
+    sock.close()
+
+
+def test_an_upgrade_with_a_body_is_refused_at_once(supervisor):
+    sock = from_hostile(supervisor)
+    sock.sendall(attacks(post_path="/v1/probe")["upgrade_body"].opening)
+    assert refused_at_once(sock, 400) == "upgrade_with_body"
+    sock.close()
+
+
+@pytest.mark.parametrize("path", ["/v1/probe", "/healthz"])
+def test_a_post_without_the_token_gets_401_before_its_body(supervisor, path):
+    sock = from_hostile(supervisor)
+    sock.sendall(attacks(post_path=path)["header_only_post"].opening)
+    assert refused_at_once(sock, 401) == "unauthorized"
+    sock.close()
+
+
+def test_a_post_with_the_token_may_send_its_body_later(supervisor):
+    sock = from_hostile(supervisor)
+    sock.sendall(
+        b"POST /v1/probe HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer %s\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n" % TOKEN.encode()
+    )
+    assert not hostile.closed_by_peer(sock, 0.5)
+    sock.sendall(b"{}")
+    code, _ = hostile.read_response(sock)
+    assert code not in (401, 408), code
+    sock.close()
+
+
+def test_an_endless_trailer_is_cut_431(supervisor):
+    sock = from_hostile(supervisor)
+    sock.sendall(
+        b"POST /v1/probe HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer %s\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nX-Trailer: " % TOKEN.encode()
+    )
+    sock.settimeout(0.05)
+    sent, data = 0, b""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not data:
+        try:
+            sock.sendall(b"a" * 4096)
+            sent += 4096
+            data = sock.recv(65536)
+        except TimeoutError:
+            continue
+        except OSError:
+            break
+    sock.close()
+    assert data.startswith(b"HTTP/1.1 431 "), (data[:200], sent)
+    assert sent < MAX_HEADER_BYTES + 256 * 1024, sent
+
+
+def test_blank_lines_do_not_keep_a_kept_alive_connection_open(supervisor):
+    sock = from_hostile(supervisor)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    assert hostile.read_response(sock)[0] == 200
+    closed = False
+    started = time.monotonic()
+    while not closed and time.monotonic() - started < KEEPALIVE_S + 4:
+        try:
+            sock.sendall(b"\r\n")
+        except OSError:
+            closed = True
+            break
+        closed = hostile.closed_by_peer(sock, 0.2)
+    sock.close()
+    assert closed, "blank lines kept the connection past its keep-alive limit"
+
+
+def test_one_address_gets_at_most_its_share_of_connections(supervisor):
+    _, _, url = supervisor
+    held = [from_hostile(supervisor) for _ in range(PER_ADDRESS)]
+    try:
+        newcomer = from_hostile(supervisor)
+        assert hostile.closed_by_peer(newcomer, HEADER_TIMEOUT_S / 4)
+        newcomer.close()
+        assert status(url) == 200
+    finally:
+        for sock in held:
+            sock.close()

@@ -144,6 +144,7 @@ def test_the_edge_has_bounded_defaults():
         max_headers=64,
         max_body_bytes=1024 * 1024,
         max_connections=256,
+        max_connections_per_address=128,
     )
 
 

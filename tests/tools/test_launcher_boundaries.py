@@ -61,7 +61,7 @@ def _binds_port_zero(call: ast.Call) -> bool:
 def port_probes(path: Path) -> list[int]:
     """Return the lines where `path` probes a port: binds a socket it never listens on, either
     opened in a `with` ("is this port free") or a local one bound to port 0 ("give me a
-    port")."""
+    port"). A socket that connects is a client choosing its source address, not a probe."""
     lines = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.With):
@@ -73,13 +73,13 @@ def port_probes(path: Path) -> list[int]:
                 and ast.unparse(item.context_expr.func) in ("socket.socket", "socket")
             }
             calls = _socket_calls(node.body, sockets)
-            if "bind" in calls and "listen" not in calls:
+            if "bind" in calls and "listen" not in calls and "connect" not in calls:
                 lines.append(node.lineno)
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             local = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
             calls = _socket_calls(node.body, local)
             zero = [c for c in calls.get("bind", []) if _binds_port_zero(c)]
-            if zero and "listen" not in calls:
+            if zero and "listen" not in calls and "connect" not in calls:
                 lines += [c.lineno for c in zero]
     return sorted(set(lines))
 
