@@ -7,8 +7,9 @@ from django.contrib import admin, messages
 from django.template.response import TemplateResponse
 
 from fleets.base import clock
+from fleets.core.access import STORED_TOKEN_PREFIX
 from fleets.models import ApiToken
-from fleets.reads.access import STORED_TOKEN_PREFIX, secret_digest
+from fleets.reads.access import secret_digest
 from fleets.services.access import api_token_revoke, new_token_secret
 
 # Where save_model leaves the new secret for response_add, on the request only.

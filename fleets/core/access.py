@@ -46,6 +46,24 @@ def role_of_codenames(codenames: set[str] | frozenset[str]) -> Role:
     return max(held, default=Role.NONE)
 
 
+# Every stored token is this prefix and 32 random bytes, URL-safe base64 without padding
+# (`secrets.token_urlsafe(32)`: 43 characters), so a header that cannot be one costs no query,
+# and the edge can tell a stored token's shape without the database (fleets/server/body_gate.py).
+STORED_TOKEN_PREFIX = "haru_"
+_STORED_TOKEN_RANDOM = 43
+_URLSAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+def stored_token_shaped(secret: str) -> bool:
+    """Whether `secret` has a stored token's shape (not whether one with it exists)."""
+    random = secret[len(STORED_TOKEN_PREFIX) :]
+    return (
+        secret.startswith(STORED_TOKEN_PREFIX)
+        and len(random) == _STORED_TOKEN_RANDOM
+        and _URLSAFE.issuperset(random)
+    )
+
+
 class TokenScope(StrEnum):
     """What an API token stored in the database may do on the fleets it covers."""
 

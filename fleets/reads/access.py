@@ -29,12 +29,11 @@ from fleets.core.access import (
     AccessGrant,
     TokenScope,
     role_of_codenames,
+    stored_token_shaped,
     token_grant,
 )
 from fleets.models import ApiToken, Fleet
 
-# Every stored token starts with this, so a header that cannot be one costs no query.
-STORED_TOKEN_PREFIX = "haru_"
 # The cache of a user's grant on the user object (one request, one socket): roles are read once.
 _GRANT_ATTR = "_haru_access_grant"
 
@@ -82,7 +81,7 @@ class TokenPrincipal:
 def stored_token(header: str | None) -> TokenPrincipal | None:
     """The live stored token an Authorization header carries, or None."""
     secret = bearer_credential(header)
-    if secret is None or not secret.startswith(STORED_TOKEN_PREFIX):
+    if secret is None or not stored_token_shaped(secret):
         return None
     row = (
         ApiToken.objects.filter(secret_sha256=secret_digest(secret), revoked_at__isnull=True)

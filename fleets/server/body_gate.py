@@ -7,12 +7,13 @@ authentication). The check is cheap and needs no database:
 
 - the proxy's paths (`/v1/chat/completions`, `/v1/completions`, `/v1/models...`): a known token,
   chat or operator (`token_scope`), whenever any token is configured (`chat_auth_required`);
-- every other path, when HARU_API_TOKEN is set: a known token, or a cookie named as Django's
-  session or CSRF cookie. A cookie's validity needs the database, so its name is enough here;
+- every other path, when HARU_API_TOKEN is set: a known token, a bearer credential shaped as a
+  stored API token (`stored_token_shaped`), or a cookie named as Django's session or CSRF
+  cookie. A stored token's or a cookie's validity needs the database, so its shape is enough here;
   Django checks it before acting (the session, and CSRF on every unsafe method: the login form's
-  POST carries the CSRF cookie its GET set). A client that forges the name passes this check
-  only to be held as any busy connection is: closed to make room until its body's first byte,
-  under its address's cap, and cut at the body deadline;
+  POST carries the CSRF cookie its GET set). A client that forges the name (or the token's
+  shape) passes this check only to be held as any busy connection is: closed to make room until
+  its body's first byte, under its address's cap, and cut at the body deadline;
 - no token configured (loopback development, `manage.py serve` refuses anything else): any.
 """
 
@@ -20,8 +21,10 @@ from __future__ import annotations
 
 import functools
 
+from common.bearer import bearer_credential
 from fleets.base.conf import haru_settings
 from fleets.base.tokens import chat_auth_required, token_scope
+from fleets.core.access import stored_token_shaped
 
 
 @functools.cache
@@ -46,13 +49,19 @@ def body_allowed(url: bytes, headers: list[tuple[bytes, bytes]]) -> bool:
         return not chat_auth_required() or _has_token(headers)
     if not haru_settings().api_token:
         return True
-    return _has_token(headers) or _has_cookie(headers)
+    return _has_token(headers, stored=True) or _has_cookie(headers)
 
 
-def _has_token(headers: list[tuple[bytes, bytes]]) -> bool:
+def _has_token(headers: list[tuple[bytes, bytes]], *, stored: bool = False) -> bool:
     for name, value in headers:
         if name == b"authorization":
-            return token_scope(value.decode("latin-1")) is not None
+            header = value.decode("latin-1")
+            if token_scope(header) is not None:
+                return True
+            if not stored:
+                return False  # the proxy takes no stored token (fleets/api/auth.py)
+            secret = bearer_credential(header)
+            return secret is not None and stored_token_shaped(secret)
     return False
 
 

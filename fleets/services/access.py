@@ -29,12 +29,13 @@ from prometheus_client import Counter
 from fleets.core.access import (
     DENIAL_AUDIT_WINDOW_S,
     ROLE_PERMISSIONS,
+    STORED_TOKEN_PREFIX,
     TOKEN_TOUCH_EVERY_S,
     Role,
     TokenScope,
 )
 from fleets.models import ApiToken, Fleet, Id
-from fleets.reads.access import STORED_TOKEN_PREFIX, secret_digest
+from fleets.reads.access import secret_digest
 from fleets.services.events import event_record
 
 log = logging.getLogger(__name__)

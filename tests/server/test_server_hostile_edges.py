@@ -172,6 +172,40 @@ def test_a_client_with_credentials_may_send_its_body_later(server, path, credent
     sock.close()
 
 
+def test_a_stored_api_token_may_send_its_body_later(server):
+    # A stored token (`manage.py api_token`) is checked against the database, so the edge lets
+    # its shape through and the API authenticates it once the body is in.
+    secret = harness.manage(
+        server.env, "api_token", "create", "late-body", "--scope", "operate", "--all-fleets"
+    ).stdout.strip()
+    sock = connect(server)
+    sock.sendall(
+        f"POST /v1/fleets/edge/reconcile HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: Bearer {secret}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 2\r\n\r\n".encode()
+    )
+    assert not closed_by_peer(sock, 0.5), "closed before its body came"
+    sock.sendall(b"{}")
+    status, data = read_response(sock, timeout=10)
+    assert status == 200, data[:300]
+    sock.close()
+
+
+def test_a_made_up_stored_token_waits_only_to_be_refused_by_the_api(server):
+    made_up = "haru_" + "A" * 43
+    sock = connect(server)
+    sock.sendall(
+        f"POST /v1/fleets/edge/reconcile HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: Bearer {made_up}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 2\r\n\r\n".encode()
+    )
+    assert not closed_by_peer(sock, 0.5)
+    sock.sendall(b"{}")
+    status, _ = read_response(sock, timeout=10)
+    assert status == 401
+    sock.close()
+
+
 def test_connections_waiting_for_a_body_make_room_like_idle_ones(server):
     # A forged session cookie passes the cheap check; such connections still cannot hold
     # every slot: until their body's first byte they are closed to make room.
