@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from typing import Any
 
 from django import forms
 from django.core.exceptions import ValidationError
@@ -23,6 +24,7 @@ from fleets.base.errors import LayoutError
 from fleets.core.drills import DrillSchedule, schedule_problems
 from fleets.core.policy import PolicyError, validate_policy
 from fleets.core.states import Provider, SlotKind
+from fleets.core.supervisor_tls import TLS, normal_pin, transport_problem
 from fleets.core.urls import USERINFO_RULE, has_userinfo, supervisor_url_problem
 from fleets.drivers.base import DriverSettingsError
 from fleets.drivers.registry import builtin, provider_names
@@ -214,9 +216,17 @@ class DomainForm(forms.ModelForm):
             "placement",
             "driver",
             "supervisor_url",
+            "supervisor_transport",
+            "supervisor_fingerprint",
             "serving_base_url",
             "gpu_layout",
         ]
+        help_texts = {
+            "supervisor_transport": "tls: https:// beyond loopback; plain-http: an http:// URL "
+            "beyond loopback, the token in clear (docs/supervisor.md, TLS)",
+            "supervisor_fingerprint": "sha256:<hex> of the supervisor's certificate (python -m "
+            "supervisor tls-fingerprint on its host), trusted instead of a CA; empty: a CA",
+        }
 
     def clean_gpu_layout(self):
         """Check the GPU description with the layout schema's own rules."""
@@ -276,7 +286,39 @@ class DomainForm(forms.ModelForm):
             except DriverSettingsError as exc:
                 field = "placement" if exc.path.startswith("placement") else "driver"
                 self.add_error(field, str(exc))
+        self._check_supervisor_tls(data)
         return data
+
+    def _check_supervisor_tls(self, data: dict[str, Any]) -> None:
+        """The layout's rule (fleets.core.supervisor_tls) on the URL, transport and pin, each
+        read from the form, else from the row (an inline form shows the URL alone)."""
+        row = self.instance
+
+        def value(field: str) -> str:
+            if field in self.fields:
+                return data.get(field) or ""
+            return getattr(row, field) or ""
+
+        url, transport = value("supervisor_url"), value("supervisor_transport") or TLS
+        try:
+            pin = normal_pin(value("supervisor_fingerprint"))
+        except ValueError as exc:
+            self.add_error("supervisor_fingerprint", str(exc))
+            return
+        problem = transport_problem(url, transport, pin)
+        if problem is not None:
+            field = _SUPERVISOR_TLS_FIELDS[problem[0]]
+            self.add_error(field if field in self.fields else None, problem[1])
+        elif "supervisor_fingerprint" in self.fields:
+            data["supervisor_fingerprint"] = pin
+
+
+# The layout's name of each field fleets.core.supervisor_tls may name, as the form's.
+_SUPERVISOR_TLS_FIELDS = {
+    "supervisorUrl": "supervisor_url",
+    "supervisorTransport": "supervisor_transport",
+    "supervisorFingerprint": "supervisor_fingerprint",
+}
 
 
 class DomainInlineFormSet(forms.BaseInlineFormSet):

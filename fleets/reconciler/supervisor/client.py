@@ -26,7 +26,7 @@ from fleets.reconciler.supervisor.reports import (
     parse_probe,
     parse_status,
 )
-from fleets.reconciler.supervisor.transport import HTTP, Call, CallError, Door
+from fleets.reconciler.supervisor.transport import HTTP, Call, CallError, Door, TlsTrust
 
 if TYPE_CHECKING:
     from fleets.models import Domain
@@ -211,4 +211,5 @@ def client_for(domain: Domain) -> SupervisorClient:
         allowed_hosts=haru_settings().supervisor_hosts,
         max_response_bytes=haru_settings().supervisor_max_response_bytes,
         max_depth=haru_settings().json_max_depth,
+        tls=TlsTrust(domain.supervisor_transport, domain.supervisor_fingerprint, domain.slug),
     )
