@@ -199,6 +199,13 @@ class DomainForm(forms.ModelForm):
         initial=Provider.STATIC,
         help_text="static, or the driver that provisions it (docs/drivers.md)",
     )
+    # Longer than the stored form: openssl's AB:CD:... form is accepted and normalized.
+    supervisor_fingerprint = forms.CharField(
+        required=False,
+        max_length=110,
+        help_text="sha256:<hex> of the supervisor's certificate (python -m supervisor "
+        "tls-fingerprint on its host), trusted instead of a CA; empty: a CA",
+    )
     gpu_layout = PrettyJSONField(
         required=False,
         rows=5,
@@ -224,8 +231,6 @@ class DomainForm(forms.ModelForm):
         help_texts = {
             "supervisor_transport": "tls: https:// beyond loopback; plain-http: an http:// URL "
             "beyond loopback, the token in clear (docs/supervisor.md, TLS)",
-            "supervisor_fingerprint": "sha256:<hex> of the supervisor's certificate (python -m "
-            "supervisor tls-fingerprint on its host), trusted instead of a CA; empty: a CA",
         }
 
     def clean_gpu_layout(self):
@@ -293,9 +298,12 @@ class DomainForm(forms.ModelForm):
         """The layout's rule (fleets.core.supervisor_tls) on the URL, transport and pin, each
         read from the form, else from the row (an inline form shows the URL alone)."""
         row = self.instance
+        # The fields this form saves: a declared field is in every form, an inline's Meta
+        # names only the ones it shows and saves.
+        saved = {f for f in self.fields if self._meta.fields is None or f in self._meta.fields}
 
         def value(field: str) -> str:
-            if field in self.fields:
+            if field in saved:
                 return data.get(field) or ""
             return getattr(row, field) or ""
 
@@ -308,8 +316,8 @@ class DomainForm(forms.ModelForm):
         problem = transport_problem(url, transport, pin)
         if problem is not None:
             field = _SUPERVISOR_TLS_FIELDS[problem[0]]
-            self.add_error(field if field in self.fields else None, problem[1])
-        elif "supervisor_fingerprint" in self.fields:
+            self.add_error(field if field in saved else None, problem[1])
+        elif "supervisor_fingerprint" in saved:
             data["supervisor_fingerprint"] = pin
 
 

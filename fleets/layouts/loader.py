@@ -308,7 +308,7 @@ def _supervisor_tls(d: dict[str, Any], dpath: str, errors: list[str]) -> tuple[s
     transport = d.get("supervisorTransport", TLS)
     raw_pin = d.get("supervisorFingerprint", "")
     provider = d.get("provider", Provider.STATIC)
-    if "driver" in d and provider in provider_names() and builtin().get(provider).ships_tls:
+    if "driver" in d and provider != Provider.STATIC and _ships_tls(provider):
         errors.extend(
             f"{dpath}.{key}: a {provider} domain's certificate is made and pinned by the "
             "control plane at each launch (always HTTPS); drop this field"
@@ -321,6 +321,11 @@ def _supervisor_tls(d: dict[str, Any], dpath: str, errors: list[str]) -> tuple[s
         errors.append(f"{dpath}.{problem[0]}: {problem[1]}")
         return transport, ""
     return transport, normal_pin(raw_pin)
+
+
+def _ships_tls(provider: str) -> bool:
+    """Whether the provider's driver makes and ships the host's TLS identity at each launch."""
+    return provider in provider_names() and builtin().get(provider).ships_tls
 
 
 def _gpu_layout(data: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:

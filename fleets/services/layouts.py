@@ -38,6 +38,7 @@ from fleets.base.errors import LayoutError
 from fleets.core.policy import validate_policy
 from fleets.core.states import (
     IN_FLIGHT_OPERATION_STATES,
+    Provider,
     SlotKind,
 )
 from fleets.core.supervisor_tls import TLS
@@ -240,7 +241,9 @@ def _write_batch(
 
 def _ships_tls(provider: str, driver: dict[str, Any]) -> bool:
     """Whether the domain's launches ship the TLS identity (and so provisioning owns its pin)."""
-    return bool(driver) and provider in provider_names() and builtin().get(provider).ships_tls
+    if not driver or provider == Provider.STATIC or provider not in provider_names():
+        return False
+    return builtin().get(provider).ships_tls
 
 
 def _refuse_supervisor_hosts(layout: Layout) -> None:

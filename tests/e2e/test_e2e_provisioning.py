@@ -99,7 +99,6 @@ def test_a_provisioned_fleet_loses_its_active_and_heals_by_reconcile_ticks(
     first_east = fake_sky.clusters()["haru-healing-east"]["hash"]
     first_pin = _assert_reached_over_pinned_tls(east())
 
-
     # 2. East's node dies: its supervisor, engines and trainer are gone.
     fake_sky.kill_node("haru-healing-east")
 
