@@ -179,3 +179,13 @@ def test_client_for_takes_the_domains_transport_and_pin(seeded_fleet):
     domain.supervisor_fingerprint = ""
     refused = client.client_for(domain).status(timeout=1.0)
     assert refused.error is not None and refused.error.kind == transport.REFUSED
+
+
+def test_plain_http_by_name_is_warned_about_once(seeded_fleet, caplog):
+    domain = Domain.objects.get(fleet=seeded_fleet, slug="east")
+    domain.supervisor_url, domain.supervisor_transport = "http://10.0.0.11:8701", "plain-http"
+    with caplog.at_level("WARNING"):
+        client.client_for(domain)
+        client.client_for(domain)
+    warned = [r for r in caplog.records if "over plain HTTP beyond loopback" in r.getMessage()]
+    assert len(warned) == 1 and "domain east" in warned[0].getMessage()
