@@ -52,7 +52,9 @@ def server_context(cert_file: Path, key_file: Path) -> ssl.SSLContext:
     """A TLS server context (1.2 at least) with this certificate chain and key."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(str(cert_file), str(key_file))
+    # An empty password: an encrypted key fails at once (OpenSSL would otherwise prompt on a
+    # terminal a service does not have).
+    context.load_cert_chain(str(cert_file), str(key_file), password=lambda: b"")
     return context
 
 
@@ -73,7 +75,7 @@ def server_tls(settings: Settings, state_dir: Path, names: list[str]) -> ServerT
         return ServerTls(
             server_context(cert, key),
             fingerprint_of_pem(cert.read_bytes()),
-            (f"self-signed, kept in {cert.parent}"),
+            f"self-signed, kept in {cert.parent}",
         )
     except (OSError, ssl.SSLError, PinError) as exc:
         # The reason names a file or an OpenSSL error, never the key's content.
