@@ -226,3 +226,20 @@ def test_the_fingerprint_command_says_when_nothing_is_served_over_tls(tools, tmp
     result = _fingerprint_command(tools, env)
     assert result.returncode == 1
     assert "serves plain HTTP on 127.0.0.1" in result.stderr
+
+
+@pytest.mark.integration
+def test_the_process_refuses_a_vague_plain_http_beyond_loopback(tools, tmp_path):
+    env = _host_env(tools, tmp_path, tools.free_port(), HARU_SUPERVISOR_TLS="off")
+    result = subprocess.run(
+        [sys.executable, "-m", "supervisor"],
+        env=env,
+        cwd=tools.repo_root,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert "HARU_SUPERVISOR_TLS must be auto, on, plain-http, got 'off'" in result.stderr
+    assert TOKEN not in result.stderr
+    assert not (tmp_path / "state" / TLS_DIR).exists()
