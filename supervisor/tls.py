@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.tls_identity import PinError, fingerprint_of_pem, generate
+from common.tls_identity import generate
+from common.tls_pin import PinError, fingerprint_of_pem
 from supervisor.settings import Settings, SettingsError
 
 # Under the state dir: the self-signed identity, kept so its pin stays valid across restarts.

@@ -16,7 +16,7 @@ from __future__ import annotations
 import ipaddress
 from urllib.parse import urlsplit
 
-from common.tls_identity import PIN_RULE, PinError, parse_pin
+from common.tls_pin import PIN_RULE, PinError, parse_pin
 
 TLS = "tls"
 PLAIN_HTTP = "plain-http"

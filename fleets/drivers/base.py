@@ -25,7 +25,7 @@ from enum import StrEnum
 from typing import Any
 
 from common.documents import problems, schema_validator
-from common.tls_identity import TlsIdentity
+from common.tls_pin import TlsIdentity
 
 # The supervisor's credential: handed to the node only as a secret, never in settings or argv.
 TOKEN_ENV = "HARU_SUPERVISOR_TOKEN"

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from common.documents import problems, schema_validator
-from common.tls_identity import TlsIdentity
+from common.tls_pin import TlsIdentity
 from fleets.drivers.base import (
     PENDING,
     Described,

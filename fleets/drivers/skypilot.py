@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from common.tls_identity import TlsIdentity
+from common.tls_pin import TlsIdentity
 from fleets.drivers.base import (
     PENDING,
     TLS_CERT_ENV,

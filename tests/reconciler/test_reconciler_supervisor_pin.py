@@ -15,7 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from common.tls_identity import TlsIdentity, generate
+from common.tls_identity import generate
+from common.tls_pin import TlsIdentity
 from fleets.core.model_health import Reach
 from fleets.core.supervisor_tls import normal_pin
 from fleets.models import Domain

@@ -15,7 +15,8 @@ import sys
 import httpx
 import pytest
 
-from common.tls_identity import fingerprint_of_pem, generate
+from common.tls_identity import generate
+from common.tls_pin import fingerprint_of_pem
 from fleets.reconciler.supervisor import client, transport
 from supervisor import server
 from supervisor.settings import SettingsError, settings_from_env

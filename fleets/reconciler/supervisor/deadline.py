@@ -26,7 +26,7 @@ import httpcore
 import httpx
 
 from common.private_apis import set_transport_pool
-from common.tls_identity import peer_fingerprint
+from common.tls_pin import peer_fingerprint
 
 _deadline: ContextVar[float | None] = ContextVar("haru_supervisor_deadline", default=None)
 
