@@ -21,6 +21,7 @@ import shutil
 import socket
 import ssl
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,8 @@ from supervisor.settings import Settings, SettingsError
 TLS_DIR = "tls"
 CERT_NAME = "supervisor.pem"
 KEY_NAME = "supervisor.key"
+# A staging folder older than this was left by a killed process (making one takes milliseconds).
+LEFTOVER_AGE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ def server_tls(settings: Settings, state_dir: Path, names: list[str]) -> ServerT
     if not settings.serves_tls:
         return None
     try:
+        _remove_leftovers(state_dir)
         if settings.tls_cert is not None and settings.tls_key is not None:
             cert = Path(settings.tls_cert)
             context = server_context(cert, Path(settings.tls_key))
@@ -81,6 +85,17 @@ def server_tls(settings: Settings, state_dir: Path, names: list[str]) -> ServerT
     except (OSError, ssl.SSLError, PinError) as exc:
         # The reason names a file or an OpenSSL error, never the key's content.
         raise SettingsError(f"cannot serve HTTPS: {_reason(exc)}") from None
+
+
+def _remove_leftovers(state_dir: Path) -> None:
+    """Remove the private folders a killed supervisor left while loading or making a key (a
+    minute old at least: a maker running now keeps its own)."""
+    if not state_dir.is_dir():
+        return
+    for folder in state_dir.glob(".tls-*"):
+        with contextlib.suppress(OSError):
+            if folder.is_dir() and time.time() - folder.stat().st_mtime > LEFTOVER_AGE_S:
+                shutil.rmtree(folder)
 
 
 def _reason(exc: BaseException) -> str:

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import ssl
 import stat
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -19,6 +21,7 @@ from common.tls_identity import generate
 from common.tls_pin import fingerprint_of_pem
 from fleets.reconciler.supervisor import client, transport
 from supervisor import server
+from supervisor.engines.launch import inherited_env
 from supervisor.settings import SettingsError, settings_from_env
 from supervisor.tls import CERT_NAME, KEY_NAME, TLS_DIR, server_tls
 
@@ -244,3 +247,27 @@ def test_the_process_refuses_a_vague_plain_http_beyond_loopback(tools, tmp_path)
     assert "HARU_SUPERVISOR_TLS must be auto, on, plain-http, got 'off'" in result.stderr
     assert TOKEN not in result.stderr
     assert not (tmp_path / "state" / TLS_DIR).exists()
+
+
+def test_the_provisioned_key_never_reaches_a_child():
+    identity = generate(["h"])
+    environ = {
+        "PATH": "/usr/bin",
+        "HARU_SUPERVISOR_TLS_KEY_PEM": identity.key_pem.decode(),
+        "HARU_SUPERVISOR_TLS_CERT_PEM": identity.cert_pem.decode(),
+    }
+    inherited = inherited_env(environ)
+    assert "HARU_SUPERVISOR_TLS_KEY_PEM" not in inherited
+    assert identity.key_pem.decode() not in "".join(inherited.values())
+
+
+def test_a_killed_makers_private_folder_is_removed_at_the_next_start(tmp_path):
+    left = tmp_path / ".tls-abc123"
+    left.mkdir(mode=0o700)
+    (left / KEY_NAME).write_text("a key a killed supervisor was loading")
+    fresh = tmp_path / ".tls-new-def456"  # a maker running right now
+    fresh.mkdir(mode=0o700)
+    old = time.time() - 3600
+    os.utime(left, (old, old))
+    assert server_tls(settings_from_env(PUBLIC_WITH_TOKEN), tmp_path, []) is not None
+    assert not left.exists() and fresh.exists()
