@@ -56,7 +56,7 @@ def big_layout(slug: str, models: int, per_slot: int = 50) -> dict[str, Any]:
                 "slug": dslug,
                 "provider": "static",
                 "priority": 10 * (di + 1),
-                "supervisorUrl": f"http://10.{di}.0.1:8701",
+                "supervisorUrl": f"https://10.{di}.0.1:8701",
                 "slots": slots,
             }
         )

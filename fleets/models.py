@@ -27,6 +27,7 @@ from fleets.core.states import (
     SlotKind,
     TrainingState,
 )
+from fleets.core.supervisor_tls import TLS, TRANSPORTS
 from fleets.drivers.registry import provider_names
 
 # A primary key as the ORM returns it (UUID) or as a caller spells it (str).
@@ -142,6 +143,13 @@ class Domain(models.Model):
     # {cloud, region, accelerator, acceleratorCount, useSpot}
     placement = models.JSONField(default=dict, blank=True)
     supervisor_url = models.URLField(max_length=500, blank=True, default="")
+    # How the supervisor is reached (fleets.core.supervisor_tls): "tls" (HTTPS beyond loopback)
+    # or "plain-http" (asked for by name), and the SHA-256 pin of its certificate ("": trust a
+    # CA instead). A provisioned domain's pin is the one its launch shipped.
+    supervisor_transport = models.CharField(
+        max_length=16, choices=[(t, t) for t in TRANSPORTS], default=TLS
+    )
+    supervisor_fingerprint = models.CharField(max_length=71, blank=True, default="")
     serving_base_url = models.URLField(max_length=500, blank=True, default="")
     # Lower is preferred when ranking standbys of a fleet with more than two domains.
     priority = models.PositiveIntegerField(default=100)

@@ -42,6 +42,7 @@ from supervisor.settings import (
     is_loopback,
     settings_from_env,
 )
+from supervisor.tls import ServerTls, certificate_names, server_tls
 
 log = logging.getLogger("supervisor")
 
@@ -188,7 +189,7 @@ def prepare(
     return settings, config, backend
 
 
-def log_exposure(settings: Settings) -> None:
+def log_exposure(settings: Settings, tls: ServerTls | None) -> None:
     """Say at start-up who can reach the API: no token (loopback only), a weak one, TLS."""
     if settings.token is None:
         log.warning(
@@ -200,12 +201,20 @@ def log_exposure(settings: Settings) -> None:
         log.warning("HARU_SUPERVISOR_TOKEN %s", settings.token_weakness)
     if not is_loopback(settings.bind_host):
         log.info("listening beyond loopback on %s (token required)", settings.bind_host)
-    if settings.tls_cert is not None:
-        log.info("serving HTTPS with the certificate in %s", settings.tls_cert)
+    if tls is not None:
+        # The fingerprint is public (a hash of the certificate): it is what the layout's
+        # supervisorFingerprint pins.
+        log.info("serving HTTPS: certificate %s, fingerprint %s", tls.source, tls.fingerprint)
+    elif not is_loopback(settings.bind_host):
+        log.warning(
+            "!!! serving PLAIN HTTP beyond loopback on %s (HARU_SUPERVISOR_TLS=plain-http): the "
+            "token and every answer cross the network in clear. !!!",
+            settings.bind_host,
+        )
 
 
-def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
-    """uvicorn serving the API behind the HTTP edge, as the settings say."""
+def uvicorn_config(app: Any, settings: Settings, tls: ServerTls | None = None) -> uvicorn.Config:
+    """uvicorn serving the API behind the HTTP edge, as the settings say, over `tls` if any."""
     return uvicorn.Config(
         app,
         # Deadlines and limits at the edge, before the token is checked: a flood of idle or
@@ -220,9 +229,38 @@ def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
         lifespan="on",
         timeout_graceful_shutdown=GRACEFUL_HTTP_S,
         log_config=None,
-        ssl_certfile=settings.tls_cert,
-        ssl_keyfile=settings.tls_key,
+        ssl_context_factory=tls.factory() if tls is not None else None,
     )
+
+
+def tls_fingerprint(environ: Mapping[str, str] | None = None, cwd: Path | None = None) -> int:
+    """`python -m supervisor tls-fingerprint`: print the fingerprint of the certificate this
+    supervisor serves (with the same environment), making the self-signed one if it has none
+    yet, so the operator can pin it in the layout before the first start. Run it as the account
+    the supervisor runs as: the files it makes belong to that account."""
+    environ = dict(os.environ if environ is None else environ)
+    cwd = cwd or Path.cwd()
+    try:
+        settings = settings_from_env(environ)
+        config = load_config(settings.config_source, cwd=cwd, registry=default_registry())
+        state_dir = state_dir_for(config, port=settings.port, cwd=cwd)
+        tls = server_tls(settings, state_dir, certificate_names(settings.bind_host, config.host))
+    except SettingsError as exc:
+        print(f"haru-supervisor: {exc}", file=sys.stderr)
+        return 2
+    except ConfigError as exc:
+        print(f"haru-supervisor: invalid config:\n{exc.render()}", file=sys.stderr)
+        return 2
+    if tls is None:
+        print(
+            f"haru-supervisor: serves plain HTTP on {settings.bind_host} (no certificate): "
+            "HTTPS is the default beyond loopback, or set HARU_SUPERVISOR_TLS=on",
+            file=sys.stderr,
+        )
+        return 1
+    print(tls.fingerprint)
+    print(f"# {tls.source}; layout: supervisorFingerprint: {tls.fingerprint}", file=sys.stderr)
+    return 0
 
 
 def main(environ: Mapping[str, str] | None = None) -> int:
@@ -231,6 +269,9 @@ def main(environ: Mapping[str, str] | None = None) -> int:
     configure_logging((environ.get(SupervisorSettings.log_level.env) or "info").strip() or "info")
     try:
         settings, config, backend = prepare(environ, Path.cwd())
+        assert config.state_dir is not None  # resolved by prepare()
+        names = certificate_names(settings.bind_host, config.host)
+        tls = server_tls(settings, config.state_dir, names)
     except SettingsError as exc:
         log.error("cannot start: %s", exc)
         print(f"haru-supervisor: {exc}", file=sys.stderr)
@@ -239,7 +280,7 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         log.error("cannot start: invalid config")
         print(f"haru-supervisor: invalid config:\n{exc.render()}", file=sys.stderr)
         return 2
-    log_exposure(settings)
+    log_exposure(settings, tls)
     try:
         sock = bind_socket(settings.bind_host, settings.port)
     except OSError as exc:
@@ -249,7 +290,6 @@ def main(environ: Mapping[str, str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    assert config.state_dir is not None  # resolved by prepare()
     state = StateDir(config.state_dir)
     try:
         # After the bind: a second supervisor on this port has already failed above, so a busy
@@ -267,10 +307,12 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         print(f"haru-supervisor: invalid config:\n{exc.render()}", file=sys.stderr)
         return 2
     app = create_app(host, token=settings.token)
-    server = SupervisorServer(uvicorn_config(app, settings), host)
+    server = SupervisorServer(uvicorn_config(app, settings, tls), host)
     log.info(
-        "supervisor%s on %s:%s: %d model(s), %d training slot(s), GPU backend %s, state dir %s",
+        "supervisor%s on %s://%s:%s: %d model(s), %d training slot(s), GPU backend %s, "
+        "state dir %s",
         f" {config.host}" if config.host else "",
+        "https" if tls is not None else "http",
         settings.bind_host,
         settings.port,
         len(config.models),

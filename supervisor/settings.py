@@ -14,6 +14,8 @@ from common.setting import SIMULATOR, SUPERVISOR, TRAINER, Kind, Section, declar
 DEFAULT_PORT = 8701
 DEFAULT_BIND = "127.0.0.1"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+TLS_AUTO, TLS_ON, TLS_PLAIN = "auto", "on", "plain-http"
+TLS_MODES = (TLS_AUTO, TLS_ON, TLS_PLAIN)
 
 # The headings of the docs, each with the processes that read its variables.
 AGENT = Section("Listening, credentials and children", (SUPERVISOR,))
@@ -49,17 +51,41 @@ class SupervisorSettings:
         doc="bearer token on every `/v1/` route: this domain's own token, printed on the "
         "control plane by `manage.py supervisor_token <fleet>/<domain>`. Unset: loopback only",
     )
+    tls = AGENT.text(
+        "HARU_SUPERVISOR_TLS",
+        kind=Kind.CHOICE,
+        choices=TLS_MODES,
+        shown_default="auto",
+        doc="`auto`: HTTPS whenever the bind is beyond loopback (the operator's certificate, "
+        "else a self-signed one made once in the state dir, its fingerprint printed by "
+        "`python -m supervisor tls-fingerprint`), plain HTTP on loopback; `on`: HTTPS on "
+        "loopback too; `plain-http`: plain HTTP beyond loopback as well, warned about at "
+        'start-up (docs/supervisor.md, "TLS")',
+    )
     tls_cert = AGENT.text(
         "HARU_SUPERVISOR_TLS_CERT",
         kind=Kind.FILE,
-        shown_default="unset: plain HTTP",
+        shown_default="unset: self-signed beyond loopback",
         doc="PEM certificate (chain) to serve HTTPS with; goes with HARU_SUPERVISOR_TLS_KEY",
     )
     tls_key = AGENT.text(
         "HARU_SUPERVISOR_TLS_KEY",
         kind=Kind.FILE,
-        shown_default="unset: plain HTTP",
+        shown_default="unset: self-signed beyond loopback",
         doc="the certificate's private key (PEM); both or neither",
+    )
+    tls_cert_pem = AGENT.text(
+        "HARU_SUPERVISOR_TLS_CERT_PEM",
+        shown_default="unset",
+        doc="the certificate itself (PEM text), with HARU_SUPERVISOR_TLS_KEY_PEM: how a "
+        "provisioned host gets the identity the control plane made and pinned for it "
+        "(a SkyPilot secret); not with the file variables",
+    )
+    tls_key_pem = AGENT.text(
+        "HARU_SUPERVISOR_TLS_KEY_PEM",
+        shown_default="unset",
+        doc="that certificate's private key (PEM text); never written to disk for longer "
+        "than loading it takes",
     )
     log_level = AGENT.text(
         "HARU_SUPERVISOR_LOG_LEVEL",
@@ -180,9 +206,13 @@ class Settings:
     token: str | None
     config_source: str
     log_level: str
-    # HTTPS: PEM certificate (chain) and private key; both or neither.
+    # HTTPS: PEM certificate (chain) and private key files; both or neither.
     tls_cert: str | None = None
     tls_key: str | None = None
+    # auto / on / plain-http (TLS_MODES); `serves_tls` says what it comes to.
+    tls_mode: str = TLS_AUTO
+    # The same as PEM text (a provisioned host's, from the control plane); a secret.
+    tls_pem: tuple[str, str] | None = field(default=None, repr=False)
     # The HTTP edge's deadlines and limits (EDGE_SETTINGS).
     edge: EdgeLimits = field(default_factory=lambda: edge_limits_from_env({}))
 
@@ -194,6 +224,16 @@ class Settings:
     @property
     def token_is_weak(self) -> bool:
         return self.token_weakness is not None
+
+    @property
+    def serves_tls(self) -> bool:
+        """HTTPS, or plain HTTP: an operator's or provisioned certificate, or `on`, always
+        mean HTTPS; `auto` means HTTPS beyond loopback (settings refuse a certificate with
+        `plain-http`)."""
+        if self.tls_mode == TLS_PLAIN:
+            return False
+        given = self.tls_cert is not None or self.tls_pem is not None
+        return given or self.tls_mode == TLS_ON or not is_loopback(self.bind_host)
 
 
 def _get(environ: Mapping[str, str], name: str) -> str | None:
@@ -262,6 +302,7 @@ def settings_from_env(environ: Mapping[str, str]) -> Settings:
             "(manage.py supervisor_token <fleet>/<domain> prints this domain's own)"
         )
     tls_cert, tls_key = _tls_files(environ)
+    tls_mode, tls_pem = _tls_mode(environ, tls_cert is not None)
     log_level = (_get(environ, table.log_level.env) or "info").strip().lower()
     if log_level not in LOG_LEVELS:
         raise SettingsError(
@@ -275,6 +316,8 @@ def settings_from_env(environ: Mapping[str, str]) -> Settings:
         log_level=log_level,
         tls_cert=tls_cert,
         tls_key=tls_key,
+        tls_mode=tls_mode,
+        tls_pem=tls_pem,
         edge=edge_limits_from_env(environ),
     )
 
@@ -289,3 +332,29 @@ def _tls_files(environ: Mapping[str, str]) -> tuple[str | None, str | None]:
         if path is not None and not os.path.isfile(path):
             raise SettingsError(f"{setting.env}: no such file: {path}")
     return paths
+
+
+def _tls_mode(environ: Mapping[str, str], files: bool) -> tuple[str, tuple[str, str] | None]:
+    """HARU_SUPERVISOR_TLS, and the inline certificate and key (both or neither, not with the
+    files, not with plain HTTP asked for)."""
+    table = SupervisorSettings
+    mode = (_get(environ, table.tls.env) or TLS_AUTO).strip().lower()
+    if mode not in TLS_MODES:
+        raise SettingsError(
+            f"{table.tls.env} must be {', '.join(TLS_MODES)}, got {mode!r} (plain HTTP beyond "
+            f"loopback is only ever {TLS_PLAIN!r}, by that name)"
+        )
+    cert, key = table.tls_cert_pem, table.tls_key_pem
+    cert_pem, key_pem = _get(environ, cert.env), _get(environ, key.env)
+    if (cert_pem is None) != (key_pem is None):
+        raise SettingsError(f"{cert.env} and {key.env} go together: set both, or neither")
+    pem = (cert_pem, key_pem) if cert_pem is not None and key_pem is not None else None
+    if pem is not None and files:
+        raise SettingsError(
+            f"{cert.env} and {table.tls_cert.env} both give a certificate: set one of them"
+        )
+    if mode == TLS_PLAIN and (pem is not None or files):
+        raise SettingsError(
+            f"{table.tls.env}={TLS_PLAIN} and a certificate: drop one (a certificate means HTTPS)"
+        )
+    return mode, pem

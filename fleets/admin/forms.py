@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from typing import Any
 
 from django import forms
 from django.core.exceptions import ValidationError
@@ -23,7 +24,13 @@ from fleets.base.errors import LayoutError
 from fleets.core.drills import DrillSchedule, schedule_problems
 from fleets.core.policy import PolicyError, validate_policy
 from fleets.core.states import Provider, SlotKind
-from fleets.core.urls import has_userinfo, supervisor_url_problem, url_problem, without_userinfo
+from fleets.core.supervisor_tls import TLS, normal_pin, transport_problem
+from fleets.core.urls import (
+    has_userinfo,
+    supervisor_url_problem,
+    url_problem,
+    without_userinfo,
+)
 from fleets.drivers.base import DriverSettingsError
 from fleets.drivers.registry import builtin, provider_names
 from fleets.layouts.loader import layout_schema, parse_layout, schema_problems
@@ -219,6 +226,13 @@ class DomainForm(ShownWithoutCredentials):
         initial=Provider.STATIC,
         help_text="static, or the driver that provisions it (docs/drivers.md)",
     )
+    # Longer than the stored form: openssl's AB:CD:... form is accepted and normalized.
+    supervisor_fingerprint = forms.CharField(
+        required=False,
+        max_length=110,
+        help_text="sha256:<hex> of the supervisor's certificate (python -m supervisor "
+        "tls-fingerprint on its host), trusted instead of a CA; empty: a CA",
+    )
     gpu_layout = PrettyJSONField(
         required=False,
         rows=5,
@@ -238,9 +252,15 @@ class DomainForm(ShownWithoutCredentials):
             "placement",
             "driver",
             "supervisor_url",
+            "supervisor_transport",
+            "supervisor_fingerprint",
             "serving_base_url",
             "gpu_layout",
         ]
+        help_texts = {
+            "supervisor_transport": "tls: https:// beyond loopback; plain-http: an http:// URL "
+            "beyond loopback, the token in clear (docs/supervisor.md, TLS)",
+        }
 
     def clean_gpu_layout(self):
         """Check the GPU description with the layout schema's own rules."""
@@ -300,7 +320,42 @@ class DomainForm(ShownWithoutCredentials):
             except DriverSettingsError as exc:
                 field = "placement" if exc.path.startswith("placement") else "driver"
                 self.add_error(field, str(exc))
+        self._check_supervisor_tls(data)
         return data
+
+    def _check_supervisor_tls(self, data: dict[str, Any]) -> None:
+        """The layout's rule (fleets.core.supervisor_tls) on the URL, transport and pin, each
+        read from the form, else from the row (an inline form shows the URL alone)."""
+        row = self.instance
+        # The fields this form saves: a declared field is in every form, an inline's Meta
+        # names only the ones it shows and saves.
+        saved = {f for f in self.fields if self._meta.fields is None or f in self._meta.fields}
+
+        def value(field: str) -> str:
+            if field in saved:
+                return data.get(field) or ""
+            return getattr(row, field) or ""
+
+        url, transport = value("supervisor_url"), value("supervisor_transport") or TLS
+        try:
+            pin = normal_pin(value("supervisor_fingerprint"))
+        except ValueError as exc:
+            self.add_error("supervisor_fingerprint", str(exc))
+            return
+        problem = transport_problem(url, transport, pin)
+        if problem is not None:
+            field = _SUPERVISOR_TLS_FIELDS[problem[0]]
+            self.add_error(field if field in saved else None, problem[1])
+        elif "supervisor_fingerprint" in saved:
+            data["supervisor_fingerprint"] = pin
+
+
+# The layout's name of each field fleets.core.supervisor_tls may name, as the form's.
+_SUPERVISOR_TLS_FIELDS = {
+    "supervisorUrl": "supervisor_url",
+    "supervisorTransport": "supervisor_transport",
+    "supervisorFingerprint": "supervisor_fingerprint",
+}
 
 
 class DomainInlineFormSet(forms.BaseInlineFormSet):

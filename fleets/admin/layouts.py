@@ -381,6 +381,7 @@ class DomainAdmin(admin.ModelAdmin):
             "placement",
             "driver",
             "supervisor_url",
+            ("supervisor_transport", "supervisor_fingerprint"),
             "serving_base_url",
             "gpu_layout",
         ]

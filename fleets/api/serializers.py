@@ -21,6 +21,7 @@ from fleets.core.states import (
     OperationState,
     SlotKind,
 )
+from fleets.core.supervisor_tls import TRANSPORTS
 from fleets.drivers.registry import provider_names
 
 
@@ -188,6 +189,16 @@ class DomainOut(serializers.Serializer):
     placement = serializers.DictField()
     priority = serializers.IntegerField()
     supervisorUrl = serializers.URLField(allow_null=True)  # noqa: N815
+    supervisorTransport = serializers.ChoiceField(  # noqa: N815
+        list(TRANSPORTS),
+        help_text="tls: https:// beyond loopback; plain-http: asked for by name, the token "
+        "crosses the network in clear.",
+    )
+    supervisorFingerprint = serializers.CharField(  # noqa: N815
+        allow_null=True,
+        help_text="sha256:<hex> of the supervisor's certificate, trusted instead of a CA; null: "
+        "a CA (HARU_SUPERVISOR_CA_BUNDLE or the system's) is.",
+    )
     servingBaseUrl = serializers.URLField(allow_null=True)  # noqa: N815
     gpuLayout = serializers.DictField(  # noqa: N815
         allow_null=True,

@@ -25,14 +25,36 @@ from enum import StrEnum
 from typing import Any
 
 from common.documents import problems, schema_validator
+from common.tls_pin import TlsIdentity
 
 # The supervisor's credential: handed to the node only as a secret, never in settings or argv.
 TOKEN_ENV = "HARU_SUPERVISOR_TOKEN"
+# The TLS identity the control plane made for a provisioned host (supervisor/tls.py reads
+# them); the key is a secret like the token, the certificate goes the same way for simplicity.
+TLS_CERT_ENV = "HARU_SUPERVISOR_TLS_CERT_PEM"
+TLS_KEY_ENV = "HARU_SUPERVISOR_TLS_KEY_PEM"
+# Every supervisor TLS variable: a provisioned host's TLS is Haru's to set, not the envs'.
+TLS_ENVS = frozenset(
+    {
+        TLS_CERT_ENV,
+        TLS_KEY_ENV,
+        "HARU_SUPERVISOR_TLS",
+        "HARU_SUPERVISOR_TLS_CERT",
+        "HARU_SUPERVISOR_TLS_KEY",
+    }
+)
 MAX_SUPERVISOR_CONFIG_CHARS = 65_536
 # Bound what is kept of a call's output: a status answer is a few KiB.
 MAX_OUTPUT_BYTES = 256 * 1024
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _SECRETISH = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIAL)", re.I)
+
+
+def as_https(url: str) -> str:
+    """The supervisor URL a provider reports, on https:// (the host serves the shipped
+    identity): providers print http:// or a bare host:port for any port."""
+    bare = re.sub(r"^[A-Za-z][A-Za-z0-9+.\-]*://", "", url)
+    return f"https://{bare}"
 
 
 class DriverError(Exception):
@@ -213,6 +235,10 @@ class ProvisioningDriver(ABC):
     # Whether `validate` reads `placement` (a cloud placement); else it is free description,
     # checked by the layout schema only, as for a static domain.
     uses_placement: bool = False
+    # Whether `launch` ships the TLS identity the control plane made for the host (and so the
+    # supervisor is reached over https:// with that identity's pin); else the layout's
+    # supervisorTransport and supervisorFingerprint say how it is reached.
+    ships_tls: bool = False
 
     @abstractmethod
     def validate(self, *, placement: object, settings: object, path: str = "") -> Any:
@@ -233,10 +259,13 @@ class ProvisioningDriver(ABC):
         error. Raise DriverError."""
 
     @abstractmethod
-    def launch(self, target: Target, *, candidate: int, token: str | None) -> str:
+    def launch(
+        self, target: Target, *, candidate: int, token: str | None, tls: TlsIdentity | None = None
+    ) -> str:
         """Start a launch on `candidates()[candidate]` with the supervisor token (None: none is
-        configured; refuse) and return a non-empty handle for `describe`; never wait for the
-        host to come up. Raise DriverError."""
+        configured; refuse) and, for a driver that `ships_tls`, the host's TLS identity (its
+        key a secret like the token), and return a non-empty handle for `describe`; never wait
+        for the host to come up. Raise DriverError."""
 
     @abstractmethod
     def describe(self, target: Target, *, handle: str | None) -> Described:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from fleets.drivers.base import (
+    TLS_ENVS,
     TOKEN_ENV,
     DriverSettingsError,
     check_envs,
@@ -34,7 +35,9 @@ CATALOGUE_PATH = Path(__file__).with_name("catalogue.json")
 DEFAULT_SUPERVISOR_PORT = 8701
 DEFAULT_READINESS_PATH = "/health"
 # Variables the rendered task sets itself; an operator's `envs` must not shadow them.
-RESERVED_ENVS = frozenset({TOKEN_ENV, "HARU_SUPERVISOR_CONFIG", "HARU_SUPERVISOR_HOST", "PORT"})
+RESERVED_ENVS = frozenset(
+    {TOKEN_ENV, "HARU_SUPERVISOR_CONFIG", "HARU_SUPERVISOR_HOST", "PORT", *TLS_ENVS}
+)
 
 
 class CloudPlacementError(DriverSettingsError):

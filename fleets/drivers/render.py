@@ -1,10 +1,11 @@
 """Render a driver-backed domain as a SkyPilot task YAML or a SkyServe service YAML.
 
 Pure: a validated `CloudPlacement` and `DriverSettings` in, a dict (and its YAML text) out. The
-supervisor is the run command; its token is a SkyPilot secret whose value is never rendered:
-the YAML holds the name with a null value (a managed secret reference, SkyPilot >= 0.14) and the
-launch passes `--secret HARU_SUPERVISOR_TOKEN`, which SkyPilot fills from the `sky` process's
-environment. Field names follow SkyPilot's YAML spec (docs/drivers.md lists what was relied on).
+supervisor is the run command; its token and its TLS certificate and key are SkyPilot secrets
+whose values are never rendered: the YAML holds each name with a null value (a managed secret
+reference, SkyPilot >= 0.14) and the launch passes `--secret NAME`, which SkyPilot fills from
+the `sky` process's environment. Field names follow SkyPilot's YAML spec (docs/drivers.md
+lists what was relied on).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from fleets.drivers.base import TLS_CERT_ENV, TLS_KEY_ENV
 from fleets.drivers.cloud_placement import (
     TOKEN_ENV,
     Candidate,
@@ -33,6 +35,8 @@ READINESS_TIMEOUT_S = 15
 # GCP cluster names are at most 35 characters on the cloud side; SkyPilot truncates longer ones
 # with a hash, which would make our names ambiguous to read in `sky status`.
 MAX_CLUSTER_NAME = 35
+# Passed at launch, never rendered: the token and the host's TLS identity.
+SECRET_NAMES = (TOKEN_ENV, TLS_CERT_ENV, TLS_KEY_ENV)
 
 
 @dataclass(frozen=True)
@@ -135,14 +139,16 @@ def render_task(
         "name": name,
         "resources": _resources(placement, where, _ports(settings)),
         "envs": _envs(settings),
-        # Null: a reference filled at launch by `--secret HARU_SUPERVISOR_TOKEN` from the `sky`
-        # process's environment; the value never appears in this document.
-        "secrets": {TOKEN_ENV: None},
+        # Null: references filled at launch by `--secret NAME` from the `sky` process's
+        # environment; the values never appear in this document. The TLS identity is made per
+        # launch and pinned by the control plane (fleets/reconciler/provision.py): with it the
+        # supervisor serves HTTPS on its public port.
+        "secrets": {name: None for name in SECRET_NAMES},
     }
     if settings.setup.strip():
         doc["setup"] = settings.setup if settings.setup.endswith("\n") else settings.setup + "\n"
     doc["run"] = _run(settings)
-    return Rendered(doc, (TOKEN_ENV,))
+    return Rendered(doc, SECRET_NAMES)
 
 
 def render_service(

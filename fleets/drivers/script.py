@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from common.documents import problems, schema_validator
+from common.tls_pin import TlsIdentity
 from fleets.drivers.base import (
     PENDING,
     Described,
@@ -143,7 +144,11 @@ class ScriptDriver(ProvisioningDriver):
     def remove(self, target: Target) -> None:
         self._run(target, "stop", extra={"HARU_STOP_MODE": "down"})
 
-    def launch(self, target: Target, *, candidate: int, token: str | None) -> str:
+    def launch(
+        self, target: Target, *, candidate: int, token: str | None, tls: TlsIdentity | None = None
+    ) -> str:
+        # ships_tls is False: the operator's host serves its own certificate, which the
+        # layout's supervisorFingerprint (or HARU_SUPERVISOR_CA_BUNDLE) trusts.
         if not token:
             raise ScriptError(
                 "script_token_missing",

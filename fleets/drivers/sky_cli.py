@@ -291,9 +291,14 @@ class SkyCli:
 
 def _scrub(text: str, secrets: Mapping[str, str] | None) -> str:
     # Belt and braces: SkyPilot redacts secrets, but nothing it prints may carry one onwards.
+    # A multi-line secret (the TLS key's PEM) is scrubbed line by line too, should a line of it
+    # be echoed alone; its short armour lines ("-----END ...") say nothing.
     for value in (secrets or {}).values():
         if value:
             text = text.replace(value, "<redacted>")
+            for line in value.splitlines():
+                if len(line.strip()) >= 16 and not line.startswith("-----"):
+                    text = text.replace(line.strip(), "<redacted>")
     return text
 
 

@@ -3,7 +3,8 @@
 Wraps the renderer (`render.py`: the task YAML) and the `sky` CLI wrapper (`sky_cli.py`). A
 launch is `sky launch --async` on one candidate region/zone of the placement; describe follows
 the launch request, then the cluster, then reads the supervisor's and the serving port's
-endpoints; stop is `sky stop` or `sky down`, confirmed with `sky status`.
+endpoints (the supervisor's on https://: the launch shipped it the TLS identity the provisioning
+pass made and pinned); stop is `sky stop` or `sky down`, confirmed with `sky status`.
 """
 
 from __future__ import annotations
@@ -11,13 +12,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from common.tls_pin import TlsIdentity
 from fleets.drivers.base import (
     PENDING,
+    TLS_CERT_ENV,
+    TLS_KEY_ENV,
+    TOKEN_ENV,
     Described,
     Progress,
     ProvisioningDriver,
     Target,
     TornDown,
+    as_https,
 )
 from fleets.drivers.cloud_placement import (
     CloudPlacement,
@@ -47,6 +53,7 @@ class SkySettings:
 class SkyPilotDriver(ProvisioningDriver):
     name = "skypilot"
     uses_placement = True
+    ships_tls = True
 
     def __init__(self, sky: Callable[[], SkyCli] = SkyCli) -> None:
         self._sky_factory = sky
@@ -96,7 +103,9 @@ class SkyPilotDriver(ProvisioningDriver):
     def remove(self, target: Target) -> None:
         self.sky.down(target.name)
 
-    def launch(self, target: Target, *, candidate: int, token: str | None) -> str:
+    def launch(
+        self, target: Target, *, candidate: int, token: str | None, tls: TlsIdentity | None = None
+    ) -> str:
         rendered = self.render(target, candidate=candidate)
         if not token:
             # The supervisor listens beyond loopback on a cloud node and refuses to without one.
@@ -104,10 +113,18 @@ class SkyPilotDriver(ProvisioningDriver):
                 "HARU_SUPERVISOR_MASTER_KEY is not set: a provisioned supervisor must require a "
                 "token"
             )
+        if tls is None:
+            # Its public port must not serve plain HTTP; the provisioning pass makes one.
+            raise SkySecretMissing("no TLS identity for the supervisor: not launched")
+        values = {
+            TOKEN_ENV: token,
+            TLS_CERT_ENV: tls.cert_pem.decode(),
+            TLS_KEY_ENV: tls.key_pem.decode(),
+        }
         return self.sky.launch(
             cluster=target.name,
             yaml_text=rendered.text,
-            secrets={n: token for n in rendered.secret_names},
+            secrets={n: values[n] for n in rendered.secret_names},
             serve=self.name == "skyserve",
         )
 
@@ -142,7 +159,8 @@ class SkyPilotDriver(ProvisioningDriver):
             serving = self.sky.endpoint(target.name, driver.serving_port)
         return Described(
             Progress.UP,
-            supervisor_url=self.sky.endpoint(target.name, driver.supervisor_port),
+            # The host serves the identity shipped at launch: HTTPS, whatever sky prints.
+            supervisor_url=as_https(self.sky.endpoint(target.name, driver.supervisor_port)),
             serving_base_url=serving,
         )
 

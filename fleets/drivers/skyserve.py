@@ -7,7 +7,7 @@ of its first ready replica; stop is `sky serve down` (a service has no stopped s
 
 from __future__ import annotations
 
-from fleets.drivers.base import PENDING, Described, Progress, Target, TornDown
+from fleets.drivers.base import PENDING, Described, Progress, Target, TornDown, as_https
 from fleets.drivers.sky_cli import SkyCommandFailed
 from fleets.drivers.skypilot import SkyPilotDriver
 
@@ -32,7 +32,7 @@ class SkyServeDriver(SkyPilotDriver):
         host = record.replica_endpoints[0].rsplit(":", 1)[0]
         return Described(
             Progress.UP,
-            supervisor_url=f"{host}:{target.settings.driver.supervisor_port}",
+            supervisor_url=as_https(f"{host}:{target.settings.driver.supervisor_port}"),
             serving_base_url=self.sky.serve_endpoint(target.name),
         )
 

@@ -25,6 +25,7 @@ from common.wire import bounded_json
 from fleets.base.errors import LayoutError
 from fleets.core.policy import PolicyError, validate_policy
 from fleets.core.states import Provider, SlotKind
+from fleets.core.supervisor_tls import TLS, normal_pin, transport_problem
 from fleets.core.urls import url_problem
 from fleets.drivers.base import DriverSettingsError
 from fleets.drivers.registry import builtin, provider_names
@@ -88,6 +89,10 @@ class DomainSpec:
     unplanned: list[SlotSpec] = field(default_factory=list)
     # Launch settings of a domain Haru provisions itself; empty: static, or provisioned by hand.
     driver: dict[str, Any] = field(default_factory=dict)
+    # How the supervisor is reached (fleets.core.supervisor_tls): tls or plain-http, and the
+    # pin of its certificate in normal form ("": a CA is trusted instead).
+    supervisor_transport: str = TLS
+    supervisor_fingerprint: str = ""
 
 
 @dataclass
@@ -309,6 +314,7 @@ def _parse_domain(
         if problem:
             errors.append(f"{dpath}.{key}: {problem}")
     errors.extend(_driver_errors(d, dpath))
+    transport, pin = _supervisor_tls(d, dpath, errors)
     slots = _parse_slots(d, dpath, errors)
     gpu_layout: dict[str, Any] = {}
     unplanned: list[SlotSpec] = []
@@ -329,6 +335,8 @@ def _parse_domain(
         gpu_layout=gpu_layout,
         unplanned=unplanned,
         driver=dict(d.get("driver", {})),
+        supervisor_transport=transport,
+        supervisor_fingerprint=pin,
     )
 
 
@@ -354,6 +362,33 @@ def _copied(slots: list[SlotSpec]) -> list[SlotSpec]:
         )
         for s in slots
     ]
+
+
+def _supervisor_tls(d: dict[str, Any], dpath: str, errors: list[str]) -> tuple[str, str]:
+    """The domain's supervisor transport and pin (normal form); problems go to `errors`: an
+    http:// URL beyond loopback not asked for as plain-http, a pin on an http:// URL, or either
+    field on a domain whose driver makes and pins the certificate at each launch."""
+    transport = d.get("supervisorTransport", TLS)
+    raw_pin = d.get("supervisorFingerprint", "")
+    provider = d.get("provider", Provider.STATIC)
+    if "driver" in d and provider != Provider.STATIC and _ships_tls(provider):
+        errors.extend(
+            f"{dpath}.{key}: a {provider} domain's certificate is made and pinned by the "
+            "control plane at each launch (always HTTPS); drop this field"
+            for key in ("supervisorTransport", "supervisorFingerprint")
+            if key in d
+        )
+        return TLS, ""
+    problem = transport_problem(d.get("supervisorUrl", ""), transport, raw_pin)
+    if problem is not None:
+        errors.append(f"{dpath}.{problem[0]}: {problem[1]}")
+        return transport, ""
+    return transport, normal_pin(raw_pin)
+
+
+def _ships_tls(provider: str) -> bool:
+    """Whether the provider's driver makes and ships the host's TLS identity at each launch."""
+    return provider in provider_names() and builtin().get(provider).ships_tls
 
 
 def _gpu_layout(data: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("fleets", "0002_operation_served_at"),
+        ("fleets", "0003_domain_supervisor_tls"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

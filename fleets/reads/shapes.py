@@ -180,6 +180,8 @@ def domain_json(
         "priority": domain.priority,
         # Credentials stripped from rows stored before URLs with them were refused.
         "supervisorUrl": without_userinfo(domain.supervisor_url) or None,
+        "supervisorTransport": domain.supervisor_transport,
+        "supervisorFingerprint": domain.supervisor_fingerprint or None,
         "servingBaseUrl": without_userinfo(domain.serving_base_url) or None,
         "gpuLayout": domain.gpu_layout or None,
         "state": domain.state,

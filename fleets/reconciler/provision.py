@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from common.tls_identity import generate
 from fleets.base import clock
 from fleets.base.conf import haru
 from fleets.base.errors import InvalidTarget, OperationConflict
@@ -294,6 +295,10 @@ def _launch(work: _Work) -> bool:
     candidates = work.driver.candidates(work.target.settings)
     index = int(status.get("candidate", 0)) % len(candidates)
     now = clock.now()
+    # The host's TLS identity, made here so its pin is recorded with the claim, before the
+    # host exists: the control plane never trusts a certificate it learned from the host.
+    # Its key lives in this process until the driver hands it over, never in the database.
+    tls = generate([name], now=now) if work.driver.ships_tls else None
     # Claim the launch first: exactly one worker wins this attempt and calls the driver.
     claimed = svc.domain_phase_advance(
         domain=work.domain,
@@ -304,6 +309,7 @@ def _launch(work: _Work) -> bool:
             "requestId": None,
             "launches": int(status.get("launches", 0)) + 1,
             "cluster": name,
+            "tlsFingerprint": tls.fingerprint if tls is not None else None,
         },
         actor=work.actor,
     )
@@ -314,7 +320,7 @@ def _launch(work: _Work) -> bool:
         # The domain's own token (derived from the master key): the host never holds the key,
         # nor another domain's token.
         token = supervisor_token_for(claimed.id)
-        handle = work.driver.launch(work.target, candidate=index, token=token)
+        handle = work.driver.launch(work.target, candidate=index, token=token, tls=tls)
     except DriverError as exc:
         _backoff(work, exc)
         return False
@@ -324,7 +330,12 @@ def _launch(work: _Work) -> bool:
         to_phase=Phase.WAIT,
         actor=work.actor,
         event="domain.provision.launched",
-        event_data={"cluster": name, "where": candidates[index], "requestId": handle},
+        event_data={
+            "cluster": name,
+            "where": candidates[index],
+            "requestId": handle,
+            **({"tlsFingerprint": tls.fingerprint} if tls is not None else {}),
+        },
     )
     return True
 

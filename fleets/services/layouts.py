@@ -38,10 +38,13 @@ from fleets.base.errors import LayoutError
 from fleets.core.policy import validate_policy
 from fleets.core.states import (
     IN_FLIGHT_OPERATION_STATES,
+    Provider,
     SlotKind,
 )
+from fleets.core.supervisor_tls import TLS
 from fleets.core.urls import supervisor_url_problem, without_userinfo
 from fleets.drivers.cloud_placement import PLACEMENT_FIELDS
+from fleets.drivers.registry import builtin, provider_names
 from fleets.layouts.loader import DomainSpec, Layout, SlotSpec, plan_slots, rows_problem
 from fleets.layouts.planning import PLANNED_PROFILE_KEYS
 from fleets.models import Domain, Fleet, Id, ModelBinding, Operation, Slot
@@ -232,6 +235,13 @@ def _write_batch(
         ModelBinding.objects.bulk_create(new)
 
 
+def _ships_tls(provider: str, driver: dict[str, Any]) -> bool:
+    """Whether the domain's launches ship the TLS identity (and so provisioning owns its pin)."""
+    if not driver or provider == Provider.STATIC or provider not in provider_names():
+        return False
+    return builtin().get(provider).ships_tls
+
+
 def _refuse_supervisor_hosts(layout: Layout) -> None:
     """Refuse, before writing anything, a supervisor URL Haru would never call (credentials in
     it, or a host outside HARU_SUPERVISOR_HOSTS)."""
@@ -368,6 +378,10 @@ def _plan_domain(
         values["supervisor_url"] = d.supervisor_url
     if not d.driver or d.serving_base_url:
         values["serving_base_url"] = d.serving_base_url
+    # Likewise its pin, when its launch ships the certificate; else the layout says both.
+    if not _ships_tls(d.provider, d.driver):
+        values["supervisor_transport"] = d.supervisor_transport
+        values["supervisor_fingerprint"] = d.supervisor_fingerprint
     domain = current.domains.get(d.slug)
     dkey: _Key = ("domain", d.slug)
     if domain is None:
@@ -710,6 +724,11 @@ def layout_export(fleet: Fleet) -> dict[str, Any]:
             dd["supervisorUrl"] = without_userinfo(d.supervisor_url)
         if d.serving_base_url and not d.driver:
             dd["servingBaseUrl"] = without_userinfo(d.serving_base_url)
+        if not _ships_tls(d.provider, d.driver):
+            if d.supervisor_transport != TLS:
+                dd["supervisorTransport"] = d.supervisor_transport
+            if d.supervisor_fingerprint:
+                dd["supervisorFingerprint"] = d.supervisor_fingerprint
         planned = bool(d.gpu_layout)
         if planned:
             dd["gpus"] = [_ordered(g, _GPU_ORDER) for g in d.gpu_layout.get("gpus", [])]

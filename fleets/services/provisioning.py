@@ -18,6 +18,7 @@ from fleets.base import clock
 from fleets.base.errors import ErrorCode, ServiceError
 from fleets.core.provisioning import PHASES_OF_STATE, Phase, check_phase
 from fleets.core.states import DomainState, check_transition
+from fleets.core.supervisor_tls import TLS
 from fleets.core.urls import without_userinfo
 from fleets.drivers.registry import builtin
 from fleets.models import Domain, Fleet, ModelBinding
@@ -184,8 +185,10 @@ def domain_phase_advance(
 def domain_endpoints_record(
     *, domain: Domain, supervisor_url: str, serving_base_url: str, actor: str = "provisioner"
 ) -> bool:
-    """Record the URLs of the cluster that came up (phase wait -> up), and point every model
-    binding the layout left without a URL (or at the old base) at the new serving base."""
+    """Record the URLs of the cluster that came up (phase wait -> up), with the pin of the TLS
+    identity its launch shipped (`tlsFingerprint`, recorded when the launch was claimed), and
+    point every model binding the layout left without a URL (or at the old base) at the new
+    serving base."""
     status = dict(domain.driver_status or {})
     check_phase(status.get("phase", ""), Phase.UP)
     status.update(phase=Phase.UP.value, upAt=clock.iso(clock.now()))
@@ -197,24 +200,27 @@ def domain_endpoints_record(
                 serving_url=serving_base_url
             )
 
+    values: dict[str, Any] = {
+        "supervisor_url": supervisor_url,
+        "serving_base_url": serving_base_url,
+        "driver_status": status,
+    }
+    data = {
+        # Events are shown and exported: never a URL's credentials.
+        "supervisorUrl": without_userinfo(supervisor_url),
+        "servingBaseUrl": without_userinfo(serving_base_url),
+        "candidate": status.get("where"),
+    }
+    pin = status.get("tlsFingerprint")
+    if pin:
+        # The launch shipped the host this identity: its pin is trusted with the URL, in the
+        # same write, so the supervisor is never called over the new URL without it.
+        values.update(supervisor_transport=TLS, supervisor_fingerprint=pin)
+        data["supervisorFingerprint"] = pin
     moved = _domain_move(
         domain,
-        {
-            "supervisor_url": supervisor_url,
-            "serving_base_url": serving_base_url,
-            "driver_status": status,
-        },
-        _event(
-            domain,
-            "domain.provision.up",
-            actor,
-            {
-                # Events are shown and exported: never a URL's credentials.
-                "supervisorUrl": without_userinfo(supervisor_url),
-                "servingBaseUrl": without_userinfo(serving_base_url),
-                "candidate": status.get("where"),
-            },
-        ),
+        values,
+        _event(domain, "domain.provision.up", actor, data),
         state=DomainState.PROVISIONING,
         then=repoint_bindings,
     )

@@ -32,10 +32,10 @@ def test_the_admin_refuses_credentials_and_disallowed_hosts(
     assert "not in HARU_SUPERVISOR_HOSTS" in str(response.context["adminform"].form.errors)
     east.refresh_from_db()
     assert east.supervisor_url == "http://127.0.0.1:8701" and SECRET not in east.serving_base_url
-    data["supervisor_url"] = "http://east.gpu.internal:8701"
+    data["supervisor_url"] = "https://east.gpu.internal:8701"
     assert superuser_client.post(url, data).status_code == 302
     east.refresh_from_db()
-    assert east.supervisor_url == "http://east.gpu.internal:8701"
+    assert east.supervisor_url == "https://east.gpu.internal:8701"
 
 
 def test_a_url_stored_with_credentials_is_never_shown_and_a_save_strips_it(

@@ -221,6 +221,10 @@ def test_the_walkthrough_runs_here_up_to_a_supervisor_answering_over_tls(tmp_pat
         host_env = _env_file(files / "supervisor.env")
         assert [k for k, v in host_env.items() if "change-me" in v] == []
         tokens[host] = host_env["HARU_SUPERVISOR_TOKEN"]
+        # As deployed it listens beyond loopback, so over HTTPS: never plain HTTP by name.
+        assert host_env["HARU_SUPERVISOR_HOST"] == "0.0.0.0"
+        assert host_env.get("HARU_SUPERVISOR_TLS", "auto") != "plain-http"
+        assert host_env["HARU_SUPERVISOR_TLS_CERT"] == "/etc/haru/supervisor.pem"
     assert len(set(tokens.values())) == 2, "each host has a token of its own"
 
     # gpu-a, as its host starts it: supervisor.env's files are the ones rendered for gpu-a.

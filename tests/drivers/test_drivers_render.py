@@ -113,17 +113,22 @@ def test_the_supervisor_is_the_run_command_with_its_config_inline():
     assert doc["envs"]["PORT"] == "8701"
 
 
-def test_the_token_is_a_secret_reference_never_a_value():
+SECRETS = ("HARU_SUPERVISOR_TOKEN", "HARU_SUPERVISOR_TLS_CERT_PEM", "HARU_SUPERVISOR_TLS_KEY_PEM")
+
+
+def test_the_token_and_tls_identity_are_secret_references_never_values():
     rendered = render_task(name="n", placement=placement(), settings=settings())
-    assert rendered.document["secrets"] == {"HARU_SUPERVISOR_TOKEN": None}
-    assert "HARU_SUPERVISOR_TOKEN" not in rendered.document["envs"]
-    assert rendered.secret_names == ("HARU_SUPERVISOR_TOKEN",)
+    assert rendered.document["secrets"] == dict.fromkeys(SECRETS)
+    assert not set(SECRETS) & set(rendered.document["envs"])
+    assert "HARU_SUPERVISOR_TLS" not in rendered.document["envs"]  # never plain-http
+    assert rendered.secret_names == SECRETS
 
 
 def test_review_text_shows_the_secret_as_a_reference():
     text = for_review(render_task(name="n", placement=placement(), settings=settings()))
     assert "--secret HARU_SUPERVISOR_TOKEN" in text
-    assert yaml.safe_load(text)["secrets"] == {"HARU_SUPERVISOR_TOKEN": None}
+    assert "--secret HARU_SUPERVISOR_TLS_KEY_PEM" in text
+    assert yaml.safe_load(text)["secrets"] == dict.fromkeys(SECRETS)
 
 
 def test_setup_and_operator_envs_are_rendered():
@@ -149,7 +154,7 @@ def test_service_has_readiness_probe_replicas_and_replica_port():
     assert doc["service"]["replicas"] == 2
     assert doc["service"]["ports"] == 8000
     assert doc["resources"]["ports"] == [8701, 8000]
-    assert doc["secrets"] == {"HARU_SUPERVISOR_TOKEN": None}
+    assert doc["secrets"] == dict.fromkeys(SECRETS)
 
 
 def test_render_for_picks_the_document_by_provider():

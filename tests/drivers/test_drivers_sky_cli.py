@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 
+from common.tls_identity import generate
 from fleets.drivers.sky_cli import (
     ExecResult,
     SkyBadOutput,
@@ -275,3 +276,13 @@ def test_serve_status_endpoint_and_down(fake_sky):
         ["serve", "status", "--endpoint", "haru-svc"],
         ["serve", "down", "-y", "haru-svc"],
     ]
+
+
+def test_error_messages_never_carry_a_line_of_the_tls_key(fake_sky):
+    key = generate(["c1"]).key_pem.decode()
+    line = key.splitlines()[1]  # one base64 line of the key, echoed on its own
+    fake_sky.script("launch", {"rc": 1, "output": f"boom {line} boom"})
+    secrets = {"HARU_SUPERVISOR_TOKEN": TOKEN, "HARU_SUPERVISOR_TLS_KEY_PEM": key}
+    with pytest.raises(SkyCommandFailed) as err:
+        cli(fake_sky).launch(cluster="c1", yaml_text=YAML, secrets=secrets)
+    assert line not in err.value.message and "<redacted>" in err.value.message

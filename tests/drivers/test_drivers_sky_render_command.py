@@ -27,7 +27,11 @@ def test_prints_the_task_with_the_secret_as_a_reference(db, settings):
     doc = yaml.safe_load(text)
     assert doc["name"] == "haru-prov-west"
     assert doc["resources"]["infra"] == "aws/us-east-1"
-    assert doc["secrets"] == {"HARU_SUPERVISOR_TOKEN": None}
+    assert doc["secrets"] == {
+        "HARU_SUPERVISOR_TOKEN": None,
+        "HARU_SUPERVISOR_TLS_CERT_PEM": None,
+        "HARU_SUPERVISOR_TLS_KEY_PEM": None,
+    }
     assert "# launch order: >us-east-1,  us-west-2" in text
 
 

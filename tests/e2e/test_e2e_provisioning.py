@@ -97,6 +97,7 @@ def test_a_provisioned_fleet_loses_its_active_and_heals_by_reconcile_ticks(
     until(lambda: standby_posture(west()) and serving(east()), 90, "east serving, west standby")
     assert Fleet.objects.get(pk=fleet.id).active_domain_id == east().id
     first_east = fake_sky.clusters()["haru-healing-east"]["hash"]
+    first_pin = _assert_reached_over_pinned_tls(east())
 
     # 2. East's node dies: its supervisor, engines and trainer are gone.
     fake_sky.kill_node("haru-healing-east")
@@ -107,6 +108,8 @@ def test_a_provisioned_fleet_loses_its_active_and_heals_by_reconcile_ticks(
     # A new cluster: the old one was torn down first, then launched afresh.
     assert fake_sky.clusters()["haru-healing-east"]["hash"] != first_east
     assert ["down", "-y", "haru-healing-east"] in [c["argv"] for c in fake_sky.calls()]
+    # The new cluster got a new identity, pinned in turn.
+    assert _assert_reached_over_pinned_tls(east()) != first_pin
 
     # The events tell the story, in order.
     kinds = list(
@@ -131,6 +134,22 @@ def test_a_provisioned_fleet_loses_its_active_and_heals_by_reconcile_ticks(
     assert reprovision.data["reason"] == "replace_failed_active"
     demote = Operation.objects.filter(fleet=fleet, kind="demote", target_domain=east()).last()
     assert demote.state == "succeeded" and demote.reason == "provisioned_standby"
+
+
+def _assert_reached_over_pinned_tls(domain: Domain) -> str:
+    """The provisioned supervisor is called over https:// with the pin its launch shipped (the
+    fake node serves HTTPS with the identity handed over as SkyPilot secrets), and no key is in
+    the database. Return the pin."""
+    pin = domain.supervisor_fingerprint
+    assert domain.supervisor_url.startswith("https://127.0.0.1:"), domain.supervisor_url
+    assert pin.startswith("sha256:") and pin == domain.driver_status["tlsFingerprint"]
+    # Events are ordered newest first.
+    launched = Event.objects.filter(domain=domain, kind="domain.provision.launched").first()
+    assert launched.data["tlsFingerprint"] == pin
+    stored = str(Domain.objects.filter(pk=domain.pk).values().get())
+    stored += str(list(Event.objects.filter(domain=domain).values_list("data", flat=True)))
+    assert "PRIVATE KEY" not in stored
+    return pin
 
 
 def standby_posture(domain: Domain) -> bool:

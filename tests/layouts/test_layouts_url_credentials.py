@@ -37,7 +37,7 @@ def test_the_loader_refuses_credentials_in_every_url_naming_the_path(layout_data
 
 def test_apply_refuses_a_supervisor_host_outside_the_allow_list(layout_data, settings):
     settings.HARU = {**settings.HARU, "supervisor_hosts": ("10.0.0.0/8", "*.gpu.internal")}
-    layout_data["domains"][0]["supervisorUrl"] = "http://east.gpu.internal:8701"
+    layout_data["domains"][0]["supervisorUrl"] = "https://east.gpu.internal:8701"
     layout_data["domains"][1]["supervisorUrl"] = "http://127.0.0.1:8702"
     layout = parse_layout(layout_data)
     with pytest.raises(LayoutError) as refused:
@@ -47,7 +47,7 @@ def test_apply_refuses_a_supervisor_host_outside_the_allow_list(layout_data, set
         "(10.0.0.0/8, *.gpu.internal); a supervisor token is only sent to an allowed host"
     ]
     assert not Fleet.objects.exists()
-    layout_data["domains"][1]["supervisorUrl"] = "http://10.1.2.3:8702"
+    layout_data["domains"][1]["supervisorUrl"] = "https://10.1.2.3:8702"
     layout_apply(layout=parse_layout(layout_data))
     assert Domain.objects.count() == 2
 

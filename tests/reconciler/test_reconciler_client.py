@@ -16,7 +16,7 @@ TOKEN = "s3cret-supervisor-token-xyz"
 
 def client_answering(handler) -> SupervisorClient:
     http = httpx.Client(transport=httpx.MockTransport(handler))
-    return SupervisorClient("http://sup.example:8701/", token=TOKEN, http=http)
+    return SupervisorClient("https://sup.example:8701/", token=TOKEN, http=http)
 
 
 def ok_status() -> dict:

@@ -60,14 +60,21 @@ def test_a_new_managed_domain_is_launched_and_gets_its_urls(run, fake_sky):
         run()
     d = west()
     assert d.driver_status["phase"] == "up"
-    assert d.supervisor_url == "http://127.0.0.1:8701"
+    # https://: the launch shipped the host a TLS identity, whose pin is recorded with the URL.
+    assert d.supervisor_url == "https://127.0.0.1:8701"
+    assert d.supervisor_fingerprint == d.driver_status["tlsFingerprint"]
+    assert d.supervisor_fingerprint.startswith("sha256:") and len(d.supervisor_fingerprint) == 71
     assert d.serving_base_url == "http://127.0.0.1:18001"
     # Bindings the layout left without a URL now point at the cluster's serving endpoint.
     assert ModelBinding.objects.get(domain=d).serving_url == "http://127.0.0.1:18001"
     argv = [c["argv"] for c in fake_sky.calls()]
     assert argv[0] == ["down", "-y", "haru-prov-west"]  # nothing left from an earlier life
     assert argv[1][:5] == ["launch", "-c", "haru-prov-west", "-y", "--async"]
-    assert fake_sky.calls()[1]["secrets"] == {"HARU_SUPERVISOR_TOKEN": True}
+    assert fake_sky.calls()[1]["secrets"] == {
+        "HARU_SUPERVISOR_TOKEN": True,
+        "HARU_SUPERVISOR_TLS_CERT_PEM": True,
+        "HARU_SUPERVISOR_TLS_KEY_PEM": True,
+    }
     assert fake_sky.clusters()["haru-prov-west"]["region"] == "us-east-1"
     assert kinds(d) == [
         "domain.provision.replaced",
@@ -273,7 +280,8 @@ def test_a_skyserve_domain_gets_the_replica_supervisor_and_the_service_endpoint(
     run()
     d = west()
     assert d.driver_status["phase"] == "up"
-    assert d.supervisor_url == "http://3.3.3.4:8701"
+    assert d.supervisor_url == "https://3.3.3.4:8701"
+    assert d.supervisor_fingerprint == d.driver_status["tlsFingerprint"]
     assert d.serving_base_url == "http://34.1.2.3:30001"
 
 

@@ -59,8 +59,8 @@ def test_serving_reach_classifies_every_ending(answering, outcome, reach):
 
 
 def test_a_supervisor_call_carries_whether_it_was_refused(answering):
-    request = httpx.Request("GET", "http://s:1/v1/status")
-    sup = SupervisorClient("http://s:1", token="t")
+    request = httpx.Request("GET", "https://s:1/v1/status")
+    sup = SupervisorClient("https://s:1", token="t")
     answering["outcome"] = httpx.ConnectError("refused", request=request)
     refused = sup.status(timeout=0.5)
     assert refused.error.refused and call_reach(refused) == Reach.REFUSED

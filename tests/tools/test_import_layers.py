@@ -70,10 +70,18 @@ SUPERVISOR_DOORS = {
     "supervisor.settings",
 }
 # What the pure core may import beyond itself and the standard library.
-# (common.wire.codec: the dataclass <-> camelCase JSON codec, standard library only.)
-CORE_MAY_IMPORT = {"common.limits", "common.documents", "common.strict_json", "common.wire.codec"}
-# The drivers render and call their tools: beyond themselves, only the shared schema checker.
-DRIVERS_MAY_IMPORT = {"common.documents", "common.strict_json", "common.limits"}
+# (common.wire.codec: the dataclass <-> camelCase JSON codec, standard library only;
+# common.tls_pin: a certificate's SHA-256 pin, standard library only.)
+CORE_MAY_IMPORT = {
+    "common.limits",
+    "common.documents",
+    "common.strict_json",
+    "common.wire.codec",
+    "common.tls_pin",
+}
+# The drivers render and call their tools: beyond themselves, only the shared schema checker
+# (and the TLS identity a launch ships, as a value: common.tls_pin, standard library only).
+DRIVERS_MAY_IMPORT = {"common.documents", "common.strict_json", "common.limits", "common.tls_pin"}
 # The chat proxy reaches the control plane at these points only (docs/architecture.md); the
 # core's pure rules (route intent, the read model, states) it may read as any layer may.
 PROXY_MAY_IMPORT = {

@@ -15,8 +15,9 @@ from urllib.parse import urlencode
 
 from common.wire.shape import FEATURE_DRAIN, FEATURE_PROBE_GOLDEN, FEATURE_PROBE_MODELS
 from fleets.base.conf import haru_settings
-from fleets.base.supervisor_tokens import credentials_for
+from fleets.base.supervisor_tokens import credentials_for, warn_once
 from fleets.core.report import GpuMemory, StatusReport
+from fleets.core.supervisor_tls import PLAIN_HTTP, is_loopback_url
 from fleets.metrics import reconcile as fleet_metrics
 from fleets.reconciler.supervisor.peers import learn_features, learned_features
 from fleets.reconciler.supervisor.reports import (
@@ -26,7 +27,7 @@ from fleets.reconciler.supervisor.reports import (
     parse_probe,
     parse_status,
 )
-from fleets.reconciler.supervisor.transport import HTTP, Call, CallError, Door
+from fleets.reconciler.supervisor.transport import HTTP, Call, CallError, Door, TlsTrust
 
 if TYPE_CHECKING:
     from fleets.models import Domain
@@ -201,8 +202,15 @@ class SupervisorClient(Door):
 
 
 def client_for(domain: Domain) -> SupervisorClient:
-    """Return a client for one domain's supervisor, with that domain's token."""
+    """Return a client for one domain's supervisor, with that domain's token and TLS trust."""
     credentials = credentials_for(domain.id)
+    url = domain.supervisor_url
+    if domain.supervisor_transport == PLAIN_HTTP and url and not is_loopback_url(url):
+        warn_once(
+            f"plain-http:{domain.id}",
+            f"domain {domain.slug}'s supervisor is called over plain HTTP beyond loopback "
+            "(supervisorTransport: plain-http): its token crosses the network in clear",
+        )
     return SupervisorClient(
         domain.supervisor_url,
         token=credentials.token,
@@ -211,4 +219,5 @@ def client_for(domain: Domain) -> SupervisorClient:
         allowed_hosts=haru_settings().supervisor_hosts,
         max_response_bytes=haru_settings().supervisor_max_response_bytes,
         max_depth=haru_settings().json_max_depth,
+        tls=TlsTrust(domain.supervisor_transport, domain.supervisor_fingerprint, domain.slug),
     )

@@ -5,6 +5,12 @@ timeout forever, in the header phase as much as in the body. This network backen
 extension point) bounds each connect, read and write by what is left of the call's deadline, set
 by `deadline()` around the whole exchange, so a trickling supervisor is cut when the deadline
 passes, whatever phase it trickles in.
+
+The same backend checks a pinned supervisor's certificate (fleets/core/supervisor_tls.py): right
+after each TLS handshake, the SHA-256 of the certificate the peer presented must be the domain's
+pin, or the connection is closed before the request is written (`PinMismatch`). httpx 0.28 has
+no hook of its own for that (its `verify` takes a CA or a context, and an SSLContext cannot
+check a digest), and the backend is where httpcore hands over the TLS stream.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import httpcore
 import httpx
 
 from common.private_apis import set_transport_pool
+from common.tls_pin import peer_fingerprint
 
 _deadline: ContextVar[float | None] = ContextVar("haru_supervisor_deadline", default=None)
 
@@ -45,9 +52,20 @@ def _bounded(timeout: float | None, error: type[Exception]) -> float | None:
     return left if timeout is None else min(timeout, left)
 
 
+class PinMismatch(httpcore.ConnectError):
+    """The supervisor's certificate is not the one pinned for it: refused after the handshake,
+    before a byte of the request (and so the token) is written."""
+
+    def __init__(self, presented: str | None, pinned: str) -> None:
+        super().__init__(f"certificate {presented or '(none)'} is not the pinned {pinned}")
+        self.presented = presented
+        self.pinned = pinned
+
+
 class _Stream(httpcore.NetworkStream):
-    def __init__(self, inner: httpcore.NetworkStream) -> None:
+    def __init__(self, inner: httpcore.NetworkStream, pin: str | None = None) -> None:
         self._inner = inner
+        self._pin = pin
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         return self._inner.read(max_bytes, _bounded(timeout, httpcore.ReadTimeout))
@@ -65,15 +83,26 @@ class _Stream(httpcore.NetworkStream):
         timeout: float | None = None,
     ) -> httpcore.NetworkStream:
         bounded = _bounded(timeout, httpcore.ConnectTimeout)
-        return _Stream(self._inner.start_tls(ssl_context, server_hostname, bounded))
+        tls = self._inner.start_tls(ssl_context, server_hostname, bounded)
+        if self._pin is not None:
+            ssl_object = tls.get_extra_info("ssl_object")
+            presented = peer_fingerprint(ssl_object) if ssl_object is not None else None
+            if presented != self._pin:
+                tls.close()
+                raise PinMismatch(presented, self._pin)
+        return _Stream(tls)
 
     def get_extra_info(self, info: str) -> typing.Any:
         return self._inner.get_extra_info(info)
 
 
 class _Backend(httpcore.NetworkBackend):
-    def __init__(self) -> None:
+    """The sync backend, each operation bounded by the deadline; with a `pin`, every TLS
+    handshake must present exactly that certificate."""
+
+    def __init__(self, pin: str | None = None) -> None:
         self._inner = httpcore.SyncBackend()
+        self._pin = pin
 
     def connect_tcp(
         self,
@@ -84,7 +113,8 @@ class _Backend(httpcore.NetworkBackend):
         socket_options: typing.Iterable[typing.Any] | None = None,
     ) -> httpcore.NetworkStream:
         bounded = _bounded(timeout, httpcore.ConnectTimeout)
-        return _Stream(self._inner.connect_tcp(host, port, bounded, local_address, socket_options))
+        stream = self._inner.connect_tcp(host, port, bounded, local_address, socket_options)
+        return _Stream(stream, self._pin)
 
     def connect_unix_socket(
         self,
@@ -93,7 +123,7 @@ class _Backend(httpcore.NetworkBackend):
         socket_options: typing.Iterable[typing.Any] | None = None,
     ) -> httpcore.NetworkStream:
         bounded = _bounded(timeout, httpcore.ConnectTimeout)
-        return _Stream(self._inner.connect_unix_socket(path, bounded, socket_options))
+        return _Stream(self._inner.connect_unix_socket(path, bounded, socket_options), self._pin)
 
     def sleep(self, seconds: float) -> None:
         self._inner.sleep(seconds)
@@ -109,17 +139,29 @@ def supervisor_ssl_context(ca_bundle: str | None) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=ca_bundle)
 
 
-class DeadlineTransport(httpx.HTTPTransport):
-    """httpx's own transport, its connection pool built on the deadline-bounded backend."""
+def pinned_ssl_context() -> ssl.SSLContext:
+    """TLS for a supervisor whose certificate is pinned: no CA or name check, because the pin
+    (checked on every handshake by the backend) is stricter than both; TLS 1.2 at least."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
 
-    def __init__(self, *, ca_bundle: str | None = None) -> None:
+
+class DeadlineTransport(httpx.HTTPTransport):
+    """httpx's own transport, its connection pool built on the deadline-bounded backend; with a
+    `pin`, a pool of its own whose every connection presented that certificate."""
+
+    def __init__(self, *, ca_bundle: str | None = None, pin: str | None = None) -> None:
         super().__init__()
         # Same pool httpx builds by default (TLS verified, keep-alive), plus our backend.
+        context = pinned_ssl_context() if pin else supervisor_ssl_context(ca_bundle)
         pool = httpcore.ConnectionPool(
-            ssl_context=supervisor_ssl_context(ca_bundle),
+            ssl_context=context,
             max_connections=100,
             max_keepalive_connections=20,
             keepalive_expiry=5.0,
-            network_backend=_Backend(),
+            network_backend=_Backend(pin or None),
         )
         set_transport_pool(self, pool)

@@ -6,7 +6,9 @@ so a supervisor that returns garbage can never abort a tick. The token goes in t
 header only: never into a message, an event or a log line.
 
 The whole exchange is bounded by one deadline (`deadline.py`), the body by a size cap and a
-nesting depth; HTTPS supervisors are verified against HARU_SUPERVISOR_CA_BUNDLE when set. The
+nesting depth; HTTPS supervisors are verified against HARU_SUPERVISOR_CA_BUNDLE when set, or,
+for a domain with a pinned fingerprint, by that pin alone (a pool of its own per pin, so a
+connection checked against one pin never carries another domain's calls). The
 HTTP transport is injectable (`use_transport`) so unit tests can script a supervisor.
 """
 
@@ -26,9 +28,10 @@ from common.wire import bounded_json
 from fleets.base.conf import haru_settings
 from fleets.base.supervisor_tokens import LEGACY_TOKEN_ENV, warn_once
 from fleets.core.model_health import Reach
+from fleets.core.supervisor_tls import TLS, transport_problem
 from fleets.core.urls import host_allowed, scrub_urls, without_userinfo
 from fleets.reconciler.supervisor import peers
-from fleets.reconciler.supervisor.deadline import DeadlineTransport, deadline
+from fleets.reconciler.supervisor.deadline import DeadlineTransport, PinMismatch, deadline
 
 # httpx logs every request at INFO: one line per heartbeat per domain per second would bury
 # everything else. Quiet it unless the logging config chose a level for it.
@@ -99,6 +102,8 @@ class _SharedHttp:
         self.client: httpx.Client | None = None
         # The CA bundle `client` verifies HTTPS supervisors with (rebuilt when it changes).
         self.ca_bundle: str | None = None
+        # One client per pinned fingerprint (a handful: one per pinned domain).
+        self.pinned: dict[str, httpx.Client] = {}
 
 
 _shared = _SharedHttp()
@@ -126,14 +131,40 @@ def _shared_http() -> httpx.Client:
         return _shared.client
 
 
+# Past this many pins (domains re-provisioned many times over), the pinned clients are dropped
+# and made again on use: a bound, not a cache policy.
+MAX_PINNED_CLIENTS = 256
+
+
+def _pinned_http(pin: str) -> httpx.Client:
+    """The client whose every connection presented the certificate `pin` (a test's transport,
+    when one is injected, replaces it like every other)."""
+    with _shared.lock:
+        client = _shared.pinned.get(pin)
+        if client is None:
+            if len(_shared.pinned) >= MAX_PINNED_CLIENTS:
+                for old in _shared.pinned.values():
+                    old.close()
+                _shared.pinned.clear()
+            client = _shared.pinned[pin] = httpx.Client(
+                transport=_shared.transport or DeadlineTransport(pin=pin),
+                trust_env=False,
+                follow_redirects=False,
+                headers={"User-Agent": "haru-reconciler"},
+            )
+        return client
+
+
 def use_transport(transport: httpx.BaseTransport | None) -> httpx.BaseTransport | None:
     """Route every supervisor call through `transport` (tests); return the previous one."""
     peers.forget()  # other peers behind another transport
     with _shared.lock:
         previous, _shared.transport = _shared.transport, transport
         old, _shared.client = _shared.client, None
-    if old is not None:
-        old.close()
+        pinned, _shared.pinned = list(_shared.pinned.values()), {}
+    for client in [old, *pinned]:
+        if client is not None:
+            client.close()
     return previous
 
 
@@ -157,11 +188,13 @@ class Door:
         http: httpx.Client | None = None,
         max_response_bytes: int = MAX_RESPONSE_BYTES,
         max_depth: int = bounded_json.DEFAULT_MAX_DEPTH,
+        tls: TlsTrust | None = None,
     ) -> None:
         """`token` is sent as the bearer token; `fallback_token` (the deprecated shared one,
         during the migration only) is sent once after this supervisor refuses `token`, and
         remembered under `key` (the domain) when it is accepted. A host outside
-        `allowed_hosts` (when not empty) is never called."""
+        `allowed_hosts` (when not empty) is never called, nor one `tls` (the domain's transport
+        and pin) refuses; with a pin, only a supervisor presenting that certificate is."""
         self.base_url = base_url.rstrip("/")
         self._max_bytes = max_response_bytes
         self._max_depth = max_depth
@@ -172,6 +205,8 @@ class Door:
         self._key = key or self.where
         self._allowed = host_allowed(self.base_url, allowed_hosts)
         self._http = http
+        self._tls = tls or TlsTrust()
+        self._refusal = self._tls.refusal(self.base_url)
 
     def send(
         self,
@@ -192,6 +227,8 @@ class Door:
                     "supervisor token is only sent to an allowed host",
                 )
             )
+        if self._refusal is not None:
+            return Call(error=CallError(REFUSED, f"{where}: not called: {self._refusal}"))
         read = self._read(method, path, timeout, body, params, where)
         if isinstance(read, CallError):
             return Call(error=read)
@@ -208,7 +245,8 @@ class Door:
     ) -> Read:
         """Exchange the request, presenting each token in turn until one is not refused;
         a transport failure becomes its CallError."""
-        http = self._http or _shared_http()
+        pin = self._tls.pin
+        http = self._http or (_pinned_http(pin) if pin else _shared_http())
         # Without userinfo: httpx would turn a legacy `user:password@` into Basic auth in place
         # of the bearer token (and send the password).
         url = self.where + path
@@ -229,6 +267,9 @@ class Door:
         except httpx.TimeoutException:
             return CallError(TIMEOUT, f"{where} timed out after {budget:.1f}s")
         except httpx.ConnectError as exc:
+            mismatch = _pin_mismatch(exc)
+            if mismatch is not None:
+                return CallError(NETWORK, f"{where}: {self._tls.mismatch_message(mismatch)}")
             text = scrub_urls(f"{exc}")
             return CallError(
                 NETWORK, f"{where}: {type(exc).__name__}: {text}", refused=connection_refused(exc)
@@ -351,6 +392,45 @@ def _shown_location(location: str) -> str:
     shown = without_userinfo(location.strip()).split("?", 1)[0].split("#", 1)[0]
     shown = "".join(c if 32 < ord(c) < 127 else "?" for c in shown)[:200]
     return f" to {shown}" if shown else ""
+
+
+@dataclass(frozen=True)
+class TlsTrust:
+    """How one domain's supervisor may be reached (fleets.core.supervisor_tls): its transport,
+    its pin ("" for none) and the domain's name for messages."""
+
+    transport: str = TLS
+    pin: str = ""
+    domain: str = ""
+
+    def refusal(self, url: str) -> str | None:
+        """Why this supervisor must not be called at all (a row the loader would refuse)."""
+        problem = transport_problem(url, self.transport, self.pin)
+        if problem is None:
+            return None
+        field, rule = problem
+        return f"domain {self.domain or '?'}: {field}: {rule}"
+
+    def mismatch_message(self, mismatch: PinMismatch) -> str:
+        return (
+            f"TLS certificate refused for domain {self.domain or '?'}: the supervisor presented "
+            f"{mismatch.presented or 'no certificate'}, not the pinned {mismatch.pinned} "
+            "(supervisorFingerprint); nothing was sent. A supervisor whose certificate was "
+            "remade needs its new fingerprint in the layout (python -m supervisor "
+            "tls-fingerprint on its host)"
+        )
+
+
+def _pin_mismatch(exc: BaseException) -> PinMismatch | None:
+    """The PinMismatch behind an httpx error (httpx re-raises httpcore's, from it)."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # the cause chain is short; the bound guards a cycle
+        if seen is None:
+            return None
+        if isinstance(seen, PinMismatch):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _envelope(payload: Any) -> tuple[str | None, str]:
