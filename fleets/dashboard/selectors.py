@@ -56,6 +56,8 @@ _WARN = (
     "domain.degraded",
     "operation.step.timeout_best_effort",
     "domain.degraded.escalated",
+    "domain.degraded.held",
+    "failover.damped",
     "operation.step.retry",
 )
 

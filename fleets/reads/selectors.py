@@ -5,11 +5,13 @@ The JSON shapes themselves are rendered by `fleets/reads/shapes.py`."""
 from __future__ import annotations
 
 import uuid
+from datetime import datetime, timedelta
 from typing import Any
 
 from fleets.base.errors import FleetNotFound, InvalidTarget, OperationNotFound
 from fleets.core.backoff import Attempt, Backoff, failover_backoffs
 from fleets.core.decisions import find_domain
+from fleets.core.flapping import Damping, flap_damping
 from fleets.core.policy import Policy
 from fleets.core.read_model import DomainView, FleetView, ModelView, SlotView
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES, OperationKind, OperationState
@@ -158,6 +160,24 @@ def failover_backoff_state(fleet_id: Id, policy: Policy) -> dict[str, Backoff]:
         if target is not None and (reason == AUTO_FAILOVER or state == OperationState.SUCCEEDED)
     ]
     return failover_backoffs(attempts, policy)
+
+
+def failover_damping_state(fleet_id: Id, policy: Policy, now: datetime) -> Damping | None:
+    """Return the fleet's flap damping (fleets.core.flapping), or None.
+
+    Counted: automatic failovers whose routing committed within `flapWindowMs` (their
+    `served_at`, the pointer's compare-and-swap). An operator's promotion never counts: damping
+    guards against the reconciler chasing a flapping host, not against an operator.
+    """
+    since = now - timedelta(milliseconds=policy.flap_window_ms)
+    committed = Operation.objects.filter(
+        fleet_id=fleet_id,
+        kind=OperationKind.PROMOTE,
+        reason=AUTO_FAILOVER,
+        routing_committed=True,
+        served_at__gte=since,
+    ).values_list("served_at", flat=True)
+    return flap_damping([at for at in committed if at is not None], policy, now)
 
 
 def fleet_snapshot(fleet: Fleet) -> dict[str, Any]:

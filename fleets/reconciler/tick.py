@@ -37,12 +37,15 @@ from fleets.base.errors import FleetNotFound, InvalidTarget, OperationConflict
 from fleets.core.backoff import held_targets
 from fleets.core.drills import DrillSchedule, drill_due
 from fleets.core.failover import (
+    FAILOVER_DAMPED,
     RESTORE_RETRY_AFTER_MS,
     FailoverDecision,
     detect_failover,
+    escalation_held,
     should_escalate,
     standby_to_restore,
 )
+from fleets.core.flapping import Damping
 from fleets.core.policy import Policy
 from fleets.core.preemption import (
     PREEMPTED,
@@ -62,7 +65,13 @@ from fleets.core.states import (
 )
 from fleets.metrics import reconcile as fleet_metrics
 from fleets.models import Domain, Fleet, Id, Operation
-from fleets.reads.selectors import AUTO_FAILOVER, failover_backoff_state, fleet_get, fleet_view
+from fleets.reads.selectors import (
+    AUTO_FAILOVER,
+    failover_backoff_state,
+    failover_damping_state,
+    fleet_get,
+    fleet_view,
+)
 from fleets.reconciler import datapath, kick
 from fleets.reconciler.advance import operation_advance
 from fleets.reconciler.golden import active_baselines_fill
@@ -72,6 +81,7 @@ from fleets.reconciler.steps.cleanup import pending_cleanups_run
 from fleets.reconciler.supervisor.client import SupervisorClient, client_for
 from fleets.services.escalation import (
     domain_escalate,
+    domain_escalation_held_report,
     fleet_no_standby_clear,
     fleet_no_standby_report,
 )
@@ -150,16 +160,21 @@ def fleet_tick(
     view = _maybe_escalate(fleet, fleet_view(fleet), policy, now, actor)
 
     # 4. Failover: pre-empt what blocks it, detect, then (nothing else started) a returned
-    # standby's posture. Standbys still backing off after failed attempts are passed over.
+    # standby's posture. Standbys still backing off after failed attempts are passed over; a
+    # fleet that failed over too often lately waits for its active to stay lost (damping).
     held = held_targets(failover_backoff_state(fleet.id, policy), now)
+    damping = failover_damping_state(fleet.id, policy, now)
     gate()
     if in_flight:
-        in_flight = not _maybe_preempt(fleet, view, now, held, actor)
-    if not in_flight and not _maybe_fail_over(fleet, view, now, held, actor, gate):
+        in_flight = not _maybe_preempt(fleet, view, now, held, damping, actor)
+    if not in_flight and not _maybe_fail_over(fleet, view, now, held, damping, actor, gate):
         # None of this could start beside a failover, and the outage waits for its first step:
         # a failover requested just now goes straight to the advance below.
         gate()
-        _maybe_restore_standby(fleet, now, actor)
+        if damping is None:
+            # Damped, a host that keeps coming back is left as it returned: restoring its
+            # posture each time would restart its training each time.
+            _maybe_restore_standby(fleet, now, actor)
         # Before a drill: its standby's wake is then judged against what the active serves.
         active_baselines_fill(fleet=fleet, policy=policy, client_for=client_factory, now=now)
         gate()
@@ -247,11 +262,56 @@ def _maybe_escalate(
         actor=actor,
     ):
         return fleet_view(fleet)
+    _note_escalation_held(fleet, view, policy, now, degraded_since, actor)
     return view
 
 
+def _note_escalation_held(
+    fleet: Fleet,
+    view: FleetView,
+    policy: Policy,
+    now: datetime,
+    degraded_since: datetime | None,
+    actor: str,
+) -> None:
+    """Say so when the active outlasted its grace and only its data path keeps it: once per
+    degraded spell, an event (the metric and the page read the same rule at their own time)."""
+    active = view.active
+    if active is None or degraded_since is None or not policy.auto_failover:
+        return
+    if not escalation_held(view, now):
+        return
+    if (now - degraded_since).total_seconds() * 1000 <= policy.degraded_grace_ms:
+        return
+    failing_since = (
+        Domain.objects.filter(pk=active.id)
+        .values_list("heartbeat_failing_since", flat=True)
+        .first()
+    )
+    if domain_escalation_held_report(
+        fleet_id=fleet.id,
+        domain_id=active.id,
+        degraded_since=degraded_since,
+        now=now,
+        degraded_grace_ms=policy.degraded_grace_ms,
+        supervisor_failing_since=failing_since,
+        actor=actor,
+    ):
+        log.warning(
+            "fleet %s: active %s degraded for longer than its grace, not escalated: its model "
+            "servers still serve (supervisor unreachable, data path serving)",
+            fleet.slug,
+            active.slug,
+        )
+
+
 def _maybe_preempt(
-    fleet: Fleet, view: FleetView, now: datetime, held: dict[str, datetime], actor: str
+    fleet: Fleet,
+    view: FleetView,
+    now: datetime,
+    held: dict[str, datetime],
+    damping: Damping | None,
+    actor: str,
 ) -> bool:
     """End the in-flight operation if a lost active pre-empts it; True if none is left.
 
@@ -262,7 +322,7 @@ def _maybe_preempt(
     op = Operation.objects.filter(fleet_id=fleet.id, state__in=IN_FLIGHT_OPERATION_STATES).first()
     if op is None:
         return True
-    decision = detect_failover(view, now, held)
+    decision = _detect(fleet, view, now, held, damping)
     current = InFlight(
         kind=op.kind,
         target_id=str(op.target_domain_id) if op.target_domain_id else None,
@@ -304,21 +364,34 @@ def _maybe_preempt(
     ).exists()
 
 
+def _detect(
+    fleet: Fleet,
+    view: FleetView,
+    now: datetime,
+    held: dict[str, datetime],
+    damping: Damping | None,
+) -> FailoverDecision | None:
+    active_id = view.active_domain_id
+    first_failed = datapath.first_failed_at(fleet.id, active_id) if active_id else None
+    return detect_failover(view, now, held, damping, first_failed)
+
+
 def _maybe_fail_over(
     fleet: Fleet,
     view: FleetView,
     now: datetime,
     held: dict[str, datetime],
+    damping: Damping | None,
     actor: str,
     checkpoint: Callable[[], None] = _no_checkpoint,
 ) -> bool:
     """Request the failover the core calls for; True if one was created."""
-    decision = detect_failover(view, now, held)
+    decision = _detect(fleet, view, now, held, damping)
     if decision is None:
         fleet_no_standby_clear(fleet_id=fleet.id)
         return False
     if decision.target_id is None:
-        _report_no_standby(fleet, view, now, decision, held)
+        _report_no_standby(fleet, view, now, decision, held, damping)
         return False
     # Honest timing: the outage began when a client could last be served (the last good
     # heartbeat, or a model server last seen serving) or when a request first failed,
@@ -456,7 +529,32 @@ def _report_no_standby(
     now: datetime,
     decision: FailoverDecision,
     held: dict[str, datetime],
+    damping: Damping | None,
 ) -> None:
+    if decision.reason == FAILOVER_DAMPED and damping is not None:
+        if fleet_no_standby_report(
+            fleet_id=fleet.id,
+            active_domain_id=view.active_domain_id,
+            now=now,
+            every_ms=NO_STANDBY_EVENT_EVERY_MS,
+            reason=decision.reason,
+            next_attempt_at=damping.until,
+            kind="failover.damped",
+            more={
+                "failovers": damping.failovers,
+                "windowMs": view.policy.flap_window_ms,
+                "holdDownMs": damping.confirm_ms,
+                "lastFailoverAt": clock.iso(damping.last_at),
+            },
+        ):
+            log.error(
+                "fleet %s: the active is lost, failover damped (%d failovers lately): waiting "
+                "%d ms for it to come back before failing over",
+                fleet.slug,
+                damping.failovers,
+                damping.confirm_ms,
+            )
+        return
     if fleet_no_standby_report(
         fleet_id=fleet.id,
         active_domain_id=view.active_domain_id,
