@@ -162,12 +162,11 @@ def failover_backoff_state(fleet_id: Id, policy: Policy) -> dict[str, Backoff]:
     return failover_backoffs(attempts, policy)
 
 
-def failover_damping_state(fleet_id: Id, policy: Policy, now: datetime) -> Damping | None:
-    """Return the fleet's flap damping (fleets.core.flapping), or None.
+def failover_commits(fleet_id: Id, policy: Policy, now: datetime) -> list[datetime]:
+    """Return when the fleet's automatic failovers within `flapWindowMs` committed routing.
 
-    Counted: automatic failovers whose routing committed within `flapWindowMs` (their
-    `served_at`, the pointer's compare-and-swap). An operator's promotion never counts: damping
-    guards against the reconciler chasing a flapping host, not against an operator.
+    Their `served_at`, the pointer's compare-and-swap. An operator's promotion never counts:
+    damping guards against the reconciler chasing a flapping host, not against an operator.
     """
     since = now - timedelta(milliseconds=policy.flap_window_ms)
     committed = Operation.objects.filter(
@@ -177,7 +176,12 @@ def failover_damping_state(fleet_id: Id, policy: Policy, now: datetime) -> Dampi
         routing_committed=True,
         served_at__gte=since,
     ).values_list("served_at", flat=True)
-    return flap_damping([at for at in committed if at is not None], policy, now)
+    return [at for at in committed if at is not None]
+
+
+def failover_damping_state(fleet_id: Id, policy: Policy, now: datetime) -> Damping | None:
+    """Return the fleet's flap damping (fleets.core.flapping), or None."""
+    return flap_damping(failover_commits(fleet_id, policy, now), policy, now)
 
 
 def fleet_snapshot(fleet: Fleet) -> dict[str, Any]:

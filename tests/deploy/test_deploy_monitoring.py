@@ -92,6 +92,8 @@ def test_the_alerts_cover_what_the_person_on_call_needs():
         "HaruNoViableStandby",
         "HaruStateStoreDown",
         "HaruRequestsHeldOrRefused",
+        "HaruFailoverDamped",
+        "HaruActiveHeldByDataPath",
     } <= names
 
 
@@ -136,6 +138,56 @@ def test_promtool_checks_the_alert_rules():
     promtool = require("promtool")
     result = subprocess.run(
         [promtool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+# Series as the failover guards export them (fleets/metrics/failover_guard.py): a fleet damped
+# for three minutes, and an active held by its data path for two, then its supervisor back.
+_GUARD_SERIES = """
+rule_files: [{rules}]
+evaluation_interval: 15s
+tests:
+  - interval: 15s
+    input_series:
+      - series: 'haru_fleet_failover_damped{{fleet="prod"}}'
+        values: '0 1x12 0x8'
+      - series: 'haru_fleet_active_held_by_data_path{{fleet="prod",domain="east"}}'
+        values: '0 1x8 0x8'
+    alert_rule_test:
+      - eval_time: 1m
+        alertname: HaruFailoverDamped
+        exp_alerts:
+          - exp_labels: {{severity: critical, fleet: prod}}
+            exp_annotations:
+              summary: "Fleet prod: failovers damped, the active keeps failing"
+              description: "Find why the host flaps (its supervisor log, the timeline's domain.failed events). The fleet page says until when."
+      - eval_time: 4m
+        alertname: HaruFailoverDamped
+        exp_alerts: []
+      - eval_time: 30s
+        alertname: HaruActiveHeldByDataPath
+        exp_alerts: []
+      - eval_time: 1m45s
+        alertname: HaruActiveHeldByDataPath
+        exp_alerts:
+          - exp_labels: {{severity: warning, fleet: prod, domain: east}}
+            exp_annotations:
+              summary: "Fleet prod: active east degraded, supervisor unreachable, data path serving"
+              description: "Bring the supervisor back (or fix the network to it); the fleet fails over only if its model servers fail too."
+      - eval_time: 4m
+        alertname: HaruActiveHeldByDataPath
+        exp_alerts: []
+"""
+
+
+def test_promtool_fires_the_damping_and_data_path_alerts_on_their_series(tmp_path):
+    promtool = require("promtool")
+    spec = tmp_path / "guards.test.yml"
+    spec.write_text(_GUARD_SERIES.format(rules=json.dumps(str(RULES))))
+    result = subprocess.run(
+        [promtool, "test", "rules", str(spec)], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout

@@ -226,3 +226,20 @@ def test_without_recent_failovers_the_same_loss_fails_over_at_once(
     tick()
     assert Operation.objects.get().reason == "auto_failover"
     assert not Event.objects.filter(kind="failover.damped").exists()
+
+
+def test_the_metrics_say_damped_and_held_by_the_data_path(
+    fleet, tick, hosts, domains, fake_clock, client
+):
+    tick()
+    text = client.get("/metrics").content.decode()
+    assert 'haru_fleet_failover_damped{fleet="demo"} 0.0' in text
+    assert 'haru_fleet_active_held_by_data_path{domain="east",fleet="demo"} 0.0' in text
+    two_recent_failovers(fleet, domains)
+    hosts.hosts["east"].supervisor_partitioned = True
+    ticks(tick, fake_clock, 2)
+    text = client.get("/metrics").content.decode()
+    assert 'haru_fleet_failover_damped{fleet="demo"} 1.0' in text
+    assert 'haru_fleet_failovers_in_flap_window{fleet="demo"} 2.0' in text
+    assert "haru_fleet_failover_damped_until_timestamp_seconds" in text
+    assert 'haru_fleet_active_held_by_data_path{domain="east",fleet="demo"} 1.0' in text
