@@ -143,51 +143,55 @@ def test_promtool_checks_the_alert_rules():
     assert "SUCCESS" in result.stdout
 
 
-# Series as the failover guards export them (fleets/metrics/failover_guard.py): a fleet damped
-# for three minutes, and an active held by its data path for two, then its supervisor back.
-_GUARD_SERIES = """
-rule_files: [{rules}]
-evaluation_interval: 15s
-tests:
-  - interval: 15s
-    input_series:
-      - series: 'haru_fleet_failover_damped{{fleet="prod"}}'
-        values: '0 1x12 0x8'
-      - series: 'haru_fleet_active_held_by_data_path{{fleet="prod",domain="east"}}'
-        values: '0 1x8 0x8'
-    alert_rule_test:
-      - eval_time: 1m
-        alertname: HaruFailoverDamped
-        exp_alerts:
-          - exp_labels: {{severity: critical, fleet: prod}}
-            exp_annotations:
-              summary: "Fleet prod: failovers damped, the active keeps failing"
-              description: "Find why the host flaps (its supervisor log, the timeline's domain.failed events). The fleet page says until when."
-      - eval_time: 4m
-        alertname: HaruFailoverDamped
-        exp_alerts: []
-      - eval_time: 30s
-        alertname: HaruActiveHeldByDataPath
-        exp_alerts: []
-      - eval_time: 1m45s
-        alertname: HaruActiveHeldByDataPath
-        exp_alerts:
-          - exp_labels: {{severity: warning, fleet: prod, domain: east}}
-            exp_annotations:
-              summary: "Fleet prod: active east degraded, supervisor unreachable, data path serving"
-              description: "Bring the supervisor back (or fix the network to it); the fleet fails over only if its model servers fail too."
-      - eval_time: 4m
-        alertname: HaruActiveHeldByDataPath
-        exp_alerts: []
-"""
+def _expected(alert: str, **labels: str) -> dict:
+    """What promtool must see fire: the rule's labels and its annotations, rendered."""
+    rules = yaml.safe_load(RULES.read_text())
+    rule = next(r for g in rules["groups"] for r in g["rules"] if r.get("alert") == alert)
+    annotations = {
+        key: re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels[m.group(1)], text)
+        for key, text in rule["annotations"].items()
+    }
+    return {"exp_labels": {**rule["labels"], **labels}, "exp_annotations": annotations}
 
 
 def test_promtool_fires_the_damping_and_data_path_alerts_on_their_series(tmp_path):
+    # Series as the failover guards export them (fleets/metrics/failover_guard.py): a fleet
+    # damped for three minutes, and an active held by its data path for two.
     promtool = require("promtool")
-    spec = tmp_path / "guards.test.yml"
-    spec.write_text(_GUARD_SERIES.format(rules=json.dumps(str(RULES))))
+    damped = _expected("HaruFailoverDamped", fleet="prod")
+    held = _expected("HaruActiveHeldByDataPath", fleet="prod", domain="east")
+    assert "supervisor unreachable, data path serving" in held["exp_annotations"]["summary"]
+    cases = [
+        ("HaruFailoverDamped", "1m", [damped]),
+        ("HaruFailoverDamped", "4m", []),
+        ("HaruActiveHeldByDataPath", "30s", []),  # for: 1m
+        ("HaruActiveHeldByDataPath", "1m45s", [held]),
+        ("HaruActiveHeldByDataPath", "4m", []),
+    ]
+    spec = {
+        "rule_files": [str(RULES)],
+        "evaluation_interval": "15s",
+        "tests": [
+            {
+                "interval": "15s",
+                "input_series": [
+                    {"series": 'haru_fleet_failover_damped{fleet="prod"}', "values": "0 1x12 0x8"},
+                    {
+                        "series": 'haru_fleet_active_held_by_data_path{fleet="prod",domain="east"}',
+                        "values": "0 1x8 0x8",
+                    },
+                ],
+                "alert_rule_test": [
+                    {"eval_time": at, "alertname": name, "exp_alerts": alerts}
+                    for name, at, alerts in cases
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "guards.test.yml"
+    path.write_text(yaml.safe_dump(spec))
     result = subprocess.run(
-        [promtool, "test", "rules", str(spec)], capture_output=True, text=True, timeout=60
+        [promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
