@@ -16,6 +16,7 @@ import pytest
 
 from fleets.base import clock
 from fleets.core.policy import Policy
+from fleets.dashboard.selectors import fleet_page, overview_rows
 from fleets.models import Domain, Event, Fleet, ModelBinding, Operation
 from fleets.proxy import snapshots, store
 from fleets.reconciler import datapath
@@ -243,3 +244,26 @@ def test_the_metrics_say_damped_and_held_by_the_data_path(
     assert 'haru_fleet_failovers_in_flap_window{fleet="demo"} 2.0' in text
     assert "haru_fleet_failover_damped_until_timestamp_seconds" in text
     assert 'haru_fleet_active_held_by_data_path{domain="east",fleet="demo"} 1.0' in text
+
+
+def test_the_fleet_page_and_the_overview_say_held_and_damped(
+    fleet, tick, hosts, domains, fake_clock
+):
+    tick()
+    hosts.hosts["east"].supervisor_partitioned = True
+    ticks(tick, fake_clock, 2)
+    page = fleet_page(fleet, now=clock.now())
+    assert page["health"] == "warn"
+    [held] = page["health_reasons"]
+    assert held.startswith("active east degraded: supervisor unreachable, data path serving (")
+    assert "not failed over while its model servers serve" in held
+
+    two_recent_failovers(fleet, domains)
+    page = fleet_page(fleet, now=clock.now())
+    damped = page["health_reasons"][0]
+    assert damped.startswith("failovers damped: 2 automatic failovers in the last 10m 00s")
+    assert "waits for the active to stay lost 30.0s" in damped
+    until = (clock.now() - timedelta(seconds=120) + timedelta(minutes=10)).strftime("%H:%M:%S")
+    assert f"backing off until {until} UTC" in damped
+    [row] = overview_rows(now=clock.now())
+    assert row["health_reasons"][:2] == page["health_reasons"][:2]
