@@ -109,8 +109,8 @@ def detect_failover(
     failed automatic promotions (fleets.core.backoff) to their next attempt: they are passed
     over, and when nobody else can take over the answer is FAILOVER_BACKOFF. `damping`: the
     fleet failed over too often lately (fleets.core.flapping); until the active has been lost
-    (since its outage began, `first_failed_request` included) for the damping's hold-down the
-    answer is FAILOVER_DAMPED.
+    without a break (`DomainView.lost_since`) for the damping's hold-down the answer is
+    FAILOVER_DAMPED.
     """
     policy, active = fleet.policy, fleet.active
     if not policy.auto_failover or active is None:
@@ -118,7 +118,7 @@ def detect_failover(
     reason = lost_reason(active, policy, now)
     if reason is None:
         return None
-    if damped_hold(damping, active.outage_started_at(first_failed_request), now):
+    if damped_hold(damping, active.lost_since(first_failed_request), now):
         return FailoverDecision(None, FAILOVER_DAMPED)
     ranked = rank_standbys(fleet, now)
     waiting = held or {}

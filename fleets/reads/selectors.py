@@ -100,6 +100,7 @@ def fleet_view(fleet: Fleet | str) -> FleetView:
                 last_seen_at=d.last_seen_at,
                 slots=d_slots,
                 models=d_models,
+                state_since=d.state_updated_at,
             )
         )
     return FleetView(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from fleets.core.failover import FAILOVER_DAMPED, FailoverDecision, detect_failover
@@ -104,3 +105,15 @@ def test_detect_failover_goes_ahead_once_the_active_stayed_lost_for_the_hold_dow
 def test_damping_never_invents_a_failover():
     damping = flap_damping([ago(100), ago(20)], POLICY, NOW)
     assert detect_failover(_fleet("ready", ago(1)), NOW, damping=damping) is None
+
+
+def test_a_failed_active_whose_supervisor_still_answers_is_lost_since_it_failed():
+    # Its models are down (asleep after a restart): its heartbeats go on, so the last one is
+    # no measure of how long it has been lost; the move to failed is.
+    damping = flap_damping([ago(100), ago(20)], POLICY, NOW)
+    fleet = _fleet("failed", ago(1))
+    for since, expected in ((ago(5), FailoverDecision(None, FAILOVER_DAMPED)),
+                            (ago(31), FailoverDecision("id-b", "active_failed"))):  # fmt: skip
+        active = replace(fleet.domains[0], state_since=since)
+        held = replace(fleet, domains=(active, fleet.domains[1]))
+        assert detect_failover(held, NOW, damping=damping) == expected
