@@ -25,14 +25,15 @@ def backing(tmp_path_factory):
 
 @pytest.fixture
 def deploy(backing, tmp_path):
-    """Return `deploy(policy)`: a running deployment of the fleet `e2e`; torn down after."""
+    """Return `deploy(policy, relay=False)`: a running deployment of the fleet `e2e` (with
+    `relay`, east's supervisor behind a relay the test can cut); torn down after."""
     pg, redis, template = backing
     made: list[Deployment] = []
 
-    def make(policy: dict | None = None) -> Deployment:
+    def make(policy: dict | None = None, *, relay: bool = False) -> Deployment:
         if not redis.up():
             redis.start()
-        deployment = Deployment(tmp_path, pg, redis, template, policy or {})
+        deployment = Deployment(tmp_path, pg, redis, template, policy or {}, relay=relay)
         made.append(deployment)
         return deployment
 
