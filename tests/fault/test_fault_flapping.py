@@ -15,13 +15,11 @@ hold-down). Scaled down from the targets, which `bench/flap_partition.py` runs a
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 
 from haru.local.processes import wait_for
-from haru.local.supervisors import SimHost
 from tests.fault.chat_load import failures, in_flight_at
 from tests.fault.cluster import Deployment
 from tests.fault.conftest import figure
@@ -37,16 +35,6 @@ SLOW_S = 8.0
 SLOW_ANSWER_S = 2.0
 
 
-def _boot_awake(host: SimHost) -> None:
-    """Make `host` start its engines awake from its next start on, as a real engine does (the
-    launcher starts a fresh standby asleep; a restarted active must come back serving)."""
-    for slot in host.config["slots"]:
-        for model in slot.get("models", []):
-            args = model["profile"]["extraArgs"]
-            model["profile"]["extraArgs"] = [a for a in args if a != "--start-asleep"]
-    (host.dir / "config.json").write_text(json.dumps(host.config, indent=1))
-
-
 def _promotions(d: Deployment) -> list[tuple]:
     return [o for o in d.operations() if o[1] == "promote"]
 
@@ -57,7 +45,7 @@ def _events(d: Deployment, kind: str) -> list[dict]:
 
 def test_an_active_flapping_every_5_s_is_failed_over_at_most_twice(deploy):
     d = deploy()
-    _boot_awake(d.west)
+    d.west.boot_awake()  # restarted as the active, it must come back serving
     revision = d.revision()
     load = d.start_chat()
     kills: list[tuple[float, float]] = []
