@@ -7,9 +7,10 @@ requests (issue 29's targets).
 
 Each kind gets a fresh stack like `make demo`: two simulated hosts (supervisor + two sim engines
 + sim trainer each) and `manage.py serve` (chat proxy + the in-process reconcile loop, embedded
-SQLite), east's supervisor reached through a relay that can be cut (haru/local/relay.py); the
-model servers are reached directly, as the proxy reaches them. Eight client loops (half
-streaming) call the proxy with the OpenAI SDK (`max_retries=0`) the whole time. Kinds:
+SQLite); for the partition and the slow supervisor, east's supervisor is reached through a relay
+that can be cut (haru/local/relay.py), the model servers directly, as the proxy reaches them.
+Eight client loops (half streaming) call the proxy with the OpenAI SDK (`max_retries=0`) the
+whole time. Kinds:
 
 - flap-host: every `--flap-every-s`, for `--flap-for-s`, the active's whole host (supervisor and
   model servers, whichever domain is active then) is SIGKILLed and restarted at once; engines
@@ -59,12 +60,15 @@ POLICY = {**FAST_POLICY, "heartbeatStaleMs": 3000, "degradedGraceMs": 5000}
 class Stack:
     """Two simulated hosts and `manage.py serve`; east's supervisor behind a cuttable relay."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *, relay: bool) -> None:
+        """`relay`: east's supervisor behind the relay. Not for the flaps: a relay accepts the
+        connection a dead supervisor would refuse, and the refusal is the evidence that fails
+        a dead host at once (fleets.reconciler.datapath)."""
         self.workdir = workdir
         self.hosts = {
             name: SimHost(name, workdir, start_asleep=name == "west") for name in ("east", "west")
         }
-        self.relay = CutRelay(self.hosts["east"].port)
+        self.relay = CutRelay(self.hosts["east"].port) if relay else None
         self.server = ServerProc(workdir, env={"HARU_RECONCILE_INTERVAL_MS": "500"})
 
     def start(self, policy: dict[str, Any]) -> Stack:
@@ -72,9 +76,9 @@ class Stack:
             host.start()
         put_in_standby_posture(self.hosts["west"])
         self.hosts["west"].boot_awake()  # restarted as the active, it comes back serving
-        self.relay.start()
         layout = fleet_layout(self.hosts["east"], self.hosts["west"], policy)
-        layout["domains"][0]["supervisorUrl"] = self.relay.url
+        if self.relay is not None:
+            layout["domains"][0]["supervisorUrl"] = self.relay.start().url
         path = self.workdir / "layout.json"
         path.write_text(json.dumps(layout))
         self.server.manage("migrate", "--noinput", "-v0")
@@ -85,7 +89,8 @@ class Stack:
 
     def stop(self) -> None:
         self.server.kill(signal.SIGTERM)
-        self.relay.stop()
+        if self.relay is not None:
+            self.relay.stop()
         for host in self.hosts.values():
             host.crash()
 
@@ -133,16 +138,18 @@ def flap(stack: Stack, args: argparse.Namespace, host_too: bool) -> list[tuple[f
 
 def cut_off(stack: Stack, args: argparse.Namespace, kind: str) -> dict[str, Any]:
     """Cut (or slow) east's supervisor for `partition_s`; return what the fleet said meanwhile."""
+    relay = stack.relay
+    assert relay is not None
     if kind == "partition":
-        stack.relay.cut()
+        relay.cut()
     else:
-        stack.relay.slow(args.slow_answer_s)
+        relay.slow(args.slow_answer_s)
     at = time.time()
     states = set()
     while time.time() - at < args.partition_s:
         states.add(stack.state("east"))
         time.sleep(0.5)
-    stack.relay.heal()
+    relay.heal()
     healed = time.time()
     wait_for(lambda: stack.state("east") == "ready", 60, "east ready again")
     return {"seconds": round(healed - at, 1), "eastStates": sorted(states),
@@ -151,7 +158,7 @@ def cut_off(stack: Stack, args: argparse.Namespace, kind: str) -> dict[str, Any]
 
 def run_kind(kind: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     policy = {**POLICY, **({"flapMaxFailovers": 0} if args.no_damping else {})}
-    stack = Stack(workdir / kind)
+    stack = Stack(workdir / kind, relay=not kind.startswith("flap"))
     clients = None
     try:
         stack.start(policy)
