@@ -8,6 +8,7 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
+from fleets.base import clock
 from fleets.base.errors import FleetNotFound, InvalidTarget, OperationNotFound
 from fleets.core.backoff import Attempt, Backoff, failover_backoffs
 from fleets.core.decisions import find_domain
@@ -188,11 +189,13 @@ def failover_damping_state(fleet_id: Id, policy: Policy, now: datetime) -> Dampi
 def fleet_snapshot(fleet: Fleet) -> dict[str, Any]:
     """Return the full public snapshot of a fleet as it is now (rendered by `shapes.fleet_json`)."""
     fleet.refresh_from_db()
+    policy = Policy.resolve(fleet.policy)
     return fleet_json(
         fleet,
         domains=Domain.objects.filter(fleet=fleet),
         slots=Slot.objects.filter(domain__fleet=fleet),
         bindings=ModelBinding.objects.filter(domain__fleet=fleet),
         operation=operation_in_flight(fleet.id),
-        backoffs=failover_backoff_state(fleet.id, Policy.resolve(fleet.policy)),
+        backoffs=failover_backoff_state(fleet.id, policy),
+        damping=failover_damping_state(fleet.id, policy, clock.now()),
     )

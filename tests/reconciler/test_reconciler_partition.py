@@ -267,3 +267,17 @@ def test_the_fleet_page_and_the_overview_say_held_and_damped(
     assert f"backing off until {until} UTC" in damped
     [row] = overview_rows(now=clock.now())
     assert row["health_reasons"][:2] == page["health_reasons"][:2]
+
+
+def test_the_api_says_damped_until_when(fleet, tick, domains, client, fake_clock):
+    tick()
+    assert client.get("/v1/fleets/demo").json()["failoverDamping"] is None
+    two_recent_failovers(fleet, domains)
+    damping = client.get("/v1/fleets/demo").json()["failoverDamping"]
+    assert damping == {
+        "failovers": 2,
+        "windowMs": 600_000,
+        "holdDownMs": 30_000,
+        "lastFailoverAt": clock.iso(clock.now() - timedelta(seconds=60)),
+        "until": clock.iso(clock.now() - timedelta(seconds=120) + timedelta(minutes=10)),
+    }
