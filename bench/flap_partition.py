@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.failover_load import CLIENTS, Clients, Req  # noqa: E402
+from fleets.core.policy import DEFAULTS  # noqa: E402
 from haru.local.layouts import FAST_POLICY, fleet_layout  # noqa: E402
 from haru.local.processes import wait_for  # noqa: E402
 from haru.local.relay import CutRelay  # noqa: E402
@@ -250,8 +251,9 @@ def main() -> int:
         if not args.json:
             print(_line(row), flush=True)
     if args.json:
-        print(json.dumps({"clients": CLIENTS, "policy": POLICY, "args": vars(args),
-                          "results": rows}, indent=1))  # fmt: skip
+        flap = {k: v for k, v in DEFAULTS.items() if k.startswith("flap")}
+        print(json.dumps({"clients": CLIENTS, "policy": POLICY, "flapDefaults": flap,
+                          "args": vars(args), "results": rows}, indent=1))  # fmt: skip
     return 0
 
 
