@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 import haru.asgi  # noqa: F401 - registers what a deployed server exports
+from fleets.metrics.failover_guard import FailoverGuardCollector
 from fleets.metrics.placement import GpuPlanCollector
 from fleets.metrics.readiness import ReadinessCollector
 from tests.deploy.real_tools import require
@@ -125,8 +126,9 @@ def test_selectors_and_groupings_name_labels_the_series_carry(client, seeded_fle
 
 
 def test_the_dashboard_shows_readiness_drills_recovery_and_gpu_memory():
-    """Every family of the readiness and GPU-plan collectors is on a panel."""
-    families = {m.name for c in (ReadinessCollector(), GpuPlanCollector()) for m in c.describe()}
+    """Every family of the readiness, GPU-plan and failover-guard collectors is on a panel."""
+    collectors = (ReadinessCollector(), GpuPlanCollector(), FailoverGuardCollector())
+    families = {m.name for c in collectors for m in c.describe()}
     assert {"haru_failover_readiness", "haru_recovery_seconds", "haru_gpu_memory_used_mib"} <= (
         families
     )
