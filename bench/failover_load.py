@@ -11,7 +11,8 @@ OpenAI SDK (`max_retries=0`) the whole time, alternating the two models. Kinds:
 - crash: SIGKILL the active's supervisor and model servers; automatic failover follows.
 - planned: a manual promotion of the standby (the old active sleeps through its drain).
 - supervisor / supervisor-off: SIGKILL only the active's supervisor (its model servers stay up),
-  with autoFailover on / off; the supervisor comes back after `--supervisor-down-s`.
+  with autoFailover on / off; the supervisor comes back after `--supervisor-down-s`. Neither
+  fails over: the data path decides (docs/operations.md), so both measure serving through it.
 
 Per kind it prints requests failed of total (all requests started in the rounds' windows, and those
 started after the event), the client-visible outage (from the event to the end of the last failed
@@ -63,9 +64,9 @@ from haru.local.supervisors import TOKEN, SimHost, put_in_standby_posture  # noq
 MODELS = ("llama-small", "qwen-small")
 KINDS = ("crash", "planned", "supervisor", "supervisor-off")
 CLIENTS = 8
-# The fleet's policy: the launcher's fast step budgets (a 3 s degraded grace, so the escalated
-# failover of a supervisor-less active happens within a round), but the default stale window:
-# detection must not rest on a short one.
+# The fleet's policy: the launcher's fast step budgets (a 3 s degraded grace, which a
+# supervisor-less active whose model servers serve outlasts without a failover), but the default
+# stale window: detection must not rest on a short one.
 POLICY = {**FAST_POLICY, "heartbeatStaleMs": 30_000}
 
 

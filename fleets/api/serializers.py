@@ -226,10 +226,28 @@ class FleetListOut(serializers.Serializer):
     fleets = FleetSummaryOut(many=True)
 
 
+class FailoverDampingOut(serializers.Serializer):
+    failovers = serializers.IntegerField(
+        help_text="Automatic failovers whose routing committed within windowMs."
+    )
+    windowMs = serializers.IntegerField(help_text="Policy flapWindowMs.")  # noqa: N815
+    holdDownMs = serializers.IntegerField(  # noqa: N815
+        help_text="How long the active must stay lost before a further automatic failover "
+        "(policy flapHoldDownMs, doubling past flapMaxFailovers)."
+    )
+    lastFailoverAt = serializers.DateTimeField()  # noqa: N815
+    until = serializers.DateTimeField(help_text="When the damping ends.")
+
+
 class FleetOut(FleetSummaryOut):
     policy = serializers.DictField()
     domains = DomainOut(many=True)
     operation = OperationOut(allow_null=True)
+    failoverDamping = FailoverDampingOut(  # noqa: N815
+        allow_null=True,
+        help_text="Set while the fleet's automatic failovers are damped (it failed over "
+        "flapMaxFailovers times within flapWindowMs): null otherwise.",
+    )
     createdAt = serializers.DateTimeField()  # noqa: N815
     updatedAt = serializers.DateTimeField()  # noqa: N815
 

@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-from fleets.core.model_health import serving_recently
+from fleets.core.flapping import Damping, damped_hold
+from fleets.core.model_health import ServerHealth, serving_recently
 from fleets.core.policy import Policy
 from fleets.core.read_model import DomainView, FleetView
 from fleets.core.states import PROMOTABLE_DOMAIN_STATES, DomainState, InferenceState, SlotKind
@@ -20,6 +21,8 @@ ACTIVE_STALE = "active_stale"
 NO_VIABLE_STANDBY = "no_viable_standby"
 # Every standby that could take over is waiting out its backoff after failed attempts.
 FAILOVER_BACKOFF = "failover_backoff"
+# The fleet failed over too often lately: the active must stay lost longer (fleets.core.flapping).
+FAILOVER_DAMPED = "failover_damped"
 
 _STATE_RANK: dict[str, int] = {DomainState.READY: 0, DomainState.DEGRADED: 1}
 
@@ -93,14 +96,21 @@ class FailoverDecision:
 
 
 def detect_failover(
-    fleet: FleetView, now: datetime, held: Mapping[str, datetime] | None = None
+    fleet: FleetView,
+    now: datetime,
+    held: Mapping[str, datetime] | None = None,
+    damping: Damping | None = None,
+    first_failed_request: datetime | None = None,
 ) -> FailoverDecision | None:
     """Decide whether the reconciler should promote a standby on its own, and which one.
 
     Return None when there is nothing to do: autoFailover off, no routing pointer, or an
     active that is neither failed nor stale. `held` maps the standbys still backing off after
     failed automatic promotions (fleets.core.backoff) to their next attempt: they are passed
-    over, and when nobody else can take over the answer is FAILOVER_BACKOFF.
+    over, and when nobody else can take over the answer is FAILOVER_BACKOFF. `damping`: the
+    fleet failed over too often lately (fleets.core.flapping); until the active has been lost
+    without a break (`DomainView.lost_since`) for the damping's hold-down the answer is
+    FAILOVER_DAMPED.
     """
     policy, active = fleet.policy, fleet.active
     if not policy.auto_failover or active is None:
@@ -108,6 +118,8 @@ def detect_failover(
     reason = lost_reason(active, policy, now)
     if reason is None:
         return None
+    if damped_hold(damping, active.lost_since(first_failed_request), now):
+        return FailoverDecision(None, FAILOVER_DAMPED)
     ranked = rank_standbys(fleet, now)
     waiting = held or {}
     candidates = [d for d in ranked if d.id not in waiting]
@@ -145,7 +157,42 @@ def should_escalate(fleet: FleetView, now: datetime, degraded_since: datetime | 
         return False
     if _age_ms(degraded_since, now) <= policy.degraded_grace_ms:
         return False
+    if data_path_serving(active, policy, now):
+        return False  # the data path decides: its model servers serve (escalation_held)
     return any(is_viable_standby(d, policy, now) for d in fleet.standbys)
+
+
+def data_path_serving(domain: DomainView, policy: Policy, now: datetime) -> bool:
+    """Tell whether every model of `domain` is served: its own server up and seen serving
+    within `heartbeat_stale_ms` (by its supervisor, or asked directly when the supervisor
+    cannot say).
+
+    The control plane losing the supervisor (dead, partitioned away, too slow or saturated to
+    answer within its deadline) is no reason to move traffic that the model servers still
+    take: such an active stays degraded, never escalated. A model server that refuses, answers
+    5xx, sleeps, or has not been seen within the window (a timeout is no news, so a partition
+    that cuts the model servers too ages out) is the data path failing too.
+    """
+    window = policy.heartbeat_stale_ms
+    return domain.has_bindings and all(
+        m.health == ServerHealth.UP
+        and serving_recently((m.serving_seen_at,), now=now, window_ms=window)
+        for m in domain.models
+    )
+
+
+def escalation_held(fleet: FleetView, now: datetime) -> bool:
+    """Tell whether the active is degraded and its escalation is held by its data path.
+
+    The one test behind the event, the metric (`haru_fleet_active_held_by_data_path`) and the
+    fleet page's "degraded: supervisor unreachable, data path serving".
+    """
+    active = fleet.active
+    return (
+        active is not None
+        and active.state == DomainState.DEGRADED
+        and data_path_serving(active, fleet.policy, now)
+    )
 
 
 # After a failed restore, the same standby is not asked again for this long: a host whose models

@@ -101,7 +101,10 @@ class Policy:
         30_000, TIMEOUT, "A domain not heard from for this long is stale."
     )
     degraded_grace_ms: int = _key(
-        60_000, TIMEOUT, "An active degraded this long is escalated to failed (with autoFailover)."
+        60_000,
+        TIMEOUT,
+        "An active degraded this long is escalated to failed (with autoFailover), unless its "
+        "data path still serves: every model server up and seen within heartbeatStaleMs.",
     )
     training_stop_grace_ms: int = _key(
         30_000, TIMEOUT, "SIGTERM to SIGKILL grace given to trainers (planned promotions, drills)."
@@ -211,6 +214,29 @@ class Policy:
     )
     failover_backoff_max_ms: int = _key(
         300_000, TIMEOUT, "The cap of that wait; must be at least failoverBackoffMs."
+    )
+    # Flap damping (fleets.core.flapping): a host that crashes and comes back every few seconds
+    # gets at most this many failovers per window, then each further one waits for the active
+    # to stay lost (the proxy holds requests meanwhile; a host back in place serves them).
+    flap_window_ms: int = _key(
+        600_000, TIMEOUT, "Flap damping: automatic failovers within this window are counted."
+    )
+    flap_max_failovers: int = _key(
+        2,
+        _bounded(
+            "integer",
+            {"minimum": 0, "maximum": 100},
+            type_rule="must be an integer between 0 and 100",
+        ),
+        "Flap damping: this many automatic failovers within flapWindowMs damp the fleet "
+        "(0 switches damping off).",
+    )
+    flap_hold_down_ms: int = _key(
+        30_000,
+        TIMEOUT,
+        "Flap damping: while damped, a failover needs the active lost this long (not just "
+        "confirmed lost), doubling with every failover past flapMaxFailovers, capped at "
+        "flapWindowMs; a returned standby's posture is not restored meanwhile.",
     )
     # Failover readiness (fleets/core/readiness.py).
     checkpoint_max_age_ms: int = _key(

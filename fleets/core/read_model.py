@@ -10,7 +10,7 @@ from datetime import datetime
 
 from fleets.core.model_health import ServerHealth, outage_started_at
 from fleets.core.policy import Policy
-from fleets.core.states import InferenceState, Provider, SlotKind
+from fleets.core.states import DomainState, InferenceState, Provider, SlotKind
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ class DomainView:
     last_seen_at: datetime | None = None
     slots: tuple[SlotView, ...] = ()
     models: tuple[ModelView, ...] = ()
+    state_since: datetime | None = None  # when it entered its state (state_updated_at)
 
     @property
     def has_bindings(self) -> bool:
@@ -59,6 +60,16 @@ class DomainView:
         heartbeat and its model servers' last sightings, or at an earlier failed data-path
         request (fleets.core.model_health.outage_started_at); None when it was never seen."""
         return outage_started_at([self.last_seen_at, *self.serving_seen_at], first_failed_request)
+
+    def lost_since(self, first_failed_request: datetime | None = None) -> datetime | None:
+        """Since when this domain, lost as the active, has been unable to serve without a break.
+
+        A failed one: since it went failed (a host that came back in between was ready or
+        degraded, which restarts the count), else since its outage began. None: never seen.
+        """
+        if self.state == DomainState.FAILED and self.state_since is not None:
+            return self.state_since
+        return self.outage_started_at(first_failed_request)
 
     @property
     def has_failed_inference_slot(self) -> bool:

@@ -18,9 +18,11 @@ from fleets.base.clock import iso
 from fleets.core.allocation import gpu_allocations, plan_mismatches
 from fleets.core.backoff import Backoff
 from fleets.core.decisions import decide_demotion, decide_promotion
-from fleets.core.failover import is_stale, is_viable_standby
+from fleets.core.failover import escalation_held, is_stale, is_viable_standby
+from fleets.core.flapping import Damping
 from fleets.core.memory_bars import gpu_bars, report_error
 from fleets.core.outage import during_outage, outage_start, span_ms
+from fleets.core.policy import Policy
 from fleets.core.read_model import FleetView
 from fleets.core.report import DomainReport, read_report
 from fleets.core.states import (
@@ -40,7 +42,7 @@ from fleets.dashboard.progress import RETRY_EVENT, operation_progress, step_even
 from fleets.dashboard.proof import proof_context
 from fleets.models import Domain, Event, Fleet, ModelBinding, Operation, Slot
 from fleets.reads.recovery import operation_failover_ms
-from fleets.reads.selectors import failover_backoff_state, fleet_view
+from fleets.reads.selectors import failover_backoff_state, failover_damping_state, fleet_view
 from fleets.reads.snapshot import consistent_read
 
 EVENT_LIMIT = 60
@@ -56,6 +58,8 @@ _WARN = (
     "domain.degraded",
     "operation.step.timeout_best_effort",
     "domain.degraded.escalated",
+    "domain.degraded.held",
+    "failover.damped",
     "operation.step.retry",
 )
 
@@ -99,11 +103,15 @@ def _placement_text(placement: Any) -> str:
 
 
 def fleet_health(
-    view: FleetView, now: datetime, heartbeat_errors: dict[str, str] | None = None
+    view: FleetView,
+    now: datetime,
+    heartbeat_errors: dict[str, str] | None = None,
+    damping: Damping | None = None,
 ) -> tuple[str, list[str]]:
     """Return ("ok" | "warn" | "bad", reasons) for the fleet at a glance.
 
-    `heartbeat_errors` maps domain id to the error of its failing heartbeat, if any.
+    `heartbeat_errors` maps domain id to the error of its failing heartbeat, if any; `damping`
+    is the fleet's flap damping (fleets.core.flapping), if it is damped.
     """
     reasons: list[str] = []
     active = view.active
@@ -111,9 +119,20 @@ def fleet_health(
     if active is None:
         return "bad", ["no active domain: nothing serves traffic"]
     failing = (heartbeat_errors or {}).get(active.id)
+    if damping is not None:
+        level = "warn"
+        reasons.append(_damping_text(damping, view.policy, now))
     if active.state in (DomainState.FAILED, DomainState.STOPPING, DomainState.STOPPED):
         level = "bad"
         reasons.append(f"active {active.slug} is {active.state}")
+    elif escalation_held(view, now):
+        # Traffic is served: a warning, not an outage; but nothing moves through that host.
+        level = "warn" if level == "ok" else level
+        why = f" ({failing})" if failing else ""
+        reasons.append(
+            f"active {active.slug} degraded: supervisor unreachable, data path serving{why}; "
+            "not failed over while its model servers serve"
+        )
     elif failing:
         level = "bad"
         reasons.append(f"active {active.slug}: heartbeat failing ({failing})")
@@ -353,6 +372,18 @@ def _serving_note(d: Domain, stale: bool, failing: str | None, inference: list) 
     return ""
 
 
+def _damping_text(damping: Damping, policy: Policy, now: datetime) -> str:
+    """One line for a fleet whose failovers are damped (fleets.core.flapping)."""
+    window = fmt_age(policy.flap_window_ms / 1000)
+    hold = fmt_age(damping.confirm_ms / 1000)
+    until = fmt_age(_age_s(now, damping.until))
+    return (
+        f"failovers damped: {damping.failovers} automatic failovers in the last {window}; "
+        f"a failover waits for the active to stay lost {hold}; backing off until "
+        f"{damping.until:%H:%M:%S} UTC (in {until})"
+    )
+
+
 def _backoff_text(backoff: Backoff | None, now: datetime) -> str:
     """One line for a standby auto-failover is holding back after failed attempts."""
     if backoff is None or backoff.next_attempt_at <= now:
@@ -567,7 +598,8 @@ def _fleet_page(fleet: Fleet, *, now: datetime) -> dict[str, Any]:
     if last is not None:
         operation = operation_progress(last, step_events([last.id]).get(last.id, []), now, slugs)
     events = recent_events(fleet, slugs)
-    health, reasons = fleet_health(view, now, _heartbeat_errors(domains))
+    damping = failover_damping_state(fleet.id, view.policy, now)
+    health, reasons = fleet_health(view, now, _heartbeat_errors(domains), damping)
     return {
         "fleet": {
             "id": str(fleet.id),
@@ -637,7 +669,12 @@ def _overview_rows(*, now: datetime) -> list[dict[str, Any]]:
         domains_by_fleet[d.fleet_id].append(d)
     for fleet in Fleet.objects.all().order_by("slug"):
         view = fleet_view(fleet)
-        health, reasons = fleet_health(view, now, _heartbeat_errors(domains_by_fleet[fleet.id]))
+        health, reasons = fleet_health(
+            view,
+            now,
+            _heartbeat_errors(domains_by_fleet[fleet.id]),
+            failover_damping_state(fleet.id, view.policy, now),
+        )
         op = in_flight.get(fleet.id)
         lf = last_failover.get(fleet.id)
         rows.append(

@@ -10,12 +10,20 @@ objects that join its default registry when their module defines them.
 def register() -> None:
     """Register the database collectors and the before-scrape flush (idempotent)."""
     # Imported here: the collectors read models, so they wait for the app registry.
-    from fleets.metrics import history, placement, readiness, reconcile, requests  # noqa: PLC0415
+    from fleets.metrics import (  # noqa: PLC0415
+        failover_guard,
+        history,
+        placement,
+        readiness,
+        reconcile,
+        requests,
+    )
     from fleets.metrics.registry import before_scrape, register_database_collector  # noqa: PLC0415
 
     for collector in (
         history.HistoryCollector(),
         readiness.ReadinessCollector(),
+        failover_guard.FailoverGuardCollector(),
         reconcile.StateCollector(),
         placement.GpuPlanCollector(),
     ):

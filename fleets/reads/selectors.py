@@ -5,11 +5,14 @@ The JSON shapes themselves are rendered by `fleets/reads/shapes.py`."""
 from __future__ import annotations
 
 import uuid
+from datetime import datetime, timedelta
 from typing import Any
 
+from fleets.base import clock
 from fleets.base.errors import FleetNotFound, InvalidTarget, OperationNotFound
 from fleets.core.backoff import Attempt, Backoff, failover_backoffs
 from fleets.core.decisions import find_domain
+from fleets.core.flapping import Damping, flap_damping
 from fleets.core.policy import Policy
 from fleets.core.read_model import DomainView, FleetView, ModelView, SlotView
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES, OperationKind, OperationState
@@ -98,6 +101,7 @@ def fleet_view(fleet: Fleet | str) -> FleetView:
                 last_seen_at=d.last_seen_at,
                 slots=d_slots,
                 models=d_models,
+                state_since=d.state_updated_at,
             )
         )
     return FleetView(
@@ -160,14 +164,38 @@ def failover_backoff_state(fleet_id: Id, policy: Policy) -> dict[str, Backoff]:
     return failover_backoffs(attempts, policy)
 
 
+def failover_commits(fleet_id: Id, policy: Policy, now: datetime) -> list[datetime]:
+    """Return when the fleet's automatic failovers within `flapWindowMs` committed routing.
+
+    Their `served_at`, the pointer's compare-and-swap. An operator's promotion never counts:
+    damping guards against the reconciler chasing a flapping host, not against an operator.
+    """
+    since = now - timedelta(milliseconds=policy.flap_window_ms)
+    committed = Operation.objects.filter(
+        fleet_id=fleet_id,
+        kind=OperationKind.PROMOTE,
+        reason=AUTO_FAILOVER,
+        routing_committed=True,
+        served_at__gte=since,
+    ).values_list("served_at", flat=True)
+    return [at for at in committed if at is not None]
+
+
+def failover_damping_state(fleet_id: Id, policy: Policy, now: datetime) -> Damping | None:
+    """Return the fleet's flap damping (fleets.core.flapping), or None."""
+    return flap_damping(failover_commits(fleet_id, policy, now), policy, now)
+
+
 def fleet_snapshot(fleet: Fleet) -> dict[str, Any]:
     """Return the full public snapshot of a fleet as it is now (rendered by `shapes.fleet_json`)."""
     fleet.refresh_from_db()
+    policy = Policy.resolve(fleet.policy)
     return fleet_json(
         fleet,
         domains=Domain.objects.filter(fleet=fleet),
         slots=Slot.objects.filter(domain__fleet=fleet),
         bindings=ModelBinding.objects.filter(domain__fleet=fleet),
         operation=operation_in_flight(fleet.id),
-        backoffs=failover_backoff_state(fleet.id, Policy.resolve(fleet.policy)),
+        backoffs=failover_backoff_state(fleet.id, policy),
+        damping=failover_damping_state(fleet.id, policy, clock.now()),
     )

@@ -13,6 +13,7 @@ from typing import Any
 
 from fleets.base.clock import iso
 from fleets.core.backoff import Backoff
+from fleets.core.flapping import Damping
 from fleets.core.policy import Policy
 from fleets.core.states import DomainRole, SlotKind
 from fleets.core.urls import without_userinfo
@@ -193,6 +194,19 @@ def domain_json(
     }
 
 
+def failover_damping_json(damping: Damping | None, window_ms: int) -> dict[str, Any] | None:
+    """Render the fleet's flap damping (`FailoverDampingOut`); None when it is not damped."""
+    if damping is None:
+        return None
+    return {
+        "failovers": damping.failovers,
+        "windowMs": window_ms,
+        "holdDownMs": damping.confirm_ms,
+        "lastFailoverAt": iso(damping.last_at),
+        "until": iso(damping.until),
+    }
+
+
 def fleet_json(
     fleet: Fleet,
     *,
@@ -201,13 +215,15 @@ def fleet_json(
     bindings: Iterable[ModelBinding],
     operation: Operation | None,
     backoffs: Mapping[str, Backoff] | None = None,
+    damping: Damping | None = None,
 ) -> dict[str, Any]:
     """Render the full public snapshot of a fleet (`FleetOut`): policy resolved, roles derived."""
     slots, bindings = list(slots), list(bindings)
     held = backoffs or {}
+    policy = Policy.resolve(fleet.policy)
     return {
         **fleet_summary_json(fleet),
-        "policy": Policy.resolve(fleet.policy).to_json(),
+        "policy": policy.to_json(),
         "domains": [
             domain_json(
                 d,
@@ -219,6 +235,7 @@ def fleet_json(
             for d in domains
         ],
         "operation": operation_json(operation),
+        "failoverDamping": failover_damping_json(damping, policy.flap_window_ms),
         "createdAt": iso(fleet.created_at),
         "updatedAt": iso(fleet.updated_at),
     }

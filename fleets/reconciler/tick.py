@@ -14,8 +14,9 @@
 6. finish the clean-ups of failed or cancelled promotions and drills still pending (a cancel
    from the API, a pre-emption, or a worker that died right after a failure).
 
-`tick_run` wraps it in the fleet's tick lease; `fleet_tick` is the bare tick (safe to run
-concurrently: every write is a conditional UPDATE; the race tests run it from 8 threads).
+Steps 3 and 4 live in `fleets.reconciler.failover`. `tick_run` wraps it in the fleet's tick
+lease; `fleet_tick` is the bare tick (safe to run concurrently: every write is a conditional
+UPDATE; the race tests run it from 8 threads).
 
 A process that is stopping (`fleets.base.stopping`: SIGTERM or SIGINT received) runs no tick,
 and a tick running when the signal arrives stops at its next checkpoint: what a stopping
@@ -38,19 +39,7 @@ from fleets.core.backoff import held_targets
 from fleets.core.drills import DrillSchedule, drill_due
 from fleets.core.failover import (
     RESTORE_RETRY_AFTER_MS,
-    FailoverDecision,
-    detect_failover,
-    should_escalate,
     standby_to_restore,
-)
-from fleets.core.policy import Policy
-from fleets.core.preemption import (
-    PREEMPTED,
-    Ending,
-    InFlight,
-    ending,
-    leads_to_serving,
-    should_preempt,
 )
 from fleets.core.provisioning import Phase
 from fleets.core.read_model import FleetView
@@ -62,23 +51,20 @@ from fleets.core.states import (
 )
 from fleets.metrics import reconcile as fleet_metrics
 from fleets.models import Domain, Fleet, Id, Operation
-from fleets.reads.selectors import AUTO_FAILOVER, failover_backoff_state, fleet_get, fleet_view
-from fleets.reconciler import datapath, kick
+from fleets.reads.selectors import (
+    failover_backoff_state,
+    failover_damping_state,
+    fleet_get,
+    fleet_view,
+)
+from fleets.reconciler import datapath, failover, kick
 from fleets.reconciler.advance import operation_advance
 from fleets.reconciler.golden import active_baselines_fill
 from fleets.reconciler.heartbeat import heartbeat_apply, heartbeats_collect, serving_urls_of
 from fleets.reconciler.locks import LeaseLost, fleet_tick_lock, tick_lease_s
 from fleets.reconciler.steps.cleanup import pending_cleanups_run
 from fleets.reconciler.supervisor.client import SupervisorClient, client_for
-from fleets.services.escalation import (
-    domain_escalate,
-    fleet_no_standby_clear,
-    fleet_no_standby_report,
-)
-from fleets.services.events import event_record
 from fleets.services.operations import (
-    operation_cancel,
-    operation_finish_early,
     operation_request,
 )
 from fleets.services.resume import operation_step_clock_resume
@@ -91,8 +77,6 @@ TICK_BUDGET_S = 5.0
 # How long a waiting step is re-polled inside the tick before handing back with a nudge: short
 # waits (a trainer saving its checkpoint) finish in the same tick without a new heartbeat round.
 TICK_POLL_S = 2.0
-# How often "nobody can take over" is recorded while it stays true, per fleet and process.
-NO_STANDBY_EVENT_EVERY_MS = 60_000
 # A skipped tick looks again this long after the holder's lease runs out (clock skew, latency).
 LEASE_RETRY_SLACK_MS = 250
 
@@ -147,19 +131,24 @@ def fleet_tick(
     # 3. Escalation: the core says whether it is due; the UPDATE re-checks it all.
     gate()
     now = observed
-    view = _maybe_escalate(fleet, fleet_view(fleet), policy, now, actor)
+    view = failover.maybe_escalate(fleet, fleet_view(fleet), policy, now, actor)
 
     # 4. Failover: pre-empt what blocks it, detect, then (nothing else started) a returned
-    # standby's posture. Standbys still backing off after failed attempts are passed over.
+    # standby's posture. Standbys still backing off after failed attempts are passed over; a
+    # fleet that failed over too often lately waits for its active to stay lost (damping).
     held = held_targets(failover_backoff_state(fleet.id, policy), now)
+    damping = failover_damping_state(fleet.id, policy, now)
     gate()
     if in_flight:
-        in_flight = not _maybe_preempt(fleet, view, now, held, actor)
-    if not in_flight and not _maybe_fail_over(fleet, view, now, held, actor, gate):
+        in_flight = not failover.maybe_preempt(fleet, view, now, held, damping, actor)
+    if not in_flight and not failover.maybe_fail_over(fleet, view, now, held, damping, actor, gate):
         # None of this could start beside a failover, and the outage waits for its first step:
         # a failover requested just now goes straight to the advance below.
         gate()
-        _maybe_restore_standby(fleet, now, actor)
+        if damping is None:
+            # Damped, a host that keeps coming back is left as it returned: restoring its
+            # posture each time would restart its training each time.
+            _maybe_restore_standby(fleet, now, actor)
         # Before a drill: its standby's wake is then judged against what the active serves.
         active_baselines_fill(fleet=fleet, policy=policy, client_for=client_factory, now=now)
         gate()
@@ -228,146 +217,6 @@ def _heartbeats_run(
             checkpoint=checkpoint,
         )
     return observed, in_flight
-
-
-def _maybe_escalate(
-    fleet: Fleet, view: FleetView, policy: Policy, now: datetime, actor: str
-) -> FleetView:
-    """Escalate an active degraded past its grace; return the view as it stands after."""
-    if view.active is None:
-        return view
-    degraded_since = (
-        Domain.objects.filter(pk=view.active.id).values_list("state_updated_at", flat=True).first()
-    )
-    if should_escalate(view, now, degraded_since) and domain_escalate(
-        domain_id=view.active.id,
-        now=now,
-        degraded_grace_ms=policy.degraded_grace_ms,
-        heartbeat_stale_ms=policy.heartbeat_stale_ms,
-        actor=actor,
-    ):
-        return fleet_view(fleet)
-    return view
-
-
-def _maybe_preempt(
-    fleet: Fleet, view: FleetView, now: datetime, held: dict[str, datetime], actor: str
-) -> bool:
-    """End the in-flight operation if a lost active pre-empts it; True if none is left.
-
-    Uncommitted, it is cancelled; a promotion whose routing committed (and whose domain routed
-    to is the one lost) ends succeeded without its remaining best-effort steps on the old
-    active (fleets.core.preemption). Either way the failover is requested in this same tick.
-    """
-    op = Operation.objects.filter(fleet_id=fleet.id, state__in=IN_FLIGHT_OPERATION_STATES).first()
-    if op is None:
-        return True
-    decision = detect_failover(view, now, held)
-    current = InFlight(
-        kind=op.kind,
-        target_id=str(op.target_domain_id) if op.target_domain_id else None,
-        routing_committed=op.routing_committed,
-        current_step=op.current_step,
-        drill_mode=op.drill_mode,
-    )
-    serving = leads_to_serving(view, current, now)
-    if decision is None or not should_preempt(decision, current, leads_to_serving=serving):
-        return False
-    how = ending(current)
-    if how == Ending.CANCEL:
-        message = (
-            f"pre-empted: the active is lost ({decision.reason}) and this {op.kind} of "
-            f"{op.target_slug} does not lead to a serving domain; failing over"
-        )
-        if operation_cancel(operation_id=op.id, actor=actor, message=message, reason=PREEMPTED):
-            log.warning("fleet %s: %s %s %s", fleet.slug, op.kind, op.id, message)
-    elif how == Ending.SKIP_REST:
-        message = (
-            f"pre-empted: {op.target_slug}, routed to by this promotion, is lost "
-            f"({decision.reason}); its remaining best-effort steps on the old active are not "
-            "run; failing over"
-        )
-        skipped = operation_finish_early(
-            operation_id=op.id, actor=actor, message=message, reason=PREEMPTED
-        )
-        if skipped:
-            log.warning(
-                "fleet %s: promotion %s succeeded without %s: %s",
-                fleet.slug,
-                op.id,
-                ", ".join(skipped),
-                message,
-            )
-    # Ending.NOT_YET: the switch is being recorded; the next tick finds a best-effort step.
-    return not Operation.objects.filter(
-        fleet_id=fleet.id, state__in=IN_FLIGHT_OPERATION_STATES
-    ).exists()
-
-
-def _maybe_fail_over(
-    fleet: Fleet,
-    view: FleetView,
-    now: datetime,
-    held: dict[str, datetime],
-    actor: str,
-    checkpoint: Callable[[], None] = _no_checkpoint,
-) -> bool:
-    """Request the failover the core calls for; True if one was created."""
-    decision = detect_failover(view, now, held)
-    if decision is None:
-        fleet_no_standby_clear(fleet_id=fleet.id)
-        return False
-    if decision.target_id is None:
-        _report_no_standby(fleet, view, now, decision, held)
-        return False
-    # Honest timing: the outage began when a client could last be served (the last good
-    # heartbeat, or a model server last seen serving) or when a request first failed,
-    # whichever is earlier; not when the rules noticed.
-    active = view.active
-    outage_start = now
-    if active is not None:
-        started = active.outage_started_at(datapath.first_failed_at(fleet.id, active.id))
-        if started is not None and started < now:
-            outage_start = started
-    checkpoint()  # the last moment a stop reaches before the promotion is written
-    try:
-        result = operation_request(
-            fleet=fleet,
-            kind=OperationKind.PROMOTE,
-            target_domain_id=decision.target_id,
-            actor=actor,
-            reason=AUTO_FAILOVER,
-            detected_at=outage_start,
-        )
-    except (OperationConflict, InvalidTarget) as exc:
-        # Another tick (or an operator) got there first, or the target moved: next tick decides.
-        log.info("fleet %s: auto-failover not requested: %s", fleet.slug, exc)
-        return False
-    if not result.created or result.operation is None:
-        return False
-    datapath.forget(fleet.id, view.active_domain_id)
-    log.warning(
-        "fleet %s: active %s lost (%s); promoting %s",
-        fleet.slug,
-        active.slug if active else None,
-        decision.reason,
-        result.target_slug,
-    )
-    event_record(
-        fleet_id=fleet.id,
-        operation_id=result.operation.id,
-        domain_id=decision.target_id,
-        kind="operation.auto_failover",
-        actor=actor,
-        data={
-            "reason": decision.reason,
-            "activeDomainId": view.active_domain_id,
-            "targetDomainId": decision.target_id,
-            "detectedAt": clock.iso(now),
-            "outageStartedAt": clock.iso(outage_start),
-        },
-    )
-    return True
 
 
 def _maybe_drill(fleet: Fleet, now: datetime, actor: str) -> None:
@@ -448,28 +297,6 @@ def _maybe_restore_standby(fleet: Fleet, now: datetime, actor: str) -> None:
         return
     if result.created:
         log.warning("fleet %s: %s is back but awake; demoting it", fleet.slug, target.slug)
-
-
-def _report_no_standby(
-    fleet: Fleet,
-    view: FleetView,
-    now: datetime,
-    decision: FailoverDecision,
-    held: dict[str, datetime],
-) -> None:
-    if fleet_no_standby_report(
-        fleet_id=fleet.id,
-        active_domain_id=view.active_domain_id,
-        now=now,
-        every_ms=NO_STANDBY_EVENT_EVERY_MS,
-        reason=decision.reason,
-        next_attempt_at=min(held.values()) if held else None,
-    ):
-        log.error(
-            "fleet %s: the active is lost and no standby can take over (%s)",
-            fleet.slug,
-            decision.reason,
-        )
 
 
 def tick_run(

@@ -9,10 +9,12 @@ standby can go stale, the operator can switch autoFailover off.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db.models import Exists, OuterRef, Q
 
 from fleets.base.clock import iso
+from fleets.core.model_health import ServerHealth
 from fleets.core.states import (
     IN_FLIGHT_OPERATION_STATES,
     DomainState,
@@ -21,8 +23,12 @@ from fleets.core.states import (
     SlotKind,
     check_transition,
 )
-from fleets.models import Domain, Fleet, Id, ModelBinding, Operation, Slot
-from fleets.services.events import guarded_update
+from fleets.models import Domain, Event, Fleet, Id, ModelBinding, Operation, Slot
+from fleets.services.events import event_record, guarded_update
+
+# The event of an active whose escalation its data path holds (fleets.core.failover
+# .escalation_held): once per degraded spell.
+ESCALATION_HELD = "domain.degraded.held"
 
 
 def _viable_standby_exists(now: datetime, stale_ms: int) -> Exists:
@@ -49,6 +55,20 @@ def _viable_standby_exists(now: datetime, stale_ms: int) -> Exists:
     return Exists(standby)
 
 
+def _data_path_failing(now: datetime, stale_ms: int) -> Exists:
+    """Build the twin of "not `fleets.core.failover.data_path_serving`" (outer: the active):
+    some model's own server is not up, or was not seen serving within the stale window."""
+    unseen_since = now - timedelta(milliseconds=stale_ms)
+    return Exists(
+        ModelBinding.objects.filter(domain_id=OuterRef("pk")).filter(
+            ~Q(health=ServerHealth.UP)
+            | Q(serving_seen_at__isnull=True)
+            | Q(serving_seen_at__lt=unseen_since)
+            | Q(serving_seen_at__gt=now)  # seen "later" than now: a skewed clock, not evidence
+        )
+    )
+
+
 def domain_escalate(
     *,
     domain_id: Id,
@@ -61,7 +81,9 @@ def domain_escalate(
 
     One conditional UPDATE checks, all at once: the domain is still degraded and has been since
     before the grace; it is still the fleet's active; the fleet's autoFailover is on; a viable
-    standby exists; and no promotion is in flight. Return whether it moved.
+    standby exists; no promotion is in flight; and its data path fails too (some model server
+    not up or not seen serving within `heartbeat_stale_ms`: a heartbeat may have just seen them
+    all serving). Return whether it moved.
     """
     check_transition("domain", DomainState.DEGRADED, DomainState.FAILED)
     is_active = Exists(
@@ -86,6 +108,7 @@ def domain_escalate(
         auto_failover,
         idle,
         _viable_standby_exists(now, heartbeat_stale_ms),
+        _data_path_failing(now, heartbeat_stale_ms),
     )
     row = Domain.objects.filter(pk=domain_id).values("fleet_id", "state_updated_at").first()
     if row is None:
@@ -110,6 +133,45 @@ def domain_escalate(
     return bool(moved)
 
 
+def domain_escalation_held_report(
+    *,
+    fleet_id: Id,
+    domain_id: Id,
+    degraded_since: datetime,
+    now: datetime,
+    degraded_grace_ms: int,
+    supervisor_failing_since: datetime | None,
+    actor: str = "reconciler",
+) -> bool:
+    """Record, once per degraded spell, that the active outlasted its grace but is not
+    escalated because its model servers still serve; return whether this call recorded it.
+
+    Once per spell: no such event for the domain since it went degraded (`degraded_since`, its
+    state_updated_at). The fleet's tick lease makes two concurrent writers rare, and a second
+    row would only repeat the same news.
+    """
+    if Event.objects.filter(
+        domain_id=domain_id, kind=ESCALATION_HELD, created_at__gte=degraded_since
+    ).exists():
+        return False
+    event_record(
+        fleet_id=fleet_id,
+        domain_id=domain_id,
+        kind=ESCALATION_HELD,
+        actor=actor,
+        data={
+            "reason": "supervisor unreachable, data path serving",
+            "degradedForMs": max(0, int((now - degraded_since).total_seconds() * 1000)),
+            "graceMs": degraded_grace_ms,
+            # None: the supervisor answers but cannot vouch for every model (direct checks did).
+            "supervisorFailingSince": iso(supervisor_failing_since)
+            if supervisor_failing_since
+            else None,
+        },
+    )
+    return True
+
+
 def fleet_no_standby_report(
     *,
     fleet_id: Id,
@@ -118,12 +180,15 @@ def fleet_no_standby_report(
     every_ms: int,
     reason: str,
     next_attempt_at: datetime | None = None,
+    kind: str = "failover.no_viable_standby",
+    more: dict[str, Any] | None = None,
     actor: str = "reconciler",
 ) -> bool:
     """Record "the active is lost and no standby can take over" at most once per `every_ms`
     per fleet, however many processes tick it; return whether this call recorded it.
 
-    `next_attempt_at`: when the reason is a backoff, when the first held standby is due."""
+    `next_attempt_at`: when the reason is a backoff, when the first held standby is due; when
+    it is flap damping (`kind` failover.damped), when the hold-down ends."""
     moved = guarded_update(
         Fleet.objects.filter(pk=fleet_id).filter(
             Q(no_standby_reported_at__isnull=True)
@@ -134,11 +199,12 @@ def fleet_no_standby_report(
         {
             "fleet_id": fleet_id,
             "domain_id": active_domain_id,
-            "kind": "failover.no_viable_standby",
+            "kind": kind,
             "actor": actor,
             "data": {
                 "reason": reason,
                 **({"nextAttemptAt": iso(next_attempt_at)} if next_attempt_at else {}),
+                **(more or {}),
             },
         },
     )

@@ -167,6 +167,17 @@ class SimHost:
         }
         (self.dir / "config.json").write_text(json.dumps(self.config, indent=1))
 
+    def boot_awake(self) -> None:
+        """Start the engines awake from the next start on, as a real engine does: a host
+        started as a fresh standby (`start_asleep`) must come back serving when it is restarted
+        as the active."""
+        slots: list[dict[str, Any]] = self.config["slots"]  # type: ignore[assignment]
+        for slot in slots:
+            for model in slot.get("models", []):
+                args = model["profile"]["extraArgs"]
+                model["profile"]["extraArgs"] = [a for a in args if a != "--start-asleep"]
+        (self.dir / "config.json").write_text(json.dumps(self.config, indent=1))
+
     def _lora_args(self, model: str) -> list[str]:
         names = self.adapters.get(model)
         return ["--lora-modules", *(f"{a}=/dev/null" for a in names)] if names else []

@@ -6,7 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 from fleets.core.failover import (
     FailoverDecision,
+    data_path_serving,
     detect_failover,
+    escalation_held,
     is_stale,
     is_viable_standby,
     rank_standbys,
@@ -287,3 +289,49 @@ def test_a_standby_being_provisioned_is_left_to_the_provisioning_pass():
 def test_restore_is_off_when_the_policy_says_so():
     f = fleet(domain("alpha"), awake("beta"), policy=Policy(restore_standby_on_return=False))
     assert standby_to_restore(f, NOW) is None
+
+
+# --- the data path decides about a degraded active ---------------------------------------------
+
+
+def serving(slug: str, seen: datetime | None = FRESH, health: str = "up") -> ModelView:
+    return ModelView("qwen", f"http://{slug}:9000", f"{slug}-s0", 0, "serving", health, seen)
+
+
+def test_an_active_whose_model_servers_serve_is_never_escalated():
+    # Its supervisor is dead, partitioned away or too slow to answer: degraded, but every model
+    # server was seen serving within the stale window.
+    alpha = domain("alpha", "degraded", last_seen_at=STALE, models=(serving("alpha"),))
+    f = fleet(alpha, domain("beta"))
+    assert not should_escalate(f, NOW, PAST_GRACE)
+    assert escalation_held(f, NOW)
+    assert data_path_serving(alpha, AUTO, NOW)
+
+
+def test_escalation_follows_once_the_data_path_fails_too():
+    down = domain("alpha", "degraded", models=(serving("alpha", health="down"),))
+    unseen = domain("alpha", "degraded", models=(serving("alpha", seen=STALE),))
+    never = domain("alpha", "degraded", models=(serving("alpha", seen=None),))
+    unknown = domain("alpha", "degraded", models=(serving("alpha", health="unknown"),))
+    for alpha in (down, unseen, never, unknown):
+        f = fleet(alpha, domain("beta"))
+        assert should_escalate(f, NOW, PAST_GRACE), alpha.models
+        assert not escalation_held(f, NOW)
+
+
+def test_one_model_server_down_is_the_data_path_failing():
+    alpha = domain(
+        "alpha",
+        "degraded",
+        models=(serving("alpha"), ModelView("llama", "http://a:9001", "s0", 0, "failed", "down")),
+    )
+    assert not data_path_serving(alpha, AUTO, NOW)
+    assert should_escalate(fleet(alpha, domain("beta")), NOW, PAST_GRACE)
+
+
+def test_only_a_degraded_active_is_held_by_its_data_path():
+    ready = fleet(domain("alpha", models=(serving("alpha"),)), domain("beta"))
+    assert not escalation_held(ready, NOW)
+    failed = fleet(domain("alpha", "failed", models=(serving("alpha"),)), domain("beta"))
+    assert not escalation_held(failed, NOW)
+    assert not data_path_serving(domain("alpha", models=()), AUTO, NOW)

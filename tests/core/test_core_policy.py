@@ -26,6 +26,8 @@ TIMEOUT_KEYS = [
     "failoverBackoffMs",
     "failoverBackoffMaxMs",
     "failoverTrainingStopGraceMs",
+    "flapWindowMs",
+    "flapHoldDownMs",
 ]
 
 
@@ -63,6 +65,9 @@ def test_defaults_match_the_design():
         "stopMode": "down",
         "failoverBackoffMs": 15000,
         "failoverBackoffMaxMs": 300000,
+        "flapWindowMs": 600000,
+        "flapMaxFailovers": 2,
+        "flapHoldDownMs": 30000,
         "checkpointMaxAgeMs": 3600000,
         "drillMaxAgeMs": 604800000,
         "readiness": {"acceptMissing": []},
@@ -70,6 +75,13 @@ def test_defaults_match_the_design():
         "servingCheckTimeoutMs": 500,
         "dataPathConfirmIntervalMs": 200,
     }
+
+
+def test_flap_max_failovers_is_a_small_count_and_zero_switches_damping_off():
+    assert validate_policy({"flapMaxFailovers": 0}) == {"flapMaxFailovers": 0}
+    _refused({"flapMaxFailovers": -1}, "policy.flapMaxFailovers", "between 0 and 100")
+    _refused({"flapMaxFailovers": 101}, "policy.flapMaxFailovers", "between 0 and 100")
+    _refused({"flapMaxFailovers": 1.5}, "policy.flapMaxFailovers", "integer")
 
 
 @pytest.mark.parametrize("key", ["replaceFailedStandby", "replaceFailedActive"])
@@ -131,9 +143,11 @@ def test_resolve_maps_every_camel_case_key_to_its_field():
         "rtoMs": 45000,
         "servingCheckTimeoutMs": 750,
         "dataPathConfirmIntervalMs": 120,
+        "flapMaxFailovers": 3,
     }
     policy = Policy.resolve(raw)
     assert policy.to_json() == raw
+    assert policy.flap_max_failovers == 3
     assert (policy.checkpoint_max_age_ms, policy.drill_max_age_ms) == (60000, 86400000)
     assert policy.rto_ms == 45000
     assert policy.readiness_accept_missing == ("baselines", "trainer")

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 import haru.asgi  # noqa: F401 - registers what a deployed server exports
+from fleets.metrics.failover_guard import FailoverGuardCollector
 from fleets.metrics.placement import GpuPlanCollector
 from fleets.metrics.readiness import ReadinessCollector
 from tests.deploy.real_tools import require
@@ -92,6 +93,8 @@ def test_the_alerts_cover_what_the_person_on_call_needs():
         "HaruNoViableStandby",
         "HaruStateStoreDown",
         "HaruRequestsHeldOrRefused",
+        "HaruFailoverDamped",
+        "HaruActiveHeldByDataPath",
     } <= names
 
 
@@ -123,8 +126,9 @@ def test_selectors_and_groupings_name_labels_the_series_carry(client, seeded_fle
 
 
 def test_the_dashboard_shows_readiness_drills_recovery_and_gpu_memory():
-    """Every family of the readiness and GPU-plan collectors is on a panel."""
-    families = {m.name for c in (ReadinessCollector(), GpuPlanCollector()) for m in c.describe()}
+    """Every family of the readiness, GPU-plan and failover-guard collectors is on a panel."""
+    collectors = (ReadinessCollector(), GpuPlanCollector(), FailoverGuardCollector())
+    families = {m.name for c in collectors for m in c.describe()}
     assert {"haru_failover_readiness", "haru_recovery_seconds", "haru_gpu_memory_used_mib"} <= (
         families
     )
@@ -136,6 +140,60 @@ def test_promtool_checks_the_alert_rules():
     promtool = require("promtool")
     result = subprocess.run(
         [promtool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+def _expected(alert: str, **labels: str) -> dict:
+    """What promtool must see fire: the rule's labels and its annotations, rendered."""
+    rules = yaml.safe_load(RULES.read_text())
+    rule = next(r for g in rules["groups"] for r in g["rules"] if r.get("alert") == alert)
+    annotations = {
+        key: re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels[m.group(1)], text)
+        for key, text in rule["annotations"].items()
+    }
+    return {"exp_labels": {**rule["labels"], **labels}, "exp_annotations": annotations}
+
+
+def test_promtool_fires_the_damping_and_data_path_alerts_on_their_series(tmp_path):
+    # Series as the failover guards export them (fleets/metrics/failover_guard.py): a fleet
+    # damped for three minutes, and an active held by its data path for two.
+    promtool = require("promtool")
+    damped = _expected("HaruFailoverDamped", fleet="prod")
+    held = _expected("HaruActiveHeldByDataPath", fleet="prod", domain="east")
+    assert "supervisor unreachable, data path serving" in held["exp_annotations"]["summary"]
+    cases = [
+        ("HaruFailoverDamped", "1m", [damped]),
+        ("HaruFailoverDamped", "4m", []),
+        ("HaruActiveHeldByDataPath", "30s", []),  # for: 1m
+        ("HaruActiveHeldByDataPath", "1m45s", [held]),
+        ("HaruActiveHeldByDataPath", "4m", []),
+    ]
+    spec = {
+        "rule_files": [str(RULES)],
+        "evaluation_interval": "15s",
+        "tests": [
+            {
+                "interval": "15s",
+                "input_series": [
+                    {"series": 'haru_fleet_failover_damped{fleet="prod"}', "values": "0 1x12 0x8"},
+                    {
+                        "series": 'haru_fleet_active_held_by_data_path{fleet="prod",domain="east"}',
+                        "values": "0 1x8 0x8",
+                    },
+                ],
+                "alert_rule_test": [
+                    {"eval_time": at, "alertname": name, "exp_alerts": alerts}
+                    for name, at, alerts in cases
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "guards.test.yml"
+    path.write_text(yaml.safe_dump(spec))
+    result = subprocess.run(
+        [promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout

@@ -136,6 +136,15 @@ def test_a_supervisor_only_failover_has_one_figure_in_the_event_the_metrics_and_
     drive(fleet, seen(fleet))
 
     os.kill(east.proc.pid, signal.SIGKILL)  # the supervisor only: its engines stay up
+    # Its engines serve: degraded past degradedGraceMs (3 s), and never escalated for it.
+    held = drive(
+        fleet,
+        lambda: Event.objects.filter(fleet=fleet, kind="domain.degraded.held").first(),
+        timeout=30,
+    )
+    assert held.data["degradedForMs"] > 3000
+    assert not Operation.objects.filter(fleet=fleet).exists()
+    east.crash()  # then the engines die too: the data path fails, and the host is gone
     op = drive(
         fleet,
         lambda: Operation.objects.filter(
@@ -145,8 +154,8 @@ def test_a_supervisor_only_failover_has_one_figure_in_the_event_the_metrics_and_
     )
 
     assert op.detected_at is not None and op.served_at is not None
-    # East's engines served through the degraded grace, after its supervisor's last heartbeat:
-    # that heartbeat is not when the outage began.
+    # East's engines served on after its supervisor's last heartbeat: that heartbeat is not
+    # when the outage began.
     assert op.source_seen_at is not None and op.detected_at > op.source_seen_at
     figure = int((op.served_at - op.detected_at).total_seconds() * 1000)
     switched = Event.objects.get(operation=op, kind="operation.step.done", step="switch_route")

@@ -35,6 +35,7 @@ from haru.local.backing import (
 )
 from haru.local.layouts import fleet_layout
 from haru.local.processes import kill_group, wait_for
+from haru.local.relay import CutRelay
 from haru.local.server import ServerProc, environment, manage
 from haru.local.supervisors import TOKEN, SimHost, put_in_standby_posture
 from tests.fault.chat_load import ChatLoad
@@ -88,7 +89,10 @@ class Deployment:
         template: str,
         policy: dict,
         env: dict[str, str | None] | None = None,
+        *,
+        relay: bool = False,
     ) -> None:
+        """`relay`: reach east's supervisor through a relay the test can cut (`self.relay`)."""
         self.dir = workdir
         self.pg = pg
         self.redis = redis
@@ -117,7 +121,12 @@ class Deployment:
         # Named, so pg_stat_activity tells the server's connections from the workers'.
         self.server.env["DATABASE_URL"] = self.app_url("server")
         layout = workdir / "layout.json"
-        layout.write_text(json.dumps(fleet_layout(self.east, self.west, policy)))
+        fleet = fleet_layout(self.east, self.west, policy)
+        self.relay: CutRelay | None = None
+        if relay:
+            self.relay = CutRelay(self.east.port).start()
+            fleet["domains"][0]["supervisorUrl"] = self.relay.url
+        layout.write_text(json.dumps(fleet))
         self.server.manage("seed_layout", "--config", str(layout))
         self.workers: dict[str, subprocess.Popen] = {}
         self.beat: subprocess.Popen | None = None
@@ -241,6 +250,8 @@ class Deployment:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(10)
         self.server.kill()
+        if self.relay is not None:
+            self.relay.stop()
         self.east.crash()
         self.west.crash()
         with contextlib.suppress(Exception):

@@ -25,14 +25,20 @@ def backing(tmp_path_factory):
 
 @pytest.fixture
 def deploy(backing, tmp_path):
-    """Return `deploy(policy, env)`: a running deployment of the fleet `e2e`; torn down after."""
+    """Return `deploy(policy, env, relay=False)`: a running deployment of the fleet `e2e` (with
+    `relay`, east's supervisor behind a relay the test can cut); torn down after."""
     pg, redis, template = backing
     made: list[Deployment] = []
 
-    def make(policy: dict | None = None, env: dict[str, str | None] | None = None) -> Deployment:
+    def make(
+        policy: dict | None = None,
+        env: dict[str, str | None] | None = None,
+        *,
+        relay: bool = False,
+    ) -> Deployment:
         if not redis.up():
             redis.start()
-        deployment = Deployment(tmp_path, pg, redis, template, policy or {}, env)
+        deployment = Deployment(tmp_path, pg, redis, template, policy or {}, env, relay=relay)
         made.append(deployment)
         return deployment
 

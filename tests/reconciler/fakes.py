@@ -42,6 +42,9 @@ class FakeHost:
     servers_down: set[str] | None = None
     # Every call (supervisor and model servers) times out: a partition, not a dead host.
     partitioned: bool = False
+    # Only the supervisor's calls time out (a partition between the control plane and the
+    # supervisor, or a supervisor too slow or saturated to answer); model servers answer.
+    supervisor_partitioned: bool = False
     unauthorized: bool = False
     bad_body: bool = False
     wake_fails: bool = False
@@ -177,7 +180,7 @@ class FakeHost:
         path = request.url.path
         with self.lock:
             self.calls[f"{request.method} {path}"] += 1
-            if self.partitioned:
+            if self.partitioned or self.supervisor_partitioned:
                 raise httpx.ConnectTimeout("timed out", request=request)
         gate = self.gpu_gate
         if path == "/v1/gpu/memory" and gate is not None:

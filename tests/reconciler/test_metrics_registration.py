@@ -23,6 +23,7 @@ def test_start_up_registered_every_database_collector_and_the_flush_once():
         == [
             "fleets.metrics.history.HistoryCollector",
             "fleets.metrics.readiness.ReadinessCollector",
+            "fleets.metrics.failover_guard.FailoverGuardCollector",
             "fleets.metrics.reconcile.StateCollector",
             "fleets.metrics.placement.GpuPlanCollector",
         ]

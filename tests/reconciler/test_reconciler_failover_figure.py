@@ -15,7 +15,7 @@ import pytest
 
 from fleets.dashboard.chart import fmt_ms
 from fleets.dashboard.selectors import fleet_page, overview_rows
-from fleets.models import Event
+from fleets.models import Event, Operation
 from tests.reconciler.test_reconciler_flow import run_until_done
 
 pytestmark = pytest.mark.django_db
@@ -39,9 +39,13 @@ def test_a_supervisor_only_failover_has_one_figure_everywhere(
     east = hosts.hosts["east"]
     east.down, east.servers_down = True, set()  # the supervisor's process only
     tick()
-    for _ in range(6):  # stale at 3 s, escalated past degradedGraceMs (5 s): 6 s
+    for _ in range(6):  # stale at 3 s, past degradedGraceMs (5 s): held, its servers serve
         fake_clock.advance(ms=1000)
         tick()
+    assert not Operation.objects.exists()
+    east.servers_down = None  # then the model servers die too: the whole host is gone
+    fake_clock.advance(ms=1000)
+    tick()
     op = run_until_done(tick, limit=40, clock=fake_clock, step_ms=1000)
     assert op is not None and op.reason == "auto_failover" and op.state == "succeeded"
 

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from fleets.models import Domain, Event, Operation, Slot
+from fleets.models import Domain, Event, ModelBinding, Operation, Slot
 from fleets.services.escalation import domain_escalate
 from fleets.services.heartbeats import slot_mirror
 from fleets.services.operations import operation_request
@@ -124,6 +124,9 @@ def _degrade_east_long_ago(fake_clock):
     Domain.objects.filter(slug="east").update(
         state="degraded", state_updated_at=fake_clock.now() - timedelta(seconds=60)
     )
+    # Its data path fails too (a model server down): otherwise it is never escalated
+    # (tests/reconciler/test_reconciler_partition.py), and these tests test the other guards.
+    ModelBinding.objects.filter(domain__slug="east", name="qwen-small").update(health="down")
 
 
 def escalate(fake_clock, **kwargs) -> bool:
