@@ -348,7 +348,7 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     # The pool warns once per closed connection it gets back; those a request deadline closed
-    # are reported once per outage instead (fleets/api/outage.py).
+    # are reported once per outage instead (fleets/base/store_outage.py).
     "filters": {"cut_connections": {"()": "haru.postgres.deadline.CutConnectionFilter"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": "INFO"},

@@ -9,7 +9,7 @@ from django.http import Http404, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 
-from fleets.api import outage
+from fleets.base import store_outage as outage
 from fleets.base.errors import ErrorCode, ServiceError
 from fleets.reads.shapes import operation_json
 

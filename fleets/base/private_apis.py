@@ -50,7 +50,7 @@ RELIED_ON: list[Reliance] = [
     Reliance(
         "django",
         "django.utils.log:log_response",
-        "fleets/api/outage.py (an outage's 503 is logged once in a while, not per request)",
+        "fleets/base/store_outage.py (an outage's 503 is logged once in a while, not per request)",
         source=('getattr(response, "_has_been_logged", False)',),
     ),
     Reliance(

@@ -4,7 +4,7 @@ Each scrape-time collector reads the database through `read_store`. With the dat
 first read that meets the outage ends every database read of that scrape: the later collectors
 skip theirs instead of each waiting for the pool and logging a traceback (a scrape with
 PostgreSQL stopped took 20 s, past Prometheus' 10 s timeout, with a traceback per collector).
-The outage is logged as the REST API logs it (fleets/api/outage.py: one line at most every
+The outage is logged as the REST API logs it (fleets/base/store_outage.py: one line at most every
 10 s), `haru_state_store_up` reads 0, and the per-process series are served as usual. While the
 database is known unreachable, a read fails at once (haru/postgres/reachability.py).
 """
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import TypeVar
 
-from fleets.api import outage
+from fleets.base import store_outage as outage
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

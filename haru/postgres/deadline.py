@@ -15,8 +15,8 @@ migrations, `seed_layout`, retention pruning, Celery ticks and the chat proxy's 
 never cut. It needs no watchdog thread and no socket shut down from outside: the blocked call itself
 returns at the deadline. When it does, the connection is closed at once (its query may still be
 running, its state is unknown: it must never be lent again) and `DatabaseNotAnswering` (an
-OperationalError) is raised, which `fleets/api/outage.py` answers as it answers a stopped database:
-503 `database_unavailable` with Retry-After.
+OperationalError) is raised, which `fleets/base/store_outage.py` answers as it answers a stopped
+database: 503 `database_unavailable` with Retry-After.
 
 Once one wait has passed its deadline the process assumes the database is frozen (`Breaker`):
 one request at a time is let through to try it, every other web request fails at once with the
@@ -200,7 +200,7 @@ class DeadlineConnection(psycopg.Connection[Any]):
         return conn
 
     # Closed here after a deadline: the pool's "discarding closed connection" line is ours
-    # to report (once per outage, fleets/api/outage.py), not once per connection.
+    # to report (once per outage, fleets/base/store_outage.py), not once per connection.
     cut_by_deadline = False
 
     def wait(self, gen: PQGen[RV], interval: float = _INTERVAL, timeout: float | None = None) -> RV:

@@ -12,7 +12,7 @@ database counts as unreachable. Inside a web request (the same scope as the requ
 
 - while unreachable, one request a `PROBE_EVERY_S` tries a connection of its own (bounded by
   `connect_timeout`); every other fails at once with `DatabaseUnreachable`, an
-  OperationalError that fleets/api/outage.py answers 503 `database_unavailable`;
+  OperationalError that fleets/base/store_outage.py answers 503 `database_unavailable`;
 - a request that waits for a pooled connection waits `FIRST_WAIT_S` first, then again only if
   no attempt failed meanwhile: the requests already waiting when the database went away
   answer within that, not after the pool timeout.

@@ -15,7 +15,7 @@ from django.contrib.sessions.backends.db import SessionStore
 from django.db import IntegrityError, OperationalError
 from django.test import Client
 
-from fleets.api import outage
+from fleets.base import store_outage as outage
 from fleets.reads import selectors
 
 pytestmark = pytest.mark.django_db

@@ -1,6 +1,7 @@
 """A database outage is not a bug: 503 with Retry-After, and one log line now and then.
 
-Both error paths use it: the REST API's exception handler (fleets/api/errors.py) and the
+Every reader of the store uses it: the REST API's exception handler (fleets/api/errors.py), a
+scrape of /metrics (fleets/metrics/scrape.py, which may not import the API layer) and the
 site-wide 500 handler, which Django calls for whatever escapes a view or a middleware (the
 dashboard, admin, a session save). Without this, every request during an outage answered
 500 `internal_error` and logged a full traceback.
