@@ -82,7 +82,8 @@ class SupervisorServer(uvicorn.Server):
         config: uvicorn.Config,
         host: Host,
         hard_exit_s: float = HARD_EXIT_S,
-        handshake_timeout_s: float = 10.0,
+        *,
+        handshake_timeout_s: float,
     ):
         super().__init__(config)
         self.host = host
