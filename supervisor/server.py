@@ -17,6 +17,7 @@ from typing import Any
 
 import uvicorn
 
+from common.edge.handshake import handshake_bounded_loops
 from common.edge.limits import EdgeLimits, fit_descriptors
 from common.edge.protocol import EdgeHttpProtocol, protocol_with
 from common.strict_json import ConfigError
@@ -76,11 +77,25 @@ def hardware_facts(backend: GpuBackend) -> dict[int, GpuSpec]:
 class SupervisorServer(uvicorn.Server):
     """uvicorn, plus: stop trainers at the first signal and hard-exit if that overruns."""
 
-    def __init__(self, config: uvicorn.Config, host: Host, hard_exit_s: float = HARD_EXIT_S):
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        host: Host,
+        hard_exit_s: float = HARD_EXIT_S,
+        *,
+        handshake_timeout_s: float,
+    ):
         super().__init__(config)
         self.host = host
         self.hard_exit_s = hard_exit_s
+        self.handshake_timeout_s = handshake_timeout_s
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    def run(self, sockets: list[socket.socket] | None = None) -> None:
+        # Like uvicorn's, on a loop whose TLS servers bound the handshake: the edge's protocol
+        # meets a connection only once its handshake is done (common/edge/handshake.py).
+        with asyncio.Runner(loop_factory=handshake_bounded_loops(self.handshake_timeout_s)) as r:
+            r.run(self.serve(sockets=sockets))
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
@@ -307,7 +322,12 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         print(f"haru-supervisor: invalid config:\n{exc.render()}", file=sys.stderr)
         return 2
     app = create_app(host, token=settings.token)
-    server = SupervisorServer(uvicorn_config(app, settings, tls), host)
+    server = SupervisorServer(
+        uvicorn_config(app, settings, tls),
+        host,
+        # A TLS handshake gets the header deadline, as the first request's headers do.
+        handshake_timeout_s=settings.edge.header_timeout_s,
+    )
     log.info(
         "supervisor%s on %s://%s:%s: %d model(s), %d training slot(s), GPU backend %s, "
         "state dir %s",
