@@ -92,8 +92,21 @@ class Fleet:
         }
 
 
+def hostile_sources(count: int) -> tuple[str, ...]:
+    """`count` attacker addresses from 127.0.0.2 on (127.0.0.1 is the normal client's)."""
+    if not 1 <= count <= 250:
+        raise ValueError(f"--sources takes 1 to 250 addresses, not {count}")
+    return tuple(f"127.0.0.{2 + k}" for k in range(count))
+
+
 def run_target(
-    fleet: Fleet, target: str, *, connections: int, seconds: float, reopen_per_s: int
+    fleet: Fleet,
+    target: str,
+    *,
+    connections: int,
+    seconds: float,
+    reopen_per_s: int,
+    sources: int = 1,
 ) -> dict[str, Any]:
     if target == "server":
         address = ("127.0.0.1", fleet.server.port)
@@ -104,7 +117,14 @@ def run_target(
     failovers_before, _ = fleet.failovers()
     assert fleet.server.proc is not None and fleet.east.proc is not None
     floods = [
-        Flood(address, kinds[name], connections, tick_s=TICK_S, reopen=int(reopen_per_s * TICK_S))
+        Flood(
+            address,
+            kinds[name],
+            connections,
+            source=hostile_sources(sources),
+            tick_s=TICK_S,
+            reopen=int(reopen_per_s * TICK_S),
+        )
         for name in NEW_ATTACKS
     ]
     rounds = Rounds(fleet.probes(), period_s=1.0)
@@ -123,6 +143,7 @@ def run_target(
     return {
         "target": target,
         "connections_per_attack": connections,
+        "source_addresses": sources,
         "seconds": seconds,
         "rounds_served": rounds.served,
         "rounds_total": rounds.total,
@@ -143,13 +164,20 @@ def run_target(
     }
 
 
-def run(*, connections: int, seconds: float, reopen_per_s: int) -> list[dict[str, Any]]:
+def run(
+    *, connections: int, seconds: float, reopen_per_s: int, sources: int = 1
+) -> list[dict[str, Any]]:
     raise_own_nofile(len(NEW_ATTACKS) * connections + 1024)
     with tempfile.TemporaryDirectory(prefix="haru-hostile-") as tmp:
         fleet = Fleet(Path(tmp))
         try:
             fleet.start()
-            sizes = {"connections": connections, "seconds": seconds, "reopen_per_s": reopen_per_s}
+            sizes = {
+                "connections": connections,
+                "seconds": seconds,
+                "reopen_per_s": reopen_per_s,
+                "sources": sources,
+            }
             return [run_target(fleet, target, **sizes) for target in ("server", "supervisor")]
         finally:
             fleet.stop()
@@ -159,7 +187,8 @@ def report(results: list[dict[str, Any]]) -> None:
     for r in results:
         print(
             f"{r['target']:<11} {len(NEW_ATTACKS)} attacks x {r['connections_per_attack']} "
-            f"connections, {r['seconds']:g} s: rounds served {r['rounds_served']}/"
+            f"connections from {r['source_addresses']} address(es), {r['seconds']:g} s: "
+            f"rounds served {r['rounds_served']}/"
             f"{r['rounds_total']}, server RSS +{r['server_rss_growth_mib']} MiB, supervisor RSS "
             f"+{r['supervisor_rss_growth_mib']} MiB, failovers {r['failovers']} "
             f"(active after: {r['active_after']})"

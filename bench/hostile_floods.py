@@ -26,7 +26,7 @@ import struct
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 Address = tuple[str, int]
@@ -79,13 +79,15 @@ class Flood:
         attack: Attack,
         count: int,
         *,
-        source: str = HOSTILE_SOURCE,
+        source: str | Sequence[str] = HOSTILE_SOURCE,
         tick_s: float = 0.25,
         reopen: int | None = None,
     ) -> None:
         self.address = address
         self.attack = attack
-        self.source = source
+        # Several sources spread the connections over addresses (socket i from source i mod n),
+        # so that a per-address cap alone cannot turn the flood away.
+        self.sources = (source,) if isinstance(source, str) else tuple(source)
         self.tick_s = tick_s
         self.reopen = count if reopen is None else reopen
         self.sockets: list[socket.socket | None] = [None] * count
@@ -109,7 +111,7 @@ class Flood:
     def open_now(self) -> int:
         return sum(sock is not None for sock in self.sockets)
 
-    def _open(self) -> socket.socket | None:
+    def _open(self, i: int) -> socket.socket | None:
         sock = socket.socket()
         # Closed with a reset: no TIME_WAIT left behind on this side.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -117,7 +119,7 @@ class Flood:
             sock.setsockopt(socket.IPPROTO_IP, _IP_BIND_ADDRESS_NO_PORT, 1)
         sock.settimeout(2)
         try:
-            sock.bind((self.source, 0))
+            sock.bind((self.sources[i % len(self.sources)], 0))
             sock.connect(self.address)
             if self.attack.opening:
                 sock.sendall(self.attack.opening)
@@ -142,7 +144,7 @@ class Flood:
                 if sock is None:
                     if budget > 0:
                         budget -= 1
-                        self.sockets[i] = self._open()
+                        self.sockets[i] = self._open(i)
                 elif self.attack.tick:
                     try:
                         sock.send(self.attack.tick)

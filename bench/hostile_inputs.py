@@ -1,11 +1,13 @@
 """Measure how Haru's edges treat hostile input: how fast each is cut, and what it costs.
 
     .venv/bin/python bench/hostile_inputs.py [--inputs | --floods] [--connections 4000]
-                                             [--seconds 120] [--reopen-per-s 1000] [--json]
+                                             [--seconds 120] [--reopen-per-s 1000]
+                                             [--sources 1] [--json]
 
 `--floods` (issue 29; bench/hostile_fleet.py): against a running simulated fleet, the four
 connection floods (upgrade with body, header-only POST, endless trailers, CRLF keep-alive),
-`--connections` of each at once from 127.0.0.2, held and reopened as they close (at most
+`--connections` of each at once from 127.0.0.2 (or spread over `--sources` addresses from
+127.0.0.2 on), held and reopened as they close (at most
 `--reopen-per-s` a second each), for `--seconds`, first at the server, then at the active's
 supervisor; a normal client probes once a second. Prints per target the rounds served of the
 total, the server's and supervisor's memory growth and the failovers. Without either flag, both
@@ -129,6 +131,13 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=4000, help="per attack")
     parser.add_argument("--seconds", type=float, default=120, help="per target")
     parser.add_argument("--reopen-per-s", type=int, default=1000, help="per attack")
+    parser.add_argument(
+        "--sources",
+        type=int,
+        default=1,
+        help="attacker addresses (127.0.0.2 on): more than one spreads each flood so that the "
+        "per-address cap alone cannot turn it away",
+    )
     parser.add_argument("--json", action="store_true", help="print the floods' figures as JSON")
     args = parser.parse_args()
     if not args.floods:
@@ -137,7 +146,10 @@ def main() -> None:
         from bench import hostile_fleet  # noqa: PLC0415 - only for the floods
 
         results = hostile_fleet.run(
-            connections=args.connections, seconds=args.seconds, reopen_per_s=args.reopen_per_s
+            connections=args.connections,
+            seconds=args.seconds,
+            reopen_per_s=args.reopen_per_s,
+            sources=args.sources,
         )
         if args.json:
             print(json.dumps(results, indent=1))
