@@ -35,7 +35,7 @@ def _layout(models: list[dict], *, gpus: int = 1, per_slot: int | None = None) -
     ]
     domain = {
         "slug": "east",
-        "supervisorUrl": "http://10.0.0.1:8701",
+        "supervisorUrl": "https://10.0.0.1:8701",
         "gpus": [{"count": gpus, "type": "H100", "memoryMiB": 81559}],
         "slots": slots,
     }

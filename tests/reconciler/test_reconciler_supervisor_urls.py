@@ -34,11 +34,11 @@ def _status(door: Door) -> transport.Call:
 
 
 def test_a_legacy_url_with_credentials_gets_the_bearer_token_and_never_the_password(supervisor):
-    door = Door(f"http://ops:{SECRET}@10.0.0.1:8701", token=TOKEN)
+    door = Door(f"https://ops:{SECRET}@10.0.0.1:8701", token=TOKEN)
     assert _status(door).ok
     (request,) = supervisor["seen"]
     assert request.headers["authorization"] == f"Bearer {TOKEN}"
-    assert str(request.url) == "http://10.0.0.1:8701/v1/status"
+    assert str(request.url) == "https://10.0.0.1:8701/v1/status"
     assert SECRET not in str(request.url) and SECRET not in str(request.headers)
 
 
@@ -55,10 +55,10 @@ def test_a_redirect_is_reported_once_with_where_it_points_and_not_followed(super
         {"location": f"https://u:{SECRET}@elsewhere.example:8443/login?key=k-991#frag"},
         b"",
     )
-    call = _status(Door("http://10.0.0.1:8701", token=TOKEN))
+    call = _status(Door("https://10.0.0.1:8701", token=TOKEN))
     assert call.error is not None and call.error.kind == HTTP and call.error.status == 302
     assert call.error.message == (
-        "GET http://10.0.0.1:8701/v1/status: HTTP 302, redirect to "
+        "GET https://10.0.0.1:8701/v1/status: HTTP 302, redirect to "
         "https://elsewhere.example:8443/login not followed"
     )
     assert len(supervisor["seen"]) == 1  # not followed
@@ -66,10 +66,10 @@ def test_a_redirect_is_reported_once_with_where_it_points_and_not_followed(super
 
 def test_an_error_without_the_supervisor_s_envelope_names_its_status_once(supervisor):
     supervisor["answer"] = (502, {}, b"bad gateway")
-    call = _status(Door("http://10.0.0.1:8701", token=TOKEN))
+    call = _status(Door("https://10.0.0.1:8701", token=TOKEN))
     assert call.error is not None
-    assert call.error.message == "GET http://10.0.0.1:8701/v1/status: HTTP 502"
+    assert call.error.message == "GET https://10.0.0.1:8701/v1/status: HTTP 502"
     supervisor["answer"] = (500, {}, b'{"error": {"code": "internal", "message": "boom"}}')
-    call = _status(Door("http://10.0.0.1:8701", token=TOKEN))
+    call = _status(Door("https://10.0.0.1:8701", token=TOKEN))
     assert call.error is not None
-    assert call.error.message == "GET http://10.0.0.1:8701/v1/status: HTTP 500 internal: boom"
+    assert call.error.message == "GET https://10.0.0.1:8701/v1/status: HTTP 500 internal: boom"
