@@ -180,6 +180,10 @@ def _launch(args: list[str]) -> int:
         env["HARU_SUPERVISOR_HOST"] = "127.0.0.1"  # loopback only: this is a test machine
         c["node"] = f"{STATE}/{cluster}/{c['launches']}"
         env["FAKE_SKY_NODE"] = c["node"]  # inherited by every process of this node
+        # ... the supervisor's children included: they get an allow-list of its environment
+        # (supervisor/child_env.py), and a node's engines must die with it.
+        allowed = env.get("HARU_CHILD_ENV_ALLOW", "")
+        env["HARU_CHILD_ENV_ALLOW"] = ",".join(filter(None, [allowed, "FAKE_SKY_NODE"]))
         log = open(STATE / f"{cluster}.log", "ab")  # noqa: SIM115 - handed to the child
         proc = subprocess.Popen(  # noqa: S603
             task["run"].replace("exec ", "", 1).split(),
