@@ -50,6 +50,10 @@ BASIC_NAMES = frozenset(
         "DO_NOT_TRACK",
     }
 )
+# Marks Haru's own launchers put on every process of a simulated host (fleets/base/setting_table.py,
+# "own processes"), so that a host's crash or stop finds its children, orphans included, by
+# their environment (haru/local/processes.py `pids_with_env`). Paths and run ids, no secret.
+HARU_MARKERS = frozenset({"HARU_LOCAL_HOST_DIR", "HARU_DEMO_RUN", "HARU_DEMO_HOST"})
 # Families engines and trainers read: the locale, the GPU stack, the collective libraries, the
 # frameworks, the model hub and its caches, the engines' own settings.
 ALLOWED_PREFIXES = (
@@ -110,6 +114,8 @@ def carries_credentials(url: str) -> bool:
 
 
 def _allowed(name: str) -> bool:
+    if name in HARU_MARKERS:
+        return True
     if name not in BASIC_NAMES and not name.startswith(ALLOWED_PREFIXES):
         return False
     return not any(word in name.upper() for word in SECRET_NAME_WORDS)

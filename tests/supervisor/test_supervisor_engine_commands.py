@@ -450,3 +450,12 @@ def test_unknown_sleep_modes_and_entrypoints_are_refused():
             engine_names=REGISTRY.names(),
         )
         assert any(field in e for e in errors)
+
+
+@pytest.mark.parametrize("marker", ["HARU_LOCAL_HOST_DIR", "HARU_DEMO_RUN", "HARU_DEMO_HOST"])
+def test_haru_s_own_process_marks_reach_every_child(marker):
+    # The local launcher and the demo find a simulated host's children by these (orphans
+    # included): an engine without one would outlive its host's crash.
+    environ = {**PARENT_ENV, marker: "/var/haru/hosts/east"}
+    launch = build(make_profile(engine="vllm", modelPath="/m"), environ=environ)
+    assert launch.env[marker] == "/var/haru/hosts/east"
