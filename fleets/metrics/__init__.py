@@ -7,8 +7,9 @@ objects that join its default registry when their module defines them.
 """
 
 
-def register() -> None:
-    """Register the database collectors and the before-scrape flush (idempotent)."""
+def database_collectors() -> list:
+    """One of each scrape-time collector that reads the database (each through
+    `scrape.read_store`, so that a scrape with the store down answers at once)."""
     # Imported here: the collectors read models, so they wait for the app registry.
     from fleets.metrics import (  # noqa: PLC0415
         failover_guard,
@@ -16,16 +17,22 @@ def register() -> None:
         placement,
         readiness,
         reconcile,
-        requests,
     )
-    from fleets.metrics.registry import before_scrape, register_database_collector  # noqa: PLC0415
 
-    for collector in (
+    return [
         history.HistoryCollector(),
         readiness.ReadinessCollector(),
         failover_guard.FailoverGuardCollector(),
         reconcile.StateCollector(),
         placement.GpuPlanCollector(),
-    ):
+    ]
+
+
+def register() -> None:
+    """Register the database collectors and the before-scrape flush (idempotent)."""
+    from fleets.metrics import requests  # noqa: PLC0415 - reads models (above)
+    from fleets.metrics.registry import before_scrape, register_database_collector  # noqa: PLC0415
+
+    for collector in database_collectors():
         register_database_collector(collector)
     before_scrape.connect(requests.flush_before_scrape, dispatch_uid="haru-proxy-metrics-flush")

@@ -14,7 +14,6 @@ move traffic, which the person on call must know about.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 
 from prometheus_client.core import GaugeMetricFamily
@@ -23,10 +22,9 @@ from prometheus_client.metrics_core import Metric
 from fleets.base import clock
 from fleets.core.failover import escalation_held
 from fleets.core.flapping import flap_damping
+from fleets.metrics.scrape import read_store
 from fleets.models import Fleet
 from fleets.reads.selectors import failover_commits, fleet_view
-
-log = logging.getLogger(__name__)
 
 _FAMILIES: dict[str, tuple[str, list[str]]] = {
     "haru_fleet_failover_damped": (
@@ -63,12 +61,9 @@ class FailoverGuardCollector:
         return list(_families().values())
 
     def collect(self) -> Iterator[Metric]:
-        try:
-            families = self._collect()
-        except Exception:  # noqa: BLE001 - haru_state_store_up says the store is down
-            log.warning("metrics: failover guards unreadable", exc_info=True)
-            return
-        yield from families.values()
+        # None: the store is down, said once for the whole scrape (scrape.py).
+        families = read_store("failover guards", self._collect)
+        yield from (families or {}).values()
 
     def _collect(self) -> dict[str, GaugeMetricFamily]:
         f = _families()

@@ -150,3 +150,27 @@ def test_a_collector_bug_is_logged_with_its_traceback_and_skips_only_that_collec
         assert scrape.read_store("GPU plan", broken) is None
         assert scrape.read_store("readiness", lambda: "read") == "read"
     assert any(r.exc_info for r in caplog.records if "GPU plan unreadable" in r.getMessage())
+
+
+@pytest.mark.django_db
+def test_every_database_collector_reads_the_store_through_the_scrape(caplog):
+    # A collector that read the store on its own logged a traceback per scrape with PostgreSQL
+    # stopped, and (on a pool) waited the pool's timeout: each goes through scrape.read_store,
+    # so one outage ends the whole scrape's reads, quietly.
+    from django.db import connection  # noqa: PLC0415
+
+    from fleets.metrics import database_collectors  # noqa: PLC0415
+
+    queries: list[str] = []
+
+    def refused(execute, sql, params, many, context):
+        queries.append(sql)
+        raise OperationalError("connection refused")
+
+    caplog.set_level(logging.WARNING)
+    collectors = database_collectors()
+    with connection.execute_wrapper(refused), scrape.scope():
+        served = [m.name for collector in collectors for m in collector.collect()]
+    assert served == ["haru_state_store_up"]  # saying what it cannot serve
+    assert len(queries) == 1, queries
+    assert not any(r.exc_info for r in caplog.records), caplog.text
