@@ -53,7 +53,7 @@ BASIC_NAMES = frozenset(
 # Marks Haru's own launchers put on every process of a simulated host (fleets/base/setting_table.py,
 # "own processes"), so that a host's crash or stop finds its children, orphans included, by
 # their environment (haru/local/processes.py `pids_with_env`). Paths and run ids, no secret.
-HARU_MARKERS = frozenset({"HARU_LOCAL_HOST_DIR", "HARU_DEMO_RUN", "HARU_DEMO_HOST"})
+OWN_PROCESS_MARKS = frozenset({"HARU_LOCAL_HOST_DIR", "HARU_DEMO_RUN", "HARU_DEMO_HOST"})
 # Families engines and trainers read: the locale, the GPU stack, the collective libraries, the
 # frameworks, the model hub and its caches, the engines' own settings.
 ALLOWED_PREFIXES = (
@@ -114,7 +114,7 @@ def carries_credentials(url: str) -> bool:
 
 
 def _allowed(name: str) -> bool:
-    if name in HARU_MARKERS:
+    if name in OWN_PROCESS_MARKS:
         return True
     if name not in BASIC_NAMES and not name.startswith(ALLOWED_PREFIXES):
         return False
