@@ -13,22 +13,16 @@ import ipaddress
 
 from django.http import HttpRequest
 
+from common.loopback import is_loopback
 from fleets.base.conf import haru_settings
 
 
 def client_address(request: HttpRequest) -> str:
     remote = str(request.META.get("REMOTE_ADDR", ""))
-    if not haru_settings().behind_tls or not _is_loopback(remote):
+    if not haru_settings().behind_tls or not is_loopback(remote):
         return remote
     forwarded = str(request.META.get("HTTP_X_FORWARDED_FOR", "")).split(",")[-1].strip()
     return forwarded if _is_address(forwarded) else remote
-
-
-def _is_loopback(value: str) -> bool:
-    try:
-        return ipaddress.ip_address(value).is_loopback
-    except ValueError:
-        return False
 
 
 def _is_address(value: str) -> bool:

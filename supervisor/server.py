@@ -20,6 +20,7 @@ import uvicorn
 from common.edge.handshake import handshake_bounded_loops
 from common.edge.limits import EdgeLimits, fit_descriptors
 from common.edge.protocol import EdgeHttpProtocol, protocol_with
+from common.loopback import is_loopback
 from common.strict_json import ConfigError
 from supervisor.api import create_app
 from supervisor.config import (
@@ -40,7 +41,6 @@ from supervisor.settings import (
     Settings,
     SettingsError,
     SupervisorSettings,
-    is_loopback,
     settings_from_env,
 )
 from supervisor.tls import ServerTls, certificate_names, server_tls

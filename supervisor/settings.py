@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from common.edge.limits import EdgeLimit, EdgeLimits, edge_settings
+from common.loopback import is_loopback
 from common.secret_strength import secret_weakness
 from common.setting import SIMULATOR, SUPERVISOR, TRAINER, Kind, Section, declared
 
@@ -240,17 +240,6 @@ def _get(environ: Mapping[str, str], name: str) -> str | None:
     """Read a variable; blank counts as unset."""
     value = environ.get(name)
     return value if value is not None and value.strip() else None
-
-
-def is_loopback(host: str) -> bool:
-    """Tell whether a bind address only accepts connections from this machine."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        # A hostname could resolve anywhere; only the literal loopback forms count.
-        return False
 
 
 def _integer(environ: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:

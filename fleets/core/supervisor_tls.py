@@ -13,28 +13,14 @@ a URL the loader refuses is never called either (a row written before this rule,
 
 from __future__ import annotations
 
-import ipaddress
 from urllib.parse import urlsplit
 
+from common.loopback import is_loopback_url
 from common.tls_pin import PIN_RULE, PinError, parse_pin
 
 TLS = "tls"
 PLAIN_HTTP = "plain-http"
 TRANSPORTS = (TLS, PLAIN_HTTP)
-
-
-def is_loopback_url(url: str) -> bool:
-    """Whether `url`'s host is a loopback address or `localhost` (never leaves the machine)."""
-    try:
-        host = urlsplit(url).hostname or ""
-    except ValueError:
-        return False
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def normal_pin(value: str) -> str:

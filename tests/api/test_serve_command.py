@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from common.loopback import is_loopback
 from common.ports import free_port
-from fleets.management.commands.serve import is_loopback
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_VARS = {"DATABASE_URL", "REDIS_URL", "PORT", "HARU_API_TOKEN", "HARU_RECONCILE_INTERVAL_MS"}

@@ -12,8 +12,9 @@ import pytest
 from django.conf import settings
 from django.core.checks import run_checks
 
+from common.loopback import is_loopback
 from common.secret_strength import secret_weakness
-from supervisor.settings import SettingsError, is_loopback, settings_from_env
+from supervisor.settings import SettingsError, settings_from_env
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = "Zq3v_8mKp2LxR7tWc9HbN4sYj6FgD1aE5uQ0oIeV"  # 40 characters, generated-looking

@@ -10,9 +10,10 @@ import sys
 import pytest
 
 from common.edge import limits as edge_limits
+from common.loopback import is_loopback
 from supervisor import server
 from supervisor.api import MAX_BODY_BYTES as API_MAX_BODY_BYTES
-from supervisor.settings import EDGE_SETTINGS, SettingsError, is_loopback, settings_from_env
+from supervisor.settings import EDGE_SETTINGS, SettingsError, settings_from_env
 
 CONFIG = json.dumps(
     {"slots": [{"kind": "inference", "gpuIndex": 0, "models": [{"name": "m", "port": 9}]}]}

@@ -71,13 +71,15 @@ SUPERVISOR_DOORS = {
 }
 # What the pure core may import beyond itself and the standard library.
 # (common.wire.codec: the dataclass <-> camelCase JSON codec, standard library only;
-# common.tls_pin: a certificate's SHA-256 pin, standard library only.)
+# common.tls_pin: a certificate's SHA-256 pin, common.loopback: whether an address is loopback,
+# both standard library only.)
 CORE_MAY_IMPORT = {
     "common.limits",
     "common.documents",
     "common.strict_json",
     "common.wire.codec",
     "common.tls_pin",
+    "common.loopback",
 }
 # The drivers render and call their tools: beyond themselves, only the shared schema checker
 # (and the TLS identity a launch ships, as a value: common.tls_pin, standard library only).

@@ -6,7 +6,6 @@ elsewhere without a token it refuses to start.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import signal
@@ -15,6 +14,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from uvicorn.supervisors import Multiprocess
 
+from common.loopback import is_loopback
 from common.private_apis import serve_workers_with
 from fleets.base import stopping
 from fleets.base.conf import haru_settings
@@ -26,15 +26,6 @@ from fleets.server.protocol import HaruHttpProtocol, current_limits
 from fleets.server.shutdown import StoppingProcess, StoppingServer
 
 log = logging.getLogger("haru.serve")
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class Command(BaseCommand):

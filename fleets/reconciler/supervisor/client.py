@@ -13,11 +13,12 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlencode
 
+from common.loopback import is_loopback_url
 from common.wire.shape import FEATURE_DRAIN, FEATURE_PROBE_GOLDEN, FEATURE_PROBE_MODELS
 from fleets.base.conf import haru_settings
 from fleets.base.supervisor_tokens import credentials_for, warn_once
 from fleets.core.report import GpuMemory, StatusReport
-from fleets.core.supervisor_tls import PLAIN_HTTP, is_loopback_url
+from fleets.core.supervisor_tls import PLAIN_HTTP
 from fleets.metrics import reconcile as fleet_metrics
 from fleets.reconciler.supervisor.peers import learn_features, learned_features
 from fleets.reconciler.supervisor.reports import (
