@@ -17,6 +17,7 @@ from fleets.base import clock
 from fleets.layouts.loader import parse_layout
 from fleets.models import Fleet
 from fleets.reconciler import kick
+from fleets.reconciler.supervisor import transport
 from fleets.services.layouts import layout_apply
 from tests.clocks import FakeClock
 
@@ -45,6 +46,15 @@ def _tick_driver_kept():
     before = kick.driver()
     yield
     kick.drive(before)
+
+
+@pytest.fixture
+def real_transport():
+    """The process-wide supervisor client with its real transport (none injected): for tests
+    that reach a real server, TLS and pins included."""
+    previous = transport.use_transport(None)
+    yield
+    transport.use_transport(previous)
 
 
 @pytest.fixture

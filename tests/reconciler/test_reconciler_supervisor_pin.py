@@ -5,11 +5,8 @@ an http:// supervisor beyond loopback unless the domain says plain-http."""
 
 from __future__ import annotations
 
-import json
 import ssl
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -21,27 +18,11 @@ from fleets.core.model_health import Reach
 from fleets.core.supervisor_tls import normal_pin
 from fleets.models import Domain
 from fleets.reconciler.supervisor import client, transport
-from tests.reconciler.fakes import FakeHost
+from tests.reconciler.tls_status_server import StatusHandler, serving
 
 pytestmark = pytest.mark.integration
 
 TOKEN = "pin-test-token-0123456789abcdefGHIJ"
-
-
-class _Supervisor(BaseHTTPRequestHandler):
-    body = json.dumps(FakeHost(models={"llama-small": False})._status()).encode()
-    seen: list[str | None] = []
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        type(self).seen.append(self.headers.get("Authorization"))
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(self.body)))
-        self.end_headers()
-        self.wfile.write(self.body)
-
-    def log_message(self, *args: object) -> None:
-        pass
 
 
 def _serve(identity: TlsIdentity, folder: Path) -> Iterator[str]:
@@ -50,16 +31,8 @@ def _serve(identity: TlsIdentity, folder: Path) -> Iterator[str]:
     key.write_bytes(identity.key_pem)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(str(cert), str(key))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Supervisor)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    _Supervisor.seen = []
-    try:
-        yield f"https://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(context) as url:
+        yield url
 
 
 @pytest.fixture
@@ -72,13 +45,6 @@ def pinned_supervisor(identity, tmp_path) -> Iterator[str]:
     yield from _serve(identity, tmp_path)
 
 
-@pytest.fixture
-def real_transport():
-    previous = transport.use_transport(None)
-    yield
-    transport.use_transport(previous)
-
-
 def _status(url: str, pin: str, domain: str = "gpu-a") -> transport.Call:
     trust = transport.TlsTrust(pin=pin, domain=domain)
     return client.SupervisorClient(url, token=TOKEN, tls=trust).status(timeout=5.0)
@@ -88,7 +54,7 @@ def test_the_pinned_certificate_is_reached(pinned_supervisor, identity, real_tra
     result = _status(pinned_supervisor, identity.fingerprint)
     assert result.ok, result.error
     assert result.value.slots[0].models[0].name == "llama-small"
-    assert _Supervisor.seen == [f"Bearer {TOKEN}"]
+    assert StatusHandler.seen == [f"Bearer {TOKEN}"]
 
 
 def test_another_certificate_is_refused_naming_the_domain_before_the_token_is_sent(
@@ -102,7 +68,7 @@ def test_another_certificate_is_refused_naming_the_domain_before_the_token_is_se
     assert "for domain gpu-b" in message
     assert f"presented {identity.fingerprint}, not the pinned {other}" in message
     assert TOKEN not in message and "PRIVATE" not in message
-    assert _Supervisor.seen == []  # refused after the handshake, before any request
+    assert StatusHandler.seen == []  # refused after the handshake, before any request
     assert transport.call_reach(result) is not Reach.REFUSED  # not a dead process
 
 
@@ -118,7 +84,7 @@ def test_a_pinned_pool_never_serves_an_unpinned_call(pinned_supervisor, identity
     # certificate is refused there, whatever the pinned pool holds open.
     unpinned = client.SupervisorClient(pinned_supervisor, token=TOKEN).status(timeout=5.0)
     assert unpinned.error is not None and "CERTIFICATE_VERIFY_FAILED" in unpinned.error.message
-    assert _Supervisor.seen == [f"Bearer {TOKEN}"]
+    assert StatusHandler.seen == [f"Bearer {TOKEN}"]
 
 
 def test_a_remade_certificate_is_refused_until_its_new_pin_is_recorded(
@@ -126,13 +92,13 @@ def test_a_remade_certificate_is_refused_until_its_new_pin_is_recorded(
 ):
     old = identity.fingerprint
     remade = generate(["127.0.0.1"])
-    serving = _serve(remade, tmp_path)
-    url = next(serving)
+    remade_supervisor = _serve(remade, tmp_path)
+    url = next(remade_supervisor)
     try:
         assert not _status(url, old).ok
         assert _status(url, remade.fingerprint).ok
     finally:
-        serving.close()
+        remade_supervisor.close()
 
 
 class _Recorder(httpx.BaseTransport):

@@ -4,36 +4,17 @@ HARU_SUPERVISOR_CA_BUNDLE, and refuses it with the system's trust store alone.""
 
 from __future__ import annotations
 
-import json
 import ssl
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import trustme
 
 from fleets.reconciler.supervisor import client, transport
-from tests.reconciler.fakes import FakeHost
+from tests.reconciler.tls_status_server import StatusHandler, serving
 
 # A real TLS server on a loopback socket, in a thread.
 pytestmark = pytest.mark.integration
-
-
-class _Supervisor(BaseHTTPRequestHandler):
-    body = json.dumps(FakeHost(models={"llama-small": False})._status()).encode()
-    seen: list[str | None] = []
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        type(self).seen.append(self.headers.get("Authorization"))
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(self.body)))
-        self.end_headers()
-        self.wfile.write(self.body)
-
-    def log_message(self, *args: object) -> None:
-        pass
 
 
 @pytest.fixture
@@ -45,24 +26,8 @@ def ca() -> trustme.CA:
 def tls_supervisor(ca) -> Iterator[str]:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("localhost", "127.0.0.1").configure_cert(context)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Supervisor)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    _Supervisor.seen = []
-    try:
-        yield f"https://localhost:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-@pytest.fixture
-def real_transport():
-    """The process-wide client with its real transport (no test transport injected)."""
-    previous = transport.use_transport(None)
-    yield
-    transport.use_transport(previous)
+    with serving(context, host="localhost") as url:
+        yield url
 
 
 def _status(settings, url: str, ca_bundle: str | None) -> transport.Call:
@@ -78,7 +43,7 @@ def test_a_supervisor_certificate_from_the_bundle_is_verified(
     result = _status(settings, tls_supervisor, str(bundle))
     assert result.ok, result.error
     assert result.value.slots[0].models[0].name == "llama-small"
-    assert _Supervisor.seen == ["Bearer " + "t" * 40]
+    assert StatusHandler.seen == ["Bearer " + "t" * 40]
 
 
 def test_without_the_bundle_the_certificate_is_refused_and_no_token_is_sent(
@@ -87,7 +52,7 @@ def test_without_the_bundle_the_certificate_is_refused_and_no_token_is_sent(
     result = _status(settings, tls_supervisor, None)
     assert result.error is not None and result.error.kind == transport.NETWORK
     assert "CERTIFICATE_VERIFY_FAILED" in result.error.message
-    assert _Supervisor.seen == []  # the handshake failed before any request was sent
+    assert StatusHandler.seen == []  # the handshake failed before any request was sent
 
 
 def test_another_ca_in_the_bundle_is_refused_then_the_right_one_is_picked_up(
@@ -97,7 +62,7 @@ def test_another_ca_in_the_bundle_is_refused_then_the_right_one_is_picked_up(
     trustme.CA().cert_pem.write_to_path(str(other))
     result = _status(settings, tls_supervisor, str(other))
     assert result.error is not None and "CERTIFICATE_VERIFY_FAILED" in result.error.message
-    assert _Supervisor.seen == []
+    assert StatusHandler.seen == []
     # A changed setting rebuilds the shared pool: no connection verified by the old bundle
     # is kept.
     right = tmp_path / "ca.pem"

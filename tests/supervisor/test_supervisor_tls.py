@@ -13,18 +13,11 @@ import pytest
 import trustme
 
 from fleets.core.credentials import derive_supervisor_token
-from fleets.reconciler.supervisor import client, transport
+from fleets.reconciler.supervisor import client
 from supervisor.settings import SettingsError, settings_from_env
 
 MASTER = "master-key-for-tests-0123456789abcdefghij"
 DOMAIN = uuid.UUID("0b6c1f4e-6a8f-4d55-9a0e-1b2c3d4e5f60")
-
-
-@pytest.fixture
-def real_transport():
-    previous = transport.use_transport(None)
-    yield
-    transport.use_transport(previous)
 
 
 @pytest.mark.integration

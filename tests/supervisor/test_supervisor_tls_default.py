@@ -34,13 +34,6 @@ PUBLIC_WITH_TOKEN = {**PUBLIC, "HARU_SUPERVISOR_TOKEN": TOKEN}
 OTHER_PIN = "sha256:" + "ab" * 32
 
 
-@pytest.fixture
-def real_transport():
-    previous = transport.use_transport(None)
-    yield
-    transport.use_transport(previous)
-
-
 def _host_env(tools, tmp_path, port: int, **extra: str) -> dict[str, str]:
     config = {
         "gpu": {"backend": "sim", "simStateFile": str(tmp_path / "gpu.json")},
