@@ -1,7 +1,8 @@
 """Run inside SkyPilot's own virtualenv: parse rendered documents with SkyPilot's parsers.
 
-Reads a JSON list of `{"id", "document"}` on stdin and prints, per document, the fields SkyPilot
-understood (or the error it raised), as JSON on stdout. Used by test_drivers_skypilot_parser.py.
+Reads a JSON list of `{"id", "document", "secret_names"}` on stdin and prints, per document, the
+fields SkyPilot understood (or the error it raised), as JSON on stdout.
+Used by test_drivers_skypilot_parser.py.
 """
 
 import json
@@ -11,11 +12,11 @@ import sky
 from sky.serve import service_spec
 
 
-def _fields(doc):
+def _fields(doc, secret_names):
     out = {}
-    # With the secret given at launch (what `--secret NAME` does) ...
+    # With the secrets given at launch (what `--secret NAME` does) ...
     task = sky.Task.from_yaml_config(
-        json.loads(json.dumps(doc)), secrets_overrides=[("HARU_SUPERVISOR_TOKEN", "t" * 24)]
+        json.loads(json.dumps(doc)), secrets_overrides=[(name, "t" * 24) for name in secret_names]
     )
     (res,) = list(task.resources)
     out["cloud"] = str(res.cloud) if res.cloud else None
@@ -29,7 +30,7 @@ def _fields(doc):
     out["envs"] = sorted(task.envs)
     out["secrets"] = sorted(task.secrets)
     out["run"] = task.run
-    # ... and without it: the null secret must stay a reference, never an inline value.
+    # ... and without them: a null secret must stay a reference, never an inline value.
     bare = sky.Task.from_yaml_config(json.loads(json.dumps(doc)))
     out["bare_inline_secrets"] = sorted(bare.secrets)
     out["bare_secret_refs"] = sorted(r.name for r in getattr(bare, "_managed_secret_refs", []))
@@ -47,7 +48,8 @@ def main():
     results = []
     for item in json.load(sys.stdin):
         try:
-            results.append({"id": item["id"], "fields": _fields(item["document"])})
+            fields = _fields(item["document"], item["secret_names"])
+            results.append({"id": item["id"], "fields": fields})
         except Exception as exc:  # noqa: BLE001 - report every document's verdict
             results.append({"id": item["id"], "error": f"{type(exc).__name__}: {exc}"})
     json.dump(results, sys.stdout)

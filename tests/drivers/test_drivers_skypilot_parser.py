@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from fleets.drivers.cloud_placement import parse_cloud_placement
-from fleets.drivers.render import render_domain
+from fleets.drivers.render import SECRET_NAMES, render_domain
 from fleets.layouts.loader import read_layout_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,7 +82,13 @@ def test_skypilot_parses_every_rendered_example_and_reads_our_fields(tmp_path):
             )
             key = f"{name}#{i}"
             # The text is what `sky launch` reads: parse the YAML, not our dict.
-            cases.append({"id": key, "document": yaml.safe_load(rendered.text)})
+            cases.append(
+                {
+                    "id": key,
+                    "document": yaml.safe_load(rendered.text),
+                    "secret_names": list(rendered.secret_names),
+                }
+            )
             expected[key] = (cloud, where, d)
     env = {
         "HOME": str(tmp_path),
@@ -120,11 +126,12 @@ def test_skypilot_parses_every_rendered_example_and_reads_our_fields(tmp_path):
         )
         assert f["ports"] == sorted(ports), key
         assert {"HARU_SUPERVISOR_CONFIG", "HARU_SUPERVISOR_HOST", "PORT"} <= set(f["envs"]), key
-        assert "HARU_SUPERVISOR_TOKEN" not in f["envs"], key
-        assert f["secrets"] == ["HARU_SUPERVISOR_TOKEN"], key
-        # Without --secret the token is a managed reference: SkyPilot never saw a value.
+        # The token and the supervisor's TLS certificate and key: secrets, never plain envs.
+        assert not set(SECRET_NAMES) & set(f["envs"]), key
+        assert f["secrets"] == sorted(SECRET_NAMES), key
+        # Without --secret each is a managed reference: SkyPilot never saw a value.
         assert f["bare_inline_secrets"] == [], key
-        assert f["bare_secret_refs"] == ["HARU_SUPERVISOR_TOKEN"], key
+        assert f["bare_secret_refs"] == sorted(SECRET_NAMES), key
         assert f["run"].startswith("exec "), key
         if d["provider"] == "skyserve":
             assert f["service"] == {
