@@ -89,6 +89,7 @@ class SimEngine:
         # Set by a wake while the matching fault is on (see FAULT_NAMES); cleared by a reset.
         self.drifted = False
         self.adapters_lost = False
+        self.tokenizer = tokens.Tokenizer(self._scripted_words())
 
     # -- memory ---------------------------------------------------------------------------------
 
@@ -181,6 +182,20 @@ class SimEngine:
         if name != self.options.model and not self.adapters_lost:
             return f"{base} Adapter {name} applied."
         return base
+
+    def _scripted_words(self) -> tuple[str, ...]:
+        """Every step of every scripted reply this engine can give, each to be one token."""
+        replies = []
+        for drifted, lost in ((False, False), (True, False), (False, True), (True, True)):
+            self.drifted, self.adapters_lost = drifted, lost
+            for name in (self.options.model, *self.options.lora_modules):
+                replies.append(self.reply_for(name))
+        self.drifted = self.adapters_lost = False
+        steps: list[str] = []
+        for reply in replies:
+            words = reply.split()
+            steps.extend(w if i == 0 else " " + w for i, w in enumerate(words))
+        return tuple(steps)
 
     def generation_for(self, name: str) -> GenerationSettings | None:
         """How `--generate` answers for the model or adapter `name` (None: the scripted reply).
@@ -344,14 +359,14 @@ class SimRoutes:
             return refused
         if isinstance(payload.get("messages"), list):
             add = payload.get("add_generation_prompt", True) is not False
-            ids = tokens.render_chat(payload["messages"], add_generation_prompt=add)
+            ids = self.engine.tokenizer.render_chat(payload["messages"], add_generation_prompt=add)
         elif isinstance(payload.get("prompt"), str):
-            ids = tokens.encode(payload["prompt"])
+            ids = self.engine.tokenizer.encode(payload["prompt"])
         else:
             return _error(400, "give `prompt` (a string) or `messages` (a list)")
         strs = None
         if payload.get("return_token_strs") is True:
-            strs = [tokens.decode([i]) for i in ids]
+            strs = [self.engine.tokenizer.decode([i]) for i in ids]
         return JSONResponse(
             {
                 "count": len(ids),
@@ -371,10 +386,10 @@ class SimRoutes:
         ids = payload.get("tokens")
         if not isinstance(ids, list):
             return _error(400, "`tokens` must be a list of token ids")
-        bad = tokens.out_of_vocabulary(ids)
+        bad = self.engine.tokenizer.out_of_vocabulary(ids)
         if bad is not None:
             return _error(400, f"Token id {bad} is out of vocabulary")
-        return JSONResponse({"prompt": tokens.decode(ids)})
+        return JSONResponse({"prompt": self.engine.tokenizer.decode(ids)})
 
     def _unknown_model(self, payload: dict[str, Any]) -> Response | None:
         name = payload.get("model")

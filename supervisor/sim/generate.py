@@ -30,14 +30,10 @@ _SPOKEN_TEXT = (
 )
 _SPOKEN = _SPOKEN_TEXT.split()
 WORDS: tuple[tuple[int, ...], ...] = tuple(
-    tuple(tokens.encode(w if w in {".", ","} else " " + w)) for w in _SPOKEN
+    tuple(tokens.BASE.encode(w if w in {".", ","} else " " + w)) for w in _SPOKEN
 )
 # The longest word in tokens: how far back a word can have begun.
 _LONGEST_WORD = max(len(w) for w in WORDS)
-
-
-def _starts_word(token_id: int) -> bool:
-    return tokens.piece(token_id)[:1] == b" "
 
 
 def seed(model: str) -> int:
@@ -63,7 +59,15 @@ class Generator:
     the end-of-sequence id; 0 (the default) never does, so answers run to `max_tokens`.
     """
 
-    def __init__(self, model_seed: int, prompt: Iterable[int], *, eos_per_mille: int = 0) -> None:
+    def __init__(
+        self,
+        tokenizer: tokens.Tokenizer,
+        model_seed: int,
+        prompt: Iterable[int],
+        *,
+        eos_per_mille: int = 0,
+    ) -> None:
+        self.tokenizer = tokenizer
         self.context: list[int] = []
         # hashes[i] is the hash of context[:i]: the choice of a word depends on all before it.
         self.hashes = [model_seed]
@@ -84,7 +88,7 @@ class Generator:
     def _choose(self, ignore_eos: bool) -> int:
         n = len(self.context)
         for start in range(n - 1, max(-1, n - _LONGEST_WORD - 1), -1):
-            if _starts_word(self.context[start]):
+            if self.tokenizer.piece(self.context[start])[:1] == b" ":
                 word = WORDS[_mix(self.hashes[start]) % len(WORDS)]
                 done = n - start
                 if done < len(word) and tuple(self.context[start:]) == word[:done]:

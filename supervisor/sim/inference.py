@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from starlette.types import Receive, Scope, Send
 
-from supervisor.sim import replies
+from supervisor.sim import replies, tokens
 from supervisor.sim.options import Faults, SimOptions, Stats
 
 
@@ -31,6 +31,9 @@ class Engine(Protocol):
     def authorized(self, scope: Any) -> bool: ...
     def next_id(self, prefix: str) -> str: ...
     def serves(self, name: object) -> bool: ...
+
+    tokenizer: tokens.Tokenizer
+
     def reply_for(self, name: str) -> str: ...
     def generation_for(self, name: str) -> replies.GenerationSettings | None: ...
     def generation_started(self) -> asyncio.Event: ...
@@ -132,6 +135,7 @@ class InferenceEndpoint:
                 chat=self.chat,
                 reply=engine.reply_for(admitted["model"]),
                 echo=engine.options.echo,
+                tokenizer=engine.tokenizer,
                 generation=engine.generation_for(admitted["model"]),
             )
         except replies.RequestError as refused:

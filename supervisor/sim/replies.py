@@ -99,15 +99,15 @@ def plan_completion(
     chat: bool,
     reply: str,
     echo: bool,
+    tokenizer: tokens.Tokenizer = tokens.BASE,
     generation: GenerationSettings | None = None,
 ) -> Completion:
     """Decide the reply: generated from the prompt's ids when `generation` is given, else the
     configured text or, in echo mode, the last user input. Raise RequestError for bad input."""
-    prompt_ids = _prompt_ids(payload, chat)
-    return_ids = payload.get("return_token_ids") is True
+    prompt_ids = _prompt_ids(payload, chat, tokenizer)
     prompt_text = None
     if chat and payload.get("return_prompt_text") is True:
-        prompt_text = tokens.decode(prompt_ids)
+        prompt_text = tokenizer.decode(prompt_ids)
     limit = payload.get("max_completion_tokens", payload.get("max_tokens"))
     common: dict[str, Any] = {
         "request_id": request_id,
@@ -116,25 +116,47 @@ def plan_completion(
         "body_sha256": hashlib.sha256(body).hexdigest(),
         "body_bytes": len(body),
         "prompt_ids": tuple(prompt_ids),
-        "return_ids": return_ids,
+        "return_ids": payload.get("return_token_ids") is True,
         "prompt_text": prompt_text,
     }
     if generation is not None:
-        return _generate(payload, prompt_ids, limit, generation, common)
-    prompt_words = _prompt_text(payload, chat)
+        return _generate(payload, prompt_ids, limit, tokenizer, generation, common)
+    prompt_words = _prompt_text(payload, chat, tokenizer)
     source = (prompt_words or "(empty)") if echo else reply
     words = source.split()
+    script = [tuple(tokenizer.encode(w if i == 0 else " " + w)) for i, w in enumerate(words)]
+    if _ids_prompt(payload, chat):
+        # A prompt of ids may end with the start of the script (a continuation after a cut):
+        # the engine goes on from there, as a model continues its context.
+        script = _rest_of_script(script, prompt_ids)
     if not is_int(limit) or limit < 1:
         limit = DEFAULT_MAX_TOKENS
-    kept = words[:limit]
-    steps = tuple(w if i == 0 else " " + w for i, w in enumerate(kept))
+    kept = script[:limit]
     return Completion(
-        tokens=steps,
-        token_ids=tuple(tuple(tokens.encode(s)) for s in steps),
-        finish_reason="length" if len(words) > limit else "stop",
+        tokens=tuple(tokenizer.decode(step) for step in kept),
+        token_ids=tuple(kept),
+        finish_reason="length" if len(script) > limit else "stop",
         prompt_tokens=max(1, len(prompt_words.split())),
         **common,
     )
+
+
+def _rest_of_script(script: list[tuple[int, ...]], context: list[int]) -> list[tuple[int, ...]]:
+    """The steps of `script` after the longest part of it that ends `context` (all of it
+    when none does), the first one shortened when the context ends inside it."""
+    flat = [i for step in script for i in step]
+    for done in range(min(len(flat), len(context)), 0, -1):
+        if context[len(context) - done :] == flat[:done]:
+            break
+    else:
+        return script
+    rest: list[tuple[int, ...]] = []
+    at = 0
+    for step in script:
+        if at + len(step) > done:
+            rest.append(step[max(0, done - at) :])
+        at += len(step)
+    return rest
 
 
 @dataclass(frozen=True)
@@ -153,6 +175,7 @@ def _generate(
     payload: dict[str, Any],
     prompt_ids: list[int],
     limit: Any,
+    tokenizer: tokens.Tokenizer,
     settings: GenerationSettings,
     common: dict[str, Any],
 ) -> Completion:
@@ -173,13 +196,15 @@ def _generate(
     stop_ids = _stop_token_ids(payload)
     keep_stop = payload.get("include_stop_str_in_output") is True
     ignore_eos = payload.get("ignore_eos") is True
-    prompt_bytes = b"".join(tokens.piece(i) for i in prompt_ids if not tokens.is_special(i))
+    prompt_bytes = tokenizer.text_bytes(prompt_ids)
     tail = tokens.incomplete_tail(prompt_bytes)
     # The bytes of a character the prompt began are the decoder's start: the first chunk
     # completes it (or, with the quirk, carries the whole prompt's text again).
     pending = prompt_bytes if settings.reemit_split_prompt and tail else prompt_bytes[-tail:]
-    decoder = tokens.IncrementalDecoder(pending if tail else b"")
-    generator = Generator(settings.seed, prompt_ids, eos_per_mille=settings.eos_per_mille)
+    decoder = tokens.IncrementalDecoder(tokenizer, pending if tail else b"")
+    generator = Generator(
+        tokenizer, settings.seed, prompt_ids, eos_per_mille=settings.eos_per_mille
+    )
     # Text may end in the start of a stop string: held back until it cannot be one, as vLLM.
     hold = max((len(s) for s in stops), default=1) - 1 if not keep_stop else 0
     text, sent = "", 0
@@ -242,27 +267,39 @@ def _stop_token_ids(payload: dict[str, Any]) -> set[int]:
     return {i for i in given if is_int(i)} if isinstance(given, list) else set()
 
 
-def _prompt_ids(payload: dict[str, Any], chat: bool) -> list[int]:
+def _ids_prompt(payload: dict[str, Any], chat: bool) -> bool:
+    """Whether a completion's prompt is given as token ids."""
+    prompt = payload.get("prompt")
+    return (
+        not chat
+        and isinstance(prompt, list)
+        and bool(prompt)
+        and all(type(p) is int for p in prompt)
+    )
+
+
+def _prompt_ids(payload: dict[str, Any], chat: bool, tokenizer: tokens.Tokenizer) -> list[int]:
     """The prompt's token ids: the chat template's, the prompt string's, or the ids given."""
     if chat:
         messages = payload.get("messages")
-        return tokens.render_chat(messages if isinstance(messages, list) else [])
+        return tokenizer.render_chat(messages if isinstance(messages, list) else [])
     prompt = payload.get("prompt", "")
-    if isinstance(prompt, list) and prompt and all(type(p) is int for p in prompt):
-        bad = tokens.out_of_vocabulary(prompt)
+    if _ids_prompt(payload, chat):
+        bad = tokenizer.out_of_vocabulary(prompt)
         if bad is not None:
             raise RequestError(f"Token id {bad} is out of vocabulary")
         return list(prompt)
     if isinstance(prompt, list):
         prompt = " ".join(p for p in prompt if isinstance(p, str))
-    return tokens.encode(prompt if isinstance(prompt, str) else "")
+    return tokenizer.encode(prompt if isinstance(prompt, str) else "")
 
 
-def _prompt_text(payload: dict[str, Any], chat: bool) -> str:
+def _prompt_text(payload: dict[str, Any], chat: bool, tokenizer: tokens.Tokenizer) -> str:
+    """The text an echoing engine answers with: the last user message's."""
+    if _ids_prompt(payload, chat):
+        return _last_user_text(payload["prompt"], tokenizer)
     if not chat:
         prompt = payload.get("prompt", "")
-        if isinstance(prompt, list) and prompt and all(type(p) is int for p in prompt):
-            return tokens.decode(prompt, skip_special=True)
         if isinstance(prompt, list):
             prompt = " ".join(p for p in prompt if isinstance(p, str))
         return prompt if isinstance(prompt, str) else ""
@@ -273,6 +310,16 @@ def _prompt_text(payload: dict[str, Any], chat: bool) -> str:
         if isinstance(message, dict) and message.get("role") == "user":
             return tokens.message_text(message.get("content"))
     return ""
+
+
+def _last_user_text(ids: list[int], tokenizer: tokens.Tokenizer) -> str:
+    """The last user message of a chat template's ids, or all their text when there is none."""
+    user = tokens.ROLE_IDS["user"]
+    if user in ids:
+        start = len(ids) - ids[::-1].index(user)
+        end = ids.index(tokens.END_ID, start) if tokens.END_ID in ids[start:] else len(ids)
+        return tokenizer.decode(ids[start:end])
+    return tokenizer.decode(ids, skip_special=True)
 
 
 def chat_body(c: Completion) -> dict[str, Any]:

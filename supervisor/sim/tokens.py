@@ -35,69 +35,89 @@ _WORDS_TEXT = (
 )
 _WORDS = _WORDS_TEXT.split()
 _PUNCTUATION = (".", ",", ";", ":", "!", "?", "\n", "\n\n", "-")
-VOCAB: tuple[bytes, ...] = (
+BASE_VOCAB: tuple[bytes, ...] = (
     tuple(s.encode() for s in SPECIALS)
     + tuple(bytes([b]) for b in range(256))
     + tuple(w.encode() for w in _WORDS)
     + tuple((" " + w).encode() for w in _WORDS)
     + tuple(p.encode() for p in _PUNCTUATION if len(p.encode()) > 1)
 )
-VOCAB_SIZE = len(VOCAB)
-_IDS = {piece: i for i, piece in enumerate(VOCAB) if i >= BYTE_BASE}
-_LONGEST = max(len(piece) for piece in VOCAB[BYTE_BASE:])
 
 
-def encode(text: str) -> list[int]:
-    """Return the ids of `text`: greedy longest match, a byte token when nothing longer fits."""
-    data = text.encode()
-    ids: list[int] = []
-    i = 0
-    while i < len(data):
-        for size in range(min(_LONGEST, len(data) - i), 0, -1):
-            found = _IDS.get(data[i : i + size])
-            if found is not None:
-                ids.append(found)
-                i += size
-                break
-    return ids
+class Tokenizer:
+    """The base vocabulary, plus whole words an engine adds after it (the words of its
+    scripted reply, so each scripted word is one token, as each was one before ids existed).
+    The base ids never move: what generate.py emits means the same to every engine."""
+
+    def __init__(self, extra_words: tuple[str, ...] = ()) -> None:
+        known = set(BASE_VOCAB)
+        added = []
+        for word in extra_words:
+            piece = word.encode()
+            if piece and piece not in known:
+                known.add(piece)
+                added.append(piece)
+        self.vocab: tuple[bytes, ...] = BASE_VOCAB + tuple(added)
+        self._ids = {piece: i for i, piece in enumerate(self.vocab) if i >= BYTE_BASE}
+        self._longest = max(len(piece) for piece in self.vocab[BYTE_BASE:])
+
+    @property
+    def size(self) -> int:
+        return len(self.vocab)
+
+    def encode(self, text: str) -> list[int]:
+        """Return the ids of `text`: greedy longest match, a byte token when nothing longer
+        fits."""
+        data = text.encode()
+        ids: list[int] = []
+        i = 0
+        while i < len(data):
+            for size in range(min(self._longest, len(data) - i), 0, -1):
+                found = self._ids.get(data[i : i + size])
+                if found is not None:
+                    ids.append(found)
+                    i += size
+                    break
+        return ids
+
+    def piece(self, token_id: int) -> bytes:
+        """Return the bytes one id stands for (a special token's are its marker text)."""
+        return self.vocab[token_id]
+
+    def out_of_vocabulary(self, ids: list[Any]) -> Any | None:
+        """Return the first entry that is not a valid id, or None when all are."""
+        for token_id in ids:
+            if type(token_id) is not int or not 0 <= token_id < len(self.vocab):
+                return token_id
+        return None
+
+    def decode(self, ids: list[int] | tuple[int, ...], *, skip_special: bool = False) -> str:
+        """Return the text of `ids`; an incomplete character reads as U+FFFD, as HF's decode."""
+        return self.text_bytes(ids, skip_special=skip_special).decode("utf-8", errors="replace")
+
+    def text_bytes(self, ids: list[int] | tuple[int, ...], *, skip_special: bool = True) -> bytes:
+        return b"".join(self.vocab[i] for i in ids if not (skip_special and i < BYTE_BASE))
+
+    def render_chat(self, messages: list[Any], *, add_generation_prompt: bool = True) -> list[int]:
+        """Return the prompt ids of a chat: each message between its role marker and `<|end|>`,
+        then the assistant's marker (the generation prompt)."""
+        ids: list[int] = []
+        for message in messages:
+            if not isinstance(message, dict):
+                continue
+            ids.append(ROLE_IDS.get(str(message.get("role")), ROLE_IDS["user"]))
+            ids.extend(self.encode(message_text(message.get("content"))))
+            ids.append(END_ID)
+        if add_generation_prompt:
+            ids.append(ROLE_IDS["assistant"])
+        return ids
 
 
-def piece(token_id: int) -> bytes:
-    """Return the bytes one id stands for (a special token's are its marker text)."""
-    return VOCAB[token_id]
+BASE = Tokenizer()
 
 
 def is_special(token_id: int) -> bool:
     return token_id < BYTE_BASE
-
-
-def out_of_vocabulary(ids: list[Any]) -> Any | None:
-    """Return the first entry that is not a valid id, or None when all are."""
-    for token_id in ids:
-        if type(token_id) is not int or not 0 <= token_id < VOCAB_SIZE:
-            return token_id
-    return None
-
-
-def decode(ids: list[int] | tuple[int, ...], *, skip_special: bool = False) -> str:
-    """Return the text of `ids`; an incomplete character reads as U+FFFD, as HF's decode."""
-    data = b"".join(VOCAB[i] for i in ids if not (skip_special and i < BYTE_BASE))
-    return data.decode("utf-8", errors="replace")
-
-
-def render_chat(messages: list[Any], *, add_generation_prompt: bool = True) -> list[int]:
-    """Return the prompt ids of a chat: each message between its role marker and `<|end|>`,
-    then the assistant's marker (the generation prompt)."""
-    ids: list[int] = []
-    for message in messages:
-        if not isinstance(message, dict):
-            continue
-        ids.append(ROLE_IDS.get(str(message.get("role")), ROLE_IDS["user"]))
-        ids.extend(encode(message_text(message.get("content"))))
-        ids.append(END_ID)
-    if add_generation_prompt:
-        ids.append(ROLE_IDS["assistant"])
-    return ids
 
 
 def message_text(content: Any) -> str:
@@ -128,14 +148,15 @@ class IncrementalDecoder:
     """Turn ids into text deltas as vLLM's incremental detokenizer does: bytes of a character
     not yet complete are held back until the token that completes it arrives."""
 
-    def __init__(self, pending: bytes = b"") -> None:
+    def __init__(self, tokenizer: Tokenizer, pending: bytes = b"") -> None:
+        self._tokenizer = tokenizer
         self._pending = pending
 
     def push(self, token_id: int) -> str:
         """Add one generated id; return the text it completes (special tokens give none)."""
         if is_special(token_id):
             return ""
-        self._pending += VOCAB[token_id]
+        self._pending += self._tokenizer.piece(token_id)
         keep = incomplete_tail(self._pending)
         ready = self._pending[: len(self._pending) - keep]
         self._pending = self._pending[len(self._pending) - keep :]
