@@ -71,6 +71,7 @@ def test_generation_depends_only_on_the_context_ids():
 
 
 def _plan(payload: dict, *, chat: bool, **settings) -> object:
+    """The whole generated answer (the engine produces it step by step as it streams)."""
     return plan_completion(
         request_id="cmpl-test",
         created=1,
@@ -81,7 +82,7 @@ def _plan(payload: dict, *, chat: bool, **settings) -> object:
         reply="unused",
         echo=False,
         generation=GenerationSettings(seed=seed("m"), max_model_len=4096, **settings),
-    )
+    ).whole()
 
 
 def _chat(max_tokens: int, **extra) -> dict:
