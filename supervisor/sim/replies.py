@@ -158,12 +158,14 @@ def plan_completion(
     source = (prompt_words or "(empty)") if echo else reply
     words = source.split()
     script = [tuple(tokenizer.encode(w if i == 0 else " " + w)) for i, w in enumerate(words)]
+    done = 0
     if _ids_prompt(payload, chat):
         # A prompt of ids may end with the start of the script (a continuation after a cut):
         # the engine goes on from there, as a model continues its context.
-        script = _rest_of_script(script, prompt_ids)
+        script, done = _rest_of_script(script, prompt_ids)
     if not is_int(limit) or limit < 1:
-        limit = DEFAULT_MAX_TOKENS
+        # As for a generated answer, the default bounds the whole reply (see _generate).
+        limit = max(1, DEFAULT_MAX_TOKENS - done)
     kept = script[:limit]
     return Completion(
         tokens=tuple(tokenizer.decode(step) for step in kept),
@@ -174,22 +176,37 @@ def plan_completion(
     )
 
 
-def _rest_of_script(script: list[tuple[int, ...]], context: list[int]) -> list[tuple[int, ...]]:
+def _rest_of_script(
+    script: list[tuple[int, ...]], context: list[int]
+) -> tuple[list[tuple[int, ...]], int]:
     """The steps of `script` after the longest part of it that ends `context` (all of it
-    when none does), the first one shortened when the context ends inside it."""
+    when none does), the first one shortened when the context ends inside it; and how many
+    whole steps that part held."""
     flat = [i for step in script for i in step]
     for done in range(min(len(flat), len(context)), 0, -1):
         if context[len(context) - done :] == flat[:done]:
             break
     else:
-        return script
+        return script, 0
     rest: list[tuple[int, ...]] = []
-    at = 0
+    at = whole = 0
     for step in script:
         if at + len(step) > done:
             rest.append(step[max(0, done - at) :])
+        else:
+            whole += 1
         at += len(step)
-    return rest
+    return rest, whole
+
+
+def _answered(prompt_ids: list[int]) -> int:
+    """How many ids of an answer the prompt already ends with: those after its last
+    `<|assistant|>` marker, when no `<|end|>` closed that turn."""
+    assistant = tokens.ROLE_IDS["assistant"]
+    if assistant not in prompt_ids:
+        return 0
+    tail = prompt_ids[len(prompt_ids) - prompt_ids[::-1].index(assistant) :]
+    return 0 if tokens.END_ID in tail else len(tail)
 
 
 @dataclass(frozen=True)
@@ -214,7 +231,9 @@ def _generate(
 ) -> Completion:
     room = settings.max_model_len - len(prompt_ids)
     if limit is None:
-        limit = min(DEFAULT_MAX_TOKENS, room)
+        # The default bounds the whole answer, not each request: a continuation (whose prompt
+        # carries the answer so far) without max_tokens ends where the original would have.
+        limit = min(max(1, DEFAULT_MAX_TOKENS - _answered(prompt_ids)), room)
     if not is_int(limit) or limit < 1:
         raise RequestError("max_tokens must be at least 1")
     if limit > room:
