@@ -22,6 +22,7 @@ from fleets.core.states import (
     on_leg_of,
     steps_for,
 )
+from fleets.core.stream_migration import DrainBound, drain_bound, engine_of
 from fleets.models import Event, Fleet, ModelBinding, Operation, Slot
 from fleets.reconciler import golden
 from fleets.reconciler.steps import posture
@@ -350,12 +351,36 @@ def _settle_left_ms(ctx: StepContext) -> int:
     return max(0, int(switch_settle_ms() - elapsed_ms))
 
 
+def _engines(domain_id: Any) -> list[str | None]:
+    """The engine of every model bound on a domain (what the proxy reads to continue)."""
+    profiles = ModelBinding.objects.filter(domain_id=domain_id).values_list("profile", flat=True)
+    return [engine_of(p) for p in profiles]
+
+
+def _stream_migration(ctx: StepContext, old: posture.Target) -> DrainBound:
+    """Whether the old active's sleep may abort long streams after the policy's bound: only
+    with routing committed to this leg's probed target and every stream continuable there."""
+    active = Fleet.objects.filter(pk=ctx.operation.fleet_id).values_list(
+        "active_domain_id", flat=True
+    )
+    return drain_bound(
+        after_ms=ctx.policy.stream_migration_after_ms,
+        routed_to_target=active.first() == ctx.target.id,
+        source_engines=_engines(old.domain.id),
+        target_engines=_engines(ctx.target.id),
+        source_takes_bound=old.client.takes_drain_bound(),
+    )
+
+
 def demote_old_sleep(ctx: StepContext) -> StepResult:
     """Best effort: put the old active's models to sleep, proven by the supervisor.
 
     Not before every proxy has stopped routing to it (`switch_settle_ms` after the switch),
     and then through the supervisor's drain: requests already running there finish, so a
-    planned promotion cuts none.
+    planned promotion cuts none. Where streams can continue on the new active
+    (fleets.core.stream_migration), the drain is bounded by `streamMigrationAfterMs`: what
+    still runs then is aborted there and continued by the proxy on the new active, so the
+    promotion no longer lasts as long as the longest answer in flight.
     """
     old = _old_active(ctx)
     if isinstance(old, StepResult):
@@ -363,8 +388,22 @@ def demote_old_sleep(ctx: StepContext) -> StepResult:
     left = _settle_left_ms(ctx)
     if left > 0:
         return pending(f"letting proxies move off {old.domain.slug} ({left} ms left)", left)
-    slept = posture.ensure_asleep(old, ctx.call_timeout, budget=ctx.remaining_s)
-    return _best_effort(slept, sleepProven=True)
+    decided: list[DrainBound] = []
+
+    def bound_ms() -> int | None:
+        # Decided after the status read that learned the supervisor's features.
+        decided.append(_stream_migration(ctx, old))
+        return decided[-1].ms
+
+    slept = posture.ensure_asleep(
+        old, ctx.call_timeout, budget=ctx.remaining_s, drain_bound=bound_ms
+    )
+    # What the sleep was given (or, when an earlier call sent it, what it is given now: the
+    # same rule over the same facts), for the step's record.
+    decision = decided[-1] if decided else _stream_migration(ctx, old)
+    return _best_effort(
+        slept, sleepProven=True, drainBoundMs=decision.ms, drainBound=decision.reason
+    )
 
 
 def _best_effort(result: posture.Posture, **proof: Any) -> StepResult:
