@@ -23,6 +23,7 @@ from fleets.core.states import (
     steps_for,
 )
 from fleets.core.stream_migration import DrainBound, drain_bound, engine_of
+from fleets.metrics.continuation import streams_continued_mark
 from fleets.models import Event, Fleet, ModelBinding, Operation, Slot
 from fleets.reconciler import golden
 from fleets.reconciler.steps import posture
@@ -281,11 +282,19 @@ def probe(ctx: StepContext) -> StepResult:
 def switch_route(ctx: StepContext) -> StepResult:
     """Move the routing pointer to the target: one CAS with the pointer read at step start."""
     op = ctx.operation
-    fleet = Fleet.objects.filter(pk=op.fleet_id).values("active_domain_id", "route_revision").get()
+    fleet = (
+        Fleet.objects.filter(pk=op.fleet_id)
+        .values("active_domain_id", "route_revision", "slug")
+        .get()
+    )
+    # The proxies' count of continued streams as routing moves: the operation's figure is
+    # what it grows by from here (fleets/reads/continued_streams.py). Read before the CAS, as
+    # no stream this switch frees can have been continued yet.
+    mark: dict[str, Any] = {"streamsContinuedAtSwitch": streams_continued_mark(fleet["slug"])}
     if fleet["active_domain_id"] == op.target_domain_id:
         # Ours already committed (a crash between the CAS and recording the step), or the
         # pointer points where we want it anyway.
-        return done(revision=fleet["route_revision"], alreadyActive=True)
+        return done(revision=fleet["route_revision"], alreadyActive=True, **mark)
     revision = route_switch(
         fleet_id=op.fleet_id,
         operation_id=op.id,
@@ -296,11 +305,11 @@ def switch_route(ctx: StepContext) -> StepResult:
     )
     if revision is not None:
         source = fleet["active_domain_id"]
-        return done(revision=revision, fromDomainId=str(source) if source else None)
+        return done(revision=revision, fromDomainId=str(source) if source else None, **mark)
     # Lost: re-read, and accept a pointer that already points at the target.
     again = Fleet.objects.filter(pk=op.fleet_id).values("active_domain_id", "route_revision").get()
     if again["active_domain_id"] == op.target_domain_id:
-        return done(revision=again["route_revision"], alreadyActive=True)
+        return done(revision=again["route_revision"], alreadyActive=True, **mark)
     state = Operation.objects.filter(pk=op.id).values_list("state", flat=True).first()
     if state != OperationState.RUNNING:
         return pending("the operation is no longer running")
