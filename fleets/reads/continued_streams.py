@@ -1,7 +1,7 @@
 """How many streams an operation's routing move continued: the proxies' counter, attributed.
 
 The proxy counts the streams it continues per fleet (`haru_proxy_streams_continued_total`,
-fleets/metrics/continuation.py), not per operation. A stream is continued only once routing
+fleets/base/continuation_series.py), not per operation. A stream is continued only once routing
 points at a domain that can take it, so an operation's share is what the count grew by from
 its routing move (`streamsContinuedAtSwitch`, read by switch_route just before the CAS) to the
 next routing move of the fleet (its own mark), or to now while no later move happened. That
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from fleets.base.continuation_series import streams_continued_mark
 from fleets.core.states import Step
-from fleets.metrics.continuation import streams_continued_mark
 from fleets.models import Event, Operation
 
 SWITCH_MARK = "streamsContinuedAtSwitch"

@@ -8,7 +8,7 @@ import pytest
 from django.test import Client
 from prometheus_client import Counter
 
-from fleets.metrics.continuation import (
+from fleets.base.continuation_series import (
     STREAMS_CONTINUED,
     STREAMS_CONTINUED_LABELS,
     streams_continued_on_this_host,

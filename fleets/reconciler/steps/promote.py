@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from fleets.base import clock
+from fleets.base.continuation_series import streams_continued_mark
 from fleets.core.golden import PROBE_MISMATCH, BaselineReason, Verdict
 from fleets.core.model_health import ServerHealth
 from fleets.core.outage import during_outage
@@ -23,7 +24,6 @@ from fleets.core.states import (
     steps_for,
 )
 from fleets.core.stream_migration import DrainBound, drain_bound, engine_of
-from fleets.metrics.continuation import streams_continued_mark
 from fleets.models import Event, Fleet, ModelBinding, Operation, Slot
 from fleets.reconciler import golden
 from fleets.reconciler.steps import posture

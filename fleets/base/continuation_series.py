@@ -10,7 +10,8 @@ them and the readers, and how the server reads the count of continued streams on
 
 The names are the families' as prometheus_client declares them (a Counter adds `_total` to its
 sample). The proxy defines the metric objects; this module only names them, so importing it
-registers nothing.
+registers nothing. It sits in `fleets/base`, not `fleets/metrics`, because the operation's
+public shape (`fleets/reads`, below the metrics layer) reads the count.
 """
 
 from __future__ import annotations
