@@ -134,9 +134,12 @@ async def vllm_sleep(request: Request) -> JSONResponse:
     # until every server sleeps, the drain bounded by drainBudgetMs alone). `?waitMs=` bounds
     # how long this call is held; `?budgetMs=` how long the caller waits for the sleep all
     # told, which ends the drain early enough for the sleep to finish within it.
+    # `?drainMs=` (feature drain-bound) bounds the drain itself: past it the sleep aborts what
+    # still runs, for a caller that moves those requests elsewhere (a planned promotion).
     wait_s = _query_seconds(request, "waitMs")
     budget_s = _query_seconds(request, "budgetMs")
-    result = await host_of(request).sleep(gpu_index, wait_s, budget_s)
+    drain_s = _query_seconds(request, "drainMs")
+    result = await host_of(request).sleep(gpu_index, wait_s, budget_s, drain_s)
     return wire(result, 202 if result["status"] == "draining" else 200)
 
 

@@ -304,6 +304,7 @@ class Host:
         gpu_index: int | None,
         wait_s: float | None = None,
         budget_s: float | None = None,
+        drain_bound_s: float | None = None,
     ) -> dict[str, Any]:
         """Drain, then sleep every targeted model server; a call while one runs joins it.
 
@@ -311,12 +312,20 @@ class Host:
         still in flight (it goes on; a later call joins it). Without it, as in the original
         contract, answer when every server is asleep. With `budget_s` (how long the caller
         waits for the sleep, all told) the drain ends early enough for the sleep to finish
-        within it (`drain_deadline`).
+        within it (`drain_deadline`). With `drain_bound_s` the drain ends that long after this
+        call at the latest, and the sleep aborts what still runs (the caller moves it on).
         """
         targets = self._targets(gpu_index)
         http = self.http
         drain_s = self.config.drain_budget_ms / 1000
-        until = None if budget_s is None else drain_deadline(self.clock.monotonic(), budget_s)
+        now = self.clock.monotonic()
+        ends = []
+        if budget_s is not None:
+            ends.append(drain_deadline(now, budget_s))
+        if drain_bound_s is not None:
+            ends.append(now + drain_bound_s)
+            log.info("sleep: the caller bounds the drain at %d ms", int(drain_bound_s * 1000))
+        until = min(ends) if ends else None
         tasks = {m.name: m.begin_sleep(http, drain_s, until) for m in targets}
         if wait_s is not None:
             _, pending = await asyncio.wait(list(tasks.values()), timeout=wait_s)

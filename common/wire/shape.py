@@ -18,7 +18,11 @@ FEATURE_DRAIN = "sleep.drain"
 # The probe body's `seed` and `adapters`: golden probes (greedy, seeded, answers returned) and
 # one probe per LoRA adapter.
 FEATURE_PROBE_GOLDEN = "probe.golden"
-FEATURES = (FEATURE_PROBE_MODELS, FEATURE_DRAIN, FEATURE_PROBE_GOLDEN)
+# The sleep's `?drainMs=`: a drain bound the caller gives, after which the sleep aborts what
+# still runs (a planned promotion moving long streams to the new active: the proxy continues
+# each aborted stream there). The original ignores the parameter and drains in full.
+FEATURE_DRAIN_BOUND = "drain-bound"
+FEATURES = (FEATURE_PROBE_MODELS, FEATURE_DRAIN, FEATURE_PROBE_GOLDEN, FEATURE_DRAIN_BOUND)
 
 
 def compact(value: Any) -> Any:

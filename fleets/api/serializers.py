@@ -94,6 +94,15 @@ class OperationOut(serializers.Serializer):
         "(the end of a failover's outage), while the operation may still be running its "
         "best-effort steps on the old active. Null until routing moved, and for other kinds.",
     )
+    streamsContinued = serializers.IntegerField(  # noqa: N815
+        allow_null=True,
+        min_value=0,
+        help_text="Streams the proxy continued on the new active after this operation moved "
+        "routing: cut by the old active's crash, or moved by a planned promotion's bounded "
+        "drain (policy streamMigrationAfterMs). Counted by the proxies on the host that "
+        "answers, from the routing move to the fleet's next one (or now). Null when routing "
+        "has not moved, or the count cannot be said (a proxy restarted since).",
+    )
     error = OperationError(allow_null=True)
     cleanup = serializers.ChoiceField(
         [c.value for c in CleanupState if c.value],

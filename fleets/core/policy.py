@@ -27,7 +27,7 @@ MILLISECONDS = "must be an integer number of milliseconds"
 
 
 def _bounded(
-    kind: str, bounds: dict[str, Any], *, type_rule: str, range_rule: str | None = None
+    kind: str | list[str], bounds: dict[str, Any], *, type_rule: str, range_rule: str | None = None
 ) -> dict[str, Any]:
     """A schema of JSON type `kind` within `bounds` (keyword: limit); a value past either end is
     refused with the same words (`range_rule`, or the type's where one sentence says both)."""
@@ -141,6 +141,24 @@ class Policy:
         TIMEOUT,
         "Budget of demote_old_train and start_training.",
         steps=(Step.DEMOTE_OLD_TRAIN, Step.START_TRAINING),
+    )
+    # Stream migration (fleets.core.stream_migration): a planned promotion ends the old
+    # active's drain this long after it starts, and the sleep aborts what still runs; the proxy
+    # continues each aborted stream on the new active. A few seconds lets short answers finish
+    # where they are; 0 or null keeps the full drain.
+    stream_migration_after_ms: int | None = _key(
+        5_000,
+        _bounded(
+            ["integer", "null"],
+            {"minimum": 0, "maximum": "$limits.MAX_MS"},
+            type_rule="must be an integer number of milliseconds, or null",
+            range_rule="must be between 0 and {MAX_MS}",
+        ),
+        "A planned promotion lets the old active's requests finish for this long, then moves "
+        "the streams still running to the new active (continued token for token by the proxy) "
+        "instead of waiting for them; only when every model on both domains can continue "
+        "(engine vllm or sim) and the old active's supervisor lists drain-bound. 0 or null "
+        "keeps the full drain.",
     )
     # A sleeping vLLM keeps its CUDA context and allocator pools, so "released" means under a
     # ratio of the card, not zero.

@@ -15,6 +15,7 @@ from fleets.core.preemption import Ending, InFlight, ending
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES, OperationState, steps_for
 from fleets.dashboard.chart import fmt_ms
 from fleets.models import Event, Operation
+from fleets.reads.continued_streams import operation_streams_continued
 from fleets.reads.recovery import operation_failover_ms
 
 RETRY_EVENT = "operation.step.retry"
@@ -105,6 +106,8 @@ def operation_progress(
         "served_at": iso(op.served_at),
         "served_time": op.served_at.strftime("%H:%M:%S") if op.served_at else "",
         "failover": fmt_ms(figure) if figure is not None else "",
+        # The same count as the API's `streamsContinued` (fleets/reads/continued_streams.py).
+        "streams_continued": operation_streams_continued(op),
         # Until routing moves a cancel ends the operation cancelled; after, it ends a
         # promotion succeeded without its best-effort steps (not in the instant between the
         # switch and its record, when the service asks to retry).

@@ -18,12 +18,25 @@ from fleets.core.policy import Policy
 from fleets.core.states import DomainRole, SlotKind
 from fleets.core.urls import without_userinfo
 from fleets.models import Domain, Fleet, GoldenBaseline, ModelBinding, Operation, Slot
+from fleets.reads.continued_streams import operation_streams_continued
 
 
 def operation_json(op: Operation | None) -> dict[str, Any] | None:
-    """Render an operation in the public camelCase contract (`OperationOut`)."""
+    """Render an operation in the public camelCase contract (`OperationOut`).
+
+    With its one derived figure that is not a column, `streamsContinued`
+    (fleets/reads/continued_streams.py): read here so that every answer showing an operation
+    shows the same count as the fleet page."""
     if op is None:
         return None
+    return {
+        **_operation_fields(op),
+        "streamsContinued": operation_streams_continued(op),
+    }
+
+
+def _operation_fields(op: Operation) -> dict[str, Any]:
+    """The operation's own columns, in the public camelCase contract."""
     return {
         "id": str(op.id),
         "fleetId": str(op.fleet_id),
@@ -67,8 +80,10 @@ LIVE_OPERATION_KEYS = (
 
 def live_operation_json(op: Operation | None) -> dict[str, Any] | None:
     """Render the part of an operation a live message carries."""
-    full = operation_json(op)
-    return None if full is None else {key: full[key] for key in LIVE_OPERATION_KEYS}
+    if op is None:
+        return None
+    fields = _operation_fields(op)
+    return {key: fields[key] for key in LIVE_OPERATION_KEYS}
 
 
 def fleet_pointer_json(fleet: Fleet) -> dict[str, Any]:

@@ -210,6 +210,7 @@ def test_operation_detail_renders_the_public_contract(seeded_fleet, client_with_
         "stepStartedAt": None,
         "routingCommitted": False,
         "servedAt": None,
+        "streamsContinued": None,
         "error": None,
         "cleanup": None,
         "reason": "manual",

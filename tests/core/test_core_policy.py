@@ -55,6 +55,7 @@ def test_defaults_match_the_design():
         "switchActiveTimeoutMs": 10000,
         "sleepTimeoutMs": 60000,
         "startTrainingTimeoutMs": 30000,
+        "streamMigrationAfterMs": 5000,
         "verifyGpuMaxUsedRatio": 0.25,
         "probe": {"prompt": "ping", "maxTokens": 4},
         "replaceFailedStandby": True,
@@ -144,6 +145,7 @@ def test_resolve_maps_every_camel_case_key_to_its_field():
         "servingCheckTimeoutMs": 750,
         "dataPathConfirmIntervalMs": 120,
         "flapMaxFailovers": 3,
+        "streamMigrationAfterMs": 2500,
     }
     policy = Policy.resolve(raw)
     assert policy.to_json() == raw
@@ -163,6 +165,7 @@ def test_resolve_maps_every_camel_case_key_to_its_field():
     assert (policy.replace_failed_standby, policy.replace_failed_active) == (False, False)
     assert policy.verify_gpu_max_used_ratio == 0.5
     assert (policy.serving_check_timeout_ms, policy.data_path_confirm_interval_ms) == (750, 120)
+    assert policy.stream_migration_after_ms == 2500
 
 
 def test_to_json_is_a_fresh_copy_and_never_aliases_defaults():
@@ -335,3 +338,23 @@ def test_readiness_accepts_only_the_checks_whose_proof_may_never_come():
         "policy.readiness.acceptMissing",
         "repeat",
     )
+
+
+@pytest.mark.parametrize("value", [0, None, 1, 60_000])
+def test_stream_migration_takes_milliseconds_and_zero_or_null_switch_it_off(value):
+    assert validate_policy({"streamMigrationAfterMs": value}) == {"streamMigrationAfterMs": value}
+    assert Policy.resolve({"streamMigrationAfterMs": value}).stream_migration_after_ms == value
+
+
+@pytest.mark.parametrize(
+    ("value", "rule"),
+    [
+        (-1, "must be between 0 and 2147483647"),
+        (2**31, "must be between 0 and 2147483647"),
+        (1.5, "must be an integer number of milliseconds, or null"),
+        (True, "must be an integer number of milliseconds, or null"),
+        ("5s", "must be an integer number of milliseconds, or null"),
+    ],
+)
+def test_a_bad_stream_migration_bound_is_refused_with_its_path(value, rule):
+    _refused({"streamMigrationAfterMs": value}, "policy.streamMigrationAfterMs", rule)

@@ -276,3 +276,29 @@ def test_a_sleep_tells_a_draining_supervisor_how_long_the_step_still_waits():
     assert client.sleep(timeout=5).ok
     assert seen[1].endswith("/v1/vllm/sleep?waitMs=4000&budgetMs=12500")
     assert seen[2].endswith("/v1/vllm/sleep?waitMs=4000")  # no budget stated, none sent
+
+
+@pytest.mark.parametrize(
+    ("features", "expected"),
+    [
+        (["sleep.drain", "drain-bound"], "/v1/vllm/sleep?waitMs=4000&drainMs=3000"),
+        (["drain-bound"], "/v1/vllm/sleep?drainMs=3000"),
+        (["sleep.drain"], "/v1/vllm/sleep?waitMs=4000"),  # an older supervisor of ours
+        (None, "/v1/vllm/sleep"),  # the original: nothing beyond its contract
+    ],
+)
+def test_a_drain_bound_goes_only_to_a_supervisor_that_lists_it(features, expected):
+    seen: list[str] = []
+
+    def handler(request):
+        seen.append(str(request.url))
+        if request.url.path == "/v1/status":
+            body = ok_status() if features is None else {**ok_status(), "features": features}
+            return httpx.Response(200, json=body)
+        return httpx.Response(200, json={"status": "ok"})
+
+    client = client_answering(handler)
+    assert client.status(timeout=1).ok
+    assert client.sleep(timeout=5, drain_bound_ms=3000).ok
+    assert seen[1].endswith(expected)
+    assert client.takes_drain_bound() is ("drain-bound" in (features or []))

@@ -48,5 +48,6 @@ def test_a_promotion_and_a_demotion_against_original_supervisors(
         for _, url, body in host.requests:
             assert "models" not in body  # never a field the original refuses
             assert "waitMs" not in url and "budgetMs" not in url  # nor our sleep's bounds
+            assert "drainMs" not in url
     probes = [url for _, url, _ in originals.hosts["west"].requests if "/v1/probe" in url]
     assert probes and all("model=" in url for url in probes)  # the original's selector

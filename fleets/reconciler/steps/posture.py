@@ -77,12 +77,17 @@ def _settle_sleeping(target: Target, report: StatusReport) -> None:
 
 
 def ensure_asleep(
-    target: Target, timeout: Callable[[], float], budget: Callable[[], float] | None = None
+    target: Target,
+    timeout: Callable[[], float],
+    budget: Callable[[], float] | None = None,
+    drain_bound: Callable[[], int | None] | None = None,
 ) -> Posture:
     """Check every bound model of the target is asleep; ask the supervisor to sleep them if not.
 
     `budget` says how long the step still waits (seconds): the supervisor is told, so that
-    its drain before the sleep ends in time for the sleep to finish within it."""
+    its drain before the sleep ends in time for the sleep to finish within it. `drain_bound`
+    gives the drain's own bound in ms (None: drain in full), asked after the status read, so
+    it sees the features that read learned."""
     client = target.client
     _, models = bound_inference(target.domain)
     if not models:
@@ -104,7 +109,11 @@ def ensure_asleep(
             break
         # The supervisor's sleep is idempotent: models already asleep are left alone, and a
         # sleep still draining is joined, not restarted.
-        slept = client.sleep(timeout=timeout(), budget=budget() if budget else None)
+        slept = client.sleep(
+            timeout=timeout(),
+            budget=budget() if budget else None,
+            drain_bound_ms=drain_bound() if drain_bound else None,
+        )
         if not slept.ok:
             return Posture(False, f"sleep: {_why(slept)}", call=slept)
         if slept.value is not None and slept.value.get("status") == "draining":

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from fleets.base import clock
+from fleets.base.continuation_series import streams_continued_mark
 from fleets.core.golden import PROBE_MISMATCH, BaselineReason, Verdict
 from fleets.core.model_health import ServerHealth
 from fleets.core.outage import during_outage
@@ -22,6 +23,7 @@ from fleets.core.states import (
     on_leg_of,
     steps_for,
 )
+from fleets.core.stream_migration import DrainBound, drain_bound, engine_of
 from fleets.models import Event, Fleet, ModelBinding, Operation, Slot
 from fleets.reconciler import golden
 from fleets.reconciler.steps import posture
@@ -280,11 +282,19 @@ def probe(ctx: StepContext) -> StepResult:
 def switch_route(ctx: StepContext) -> StepResult:
     """Move the routing pointer to the target: one CAS with the pointer read at step start."""
     op = ctx.operation
-    fleet = Fleet.objects.filter(pk=op.fleet_id).values("active_domain_id", "route_revision").get()
+    fleet = (
+        Fleet.objects.filter(pk=op.fleet_id)
+        .values("active_domain_id", "route_revision", "slug")
+        .get()
+    )
+    # The proxies' count of continued streams as routing moves: the operation's figure is
+    # what it grows by from here (fleets/reads/continued_streams.py). Read before the CAS, as
+    # no stream this switch frees can have been continued yet.
+    mark: dict[str, Any] = {"streamsContinuedAtSwitch": streams_continued_mark(fleet["slug"])}
     if fleet["active_domain_id"] == op.target_domain_id:
         # Ours already committed (a crash between the CAS and recording the step), or the
         # pointer points where we want it anyway.
-        return done(revision=fleet["route_revision"], alreadyActive=True)
+        return done(revision=fleet["route_revision"], alreadyActive=True, **mark)
     revision = route_switch(
         fleet_id=op.fleet_id,
         operation_id=op.id,
@@ -295,11 +305,11 @@ def switch_route(ctx: StepContext) -> StepResult:
     )
     if revision is not None:
         source = fleet["active_domain_id"]
-        return done(revision=revision, fromDomainId=str(source) if source else None)
+        return done(revision=revision, fromDomainId=str(source) if source else None, **mark)
     # Lost: re-read, and accept a pointer that already points at the target.
     again = Fleet.objects.filter(pk=op.fleet_id).values("active_domain_id", "route_revision").get()
     if again["active_domain_id"] == op.target_domain_id:
-        return done(revision=again["route_revision"], alreadyActive=True)
+        return done(revision=again["route_revision"], alreadyActive=True, **mark)
     state = Operation.objects.filter(pk=op.id).values_list("state", flat=True).first()
     if state != OperationState.RUNNING:
         return pending("the operation is no longer running")
@@ -350,12 +360,36 @@ def _settle_left_ms(ctx: StepContext) -> int:
     return max(0, int(switch_settle_ms() - elapsed_ms))
 
 
+def _engines(domain_id: Any) -> list[str | None]:
+    """The engine of every model bound on a domain (what the proxy reads to continue)."""
+    profiles = ModelBinding.objects.filter(domain_id=domain_id).values_list("profile", flat=True)
+    return [engine_of(p) for p in profiles]
+
+
+def _stream_migration(ctx: StepContext, old: posture.Target) -> DrainBound:
+    """Whether the old active's sleep may abort long streams after the policy's bound: only
+    with routing committed to this leg's probed target and every stream continuable there."""
+    active = Fleet.objects.filter(pk=ctx.operation.fleet_id).values_list(
+        "active_domain_id", flat=True
+    )
+    return drain_bound(
+        after_ms=ctx.policy.stream_migration_after_ms,
+        routed_to_target=active.first() == ctx.target.id,
+        source_engines=_engines(old.domain.id),
+        target_engines=_engines(ctx.target.id),
+        source_takes_bound=old.client.takes_drain_bound(),
+    )
+
+
 def demote_old_sleep(ctx: StepContext) -> StepResult:
     """Best effort: put the old active's models to sleep, proven by the supervisor.
 
     Not before every proxy has stopped routing to it (`switch_settle_ms` after the switch),
     and then through the supervisor's drain: requests already running there finish, so a
-    planned promotion cuts none.
+    planned promotion cuts none. Where streams can continue on the new active
+    (fleets.core.stream_migration), the drain is bounded by `streamMigrationAfterMs`: what
+    still runs then is aborted there and continued by the proxy on the new active, so the
+    promotion no longer lasts as long as the longest answer in flight.
     """
     old = _old_active(ctx)
     if isinstance(old, StepResult):
@@ -363,8 +397,22 @@ def demote_old_sleep(ctx: StepContext) -> StepResult:
     left = _settle_left_ms(ctx)
     if left > 0:
         return pending(f"letting proxies move off {old.domain.slug} ({left} ms left)", left)
-    slept = posture.ensure_asleep(old, ctx.call_timeout, budget=ctx.remaining_s)
-    return _best_effort(slept, sleepProven=True)
+    decided: list[DrainBound] = []
+
+    def bound_ms() -> int | None:
+        # Decided after the status read that learned the supervisor's features.
+        decided.append(_stream_migration(ctx, old))
+        return decided[-1].ms
+
+    slept = posture.ensure_asleep(
+        old, ctx.call_timeout, budget=ctx.remaining_s, drain_bound=bound_ms
+    )
+    # What the sleep was given (or, when an earlier call sent it, what it is given now: the
+    # same rule over the same facts), for the step's record.
+    decision = decided[-1] if decided else _stream_migration(ctx, old)
+    return _best_effort(
+        slept, sleepProven=True, drainBoundMs=decision.ms, drainBound=decision.reason
+    )
 
 
 def _best_effort(result: posture.Posture, **proof: Any) -> StepResult:

@@ -14,7 +14,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlencode
 
 from common.loopback import is_loopback_url
-from common.wire.shape import FEATURE_DRAIN, FEATURE_PROBE_GOLDEN, FEATURE_PROBE_MODELS
+from common.wire.shape import (
+    FEATURE_DRAIN,
+    FEATURE_DRAIN_BOUND,
+    FEATURE_PROBE_GOLDEN,
+    FEATURE_PROBE_MODELS,
+)
 from fleets.base.conf import haru_settings
 from fleets.base.supervisor_tokens import credentials_for, warn_once
 from fleets.core.report import GpuMemory, StatusReport
@@ -94,20 +99,36 @@ class SupervisorClient(Door):
         return self._call("wake", "POST", "/v1/vllm/wake", timeout, parse_ack, body)
 
     def sleep(
-        self, *, timeout: float, gpu_index: int | None = None, budget: float | None = None
+        self,
+        *,
+        timeout: float,
+        gpu_index: int | None = None,
+        budget: float | None = None,
+        drain_bound_ms: int | None = None,
     ) -> Call[dict[str, Any]]:
         """Ask for sleep. A supervisor that drains first (feature `sleep.drain`) is asked to
         answer within this call's budget (`?waitMs=`): `status: draining` then means the
         sleep goes on there, and the next call joins it instead of holding a call open. With
         `budget` (seconds the caller still waits for the sleep: what is left of its step) it
-        is told that too (`?budgetMs=`), and ends its drain in time for the sleep to fit."""
+        is told that too (`?budgetMs=`), and ends its drain in time for the sleep to fit.
+        With `drain_bound_ms`, one that lists `drain-bound` ends its drain that long after the
+        call and aborts what still runs (`?drainMs=`); any other is not sent it."""
         body = {"gpuIndex": gpu_index} if gpu_index is not None else {}
-        params = None
-        if FEATURE_DRAIN in (learned_features(self.base_url) or ()):
-            params = [("waitMs", str(max(1, int(timeout * 1000 * WAIT_SHARE))))]
+        params: list[tuple[str, str]] = []
+        known = learned_features(self.base_url) or frozenset()
+        if FEATURE_DRAIN in known:
+            params.append(("waitMs", str(max(1, int(timeout * 1000 * WAIT_SHARE)))))
             if budget is not None:
                 params.append(("budgetMs", str(max(1, int(budget * 1000)))))
-        return self._call("sleep", "POST", "/v1/vllm/sleep", timeout, parse_ack, body, params)
+        if drain_bound_ms is not None and drain_bound_ms > 0 and FEATURE_DRAIN_BOUND in known:
+            params.append(("drainMs", str(drain_bound_ms)))
+        return self._call(
+            "sleep", "POST", "/v1/vllm/sleep", timeout, parse_ack, body, params or None
+        )
+
+    def takes_drain_bound(self) -> bool:
+        """Whether this supervisor listed `drain-bound` in its last status read here."""
+        return FEATURE_DRAIN_BOUND in (learned_features(self.base_url) or ())
 
     def training_start(self, *, timeout: float) -> Call[dict[str, Any]]:
         return self._call("training_start", "POST", "/v1/training/start", timeout, parse_ack)

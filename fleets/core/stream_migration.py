@@ -1,0 +1,70 @@
+"""Whether a planned promotion moves the old active's long streams instead of waiting for them.
+
+The old active's sleep normally drains: requests running there finish first, so a promotion
+lasts as long as the longest answer in flight. With a drain bound (the supervisor's
+`?drainMs=`, feature `drain-bound`) the sleep aborts what still runs after the bound; the
+engines end those streams with `finish_reason: "abort"`, which the proxy takes as a cut and
+continues on the new active from the token ids it kept. That is safe only when every stream
+on the old active can be continued where routing now points, so each condition below must hold;
+otherwise the drain stays whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+# The engines whose streams the proxy can continue: they return token ids when asked
+# (`return_token_ids`) and take a prompt of token ids on /v1/completions. The proxy reads a
+# route's engine from its binding's profile the same way (`engine_of`).
+CONTINUABLE_ENGINES = frozenset({"vllm", "sim"})
+
+
+def engine_of(profile: object) -> str | None:
+    """The engine a binding's profile names (`profile.engine`), or None when it names none."""
+    if isinstance(profile, dict):
+        engine = profile.get("engine")
+        if isinstance(engine, str) and engine:
+            return engine
+    return None
+
+
+@dataclass(frozen=True)
+class DrainBound:
+    """The decision: `ms` to send as the drain bound (None: drain in full), and why."""
+
+    ms: int | None
+    reason: str
+
+
+def drain_bound(
+    *,
+    after_ms: int | None,
+    routed_to_target: bool,
+    source_engines: Iterable[str | None],
+    target_engines: Iterable[str | None],
+    source_takes_bound: bool,
+) -> DrainBound:
+    """Decide the drain bound a planned promotion gives the old active's sleep.
+
+    `after_ms`: the policy's streamMigrationAfterMs (0 or None: migration off).
+    `routed_to_target`: routing already committed to the probed new active, so a stream the
+    sleep aborts is continued there (never sleep the old active before that).
+    `source_engines`, `target_engines`: the engines of the bindings on each side (every stream
+    must be continuable where it was and where it goes). `source_takes_bound`: the old active's
+    supervisor lists `drain-bound` (an older one would ignore the bound and drain in full,
+    which is safe, but the step then says what really happens).
+    """
+    if not after_ms:
+        return DrainBound(None, "stream migration is off (streamMigrationAfterMs)")
+    if not routed_to_target:
+        return DrainBound(None, "routing does not point at the new active")
+    for side, engines in (("old active", source_engines), ("new active", target_engines)):
+        cannot = sorted({e or "unknown" for e in engines if e not in CONTINUABLE_ENGINES})
+        if cannot:
+            return DrainBound(
+                None, f"the {side} runs engines that cannot continue a stream: {', '.join(cannot)}"
+            )
+    if not source_takes_bound:
+        return DrainBound(None, "the old active's supervisor does not take a drain bound")
+    return DrainBound(after_ms, f"streams still running after {after_ms} ms move to the new active")
