@@ -93,6 +93,7 @@ class _Recorder:
     def __init__(self, *, where: bool = False) -> None:
         self.cost = TickCost()
         self.where = where
+        self.returning: list[tuple[Any, bool]] = []
         self._thread = threading.get_ident()
 
     def __call__(self, execute, sql, params, many, context):  # noqa: ANN001 - Django's signature
@@ -110,12 +111,25 @@ class _Recorder:
         else:
             cost.statements += 1
         if label.split(" ", 1)[0] in WRITES:
-            rows = max(0, context["cursor"].rowcount or 0)
-            if lease:
-                cost.lease_rows += rows
+            if "RETURNING" in sql.upper():
+                # SQLite counts a RETURNING statement's rows as they are fetched: read it when
+                # the tick is over.
+                self.returning.append((context["cursor"], lease))
             else:
-                cost.rows_written += rows
+                self._count(context["cursor"].rowcount, lease=lease)
         return result
+
+    def _count(self, rowcount: int | None, *, lease: bool) -> None:
+        rows = max(0, rowcount or 0)
+        if lease:
+            self.cost.lease_rows += rows
+        else:
+            self.cost.rows_written += rows
+
+    def finish(self) -> None:
+        for cursor, lease in self.returning:
+            self._count(cursor.rowcount, lease=lease)
+        self.returning.clear()
 
 
 @contextmanager
@@ -127,6 +141,7 @@ def _recording(*, where: bool = False) -> Iterator[_Recorder]:
         started = time.process_time()
         yield recorder
         recorder.cost.cpu_ms = (time.process_time() - started) * 1000
+    recorder.finish()
 
 
 class SkippingClock:

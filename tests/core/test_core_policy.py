@@ -45,6 +45,7 @@ def test_defaults_match_the_design():
         "autoFailover": False,
         "restoreStandbyOnReturn": True,
         "heartbeatStaleMs": 30000,
+        "standbyHeartbeatMs": 10000,
         "degradedGraceMs": 60000,
         "trainingStopGraceMs": 30000,
         "failoverTrainingStopGraceMs": 1,
