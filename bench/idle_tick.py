@@ -111,7 +111,7 @@ class _Recorder:
         else:
             cost.statements += 1
         if label.split(" ", 1)[0] in WRITES:
-            if "RETURNING" in sql.upper():
+            if "RETURNING" in sql.upper() and context["connection"].vendor == "sqlite":
                 # SQLite counts a RETURNING statement's rows as they are fetched: read it when
                 # the tick is over.
                 self.returning.append((context["cursor"], lease))

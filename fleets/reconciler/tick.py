@@ -50,8 +50,10 @@ from fleets.core.states import (
     IN_FLIGHT_OPERATION_STATES,
     CleanupState,
     DomainState,
+    InferenceState,
     OperationKind,
     OperationState,
+    SlotKind,
 )
 from fleets.metrics import reconcile as fleet_metrics
 from fleets.models import Domain, Fleet, Id, Operation
@@ -284,6 +286,14 @@ def _quiet_run(
     now = clock.now()
     active = view.active
     active_ready = active is not None and active.state == DomainState.READY
+    # A standby is healthy here when it is ready, answering, and in standby posture (every
+    # model server asleep, no slot failed): anything else is asked every tick.
+    unsettled = {
+        s.domain_id
+        for s in snap.slots
+        if s.state == InferenceState.FAILED
+        or (s.kind == SlotKind.INFERENCE and s.state != InferenceState.SLEEPING)
+    }
     asked = [
         d
         for d in snap.domains
@@ -292,7 +302,8 @@ def _quiet_run(
             last_seen_at=d.last_seen_at,
             healthy=active_ready
             and d.state == DomainState.READY
-            and d.heartbeat_failing_since is None,
+            and d.heartbeat_failing_since is None
+            and d.id not in unsettled,
             now=now,
             policy=policy,
         )
