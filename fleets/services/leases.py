@@ -159,5 +159,11 @@ def lease_release(*, name: str, holder: str, now: datetime | None = None) -> boo
     `now`: the moment it is given back, kept as its expiry (a free lease either way) so the
     next taker knows when it was last held (`Taken.last_held_at`).
     """
-    released = Lease.objects.filter(name=name, holder=holder).update(holder="", expires_at=now)
-    return bool(released)
+    table = connection.ops.quote_name(Lease._meta.db_table)
+    # Every tick ends here: a plain statement, not a queryset compiled each time.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} SET holder = '', expires_at = %s WHERE name = %s AND holder = %s",  # noqa: S608 - the name from the model, values bound
+            [connection.ops.adapt_datetimefield_value(now), name, holder],
+        )
+        return cursor.rowcount > 0
