@@ -124,7 +124,7 @@ def _rows(model: type[Model], fleet_id: Any) -> list[Any]:
     real = uuid.UUID(str(fleet_id))
     # The stand-in appears as the backend stores a UUID: a UUID, or its hex (SQLite).
     bound = [real if p == _STAND_IN else real.hex if p == _STAND_IN.hex else p for p in params]
-    return list(model.objects.raw(sql, bound))
+    return list(model._default_manager.raw(sql, bound))
 
 
 def _as_datetime(value: Any) -> datetime | None:

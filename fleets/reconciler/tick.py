@@ -1,6 +1,13 @@
 """One reconcile tick for one fleet.
 
-1. heartbeat every domain's supervisor, concurrently (HTTP, outside any transaction);
+0. read the fleet in one snapshot (`fleets.reads.tick_snapshot`: four statements); a quiet
+   fleet (nothing in flight or pending, no operation recent enough for backoff, damping or a
+   restore to look at) is heartbeated from it, a healthy standby only every
+   `standbyHeartbeatMs` (`fleets.core.heartbeat_cadence`); when no beat moved a row or failed
+   and the core's own answers on the snapshot find nothing to do below, the tick ends there,
+   having written nothing (an idle tick: six statements with the lease);
+1. heartbeat every domain's supervisor, concurrently (HTTP, outside any transaction; a quiet
+   fleet's beats of step 0 stand for this one);
 2. mirror slot health and domain states (the core plans each beat; one service call writes it);
 3. escalate an active degraded past `degradedGraceMs` (every condition inside one UPDATE);
 4. detect failover: a lost active pre-empts an in-flight operation that cannot lead to a
