@@ -68,6 +68,13 @@ def fleet_view(fleet: Fleet | str) -> FleetView:
     domains = list(Domain.objects.filter(fleet=fleet))
     slots = list(Slot.objects.filter(domain__fleet=fleet))
     bindings = list(ModelBinding.objects.filter(domain__fleet=fleet))
+    return fleet_view_of(fleet, domains, slots, bindings)
+
+
+def fleet_view_of(
+    fleet: Fleet, domains: list[Domain], slots: list[Slot], bindings: list[ModelBinding]
+) -> FleetView:
+    """Build the core's view of one fleet from its rows, already read (no query)."""
     slot_by_id = {s.id: s for s in slots}
     views = []
     for d in domains:
