@@ -20,7 +20,7 @@ from haru.local.supervisors import TOKEN
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 FLEETS = 20
-INTERVAL_MS = 1000
+INTERVAL_MS = 2000  # the example environment's
 LEASE_MS = 4000
 
 
@@ -38,13 +38,13 @@ def test_two_workers_never_tick_a_fleet_twice_and_hand_a_killed_ones_fleets_over
         workers=2,
         interval_ms=INTERVAL_MS,
         lease_ms=LEASE_MS,
-        settle_s=4,
+        settle_s=5,
         workdir=tmp_path,
         env={**os.environ, "HARU_SUPERVISOR_TOKEN": TOKEN},
     )
 
     assert len(result["hosts"]) == 2, result  # two holder identities: two hosts to the lease
-    assert result["ticks"] >= 2 * FLEETS, result  # both workers ticked, the fleets shared
+    assert all(result["ticks_by_worker"].values()), result  # both ticked: the fleets shared
     assert result["double_ticks"] == 0, result
     assert result["handover_fleets"] > 0, result
     assert result["handover_s"] is not None, result  # none of its fleets starved
