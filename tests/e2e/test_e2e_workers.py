@@ -48,7 +48,10 @@ def test_two_workers_never_tick_a_fleet_twice_and_hand_a_killed_ones_fleets_over
     assert result["double_ticks"] == 0, result
     assert result["handover_fleets"] > 0, result
     assert result["handover_s"] is not None, result  # none of its fleets starved
-    assert result["handover_s"] <= LEASE_MS / 1000 + HANDOVER_SLACK_S, result
+    # Within one lease, plus the retry slack and as late as the survivor ticked any fleet then
+    # (on a busy shared machine every tick starts late, handed over or not).
+    late = result["survivor_lateness_max_s"] or 0.0
+    assert result["handover_s"] <= LEASE_MS / 1000 + HANDOVER_SLACK_S + late, result
     # A tick in flight at the kill: its lease is waited out (another host's dead holder cannot
     # be seen to be dead), not taken over at once.
     for wait in result["inflight_wait_s"]:
