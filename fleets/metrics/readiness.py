@@ -21,9 +21,8 @@ from prometheus_client.metrics_core import Metric
 from fleets.base import clock
 from fleets.core.policy import Policy
 from fleets.core.readiness import ReadinessVerdict
-from fleets.metrics.scrape import read_store
-from fleets.models import Fleet
-from fleets.reads.fleet_list import fleet_rows, last_drills, readinesses
+from fleets.metrics.scrape import read_store, shared
+from fleets.reads.fleet_list import FLEET_ROWS, every_fleet_rows, last_drills, readinesses
 from fleets.reads.readiness import drill_facts
 from fleets.reads.recovery import recovery_samples_of, summaries
 
@@ -79,8 +78,9 @@ class ReadinessCollector:
         # (fleets/reads/fleet_list.py): one set per fleet made a scrape of 1,000 take seconds.
         f = _families()
         now = clock.now()
-        fleets = list(Fleet.objects.order_by("slug"))
-        verdicts = readinesses(fleet_rows(fleets), now)
+        rows = shared(FLEET_ROWS, every_fleet_rows)
+        fleets = rows.fleets
+        verdicts = readinesses(rows, now)
         drills = last_drills([fleet.pk for fleet in fleets])
         samples = recovery_samples_of(fleets)
         for fleet in fleets:
