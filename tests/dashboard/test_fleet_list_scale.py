@@ -188,9 +188,7 @@ def test_an_unknown_overview_filter_shows_everything_and_says_why(superuser):
     assert "unknown status filter" in html and html.count("data-fleet-slug=") == 3
 
 
-def test_every_list_and_filter_shows_only_the_fleets_a_user_may_view(
-    django_user_model, api_token
-):
+def test_every_list_and_filter_shows_only_the_fleets_a_user_may_view(django_user_model, api_token):
     # With an operator token configured the API is no longer open: a portal session reads it
     # with its user's roles.
     fleets = populate(20)
