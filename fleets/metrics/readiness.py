@@ -19,7 +19,6 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from fleets.base import clock
-from fleets.core.policy import Policy
 from fleets.core.readiness import ReadinessVerdict
 from fleets.metrics.scrape import read_store, shared
 from fleets.reads.fleet_list import FLEET_ROWS, every_fleet_rows, last_drills, readinesses
@@ -100,6 +99,6 @@ class ReadinessCollector:
                 for q, ms in (("0.5", summary.p50_ms), ("0.95", summary.p95_ms)):
                     if ms is not None:
                         f["haru_recovery_seconds"].add_metric([fleet.slug, kind, q], ms / 1000)
-            rto = Policy.resolve(fleet.policy).rto_ms
+            rto = rows.view(fleet).policy.rto_ms
             f["haru_recovery_objective_seconds"].add_metric([fleet.slug], rto / 1000)
         return f

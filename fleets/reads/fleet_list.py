@@ -28,7 +28,7 @@ from fleets.core.read_model import FleetView
 from fleets.core.readiness import Readiness, ReadinessVerdict, failover_readiness, pick_standby
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES, OperationKind
 from fleets.models import Domain, Fleet, GoldenBaseline, ModelBinding, Operation, Slot
-from fleets.reads.fleet_health import fleet_health, heartbeat_errors
+from fleets.reads.fleet_health import HEARTBEAT_NOTE, fleet_health, heartbeat_errors
 from fleets.reads.readiness import BASELINE_COLUMNS, drill_facts, finished_drills, standby_facts
 from fleets.reads.selectors import AUTO_FAILOVER, view_of
 
@@ -88,7 +88,9 @@ _DOMAIN_COLUMNS = (
     "serving_base_url",
     "last_seen_at",
     "state_updated_at",
-    "last_report",
+    # Only the heartbeat's note of the last report (the health's one need of it), not the whole
+    # report with its GPUs and servers: the database extracts the key.
+    HEARTBEAT_NOTE,
 )
 _SLOT_COLUMNS = ("id", "domain_id", "gpu_index", "kind", "state")
 _BINDING_COLUMNS = (

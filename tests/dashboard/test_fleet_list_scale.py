@@ -15,7 +15,8 @@ from bench.fleet_population import populate, trouble
 from fleets.base import clock
 from fleets.core.access import Role
 from fleets.core.readiness import ReadinessVerdict
-from fleets.dashboard.selectors import OVERVIEW_PAGE_SIZE
+from fleets.core.report import DomainReport, HeartbeatNote, ReadError
+from fleets.dashboard.selectors import OVERVIEW_PAGE_SIZE, overview_rows
 from fleets.models import Domain, Fleet
 from fleets.reads.fleet_health import fleet_health, heartbeat_errors
 from fleets.reads.fleet_list import fleet_rows, readinesses
@@ -218,3 +219,29 @@ def test_the_overview_poll_reads_the_fleets_of_its_page_only(superuser):
     assert set(domains) == {str(d.id) for d in Domain.objects.filter(fleet=fleets[4])}
     html = superuser.get("/?q=scale-0004").content.decode()
     assert 'data-page-fleets="scale-0004"' in html
+
+
+def test_a_failing_heartbeat_read_from_the_note_alone_judges_as_the_whole_report(superuser):
+    fleets = populate(3)
+    now = clock.now()
+    report = DomainReport(
+        gpus_at=now,
+        heartbeat=HeartbeatNote(
+            ok=False,
+            checked_at=now,
+            failing_since=now,
+            error=ReadError(kind="connect", message="connection refused by 10.0.0.1"),
+        ),
+    ).to_json()
+    Domain.objects.filter(pk=fleets[0].active_domain_id).update(last_report=report)
+    full = fleet_health(
+        fleet_view(fleets[0]),
+        now,
+        heartbeat_errors(Domain.objects.filter(fleet=fleets[0])),
+        None,
+    )
+    assert full[0] == "bad" and "connection refused by 10.0.0.1" in full[1][0]
+    row = next(r for r in overview_rows(now=now, fleets=fleets) if r["slug"] == fleets[0].slug)
+    assert (row["health"], row["health_reasons"]) == full
+    # The first was healthy before its heartbeat failed; the others are seeded in trouble.
+    assert _api_slugs(superuser, "status=unhealthy") == {f.slug for f in fleets}
