@@ -81,7 +81,9 @@ class ReadinessCollector:
         fleets = rows.fleets
         verdicts = readinesses(rows, now)
         drills = last_drills([fleet.pk for fleet in fleets])
-        samples = recovery_samples_of(fleets)
+        samples = recovery_samples_of(
+            fleets, policies={fleet.pk: rows.view(fleet).policy for fleet in fleets}
+        )
         for fleet in fleets:
             verdict = verdicts[fleet.pk].verdict
             for v in ReadinessVerdict:

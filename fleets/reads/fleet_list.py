@@ -21,7 +21,8 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from django.db.models import OuterRef, Q, QuerySet, Subquery
+from django.db.models import F, Q, QuerySet, Window
+from django.db.models.functions import RowNumber
 
 from fleets.core.flapping import Damping, flap_damping
 from fleets.core.read_model import FleetView
@@ -210,17 +211,18 @@ def healths(
 
 
 def last_drills(fleet_ids: list[uuid.UUID]) -> dict[uuid.UUID, Operation]:
-    """Each fleet's last finished drill (two queries: the newest per fleet, then the rows)."""
+    """Each fleet's last finished drill (one query: the newest per fleet, by window function)."""
     if not fleet_ids:
         return {}
-    newest = finished_drills().filter(fleet_id=OuterRef("pk")).values("pk")[:1]
-    picked = (
-        Fleet.objects.filter(pk__in=fleet_ids)
-        .annotate(drill=Subquery(newest))
-        .exclude(drill=None)
-        .values_list("drill", flat=True)
+    newest = Window(RowNumber(), partition_by=[F("fleet_id")], order_by=F("finished_at").desc())
+    drills = (
+        finished_drills()
+        .filter(fleet_id__in=fleet_ids)
+        .annotate(rank=newest)
+        .filter(rank=1)
+        .order_by()
     )
-    return {op.fleet_id: op for op in Operation.objects.filter(pk__in=list(picked))}
+    return {op.fleet_id: op for op in drills}
 
 
 def readinesses(rows: FleetRows, now: datetime) -> dict[uuid.UUID, Readiness]:
