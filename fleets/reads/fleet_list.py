@@ -236,12 +236,26 @@ def readinesses(rows: FleetRows, now: datetime) -> dict[uuid.UUID, Readiness]:
         if picked is not None:
             standbys[f.pk] = uuid.UUID(picked.id)
     judged = list(standbys.values())
-    full = {d.pk: d for d in Domain.objects.filter(pk__in=judged).order_by()}
+    # What `standby_facts` reads of them, and no more (the layout's other JSON stays unread).
+    full = {
+        d.pk: d
+        for d in Domain.objects.filter(pk__in=judged)
+        .only("id", "fleet_id", "last_report", "gpus_read_at")
+        .order_by()
+    }
     slots: dict[uuid.UUID, list[Slot]] = defaultdict(list)
-    for s in Slot.objects.filter(domain_id__in=judged).order_by("gpu_index", "kind"):
+    for s in (
+        Slot.objects.filter(domain_id__in=judged)
+        .only("id", "domain_id", "gpu_index", "gpu_indices", "kind", "allocation")
+        .order_by("gpu_index", "kind")
+    ):
         slots[s.domain_id].append(s)
     bindings: dict[uuid.UUID, list[ModelBinding]] = defaultdict(list)
-    for b in ModelBinding.objects.filter(domain_id__in=judged).order_by("name"):
+    for b in (
+        ModelBinding.objects.filter(domain_id__in=judged)
+        .only("id", "domain_id", "slot_id", "name", "golden", "profile", "engine_version")
+        .order_by("name")
+    ):
         bindings[b.domain_id].append(b)
     baselines: dict[uuid.UUID, list[tuple]] = defaultdict(list)
     if standbys:
