@@ -5,6 +5,7 @@ The JSON shapes themselves are rendered by `fleets/reads/shapes.py`."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -68,19 +69,24 @@ def fleet_view(fleet: Fleet | str) -> FleetView:
     domains = list(Domain.objects.filter(fleet=fleet))
     slots = list(Slot.objects.filter(domain__fleet=fleet))
     bindings = list(ModelBinding.objects.filter(domain__fleet=fleet))
-    return fleet_view_of(fleet, domains, slots, bindings)
+    return view_of(fleet, domains, slots, bindings)
 
 
-def fleet_view_of(
-    fleet: Fleet, domains: list[Domain], slots: list[Slot], bindings: list[ModelBinding]
+def view_of(
+    fleet: Fleet, domains: Sequence[Any], slots: Sequence[Any], bindings: Sequence[Any]
 ) -> FleetView:
-    """Build the core's view of one fleet from its rows, already read (no query)."""
-    slot_by_id = {s.id: s for s in slots}
+    """Build the core's view of `fleet` from its rows, already read (one fleet's, or more:
+    the rows of other fleets' domains are ignored), so a list of fleets reads each table once
+    (fleets/reads/fleet_list.py). Rows are model instances or anything with their attributes
+    (the list's named tuples)."""
+    domains = [d for d in domains if d.fleet_id == fleet.pk]
+    own = {d.id for d in domains}
+    slot_by_id = {s.id: s for s in slots if s.domain_id in own}
     views = []
     for d in domains:
         d_slots = tuple(
             SlotView(id=str(s.id), gpu_index=s.gpu_index, kind=s.kind, state=s.state)
-            for s in slots
+            for s in slot_by_id.values()
             if s.domain_id == d.id
         )
         d_models = tuple(

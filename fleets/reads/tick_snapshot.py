@@ -37,7 +37,7 @@ from fleets.core.policy import Policy
 from fleets.core.read_model import FleetView
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES, CleanupState, OperationKind
 from fleets.models import Domain, Fleet, GoldenBaseline, Id, ModelBinding, Operation, Slot
-from fleets.reads.selectors import fleet_view_of
+from fleets.reads.selectors import view_of
 
 
 @dataclass(frozen=True)
@@ -156,7 +156,7 @@ def tick_snapshot(fleet_id: Id) -> TickSnapshot | None:
         domains=domains,
         slots=slots,
         bindings=bindings,
-        view=fleet_view_of(fleet, domains, slots, bindings),
+        view=view_of(fleet, domains, slots, bindings),
         open_operation=bool(fleet.open_operation),
         newest_operation_at=max(times, default=None),
         last_drill_at=_as_datetime(fleet.last_drill),
