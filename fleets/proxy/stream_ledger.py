@@ -25,7 +25,8 @@ _kept = [0]
 
 _IDS = b'"token_ids":['
 _PROMPT_IDS = b'"prompt_token_ids":['
-_PROMPT_TEXT = b',"prompt_text":'
+# Fields the simulator writes only when asked for ids (vLLM writes them either way).
+_SIM_ONLY_WITH_IDS = (b',"prompt_token_ids":', b',"prompt_text":', b',"stop_reason":')
 _FINISH = b'"finish_reason":"'
 _EMPTY_DELTA = b'"delta":{}'
 _DONE = b"data: [DONE]"
@@ -43,6 +44,7 @@ class Ledger:
     __slots__ = (
         "endpoint",
         "strip",
+        "nulls",
         "limit",
         "total_limit",
         "_field",
@@ -61,9 +63,14 @@ class Ledger:
         "forwarded",
     )
 
-    def __init__(self, endpoint: str, *, strip: bool, limit: int, total_limit: int) -> None:
+    def __init__(
+        self, endpoint: str, *, strip: bool, limit: int, total_limit: int, nulls: bool = True
+    ) -> None:
         self.endpoint = endpoint
         self.strip = strip  # the proxy asked for the ids: the client must not see them
+        # How the engine writes a stream without ids: vLLM writes the id fields as null (and
+        # stop_reason always); the simulator leaves them and stop_reason out.
+        self.nulls = nulls
         self.limit = limit
         self.total_limit = total_limit
         self._field = _FIELD[endpoint]
@@ -121,7 +128,7 @@ class Ledger:
             close = event.find(b"]", i)
             ids = event[i + len(_IDS) : close]
             if self.strip:
-                event = _cut(event, i, close + 1)
+                event = _drop(event, i, close + 1, self.nulls)
         if self.strip or self.prompt_ids is None:
             p = event.find(_PROMPT_IDS)
             if p != -1:
@@ -130,10 +137,12 @@ class Ledger:
                     self.prompt_ids = event[p + len(_PROMPT_IDS) : close]
                     self._count(self.prompt_ids)
                 if self.strip:
-                    event = _cut(event, p, close + 1)
-                    t = event.find(_PROMPT_TEXT)
-                    if t != -1:
-                        event = _cut(event, t + 1, _string_end(event, t + len(_PROMPT_TEXT) + 1))
+                    event = _drop(event, p, close + 1, self.nulls)
+        if self.strip and not self.nulls:
+            for name in _SIM_ONLY_WITH_IDS:
+                at = event.find(name)
+                if at != -1:
+                    event = _cut(event, at + 1, _value_end(event, at + len(name)))
         f = event.find(_FINISH)
         if f != -1:
             reason = event[f + len(_FINISH) : event.find(b'"', f + len(_FINISH))]
@@ -227,6 +236,21 @@ def _cut(event: bytes, start: int, end: int) -> bytes:
     if event[end : end + 1] == b",":
         return event[:start] + event[end + 1 :]
     return event[:start] + event[end:]
+
+
+def _drop(event: bytes, start: int, end: int, nulls: bool) -> bytes:
+    """Remove the id field at [start, end), or write its value as null (`nulls`)."""
+    if nulls:
+        return event[: event.index(b":", start) + 1] + b"null" + event[end:]
+    return _cut(event, start, end)
+
+
+def _value_end(data: bytes, start: int) -> int:
+    """The index just past the JSON scalar (string, number, null) that starts at `start`."""
+    if data[start : start + 1] == b'"':
+        return _string_end(data, start + 1)
+    ends = [i for i in (data.find(b",", start), data.find(b"}", start)) if i != -1]
+    return min(ends) if ends else len(data)
 
 
 def _string_end(data: bytes, start: int) -> int:
