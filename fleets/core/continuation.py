@@ -145,6 +145,10 @@ def continuation_request(
     for key in CARRIED:
         if key in document:
             body[key] = document[key]
+    if wants_usage(document):
+        # Its usage is not the answer's, but its key order is the engine's own: the proxy
+        # writes the whole answer's figures in it.
+        body["stream_options"] = {"include_usage": True}
     return body
 
 

@@ -56,6 +56,7 @@ def test_the_continuation_asks_for_the_rest_with_the_same_sampling():
         "temperature": 0,
         "stop": ["\n\n"],
         "seed": 3,
+        "stream_options": {"include_usage": True},
     }
     assert (
         rules.continuation_request({**document, "min_tokens": 10}, "chat", "m", [1], 40)[
