@@ -1,5 +1,6 @@
 """Stream continuation's rules: which streams can continue, what the continuation asks, and how
-its text is stitched to what the client already has (docs/stream-continuation.md).
+its text is stitched to what the client already has (docs/proxy-hold.md, "Streams cut after
+their headers").
 
 A stream cut after its headers (the engine died, a sleep aborted it) is continued on the domain
 routing commits to next: the engine is asked, on its completions endpoint, for the rest of the
