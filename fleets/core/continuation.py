@@ -183,26 +183,12 @@ def stop_across_seam(
     return best
 
 
-def align(client_text: str, decoded: str) -> int | None:
-    """Where the text the client has ends inside `decoded` (the detokenized answer so far), or
-    None when they disagree.
-
-    A tokenizer may decode the first token of an answer without its leading space when it is
-    decoded on its own (SentencePiece), so one leading space may differ either way.
-    """
-    if decoded.startswith(client_text):
-        return len(client_text)
-    if client_text.startswith(" ") and decoded.startswith(client_text[1:]):
-        return len(client_text) - 1
-    if decoded.startswith(" ") and decoded[1:].startswith(client_text):
-        return len(client_text) + 1
-    return None
-
-
 def settled_end(decoded: str, finished: bool, held: int) -> int:
-    """How far into `decoded` the text can be sent now: never a character still incomplete
-    (the replacement character a decoder shows for it) and, until the end, never the last
-    `held` characters (a stop string may yet complete there)."""
+    """How far into `decoded` (an answer's ids, detokenized) the engine has sent the text:
+    never a character still incomplete (the replacement character a decoder shows for it)
+    and, until the end, never the last `held` characters (a stop string may yet complete
+    there). vLLM's detokenizer does exactly this, so at a cut it is also where the text the
+    client has ends: the proxy need not keep the text itself."""
     end = len(decoded.rstrip(REPLACEMENT))
     return end if finished else max(end - held, 0)
 

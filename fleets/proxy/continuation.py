@@ -8,8 +8,9 @@ stream's format: the same `id`, `created` and `model`, no second role chunk, one
 `finish_reason`, usage once over the whole answer, one `[DONE]`.
 
 The text after a seam is rebuilt from ids: at the first chunk that carries text the proxy asks
-the engine's /detokenize for the answer so far, lines it up with what the client has, and sends
-the difference; from there on the engine's own deltas are right. (When the ids before the seam
+the engine's /detokenize for the answer before the seam and with the continuation's ids: where
+the first engine's detokenizer had got to is where the client's text ends, and it sends the
+difference; from there on the engine's own deltas are right. (When the ids before the seam
 end inside a multi-byte character, vLLM's first continued chunk re-emits earlier text: the
 detokenized answer is used for that chunk instead.)
 """
@@ -228,7 +229,8 @@ class Stitch:
         self.include_stop = bool(plan.document.get("include_stop_str_in_output"))
         self.held = rules.holdback(plan.document)
         self.window = max((len(s) for s in self.stops), default=0)
-        self.client = ledger.client_text()
+        self.client = ""  # the text the client has, once worked out at the seam
+        self.at = 0  # where it ends in the detokenized answer
         self.generated = len(before)
         head = ledger.template or b""
         at = head.find(b'"choices":[')
@@ -365,7 +367,7 @@ class Stitch:
             metrics.stalled(self.fleet, time.monotonic() - self._cut_at)  # once, at the seam
             self._cut_at = None
         self.generated += len(ids)
-        self.ledger.append(ids, text)
+        self.ledger.append(ids)
         if finish is not None:
             return (self.finish_chunk(text, finish, stop, ids),)
         if text or self.emits_empty:
@@ -375,16 +377,22 @@ class Stitch:
     async def _seam_text(
         self, route: Route, finish: str | None, stop: object, task: asyncio.Task
     ) -> str:
-        """The text from where the client's ends to where the engine's own text now is."""
+        """The text from where the client's ends to where the engine's own text now is.
+
+        Both ends are read off the detokenized answer: before the seam, where the first
+        engine's detokenizer had got to (`settled_end`); now, where the continuing one has.
+        """
+        before = await detokenize(route, self.before, task) if self.before else ""
+        self.at = rules.settled_end(before, False, self.held)
+        self.client = before[: self.at]
         ids = self.before + self._ids
         if finish == "stop" and (stop is None or isinstance(stop, int)):
             ids = ids[:-1]  # the end-of-sequence (or stop) id: written as no text
         decoded = await detokenize(route, ids, task)
-        found = rules.align(self.client, decoded)
-        if found is None:
-            raise _SeamUnknown("the client's text and the ids disagree")
+        if not decoded.startswith(self.client):
+            raise _SeamUnknown("the answer decodes differently with the continuation's ids")
         end = rules.settled_end(decoded, finish is not None, self.held)
-        return decoded[found : max(end, found)]
+        return decoded[self.at : max(end, self.at)]
 
 
 _ABORTED = object()

@@ -100,19 +100,6 @@ def test_holdback_is_vllms_stop_buffer():
     assert rules.holdback({}) == 0
 
 
-@pytest.mark.parametrize(
-    ("client", "decoded", "at"),
-    [
-        ("Très", "Très bien", 4),
-        (" Très", "Très bien", 4),  # decoded alone, the first token lost its space
-        ("Très", " Très bien", 5),
-        ("Tr\u00e8", "Tres", None),
-    ],
-)
-def test_the_clients_text_is_found_in_the_decoded_answer(client, decoded, at):
-    assert rules.align(client, decoded) == at
-
-
 def test_an_incomplete_character_and_the_stop_buffer_are_not_sent_yet():
     assert rules.settled_end("ab\ufffd", finished=False, held=0) == 2
     assert rules.settled_end("abcdef", finished=False, held=2) == 4

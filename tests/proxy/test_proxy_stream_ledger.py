@@ -6,7 +6,7 @@ import pytest
 
 from fleets.proxy import stream_ledger
 from fleets.proxy.stream_ledger import Ledger
-from tests.proxy.vllm_double import ANSWER, ANSWER_IDS, EOS, VllmDouble, prompt_ids_of_request
+from tests.proxy.vllm_double import ANSWER_IDS, EOS, VllmDouble, prompt_ids_of_request
 
 
 def stream(
@@ -52,9 +52,6 @@ def test_the_prompt_and_every_forwarded_id_are_kept(endpoint):
     kept.feed(stream(endpoint, ids=True, limit=30))
     assert kept.prompt() == prompt_ids_of_request(endpoint == "chat")
     assert kept.answer_ids() == ANSWER_IDS[:30]
-    # The text the client has: what 30 ids decode to, less a character not complete yet.
-    assert ANSWER.startswith(kept.client_text())
-    assert len(kept.client_text().encode()) >= 30 - 3
     assert kept.count == len(kept.prompt()) + 30
 
 
