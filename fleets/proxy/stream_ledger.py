@@ -25,7 +25,8 @@ _kept = [0]
 _IDS = b'"token_ids":['
 _PROMPT_IDS = b'"prompt_token_ids":['
 # Fields the simulator writes only when asked for ids (vLLM writes them either way).
-_SIM_ONLY_WITH_IDS = (b',"prompt_token_ids":', b',"prompt_text":', b',"stop_reason":')
+_STOP_REASON = b',"stop_reason":'
+_PROMPT_TEXT = b',"prompt_text":'
 _FINISH = b'"finish_reason":"'
 _EMPTY_DELTA = b'"delta":{}'
 _DONE = b"data: [DONE]"
@@ -127,6 +128,8 @@ class Ledger:
                 self.done = True
             return event
         strip = self.strip
+        if self.forwarded == 0:
+            event = self._prompt(event)  # the first chunk carries the prompt's ids
         i = event.find(_IDS)
         if i != -1:
             close = event.find(b"]", i)
@@ -135,11 +138,12 @@ class Ledger:
                 if self.nulls:
                     event = event[: i + 12] + b"null" + event[close + 1 :]
                 else:
-                    event = _cut(event, i, close + 1)
+                    # The simulator writes stop_reason (and on completions the prompt's ids,
+                    # null after the first chunk) just before the ids, and only with them.
+                    at = event.rfind(_STOP_REASON, 0, i)
+                    event = event[: at if at != -1 else i - 1] + event[close + 1 :]
         else:
             ids = b""
-        if self.forwarded == 0 or (strip and not self.nulls):
-            event = self._prompt(event)  # the first chunk; the simulator's later fields
         f = event.find(_FINISH)
         if f != -1:
             reason = event[f + 17 : event.find(b'"', f + 17)]  # 17: len(_FINISH)
@@ -186,10 +190,9 @@ class Ledger:
             if self.strip:
                 event = _drop(event, p, close + 1, self.nulls)
         if self.strip and not self.nulls:
-            for name in _SIM_ONLY_WITH_IDS:
-                at = event.find(name)
-                if at != -1:
-                    event = _cut(event, at + 1, _value_end(event, at + len(name)))
+            at = event.find(_PROMPT_TEXT)  # the simulator's, only with ids
+            if at != -1:
+                event = _cut(event, at + 1, _value_end(event, at + len(_PROMPT_TEXT)))
         return event
 
     def _keep(self, ids: bytes) -> None:
