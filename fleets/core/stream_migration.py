@@ -14,19 +14,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-# The engines whose streams the proxy can continue: they return token ids when asked
-# (`return_token_ids`) and take a prompt of token ids on /v1/completions. The proxy reads a
-# route's engine from its binding's profile the same way (`engine_of`).
-CONTINUABLE_ENGINES = frozenset({"vllm", "sim"})
+# One rule for which engines can continue a stream, and how a profile names its engine: the
+# proxy's (fleets/core/continuation.py), so the promotion never aborts a stream it cannot pick up.
+from fleets.core.continuation import engine_continues, engine_of
 
-
-def engine_of(profile: object) -> str | None:
-    """The engine a binding's profile names (`profile.engine`), or None when it names none."""
-    if isinstance(profile, dict):
-        engine = profile.get("engine")
-        if isinstance(engine, str) and engine:
-            return engine
-    return None
+__all__ = ["DrainBound", "drain_bound", "engine_of"]
 
 
 @dataclass(frozen=True)
@@ -60,7 +52,7 @@ def drain_bound(
     if not routed_to_target:
         return DrainBound(None, "routing does not point at the new active")
     for side, engines in (("old active", source_engines), ("new active", target_engines)):
-        cannot = sorted({e or "unknown" for e in engines if e not in CONTINUABLE_ENGINES})
+        cannot = sorted({e or "unknown" for e in engines if not engine_continues(e)})
         if cannot:
             return DrainBound(
                 None, f"the {side} runs engines that cannot continue a stream: {', '.join(cannot)}"

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
 from fleets.base.private_apis import unpooled
+from fleets.core.continuation import engine_of
 from fleets.core.model_health import ServerHealth
 from fleets.models import Domain, Fleet, ModelBinding
 
@@ -78,6 +79,7 @@ class BindingRow:
     slot_id: str
     gpu_index: int
     health: str = ServerHealth.UNKNOWN  # the model's own server
+    engine: str = ""  # the binding's profile engine (vllm, sim, ...): "" when none is named
 
 
 @dataclass(frozen=True)
@@ -239,6 +241,7 @@ def snapshot_rows_read(fleet_id: str) -> SnapshotRows | None:
             "slot_id",
             "slot__gpu_index",
             "health",
+            "profile",
         )
         bindings = tuple(
             BindingRow(
@@ -250,14 +253,19 @@ def snapshot_rows_read(fleet_id: str) -> SnapshotRows | None:
                 slot_id=_uuid_str(slot_id),
                 gpu_index=gpu_index,
                 health=health,
+                engine=_engine(profile),
             )
-            for name, url, kind, state, slot_domain, slot_id, gpu_index, health in rows
+            for name, url, kind, state, slot_domain, slot_id, gpu_index, health, profile in rows
         )
         if domain is None:
             return SnapshotRows(pointer, None, None, None, bindings)
         return SnapshotRows(pointer, _uuid_text(domain[0]), domain[1], domain[2], bindings)
 
     return _with_connection(read)
+
+
+def _engine(profile: Any) -> str:
+    return engine_of(profile) or ""
 
 
 def connection_close() -> None:

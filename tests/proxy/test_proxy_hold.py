@@ -26,23 +26,6 @@ from tests.proxy.test_proxy_routing import promote
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def hold_settings(settings, monkeypatch):
-    """Generous hold, and a poll bound so long that only the pushed change can wake in time."""
-
-    def apply(**changes):
-        settings.HARU = {**settings.HARU, **changes}
-
-    apply(
-        chat_hold_ms=30_000,
-        chat_hold_poll_ms=10_000,
-        chat_hold_max=1000,
-        chat_hold_max_bytes=1 << 30,
-    )
-    monkeypatch.setattr(hold.HOLDS, "released", False)  # put back after a test's drain
-    yield apply
-
-
 async def east_refuses(fleet) -> None:
     """Point east's qwen-small at a port nothing listens on: every connect is refused."""
     await sync_to_async(
@@ -154,8 +137,10 @@ async def test_a_request_the_upstream_accepted_is_never_sent_twice(
     cutter = Cutter(answer)
     server = await asyncio.start_server(cutter.handle, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
+    # An engine that cannot continue: what it accepted is never asked again (the continuing
+    # engines' re-run is in test_proxy_continuation.py).
     await sync_to_async(ModelBinding.objects.filter(domain__slug="east", name="qwen-small").update)(
-        serving_url=f"http://127.0.0.1:{port}"
+        serving_url=f"http://127.0.0.1:{port}", profile={"engine": "sglang"}
     )
     try:
         if answer:

@@ -97,6 +97,7 @@ PROXY_MAY_IMPORT = {
     "fleets.metrics.registry",
     "fleets.metrics.requests",
     "fleets.base.continuation_series",  # the stream-continuation series' names
+    "fleets.metrics.continuations",  # the stream-continuation series
     "common.wire.bounded_json",
     "common.wire",
     "common.private_apis",  # the drain's hold on uvicorn's server and worker processes
