@@ -115,6 +115,7 @@ class SimHost:
         weights_mib: int = 6144,
         planned_memory: bool = False,
         adapters: dict[str, list[str]] | None = None,
+        engine_args: tuple[str, ...] = (),
     ) -> None:
         self.name = name
         self.dir = workdir / name
@@ -127,7 +128,12 @@ class SimHost:
         self.log_path = self.dir / "supervisor.log"
         self.proc: subprocess.Popen | None = None
         self.token = TOKEN
-        engine_args = _engine_args(wake_latency_ms, sleep_latency_ms, weights_mib, start_asleep)
+        # `engine_args`: more of the sim engine's flags (e.g. `--token-delay-ms` for streams
+        # long enough to be cut mid-answer).
+        engine_args = (
+            *_engine_args(wake_latency_ms, sleep_latency_ms, weights_mib, start_asleep),
+            *engine_args,
+        )
         # As `manage.py supervisor_config` writes them from the plan.
         memory = {"memoryMiB": weights_mib + 768, "sleepResidueMiB": 768} if planned_memory else {}
         self.config = {
