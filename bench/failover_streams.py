@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-from openai import APIStatusError, AsyncOpenAI
+import httpx2
+from openai import APIStatusError, AsyncOpenAI, DefaultAsyncHttpxClient
 
 from bench.failover_load import POLICY, Stack, _demote_if_awake, op_figures, pct
 from haru.local.processes import wait_for
@@ -73,9 +73,10 @@ def specs(n: int, tokens: int) -> list[Spec]:
 
 
 def sdk(base_url: str, api_key: str, n: int) -> AsyncOpenAI:
-    http = httpx.AsyncClient(
-        limits=httpx.Limits(max_connections=n + 8, max_keepalive_connections=n + 8),
-        timeout=httpx.Timeout(180, connect=30),
+    # One connection per stream (the SDK's default pool holds 100 at most).
+    http = DefaultAsyncHttpxClient(
+        limits=httpx2.Limits(max_connections=n + 8, max_keepalive_connections=n + 8),
+        timeout=httpx2.Timeout(180, connect=30),
         trust_env=False,
     )
     return AsyncOpenAI(
