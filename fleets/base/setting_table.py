@@ -187,6 +187,37 @@ class HaruSettings:
         doc="longest a server goes without reading the routing pointer when the push channel "
         "is down (0: every request)",
     )
+    # Stream continuation (docs/stream-continuation.md).
+    chat_continue_max_ids = CHAT.integer(
+        "HARU_CHAT_CONTINUE_MAX_IDS",
+        32_768,
+        0,
+        10_000_000,
+        doc="most token ids (prompt and answer) kept per stream to continue it after a cut; a "
+        "longer stream ends cut as before (0: never continue)",
+    )
+    chat_continue_max_ids_total = CHAT.integer(
+        "HARU_CHAT_CONTINUE_MAX_IDS_TOTAL",
+        16_000_000,
+        0,
+        2**40,
+        doc="most token ids kept at once per server process; a stream that would pass it is "
+        "not continued",
+    )
+    chat_continue_max = CHAT.integer(
+        "HARU_CHAT_CONTINUE_MAX",
+        3,
+        0,
+        100,
+        doc="most continuations of one stream (a continuation may be cut again)",
+    )
+    chat_stream_stall_ms = CHAT.integer(
+        "HARU_CHAT_STREAM_STALL_MS",
+        30_000,
+        0,
+        3_600_000,
+        doc="a continuable stream silent this long is cut and continued (0: never)",
+    )
     # Graceful restart.
     drain_ready_ms = CHAT.integer(
         "HARU_DRAIN_READY_MS",

@@ -14,8 +14,9 @@ import logging
 from typing import Protocol
 
 from fleets.base.conf import haru_settings
-from fleets.proxy import handler, upstream
+from fleets.proxy import continuation, handler, upstream
 from fleets.proxy.errors import ProxyError
+from fleets.proxy.stream_ledger import Ledger
 
 log = logging.getLogger("haru.proxy")
 
@@ -93,41 +94,64 @@ async def _forward(
         return
 
     this_task = io.watch()
+    plan = continuation.Plan.of(handler.request_document(body), body, endpoint)
     response: upstream.Response | None = None
+    ledger: Ledger | None = None
     try:
         response = await handler.forward(
-            headers=headers, body=body, endpoint=endpoint, exchange=exchange, task=this_task
+            headers=headers,
+            body=body,
+            endpoint=endpoint,
+            exchange=exchange,
+            task=this_task,
+            plan=plan,
         )
+        while plan.reruns_on(exchange.route) and _aborted(response):  # type: ignore[arg-type]
+            # A sleep aborted a non-streamed answer: nothing was sent, so ask again.
+            plan.reruns += 1
+            await response.aclose()
+            response = None
+            response = await handler.forward(
+                headers=headers,
+                body=body,
+                endpoint=endpoint,
+                exchange=exchange,
+                task=this_task,
+                plan=plan,
+            )
         headers_at = handler.perf()
+        if plan.injected and response.status == 200:
+            ledger = plan.ledger()
         # What already arrived goes out with the headers: for a plain completion that is
         # usually all of it, one write to the client.
         first = response.buffered()
         complete = response.complete
+        if ledger is not None:
+            first = ledger.feed(first)
+            complete = complete and ledger.done
         if first or complete:
             exchange.first_byte()
         if complete:
             io.unwatch()
         out = handler.response_headers(response, exchange)
+        if ledger is not None or plan.client_ids:
+            out = [(n, v) for n, v in out if n != b"content-length"]  # the body changes
         await io.respond(response.status, out, first, more=not complete)
         if exchange.overhead is not None:  # set by forward() before it returns
             exchange.overhead += handler.perf() - headers_at
         if complete:
             return
-        try:
-            async for chunk in response.aiter_raw():
-                exchange.first_byte()
-                # One write per upstream read, at once: each SSE event reaches the client as
-                # soon as the model server emits it.
-                await io.write(chunk)
-        except upstream.UpstreamClosed as exc:
-            # Headers are gone: the status cannot change. Dropping the connection without the
-            # end of the body shows the client a truncated response, not a complete-looking one.
+        if ledger is None:
+            await _relay(io, response, exchange)
+            return
+        if await _relay_kept(io, response, exchange, ledger, this_task):
+            return
+        await response.aclose()  # the cut upstream: closed before the continuation starts
+        if not await continuation.resume(io, plan, ledger, headers, exchange, this_task):
             exchange.outcome = "upstream_stream_error"
-            log.warning("model server for %r broke its stream: %s", exchange.model, exc)
             io.abort()
             return
         io.unwatch()
-        exchange.first_byte()
         await io.end()
     except asyncio.CancelledError:
         if not io.gone:
@@ -137,6 +161,67 @@ async def _forward(
         exchange.outcome = "client_disconnected"
     finally:
         io.unwatch()
+        if ledger is not None:
+            ledger.release()
         if response is not None:
             # Unread, this closes the upstream connection: the model server sees the cancel.
             await response.aclose()
+
+
+async def _relay(io: ClientIO, response: upstream.Response, exchange: handler.Exchange) -> None:
+    """Stream the body through as it comes (a stream that cannot be continued)."""
+    try:
+        async for chunk in response.aiter_raw():
+            exchange.first_byte()
+            # One write per upstream read, at once: each SSE event reaches the client as
+            # soon as the model server emits it.
+            await io.write(chunk)
+    except upstream.UpstreamClosed as exc:
+        # Headers are gone: the status cannot change. Dropping the connection without the
+        # end of the body shows the client a truncated response, not a complete-looking one.
+        exchange.outcome = "upstream_stream_error"
+        log.warning("model server for %r broke its stream: %s", exchange.model, exc)
+        io.abort()
+        return
+    io.unwatch()
+    exchange.first_byte()
+    await io.end()
+
+
+async def _relay_kept(
+    io: ClientIO,
+    response: upstream.Response,
+    exchange: handler.Exchange,
+    ledger: Ledger,
+    task: asyncio.Task,
+) -> bool:
+    """Stream a kept stream through its ledger; True when it ended whole, False at a cut
+    (reset, EOF before the end, silence past the bound, finish_reason "abort")."""
+    watchdog = continuation.Watchdog(ledger, task.get_loop())
+    watchdog.watch(response)
+    try:
+        async for chunk in response.aiter_raw():
+            exchange.first_byte()
+            out = ledger.feed(chunk)
+            if out:
+                await io.write(out)
+            if ledger.aborted:
+                break
+    except upstream.UpstreamClosed as exc:
+        log.warning("model server for %r broke its stream: %s", exchange.model, exc)
+    finally:
+        watchdog.stop()
+    if ledger.done and not ledger.aborted:
+        io.unwatch()
+        await io.end()
+        return True
+    return False
+
+
+def _aborted(response: upstream.Response) -> bool:
+    """Whether a non-streamed answer, read whole, is a sleep's abort (nothing sent yet)."""
+    return (
+        response.status == 200
+        and response.complete
+        and b'"finish_reason":"abort"' in response.peek()
+    )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import TYPE_CHECKING
 
 from common.wire import bounded_json
 from fleets.base.conf import haru_settings
@@ -20,6 +21,9 @@ from fleets.metrics import requests as request_metrics
 from fleets.proxy import errors, hold, upstream
 from fleets.proxy.snapshots import ROUTES, Route, Snapshot, clip
 from fleets.reconciler import datapath
+
+if TYPE_CHECKING:
+    from fleets.proxy.continuation import Plan
 
 ENDPOINTS = {
     "/v1/chat/completions": "chat",
@@ -35,7 +39,7 @@ perf = time.perf_counter
 class Exchange:
     """One request's accounting, recorded in metrics once its response is done."""
 
-    __slots__ = ("arrived", "fleet", "model", "outcome", "overhead", "ttfb", "stale")
+    __slots__ = ("arrived", "fleet", "model", "outcome", "overhead", "ttfb", "stale", "route")
 
     def __init__(self) -> None:
         self.arrived = perf()
@@ -45,6 +49,7 @@ class Exchange:
         self.overhead: float | None = None
         self.ttfb: float | None = None
         self.stale = False
+        self.route: Route | None = None  # the route the request was last sent on
 
     def first_byte(self) -> None:
         if self.ttfb is None:
@@ -98,6 +103,11 @@ def fleet_ref(header: str | None) -> str:
 
 def requested_model(body: bytes) -> str:
     """Read `model` from the JSON body; the body itself is forwarded untouched."""
+    return request_document(body)["model"]
+
+
+def request_document(body: bytes) -> dict:
+    """Parse the JSON body and check its `model`; refuse what cannot be forwarded."""
     try:
         document = bounded_json.loads(body, max_depth=haru_settings().json_max_depth)
     except ValueError as exc:
@@ -108,7 +118,7 @@ def requested_model(body: bytes) -> str:
     model = document.get("model")
     if not isinstance(model, str) or not model:
         raise errors.invalid_request("`model` is required and must be a non-empty string")
-    return model
+    return document
 
 
 def pick(snapshot: Snapshot, model: str) -> Route:
@@ -137,6 +147,8 @@ async def forward(
     endpoint: str,
     exchange: Exchange,
     task: asyncio.Task | None = None,
+    plan: Plan | None = None,
+    continuing: bool = False,
 ) -> upstream.Response:
     """Route the request and send it upstream; return the response once its headers are in.
 
@@ -145,12 +157,15 @@ async def forward(
     (fleets/proxy/hold.py) and sent again once routing changes or the model server is back.
     `task` is the request's task if the caller has it: on Python 3.11 every lookup of the
     running loop or task is a getpid() system call, and this path would otherwise make five.
+    `plan` (fleets/proxy/continuation.py) asks for token ids on a route whose engine can
+    continue, and sends a non-streamed request cut before its headers again; `continuing`
+    marks a stream's continuation, which only an engine that can continue may take.
     """
     if task is None:
         task = asyncio.current_task()
         assert task is not None
     loop = task.get_loop()
-    model = requested_model(body)
+    model = plan.document["model"] if plan is not None else requested_model(body)
     ref = fleet_ref(text(headers.get(b"x-haru-fleet")))
     held: hold.Hold | None = None
     try:
@@ -166,8 +181,21 @@ async def forward(
                     raise
                 why = err
             else:
-                exchange.model = route.model
-                sent = await _attempt(route, snapshot, headers, body, endpoint, exchange, task)
+                exchange.model, exchange.route = route.model, route
+                if continuing and not route.continues:
+                    raise errors.ProxyError(
+                        502, "engine_cannot_continue", f"{route.model!r} cannot continue a stream"
+                    )
+                sent = await _attempt(
+                    route,
+                    snapshot,
+                    headers,
+                    plan.body_for(route) if plan is not None else body,
+                    endpoint,
+                    exchange,
+                    task,
+                    plan if plan is not None and plan.reruns_on(route) else None,
+                )
                 if not isinstance(sent, errors.ProxyError):
                     if held is not None:
                         held.close("forwarded")
@@ -194,8 +222,11 @@ async def _attempt(
     endpoint: str,
     exchange: Exchange,
     task: asyncio.Task,
+    rerun: Plan | None = None,
 ) -> upstream.Response | errors.ProxyError:
-    """Send once; return the response, or why the upstream provably did not start it."""
+    """Send once; return the response, or why the upstream provably did not start it (or, for
+    a non-streamed request to an engine that can continue, `rerun`, that it was cut before
+    anything was sent to the client: it is sent again)."""
     target = route.targets[endpoint]
     head = upstream.request_head(target, headers, len(body))
     if exchange.overhead is None:
@@ -217,6 +248,16 @@ async def _attempt(
         return errors.upstream_unreachable(
             f"model server for {route.model!r} refused the connection ({exc})"
         )
+    except errors.ProxyError as err:
+        if rerun is None or err.code != ErrorCode.UPSTREAM_UNREACHABLE:
+            raise
+        # Accepted, then lost with its engine before any byte came back: the client has seen
+        # nothing, so the answer is asked again, of whichever domain routing commits to.
+        rerun.reruns += 1
+        datapath.report_unreachable(
+            snapshot.fleet_id, snapshot.active_domain_id or "", route.model, time.time()
+        )
+        return err
     if response.status == 503:
         # "Service Unavailable" before any body: the server says it did not handle it.
         await response.aclose()

@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 
 from fleets.base import clock
 from fleets.base.conf import HaruSettings, haru_settings
+from fleets.core.continuation import engine_continues
 from fleets.core.read_model import DomainView, ModelView
 from fleets.core.route_intent import is_model_routable
 from fleets.core.states import SlotKind
@@ -53,7 +54,13 @@ LOG_EVERY_S = 10.0
 
 _SLUG = re.compile(SLUG_REGEX)
 UNUSABLE = "state store answered with unusable state"
-_UPSTREAM_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+# "detokenize" is the proxy's own: a stream's continuation rebuilds its text there; no client
+# path leads to it (the proxy's endpoints are chat and completions).
+_UPSTREAM_PATHS = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "detokenize": "/detokenize",
+}
 
 
 @dataclass(frozen=True)
@@ -61,7 +68,10 @@ class Route:
     """Where one model's requests go: targets built once, only from the binding's serving URL."""
 
     model: str
-    targets: dict[str, Target]  # endpoint ("chat", "completions") -> upstream target
+    targets: dict[str, Target]  # endpoint ("chat", "completions", "detokenize") -> target
+    # The binding's engine returns token ids and takes them as a prompt: a stream cut on it
+    # can be continued (fleets/core/continuation.py).
+    continues: bool = False
 
 
 @dataclass(frozen=True)
@@ -157,7 +167,9 @@ def snapshot_build(rows: store.SnapshotRows, loaded_at: float) -> Snapshot:
                 health=b.health,
             )
             if is_model_routable(domain, model):
-                routes[b.name] = Route(model=b.name, targets=targets)
+                routes[b.name] = Route(
+                    model=b.name, targets=targets, continues=engine_continues(b.engine)
+                )
             else:
                 unavailable[b.name] = (
                     f"domain {domain.state}, slot {b.slot_state}, server {b.health}"

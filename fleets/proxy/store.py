@@ -78,6 +78,7 @@ class BindingRow:
     slot_id: str
     gpu_index: int
     health: str = ServerHealth.UNKNOWN  # the model's own server
+    engine: str = ""  # the binding's profile engine (vllm, sim, ...): "" when none is named
 
 
 @dataclass(frozen=True)
@@ -239,6 +240,7 @@ def snapshot_rows_read(fleet_id: str) -> SnapshotRows | None:
             "slot_id",
             "slot__gpu_index",
             "health",
+            "profile",
         )
         bindings = tuple(
             BindingRow(
@@ -250,14 +252,20 @@ def snapshot_rows_read(fleet_id: str) -> SnapshotRows | None:
                 slot_id=_uuid_str(slot_id),
                 gpu_index=gpu_index,
                 health=health,
+                engine=_engine(profile),
             )
-            for name, url, kind, state, slot_domain, slot_id, gpu_index, health in rows
+            for name, url, kind, state, slot_domain, slot_id, gpu_index, health, profile in rows
         )
         if domain is None:
             return SnapshotRows(pointer, None, None, None, bindings)
         return SnapshotRows(pointer, _uuid_text(domain[0]), domain[1], domain[2], bindings)
 
     return _with_connection(read)
+
+
+def _engine(profile: Any) -> str:
+    engine = profile.get("engine") if isinstance(profile, dict) else None
+    return engine if isinstance(engine, str) else ""
 
 
 def connection_close() -> None:

@@ -154,6 +154,12 @@ class Response:
                 self.headers_done.exception()  # retrieved: a cancelled caller may never read it
         self._wake()
 
+    def fail(self, why: str) -> None:
+        """End the body as broken (a stream gone silent past its bound): the reader gets
+        UpstreamClosed, and closing the connection tells the model server to stop."""
+        self._finish(UpstreamClosed(why))
+        self._conn.live_transport.abort()
+
     def _lost(self, exc: Exception | None) -> None:
         # A body without Content-Length or chunked encoding ends when the connection does.
         if self.headers_done.done() and not self._length_known and exc is None:
@@ -175,6 +181,10 @@ class Response:
             self._conn.live_transport.resume_reading()
         self._buffered = 0
         return data
+
+    def peek(self) -> bytes:
+        """Every body byte that has arrived so far, left in place."""
+        return b"".join(self._chunks)
 
     async def aiter_raw(self):
         """Yield body bytes as the model server sends them (chunked framing removed)."""

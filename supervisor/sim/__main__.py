@@ -36,6 +36,22 @@ def parse_args(argv: list[str] | None = None) -> tuple[SimOptions, str]:
     p.add_argument("--load-ms", type=int, default=0, help="startup time before /health is 200")
     p.add_argument("--reply", default=None, help="the text every completion answers with")
     p.add_argument("--echo", action="store_true", help="answer with the last user message")
+    p.add_argument(
+        "--generate",
+        action="store_true",
+        help="generate answers from the prompt's token ids, as long as max_tokens asks",
+    )
+    p.add_argument(
+        "--eos-per-mille",
+        type=int,
+        default=0,
+        help="with --generate: chance per 1000 word boundaries of ending with the EOS token",
+    )
+    p.add_argument(
+        "--reemit-split-prompt",
+        action="store_true",
+        help="with --generate: as vLLM, a prompt ending mid-character re-sends its text",
+    )
     p.add_argument("--start-asleep", action="store_true")
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument(
@@ -63,6 +79,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[SimOptions, str]:
     for name in ("weights_mib", "context_mib", "wake_latency_ms", "ttft_ms", "token_delay_ms"):
         if getattr(a, name) < 0:
             p.error(f"--{name.replace('_', '-')} must not be negative")
+    if not 0 <= a.eos_per_mille <= 1000:
+        p.error("--eos-per-mille must be between 0 and 1000")
     # The options' names are their fields' (argparse's dests); only these are read otherwise.
     given = {f.name: getattr(a, f.name) for f in fields(SimOptions) if hasattr(a, f.name)}
     given["lora_modules"] = tuple(m.split("=", 1)[0] for m in a.lora_modules)

@@ -25,9 +25,11 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from supervisor.gpu.sim_state import SimGpuState
+from supervisor.sim import generate, tokens
 from supervisor.sim.backends import WAKE_TAGS, SimBackend
 from supervisor.sim.inference import InferenceEndpoint
 from supervisor.sim.options import FAULT_NAMES, Faults, SimOptions, Stats
+from supervisor.sim.replies import GenerationSettings
 
 log = logging.getLogger("supervisor.sim")
 
@@ -87,6 +89,7 @@ class SimEngine:
         # Set by a wake while the matching fault is on (see FAULT_NAMES); cleared by a reset.
         self.drifted = False
         self.adapters_lost = False
+        self.tokenizer = tokens.Tokenizer(self._scripted_words())
 
     # -- memory ---------------------------------------------------------------------------------
 
@@ -179,6 +182,40 @@ class SimEngine:
         if name != self.options.model and not self.adapters_lost:
             return f"{base} Adapter {name} applied."
         return base
+
+    def _scripted_words(self) -> tuple[str, ...]:
+        """Every step of every scripted reply this engine can give, each to be one token."""
+        replies = []
+        for drifted, lost in ((False, False), (True, False), (False, True), (True, True)):
+            self.drifted, self.adapters_lost = drifted, lost
+            for name in (self.options.model, *self.options.lora_modules):
+                replies.append(self.reply_for(name))
+        self.drifted = self.adapters_lost = False
+        steps: list[str] = []
+        for reply in replies:
+            words = reply.split()
+            steps.extend(w if i == 0 else " " + w for i, w in enumerate(words))
+        return tuple(steps)
+
+    def generation_for(self, name: str) -> GenerationSettings | None:
+        """How `--generate` answers for the model or adapter `name` (None: the scripted reply).
+
+        The seed is the served name's, so two engines serving the same model agree token for
+        token; a drift fault or a lost adapter changes it, as it changes the scripted reply.
+        """
+        o = self.options
+        if not o.generate:
+            return None
+        if name != o.model and self.adapters_lost:
+            name = o.model
+        if self.drifted:
+            name = f"drifted:{name}"
+        return GenerationSettings(
+            seed=generate.seed(name),
+            max_model_len=o.max_model_len,
+            eos_per_mille=o.eos_per_mille,
+            reemit_split_prompt=o.reemit_split_prompt,
+        )
 
     def generation_started(self) -> asyncio.Event:
         """Count a generation in; return the event that aborts it."""
@@ -312,6 +349,53 @@ class SimRoutes:
                 ],
             }
         )
+
+    async def tokenize(self, request: Request) -> Response:
+        """vLLM's POST /tokenize: a prompt string, or chat messages through the template."""
+        payload = await _json_object(request)
+        if isinstance(payload, Response):
+            return payload
+        if (refused := self._unknown_model(payload)) is not None:
+            return refused
+        if isinstance(payload.get("messages"), list):
+            add = payload.get("add_generation_prompt", True) is not False
+            ids = self.engine.tokenizer.render_chat(payload["messages"], add_generation_prompt=add)
+        elif isinstance(payload.get("prompt"), str):
+            ids = self.engine.tokenizer.encode(payload["prompt"])
+        else:
+            return _error(400, "give `prompt` (a string) or `messages` (a list)")
+        strs = None
+        if payload.get("return_token_strs") is True:
+            strs = [self.engine.tokenizer.decode([i]) for i in ids]
+        return JSONResponse(
+            {
+                "count": len(ids),
+                "max_model_len": self.engine.options.max_model_len,
+                "tokens": ids,
+                "token_strs": strs,
+            }
+        )
+
+    async def detokenize(self, request: Request) -> Response:
+        """vLLM's POST /detokenize: the exact text of the ids (special tokens as their text)."""
+        payload = await _json_object(request)
+        if isinstance(payload, Response):
+            return payload
+        if (refused := self._unknown_model(payload)) is not None:
+            return refused
+        ids = payload.get("tokens")
+        if not isinstance(ids, list):
+            return _error(400, "`tokens` must be a list of token ids")
+        bad = self.engine.tokenizer.out_of_vocabulary(ids)
+        if bad is not None:
+            return _error(400, f"Token id {bad} is out of vocabulary")
+        return JSONResponse({"prompt": self.engine.tokenizer.decode(ids)})
+
+    def _unknown_model(self, payload: dict[str, Any]) -> Response | None:
+        name = payload.get("model")
+        if name is None or self.engine.serves(name):
+            return None
+        return _error(404, f"The model `{name}` does not exist.")
 
     async def version(self, request: Request) -> Response:
         return JSONResponse({"version": SIM_ENGINE_VERSION})
@@ -473,6 +557,8 @@ def build_app(engine: SimEngine) -> Starlette:
             Route("/is_sleeping", r.is_sleeping, methods=["GET"]),
             Route("/load", r.load, methods=["GET"]),
             Route("/version", r.version, methods=["GET"]),
+            Route("/tokenize", r.tokenize, methods=["POST"]),
+            Route("/detokenize", r.detokenize, methods=["POST"]),
             Route("/_sim/faults", r.faults, methods=["GET", "POST"]),
             Route("/_sim/stats", r.stats, methods=["GET"]),
             Route("/_sim/backend", r.backend, methods=["GET"]),
@@ -481,6 +567,16 @@ def build_app(engine: SimEngine) -> Starlette:
         ],
         lifespan=r.lifespan,
     )
+
+
+async def _json_object(request: Request) -> dict[str, Any] | Response:
+    try:
+        payload = json.loads(await request.body() or b"{}")
+    except ValueError:
+        return _error(400, "body is not valid JSON")
+    if not isinstance(payload, dict):
+        return _error(400, "body must be an object")
+    return payload
 
 
 async def _load(engine: SimEngine) -> None:

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from starlette.types import Receive, Scope, Send
 
-from supervisor.sim import replies
+from supervisor.sim import replies, tokens
 from supervisor.sim.options import Faults, SimOptions, Stats
 
 
@@ -31,7 +31,11 @@ class Engine(Protocol):
     def authorized(self, scope: Any) -> bool: ...
     def next_id(self, prefix: str) -> str: ...
     def serves(self, name: object) -> bool: ...
+
+    tokenizer: tokens.Tokenizer
+
     def reply_for(self, name: str) -> str: ...
+    def generation_for(self, name: str) -> replies.GenerationSettings | None: ...
     def generation_started(self) -> asyncio.Event: ...
     def generation_ended(self) -> None: ...
 
@@ -121,16 +125,23 @@ class InferenceEndpoint:
                     return
             finally:
                 watch.close()
-        completion = replies.plan_completion(
-            request_id=engine.next_id("chatcmpl" if self.chat else "cmpl"),
-            created=int(time.time()),
-            model=admitted["model"],
-            body=body,
-            payload=admitted,
-            chat=self.chat,
-            reply=engine.reply_for(admitted["model"]),
-            echo=engine.options.echo,
-        )
+        try:
+            completion = replies.plan_completion(
+                request_id=engine.next_id("chatcmpl" if self.chat else "cmpl"),
+                created=int(time.time()),
+                model=admitted["model"],
+                body=body,
+                payload=admitted,
+                chat=self.chat,
+                reply=engine.reply_for(admitted["model"]),
+                echo=engine.options.echo,
+                tokenizer=engine.tokenizer,
+                generation=engine.generation_for(admitted["model"]),
+            )
+        except replies.RequestError as refused:
+            engine.stats.rejected += 1
+            await _send(send, 400, replies.openai_error(str(refused), "BadRequestError", 400))
+            return
         abort = engine.generation_started()
         try:
             if admitted.get("stream") is True:
@@ -214,10 +225,9 @@ class InferenceEndpoint:
             if not await watch.pause(o.ttft_ms / 1000):
                 return False
             if self.chat:
-                await _chunk(
-                    send, replies.chat_chunk(c, {"role": "assistant", "content": ""}, None)
-                )
-            for i, token in enumerate(c.tokens):
+                await _chunk(send, replies.chat_role_chunk(c))
+            last = len(c.tokens) - 1
+            for i, (text, ids) in enumerate(zip(c.tokens, c.token_ids, strict=True)):
                 if i and not await watch.pause(o.token_delay_ms / 1000):
                     return False
                 if watch.gone.is_set():
@@ -225,14 +235,21 @@ class InferenceEndpoint:
                 if abort.is_set():
                     c = c.cut(i)
                     break
+                finish = c.finish_reason if i == last and c.finish_on_last_token else None
                 if self.chat:
-                    await _chunk(send, replies.chat_chunk(c, {"content": token}, None))
+                    await _chunk(send, replies.chat_chunk(c, {"content": text}, finish, ids))
                 else:
-                    await _chunk(send, replies.completion_chunk(c, token, None))
-            if self.chat:
-                await _chunk(send, replies.chat_chunk(c, {}, c.finish_reason))
-            else:
-                await _chunk(send, replies.completion_chunk(c, "", c.finish_reason))
+                    chunk = replies.completion_chunk(c, text, finish, ids, first=i == 0)
+                    await _chunk(send, chunk)
+            if not c.finish_on_last_token:
+                if self.chat:
+                    # vLLM's own finish chunk (an abort) says content "": the scripted one {}.
+                    delta = {"content": ""} if c.generated else {}
+                    await _chunk(send, replies.chat_chunk(c, delta, c.finish_reason))
+                else:
+                    first = not c.tokens
+                    chunk = replies.completion_chunk(c, "", c.finish_reason, first=first)
+                    await _chunk(send, chunk)
             if include_usage:
                 await _chunk(send, replies.usage_chunk(c, self.chat))
             await send({"type": "http.response.body", "body": replies.DONE, "more_body": False})

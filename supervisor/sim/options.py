@@ -37,6 +37,13 @@ class SimOptions:
     load_ms: int = 0
     reply: str | None = None
     echo: bool = False
+    # Answer with text generated from the prompt's token ids (generate.py) instead of `reply`:
+    # as long as max_tokens asks, and continuable on another engine from the ids so far.
+    generate: bool = False
+    # With `generate`: the chance (per thousand word boundaries) of ending with the EOS id.
+    eos_per_mille: int = 0
+    # With `generate`: vLLM's quirk of re-sending the prompt's text when it ends mid-character.
+    reemit_split_prompt: bool = False
     # As vLLM's --lora-modules NAME=PATH: extra served names, each answering in its own way.
     lora_modules: tuple[str, ...] = ()
     start_asleep: bool = False

@@ -1,4 +1,5 @@
-"""OpenAI-shaped bodies for the simulated engine: deterministic text, chunks and usage."""
+"""OpenAI-shaped bodies for the simulated engine: deterministic text, chunks and usage, and
+vLLM's token id fields (`return_token_ids`) in the places vLLM puts them."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from common.strict_json import is_int
+from supervisor.sim import tokens
+from supervisor.sim.generate import Generator
 
 DEFAULT_MAX_TOKENS = 16
 
@@ -18,7 +21,14 @@ def dumps(value: Any) -> bytes:
 
 @dataclass(frozen=True)
 class Completion:
-    """One request's answer, decided up front: tokens (words) and why generation ended."""
+    """One request's answer, decided up front: its steps (the text and the ids each chunk
+    carries) and why generation ended.
+
+    Two kinds: a scripted reply (the configured text or the echo, one word per step, as the
+    simulator always answered) and a generated one (`--generate`, generate.py: one id per step,
+    the finish reason on the last token's chunk as vLLM sends it). Either carries vLLM's token
+    id fields when the request asked for them (`return_token_ids`).
+    """
 
     request_id: str
     created: int
@@ -28,25 +38,55 @@ class Completion:
     prompt_tokens: int
     body_sha256: str
     body_bytes: int
+    token_ids: tuple[tuple[int, ...], ...] = ()
+    prompt_ids: tuple[int, ...] = ()
+    stop_reason: str | int | None = None
+    return_ids: bool = False
+    generated: bool = False
+    prompt_text: str | None = None
 
     def cut(self, kept: int) -> Completion:
-        """The same reply ended after `kept` tokens by an aborting sleep."""
-        return replace(self, tokens=self.tokens[:kept], finish_reason="abort")
+        """The same reply ended after `kept` steps by an aborting sleep."""
+        return replace(
+            self,
+            tokens=self.tokens[:kept],
+            token_ids=self.token_ids[:kept],
+            finish_reason="abort",
+            stop_reason=None,
+        )
 
     @property
     def text(self) -> str:
         return "".join(self.tokens)
 
+    @property
+    def ids(self) -> list[int]:
+        return [i for step in self.token_ids for i in step]
+
+    @property
+    def finish_on_last_token(self) -> bool:
+        """Whether the finish reason rides on the last token's chunk (vLLM's way), rather
+        than on a chunk of its own (the scripted reply's, and any abort's)."""
+        return self.generated and self.finish_reason != "abort" and bool(self.tokens)
+
     def usage(self) -> dict[str, int]:
+        if self.return_ids or self.generated:
+            prompt, completion = len(self.prompt_ids), len(self.ids)
+        else:
+            prompt, completion = self.prompt_tokens, len(self.tokens)
         return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": len(self.tokens),
-            "total_tokens": self.prompt_tokens + len(self.tokens),
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
         }
 
     def trace(self) -> dict[str, Any]:
         # Lets a proxy test prove the exact request bytes arrived, from the reply alone.
         return {"requestSha256": self.body_sha256, "requestBytes": self.body_bytes}
+
+
+class RequestError(ValueError):
+    """A request the engine refuses with 400, in vLLM's words."""
 
 
 def plan_completion(
@@ -59,29 +99,205 @@ def plan_completion(
     chat: bool,
     reply: str,
     echo: bool,
+    tokenizer: tokens.Tokenizer = tokens.BASE,
+    generation: GenerationSettings | None = None,
 ) -> Completion:
-    """Decide the reply: the configured text, or in echo mode the last user input."""
-    prompt_text = _prompt_text(payload, chat)
-    source = (prompt_text or "(empty)") if echo else reply
-    words = source.split()
+    """Decide the reply: generated from the prompt's ids when `generation` is given, else the
+    configured text or, in echo mode, the last user input. Raise RequestError for bad input."""
+    prompt_ids = _prompt_ids(payload, chat, tokenizer)
+    prompt_text = None
+    if chat and payload.get("return_prompt_text") is True:
+        prompt_text = tokenizer.decode(prompt_ids)
     limit = payload.get("max_completion_tokens", payload.get("max_tokens"))
+    common: dict[str, Any] = {
+        "request_id": request_id,
+        "created": created,
+        "model": model,
+        "body_sha256": hashlib.sha256(body).hexdigest(),
+        "body_bytes": len(body),
+        "prompt_ids": tuple(prompt_ids),
+        "return_ids": payload.get("return_token_ids") is True,
+        "prompt_text": prompt_text,
+    }
+    if generation is not None:
+        return _generate(payload, prompt_ids, limit, tokenizer, generation, common)
+    prompt_words = _prompt_text(payload, chat, tokenizer)
+    source = (prompt_words or "(empty)") if echo else reply
+    words = source.split()
+    script = [tuple(tokenizer.encode(w if i == 0 else " " + w)) for i, w in enumerate(words)]
+    if _ids_prompt(payload, chat):
+        # A prompt of ids may end with the start of the script (a continuation after a cut):
+        # the engine goes on from there, as a model continues its context.
+        script = _rest_of_script(script, prompt_ids)
     if not is_int(limit) or limit < 1:
         limit = DEFAULT_MAX_TOKENS
-    kept = words[:limit]
-    tokens = tuple(w if i == 0 else " " + w for i, w in enumerate(kept))
+    kept = script[:limit]
     return Completion(
-        request_id=request_id,
-        created=created,
-        model=model,
-        tokens=tokens,
-        finish_reason="length" if len(words) > limit else "stop",
-        prompt_tokens=max(1, len(prompt_text.split())),
-        body_sha256=hashlib.sha256(body).hexdigest(),
-        body_bytes=len(body),
+        tokens=tuple(tokenizer.decode(step) for step in kept),
+        token_ids=tuple(kept),
+        finish_reason="length" if len(script) > limit else "stop",
+        prompt_tokens=max(1, len(prompt_words.split())),
+        **common,
     )
 
 
-def _prompt_text(payload: dict[str, Any], chat: bool) -> str:
+def _rest_of_script(script: list[tuple[int, ...]], context: list[int]) -> list[tuple[int, ...]]:
+    """The steps of `script` after the longest part of it that ends `context` (all of it
+    when none does), the first one shortened when the context ends inside it."""
+    flat = [i for step in script for i in step]
+    for done in range(min(len(flat), len(context)), 0, -1):
+        if context[len(context) - done :] == flat[:done]:
+            break
+    else:
+        return script
+    rest: list[tuple[int, ...]] = []
+    at = 0
+    for step in script:
+        if at + len(step) > done:
+            rest.append(step[max(0, done - at) :])
+        at += len(step)
+    return rest
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """What a generating engine needs besides the request: its model's seed and options."""
+
+    seed: int
+    max_model_len: int
+    eos_per_mille: int = 0
+    # Emulate vLLM's seam quirk: a prompt ending inside a character makes the first chunk
+    # carry the whole prompt's text again (see docs/supervisor.md).
+    reemit_split_prompt: bool = False
+
+
+def _generate(
+    payload: dict[str, Any],
+    prompt_ids: list[int],
+    limit: Any,
+    tokenizer: tokens.Tokenizer,
+    settings: GenerationSettings,
+    common: dict[str, Any],
+) -> Completion:
+    room = settings.max_model_len - len(prompt_ids)
+    if limit is None:
+        limit = min(DEFAULT_MAX_TOKENS, room)
+    if not is_int(limit) or limit < 1:
+        raise RequestError("max_tokens must be at least 1")
+    if limit > room:
+        raise RequestError(
+            f"This model's maximum context length is {settings.max_model_len} tokens. "
+            f"However, you requested {limit} output tokens and your prompt contains "
+            f"{len(prompt_ids)} input tokens, for a total of {limit + len(prompt_ids)} "
+            f"tokens. Please reduce the length of the input prompt or the number of "
+            f"requested output tokens."
+        )
+    stops = _stop_strings(payload)
+    stop_ids = _stop_token_ids(payload)
+    keep_stop = payload.get("include_stop_str_in_output") is True
+    ignore_eos = payload.get("ignore_eos") is True
+    prompt_bytes = tokenizer.text_bytes(prompt_ids)
+    tail = tokens.incomplete_tail(prompt_bytes)
+    # The bytes of a character the prompt began are the decoder's start: the first chunk
+    # completes it (or, with the quirk, carries the whole prompt's text again).
+    pending = prompt_bytes if settings.reemit_split_prompt and tail else prompt_bytes[-tail:]
+    decoder = tokens.IncrementalDecoder(tokenizer, pending if tail else b"")
+    generator = Generator(
+        tokenizer, settings.seed, prompt_ids, eos_per_mille=settings.eos_per_mille
+    )
+    # Text may end in the start of a stop string: held back until it cannot be one, as vLLM.
+    hold = max((len(s) for s in stops), default=1) - 1 if not keep_stop else 0
+    text, sent = "", 0
+    steps: list[str] = []
+    ids: list[tuple[int, ...]] = []
+    finish: str = "length"
+    stop_reason: str | int | None = None
+    for _ in range(limit):
+        token_id = generator.next_id(ignore_eos=ignore_eos)
+        ids.append((token_id,))
+        if token_id == tokens.EOS_ID or token_id in stop_ids:
+            finish = "stop"
+            stop_reason = None if token_id == tokens.EOS_ID else token_id
+        else:
+            before = len(text)
+            text += decoder.push(token_id)
+            found = _find_stop(text, stops, before)
+            if found is not None:
+                at, stop = found
+                text = text[: at + len(stop)] if keep_stop else text[:at]
+                finish, stop_reason = "stop", stop
+        done = finish == "stop" or len(ids) == limit
+        release = len(text) if done else max(sent, len(text) - hold)
+        steps.append(text[sent:release])
+        sent = release
+        if finish == "stop":
+            break
+    return Completion(
+        tokens=tuple(steps),
+        token_ids=tuple(ids),
+        finish_reason=finish,
+        stop_reason=stop_reason,
+        prompt_tokens=len(prompt_ids),
+        generated=True,
+        **common,
+    )
+
+
+def _find_stop(text: str, stops: list[str], before: int) -> tuple[int, str] | None:
+    """The first stop string that the text added after `before` completes."""
+    best: tuple[int, str] | None = None
+    for stop in stops:
+        at = text.find(stop, max(0, before - len(stop) + 1))
+        if at >= 0 and (best is None or at < best[0]):
+            best = (at, stop)
+    return best
+
+
+def _stop_strings(payload: dict[str, Any]) -> list[str]:
+    stop = payload.get("stop")
+    if isinstance(stop, str):
+        return [stop] if stop else []
+    if isinstance(stop, list):
+        return [s for s in stop if isinstance(s, str) and s]
+    return []
+
+
+def _stop_token_ids(payload: dict[str, Any]) -> set[int]:
+    given = payload.get("stop_token_ids")
+    return {i for i in given if is_int(i)} if isinstance(given, list) else set()
+
+
+def _ids_prompt(payload: dict[str, Any], chat: bool) -> bool:
+    """Whether a completion's prompt is given as token ids."""
+    prompt = payload.get("prompt")
+    return (
+        not chat
+        and isinstance(prompt, list)
+        and bool(prompt)
+        and all(type(p) is int for p in prompt)
+    )
+
+
+def _prompt_ids(payload: dict[str, Any], chat: bool, tokenizer: tokens.Tokenizer) -> list[int]:
+    """The prompt's token ids: the chat template's, the prompt string's, or the ids given."""
+    if chat:
+        messages = payload.get("messages")
+        return tokenizer.render_chat(messages if isinstance(messages, list) else [])
+    prompt = payload.get("prompt", "")
+    if _ids_prompt(payload, chat):
+        bad = tokenizer.out_of_vocabulary(prompt)
+        if bad is not None:
+            raise RequestError(f"Token id {bad} is out of vocabulary")
+        return list(prompt)
+    if isinstance(prompt, list):
+        prompt = " ".join(p for p in prompt if isinstance(p, str))
+    return tokenizer.encode(prompt if isinstance(prompt, str) else "")
+
+
+def _prompt_text(payload: dict[str, Any], chat: bool, tokenizer: tokens.Tokenizer) -> str:
+    """The text an echoing engine answers with: the last user message's."""
+    if _ids_prompt(payload, chat):
+        return _last_user_text(payload["prompt"], tokenizer)
     if not chat:
         prompt = payload.get("prompt", "")
         if isinstance(prompt, list):
@@ -92,35 +308,83 @@ def _prompt_text(payload: dict[str, Any], chat: bool) -> str:
         return ""
     for message in reversed(messages):
         if isinstance(message, dict) and message.get("role") == "user":
-            content = message.get("content")
-            if isinstance(content, str):
-                return content
-            if isinstance(content, list):
-                return " ".join(
-                    p.get("text", "")
-                    for p in content
-                    if isinstance(p, dict) and p.get("type") == "text"
-                )
+            return tokens.message_text(message.get("content"))
     return ""
+
+
+def _last_user_text(ids: list[int], tokenizer: tokens.Tokenizer) -> str:
+    """The last user message of a chat template's ids, or all their text when there is none."""
+    user = tokens.ROLE_IDS["user"]
+    if user in ids:
+        start = len(ids) - ids[::-1].index(user)
+        end = ids.index(tokens.END_ID, start) if tokens.END_ID in ids[start:] else len(ids)
+        return tokenizer.decode(ids[start:end])
+    return tokenizer.decode(ids, skip_special=True)
 
 
 def chat_body(c: Completion) -> dict[str, Any]:
     message = {"role": "assistant", "content": c.text}
-    reply = _reply(c, "chat.completion", [_choice({"message": message}, c.finish_reason)])
-    return {**reply, "usage": c.usage(), "haru_sim": c.trace()}
+    choice = _choice({"message": message}, c.finish_reason)
+    if c.return_ids:
+        choice.update(stop_reason=c.stop_reason, token_ids=c.ids)
+    reply = _reply(c, "chat.completion", [choice])
+    reply["usage"] = c.usage()
+    if c.return_ids:
+        reply.update(prompt_token_ids=list(c.prompt_ids), prompt_text=c.prompt_text)
+    return {**reply, "haru_sim": c.trace()}
 
 
 def completion_body(c: Completion) -> dict[str, Any]:
-    reply = _reply(c, "text_completion", [_choice({"text": c.text}, c.finish_reason)])
+    choice = _choice({"text": c.text}, c.finish_reason)
+    if c.return_ids:
+        choice.update(
+            stop_reason=c.stop_reason, token_ids=c.ids, prompt_token_ids=list(c.prompt_ids)
+        )
+    reply = _reply(c, "text_completion", [choice])
     return {**reply, "usage": c.usage(), "haru_sim": c.trace()}
 
 
-def chat_chunk(c: Completion, delta: dict[str, Any], finish: str | None) -> bytes:
-    return sse(_reply(c, "chat.completion.chunk", [_choice({"delta": delta}, finish)]))
+def chat_role_chunk(c: Completion) -> bytes:
+    """The first chunk: the role, and with token ids asked for, the prompt's (vLLM's place)."""
+    reply = _reply(
+        c, "chat.completion.chunk", [_choice({"delta": {"role": "assistant", "content": ""}}, None)]
+    )
+    if c.return_ids:
+        reply.update(prompt_token_ids=list(c.prompt_ids), prompt_text=c.prompt_text)
+    return sse(reply)
 
 
-def completion_chunk(c: Completion, text: str, finish: str | None) -> bytes:
-    return sse(_reply(c, "text_completion", [_choice({"text": text}, finish)]))
+def chat_chunk(
+    c: Completion,
+    delta: dict[str, Any],
+    finish: str | None,
+    ids: tuple[int, ...] = (),
+) -> bytes:
+    choice = _choice({"delta": delta}, finish)
+    if c.return_ids:
+        if finish is not None:
+            choice["stop_reason"] = c.stop_reason
+        choice["token_ids"] = list(ids)
+    return sse(_reply(c, "chat.completion.chunk", [choice]))
+
+
+def completion_chunk(
+    c: Completion,
+    text: str,
+    finish: str | None,
+    ids: tuple[int, ...] = (),
+    *,
+    first: bool = False,
+) -> bytes:
+    choice = _choice({"text": text}, finish)
+    if c.return_ids:
+        # vLLM's order: stop_reason, then the prompt's ids (first chunk only), then the ids.
+        choice.update(
+            stop_reason=c.stop_reason if finish is not None else None,
+            prompt_token_ids=list(c.prompt_ids) if first else None,
+            token_ids=list(ids),
+        )
+    return sse(_reply(c, "text_completion", [choice]))
 
 
 def usage_chunk(c: Completion, chat: bool) -> bytes:

@@ -1,0 +1,405 @@
+"""Continue a stream cut after its headers, on the domain routing commits to next.
+
+The client's stream stays open while the proxy holds it exactly as it holds a new request
+(`handler.forward`, fleets/proxy/hold.py), then asks that domain's engine, on its completions
+endpoint, for the rest: the prompt's ids and the ids already sent as the prompt (the rules are
+in fleets/core/continuation.py). The continuation's chunks are rewritten into the original
+stream's format: the same `id`, `created` and `model`, no second role chunk, one
+`finish_reason`, usage once over the whole answer, one `[DONE]`.
+
+The text after a seam is rebuilt from ids: at the first chunk that carries text the proxy asks
+the engine's /detokenize for the answer so far, lines it up with what the client has, and sends
+the difference; from there on the engine's own deltas are right. (When the ids before the seam
+end inside a multi-byte character, vLLM's first continued chunk re-emits earlier text: the
+detokenized answer is used for that chunk instead.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from fleets.base.conf import haru_settings
+from fleets.core import continuation as rules
+from fleets.metrics import continuations as metrics
+from fleets.proxy import handler, upstream
+from fleets.proxy.errors import ProxyError
+from fleets.proxy.snapshots import Route
+from fleets.proxy.stream_ledger import Ledger
+
+if TYPE_CHECKING:
+    from fleets.proxy.flow import ClientIO
+
+log = logging.getLogger("haru.proxy")
+
+# Most bytes of a /detokenize answer read (the text of an answer within the per-stream bound).
+DETOKENIZE_MAX_BYTES = 8 * 1024 * 1024
+DONE = b"data: [DONE]\n\n"
+
+
+@dataclass
+class Plan:
+    """One request's stance on continuation, worked out once from its parsed body."""
+
+    document: dict
+    endpoint: str
+    body: bytes
+    streamed: bool
+    refusal: str | None  # why a cut of this stream cannot be continued, None if it can
+    client_ids: bool  # the client asked for token ids itself: they reach it untouched
+    reruns: int = 0  # times this non-streamed request was sent again after a cut
+    injected: bool = False  # the last body sent asked for ids on the proxy's behalf
+
+    @classmethod
+    def of(cls, document: dict, body: bytes, endpoint: str) -> Plan:
+        streamed = document.get("stream") is True
+        refusal = rules.refusal(document, endpoint) if streamed else None
+        asked = document.get("return_token_ids")
+        if asked is not None and asked is not True:
+            refusal = refusal or "ids_refused"  # the client turned them off explicitly
+        return cls(document, endpoint, body, streamed, refusal, asked is True)
+
+    def continues(self, route: Route) -> bool:
+        """Whether a stream sent on `route` is kept for a continuation."""
+        config = haru_settings()
+        return (
+            self.streamed
+            and route.continues
+            and self.refusal is None
+            and config.chat_continue_max_ids > 0
+            and config.chat_continue_max > 0
+        )
+
+    def reruns_on(self, route: Route) -> bool:
+        """Whether a non-streamed request cut on `route` (nothing sent yet) is sent again."""
+        return (
+            not self.streamed
+            and route.continues
+            and self.reruns < haru_settings().chat_continue_max
+        )
+
+    def body_for(self, route: Route) -> bytes:
+        """The body to send on `route`: with `return_token_ids` when the stream is kept."""
+        self.injected = False
+        if not self.continues(route) or self.client_ids:
+            return self.body
+        self.injected = True
+        at = self.body.index(b"{") + 1
+        return self.body[:at] + b'"return_token_ids":true,' + self.body[at:]
+
+    def ledger(self) -> Ledger:
+        config = haru_settings()
+        return Ledger(
+            self.endpoint,
+            strip=self.injected,
+            limit=config.chat_continue_max_ids,
+            total_limit=config.chat_continue_max_ids_total,
+        )
+
+
+class Watchdog:
+    """Cut a continuable stream whose upstream went silent past HARU_CHAT_STREAM_STALL_MS."""
+
+    def __init__(self, ledger: Ledger, loop: asyncio.AbstractEventLoop) -> None:
+        self._ledger = ledger
+        self._loop = loop
+        self._response: upstream.Response | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._stall_s = haru_settings().chat_stream_stall_ms / 1000
+
+    def watch(self, response: upstream.Response) -> None:
+        self._response = response
+        if self._stall_s and self._timer is None:
+            # One timer per half bound, not one per chunk: the chunk only stamps the ledger.
+            self._timer = self._loop.call_later(self._stall_s / 2, self._check)
+
+    def _check(self) -> None:
+        silent = time.monotonic() - self._ledger.last_at
+        response = self._response
+        if response is not None and silent >= self._stall_s:
+            response.fail(f"no byte for {silent:.1f} s (HARU_CHAT_STREAM_STALL_MS)")
+            self._timer = None
+            return
+        self._timer = self._loop.call_later(max(self._stall_s - silent, 0.01), self._check)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+async def resume(
+    io: ClientIO,
+    plan: Plan,
+    ledger: Ledger,
+    headers: dict[bytes, bytes],
+    exchange: handler.Exchange,
+    task: asyncio.Task,
+) -> bool:
+    """Continue the cut stream to its end; True when the client's stream ended whole.
+
+    False: it could not be continued (the reason is counted); the caller ends the client's
+    stream cut, as before this existed.
+    """
+    fleet = exchange.fleet
+    config = haru_settings()
+    if ledger.finish is not None and ledger.reason is None:
+        # The answer had ended; only its usage chunk or [DONE] was lost with the connection.
+        stitch = Stitch(plan, ledger, ledger.answer_ids(), fleet)
+        prompt_tokens = len(ledger.prompt())
+        await io.write(DONE if ledger.usage_seen else stitch.tail(prompt_tokens))
+        return True
+    attempts = 0
+    while True:
+        cut_at = ledger.last_at
+        why = ledger.reason
+        if why is None and ledger.prompt_ids is None:
+            why = "no_ids"  # cut before the first chunk: the prompt's ids never came
+        if why is None and attempts >= config.chat_continue_max:
+            why = "too_many_cuts"
+        if why is not None:
+            metrics.failed(fleet, why)
+            log.warning("stream for %r cut, not continued: %s", exchange.model, why)
+            return False
+        attempts += 1
+        prompt, answer = ledger.prompt(), ledger.answer_ids()
+        stitch = Stitch(plan, ledger, answer, fleet)
+        request = rules.continuation_request(
+            plan.document, plan.endpoint, exchange.model, prompt + answer, len(answer)
+        )
+        if request is None:  # the answer had reached its limit: only its end was missing
+            await io.write(stitch.finish_chunk("", "length", None) + stitch.tail(len(prompt)))
+            metrics.continued(fleet, plan.endpoint)
+            metrics.stalled(fleet, time.monotonic() - cut_at)
+            return True
+        try:
+            response = await handler.forward(
+                headers=headers,
+                body=json.dumps(request).encode(),
+                endpoint="completions",
+                exchange=exchange,
+                task=task,
+                continuing=True,
+            )
+        except ProxyError as err:
+            metrics.failed(fleet, _reason_of(err))
+            log.warning("stream for %r cut, not continued: %s", exchange.model, err.code)
+            return False
+        route = exchange.route
+        assert route is not None  # set by forward() with the response
+        try:
+            if response.status != 200:
+                metrics.failed(fleet, f"upstream_{response.status // 100}xx")
+                return False
+            ended = await stitch.relay(io, response, route, cut_at, len(prompt), task)
+        except _SeamUnknown as exc:
+            metrics.failed(fleet, "seam")
+            log.warning("stream for %r cut, not continued: %s", exchange.model, exc)
+            return False
+        finally:
+            await response.aclose()
+        if ended:
+            metrics.continued(fleet, plan.endpoint)
+            exchange.outcome = "ok"
+            return True
+        # Cut again: what this continuation forwarded is in the ledger; continue from there.
+
+
+class _SeamUnknown(Exception):
+    """The text the client has does not line up with the detokenized answer."""
+
+
+class Stitch:
+    """One continuation's chunks, rewritten into the original stream's format."""
+
+    def __init__(self, plan: Plan, ledger: Ledger, before: list[int], fleet: str) -> None:
+        self.plan = plan
+        self.fleet = fleet
+        self.ledger = ledger
+        self.before = before  # the answer's ids sent before this seam
+        self.stops = rules.stops_of(plan.document)
+        self.include_stop = bool(plan.document.get("include_stop_str_in_output"))
+        self.held = rules.holdback(plan.document)
+        self.window = max((len(s) for s in self.stops), default=0)
+        self.client = ledger.client_text()
+        self.generated = len(before)
+        head = ledger.template or b""
+        at = head.find(b'"choices":[')
+        self.head = head[len(b"data: ") : at] if at != -1 else b""
+
+    # Rendering, in vLLM's field order (pydantic's model_dump_json, exclude_unset).
+    def _chunk(self, text: str, finish: str | None, stop: object, ids: list[int]) -> bytes:
+        content = json.dumps(text, ensure_ascii=False)
+        if self.plan.endpoint == "chat":
+            delta = b'{"content":%b}' % content.encode() if text else b"{}"
+            choice = b'{"index":0,"delta":%b,"logprobs":null,"finish_reason":' % delta
+            choice += (
+                b"null"
+                if finish is None
+                else b'"%b","stop_reason":%b'
+                % (
+                    finish.encode(),
+                    json.dumps(stop).encode(),
+                )
+            )
+        else:
+            choice = b'{"index":0,"text":%b,"logprobs":null,"finish_reason":%b,"stop_reason":%b' % (
+                content.encode(),
+                b"null" if finish is None else b'"%b"' % finish.encode(),
+                json.dumps(stop).encode(),
+            )
+        if self.plan.client_ids:
+            choice += b',"token_ids":%b' % json.dumps(ids, separators=(",", ":")).encode()
+        return b'data: {%b"choices":[%b}]}\n\n' % (self.head, choice)
+
+    def finish_chunk(
+        self, text: str, finish: str, stop: object, ids: list[int] | None = None
+    ) -> bytes:
+        return self._chunk(text, finish, stop, ids or [])
+
+    def tail(self, prompt_tokens: int) -> bytes:
+        """What follows the finish: the usage chunk if the client asked for it, then [DONE]."""
+        out = b""
+        if rules.wants_usage(self.plan.document):
+            figures = json.dumps(rules.usage(prompt_tokens, self.generated), separators=(",", ":"))
+            out = b'data: {%b"choices":[],"usage":%b}\n\n' % (self.head, figures.encode())
+        return out + DONE
+
+    async def relay(
+        self,
+        io: ClientIO,
+        response: upstream.Response,
+        route: Route,
+        cut_at: float,
+        prompt_tokens: int,
+        task: asyncio.Task,
+    ) -> bool:
+        """Forward the continuation; True when the answer ended, False when cut again."""
+        ledger = self.ledger
+        watchdog = Watchdog(ledger, task.get_loop())
+        watchdog.watch(response)
+        seam = True  # until the engine's first text, its text is not taken as is
+        sent_since_seam = ""
+        stalled = False
+        buf = b""
+        pending_ids: list[int] = []
+        try:
+            chunks = _chunks(response)
+            async for raw in chunks:
+                ledger.last_at = time.monotonic()
+                buf += raw
+                end = buf.rfind(b"\n\n")
+                if end == -1:
+                    continue
+                events, buf = buf[: end + 2].split(b"\n\n"), buf[end + 2 :]
+                for event in events:
+                    if not event.startswith(b"data: {"):
+                        continue  # [DONE] and the continuation's own usage: ours are sent
+                    doc = json.loads(event[6:])
+                    choices = doc.get("choices") or []
+                    if not choices:
+                        continue
+                    choice = choices[0]
+                    ids = choice.get("token_ids") or []
+                    text = choice.get("text") or ""
+                    finish = choice.get("finish_reason")
+                    stop = choice.get("stop_reason")
+                    if finish == "abort":
+                        return False  # aborted again: a cut
+                    pending_ids += ids
+                    if seam:
+                        if not text and finish is None:
+                            continue  # no text yet: neither has the client
+                        decode_ids = self.before + pending_ids
+                        if finish == "stop" and (stop is None or isinstance(stop, int)):
+                            decode_ids = decode_ids[:-1]  # the end-of-sequence id has no text
+                        decoded = await detokenize(route, decode_ids, task)
+                        found = rules.align(self.client, decoded)
+                        if found is None:
+                            raise _SeamUnknown("the client's text and the ids disagree")
+                        end = rules.settled_end(decoded, finish is not None, self.held)
+                        text = decoded[found : max(end, found)]
+                        seam = False
+                    if self.window and len(sent_since_seam) < self.window:
+                        hit = rules.stop_across_seam(
+                            (self.client + sent_since_seam)[-self.window :],
+                            text,
+                            self.stops,
+                            self.include_stop,
+                        )
+                        if hit is not None:
+                            text, finish, stop = text[: hit.keep], "stop", hit.stop
+                    sent_since_seam += text
+                    if not stalled and (text or finish is not None):
+                        stalled = True
+                        metrics.stalled(self.fleet, time.monotonic() - cut_at)
+                    self.generated += len(pending_ids)
+                    ledger.append(pending_ids, text)
+                    chunk_ids, pending_ids = pending_ids, []
+                    if finish is not None:
+                        await io.write(
+                            self.finish_chunk(text, finish, stop, chunk_ids)
+                            + self.tail(prompt_tokens)
+                        )
+                        return True
+                    if text or self.plan.endpoint == "completions" or self.plan.client_ids:
+                        await io.write(self._chunk(text, None, None, chunk_ids))
+        except upstream.UpstreamClosed as exc:
+            log.warning("continuation for %r broke too: %s", route.model, exc)
+        finally:
+            watchdog.stop()
+        return False
+
+
+async def _chunks(response: upstream.Response):
+    first = response.buffered()
+    if first:
+        yield first
+    if not response.complete:
+        async for chunk in response.aiter_raw():
+            yield chunk
+
+
+async def detokenize(route: Route, ids: list[int], task: asyncio.Task) -> str:
+    """The text of `ids`, from the engine of `route` (its /detokenize)."""
+    target = route.targets["detokenize"]
+    body = json.dumps({"model": route.model, "tokens": ids}).encode()
+    head = upstream.request_head(target, {}, len(body))
+    timeout_ms = haru_settings().chat_header_timeout_ms
+    try:
+        response = await upstream.open_stream(
+            target, head, body, timeout_ms=timeout_ms, model=route.model, task=task
+        )
+    except upstream.NotStarted as exc:
+        raise _SeamUnknown(f"/detokenize refused the connection ({exc})") from None
+    except ProxyError as err:
+        raise _SeamUnknown(f"/detokenize failed: {err.code}") from None
+    try:
+        data = response.buffered()
+        async with asyncio.timeout(timeout_ms / 1000):
+            async for chunk in response.aiter_raw():
+                data += chunk
+                if len(data) > DETOKENIZE_MAX_BYTES:
+                    raise _SeamUnknown("/detokenize answered too much")
+        if response.status != 200:
+            raise _SeamUnknown(f"/detokenize answered {response.status}")
+        text = json.loads(data).get("prompt")
+    except (upstream.UpstreamClosed, TimeoutError, ValueError, AttributeError) as exc:
+        raise _SeamUnknown(f"/detokenize failed ({type(exc).__name__})") from None
+    finally:
+        await response.aclose()
+    if not isinstance(text, str):
+        raise _SeamUnknown("/detokenize answered no text")
+    return text
+
+
+def _reason_of(err: ProxyError) -> str:
+    if err.code in ("hold_expired", "hold_capacity", "draining"):
+        return err.code
+    if err.code == "engine_cannot_continue":
+        return "engine"
+    return "no_domain"
