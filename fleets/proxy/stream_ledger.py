@@ -130,7 +130,13 @@ class Ledger:
                     event = _cut(event, p, close + 1)
                     t = event.find(_PROMPT_TEXT)
                     if t != -1:
-                        event = _cut(event, t + 1, _string_end(event, t + len(_PROMPT_TEXT) + 1))
+                        value = t + len(_PROMPT_TEXT)
+                        # vLLM sends `null` unless the request asked for the prompt's text.
+                        if event.startswith(b"null", value):
+                            end = value + 4
+                        else:
+                            end = _string_end(event, value + 1)
+                        event = _cut(event, t + 1, end)
         f = event.find(_FINISH)
         if f != -1:
             reason = event[f + len(_FINISH) : event.find(b'"', f + len(_FINISH))]
