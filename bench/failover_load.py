@@ -206,8 +206,10 @@ class Stack:
         relay_ms: int = 0,
         interval_ms: int = 1000,
         engine_args: tuple[str, ...] = (),
+        engine: str | None = None,
     ) -> None:
         self.workdir = workdir
+        self.engine = engine  # the bindings' profile engine (None: none named, as before)
         self.hosts = {
             name: SimHost(
                 name,
@@ -226,7 +228,7 @@ class Stack:
         for host in self.hosts.values():
             host.start()
         put_in_standby_posture(self.hosts["west"])
-        layout = fleet_layout(self.hosts["east"], self.hosts["west"], policy)
+        layout = fleet_layout(self.hosts["east"], self.hosts["west"], policy, engine=self.engine)
         if self.relay_ms:
             for d in layout["domains"]:
                 host = self.hosts[d["slug"]]

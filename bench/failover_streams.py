@@ -295,8 +295,15 @@ def report(rows: list[dict[str, Any]], out: dict[str, Any]) -> None:
 
 
 def run(args, workdir: Path) -> int:
-    engine_args = ("--token-delay-ms", str(args.token_delay_ms))
-    stack = Stack(workdir, engine_args=engine_args)
+    # Answers generated from the prompt's ids, as long as max_tokens asks, re-sending earlier
+    # text when a continuation's prompt ends inside a character, as vLLM does.
+    engine_args = (
+        "--generate",
+        "--reemit-split-prompt",
+        "--token-delay-ms",
+        str(args.token_delay_ms),
+    )
+    stack = Stack(workdir, engine_args=engine_args, engine="sim")
     rows: list[dict[str, Any]] = []
     try:
         stack.start({**POLICY, "autoFailover": True})

@@ -192,8 +192,10 @@ class SimHost:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def layout_domain(self, priority: int) -> dict:
-        """Return this host as a domain of a fleet layout."""
+    def layout_domain(self, priority: int, engine: str | None = None) -> dict:
+        """Return this host as a domain of a fleet layout; `engine`, when given, is named in
+        each binding's profile."""
+        profile = {"profile": {"engine": engine}} if engine else {}
         return {
             "slug": self.name,
             "provider": "static",
@@ -209,6 +211,7 @@ class SimHost:
                         {
                             "name": m,
                             "servingUrl": f"http://127.0.0.1:{p}",
+                            **profile,
                             **({"adapters": self.adapters[m]} if m in self.adapters else {}),
                         }
                         for m, p in self.model_ports.items()
