@@ -254,7 +254,7 @@ class Stitch:
             )
         if self.plan.client_ids:
             choice += b',"token_ids":%b' % json.dumps(ids, separators=(",", ":")).encode()
-        return b'data: {%b"choices":[%b}]}\n\n' % (self.head, choice)
+        return b'data: %b"choices":[%b}]}\n\n' % (self.head, choice)
 
     def finish_chunk(
         self, text: str, finish: str, stop: object, ids: list[int] | None = None
@@ -266,7 +266,7 @@ class Stitch:
         out = b""
         if rules.wants_usage(self.plan.document):
             figures = json.dumps(rules.usage(prompt_tokens, self.generated), separators=(",", ":"))
-            out = b'data: {%b"choices":[],"usage":%b}\n\n' % (self.head, figures.encode())
+            out = b'data: %b"choices":[],"usage":%b}\n\n' % (self.head, figures.encode())
         return out + DONE
 
     async def relay(

@@ -73,7 +73,8 @@ class Ledger:
         self.texts: list[bytes] = []  # raw JSON string content of each forwarded chunk
         self.count = 0  # ids kept (prompt and answer)
         self.reason: str | None = None  # why this stream can no longer be continued
-        self.template: bytes | None = None  # the last forwarded chunk that carried text
+        # The first chunk forwarded: the continuation's chunks take its id, created and model.
+        self.template: bytes | None = None
         self.finish: bytes | None = None  # the finish_reason the upstream ended with
         self.done = False  # the upstream sent [DONE]
         self.aborted = False  # the upstream ended with finish_reason "abort" (a cut)
@@ -102,6 +103,8 @@ class Ledger:
         out = []
         for event in events:
             kept = self._event(event)
+            if self.aborted:
+                break
             if kept is not None:
                 out.append(kept)
                 out.append(b"\n\n")
@@ -160,6 +163,8 @@ class Ledger:
             and (b'"tool_calls"' in event or b'"reasoning' in event)
         ):
             self.stop("parsed")  # tool calls and reasoning are parsed by the chat endpoint only
+        if self.template is None:
+            self.template = event
         self.forwarded += 1
         return event
 
@@ -169,8 +174,6 @@ class Ledger:
             return b""
         start += len(self._field)
         end = _string_end(event, start)
-        if end - start and self.reason is None:
-            self.template = event
         return event[start : end - 1]
 
     def _keep(self, ids: bytes, text: bytes) -> None:

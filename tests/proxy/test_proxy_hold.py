@@ -154,8 +154,10 @@ async def test_a_request_the_upstream_accepted_is_never_sent_twice(
     cutter = Cutter(answer)
     server = await asyncio.start_server(cutter.handle, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
+    # An engine that cannot continue: what it accepted is never asked again (the continuing
+    # engines' re-run is in test_proxy_continuation.py).
     await sync_to_async(ModelBinding.objects.filter(domain__slug="east", name="qwen-small").update)(
-        serving_url=f"http://127.0.0.1:{port}"
+        serving_url=f"http://127.0.0.1:{port}", profile={"engine": "sglang"}
     )
     try:
         if answer:
