@@ -359,9 +359,9 @@ async def _chunks(response: upstream.Response):
     first = response.buffered()
     if first:
         yield first
-    if not response.complete:
-        async for chunk in response.aiter_raw():
-            yield chunk
+    # Even when complete: what arrived while the first chunk was being handled waits there.
+    async for chunk in response.aiter_raw():
+        yield chunk
 
 
 async def detokenize(route: Route, ids: list[int], task: asyncio.Task) -> str:

@@ -185,13 +185,19 @@ class InferenceEndpoint:
         try:
             if not await watch.pause(o.ttft_ms / 1000):
                 return False
-            for i in range(1, len(c.tokens)):
-                if not await watch.pause(o.token_delay_ms / 1000):
+            sent: list[replies.Step] = []
+            aborted = False
+            for step in c.steps():
+                if sent and not await watch.pause(o.token_delay_ms / 1000):
                     return False
-                if abort.is_set():
+                if sent and abort.is_set():
                     # An aborting sleep: vLLM answers 200 with the text so far.
-                    c = c.cut(i)
+                    aborted = True
                     break
+                sent.append(step)
+            c = c.settled(sent)
+            if aborted:
+                c = c.cut(len(sent))
         finally:
             watch.close()
         body = replies.chat_body(c) if self.chat else replies.completion_body(c)
@@ -226,30 +232,42 @@ class InferenceEndpoint:
                 return False
             if self.chat:
                 await _chunk(send, replies.chat_role_chunk(c))
-            last = len(c.tokens) - 1
-            for i, (text, ids) in enumerate(zip(c.tokens, c.token_ids, strict=True)):
-                if i and not await watch.pause(o.token_delay_ms / 1000):
+            sent: list[replies.Step] = []
+            aborted = False
+            for step in c.steps():
+                if sent and not await watch.pause(o.token_delay_ms / 1000):
                     return False
                 if watch.gone.is_set():
                     return False
                 if abort.is_set():
-                    c = c.cut(i)
+                    aborted = True
                     break
-                finish = c.finish_reason if i == last and c.finish_on_last_token else None
+                first = not sent
+                sent.append(step)
+                why = step.stop_reason
                 if self.chat:
-                    await _chunk(send, replies.chat_chunk(c, {"content": text}, finish, ids))
+                    chunk = replies.chat_chunk(
+                        c, {"content": step.text}, step.finish, step.ids, why
+                    )
                 else:
-                    chunk = replies.completion_chunk(c, text, finish, ids, first=i == 0)
-                    await _chunk(send, chunk)
-            if not c.finish_on_last_token:
+                    chunk = replies.completion_chunk(
+                        c, step.text, step.finish, step.ids, why, first=first
+                    )
+                await _chunk(send, chunk)
+            c = c.settled(sent)
+            if aborted:
+                c = c.cut(len(sent))
+            if aborted or not c.generated:
+                # The scripted reply's finish, and any abort's, is a chunk of its own.
                 if self.chat:
                     # vLLM's own finish chunk (an abort) says content "": the scripted one {}.
                     delta = {"content": ""} if c.generated else {}
-                    await _chunk(send, replies.chat_chunk(c, delta, c.finish_reason))
+                    chunk = replies.chat_chunk(c, delta, c.finish_reason, (), c.stop_reason)
                 else:
-                    first = not c.tokens
-                    chunk = replies.completion_chunk(c, "", c.finish_reason, first=first)
-                    await _chunk(send, chunk)
+                    chunk = replies.completion_chunk(
+                        c, "", c.finish_reason, (), c.stop_reason, first=not sent
+                    )
+                await _chunk(send, chunk)
             if include_usage:
                 await _chunk(send, replies.usage_chunk(c, self.chat))
             await send({"type": "http.response.body", "body": replies.DONE, "more_body": False})

@@ -3,8 +3,10 @@ vLLM's token id fields (`return_token_ids`) in the places vLLM puts them."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -17,6 +19,17 @@ DEFAULT_MAX_TOKENS = 16
 
 def dumps(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one chunk carries: its text, its ids, and on a generated answer's last step why
+    generation ended."""
+
+    text: str
+    ids: tuple[int, ...]
+    finish: str | None = None
+    stop_reason: str | int | None = None
 
 
 @dataclass(frozen=True)
@@ -44,6 +57,32 @@ class Completion:
     return_ids: bool = False
     generated: bool = False
     prompt_text: str | None = None
+    # A generated answer's steps, produced as they are sent (None: `tokens` hold them all).
+    source: Callable[[], Iterator[Step]] | None = None
+
+    def steps(self) -> Iterator[Step]:
+        """The answer's steps, in order: computed now for a generated answer."""
+        if self.source is not None:
+            yield from self.source()
+            return
+        for text, ids in zip(self.tokens, self.token_ids, strict=True):
+            yield Step(text, ids)
+
+    def settled(self, sent: list[Step]) -> Completion:
+        """The answer as far as these steps went, the finish the last one carries."""
+        last = sent[-1] if sent else None
+        return replace(
+            self,
+            tokens=tuple(s.text for s in sent),
+            token_ids=tuple(s.ids for s in sent),
+            finish_reason=last.finish if last and last.finish else self.finish_reason,
+            stop_reason=last.stop_reason if last and last.finish else self.stop_reason,
+            source=None,
+        )
+
+    def whole(self) -> Completion:
+        """The complete answer (a generated one, generated to its end)."""
+        return self if self.source is None else self.settled(list(self.steps()))
 
     def cut(self, kept: int) -> Completion:
         """The same reply ended after `kept` steps by an aborting sleep."""
@@ -62,12 +101,6 @@ class Completion:
     @property
     def ids(self) -> list[int]:
         return [i for step in self.token_ids for i in step]
-
-    @property
-    def finish_on_last_token(self) -> bool:
-        """Whether the finish reason rides on the last token's chunk (vLLM's way), rather
-        than on a chunk of its own (the scripted reply's, and any abort's)."""
-        return self.generated and self.finish_reason != "abort" and bool(self.tokens)
 
     def usage(self) -> dict[str, int]:
         if self.return_ids or self.generated:
@@ -125,12 +158,14 @@ def plan_completion(
     source = (prompt_words or "(empty)") if echo else reply
     words = source.split()
     script = [tuple(tokenizer.encode(w if i == 0 else " " + w)) for i, w in enumerate(words)]
+    done = 0
     if _ids_prompt(payload, chat):
         # A prompt of ids may end with the start of the script (a continuation after a cut):
         # the engine goes on from there, as a model continues its context.
-        script = _rest_of_script(script, prompt_ids)
+        script, done = _rest_of_script(script, prompt_ids)
     if not is_int(limit) or limit < 1:
-        limit = DEFAULT_MAX_TOKENS
+        # As for a generated answer, the default bounds the whole reply (see _generate).
+        limit = max(1, DEFAULT_MAX_TOKENS - done)
     kept = script[:limit]
     return Completion(
         tokens=tuple(tokenizer.decode(step) for step in kept),
@@ -141,22 +176,37 @@ def plan_completion(
     )
 
 
-def _rest_of_script(script: list[tuple[int, ...]], context: list[int]) -> list[tuple[int, ...]]:
+def _rest_of_script(
+    script: list[tuple[int, ...]], context: list[int]
+) -> tuple[list[tuple[int, ...]], int]:
     """The steps of `script` after the longest part of it that ends `context` (all of it
-    when none does), the first one shortened when the context ends inside it."""
+    when none does), the first one shortened when the context ends inside it; and how many
+    whole steps that part held."""
     flat = [i for step in script for i in step]
     for done in range(min(len(flat), len(context)), 0, -1):
         if context[len(context) - done :] == flat[:done]:
             break
     else:
-        return script
+        return script, 0
     rest: list[tuple[int, ...]] = []
-    at = 0
+    at = whole = 0
     for step in script:
         if at + len(step) > done:
             rest.append(step[max(0, done - at) :])
+        else:
+            whole += 1
         at += len(step)
-    return rest
+    return rest, whole
+
+
+def _answered(prompt_ids: list[int]) -> int:
+    """How many ids of an answer the prompt already ends with: those after its last
+    `<|assistant|>` marker, when no `<|end|>` closed that turn."""
+    assistant = tokens.ROLE_IDS["assistant"]
+    if assistant not in prompt_ids:
+        return 0
+    tail = prompt_ids[len(prompt_ids) - prompt_ids[::-1].index(assistant) :]
+    return 0 if tokens.END_ID in tail else len(tail)
 
 
 @dataclass(frozen=True)
@@ -181,7 +231,9 @@ def _generate(
 ) -> Completion:
     room = settings.max_model_len - len(prompt_ids)
     if limit is None:
-        limit = min(DEFAULT_MAX_TOKENS, room)
+        # The default bounds the whole answer, not each request: a continuation (whose prompt
+        # carries the answer so far) without max_tokens ends where the original would have.
+        limit = min(max(1, DEFAULT_MAX_TOKENS - _answered(prompt_ids)), room)
     if not is_int(limit) or limit < 1:
         raise RequestError("max_tokens must be at least 1")
     if limit > room:
@@ -192,6 +244,26 @@ def _generate(
             f"tokens. Please reduce the length of the input prompt or the number of "
             f"requested output tokens."
         )
+    # Generated as it is sent, not up front: a burst of continued streams arriving at once
+    # then costs each its first token, not its whole answer, before the first chunk.
+    steps = functools.partial(_generated_steps, payload, prompt_ids, limit, tokenizer, settings)
+    return Completion(
+        tokens=(),
+        finish_reason="length",
+        prompt_tokens=len(prompt_ids),
+        generated=True,
+        source=steps,
+        **common,
+    )
+
+
+def _generated_steps(
+    payload: dict[str, Any],
+    prompt_ids: list[int],
+    limit: int,
+    tokenizer: tokens.Tokenizer,
+    settings: GenerationSettings,
+) -> Iterator[Step]:
     stops = _stop_strings(payload)
     stop_ids = _stop_token_ids(payload)
     keep_stop = payload.get("include_stop_str_in_output") is True
@@ -200,7 +272,7 @@ def _generate(
     tail = tokens.incomplete_tail(prompt_bytes)
     # The bytes of a character the prompt began are the decoder's start: the first chunk
     # completes it (or, with the quirk, carries the whole prompt's text again).
-    pending = prompt_bytes if settings.reemit_split_prompt and tail else prompt_bytes[-tail:]
+    pending = prompt_bytes if settings.reemit_split_prompt else prompt_bytes[-tail:]
     decoder = tokens.IncrementalDecoder(tokenizer, pending if tail else b"")
     generator = Generator(
         tokenizer, settings.seed, prompt_ids, eos_per_mille=settings.eos_per_mille
@@ -208,13 +280,10 @@ def _generate(
     # Text may end in the start of a stop string: held back until it cannot be one, as vLLM.
     hold = max((len(s) for s in stops), default=1) - 1 if not keep_stop else 0
     text, sent = "", 0
-    steps: list[str] = []
-    ids: list[tuple[int, ...]] = []
-    finish: str = "length"
-    stop_reason: str | int | None = None
-    for _ in range(limit):
+    for count in range(1, limit + 1):
         token_id = generator.next_id(ignore_eos=ignore_eos)
-        ids.append((token_id,))
+        finish: str | None = "length" if count == limit else None
+        stop_reason: str | int | None = None
         if token_id == tokens.EOS_ID or token_id in stop_ids:
             finish = "stop"
             stop_reason = None if token_id == tokens.EOS_ID else token_id
@@ -226,21 +295,11 @@ def _generate(
                 at, stop = found
                 text = text[: at + len(stop)] if keep_stop else text[:at]
                 finish, stop_reason = "stop", stop
-        done = finish == "stop" or len(ids) == limit
-        release = len(text) if done else max(sent, len(text) - hold)
-        steps.append(text[sent:release])
+        release = len(text) if finish else max(sent, len(text) - hold)
+        yield Step(text[sent:release], (token_id,), finish, stop_reason)
         sent = release
-        if finish == "stop":
-            break
-    return Completion(
-        tokens=tuple(steps),
-        token_ids=tuple(ids),
-        finish_reason=finish,
-        stop_reason=stop_reason,
-        prompt_tokens=len(prompt_ids),
-        generated=True,
-        **common,
-    )
+        if finish:
+            return
 
 
 def _find_stop(text: str, stops: list[str], before: int) -> tuple[int, str] | None:
@@ -359,11 +418,12 @@ def chat_chunk(
     delta: dict[str, Any],
     finish: str | None,
     ids: tuple[int, ...] = (),
+    stop_reason: str | int | None = None,
 ) -> bytes:
     choice = _choice({"delta": delta}, finish)
     if c.return_ids:
         if finish is not None:
-            choice["stop_reason"] = c.stop_reason
+            choice["stop_reason"] = stop_reason
         choice["token_ids"] = list(ids)
     return sse(_reply(c, "chat.completion.chunk", [choice]))
 
@@ -373,6 +433,7 @@ def completion_chunk(
     text: str,
     finish: str | None,
     ids: tuple[int, ...] = (),
+    stop_reason: str | int | None = None,
     *,
     first: bool = False,
 ) -> bytes:
@@ -380,7 +441,7 @@ def completion_chunk(
     if c.return_ids:
         # vLLM's order: stop_reason, then the prompt's ids (first chunk only), then the ids.
         choice.update(
-            stop_reason=c.stop_reason if finish is not None else None,
+            stop_reason=stop_reason,
             prompt_token_ids=list(c.prompt_ids) if first else None,
             token_ids=list(ids),
         )

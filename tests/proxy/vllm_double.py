@@ -48,6 +48,7 @@ class VllmDouble:
         self.token_ids = True  # False: an engine that ignores return_token_ids
         self.delay = 0.0
         self.refuse = False  # answer 503 (not handled)
+        self.cuts = 0
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -69,9 +70,9 @@ class VllmDouble:
         chat = scope["path"].endswith("/chat/completions")
         prompt = prompt_ids(doc, chat)
         done = 0  # how much of the answer the prompt already holds
-        base = prompt_ids_of_request(chat)
-        if prompt[: len(base)] == base and len(prompt) > len(base):
-            done = len(prompt) - len(base)
+        for base in (prompt_ids_of_request(True), prompt_ids_of_request(False)):
+            if prompt[: len(base)] == base and len(prompt) > len(base):
+                done = len(prompt) - len(base)
         limit = doc.get("max_tokens") or doc.get("max_completion_tokens") or 10_000
         ids = ANSWER_IDS[done : done + limit]
         finish = "length" if done + limit < len(ANSWER_IDS) else "stop"
@@ -88,7 +89,11 @@ class VllmDouble:
             }
         )
         for event in self._events(doc, chat, prompt, ids, finish, done):
-            if event is None:  # the scripted cut
+            if event is None:  # the scripted cut; the engine is gone until told otherwise
+                self.refuse = True
+                self.cuts += 1
+                if self.cut == "hang":
+                    await asyncio.sleep(3600)
                 if self.cut == "reset":
                     raise ConnectionResetError("engine died")
                 await send({"type": "http.response.body", "body": b""})
@@ -120,6 +125,8 @@ class VllmDouble:
         for n, token in enumerate(ids):
             if self.cut_after is not None and n == self.cut_after:
                 if self.cut == "abort":
+                    self.refuse = True
+                    self.cuts += 1
                     choice = self._choice(chat, "", "abort", [], want_ids, False)
                     yield f"data: {head}{choice}}}\n\n".encode()
                     yield b"data: [DONE]\n\n"
@@ -176,6 +183,8 @@ class VllmDouble:
 
     async def _whole(self, send, doc, chat, prompt, ids, finish) -> None:
         if self.cut_after is not None:
+            self.refuse = True
+            self.cuts += 1
             if self.cut == "abort":
                 ids, finish = ids[: self.cut_after], "abort"
             else:

@@ -71,6 +71,7 @@ def test_generation_depends_only_on_the_context_ids():
 
 
 def _plan(payload: dict, *, chat: bool, **settings) -> object:
+    """The whole generated answer (the engine produces it step by step as it streams)."""
     return plan_completion(
         request_id="cmpl-test",
         created=1,
@@ -81,7 +82,7 @@ def _plan(payload: dict, *, chat: bool, **settings) -> object:
         reply="unused",
         echo=False,
         generation=GenerationSettings(seed=seed("m"), max_model_len=4096, **settings),
-    )
+    ).whole()
 
 
 def _chat(max_tokens: int, **extra) -> dict:
@@ -169,3 +170,34 @@ def test_bad_token_prompts_and_lengths_are_refused():
         _plan({"prompt": [5, 10**9], "max_tokens": 2}, chat=False)
     with pytest.raises(RequestError, match="maximum context length is 4096"):
         _plan(_chat(5000), chat=True)
+
+
+def test_without_max_tokens_a_continuation_ends_where_the_original_would_have():
+    whole = _plan({"messages": [{"role": "user", "content": "go"}]}, chat=True)
+    assert len(whole.ids) == 16 and whole.finish_reason == "length"
+    for k in (1, 9, 15):
+        rest = _plan({"prompt": list(whole.prompt_ids) + whole.ids[:k]}, chat=False)
+        assert rest.ids == whole.ids[k:] and rest.finish_reason == "length"
+
+
+def test_a_scripted_reply_continues_from_an_id_prompt_with_the_same_default_bound():
+    reply = " ".join(f"w{i}" for i in range(30))
+    engine = tokens.Tokenizer(tuple(w if i == 0 else " " + w for i, w in enumerate(reply.split())))
+
+    def plan(payload: dict, chat: bool):
+        return plan_completion(
+            request_id="chatcmpl-test",
+            created=1,
+            model="m",
+            body=b"{}",
+            payload={"model": "m", "return_token_ids": True, **payload},
+            chat=chat,
+            reply=reply,
+            echo=False,
+            tokenizer=engine,
+        )
+
+    whole = plan({"messages": [{"role": "user", "content": "go"}]}, chat=True)
+    assert whole.text == " ".join(reply.split()[:16]) and len(whole.ids) == 16
+    rest = plan({"prompt": list(whole.prompt_ids) + whole.ids[:5]}, chat=False)
+    assert rest.ids == whole.ids[5:] and rest.finish_reason == "length"

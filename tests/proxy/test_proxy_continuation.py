@@ -1,0 +1,257 @@
+"""A stream cut after its headers continues, token for token, on the domain routing commits to.
+
+Real servers on real sockets: Haru's app and two vLLM-shaped doubles (tests/proxy/vllm_double.py)
+that cut a stream as scripted and answer 503 afterwards, until the test promotes the other
+domain (or brings the same one back). Every continued stream is compared byte for byte with
+the uninterrupted stream the same double sends without ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+from asgiref.sync import sync_to_async
+
+from fleets.layouts.loader import parse_layout
+from fleets.metrics import continuations as metrics
+from fleets.models import Fleet, ModelBinding
+from fleets.proxy import hold
+from fleets.services.layouts import layout_apply
+from tests.proxy.conftest import CHAT, serving
+from tests.proxy.test_proxy_hold import hold_settings, until_held  # noqa: F401 - fixture
+from tests.proxy.test_proxy_routing import promote
+from tests.proxy.vllm_double import ANSWER_IDS, VllmDouble, decode, prompt_ids_of_request
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+COMPLETIONS = "/v1/completions"
+PATHS = {"chat": CHAT, "completions": COMPLETIONS}
+# A cut inside a multi-byte character of the answer ("ç" is two bytes, two ids here).
+INSIDE = next(k for k in range(1, len(ANSWER_IDS)) if decode(ANSWER_IDS[:k]).endswith("\ufffd"))
+
+
+@pytest.fixture
+async def doubles():
+    east, west = VllmDouble("east"), VllmDouble("west")
+    async with serving(east) as e, serving(west) as w:
+        east.url, west.url = e.url, w.url
+        yield {"east": east, "west": west}
+
+
+@pytest.fixture
+async def fleet(doubles, layout_data):
+    for domain in layout_data["domains"]:
+        for slot in domain["slots"]:
+            for model in slot.get("models", []):
+                model["servingUrl"] = doubles[domain["slug"]].url
+
+    def seed():
+        layout_apply(layout=parse_layout(layout_data))
+        return Fleet.objects.get(slug=layout_data["slug"])
+
+    return await sync_to_async(seed)()
+
+
+def body(endpoint: str, **extra) -> dict:
+    if endpoint == "chat":
+        return {"model": "qwen-small", "messages": [{"role": "user", "content": "hi"}], **extra}
+    return {"model": "qwen-small", "prompt": "Say hi", **extra}
+
+
+async def baseline(double: VllmDouble, endpoint: str, request: dict) -> bytes:
+    """The uninterrupted stream, straight from a double, as a client would get it."""
+    async with httpx.AsyncClient(base_url=double.url) as client:
+        response = await client.post(PATHS[endpoint], json=request)
+    double.requests.clear()
+    return response.content
+
+
+async def read_all(haru, endpoint: str, request: dict) -> bytes:
+    async with haru.stream("POST", PATHS[endpoint], json=request) as response:
+        assert response.status_code == 200
+        return b"".join([chunk async for chunk in response.aiter_raw()])
+
+
+async def cut_then_promote(haru, fleet, endpoint: str, request: dict) -> bytes:
+    reading = asyncio.create_task(read_all(haru, endpoint, request))
+    await until_held(1)  # the cut stream is held like a new request
+    assert not reading.done()
+    await sync_to_async(promote)(fleet, "west")
+    return await asyncio.wait_for(reading, 10)
+
+
+def continued(endpoint: str) -> float:
+    return metrics.CONTINUED.labels("demo", endpoint)._value.get()
+
+
+def failures(reason: str) -> float:
+    return metrics.FAILURES.labels("demo", reason)._value.get()
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+@pytest.mark.parametrize("cut", ["reset", "eof", "abort"])
+async def test_a_cut_stream_continues_byte_for_byte_on_the_promoted_domain(
+    haru, doubles, fleet, hold_settings, endpoint, cut
+):
+    request = body(endpoint, stream=True, max_tokens=80, stream_options={"include_usage": True})
+    expected = await baseline(doubles["west"], endpoint, request)
+    east, west = doubles["east"], doubles["west"]
+    east.cut_after, east.cut = 30, cut
+    before = continued(endpoint)
+
+    got = await cut_then_promote(haru, fleet, endpoint, request)
+
+    if got != expected:
+        import difflib; print("\n".join(difflib.unified_diff(expected.decode().split("\n\n"), got.decode().split("\n\n"), lineterm="")))
+    assert got == expected  # one id, one role chunk, one finish_reason, usage once, one [DONE]
+    assert got.count(b"[DONE]") == 1 and got.count(b'"usage"') == 1
+    assert b"token_ids" not in got
+    assert east.requests[0]["body"]["return_token_ids"] is True  # asked by the proxy
+    (resumed,) = [r for r in west.requests if r["path"] == COMPLETIONS]
+    # Interface 2: the prompt's ids and the 30 sent, the rest of max_tokens, ids asked.
+    assert resumed["body"]["prompt"] == prompt_ids_of_request(endpoint == "chat") + ANSWER_IDS[:30]
+    assert resumed["body"]["max_tokens"] == 50
+    assert resumed["body"]["return_token_ids"] is True
+    assert continued(endpoint) == before + 1
+    assert hold.HOLDS.count == 0
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+@pytest.mark.parametrize("rewind", [False, True], ids=["clean-engine", "vllm-rewind"])
+async def test_a_seam_inside_a_character_neither_drops_nor_repeats_text(
+    haru, doubles, fleet, hold_settings, endpoint, rewind
+):
+    request = body(endpoint, stream=True, max_tokens=60)
+    expected = await baseline(doubles["west"], endpoint, request)
+    doubles["east"].cut_after = INSIDE
+    doubles["west"].rewind = rewind  # the continuing engine re-emits earlier text, as vLLM
+    assert await cut_then_promote(haru, fleet, endpoint, request) == expected
+    assert [r["path"] for r in doubles["west"].requests].count("/detokenize") == 1
+
+
+async def test_the_same_domain_coming_back_takes_the_continuation(
+    haru, doubles, fleet, hold_settings
+):
+    hold_settings(chat_hold_poll_ms=50)
+    east = doubles["east"]
+    request = body("chat", stream=True, max_tokens=70)
+    expected = await baseline(east, "chat", request)
+    east.cut_after = 25
+    reading = asyncio.create_task(read_all(haru, "chat", request))
+    await until_held(1)
+    east.cut_after, east.refuse = None, False  # back in place, no routing change
+    assert await asyncio.wait_for(reading, 10) == expected
+    assert doubles["west"].requests == []
+
+
+async def test_a_stream_silent_past_the_bound_is_cut_and_continued(
+    haru, doubles, fleet, hold_settings
+):
+    hold_settings(chat_stream_stall_ms=300)
+    request = body("chat", stream=True, max_tokens=50)
+    expected = await baseline(doubles["west"], "chat", request)
+    doubles["east"].cut_after, doubles["east"].cut = 20, "hang"
+    assert await cut_then_promote(haru, fleet, "chat", request) == expected
+
+
+async def test_a_stop_string_split_by_the_seam_ends_the_answer(haru, doubles, fleet, hold_settings):
+    # "Bonjour, ça va?": cut after "Bonjour, " leaves "ça" for the continuation; the stop
+    # ", ç" starts before the seam, which the continuing engine never sees as text.
+    seam = len("Bonjour, ".encode())
+    request = body("completions", stream=True, max_tokens=60, stop=[", ç"])
+    doubles["east"].cut_after = seam
+    got = await cut_then_promote(haru, fleet, "completions", request)
+    events = [json.loads(line[6:]) for line in got.split(b"\n\n") if line.startswith(b"data: {")]
+    text = "".join(e["choices"][0]["text"] for e in events)
+    assert text == "Bonjour"  # without the stop string, as vLLM answers
+    assert events[-1]["choices"][0]["finish_reason"] == "stop"
+    assert events[-1]["choices"][0]["stop_reason"] == ", ç"
+    assert got.endswith(b"data: [DONE]\n\n") and got.count(b"[DONE]") == 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "reason"),
+    [
+        ({"n": 2}, "n"),
+        ({"logprobs": True}, "logprobs"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ],
+)
+async def test_what_cannot_continue_ends_as_today_and_is_sent_untouched(
+    haru, doubles, fleet, hold_settings, extra, reason
+):
+    request = body("chat", stream=True, max_tokens=60, **extra)
+    doubles["east"].cut_after = 20
+    with pytest.raises(httpx.RemoteProtocolError):
+        await read_all(haru, "chat", request)
+    assert "return_token_ids" not in doubles["east"].requests[0]["body"]
+    assert doubles["west"].requests == []
+
+
+async def test_an_engine_that_cannot_return_ids_ends_as_today(haru, doubles, fleet, hold_settings):
+    await sync_to_async(ModelBinding.objects.filter(domain__slug="east").update)(
+        profile={"engine": "sglang"}
+    )
+    doubles["east"].cut_after = 20
+    with pytest.raises(httpx.RemoteProtocolError):
+        await read_all(haru, "chat", body("chat", stream=True, max_tokens=60))
+    assert "return_token_ids" not in doubles["east"].requests[0]["body"]
+
+
+async def test_an_engine_that_ignores_the_id_request_ends_as_today(
+    haru, doubles, fleet, hold_settings
+):
+    doubles["east"].token_ids = False
+    doubles["east"].cut_after = 20
+    before = failures("no_ids")
+    with pytest.raises(httpx.RemoteProtocolError):
+        await read_all(haru, "chat", body("chat", stream=True, max_tokens=60))
+    assert failures("no_ids") == before + 1
+    assert doubles["west"].requests == []
+
+
+async def test_a_stream_over_the_bound_is_not_continued(haru, doubles, fleet, hold_settings):
+    hold_settings(chat_continue_max_ids=40)  # the prompt (21) and 19 answer ids
+    request = body("chat", stream=True, max_tokens=60)
+    doubles["east"].cut_after = 30
+    before = failures("over_bound")
+    with pytest.raises(httpx.RemoteProtocolError):
+        await read_all(haru, "chat", request)
+    assert failures("over_bound") == before + 1
+    assert doubles["west"].requests == []
+
+
+async def test_a_client_that_asked_for_ids_gets_them_across_the_seam(
+    haru, doubles, fleet, hold_settings
+):
+    request = body("completions", stream=True, max_tokens=40, return_token_ids=True)
+    expected = await baseline(doubles["west"], "completions", request)
+    doubles["east"].cut_after = 15
+    assert await cut_then_promote(haru, fleet, "completions", request) == expected
+
+
+@pytest.mark.parametrize("cut", ["reset", "abort"])
+async def test_a_non_streamed_request_cut_by_a_crash_is_run_again(
+    haru, doubles, fleet, hold_settings, cut
+):
+    doubles["east"].cut_after, doubles["east"].cut = 5, cut
+    answering = asyncio.create_task(haru.post(CHAT, json=body("chat", max_tokens=10)))
+    await until_held(1)
+    await sync_to_async(promote)(fleet, "west")
+    response = await asyncio.wait_for(answering, 10)
+    assert response.status_code == 200
+    assert response.json()["engine"] == "west"
+    assert doubles["east"].cuts == 1
+
+
+async def test_the_continuation_series_are_exported(haru, doubles, fleet, hold_settings):
+    text = (await haru.get("/metrics")).text
+    for name in (
+        "haru_proxy_streams_continued_total",
+        "haru_proxy_stream_continuation_failures_total",
+        "haru_proxy_stream_seam_stall_seconds",
+    ):
+        assert f"# TYPE {name.removesuffix('_total')}" in text
