@@ -116,16 +116,19 @@ def test_streams_cut_by_a_crash_continue_whole_and_equal_to_their_uninterrupted_
     assert killed_at is not None and cut_bodies == bodies
 
     in_flight = 0
-    for body, (base_raw, _, base_error), (raw, times, error) in zip(
-        bodies, baseline, cut, strict=True
+    problems = {}
+    for i, (body, (base_raw, _, base_error), (raw, times, error)) in enumerate(
+        zip(bodies, baseline, cut, strict=True)
     ):
         chat, asked = "messages" in body, bool(body.get("return_token_ids"))
         base = seen_of(base_raw, base_error)
         assert faults(base, chat=chat, asked_ids=asked) == [], base_raw[-500:]
         seen = seen_of(raw, error)
-        assert faults(seen, base, chat=chat, asked_ids=asked) == [], (body, raw[-1500:])
-        assert seen.done == 1 and len(seen.usages) == 1
-        in_flight += times[-1] > killed_at  # its end came after the kill: it was continued
+        if found := faults(seen, base, chat=chat, asked_ids=asked):
+            problems[i] = found
+        assert seen.done in (0, 1) and len(seen.usages) <= 1  # faults() says which is missing
+        in_flight += bool(times) and times[-1] > killed_at  # ended after the kill: continued
+    assert problems == {}, "\n".join(f"stream {i}: {p}" for i, p in problems.items())
     assert in_flight >= 6  # the crash did cut streams mid-answer (the stop-string ones may end)
     fleet = server.api("GET", "/fleets/e2e").json()
     active = next(d["slug"] for d in fleet["domains"] if d["id"] == fleet["activeDomainId"])
