@@ -29,7 +29,7 @@ from fleets.models import Fleet
 from fleets.server.protocol import HaruHttpProtocol
 from fleets.services.layouts import layout_apply
 from haru.local.processes import spawn
-from haru.local.streams import StreamSeen, faults, ids_fault, parse_sse, read_events
+from haru.local.streams import StreamSeen, faults, parse_sse, read_events
 from tests.proxy.conftest import proxy_isolation, serving  # noqa: F401
 from tests.proxy.test_proxy_routing import promote
 from tests.realengine.conftest import (
@@ -185,10 +185,8 @@ async def test_streams_cut_at_every_point_continue_with_the_ids_of_the_uninterru
                     runs += 1
                     found = faults(seen, base, chat=chat, asked_ids=asks_ids)
                     texts_equal += seen.text == base.text
-                    if asks_ids:
+                    if asks_ids:  # faults() names a difference: lost, repeated or other
                         ids_equal += seen.token_ids == base.token_ids
-                        if seen.token_ids != base.token_ids:
-                            found.append(ids_fault(seen.token_ids, base.token_ids))
                     if found:
                         where = "chat" if chat else "completions"
                         problems.append(f"cut after {cut_after} events, {where}: {found}")
