@@ -157,21 +157,20 @@ class StopHit:
 def stop_across_seam(
     before: str, new: str, stops: tuple[str, ...], include: bool
 ) -> StopHit | None:
-    """Find a stop string that starts in `before` (the end of what the client has) and ends in
-    `new`: the continuing engine never saw `before` as text, so it cannot match it.
+    """Find the first stop string in the text just after a seam, `before` being the end of
+    what the client has.
 
-    A stop wholly inside `new` is the engine's to find. The earliest match wins, as in vLLM.
+    The continuing engine saw neither `before` nor the text the first engine held back as
+    text, so a stop that starts there and ends in `new` is the proxy's to find (one wholly in
+    the engine's own text is found alike, as the engine would). The earliest match wins.
     """
     best: StopHit | None = None
     best_end = -1
     for stop in stops:
         tail = before[-(len(stop) - 1) :] if len(stop) > 1 else ""
-        if not tail:
+        at = (tail + new).find(stop)
+        if at == -1:
             continue
-        window = tail + new
-        at = window.find(stop)
-        if at == -1 or at >= len(tail):
-            continue  # none, or wholly in the new text: the engine's own match
         end = at + len(stop)
         if best is None or end < best_end:
             keep = end - len(tail) if include else max(at - len(tail), 0)

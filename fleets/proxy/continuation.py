@@ -52,7 +52,8 @@ class Plan:
     refusal: str | None  # why a cut of this stream cannot be continued, None if it can
     client_ids: bool  # the client asked for token ids itself: they reach it untouched
     reruns: int = 0  # times this non-streamed request was sent again after a cut
-    injected: bool = False  # the last body sent asked for ids on the proxy's behalf
+    kept: bool = False  # the last body sent is kept for a continuation
+    injected: bool = False  # ... and asked for ids on the proxy's behalf (stripped from it)
 
     @classmethod
     def of(cls, document: dict, body: bytes, endpoint: str) -> Plan:
@@ -84,8 +85,9 @@ class Plan:
 
     def body_for(self, route: Route) -> bytes:
         """The body to send on `route`: with `return_token_ids` when the stream is kept."""
+        self.kept = self.continues(route)
         self.injected = False
-        if not self.continues(route) or self.client_ids:
+        if not self.kept or self.client_ids:
             return self.body
         self.injected = True
         at = self.body.index(b"{") + 1

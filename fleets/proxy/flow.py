@@ -120,7 +120,7 @@ async def _forward(
                 plan=plan,
             )
         headers_at = handler.perf()
-        if plan.injected and response.status == 200:
+        if plan.kept and response.status == 200:
             ledger = plan.ledger()
         # What already arrived goes out with the headers: for a plain completion that is
         # usually all of it, one write to the client.

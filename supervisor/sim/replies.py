@@ -137,7 +137,11 @@ def plan_completion(
 ) -> Completion:
     """Decide the reply: generated from the prompt's ids when `generation` is given, else the
     configured text or, in echo mode, the last user input. Raise RequestError for bad input."""
-    prompt_ids = _prompt_ids(payload, chat, tokenizer)
+    return_ids = payload.get("return_token_ids") is True
+    ids_prompt = _ids_prompt(payload, chat)
+    # The plain scripted reply needs no ids: the chat proxy's benchmark upstream stays cheap.
+    needs_ids = generation is not None or return_ids or ids_prompt
+    prompt_ids = _prompt_ids(payload, chat, tokenizer) if needs_ids else []
     prompt_text = None
     if chat and payload.get("return_prompt_text") is True:
         prompt_text = tokenizer.decode(prompt_ids)
@@ -149,7 +153,7 @@ def plan_completion(
         "body_sha256": hashlib.sha256(body).hexdigest(),
         "body_bytes": len(body),
         "prompt_ids": tuple(prompt_ids),
-        "return_ids": payload.get("return_token_ids") is True,
+        "return_ids": return_ids,
         "prompt_text": prompt_text,
     }
     if generation is not None:
@@ -157,9 +161,10 @@ def plan_completion(
     prompt_words = _prompt_text(payload, chat, tokenizer)
     source = (prompt_words or "(empty)") if echo else reply
     words = source.split()
-    script = [tuple(tokenizer.encode(w if i == 0 else " " + w)) for i, w in enumerate(words)]
+    steps = [w if i == 0 else " " + w for i, w in enumerate(words)]
+    script = [tuple(tokenizer.encode(w)) if needs_ids else () for w in steps]
     done = 0
-    if _ids_prompt(payload, chat):
+    if ids_prompt:
         # A prompt of ids may end with the start of the script (a continuation after a cut):
         # the engine goes on from there, as a model continues its context.
         script, done = _rest_of_script(script, prompt_ids)
@@ -167,8 +172,10 @@ def plan_completion(
         # As for a generated answer, the default bounds the whole reply (see _generate).
         limit = max(1, DEFAULT_MAX_TOKENS - done)
     kept = script[:limit]
+    # After a cut inside a word, the first step is that word's rest: its text from its ids.
+    texts = [tokenizer.decode(step) for step in kept] if ids_prompt else steps[:limit]
     return Completion(
-        tokens=tuple(tokenizer.decode(step) for step in kept),
+        tokens=tuple(texts),
         token_ids=tuple(kept),
         finish_reason="length" if len(script) > limit else "stop",
         prompt_tokens=max(1, len(prompt_words.split())),

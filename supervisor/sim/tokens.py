@@ -2,16 +2,18 @@
 
 Ids 0..4 are special tokens (end of sequence and the chat template's markers), ids 5..260 are
 the 256 single bytes, and the rest are whole words and word pieces. Encoding is a greedy
-longest match, so any text encodes (a byte always matches) and decoding the ids gives the exact
-bytes back. Multi-byte characters outside the vocabulary (`é`, `日`, `🙂`) fall back to one token
-per byte: a stream cut between two such tokens is cut inside a character, as a real byte-level
-BPE stream can be, which is what the proxy's rebuild-from-ids must survive.
+longest match within each word, so any text encodes (a byte always matches) and decoding the
+ids gives the exact bytes back. Multi-byte characters outside the vocabulary (`é`, `日`, `🙂`)
+fall back to one token per byte: a stream cut between two such tokens is cut inside a
+character, as a real byte-level BPE stream can be, which is what the proxy's rebuild-from-ids
+must survive.
 
 Nothing here depends on the process: two engines agree on every id.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 EOS_ID = 0
@@ -35,6 +37,9 @@ _WORDS_TEXT = (
 )
 _WORDS = _WORDS_TEXT.split()
 _PUNCTUATION = (".", ",", ";", ":", "!", "?", "\n", "\n\n", "-")
+# Encoding works a segment at a time: a word with the one space before it, or a run of spaces.
+_SEGMENT = re.compile(rb" ?[^\s]+|\s+")
+SEGMENT_CACHE_SIZE = 65536
 BASE_VOCAB: tuple[bytes, ...] = (
     tuple(s.encode() for s in SPECIALS)
     + tuple(bytes([b]) for b in range(256))
@@ -60,15 +65,27 @@ class Tokenizer:
         self.vocab: tuple[bytes, ...] = BASE_VOCAB + tuple(added)
         self._ids = {piece: i for i, piece in enumerate(self.vocab) if i >= BYTE_BASE}
         self._longest = max(len(piece) for piece in self.vocab[BYTE_BASE:])
+        self._segments: dict[bytes, tuple[int, ...]] = {}
 
     @property
     def size(self) -> int:
         return len(self.vocab)
 
     def encode(self, text: str) -> list[int]:
-        """Return the ids of `text`: greedy longest match, a byte token when nothing longer
-        fits."""
-        data = text.encode()
+        """Return the ids of `text`: a word (with the space before it) or a run of spaces at a
+        time, each by greedy longest match, a byte token when nothing longer fits."""
+        ids: list[int] = []
+        for segment in _SEGMENT.findall(text.encode()):
+            found = self._segments.get(segment)
+            if found is None:
+                found = self._longest_matches(segment)
+                # Words repeat: remembered, up to a bound so that no prompt grows it forever.
+                if len(self._segments) < SEGMENT_CACHE_SIZE:
+                    self._segments[segment] = found
+            ids.extend(found)
+        return ids
+
+    def _longest_matches(self, data: bytes) -> tuple[int, ...]:
         ids: list[int] = []
         i = 0
         while i < len(data):
@@ -78,7 +95,7 @@ class Tokenizer:
                     ids.append(found)
                     i += size
                     break
-        return ids
+        return tuple(ids)
 
     def piece(self, token_id: int) -> bytes:
         """Return the bytes one id stands for (a special token's are its marker text)."""

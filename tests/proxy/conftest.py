@@ -22,7 +22,7 @@ from django.db import connections
 from common.ports import free_port
 from fleets.layouts.loader import parse_layout
 from fleets.models import Fleet
-from fleets.proxy import store, upstream
+from fleets.proxy import hold, store, upstream
 from fleets.proxy.push import FEED
 from fleets.proxy.snapshots import ROUTES
 from fleets.server.protocol import HaruHttpProtocol
@@ -203,6 +203,23 @@ async def proxy_isolation():
     # database that sessions are still connected to).
     await store.run(store.connection_close)
     await sync_to_async(connections.close_all)()
+
+
+@pytest.fixture
+def hold_settings(settings, monkeypatch):
+    """Generous hold, and a poll bound so long that only the pushed change can wake in time."""
+
+    def apply(**changes):
+        settings.HARU = {**settings.HARU, **changes}
+
+    apply(
+        chat_hold_ms=30_000,
+        chat_hold_poll_ms=10_000,
+        chat_hold_max=1000,
+        chat_hold_max_bytes=1 << 30,
+    )
+    monkeypatch.setattr(hold.HOLDS, "released", False)  # put back after a test's drain
+    yield apply
 
 
 @pytest.fixture

@@ -26,23 +26,6 @@ from tests.proxy.test_proxy_routing import promote
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def hold_settings(settings, monkeypatch):
-    """Generous hold, and a poll bound so long that only the pushed change can wake in time."""
-
-    def apply(**changes):
-        settings.HARU = {**settings.HARU, **changes}
-
-    apply(
-        chat_hold_ms=30_000,
-        chat_hold_poll_ms=10_000,
-        chat_hold_max=1000,
-        chat_hold_max_bytes=1 << 30,
-    )
-    monkeypatch.setattr(hold.HOLDS, "released", False)  # put back after a test's drain
-    yield apply
-
-
 async def east_refuses(fleet) -> None:
     """Point east's qwen-small at a port nothing listens on: every connect is refused."""
     await sync_to_async(

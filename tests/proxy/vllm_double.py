@@ -122,12 +122,17 @@ class VllmDouble:
         pending = incomplete_tail(answer_bytes) if done else b""
         answer_bytes = answer_bytes[: len(answer_bytes) - len(pending)]
         rewind = self.rewind and done > 0
+        stop = doc.get("stop") or []
+        stops = [stop] if isinstance(stop, str) else stop
+        include = bool(doc.get("include_stop_str_in_output"))
+        hold = max((len(x) for x in stops), default=1) - 1 if not include else 0
+        out, offset, generated = "", 0, 0
         for n, token in enumerate(ids):
             if self.cut_after is not None and n == self.cut_after:
                 if self.cut == "abort":
                     self.refuse = True
                     self.cuts += 1
-                    choice = self._choice(chat, "", "abort", [], want_ids, False)
+                    choice = self._choice(chat, "", "abort", [], want_ids, None)
                     yield f"data: {head}{choice}}}\n\n".encode()
                     yield b"data: [DONE]\n\n"
                     return
@@ -145,37 +150,48 @@ class VllmDouble:
                 # vLLM's detokenizer, started inside a character: the whole prompt comes out.
                 text = (answer_bytes + text.encode()).decode(errors="replace")
                 rewind = False
-            if not text and not last and not want_ids and chat:
+            out += text
+            fin, stop_reason = (finish if last else None), None
+            hit = _first_stop(out, len(text), stops) if text else None
+            if hit is not None:
+                at, stop_reason = hit
+                out = out[: at + len(stop_reason)] if include else out[:at]
+                fin = "stop"
+            # Like vLLM's detokenizer: the last characters wait while a stop may complete.
+            end = len(out) if fin else max(len(out) - hold, offset)
+            delta, offset = out[offset:end], end
+            generated = n + 1
+            if not delta and fin is None and not want_ids and chat:
                 continue
-            choice = self._choice(
-                chat, text, finish if last else None, [token], want_ids, first and not chat
-            )
+            choice = self._choice(chat, delta, fin, [token], want_ids, stop_reason)
             if first and not chat and want_ids:
                 choice = choice.replace(
                     '"token_ids"', f'"prompt_token_ids":{dumps(prompt)},"token_ids"'
                 )
             first = False
             yield f"data: {head}{choice}}}\n\n".encode()
+            if fin is not None:
+                break
         if (doc.get("stream_options") or {}).get("include_usage"):
             usage = {
                 "prompt_tokens": len(prompt),
-                "total_tokens": len(prompt) + len(ids),
-                "completion_tokens": len(ids),
+                "total_tokens": len(prompt) + generated,
+                "completion_tokens": generated,
             }
             yield f'data: {head}"choices":[],"usage":{dumps(usage)}}}\n\n'.encode()
         yield b"data: [DONE]\n\n"
 
-    def _choice(self, chat, text, finish, ids, want_ids, _first) -> str:
+    def _choice(self, chat, text, finish, ids, want_ids, stop_reason) -> str:
         fin = "null" if finish is None else f'"{finish}"'
         if chat:
             delta = f'{{"content":{dumps(text)}}}' if text else "{}"
             out = f'{{"index":0,"delta":{delta},"logprobs":null,"finish_reason":{fin}'
             if finish is not None:
-                out += ',"stop_reason":null'
+                out += f',"stop_reason":{dumps(stop_reason)}'
         else:
             out = (
                 f'{{"index":0,"text":{dumps(text)},"logprobs":null,"finish_reason":{fin},'
-                '"stop_reason":null'
+                f'"stop_reason":{dumps(stop_reason)}'
             )
         if want_ids:
             out += f',"token_ids":{dumps(ids)}'
@@ -211,6 +227,16 @@ async def _answer(send, status: int, payload: bytes) -> None:
         }
     )
     await send({"type": "http.response.body", "body": payload})
+
+
+def _first_stop(out: str, added: int, stops: list[str]) -> tuple[int, str] | None:
+    """The earliest stop string that ends in the text just added, as vLLM looks for it."""
+    best: tuple[int, str] | None = None
+    for stop in stops:
+        at = out.find(stop, max(len(out) - added - len(stop) + 1, 0))
+        if at != -1 and (best is None or at < best[0]):
+            best = (at, stop)
+    return best
 
 
 def incomplete_tail(data: bytes) -> bytes:
