@@ -16,12 +16,13 @@ loop), whose simulated engines stream one token every `--token-delay-ms`. Per ro
    asked (a quarter of the streams, `return_token_ids`) the same token ids.
 
 Clients are the official OpenAI SDK (`AsyncOpenAI`, `max_retries=0`), one connection per
-stream; half chat, half completions, every stream its own prompt, `temperature` 0 and
-`stream_options.include_usage`. Printed: streams, in flight at the kill, cut (ended without
-their one finish_reason), failed (an error), byte-identical share, the added stall p50/p99 (per
-stream, the longest wait between two chunks after the kill: the last chunk before the cut to
-the first after it) and, for comparison, detection + wake + probe of the promotion; with
-`--json` the last line is one JSON object with those figures.
+stream; half chat, half completions, the two models in turn, every stream its own prompt,
+`temperature` 0 and `stream_options.include_usage`. Printed: streams, in flight at the kill,
+cut (ended without their one finish_reason), failed (an error), byte-identical share, the
+added stall p50/p99 (per stream, the last chunk before the cut to the first after it: the
+longest wait between two chunks across the kill), the share of it after the routing commit,
+and, for comparison, detection + wake + probe of the promotion; with `--json` the last line is
+one JSON object with those figures.
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ from openai import APIStatusError, AsyncOpenAI, DefaultAsyncHttpxClient
 
 from bench.failover_load import POLICY, Stack, _demote_if_awake, op_figures, pct
 from haru.local.processes import wait_for
-from haru.local.streams import StreamSeen, faults, read_events, seam_stall
+from haru.local.streams import StreamSeen, faults, read_events, seam
 
-MODEL = "llama-small"
+MODELS = ("llama-small", "qwen-small")  # each host serves both, each on its own engine
 FLEET = "e2e"
 TOPICS = ("rivers", "lighthouses", "glaciers", "orchards", "comets", "harbours", "deserts")
 
@@ -50,6 +51,7 @@ class Spec:
     """One stream's request: chat or completions, its own prompt, ids asked for or not."""
 
     index: int
+    model: str
     chat: bool
     asks_ids: bool
     prompt: str
@@ -68,7 +70,9 @@ def specs(n: int, tokens: int) -> list[Spec]:
     for i in range(n):
         topic = TOPICS[i % len(TOPICS)]
         prompt = f"Stream {i}: tell a long story about {topic}, number {i * 7919 % 1000}."
-        out.append(Spec(i, chat=i % 2 == 0, asks_ids=i % 4 < 2, prompt=prompt, max_tokens=tokens))
+        model = MODELS[i // 4 % len(MODELS)]
+        chat, asks_ids = i % 2 == 0, i % 4 < 2
+        out.append(Spec(i, model, chat, asks_ids, prompt=prompt, max_tokens=tokens))
     return out
 
 
@@ -94,7 +98,7 @@ async def one_stream(client: AsyncOpenAI, spec: Spec, progress: dict[int, int]) 
     times: list[float] = []
     error = ""
     common: dict[str, Any] = {
-        "model": MODEL,
+        "model": spec.model,
         "max_tokens": spec.max_tokens,
         "temperature": 0,
         "stream": True,
@@ -143,19 +147,24 @@ async def run_streams(
     return list(await asyncio.gather(*tasks)), marks
 
 
-def check(base: list[Outcome], cut: list[Outcome], kill_at: float) -> dict[str, Any]:
-    """Compare every stream of the cut run with its baseline."""
+def check(
+    base: list[Outcome], cut: list[Outcome], marks: dict[str, float], commit: float | None
+) -> dict[str, Any]:
+    """Compare every stream of the cut run with its baseline; time each one's seam."""
     by_index = {o.spec.index: o for o in base}
     problems: dict[int, list[str]] = {}
     stalls: list[float] = []
+    after_commit: list[float] = []
     for o in cut:
         b = by_index[o.spec.index]
         found = faults(o.seen, b.seen, chat=o.spec.chat, asked_ids=o.spec.asks_ids)
         if found:
             problems[o.spec.index] = found
-        stall = seam_stall(o.times, kill_at)
-        if o.seen.finished and stall is not None and o.times[0] < kill_at:
-            stalls.append(stall * 1000)
+        sides = seam(o.times, marks["kill_at"], marks["killed_at"])
+        if o.seen.finished and sides is not None:
+            stalls.append((sides[1] - sides[0]) * 1000)
+            if commit is not None:
+                after_commit.append((sides[1] - commit) * 1000)
     identical = sum(
         o.seen.finished and o.seen.text == by_index[o.spec.index].seen.text for o in cut
     )
@@ -167,6 +176,7 @@ def check(base: list[Outcome], cut: list[Outcome], kill_at: float) -> dict[str, 
         "with_faults": len(problems),
         "problems": problems,
         "stalls_ms": stalls,
+        "after_commit_ms": after_commit,
     }
 
 
@@ -206,9 +216,6 @@ def stream_round(stack: Stack, args) -> tuple[dict[str, Any], str]:
     todo = specs(args.streams, args.tokens)
     before = set(Operation.objects.values_list("id", flat=True))
     base, cut, marks = asyncio.run(base_and_cut(stack, host, todo, args))
-    row = check(base, cut, marks["kill_at"])
-    row["in_flight"] = int(marks["in_flight"])
-    row["kill_ms"] = (marks["killed_at"] - marks["kill_at"]) * 1000
     op = None
     deadline = time.time() + 30
     while op is None and time.time() < deadline:  # the streams may end before the commit
@@ -218,6 +225,7 @@ def stream_round(stack: Stack, args) -> tuple[dict[str, Any], str]:
             .first()
         )
         time.sleep(0.05)
+    figures: dict[str, float] = {}
     if op is not None:
         wait_for(
             lambda: Operation.objects.filter(pk=op.pk, state__in=["succeeded", "failed"]).exists(),
@@ -226,8 +234,10 @@ def stream_round(stack: Stack, args) -> tuple[dict[str, Any], str]:
         )
         op.refresh_from_db()
         figures = op_figures(op, marks["kill_at"])
-        figures.pop("commit", None)
-        row.update(figures)
+    row = check(base, cut, marks, figures.pop("commit", None))
+    row["in_flight"] = int(marks["in_flight"])
+    row["kill_ms"] = (marks["killed_at"] - marks["kill_at"]) * 1000
+    row.update(figures)
     return row, active
 
 
@@ -239,6 +249,7 @@ def restore(stack: Stack, crashed: str) -> None:
 
 def summary(rows: list[dict[str, Any]], args) -> dict[str, Any]:
     stalls = [s for r in rows for s in r["stalls_ms"]]
+    after_commit = [s for r in rows for s in r["after_commit_ms"]]
     budget = [
         r["detection ms"] + r["wake ms"] + r["probe ms"]
         for r in rows
@@ -256,6 +267,11 @@ def summary(rows: list[dict[str, Any]], args) -> dict[str, Any]:
         "identical_share": sum(r["identical"] for r in rows) / streams if streams else 0.0,
         "stall_p50_ms": pct(stalls, 0.5),
         "stall_p99_ms": pct(stalls, 0.99),
+        # From the routing commit to the stream's first chunk after the cut: the continuation's
+        # own share of the stall (the rest is waiting for a domain, as a new request does).
+        "after_commit_p50_ms": pct(after_commit, 0.5),
+        "after_commit_p99_ms": pct(after_commit, 0.99),
+        "kill_ms": pct([r["kill_ms"] for r in rows], 0.5),
         "detection_ms": pct([r["detection ms"] for r in rows if "detection ms" in r], 0.5),
         "wake_ms": pct([r["wake ms"] for r in rows if "wake ms" in r], 0.5),
         "probe_ms": pct([r["probe ms"] for r in rows if "probe ms" in r], 0.5),
@@ -284,6 +300,9 @@ def report(rows: list[dict[str, Any]], out: dict[str, Any]) -> None:
         f"  streams with any fault     {out['with_faults']}",
         f"  added stall ms             p50 {out['stall_p50_ms']:8.1f}   p99 "
         f"{out['stall_p99_ms']:8.1f}  (target p99 <= {out['stall_target_ms']:.0f})",
+        f"  commit to first chunk ms   p50 {out['after_commit_p50_ms']:8.1f}   p99 "
+        f"{out['after_commit_p99_ms']:8.1f}  (the continuation's share of the stall)",
+        f"  the kill took              {out['kill_ms']:8.1f} ms  (every process of the host gone)",
         f"  detection + wake + probe   {out['detection_wake_probe_ms']:8.1f} ms  (detection "
         f"{out['detection_ms']:.0f}, wake {out['wake_ms']:.0f}, probe {out['probe_ms']:.0f})",
     ]

@@ -141,8 +141,10 @@ def ids_fault(got: list[int], want: list[int]) -> str:
     return f"token ids differ at {at} of {len(want)} ({how})"
 
 
-def seam_stall(times: list[float], cut_at: float) -> float | None:
-    """Return the longest wait between two chunks of a stream ending after `cut_at` (the
-    seam: the last chunk before the cut to the first after it), or None if none did."""
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False) if b >= cut_at]
-    return max(gaps) if gaps else None
+def seam(times: list[float], cut_from: float, cut_to: float) -> tuple[float, float] | None:
+    """Return the seam of a stream cut between `cut_from` and `cut_to` (a kill is not one
+    instant: the processes die somewhere in it): the longest wait between two chunks that
+    ends after `cut_from` and starts before `cut_to`, as (last chunk before, first after), or
+    None when the stream had no chunk on either side."""
+    gaps = [(a, b) for a, b in zip(times, times[1:], strict=False) if b >= cut_from and a <= cut_to]
+    return max(gaps, key=lambda g: g[1] - g[0]) if gaps else None
