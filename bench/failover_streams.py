@@ -234,7 +234,12 @@ def stream_round(stack: Stack, args) -> tuple[dict[str, Any], str]:
         )
         op.refresh_from_db()
         figures = op_figures(op, marks["kill_at"])
-    row = check(base, cut, marks, figures.pop("commit", None))
+    # The routing commit: the operation's `served_at`, set by the pointer's compare-and-swap
+    # (the switch step's event is written after it).
+    commit = figures.pop("commit", None)
+    if op is not None and op.served_at is not None:
+        commit = op.served_at.timestamp()
+    row = check(base, cut, marks, commit)
     row["in_flight"] = int(marks["in_flight"])
     row["kill_ms"] = (marks["killed_at"] - marks["kill_at"]) * 1000
     row.update(figures)
