@@ -187,7 +187,7 @@ class HaruSettings:
         doc="longest a server goes without reading the routing pointer when the push channel "
         "is down (0: every request)",
     )
-    # Stream continuation (docs/stream-continuation.md).
+    # Stream continuation (docs/proxy-hold.md, "Streams cut after their headers").
     chat_continue_max_ids = CHAT.integer(
         "HARU_CHAT_CONTINUE_MAX_IDS",
         32_768,

@@ -1,5 +1,6 @@
 """Stream continuation's rules: which streams can continue, what the continuation asks, and how
-its text is stitched to what the client already has (docs/stream-continuation.md).
+its text is stitched to what the client already has (docs/proxy-hold.md, "Streams cut after
+their headers").
 
 A stream cut after its headers (the engine died, a sleep aborted it) is continued on the domain
 routing commits to next: the engine is asked, on its completions endpoint, for the rest of the
@@ -145,6 +146,10 @@ def continuation_request(
     for key in CARRIED:
         if key in document:
             body[key] = document[key]
+    if wants_usage(document):
+        # Its usage is not the answer's, but its key order is the engine's own: the proxy
+        # writes the whole answer's figures in it.
+        body["stream_options"] = {"include_usage": True}
     return body
 
 
@@ -178,26 +183,12 @@ def stop_across_seam(
     return best
 
 
-def align(client_text: str, decoded: str) -> int | None:
-    """Where the text the client has ends inside `decoded` (the detokenized answer so far), or
-    None when they disagree.
-
-    A tokenizer may decode the first token of an answer without its leading space when it is
-    decoded on its own (SentencePiece), so one leading space may differ either way.
-    """
-    if decoded.startswith(client_text):
-        return len(client_text)
-    if client_text.startswith(" ") and decoded.startswith(client_text[1:]):
-        return len(client_text) - 1
-    if decoded.startswith(" ") and decoded[1:].startswith(client_text):
-        return len(client_text) + 1
-    return None
-
-
 def settled_end(decoded: str, finished: bool, held: int) -> int:
-    """How far into `decoded` the text can be sent now: never a character still incomplete
-    (the replacement character a decoder shows for it) and, until the end, never the last
-    `held` characters (a stop string may yet complete there)."""
+    """How far into `decoded` (an answer's ids, detokenized) the engine has sent the text:
+    never a character still incomplete (the replacement character a decoder shows for it)
+    and, until the end, never the last `held` characters (a stop string may yet complete
+    there). vLLM's detokenizer does exactly this, so at a cut it is also where the text the
+    client has ends: the proxy need not keep the text itself."""
     end = len(decoded.rstrip(REPLACEMENT))
     return end if finished else max(end - held, 0)
 

@@ -1,4 +1,4 @@
-"""The proxy's stream-continuation series (docs/stream-continuation.md).
+"""The proxy's stream-continuation series (docs/proxy-hold.md, "Streams cut after their headers").
 
 Labels are bounded: `fleet` is a fleet slug the store confirmed, `endpoint` chat or
 completions, `reason` one of the fixed reasons in fleets/proxy/continuation.py. The dashboard's

@@ -8,8 +8,9 @@ stream's format: the same `id`, `created` and `model`, no second role chunk, one
 `finish_reason`, usage once over the whole answer, one `[DONE]`.
 
 The text after a seam is rebuilt from ids: at the first chunk that carries text the proxy asks
-the engine's /detokenize for the answer so far, lines it up with what the client has, and sends
-the difference; from there on the engine's own deltas are right. (When the ids before the seam
+the engine's /detokenize for the answer before the seam and with the continuation's ids: where
+the first engine's detokenizer had got to is where the client's text ends, and it sends the
+difference; from there on the engine's own deltas are right. (When the ids before the seam
 end inside a multi-byte character, vLLM's first continued chunk re-emits earlier text: the
 detokenized answer is used for that chunk instead.)
 """
@@ -93,13 +94,14 @@ class Plan:
         at = self.body.index(b"{") + 1
         return self.body[:at] + b'"return_token_ids":true,' + self.body[at:]
 
-    def ledger(self) -> Ledger:
+    def ledger(self, route: Route) -> Ledger:
         config = haru_settings()
         return Ledger(
             self.endpoint,
             strip=self.injected,
             limit=config.chat_continue_max_ids,
             total_limit=config.chat_continue_max_ids_total,
+            nulls=route.engine != "sim",
         )
 
 
@@ -227,35 +229,37 @@ class Stitch:
         self.include_stop = bool(plan.document.get("include_stop_str_in_output"))
         self.held = rules.holdback(plan.document)
         self.window = max((len(s) for s in self.stops), default=0)
-        self.client = ledger.client_text()
+        self.client = ""  # the text the client has, once worked out at the seam
+        self.at = 0  # where it ends in the detokenized answer
         self.generated = len(before)
         head = ledger.template or b""
         at = head.find(b'"choices":[')
         self.head = head[len(b"data: ") : at] if at != -1 else b""
+        # The relay's state: before the engine's first text, the seam is still open.
+        self._seam = True
+        self._cut_at: float | None = None  # the cut, until the first chunk after it
+        self._after = ""  # the text sent since the seam
+        self._ids: list[int] = []  # every id of this continuation so far
 
-    # Rendering, in vLLM's field order (pydantic's model_dump_json, exclude_unset).
+    # Rendering, in the engine's field order (vLLM: pydantic's model_dump_json, exclude_unset).
     def _chunk(self, text: str, finish: str | None, stop: object, ids: list[int]) -> bytes:
-        content = json.dumps(text, ensure_ascii=False)
-        if self.plan.endpoint == "chat":
-            delta = b'{"content":%b}' % content.encode() if text else b"{}"
+        chat = self.plan.endpoint == "chat"
+        content = json.dumps(text, ensure_ascii=False).encode()
+        nulls, with_ids = self.ledger.nulls, self.plan.client_ids
+        if chat:
+            # vLLM leaves an empty delta empty; the simulator always writes its content.
+            delta = b'{"content":%b}' % content if text or not nulls else b"{}"
             choice = b'{"index":0,"delta":%b,"logprobs":null,"finish_reason":' % delta
-            choice += (
-                b"null"
-                if finish is None
-                else b'"%b","stop_reason":%b'
-                % (
-                    finish.encode(),
-                    json.dumps(stop).encode(),
-                )
-            )
         else:
-            choice = b'{"index":0,"text":%b,"logprobs":null,"finish_reason":%b,"stop_reason":%b' % (
-                content.encode(),
-                b"null" if finish is None else b'"%b"' % finish.encode(),
-                json.dumps(stop).encode(),
-            )
-        if self.plan.client_ids:
-            choice += b',"token_ids":%b' % json.dumps(ids, separators=(",", ":")).encode()
+            choice = b'{"index":0,"text":%b,"logprobs":null,"finish_reason":' % content
+        choice += b"null" if finish is None else b'"%b"' % finish.encode()
+        if nulls or with_ids:
+            if finish is not None or not chat:
+                choice += b',"stop_reason":%b' % json.dumps(stop).encode()
+            if not chat:
+                choice += b',"prompt_token_ids":null'
+            listed = json.dumps(ids, separators=(",", ":")).encode()
+            choice += b',"token_ids":%b' % (listed if with_ids else b"null")
         return b'data: %b"choices":[%b}]}\n\n' % (self.head, choice)
 
     def finish_chunk(
@@ -263,13 +267,24 @@ class Stitch:
     ) -> bytes:
         return self._chunk(text, finish, stop, ids or [])
 
-    def tail(self, prompt_tokens: int) -> bytes:
-        """What follows the finish: the usage chunk if the client asked for it, then [DONE]."""
+    def tail(self, prompt_tokens: int, shape: dict | None = None) -> bytes:
+        """What follows the finish: the usage chunk if the client asked for it, then [DONE].
+
+        `shape` is the continuation's own usage, whose key order the engine's serializer
+        chose; without it, vLLM's order."""
         out = b""
         if rules.wants_usage(self.plan.document):
-            figures = json.dumps(rules.usage(prompt_tokens, self.generated), separators=(",", ":"))
-            out = b'data: %b"choices":[],"usage":%b}\n\n' % (self.head, figures.encode())
+            whole = rules.usage(prompt_tokens, self.generated)
+            figures = {key: whole.get(key, value) for key, value in (shape or whole).items()}
+            text = json.dumps(figures, separators=(",", ":")).encode()
+            out = b'data: %b"choices":[],"usage":%b}\n\n' % (self.head, text)
         return out + DONE
+
+    @property
+    def emits_empty(self) -> bool:
+        """Whether a chunk without text goes to the client (completions, the simulator's chat,
+        a client that asked for ids); vLLM's chat sends none."""
+        return self.plan.endpoint == "completions" or not self.ledger.nulls or self.plan.client_ids
 
     async def relay(
         self,
@@ -281,18 +296,14 @@ class Stitch:
         task: asyncio.Task,
     ) -> bool:
         """Forward the continuation; True when the answer ended, False when cut again."""
-        ledger = self.ledger
-        watchdog = Watchdog(ledger, task.get_loop())
+        watchdog = Watchdog(self.ledger, task.get_loop())
         watchdog.watch(response)
-        seam = True  # until the engine's first text, its text is not taken as is
-        sent_since_seam = ""
-        stalled = False
+        self._seam, self._cut_at, self._after, self._ids = True, cut_at, "", []
+        finished: bytes | None = None  # the finish chunk, sent with the usage that follows
         buf = b""
-        pending_ids: list[int] = []
         try:
-            chunks = _chunks(response)
-            async for raw in chunks:
-                ledger.last_at = time.monotonic()
+            async for raw in _chunks(response):
+                self.ledger.last_at = time.monotonic()
                 buf += raw
                 end = buf.rfind(b"\n\n")
                 if end == -1:
@@ -300,61 +311,91 @@ class Stitch:
                 events, buf = buf[: end + 2].split(b"\n\n"), buf[end + 2 :]
                 for event in events:
                     if not event.startswith(b"data: {"):
-                        continue  # [DONE] and the continuation's own usage: ours are sent
+                        continue  # [DONE]: ours is sent
                     doc = json.loads(event[6:])
                     choices = doc.get("choices") or []
+                    if finished is not None:
+                        if not choices and isinstance(doc.get("usage"), dict):
+                            await io.write(finished + self.tail(prompt_tokens, doc["usage"]))
+                            return True
+                        continue
                     if not choices:
                         continue
-                    choice = choices[0]
-                    ids = choice.get("token_ids") or []
-                    text = choice.get("text") or ""
-                    finish = choice.get("finish_reason")
-                    stop = choice.get("stop_reason")
-                    if finish == "abort":
+                    out = await self._step(choices[0], route, task)
+                    if out is _ABORTED:
                         return False  # aborted again: a cut
-                    pending_ids += ids
-                    if seam:
-                        if not text and finish is None:
-                            continue  # no text yet: neither has the client
-                        decode_ids = self.before + pending_ids
-                        if finish == "stop" and (stop is None or isinstance(stop, int)):
-                            decode_ids = decode_ids[:-1]  # the end-of-sequence id has no text
-                        decoded = await detokenize(route, decode_ids, task)
-                        found = rules.align(self.client, decoded)
-                        if found is None:
-                            raise _SeamUnknown("the client's text and the ids disagree")
-                        end = rules.settled_end(decoded, finish is not None, self.held)
-                        text = decoded[found : max(end, found)]
-                        seam = False
-                    if self.window and len(sent_since_seam) < self.window:
-                        hit = rules.stop_across_seam(
-                            (self.client + sent_since_seam)[-self.window :],
-                            text,
-                            self.stops,
-                            self.include_stop,
-                        )
-                        if hit is not None:
-                            text, finish, stop = text[: hit.keep], "stop", hit.stop
-                    sent_since_seam += text
-                    if not stalled and (text or finish is not None):
-                        stalled = True
-                        metrics.stalled(self.fleet, time.monotonic() - cut_at)
-                    self.generated += len(pending_ids)
-                    ledger.append(pending_ids, text)
-                    chunk_ids, pending_ids = pending_ids, []
-                    if finish is not None:
-                        await io.write(
-                            self.finish_chunk(text, finish, stop, chunk_ids)
-                            + self.tail(prompt_tokens)
-                        )
-                        return True
-                    if text or self.plan.endpoint == "completions" or self.plan.client_ids:
-                        await io.write(self._chunk(text, None, None, chunk_ids))
+                    if isinstance(out, tuple):  # the answer's end
+                        finished = out[0]
+                        if not rules.wants_usage(self.plan.document):
+                            await io.write(finished + DONE)
+                            return True
+                    elif out:
+                        await io.write(out)
         except upstream.UpstreamClosed as exc:
             log.warning("continuation for %r broke too: %s", route.model, exc)
         finally:
             watchdog.stop()
+        if finished is not None:  # ended, but its usage chunk never came: ours
+            await io.write(finished + self.tail(prompt_tokens))
+            return True
         return False
+
+    async def _step(self, choice: dict, route: Route, task: asyncio.Task):
+        """Turn one continuation chunk into the client's bytes: b"" for none, (bytes,) for
+        the finish chunk, _ABORTED for an abort."""
+        ids = choice.get("token_ids") or []
+        text = choice.get("text") or ""
+        finish = choice.get("finish_reason")
+        stop = choice.get("stop_reason")
+        if finish == "abort":
+            return _ABORTED
+        self._ids += ids
+        if self._seam:
+            if text or finish is not None:
+                text = await self._seam_text(route, finish, stop, task)
+                self._seam = False
+            else:
+                text = ""  # no text yet: neither has the client
+        if self.window and len(self._after) < self.window:
+            hit = rules.stop_across_seam(
+                (self.client + self._after)[-self.window :], text, self.stops, self.include_stop
+            )
+            if hit is not None:
+                text, finish, stop = text[: hit.keep], "stop", hit.stop
+        self._after += text
+        if (text or finish is not None) and self._cut_at is not None:
+            metrics.stalled(self.fleet, time.monotonic() - self._cut_at)  # once, at the seam
+            self._cut_at = None
+        self.generated += len(ids)
+        self.ledger.append(ids)
+        if finish is not None:
+            return (self.finish_chunk(text, finish, stop, ids),)
+        if text or self.emits_empty:
+            return self._chunk(text, None, None, ids)
+        return b""
+
+    async def _seam_text(
+        self, route: Route, finish: str | None, stop: object, task: asyncio.Task
+    ) -> str:
+        """The text from where the client's ends to where the engine's own text now is.
+
+        Both ends are read off the detokenized answer: before the seam, where the first
+        engine's detokenizer had got to (`settled_end`); now, where the continuing one has.
+        """
+        before = await detokenize(route, self.before, task) if self.before else ""
+        self.at = rules.settled_end(before, False, self.held)
+        self.client = before[: self.at]
+        ids = self.before + self._ids
+        if finish == "stop" and (stop is None or isinstance(stop, int)):
+            ids = ids[:-1]  # the end-of-sequence (or stop) id: written as no text
+        decoded = await detokenize(route, ids, task)
+        if not decoded.startswith(self.client):
+            raise _SeamUnknown("the answer decodes differently with the continuation's ids")
+        end = rules.settled_end(decoded, finish is not None, self.held)
+        return decoded[self.at : max(end, self.at)]
+
+
+_ABORTED = object()
 
 
 async def _chunks(response: upstream.Response):

@@ -120,8 +120,8 @@ async def _forward(
                 plan=plan,
             )
         headers_at = handler.perf()
-        if plan.kept and response.status == 200:
-            ledger = plan.ledger()
+        if plan.kept and response.status == 200 and exchange.route is not None:
+            ledger = plan.ledger(exchange.route)
         # What already arrived goes out with the headers: for a plain completion that is
         # usually all of it, one write to the client.
         first = response.buffered()

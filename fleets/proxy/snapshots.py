@@ -72,6 +72,7 @@ class Route:
     # The binding's engine returns token ids and takes them as a prompt: a stream cut on it
     # can be continued (fleets/core/continuation.py).
     continues: bool = False
+    engine: str = ""  # the binding's engine as its profile names it ("" when none does)
 
 
 @dataclass(frozen=True)
@@ -168,7 +169,10 @@ def snapshot_build(rows: store.SnapshotRows, loaded_at: float) -> Snapshot:
             )
             if is_model_routable(domain, model):
                 routes[b.name] = Route(
-                    model=b.name, targets=targets, continues=engine_continues(b.engine)
+                    model=b.name,
+                    targets=targets,
+                    continues=engine_continues(b.engine),
+                    engine=b.engine,
                 )
             else:
                 unavailable[b.name] = (

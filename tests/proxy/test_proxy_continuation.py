@@ -36,6 +36,7 @@ INSIDE = next(k for k in range(1, len(ANSWER_IDS)) if decode(ANSWER_IDS[:k]).end
 @pytest.fixture
 async def doubles():
     east, west = VllmDouble("east"), VllmDouble("west")
+    east.wire = west.wire = "sim"  # as the example layout's engine
     async with serving(east) as e, serving(west) as w:
         east.url, west.url = e.url, w.url
         yield {"east": east, "west": west}
@@ -53,6 +54,13 @@ async def fleet(doubles, layout_data):
         return Fleet.objects.get(slug=layout_data["slug"])
 
     return await sync_to_async(seed)()
+
+
+async def use_wire(doubles, wire: str) -> None:
+    """Make both domains' engines `wire` ("vllm" or "sim"), in the layout and on the wire."""
+    for double in doubles.values():
+        double.wire = wire
+    await sync_to_async(ModelBinding.objects.update)(profile={"engine": wire})
 
 
 def body(endpoint: str, **extra) -> dict:
@@ -93,9 +101,11 @@ def failures(reason: str) -> float:
 
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
 @pytest.mark.parametrize("cut", ["reset", "eof", "abort"])
+@pytest.mark.parametrize("wire", ["vllm", "sim"])
 async def test_a_cut_stream_continues_byte_for_byte_on_the_promoted_domain(
-    haru, doubles, fleet, hold_settings, endpoint, cut
+    haru, doubles, fleet, hold_settings, endpoint, cut, wire
 ):
+    await use_wire(doubles, wire)
     request = body(endpoint, stream=True, max_tokens=80, stream_options={"include_usage": True})
     expected = await baseline(doubles["west"], endpoint, request)
     east, west = doubles["east"], doubles["west"]
@@ -106,7 +116,7 @@ async def test_a_cut_stream_continues_byte_for_byte_on_the_promoted_domain(
 
     assert got == expected  # one id, one role chunk, one finish_reason, usage once, one [DONE]
     assert got.count(b"[DONE]") == 1 and got.count(b'"usage"') == 1
-    assert b"token_ids" not in got
+    assert b'"token_ids":[' not in got and b'"prompt_token_ids":[' not in got
     assert east.requests[0]["body"]["return_token_ids"] is True  # asked by the proxy
     (resumed,) = [r for r in west.requests if r["path"] == COMPLETIONS]
     # Interface 2: the prompt's ids and the 30 sent, the rest of max_tokens, ids asked.
@@ -119,15 +129,18 @@ async def test_a_cut_stream_continues_byte_for_byte_on_the_promoted_domain(
 
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
 @pytest.mark.parametrize("rewind", [False, True], ids=["clean-engine", "vllm-rewind"])
+@pytest.mark.parametrize("wire", ["vllm", "sim"])
 async def test_a_seam_inside_a_character_neither_drops_nor_repeats_text(
-    haru, doubles, fleet, hold_settings, endpoint, rewind
+    haru, doubles, fleet, hold_settings, endpoint, rewind, wire
 ):
+    await use_wire(doubles, wire)
     request = body(endpoint, stream=True, max_tokens=60)
     expected = await baseline(doubles["west"], endpoint, request)
     doubles["east"].cut_after = INSIDE
     doubles["west"].rewind = rewind  # the continuing engine re-emits earlier text, as vLLM
     assert await cut_then_promote(haru, fleet, endpoint, request) == expected
-    assert [r["path"] for r in doubles["west"].requests].count("/detokenize") == 1
+    # The answer before the seam, then with the continuation's first text: two reads a seam.
+    assert [r["path"] for r in doubles["west"].requests].count("/detokenize") == 2
 
 
 async def test_the_same_domain_coming_back_takes_the_continuation(
@@ -158,6 +171,7 @@ async def test_a_stream_silent_past_the_bound_is_cut_and_continued(
 async def test_a_stop_string_split_by_the_seam_ends_the_answer(haru, doubles, fleet, hold_settings):
     # "Bonjour, ça va?": cut after "Bonjour, " leaves "ça" for the continuation; the stop
     # ", ç" starts before the seam, which the continuing engine never sees as text.
+    await use_wire(doubles, "vllm")  # the simulator writes no stop_reason without ids
     seam = len(b"Bonjour, ")
     request = body("completions", stream=True, max_tokens=60, stop=[", ç"])
     doubles["east"].cut_after = seam

@@ -1,7 +1,10 @@
 """A model-server double that speaks vLLM's token-id shapes, for the continuation tests.
 
-Its tokenizer is byte-level (one id per UTF-8 byte, offset by 3; 2 is BOS), so an answer with
-multi-byte characters puts some cuts inside a character, as a real tokenizer can. It answers
+Two wires: `wire="vllm"` writes what vLLM 0.32 writes without ids (the id fields as null),
+`wire="sim"` what Haru's simulator writes (no id fields, no stop_reason, a chat chunk for
+every token). Its tokenizer is byte-level (one id per UTF-8 byte, offset by 3; 2 is BOS), so
+an answer with multi-byte characters puts some cuts inside a character, as a real tokenizer
+can. It answers
 deterministically from the prompt's ids: the prompt is the request's prompt followed by the
 first k bytes of ANSWER, and it goes on from byte k. Chunks are serialized the way vLLM 0.32
 does (pydantic's compact JSON, its field order, `exclude_unset`), with fixed `id` and
@@ -49,6 +52,9 @@ class VllmDouble:
         self.delay = 0.0
         self.refuse = False  # answer 503 (not handled)
         self.cuts = 0
+        # How a stream without ids is written: "vllm" as vLLM 0.32 (id fields as null,
+        # stop_reason always), "sim" as Haru's simulator (neither).
+        self.wire = "vllm"
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -112,7 +118,10 @@ class VllmDouble:
         )
         first = True
         if chat:
-            extra = f',"prompt_token_ids":{dumps(prompt)}' if want_ids else ""
+            listed = dumps(prompt) if want_ids else "null"
+            extra = f',"prompt_token_ids":{listed},"prompt_text":null'
+            if self.wire == "sim" and not want_ids:
+                extra = ""
             choice = '{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
             yield f'data: {head}"choices":[{choice}"finish_reason":null}}]{extra}}}\n\n'.encode()
             first = False
@@ -161,12 +170,12 @@ class VllmDouble:
             end = len(out) if fin else max(len(out) - hold, offset)
             delta, offset = out[offset:end], end
             generated = n + 1
-            if not delta and fin is None and not want_ids and chat:
-                continue
+            if not delta and fin is None and not want_ids and chat and self.wire == "vllm":
+                continue  # vLLM sends no chunk without text, unless ids are asked for
             choice = self._choice(chat, delta, fin, [token], want_ids, stop_reason)
             if first and not chat and want_ids:
                 choice = choice.replace(
-                    '"token_ids"', f'"prompt_token_ids":{dumps(prompt)},"token_ids"'
+                    '"prompt_token_ids":null', f'"prompt_token_ids":{dumps(prompt)}'
                 )
             first = False
             yield f"data: {head}{choice}}}\n\n".encode()
@@ -183,18 +192,18 @@ class VllmDouble:
 
     def _choice(self, chat, text, finish, ids, want_ids, stop_reason) -> str:
         fin = "null" if finish is None else f'"{finish}"'
+        full = self.wire == "vllm" or want_ids  # the simulator writes these only with ids
         if chat:
-            delta = f'{{"content":{dumps(text)}}}' if text else "{}"
+            delta = f'{{"content":{dumps(text)}}}' if text or self.wire == "sim" else "{}"
             out = f'{{"index":0,"delta":{delta},"logprobs":null,"finish_reason":{fin}'
-            if finish is not None:
+            if finish is not None and full:
                 out += f',"stop_reason":{dumps(stop_reason)}'
         else:
-            out = (
-                f'{{"index":0,"text":{dumps(text)},"logprobs":null,"finish_reason":{fin},'
-                f'"stop_reason":{dumps(stop_reason)}'
-            )
-        if want_ids:
-            out += f',"token_ids":{dumps(ids)}'
+            out = f'{{"index":0,"text":{dumps(text)},"logprobs":null,"finish_reason":{fin}'
+            if full:
+                out += f',"stop_reason":{dumps(stop_reason)},"prompt_token_ids":null'
+        if full:
+            out += f',"token_ids":{dumps(ids) if want_ids else "null"}'
         return f'"choices":[{out}}}]'
 
     async def _whole(self, send, doc, chat, prompt, ids, finish) -> None:
