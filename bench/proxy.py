@@ -97,31 +97,30 @@ _SSE = [
     for i in range(8)
 ] + [b"data: [DONE]\n\n"]
 
-# The token-id case: a long streamed chat answer, as vLLM writes it, with and without the token
-# ids `return_token_ids` asks for (the prompt's on the first chunk, each token's on its chunk).
+# The token-id case: a long streamed chat answer, byte for byte as vLLM 0.32 writes it, with and
+# without the token ids `return_token_ids` asks for (without, vLLM writes the fields as null).
 LONG_TOKENS = 256
 
 
 def _long_sse(ids: bool) -> list[bytes]:
-    def chunk(delta: dict, finish: str | None, token_ids: list[int] | None, **top) -> bytes:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        if ids:
-            choice["token_ids"] = token_ids or []
-        body = {
-            "id": "chatcmpl-bench-long",
-            "object": "chat.completion.chunk",
-            "created": 0,
-            "model": "bench-long",
-            "choices": [choice],
-            **(top if ids else {}),
-        }
-        return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+    def dumps(value) -> str:
+        return json.dumps(value, separators=(",", ":"))
 
-    prompt_ids = list(range(100, 124))
-    out = [chunk({"role": "assistant", "content": ""}, None, [], prompt_token_ids=prompt_ids)]
-    out += [chunk({"content": f" tok{i}"}, None, [1000 + i]) for i in range(LONG_TOKENS)]
-    out += [chunk({"content": ""}, "length", []), b"data: [DONE]\n\n"]
-    return out
+    head = '{"id":"chatcmpl-bench-long","object":"chat.completion.chunk","created":0,'
+    head += '"model":"bench-long","choices":[{"index":0,'
+    prompt = dumps(list(range(100, 124))) if ids else "null"
+    out = [
+        f'data: {head}"delta":{{"role":"assistant","content":""}},"logprobs":null,'
+        f'"finish_reason":null}}],"prompt_token_ids":{prompt},"prompt_text":null}}\n\n'
+    ]
+    for i in range(LONG_TOKENS):
+        finish = '"length","stop_reason":null' if i == LONG_TOKENS - 1 else "null"
+        token_ids = f"[{1000 + i}]" if ids else "null"
+        out.append(
+            f'data: {head}"delta":{{"content":" tok{i}"}},"logprobs":null,'
+            f'"finish_reason":{finish},"token_ids":{token_ids}}}]}}\n\n'
+        )
+    return [*(line.encode() for line in out), b"data: [DONE]\n\n"]
 
 
 _LONG_SSE = {False: _long_sse(False), True: _long_sse(True)}
