@@ -483,7 +483,10 @@ def main() -> int:
     )
     parser.add_argument("--tokens", type=int, default=300, help="tokens per stream (--streams)")
     parser.add_argument(
-        "--token-delay-ms", type=int, default=20, help="the sim engines' delay between tokens"
+        "--token-delay-ms",
+        type=int,
+        default=100,
+        help="--streams: the sim engines' delay between tokens (10 per second per stream)",
     )
     parser.add_argument(
         "--json", action="store_true", help="--streams: the last line is the figures as JSON"

@@ -1,6 +1,6 @@
 """Stream continuation: long streams in flight when the active host's processes are killed.
 
-    .venv/bin/python bench/failover_load.py --streams 200 [--tokens 300] [--token-delay-ms 20]
+    .venv/bin/python bench/failover_load.py --streams 200 [--tokens 300] [--token-delay-ms 100]
                                             [-n 1] [--json]
 
 The stack of bench/failover_load.py (two simulated hosts, `manage.py serve` with its reconcile
