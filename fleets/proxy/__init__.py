@@ -5,6 +5,10 @@
 - `flow`: one request's forwarding flow (read, hold, forward, stream back, record) over a
   `ClientIO`; the ASGI app and `fleets/server/direct.py` (manage.py serve's chat path) run it.
 - `handler`: the transport-free core: authorize, pick the route, forward, render errors.
+- `stream_ledger`: what a stream that may be continued keeps (its token ids), and the stripping
+  that keeps the ids from the client.
+- `continuation`: a stream cut after its headers, held and continued on the domain routing
+  commits to (the rules are in `fleets/core/continuation.py`).
 - `snapshots`: the per-process routing snapshot cache (revision re-checked on every request,
   fail-open on a store outage).
 - `store`: the two reads the proxy makes, on one dedicated database thread.

@@ -21,7 +21,6 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fleets.base.conf import haru_settings
@@ -42,39 +41,44 @@ DETOKENIZE_MAX_BYTES = 8 * 1024 * 1024
 DONE = b"data: [DONE]\n\n"
 
 
-@dataclass
+_UNSET = "unset"
+
+
 class Plan:
-    """One request's stance on continuation, worked out once from its parsed body."""
+    """One request's stance on continuation, worked out from its parsed body as needed: a
+    request to an engine that cannot continue pays for no more than building this."""
 
-    document: dict
-    endpoint: str
-    body: bytes
-    streamed: bool
-    refusal: str | None  # why a cut of this stream cannot be continued, None if it can
-    client_ids: bool  # the client asked for token ids itself: they reach it untouched
-    reruns: int = 0  # times this non-streamed request was sent again after a cut
-    kept: bool = False  # the last body sent is kept for a continuation
-    injected: bool = False  # ... and asked for ids on the proxy's behalf (stripped from it)
+    __slots__ = ("document", "endpoint", "body", "streamed", "_refusal", "client_ids", "reruns",
+                 "kept", "injected")  # fmt: skip
 
-    @classmethod
-    def of(cls, document: dict, body: bytes, endpoint: str) -> Plan:
-        streamed = document.get("stream") is True
-        refusal = rules.refusal(document, endpoint) if streamed else None
-        asked = document.get("return_token_ids")
-        if asked is not None and asked is not True:
-            refusal = refusal or "ids_refused"  # the client turned them off explicitly
-        return cls(document, endpoint, body, streamed, refusal, asked is True)
+    def __init__(self, document: dict, body: bytes, endpoint: str) -> None:
+        self.document = document
+        self.endpoint = endpoint
+        self.body = body
+        self.streamed = document.get("stream") is True
+        self.client_ids = document.get("return_token_ids") is True  # theirs: left untouched
+        self._refusal: str | None = _UNSET
+        self.reruns = 0  # times this non-streamed request was sent again after a cut
+        self.kept = False  # the last body sent is kept for a continuation
+        self.injected = False  # ... and asked for ids on the proxy's behalf (stripped)
+
+    @property
+    def refusal(self) -> str | None:
+        """Why a cut of this stream cannot be continued, None if it can."""
+        if self._refusal is _UNSET:
+            refusal = rules.refusal(self.document, self.endpoint)
+            asked = self.document.get("return_token_ids")
+            if asked is not None and asked is not True:
+                refusal = refusal or "ids_refused"  # the client turned them off explicitly
+            self._refusal = refusal
+        return self._refusal
 
     def continues(self, route: Route) -> bool:
         """Whether a stream sent on `route` is kept for a continuation."""
+        if not (self.streamed and route.continues) or self.refusal is not None:
+            return False
         config = haru_settings()
-        return (
-            self.streamed
-            and route.continues
-            and self.refusal is None
-            and config.chat_continue_max_ids > 0
-            and config.chat_continue_max > 0
-        )
+        return config.chat_continue_max_ids > 0 and config.chat_continue_max > 0
 
     def reruns_on(self, route: Route) -> bool:
         """Whether a non-streamed request cut on `route` (nothing sent yet) is sent again."""

@@ -18,6 +18,9 @@ class ProxyError(Exception):
         self.message = message
         # Extra (name, value) byte pairs, e.g. WWW-Authenticate or Retry-After.
         self.headers = tuple(headers)
+        # The model server took the request, then its connection was lost before any byte of
+        # the answer (a crash, never a configuration fault): what may be asked again elsewhere.
+        self.lost = False
 
     def body(self) -> bytes:
         return envelope(self.code, self.message)

@@ -94,7 +94,7 @@ async def _forward(
         return
 
     this_task = io.watch()
-    plan = continuation.Plan.of(handler.request_document(body), body, endpoint)
+    plan = continuation.Plan(handler.request_document(body), body, endpoint)
     response: upstream.Response | None = None
     ledger: Ledger | None = None
     try:
@@ -106,7 +106,7 @@ async def _forward(
             task=this_task,
             plan=plan,
         )
-        while plan.reruns_on(exchange.route) and _aborted(response):  # type: ignore[arg-type]
+        while exchange.route is not None and plan.reruns_on(exchange.route) and _aborted(response):
             # A sleep aborted a non-streamed answer: nothing was sent, so ask again.
             plan.reruns += 1
             await response.aclose()

@@ -249,8 +249,8 @@ async def _attempt(
             f"model server for {route.model!r} refused the connection ({exc})"
         )
     except errors.ProxyError as err:
-        if rerun is None or err.code != ErrorCode.UPSTREAM_UNREACHABLE:
-            raise
+        if rerun is None or not err.lost:
+            raise  # a TLS or DNS fault too: answered at once, never held
         # Accepted, then lost with its engine before any byte came back: the client has seen
         # nothing, so the answer is asked again, of whichever domain routing commits to.
         rerun.reruns += 1

@@ -523,8 +523,10 @@ async def open_stream(
     except NotStarted:
         raise  # the caller may hold it and send it elsewhere
     except (OSError, UpstreamClosed) as exc:
-        raise errors.upstream_unreachable(
+        err = errors.upstream_unreachable(
             f"model server for {model!r} is unreachable ({type(exc).__name__})"
-        ) from None
+        )
+        err.lost = isinstance(exc, UpstreamClosed)
+        raise err from None
     finally:
         timer.cancel()

@@ -99,6 +99,11 @@ def failures(reason: str) -> float:
     return metrics.FAILURES.labels("demo", reason)._value.get()
 
 
+def stalls() -> float:
+    """How many seam stalls the histogram observed for the demo fleet."""
+    return sum(bucket.get() for bucket in metrics.SEAM_STALL.labels("demo")._buckets)
+
+
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
 @pytest.mark.parametrize("cut", ["reset", "eof", "abort"])
 @pytest.mark.parametrize("wire", ["vllm", "sim"])
@@ -110,7 +115,7 @@ async def test_a_cut_stream_continues_byte_for_byte_on_the_promoted_domain(
     expected = await baseline(doubles["west"], endpoint, request)
     east, west = doubles["east"], doubles["west"]
     east.cut_after, east.cut = 30, cut
-    before = continued(endpoint)
+    before, stalled = continued(endpoint), stalls()
 
     got = await cut_then_promote(haru, fleet, endpoint, request)
 
@@ -118,12 +123,13 @@ async def test_a_cut_stream_continues_byte_for_byte_on_the_promoted_domain(
     assert got.count(b"[DONE]") == 1 and got.count(b'"usage"') == 1
     assert b'"token_ids":[' not in got and b'"prompt_token_ids":[' not in got
     assert east.requests[0]["body"]["return_token_ids"] is True  # asked by the proxy
-    (resumed,) = [r for r in west.requests if r["path"] == COMPLETIONS]
+    (resumed,) = [r for r in west.requests if r["path"] == COMPLETIONS and not r["refused"]]
     # Interface 2: the prompt's ids and the 30 sent, the rest of max_tokens, ids asked.
     assert resumed["body"]["prompt"] == prompt_ids_of_request(endpoint == "chat") + ANSWER_IDS[:30]
     assert resumed["body"]["max_tokens"] == 50
     assert resumed["body"]["return_token_ids"] is True
     assert continued(endpoint) == before + 1
+    assert stalls() == stalled + 1  # the seam's stall, observed once
     assert hold.HOLDS.count == 0
 
 
@@ -223,6 +229,46 @@ async def test_an_engine_that_ignores_the_id_request_ends_as_today(
         await read_all(haru, "chat", body("chat", stream=True, max_tokens=60))
     assert failures("no_ids") == before + 1
     assert doubles["west"].requests == []
+
+
+async def test_a_continuation_cut_again_is_continued_again_up_to_the_bound(
+    haru, doubles, fleet, hold_settings
+):
+    hold_settings(chat_hold_poll_ms=50, chat_continue_max=2)
+    east, west = doubles["east"], doubles["west"]
+    request = body("completions", stream=True, max_tokens=90)
+    expected = await baseline(west, "completions", request)
+    east.cut_after = 20
+    reading = asyncio.create_task(read_all(haru, "completions", request))
+    await until_held(1)
+    west.cut_after, west.delay = 15, 0.01  # the first continuation is cut too, after its seam
+    await sync_to_async(promote)(fleet, "west")
+    async with asyncio.timeout(10):
+        while west.cuts != 1:
+            await asyncio.sleep(0.01)
+    west.cut_after, west.refuse = None, False  # back: the second continuation ends it
+    assert await asyncio.wait_for(reading, 10) == expected
+    prompts = [
+        r["body"]["prompt"]
+        for r in west.requests
+        if r["path"] == COMPLETIONS and not r["refused"]  # a 503 while held is not a send
+    ]
+    assert [len(p) for p in prompts] == [7 + 20, 7 + 35]  # never an id twice, never one lost
+
+
+async def test_past_the_bound_on_continuations_the_stream_ends_cut(
+    haru, doubles, fleet, hold_settings
+):
+    hold_settings(chat_continue_max=1)
+    doubles["east"].cut_after, doubles["west"].cut_after = 20, 10
+    doubles["west"].delay = 0.01  # cut after its seam was read
+    before = failures("too_many_cuts")
+    reading = asyncio.create_task(read_all(haru, "chat", body("chat", stream=True, max_tokens=60)))
+    await until_held(1)
+    await sync_to_async(promote)(fleet, "west")
+    with pytest.raises(httpx.RemoteProtocolError):
+        await asyncio.wait_for(reading, 10)
+    assert failures("too_many_cuts") == before + 1
 
 
 async def test_a_stream_over_the_bound_is_not_continued(haru, doubles, fleet, hold_settings):

@@ -66,7 +66,7 @@ class VllmDouble:
             if not message.get("more_body", False):
                 break
         doc = json.loads(body) if body else {}
-        self.requests.append({"path": scope["path"], "body": doc})
+        self.requests.append({"path": scope["path"], "body": doc, "refused": self.refuse})
         if self.refuse:
             await _answer(send, 503, b"{}")
             return
