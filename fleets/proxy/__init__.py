@@ -7,6 +7,7 @@
 - `handler`: the transport-free core: authorize, pick the route, forward, render errors.
 - `stream_ledger`: what a stream that may be continued keeps (its token ids), and the stripping
   that keeps the ids from the client.
+- `plan`: one request's stance on continuation (kept or not, the body it is sent with).
 - `continuation`: a stream cut after its headers, held and continued on the domain routing
   commits to (the rules are in `fleets/core/continuation.py`).
 - `snapshots`: the per-process routing snapshot cache (revision re-checked on every request,

@@ -16,6 +16,7 @@ from typing import Protocol
 from fleets.base.conf import haru_settings
 from fleets.proxy import continuation, handler, upstream
 from fleets.proxy.errors import ProxyError
+from fleets.proxy.plan import Plan
 from fleets.proxy.stream_ledger import Ledger
 
 log = logging.getLogger("haru.proxy")
@@ -94,7 +95,7 @@ async def _forward(
         return
 
     this_task = io.watch()
-    plan = continuation.Plan(handler.request_document(body), body, endpoint)
+    plan = Plan(handler.request_document(body), body, endpoint)
     response: upstream.Response | None = None
     ledger: Ledger | None = None
     try:

@@ -23,7 +23,7 @@ from fleets.proxy.snapshots import ROUTES, Route, Snapshot, clip
 from fleets.reconciler import datapath
 
 if TYPE_CHECKING:
-    from fleets.proxy.continuation import Plan
+    from fleets.proxy.plan import Plan
 
 ENDPOINTS = {
     "/v1/chat/completions": "chat",
@@ -157,7 +157,7 @@ async def forward(
     (fleets/proxy/hold.py) and sent again once routing changes or the model server is back.
     `task` is the request's task if the caller has it: on Python 3.11 every lookup of the
     running loop or task is a getpid() system call, and this path would otherwise make five.
-    `plan` (fleets/proxy/continuation.py) asks for token ids on a route whose engine can
+    `plan` (fleets/proxy/plan.py) asks for token ids on a route whose engine can
     continue, and sends a non-streamed request cut before its headers again; `continuing`
     marks a stream's continuation, which only an engine that can continue may take.
     """

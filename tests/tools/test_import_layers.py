@@ -96,6 +96,7 @@ PROXY_MAY_IMPORT = {
     "fleets.base.errors",
     "fleets.metrics.registry",
     "fleets.metrics.requests",
+    "fleets.metrics.continuations",  # the stream-continuation series
     "common.wire.bounded_json",
     "common.wire",
     "common.private_apis",  # the drain's hold on uvicorn's server and worker processes
