@@ -106,6 +106,9 @@ def faults(
         found.append(f"{seen.done} [DONE] lines")
     if not asked_ids and seen.id_fields:
         found.append(f"{seen.id_fields} chunks carry token-id fields the client did not ask for")
+    generated = seen.usages[-1].get("completion_tokens") if seen.usages else None
+    if asked_ids and generated is not None and len(seen.token_ids) != generated:
+        found.append(f"{len(seen.token_ids)} token ids for {generated} completion tokens")
     if baseline is None:
         return found
     if seen.text != baseline.text:
