@@ -24,6 +24,7 @@ import time
 from typing import Protocol
 
 from fleets.base.conf import haru_settings
+from fleets.base.errors import ErrorCode
 from fleets.core import continuation as rules
 from fleets.metrics import continuations as metrics
 from fleets.proxy import handler, upstream
@@ -382,8 +383,14 @@ async def detokenize(route: Route, ids: list[int], task: asyncio.Task) -> str:
 
 
 def _reason_of(err: ProxyError) -> str:
-    if err.code in ("hold_expired", "hold_capacity", "draining"):
-        return err.code
-    if err.code == "engine_cannot_continue":
+    if isinstance(err, handler.CannotContinue):
         return "engine"
-    return "no_domain"
+    return _REASONS.get(err.code, "no_domain")
+
+
+# How a held continuation ended, as the failure's reason (a metric label).
+_REASONS: dict[str, str] = {
+    ErrorCode.MODEL_UNAVAILABLE: "hold_expired",  # held HARU_CHAT_HOLD_MS, no domain took it
+    ErrorCode.HOLD_CAPACITY_EXCEEDED: "hold_capacity",
+    ErrorCode.SERVER_DRAINING: "draining",
+}

@@ -36,6 +36,14 @@ STALE_HEADER = (b"x-haru-routing", b"stale")
 perf = time.perf_counter
 
 
+class CannotContinue(errors.ProxyError):
+    """The domain routing committed to serves the model on an engine that cannot continue."""
+
+    def __init__(self, message: str) -> None:
+        err = errors.upstream_unreachable(message)
+        super().__init__(err.status, err.code, message, headers=err.headers)
+
+
 class Exchange:
     """One request's accounting, recorded in metrics once its response is done."""
 
@@ -183,9 +191,8 @@ async def forward(
             else:
                 exchange.model, exchange.route = route.model, route
                 if continuing and not route.continues:
-                    raise errors.ProxyError(
-                        502, "engine_cannot_continue", f"{route.model!r} cannot continue a stream"
-                    )
+                    # Never answered to a client: the continuation counts it (reason "engine").
+                    raise CannotContinue(f"{route.model!r}'s engine cannot continue a stream")
                 sent = await _attempt(
                     route,
                     snapshot,

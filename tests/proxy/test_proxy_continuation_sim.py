@@ -8,7 +8,6 @@ compares what the client got with an uninterrupted stream, byte for byte (the en
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -22,6 +21,7 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from fleets.layouts.loader import parse_layout
+from fleets.metrics import continuations as metrics
 from fleets.models import Fleet
 from fleets.services.layouts import layout_apply
 from tests.proxy.conftest import CHAT, closed_port
@@ -129,10 +129,11 @@ async def test_killing_the_engine_mid_stream_loses_no_token(
 async def test_waiting_for_the_hold_is_bounded(haru, sims, hold_settings):
     """No domain takes the continuation: the stream ends cut once the hold expires."""
     hold_settings(chat_hold_ms=300)
+    expired = metrics.FAILURES.labels("demo", "hold_expired")._value.get()
     request = {"model": "qwen-small", "prompt": "x", "stream": True, "max_tokens": 200}
     with pytest.raises(httpx.RemoteProtocolError):
         async with haru.stream("POST", "/v1/completions", json=request) as response:
             async for _ in response.aiter_raw():
                 if sims["east"].poll() is None:
                     stop(sims["east"])
-    await asyncio.sleep(0)
+    assert metrics.FAILURES.labels("demo", "hold_expired")._value.get() == expired + 1
