@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/failover_load.py [-n 3] [--kinds crash,planned,supervisor,supervisor-off]
                                             [--quick] [--jitter-minutes 10]
+    .venv/bin/python bench/failover_load.py --streams 200 [--tokens 300] [--json]
 
 Starts a real stack like `make demo`: two simulated hosts (supervisor + two sim engines + sim
 trainer each, from the local launcher) and `manage.py serve` (chat proxy + the in-process reconcile
@@ -23,6 +24,10 @@ promotion requested), the recorded outage (failoverMs), wake, probe, switch and 
 overhead (outage - detection - wake - probe). `--jitter-minutes` instead runs the
 stack for that long with every supervisor answer delayed by up to half the stale window (a TCP
 relay in front of each supervisor) and reports false failovers (the target is none).
+
+`--streams N` instead runs the stream-continuation run (bench/failover_streams.py): N long
+streams in flight when the active host's processes are killed, each checked against an
+uninterrupted baseline.
 
 Routing holds and forwards only with the proxy's hold-and-forward; without it, crash failovers
 fail requests until routing commits, and the figures say so.
@@ -194,10 +199,25 @@ class JitterRelay:
 class Stack:
     """Two simulated hosts and `manage.py serve`, with an ORM view of the server's database."""
 
-    def __init__(self, workdir: Path, *, relay_ms: int = 0, interval_ms: int = 1000) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        relay_ms: int = 0,
+        interval_ms: int = 1000,
+        engine_args: tuple[str, ...] = (),
+        engine: str | None = None,
+    ) -> None:
         self.workdir = workdir
+        self.engine = engine  # the bindings' profile engine (None: none named, as before)
         self.hosts = {
-            name: SimHost(name, workdir, wake_latency_ms=150, start_asleep=(name == "west"))
+            name: SimHost(
+                name,
+                workdir,
+                wake_latency_ms=150,
+                start_asleep=(name == "west"),
+                engine_args=engine_args,
+            )
             for name in ("east", "west")
         }
         self.relays: dict[str, JitterRelay] = {}
@@ -208,7 +228,7 @@ class Stack:
         for host in self.hosts.values():
             host.start()
         put_in_standby_posture(self.hosts["west"])
-        layout = fleet_layout(self.hosts["east"], self.hosts["west"], policy)
+        layout = fleet_layout(self.hosts["east"], self.hosts["west"], policy, engine=self.engine)
         if self.relay_ms:
             for d in layout["domains"]:
                 host = self.hosts[d["slug"]]
@@ -451,14 +471,29 @@ def jitter_run(args, workdir: Path) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("-n", type=int, default=3, help="rounds per kind")
+    parser.add_argument("-n", type=int, help="rounds per kind (default 3; --streams: 1)")
     parser.add_argument("--kinds", default=",".join(KINDS))
     parser.add_argument("--quick", action="store_true", help="one short round of each (CI)")
     parser.add_argument("--tail-s", type=float, default=1.5, help="traffic kept after a commit")
     parser.add_argument("--supervisor-down-s", type=float, default=6.0)
     parser.add_argument("--jitter-minutes", type=float, default=0.0)
     parser.add_argument("--stale-ms", type=int, default=3000, help="heartbeatStaleMs (jitter)")
+    parser.add_argument(
+        "--streams", type=int, default=0, help="the stream-continuation run with N streams"
+    )
+    parser.add_argument("--tokens", type=int, default=300, help="tokens per stream (--streams)")
+    parser.add_argument(
+        "--token-delay-ms",
+        type=int,
+        default=100,
+        help="--streams: the sim engines' delay between tokens (10 per second per stream)",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="--streams: the last line is the figures as JSON"
+    )
     args = parser.parse_args()
+    if args.n is None and not args.streams:
+        args.n = 3
     if args.quick:
         args.n, args.tail_s, args.supervisor_down_s = 1, 0.5, 3.0
     # The stack's own embedded store (the server and this process read the same file), whatever
@@ -469,6 +504,11 @@ def main() -> int:
     for name in ("httpx", "httpx2", "openai"):
         logging.getLogger(name).setLevel(logging.WARNING)
     workdir = Path(tempfile.mkdtemp(prefix="haru-bench-failover-load-"))
+    if args.streams:
+        from bench import failover_streams  # noqa: PLC0415 - it imports this module's stack
+
+        args.n = 1 if args.quick or args.n is None else args.n
+        return failover_streams.run(args, workdir)
     if args.jitter_minutes:
         return jitter_run(args, workdir)
     kinds = [k for k in args.kinds.split(",") if k]

@@ -14,6 +14,8 @@ fleet whose bindings point at the upstreams, HARU_API_TOKEN set so auth is on th
 path). A raw asyncio load generator (keep-alive connections, pre-built request bytes, minimal
 HTTP/1.1 parsing, uvloop) measures each scenario for the given seconds after a short warm-up
 and prints requests per second, latency p50/p99, the throughput ratio and the added latency.
+`--token-ids` instead measures what keeping token ids costs on long streams, against today's
+code side by side (bench/proxy_token_ids.py).
 All processes share the machine's CPUs (the load generator included), as they would on one
 host.
 
@@ -63,8 +65,12 @@ from haru.local.processes import stop  # noqa: E402
 PYTHON = sys.executable
 TOKEN = "bench-token-0123456789abcdefghijklmnop"
 
-# The model name each upstream kind is bound under in the benchmark fleet.
-MODELS = {"raw": "bench-raw", "sim": "bench-sim"}
+# The model name each upstream kind is bound under in the benchmark fleet. `long` is the raw
+# upstream too, answering long streams (with token ids when asked): the token-id case.
+MODELS = {"raw": "bench-raw", "sim": "bench-sim", "long": "bench-long"}
+# The engine a binding names in its profile: the proxy keeps token ids only for engines that
+# return them (vLLM), so the token-id case binds `long` as one.
+ENGINES = {"long": "vllm"}
 
 # ---------------------------------------------------------------------------------------------
 # The upstream: a minimal raw ASGI responder (what a model server looks like at zero latency).
@@ -91,6 +97,34 @@ _SSE = [
     for i in range(8)
 ] + [b"data: [DONE]\n\n"]
 
+# The token-id case: a long streamed chat answer, byte for byte as vLLM 0.32 writes it, with and
+# without the token ids `return_token_ids` asks for (without, vLLM writes the fields as null).
+LONG_TOKENS = 256
+
+
+def _long_sse(ids: bool) -> list[bytes]:
+    def dumps(value) -> str:
+        return json.dumps(value, separators=(",", ":"))
+
+    head = '{"id":"chatcmpl-bench-long","object":"chat.completion.chunk","created":0,'
+    head += '"model":"bench-long","choices":[{"index":0,'
+    prompt = dumps(list(range(100, 124))) if ids else "null"
+    out = [
+        f'data: {head}"delta":{{"role":"assistant","content":""}},"logprobs":null,'
+        f'"finish_reason":null}}],"prompt_token_ids":{prompt},"prompt_text":null}}\n\n'
+    ]
+    for i in range(LONG_TOKENS):
+        finish = '"length","stop_reason":null' if i == LONG_TOKENS - 1 else "null"
+        token_ids = f"[{1000 + i}]" if ids else "null"
+        out.append(
+            f'data: {head}"delta":{{"content":" tok{i}"}},"logprobs":null,'
+            f'"finish_reason":{finish},"token_ids":{token_ids}}}]}}\n\n'
+        )
+    return [*(line.encode() for line in out), b"data: [DONE]\n\n"]
+
+
+_LONG_SSE = {False: _long_sse(False), True: _long_sse(True)}
+
 
 async def upstream_app(scope, receive, send):
     if scope["type"] != "http":
@@ -101,6 +135,19 @@ async def upstream_app(scope, receive, send):
         message = await receive()
         body += message.get("body", b"")
         more = message.get("more_body", False)
+    if b'"bench-long"' in body:
+        asked = b'"return_token_ids":true' in body or b'"return_token_ids": true' in body
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")],
+            }
+        )
+        for chunk in _LONG_SSE[asked]:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+        return
     if b'"stream": true' in body or b'"stream":true' in body:
         await send(
             {
@@ -314,7 +361,11 @@ def _haru_env(var_dir: str) -> dict[str, str]:
 
 def _seed(env: dict[str, str], var_dir: str, upstream_ports: dict[str, int]) -> None:
     models = [
-        {"name": MODELS[kind], "servingUrl": f"http://127.0.0.1:{port}"}
+        {
+            "name": MODELS[kind],
+            "servingUrl": f"http://127.0.0.1:{port}",
+            **({"profile": {"engine": ENGINES[kind]}} if kind in ENGINES else {}),
+        }
         for kind, port in upstream_ports.items()
     ]
     layout = {
@@ -524,6 +575,18 @@ def main() -> int:
         default=5,
         help="rounds of the CPU comparison (relay, responder, Haru back to back); medians",
     )
+    parser.add_argument(
+        "--token-ids",
+        action="store_true",
+        help="the token-id case instead: CPU per long streaming request with the proxy's "
+        "token-id ledger vs today's pass-through (bench/proxy_token_ids.py)",
+    )
+    parser.add_argument(
+        "--before",
+        default=None,
+        help="--token-ids: today's code, a checkout directory or a git ref "
+        "(default: the last commit before the ledger)",
+    )
     parser.add_argument("--serve-raw", type=int, help=argparse.SUPPRESS)  # internal: serve it
     parser.add_argument(
         "--serve-bare", type=int, nargs=2, help=argparse.SUPPRESS
@@ -542,6 +605,11 @@ def main() -> int:
         uvloop.install()
     except ImportError:
         pass
+    if args.token_ids:
+        from bench import proxy_token_ids  # noqa: PLC0415 - it imports this module
+
+        args.before = args.before or proxy_token_ids.BEFORE
+        return proxy_token_ids.run(args)
     procs = Processes()
     try:
         with tempfile.TemporaryDirectory(prefix="haru-bench-") as var_dir:

@@ -31,14 +31,21 @@ TWO_DOMAIN_EXAMPLE = REPO / "examples" / "fleet.two-domain.json"
 
 
 def fleet_layout(
-    east: SimHost, west: SimHost, policy: dict | None = None, slug: str = "e2e"
+    east: SimHost,
+    west: SimHost,
+    policy: dict | None = None,
+    slug: str = "e2e",
+    *,
+    engine: str | None = None,
 ) -> dict:
-    """Return a fleet over two simulated hosts, east active, with the fast policy."""
+    """Return a fleet over two simulated hosts, east active, with the fast policy; `engine`
+    names the bindings' profile engine (the proxy continues a cut stream only on an engine
+    that can: fleets/core/continuation.py)."""
     return {
         "slug": slug,
         "activeDomainSlug": "east",
         "policy": {**FAST_POLICY, **(policy or {})},
-        "domains": [east.layout_domain(10), west.layout_domain(20)],
+        "domains": [east.layout_domain(10, engine), west.layout_domain(20, engine)],
     }
 
 

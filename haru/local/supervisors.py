@@ -115,6 +115,7 @@ class SimHost:
         weights_mib: int = 6144,
         planned_memory: bool = False,
         adapters: dict[str, list[str]] | None = None,
+        engine_args: tuple[str, ...] = (),
     ) -> None:
         self.name = name
         self.dir = workdir / name
@@ -127,7 +128,12 @@ class SimHost:
         self.log_path = self.dir / "supervisor.log"
         self.proc: subprocess.Popen | None = None
         self.token = TOKEN
-        engine_args = _engine_args(wake_latency_ms, sleep_latency_ms, weights_mib, start_asleep)
+        # `engine_args`: more of the sim engine's flags (e.g. `--token-delay-ms` for streams
+        # long enough to be cut mid-answer).
+        engine_args = (
+            *_engine_args(wake_latency_ms, sleep_latency_ms, weights_mib, start_asleep),
+            *engine_args,
+        )
         # As `manage.py supervisor_config` writes them from the plan.
         memory = {"memoryMiB": weights_mib + 768, "sleepResidueMiB": 768} if planned_memory else {}
         self.config = {
@@ -186,8 +192,10 @@ class SimHost:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def layout_domain(self, priority: int) -> dict:
-        """Return this host as a domain of a fleet layout."""
+    def layout_domain(self, priority: int, engine: str | None = None) -> dict:
+        """Return this host as a domain of a fleet layout; `engine`, when given, is named in
+        each binding's profile."""
+        profile = {"profile": {"engine": engine}} if engine else {}
         return {
             "slug": self.name,
             "provider": "static",
@@ -203,6 +211,7 @@ class SimHost:
                         {
                             "name": m,
                             "servingUrl": f"http://127.0.0.1:{p}",
+                            **profile,
                             **({"adapters": self.adapters[m]} if m in self.adapters else {}),
                         }
                         for m, p in self.model_ports.items()

@@ -95,12 +95,18 @@ def served(tmp_path, make_hosts, server_db):
     """Return a function starting (east, west, server) with a seeded fleet `e2e`."""
     servers: list[ServerProc] = []
 
-    def start(policy: dict | None = None, serve_args=(), server_env=None, **host_kwargs):
+    def start(
+        policy: dict | None = None,
+        serve_args=(),
+        server_env=None,
+        engine: str | None = None,
+        **host_kwargs,
+    ):
         east, west = make_hosts(**host_kwargs)
         server = ServerProc(tmp_path, env={**server_db, **(server_env or {})})
         servers.append(server)
         layout = tmp_path / "layout.json"
-        layout.write_text(json.dumps(fleet_layout(east, west, policy)))
+        layout.write_text(json.dumps(fleet_layout(east, west, policy, engine=engine)))
         server.manage("migrate", "--noinput", "-v0")
         server.manage("seed_layout", "--config", str(layout))
         server.start(*serve_args)

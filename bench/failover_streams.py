@@ -1,0 +1,353 @@
+"""Stream continuation: long streams in flight when the active host's processes are killed.
+
+    .venv/bin/python bench/failover_load.py --streams 200 [--tokens 300] [--token-delay-ms 100]
+                                            [-n 1] [--json]
+
+The stack of bench/failover_load.py (two simulated hosts, `manage.py serve` with its reconcile
+loop), whose simulated engines stream one token every `--token-delay-ms`. Per round:
+
+1. The baseline: the `--streams` requests, all at once, uninterrupted, through the proxy.
+2. The same requests again; once every stream has received a tenth of its tokens, every
+   process of the active host is SIGKILLed (supervisor and model servers). The proxy holds the
+   cut streams until routing commits to the standby, then continues each there.
+3. Every stream is checked against its baseline (haru/local/streams.py): byte-identical text,
+   the same finish_reason and usage, one `id`, one `created`, one role chunk, one
+   finish_reason, usage once, no token-id field unless the client asked for ids, and where it
+   asked (a quarter of the streams, `return_token_ids`) the same token ids.
+
+Clients are the official OpenAI SDK (`AsyncOpenAI`, `max_retries=0`), one connection per
+stream; half chat, half completions, the two models in turn, every stream its own prompt,
+`temperature` 0 and `stream_options.include_usage`. Printed: streams, in flight at the kill,
+cut (ended without their one finish_reason), failed (an error), byte-identical share, the
+added stall p50/p99 (per stream, the last chunk before the cut to the first after it: the
+longest wait between two chunks across the kill), the share of it after the routing commit,
+and, for comparison, detection + wake + probe of the promotion; with `--json` the last line is
+one JSON object with those figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx2
+from openai import APIStatusError, AsyncOpenAI, DefaultAsyncHttpxClient
+
+from bench.failover_load import POLICY, Stack, _demote_if_awake, op_figures, pct
+from haru.local.processes import wait_for
+from haru.local.streams import StreamSeen, faults, read_events, seam
+
+MODELS = ("llama-small", "qwen-small")  # each host serves both, each on its own engine
+FLEET = "e2e"
+TOPICS = ("rivers", "lighthouses", "glaciers", "orchards", "comets", "harbours", "deserts")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One stream's request: chat or completions, its own prompt, ids asked for or not."""
+
+    index: int
+    model: str
+    chat: bool
+    asks_ids: bool
+    prompt: str
+    max_tokens: int
+
+
+@dataclass
+class Outcome:
+    spec: Spec
+    seen: StreamSeen
+    times: list[float] = field(default_factory=list)  # arrival of each chunk (time.time())
+
+
+def specs(n: int, tokens: int) -> list[Spec]:
+    out = []
+    for i in range(n):
+        topic = TOPICS[i % len(TOPICS)]
+        prompt = f"Stream {i}: tell a long story about {topic}, number {i * 7919 % 1000}."
+        model = MODELS[i // 4 % len(MODELS)]
+        chat, asks_ids = i % 2 == 0, i % 4 < 2
+        out.append(Spec(i, model, chat, asks_ids, prompt=prompt, max_tokens=tokens))
+    return out
+
+
+def sdk(base_url: str, api_key: str, n: int) -> AsyncOpenAI:
+    # One connection per stream (the SDK's default pool holds 100 at most).
+    http = DefaultAsyncHttpxClient(
+        limits=httpx2.Limits(max_connections=n + 8, max_keepalive_connections=n + 8),
+        timeout=httpx2.Timeout(180, connect=30),
+        trust_env=False,
+    )
+    return AsyncOpenAI(
+        base_url=base_url,
+        api_key=api_key,
+        default_headers={"X-Haru-Fleet": FLEET},
+        max_retries=0,
+        http_client=http,
+    )
+
+
+async def one_stream(client: AsyncOpenAI, spec: Spec, progress: dict[int, int]) -> Outcome:
+    """Run one streamed request with the SDK; record every chunk as the client received it."""
+    events: list[dict[str, Any]] = []
+    times: list[float] = []
+    error = ""
+    common: dict[str, Any] = {
+        "model": spec.model,
+        "max_tokens": spec.max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "extra_body": {"return_token_ids": True} if spec.asks_ids else None,
+    }
+    try:
+        if spec.chat:
+            messages = [{"role": "user", "content": spec.prompt}]
+            stream: Any = await client.chat.completions.create(messages=messages, **common)
+        else:
+            stream = await client.completions.create(prompt=spec.prompt, **common)
+        async for chunk in stream:
+            events.append(chunk.model_dump(exclude_none=True))
+            times.append(time.time())
+            progress[spec.index] = len(events)
+    except APIStatusError as exc:
+        error = f"{exc.status_code} {type(exc).__name__}"
+    except Exception as exc:  # noqa: BLE001 - every failure is a data point
+        error = type(exc).__name__
+    seen = read_events(events)
+    seen.error = error
+    return Outcome(spec, seen, times)
+
+
+async def run_streams(
+    client: AsyncOpenAI, todo: list[Spec], *, kill_after: int | None = None, kill=None
+) -> tuple[list[Outcome], dict[str, float]]:
+    """Run every stream at once; with `kill_after`, call `kill()` (in a thread) once every
+    stream has received that many chunks. Return the outcomes and the kill's times."""
+    progress: dict[int, int] = {}
+    tasks = [asyncio.create_task(one_stream(client, s, progress)) for s in todo]
+    marks: dict[str, float] = {}
+    if kill_after is not None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not all(t.done() for t in tasks):
+            if sum(progress.get(s.index, 0) >= kill_after for s in todo) == len(todo):
+                break
+            await asyncio.sleep(0.02)
+        marks["in_flight"] = sum(
+            progress.get(s.index, 0) > 0 and not t.done() for s, t in zip(todo, tasks, strict=True)
+        )
+        marks["kill_at"] = time.time()
+        await asyncio.to_thread(kill)
+        marks["killed_at"] = time.time()
+    return list(await asyncio.gather(*tasks)), marks
+
+
+def check(
+    base: list[Outcome], cut: list[Outcome], marks: dict[str, float], commit: float | None
+) -> dict[str, Any]:
+    """Compare every stream of the cut run with its baseline; time each one's seam."""
+    by_index = {o.spec.index: o for o in base}
+    problems: dict[int, list[str]] = {}
+    stalls: list[float] = []
+    after_commit: list[float] = []
+    for o in cut:
+        b = by_index[o.spec.index]
+        found = faults(o.seen, b.seen, chat=o.spec.chat, asked_ids=o.spec.asks_ids)
+        if found:
+            problems[o.spec.index] = found
+        sides = seam(o.times, marks["kill_at"], marks["killed_at"])
+        if o.seen.finished and sides is not None:
+            stalls.append((sides[1] - sides[0]) * 1000)
+            if commit is not None:
+                after_commit.append((sides[1] - commit) * 1000)
+    identical = sum(
+        o.seen.finished and o.seen.text == by_index[o.spec.index].seen.text for o in cut
+    )
+    return {
+        "streams": len(cut),
+        "cut": sum(not o.seen.error and len(o.seen.finish_reasons) != 1 for o in cut),
+        "failed": sum(bool(o.seen.error) for o in cut),
+        "identical": identical,
+        "with_faults": len(problems),
+        "problems": problems,
+        "stalls_ms": stalls,
+        "after_commit_ms": after_commit,
+    }
+
+
+def baseline_faults(base: list[Outcome]) -> dict[int, list[str]]:
+    return {
+        o.spec.index: found
+        for o in base
+        if (found := faults(o.seen, chat=o.spec.chat, asked_ids=o.spec.asks_ids))
+    }
+
+
+async def base_and_cut(stack: Stack, host, todo: list[Spec], args):
+    """The uninterrupted baseline, then the same streams with the host killed under them."""
+    client = sdk(f"{stack.server.url}/v1", stack.server.api_token, args.streams)
+    try:
+        started = time.time()
+        base, _ = await run_streams(client, todo)
+        print(f"  baseline: {len(base)} streams in {time.time() - started:.1f} s", flush=True)
+        bad = baseline_faults(base)
+        if bad:
+            first = dict(list(bad.items())[:3])
+            raise SystemExit(f"the uninterrupted baseline is not whole: {first}")
+        cut, marks = await run_streams(
+            client, todo, kill_after=max(2, args.tokens // 10), kill=host.crash
+        )
+    finally:
+        await client.close()
+    return base, cut, marks
+
+
+def stream_round(stack: Stack, args) -> tuple[dict[str, Any], str]:
+    from fleets.models import Operation  # noqa: PLC0415 - needs django.setup() (the app registry) first
+
+    wait_for(stack.calm, 120, "a calm fleet", every=0.2)
+    active, _ = stack.roles()
+    host = stack.hosts[active]
+    todo = specs(args.streams, args.tokens)
+    before = set(Operation.objects.values_list("id", flat=True))
+    base, cut, marks = asyncio.run(base_and_cut(stack, host, todo, args))
+    op = None
+    deadline = time.time() + 30
+    while op is None and time.time() < deadline:  # the streams may end before the commit
+        op = (
+            Operation.objects.exclude(id__in=before)
+            .filter(kind="promote", routing_committed=True)
+            .first()
+        )
+        time.sleep(0.05)
+    figures: dict[str, float] = {}
+    if op is not None:
+        wait_for(
+            lambda: Operation.objects.filter(pk=op.pk, state__in=["succeeded", "failed"]).exists(),
+            60,
+            "the promotion to finish",
+        )
+        op.refresh_from_db()
+        figures = op_figures(op, marks["kill_at"])
+    # The routing commit: the operation's `served_at`, set by the pointer's compare-and-swap
+    # (the switch step's event is written after it).
+    commit = figures.pop("commit", None)
+    if op is not None and op.served_at is not None:
+        commit = op.served_at.timestamp()
+    row = check(base, cut, marks, commit)
+    row["in_flight"] = int(marks["in_flight"])
+    row["kill_ms"] = (marks["killed_at"] - marks["kill_at"]) * 1000
+    row.update(figures)
+    return row, active
+
+
+def restore(stack: Stack, crashed: str) -> None:
+    """Bring the crashed host back as the standby, for the next round."""
+    stack.hosts[crashed].restart()
+    wait_for(lambda: stack.calm() or _demote_if_awake(stack, crashed), 120, "the host back")
+
+
+def summary(rows: list[dict[str, Any]], args) -> dict[str, Any]:
+    stalls = [s for r in rows for s in r["stalls_ms"]]
+    after_commit = [s for r in rows for s in r["after_commit_ms"]]
+    budget = [
+        r["detection ms"] + r["wake ms"] + r["probe ms"]
+        for r in rows
+        if all(k in r for k in ("detection ms", "wake ms", "probe ms"))
+    ]
+    streams = sum(r["streams"] for r in rows)
+    out = {
+        "rounds": len(rows),
+        "streams": streams,
+        "tokens": args.tokens,
+        "in_flight_at_kill": min((r["in_flight"] for r in rows), default=0),
+        "cut": sum(r["cut"] for r in rows),
+        "failed": sum(r["failed"] for r in rows),
+        "with_faults": sum(r["with_faults"] for r in rows),
+        "identical_share": sum(r["identical"] for r in rows) / streams if streams else 0.0,
+        "stall_p50_ms": pct(stalls, 0.5),
+        "stall_p99_ms": pct(stalls, 0.99),
+        # From the routing commit to the stream's first chunk after the cut: the continuation's
+        # own share of the stall (the rest is waiting for a domain, as a new request does).
+        "after_commit_p50_ms": pct(after_commit, 0.5),
+        "after_commit_p99_ms": pct(after_commit, 0.99),
+        "kill_ms": pct([r["kill_ms"] for r in rows], 0.5),
+        "detection_ms": pct([r["detection ms"] for r in rows if "detection ms" in r], 0.5),
+        "wake_ms": pct([r["wake ms"] for r in rows if "wake ms" in r], 0.5),
+        "probe_ms": pct([r["probe ms"] for r in rows if "probe ms" in r], 0.5),
+        "detection_wake_probe_ms": pct(budget, 0.5),
+    }
+    out["stall_target_ms"] = out["detection_wake_probe_ms"] + 200
+    out["targets_met"] = bool(
+        out["in_flight_at_kill"] >= 200
+        and out["cut"] == 0
+        and out["failed"] == 0
+        and out["with_faults"] == 0
+        and out["identical_share"] == 1.0
+        and out["stall_p99_ms"] <= out["stall_target_ms"]
+    )
+    return out
+
+
+def report(rows: list[dict[str, Any]], out: dict[str, Any]) -> None:
+    lines = [
+        f"\n== streams: {out['rounds']} round(s), {out['tokens']} tokens each, OpenAI SDK, "
+        "max_retries=0, half chat, half completions",
+        f"  streams                    {out['streams']}  (in flight at the kill, fewest in a "
+        f"round: {out['in_flight_at_kill']}; target >= 200)",
+        f"  cut / failed               {out['cut']} / {out['failed']}  (target 0 / 0)",
+        f"  byte-identical             {out['identical_share']:.1%}  (target 100%)",
+        f"  streams with any fault     {out['with_faults']}",
+        f"  added stall ms             p50 {out['stall_p50_ms']:8.1f}   p99 "
+        f"{out['stall_p99_ms']:8.1f}  (target p99 <= {out['stall_target_ms']:.0f})",
+        f"  commit to first chunk ms   p50 {out['after_commit_p50_ms']:8.1f}   p99 "
+        f"{out['after_commit_p99_ms']:8.1f}  (the continuation's share of the stall)",
+        f"  the kill took              {out['kill_ms']:8.1f} ms  (every process of the host gone)",
+        f"  detection + wake + probe   {out['detection_wake_probe_ms']:8.1f} ms  (detection "
+        f"{out['detection_ms']:.0f}, wake {out['wake_ms']:.0f}, probe {out['probe_ms']:.0f})",
+    ]
+    for i, r in enumerate(rows):
+        for index, found in list(r["problems"].items())[:5]:
+            lines.append(f"  round {i + 1} stream {index}: {'; '.join(found)}")
+    lines.append(f"  targets met                {'yes' if out['targets_met'] else 'no'}")
+    print("\n".join(lines))
+
+
+def run(args, workdir: Path) -> int:
+    # Answers generated from the prompt's ids, as long as max_tokens asks, re-sending earlier
+    # text when a continuation's prompt ends inside a character, as vLLM does.
+    engine_args = (
+        "--generate",
+        "--reemit-split-prompt",
+        "--token-delay-ms",
+        str(args.token_delay_ms),
+    )
+    stack = Stack(workdir, engine_args=engine_args, engine="sim")
+    rows: list[dict[str, Any]] = []
+    try:
+        stack.start({**POLICY, "autoFailover": True})
+        for i in range(args.n):
+            row, crashed = stream_round(stack, args)
+            rows.append(row)
+            print(
+                f"streams round {i + 1}/{args.n}: {row['in_flight']} in flight at the kill, "
+                f"cut {row['cut']}, failed {row['failed']}, "
+                f"identical {row['identical']}/{row['streams']}",
+                flush=True,
+            )
+            if i + 1 < args.n:
+                restore(stack, crashed)
+    finally:
+        stack.stop()
+    out = summary(rows, args)
+    report(rows, out)
+    print(f"\nstack kept in {workdir} (server log: {stack.server.log_path})")
+    if args.json:
+        # NaN (a figure with no sample) is not JSON: null.
+        print(json.dumps({k: None if v != v else v for k, v in out.items()}))
+    return 0 if out["targets_met"] else 1
