@@ -5,7 +5,8 @@ supervisor's own HTTP edge) over simulated model servers (`supervisor.sim.engine
 loopback port of its own, so the control plane sees distinct URLs and tokens exactly as it sees
 real machines. One asyncio loop serves them all; nothing is spawned per host.
 
-- `plan`: which hosts, on which ports, with which tokens (the manifest file both sides read).
+- `common/farm_manifest.py`: which hosts, on which ports, with which tokens (the manifest both
+  sides read: the farm and the control plane's seeding, `haru/local/farm_fleets.py`).
 - `listeners`: one loopback listener per app, with the faults a network shows (crash, slow,
   partition).
 - `transport`: the supervisor's calls to its own model servers, in process.

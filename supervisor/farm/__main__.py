@@ -20,9 +20,9 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from common.farm_manifest import MAX_HOSTS, plan_hosts, read_manifest, write_manifest
 from common.ports import free_port
 from supervisor.farm.control import Farm
-from supervisor.farm.plan import MAX_HOSTS, plan_hosts, read_manifest, write_manifest
 
 log = logging.getLogger("supervisor.farm")
 

@@ -24,9 +24,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from common.farm_manifest import HostPlan
 from supervisor.farm.hosts import FarmHost
 from supervisor.farm.listeners import MAX_SLOW_S, Listener, base_config
-from supervisor.farm.plan import HostPlan
 from supervisor.farm.transport import LocalTransport
 from supervisor.settings import edge_limits_from_env
 

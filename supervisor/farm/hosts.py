@@ -17,10 +17,10 @@ import uvicorn
 
 from common.edge.limits import EdgeLimits
 from common.edge.protocol import protocol_with
+from common.farm_manifest import HostPlan
 from supervisor.api import create_app
 from supervisor.config import parse_config
 from supervisor.farm.listeners import Listener
-from supervisor.farm.plan import HostPlan
 from supervisor.gpu.sim_backend import SimGpuBackend
 from supervisor.gpu.sim_state import SimGpuState
 from supervisor.host import Host, HostDeps

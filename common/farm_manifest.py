@@ -1,4 +1,4 @@
-"""Which hosts a farm plays: names, ports and tokens, written to and read from a manifest.
+"""Which hosts the fleet farm (supervisor/farm) plays: names, ports and tokens, in a manifest.
 
 The manifest is the one file both sides share: the farm serves what it lists, and the control
 plane's seeding (haru/local/farm_fleets.py) writes the layouts pointing at it. A token is either
