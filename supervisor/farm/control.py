@@ -4,6 +4,7 @@
     POST /farm/hosts/<name>/fault        {"fault": "crash"|"slow"|"partition"|"none",
                                           "target": "all"|"supervisor"|"models", "slowMs": N}
     GET  /farm/stats                     hosts, listeners, resident memory and CPU seconds
+    GET  /farm/heartbeats                every host's `GET /v1/status` arrivals (monotonic s)
 
 The control API listens on loopback only and takes no token, as the simulator's `/_sim/`
 controls do: it is a test and benchmark tool.
@@ -139,11 +140,21 @@ class Farm:
         async def stats(request: Request) -> JSONResponse:
             return JSONResponse(self.stats())
 
+        async def heartbeats(request: Request) -> JSONResponse:
+            # time.monotonic() is the machine's CLOCK_MONOTONIC: comparable across processes.
+            return JSONResponse(
+                {
+                    "now": time.monotonic(),
+                    "hosts": {name: list(h.heard) for name, h in self.hosts.items()},
+                }
+            )
+
         return Starlette(
             routes=[
                 Route("/farm/hosts", hosts, methods=["GET"]),
                 Route("/farm/hosts/{name}/fault", fault, methods=["POST"]),
                 Route("/farm/stats", stats, methods=["GET"]),
+                Route("/farm/heartbeats", heartbeats, methods=["GET"]),
             ]
         )
 

@@ -8,6 +8,8 @@ on a port of its own; its GPU is the simulator's (`SimGpuBackend`, one state fil
 from __future__ import annotations
 
 import asyncio
+import collections
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,8 @@ ENGINE = {
     "token_delay_ms": 2,
 }
 TARGETS = ("all", "supervisor", "models")
+# Heartbeats remembered per host: enough for a benchmark's window at any interval it uses.
+HEARD_KEPT = 512
 
 
 def host_config(plan: HostPlan, workdir: Path) -> dict[str, Any]:
@@ -105,7 +109,10 @@ class FarmHost:
                 http_factory=http,
             ),
         )
-        api = create_app(self.host, token=plan.token, manage_host=False)
+        # When each `GET /v1/status` arrived (monotonic): how a benchmark sees, from the hosts'
+        # side, whether every fleet was heartbeated on time.
+        self.heard: collections.deque[float] = collections.deque(maxlen=HEARD_KEPT)
+        api = self._recording(create_app(self.host, token=plan.token, manage_host=False))
         edge = protocol_with(
             limits, body_setting="HARU_SUPERVISOR_HTTP_MAX_BODY_BYTES", token=plan.token
         )
@@ -159,6 +166,16 @@ class FarmHost:
                 )
             ],
         }
+
+    def _recording(self, app: Any) -> Any:
+        heard = self.heard
+
+        async def recorded(scope: Any, receive: Any, send: Any) -> None:
+            if scope["type"] == "http" and scope["path"] == "/v1/status":
+                heard.append(time.monotonic())
+            await app(scope, receive, send)
+
+        return recorded
 
     def _engine_crash(self, port: int) -> Callable[[], None]:
         """The sim's `crash` fault in the farm: this engine stops, the farm goes on."""

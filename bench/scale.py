@@ -1,0 +1,509 @@
+"""Benchmark one control plane from 10 to 1,000 fleets over the fleet farm (issue 27).
+
+    .venv/bin/python bench/scale.py --sizes 10,100,1000 --workers 1,2 [--interval-s 5]
+                                    [--seconds 60] [--json] [--plot bench/results/scale.png]
+    .venv/bin/python bench/scale.py --from-json results.json --plot scale.png   # re-plot
+
+PostgreSQL and Redis (`--database-url`, default a database `haru_scale` on 127.0.0.1:5432,
+dropped and created afresh for every run; `--redis-url`, default db 9 on 127.0.0.1:6379,
+flushed). For each size and worker count:
+
+1. seed N fleets of two domains each (default policy, autoFailover on) through the layout
+   service (`haru.local.farm_fleets`), each domain with its own derived supervisor token;
+2. start the farm (`python -m supervisor.farm`, one process: 2N supervisors, 4N model servers);
+3. measure one idle tick (`bench/idle_tick.py`'s `measure_idle_tick`, interface 1, when present)
+   on one fleet, before any worker runs;
+4. start the workers: one is `manage.py serve` running the reconcile loop every interval (how the
+   control plane runs by default); two come from `bench/scale_workers.py` (interface 2) when
+   present, else two `serve` processes running the loop;
+5. after every active host has been heartbeated once, measure for `--seconds`: tick lateness
+   as the hosts saw it (the gaps between `GET /v1/status` arrivals on each fleet's active,
+   beyond one interval), the workers' CPU per fleet per minute (their process groups, from
+   /proc), rows written and transactions per tick per fleet and the connections in use
+   (PostgreSQL's pg_stat_database and pg_stat_activity), the farm's own memory and CPU;
+6. time `/metrics`, the overview and the fleet list (`bench/scale_reads.py`, interface 3, when
+   present; else `/metrics` and `GET /v1/fleets` here, the overview not measured);
+7. inject a failover: crash one fleet's active host through the farm while four clients send
+   chat requests through the proxy; detection (crash -> promotion requested), total (crash ->
+   route switched), overhead (total - detection - the engines' wake latency) and failed
+   requests;
+8. two workers: kill one and measure the handover and the double ticks (interface 2).
+
+Prints a table (a column per run); with `--json` the last line is one JSON object with a list
+`runs`. A figure that was not measured is `None` (null), never a guess.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.scale_measure import (  # noqa: E402
+    FarmProc,
+    Postgres,
+    group_cpu_s,
+    percentile,
+    tick_lateness,
+)
+from common.farm_manifest import write_manifest  # noqa: E402
+from haru.local.farm_fleets import fleet_slug, plan_farm, seed_farm_fleets  # noqa: E402
+from haru.local.server import Server, manage, server_env  # noqa: E402
+from supervisor.farm.hosts import ENGINE  # noqa: E402
+
+DEFAULT_DB = "postgres://postgres@127.0.0.1:5432/haru_scale"
+DEFAULT_REDIS = "redis://127.0.0.1:6379/9"
+# Not a secret of anything real: the key the benchmark's control plane derives tokens from.
+MASTER_KEY = "scale-bench-master-key-5f2c9a7e1b3d4c6a8e0f"
+# The issue's fields, in the table's order; each run has every one (None: not measured).
+FIELDS = (
+    "fleets",
+    "workers",
+    "interval_s",
+    "window_s",
+    "tick_lateness_p50_s",
+    "tick_lateness_p99_s",
+    "fleets_never_heard",
+    "cpu_s_per_fleet_minute",
+    "control_plane_cpu_pct",
+    "rows_written_per_tick_per_fleet",
+    "transactions_per_tick_per_fleet",
+    "pg_connections_max",
+    "pg_connections_active_max",
+    "rows_written_per_idle_heartbeat",
+    "lease_rows_per_tick",
+    "idle_tick_cpu_ms",
+    "idle_tick_statements",
+    "overview_ms",
+    "fleet_list_ms",
+    "metrics_ms",
+    "double_ticks",
+    "handover_s",
+    "lease_s",
+    "failover_detection_s",
+    "failover_total_s",
+    "failover_overhead_s",
+    "failover_requests",
+    "failover_failed_requests",
+    "farm_rss_mib",
+    "farm_cpu_pct",
+    "seed_s",
+)
+
+
+def optional(name: str) -> ModuleType | None:
+    """Another part of issue 27's benchmark (bench/<name>.py), where it has landed."""
+    try:
+        return importlib.import_module(f"bench.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"bench.{name}":
+            raise
+        return None
+
+
+def setup_django(database_url: str, redis_url: str, workdir: Path) -> None:
+    os.environ.update(
+        DATABASE_URL=database_url,
+        REDIS_URL=redis_url,
+        HARU_VAR_DIR=str(workdir / "var"),
+        HARU_SUPERVISOR_MASTER_KEY=MASTER_KEY,
+        DJANGO_SETTINGS_MODULE="haru.settings",
+    )
+    os.environ.pop("HARU_SUPERVISOR_TOKEN", None)
+    import django  # noqa: PLC0415 - after the environment above selects the settings
+
+    django.setup()
+
+
+class Workers:
+    """The control plane's workers for one run: started, measured by process group, stopped."""
+
+    def __init__(self, count: int, env: dict[str, str], workdir: Path) -> None:
+        self.count = count
+        self.env = env
+        self.workdir = workdir
+        self.servers: list[Server] = []
+        self.group: Any = None  # interface 2's handle, when it drives the workers
+        self.module = optional("scale_workers") if count > 1 else None
+
+    def start(self) -> None:
+        # One server answers HTTP (proxy, /metrics, pages); with interface 2 the extra
+        # workers are its; otherwise more `serve` processes, each running the loop.
+        server = Server(self.env, self.workdir / "server-0.log")
+        server.spawn()
+        self.servers.append(server)
+        if self.module is not None:
+            self.group = self.module.start_workers(
+                self.count - 1, env=self.env, workdir=self.workdir
+            )
+        else:
+            for i in range(1, self.count):
+                extra = Server(self.env, self.workdir / f"server-{i}.log")
+                extra.spawn()
+                self.servers.append(extra)
+        for s in self.servers:
+            s.wait_ready(120)
+
+    @property
+    def url(self) -> str:
+        return self.servers[0].url
+
+    def pgids(self) -> list[int]:
+        pids = [s.proc.pid for s in self.servers if s.proc is not None]
+        if self.group is not None:
+            pids += list(self.module.worker_pids(self.group))  # type: ignore[union-attr]
+        return pids
+
+    def stop(self) -> None:
+        if self.group is not None:
+            with contextlib.suppress(Exception):
+                self.module.stop_workers(self.group)  # type: ignore[union-attr]
+        for s in self.servers:
+            s.stop()
+
+
+def timed_ms(call: Callable[[], httpx.Response], repeat: int = 3) -> float | None:
+    """The median of `repeat` timed calls in ms; None if any fails."""
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        response = call()
+        if response.status_code != 200:
+            return None
+        times.append((time.perf_counter() - started) * 1000)
+    return round(statistics.median(times), 1)
+
+
+def reads(url: str) -> dict[str, float | None]:
+    """/metrics, the overview and the fleet list: interface 3, else what can be timed here."""
+    module = optional("scale_reads")
+    if module is not None:
+        found = module.time_reads(url)
+        return {k: found.get(k) for k in ("overview_ms", "fleet_list_ms", "metrics_ms")}
+    with httpx.Client(base_url=url, timeout=60, trust_env=False) as c:
+        return {
+            "overview_ms": None,
+            "fleet_list_ms": timed_ms(lambda: c.get("/v1/fleets")),
+            "metrics_ms": timed_ms(lambda: c.get("/metrics")),
+        }
+
+
+class ChatClients:
+    """Clients sending chat requests through the proxy to one fleet until stopped."""
+
+    def __init__(self, url: str, fleet: str, model: str, threads: int = 4) -> None:
+        self.url, self.fleet, self.model = url, fleet, model
+        self.ok = 0
+        self.failed = 0
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
+
+    def _run(self) -> None:
+        body = {"model": self.model, "messages": [{"role": "user", "content": "hi"}]}
+        headers = {"X-Haru-Fleet": self.fleet}
+        with httpx.Client(base_url=self.url, timeout=120, trust_env=False) as c:
+            while not self._stop.is_set():
+                try:
+                    r = c.post("/v1/chat/completions", json=body, headers=headers)
+                    good, why = r.status_code == 200, f"{r.status_code} {r.text[:120]}"
+                except httpx.HTTPError as exc:
+                    good, why = False, repr(exc)
+                with self._lock:
+                    if good:
+                        self.ok += 1
+                    else:
+                        self.failed += 1
+                        self.errors.append(why)
+
+    def start(self) -> ChatClients:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(130)
+
+
+def wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+def inject_failover(farm: FarmProc, url: str, fleets: int) -> dict[str, Any]:
+    """Crash one fleet's active host under chat load; time the failover, count failures."""
+    from fleets.base import clock  # noqa: PLC0415 - needs django.setup()
+    from fleets.models import Event, Fleet, Operation  # noqa: PLC0415 - needs django.setup()
+
+    index = fleets // 2
+    slug = fleet_slug(index)
+    fleet = Fleet.objects.get(slug=slug)
+    clients = ChatClients(url, slug, "qwen-small").start()
+    try:
+        wait(lambda: clients.ok >= 8, 60, "chat requests answered before the crash")
+        killed_at = clock.now()
+        farm.fault(f"h{2 * index:04d}", "crash")
+        op = wait(
+            lambda: Operation.objects.filter(
+                fleet=fleet,
+                reason="auto_failover",
+                created_at__gte=killed_at,
+                routing_committed=True,
+            ).first(),
+            180,
+            "the failover",
+        )
+        switched = wait(
+            lambda: Event.objects.filter(operation=op, kind="fleet.route.switched").first(),
+            30,
+            "the route switch",
+        )
+        before = clients.ok
+        wait(lambda: clients.ok >= before + 8, 60, "chat requests answered after the switch")
+    finally:
+        clients.stop()
+    detection = (op.created_at - killed_at).total_seconds()
+    total = (switched.created_at - killed_at).total_seconds()
+    for error in clients.errors[:5]:
+        print(f"  failed request: {error}", file=sys.stderr)
+    return {
+        "failover_detection_s": round(detection, 3),
+        "failover_total_s": round(total, 3),
+        "failover_overhead_s": round(total - detection - ENGINE["wake_latency_ms"] / 1000, 3),
+        "failover_requests": clients.ok + clients.failed,
+        "failover_failed_requests": clients.failed,
+    }
+
+
+def idle_tick(fleet_id: Any, interval_s: float) -> dict[str, Any]:
+    """Interface 1 (bench/idle_tick.py) on one fleet of the farm, or nothing measured."""
+    module = optional("idle_tick")
+    if module is None:
+        return {}
+    found = module.measure_idle_tick(fleet_id=fleet_id, interval_s=interval_s, samples=10)
+    keys = (
+        "idle_tick_cpu_ms",
+        "idle_tick_statements",
+        "rows_written_per_idle_heartbeat",
+        "lease_rows_per_tick",
+    )
+    return {k: found.get(k) for k in keys}
+
+
+def run_one(args: argparse.Namespace, fleets: int, workers: int, pg: Postgres) -> dict[str, Any]:
+    from django.db import connections  # noqa: PLC0415 - needs django.setup()
+
+    from fleets.base.conf import haru_settings  # noqa: PLC0415 - needs django.setup()
+    from fleets.models import Fleet  # noqa: PLC0415 - needs django.setup()
+
+    row: dict[str, Any] = dict.fromkeys(FIELDS)
+    row.update(fleets=fleets, workers=workers, interval_s=args.interval_s)
+    workdir = Path(tempfile.mkdtemp(prefix=f"haru-scale-{fleets}x{workers}-"))
+    connections.close_all()
+    pg.recreate()
+    import redis  # noqa: PLC0415 - only here
+
+    redis.Redis.from_url(args.redis_url).flushdb()
+    env = server_env(
+        workdir,
+        DATABASE_URL=args.database_url,
+        REDIS_URL=args.redis_url,
+        HARU_SUPERVISOR_MASTER_KEY=MASTER_KEY,
+        HARU_RECONCILE_INTERVAL_MS=str(int(args.interval_s * 1000)),
+    )
+    manage(env, "migrate", "--noinput", "-v", "0", timeout=600)
+    started = time.monotonic()
+    plans = seed_farm_fleets(plan_farm(fleets))
+    row["seed_s"] = round(time.monotonic() - started, 1)
+    manifest = workdir / "farm.json"
+    write_manifest(manifest, plans)
+    farm = FarmProc(manifest, workdir)
+    crew = Workers(workers, env, workdir)
+    try:
+        farm.start()
+        row.update(idle_tick(Fleet.objects.get(slug=fleet_slug(0)).id, args.interval_s))
+        row["lease_s"] = haru_settings().tick_lease_ms / 1000
+        crew.start()
+        actives = [p.name for i, p in enumerate(plans) if i % 2 == 0]
+        since = time.monotonic()
+
+        def all_heard() -> bool:
+            heard = farm.heartbeats()
+            return all(any(t >= since for t in heard.get(n, ())) for n in actives)
+
+        wait(all_heard, 3 * args.interval_s + 120, "every fleet heartbeated once")
+        window = max(args.seconds, 3 * args.interval_s)
+        cpu0, pg0, farm0 = group_cpu_s(crew.pgids()), pg.counters(), farm.stats()
+        t0 = time.monotonic()
+        conns: list[tuple[int, int]] = []
+        while time.monotonic() - t0 < window:
+            conns.append(pg.connections())
+            time.sleep(1)
+        t1 = time.monotonic()
+        cpu1, farm1, heard = group_cpu_s(crew.pgids()), farm.stats(), farm.heartbeats()
+        time.sleep(1.5)  # the backends report their counters within about a second
+        pg1 = pg.counters()
+        elapsed = t1 - t0
+        late, silent = tick_lateness(heard, actives, t0=t0, t1=t1, interval_s=args.interval_s)
+        ticks = sum(1 for n in actives for t in heard.get(n, ()) if t0 <= t <= t1)
+        cpu = cpu1 - cpu0
+        row.update(
+            window_s=round(elapsed, 1),
+            tick_lateness_p50_s=_round(percentile(late, 50)),
+            tick_lateness_p99_s=_round(percentile(late, 99)),
+            fleets_never_heard=silent,
+            cpu_s_per_fleet_minute=round(cpu / fleets / (elapsed / 60), 4),
+            control_plane_cpu_pct=round(100 * cpu / elapsed, 1),
+            rows_written_per_tick_per_fleet=_ratio(pg1["rows"] - pg0["rows"], ticks),
+            transactions_per_tick_per_fleet=_ratio(pg1["commits"] - pg0["commits"], ticks),
+            pg_connections_max=max(c[0] for c in conns),
+            pg_connections_active_max=max(c[1] for c in conns),
+            farm_rss_mib=farm1["rssMiB"],
+            farm_cpu_pct=round(100 * (farm1["cpuS"] - farm0["cpuS"]) / elapsed, 1),
+        )
+        row.update(reads(crew.url))
+        if not args.no_failover:
+            row.update(inject_failover(farm, crew.url, fleets))
+        if crew.group is not None:
+            found = crew.module.kill_and_measure(crew.group)  # type: ignore[union-attr]
+            row.update({k: found.get(k) for k in ("double_ticks", "handover_s")})
+    finally:
+        crew.stop()
+        farm.stop()
+        connections.close_all()
+    return row
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def _ratio(part: int, whole: int) -> float | None:
+    return round(part / whole, 2) if whole else None
+
+
+def print_table(runs: list[dict[str, Any]]) -> None:
+    head = ["", *(f"{r['fleets']}x{r['workers']}w" for r in runs)]
+    width = max(len(f) for f in FIELDS) + 2
+    print("".join([head[0].ljust(width), *(h.rjust(12) for h in head[1:])]))
+    for field in FIELDS:
+        cells = ["not measured" if r.get(field) is None else str(r[field]) for r in runs]
+        print("".join([field.ljust(width), *(c.rjust(12) for c in cells)]))
+
+
+PANELS = (
+    ("control-plane CPU per fleet per minute (s)", ("cpu_s_per_fleet_minute",)),
+    (
+        "rows written and transactions per tick per fleet",
+        ("rows_written_per_tick_per_fleet", "transactions_per_tick_per_fleet"),
+    ),
+    ("PostgreSQL connections", ("pg_connections_max", "pg_connections_active_max")),
+    ("tick lateness (s)", ("tick_lateness_p50_s", "tick_lateness_p99_s")),
+    ("failover (s)", ("failover_detection_s", "failover_overhead_s")),
+    ("reads (ms)", ("metrics_ms", "overview_ms", "fleet_list_ms")),
+)
+
+
+def plot(runs: list[dict[str, Any]], path: Path) -> None:
+    """One panel per figure, x the number of fleets (log), a line per worker count."""
+    try:
+        import matplotlib  # noqa: PLC0415 - optional: only --plot needs it
+    except ImportError:
+        raise SystemExit(
+            "bench/scale.py: --plot needs matplotlib, which is not installed here; run with "
+            "--json, then `--from-json FILE --plot PATH` where matplotlib is installed"
+        ) from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - after choosing the backend
+
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    for ax, (title, keys) in zip(axes.flat, PANELS, strict=True):
+        for workers in sorted({r["workers"] for r in runs}):
+            mine = sorted((r for r in runs if r["workers"] == workers), key=lambda r: r["fleets"])
+            for key in keys:
+                points = [(r["fleets"], r[key]) for r in mine if r.get(key) is not None]
+                if points:
+                    xs, ys = zip(*points, strict=True)
+                    ax.plot(xs, ys, marker="o", label=f"{key} ({workers} worker(s))")
+        ax.set_xscale("log")
+        ax.set_xlabel("fleets")
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=7)
+    fig.suptitle("Haru at scale (bench/scale.py): one control plane over the fleet farm")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", default="10,100,1000", help="fleets per run, comma-separated")
+    p.add_argument("--workers", default="1,2", help="worker counts, comma-separated")
+    p.add_argument("--interval-s", type=float, default=5.0, help="reconcile interval")
+    p.add_argument("--seconds", type=float, default=60.0, help="measurement window")
+    p.add_argument("--database-url", default=os.environ.get("SCALE_DATABASE_URL", DEFAULT_DB))
+    p.add_argument("--redis-url", default=os.environ.get("SCALE_REDIS_URL", DEFAULT_REDIS))
+    p.add_argument("--no-failover", action="store_true", help="skip the injected failover")
+    p.add_argument("--json", action="store_true", help="end with one JSON line")
+    p.add_argument("--plot", type=Path, help="write a PNG of the per-size curves")
+    p.add_argument("--from-json", type=Path, help="print and plot a saved --json line")
+    args = p.parse_args(argv)
+    if args.from_json is not None:
+        runs = json.loads(args.from_json.read_text().strip().splitlines()[-1])["runs"]
+    else:
+        sizes = [int(s) for s in args.sizes.split(",") if s]
+        counts = [int(w) for w in args.workers.split(",") if w]
+        if not sizes or min(sizes) < 1 or not counts or min(counts) < 1:
+            p.error("--sizes and --workers take positive integers")
+        if "haru_scale" not in args.database_url.rsplit("/", 1)[1]:
+            p.error(
+                "--database-url names the database this benchmark drops: its name must "
+                "contain haru_scale"
+            )
+        setup_django(
+            args.database_url, args.redis_url, Path(tempfile.mkdtemp(prefix="haru-scale-"))
+        )
+        pg = Postgres(args.database_url)
+        runs = []
+        try:
+            for fleets in sizes:
+                for workers in counts:
+                    print(f"run: {fleets} fleets, {workers} worker(s)", file=sys.stderr, flush=True)
+                    runs.append(run_one(args, fleets, workers, pg))
+        finally:
+            pg.close()
+    print_table(runs)
+    if args.plot is not None:
+        plot(runs, args.plot)
+    if args.json:
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        print(json.dumps({"date": stamp, "argv": sys.argv[1:], "runs": runs}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
