@@ -523,6 +523,12 @@ class Lease(models.Model):
     holder = models.CharField(max_length=100, blank=True, default="")
     expires_at = models.DateTimeField(null=True, blank=True)
     acquired_at = models.DateTimeField(null=True, blank=True)
+    # The row as it was before the last take, copied by the take's own UPDATE: the taker reads
+    # whom it took over from and when the fleet was last held in that one statement (RETURNING)
+    # instead of reading the row first.
+    previous_holder = models.CharField(max_length=100, blank=True, default="")
+    previous_expires_at = models.DateTimeField(null=True, blank=True)
+    previous_acquired_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"{self.name} held by {self.holder or 'nobody'} until {self.expires_at}"

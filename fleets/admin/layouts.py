@@ -12,6 +12,7 @@ import json
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
+from django.db.models import OuterRef, Subquery
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
@@ -34,9 +35,10 @@ from fleets.admin.actions import (
 from fleets.base import clock
 from fleets.base.errors import ServiceError
 from fleets.core.policy import Policy
-from fleets.core.states import DomainRole, OperationKind
+from fleets.core.states import IN_FLIGHT_OPERATION_STATES, DomainRole, OperationKind
 from fleets.dashboard import actions as dashboard_actions
 from fleets.models import Domain, Event, Fleet, ModelBinding, Operation, Slot
+from fleets.reads.fleet_list import FleetStatus, parse_status, with_status
 from fleets.reads.selectors import operation_in_flight
 from fleets.services.fleets import fleet_delete
 from fleets.services.gpu_plan import domain_gpus_adopt, domain_plan
@@ -93,6 +95,26 @@ class ModelBindingInline(admin.TabularInline):
 # ---------------------------------------------------------------------------------------------
 
 
+class FleetStatusFilter(admin.SimpleListFilter):
+    """The overview's status filter (fleets/reads/fleet_list.py) in the fleet list."""
+
+    title = "status"
+    parameter_name = "status"
+
+    def lookups(self, request, model_admin):
+        return [(s.value, s.value.replace("_", " ")) for s in FleetStatus]
+
+    def queryset(self, request, queryset):
+        try:
+            status = parse_status(self.value())
+        except ValueError:
+            return queryset.none()
+        if status is None:
+            return queryset
+        chosen = with_status(queryset, status, clock.now())
+        return queryset.filter(pk__in=[f.pk for f in chosen])
+
+
 @admin.register(Fleet)
 class FleetAdmin(GuardedModelAdminMixin, admin.ModelAdmin):
     # django-guardian's "Object permissions" page (<id>/permissions/) grants a user or a group
@@ -103,6 +125,11 @@ class FleetAdmin(GuardedModelAdminMixin, admin.ModelAdmin):
     inlines = [DomainInline]
     list_display = ("slug", "display_name", "active", "route_revision", "in_flight", "dashboard")
     search_fields = ("slug", "display_name")
+    list_filter = (FleetStatusFilter,)
+    # A page of fleets reads the active domain by join and the operations in flight once per
+    # page (`get_queryset`, `in_flight`), not one query per row.
+    list_select_related = ("active_domain",)
+    list_per_page = 50
     readonly_fields = (
         "id",
         "active",
@@ -217,10 +244,28 @@ class FleetAdmin(GuardedModelAdminMixin, admin.ModelAdmin):
     def active(self, obj):
         return obj.active_domain.slug if obj.active_domain_id else "-"
 
+    def get_queryset(self, request):
+        # The in-flight operation of each listed fleet, one subquery for the page.
+        busy = Operation.objects.filter(
+            fleet_id=OuterRef("pk"), state__in=IN_FLIGHT_OPERATION_STATES
+        )
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                in_flight_kind=Subquery(busy.values("kind")[:1]),
+                in_flight_target=Subquery(busy.values("target_domain_slug")[:1]),
+                in_flight_step=Subquery(busy.values("current_step")[:1]),
+                in_flight_state=Subquery(busy.values("state")[:1]),
+            )
+        )
+
     @admin.display(description="in flight")
     def in_flight(self, obj):
-        op = operation_in_flight(obj.id)
-        return f"{op.kind} -> {op.target_slug} ({op.current_step or op.state})" if op else "-"
+        kind = getattr(obj, "in_flight_kind", None)
+        if kind is None:
+            return "-"
+        return f"{kind} -> {obj.in_flight_target} ({obj.in_flight_step or obj.in_flight_state})"
 
     @admin.display(description="dashboard")
     def dashboard(self, obj):

@@ -224,6 +224,13 @@ class FleetSummaryOut(serializers.Serializer):
 
 class FleetListOut(serializers.Serializer):
     fleets = FleetSummaryOut(many=True)
+    count = serializers.IntegerField(help_text="How many fleets match, on every page.")
+    limit = serializers.IntegerField(help_text="The page's size, as applied.")
+    offset = serializers.IntegerField(help_text="Fleets skipped before this page.")
+    next = serializers.URLField(allow_null=True, help_text="The following page; null on the last.")
+    previous = serializers.URLField(
+        allow_null=True, help_text="The page before; null on the first."
+    )
 
 
 class FailoverDampingOut(serializers.Serializer):

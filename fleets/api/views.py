@@ -16,6 +16,7 @@ from rest_framework.permissions import SAFE_METHODS
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.utils.urls import replace_query_param
 from rest_framework.views import APIView
 
 from common.strict_json import type_name
@@ -31,6 +32,7 @@ from fleets.core.states import OperationKind
 from fleets.models import Domain, Fleet, Operation
 from fleets.reads import selectors, shapes
 from fleets.reads.access import visible_fleets
+from fleets.reads.fleet_list import FleetStatus, parse_status, search, with_status
 from fleets.reads.readiness import fleet_readiness
 from fleets.reads.recovery import recovery_report
 from fleets.reconciler.golden import record_baselines
@@ -44,6 +46,10 @@ MAX_CONTROL_BODY = 64 * 1024
 # GET .../operations?limit=: how many of the newest operations, by default and at most.
 DEFAULT_OPERATIONS = 50
 MAX_OPERATIONS = 500
+# GET /v1/fleets?limit=: fleets in one page, by default and at most. An unbounded list is an
+# unbounded answer (1,000 fleets); the default keeps small deployments on one page.
+DEFAULT_FLEETS_PAGE = 100
+MAX_FLEETS_PAGE = 1000
 # Why a reconcile request did not run a tick: another held the fleet's lock past the wait.
 TICK_LOCK_BUSY = "tick_lock_busy"
 
@@ -114,12 +120,85 @@ class HaruAPIView(APIView):
         return f"api:{user}" if user is not None and str(user) else "api"
 
 
+def _page_number(request: Request, name: str, default: int, most: int) -> int:
+    """A non-negative integer query parameter, at most `most`; 400 for anything else."""
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    if not raw.isdigit() or len(raw) > 9:
+        raise ParseError(f"{name} must be a whole number from 0 to {most}")
+    return min(int(raw), most)
+
+
 class FleetListView(HaruAPIView):
-    @_read("listFleets", "List fleets", s.FleetListOut, 401)
+    @extend_schema(
+        summary="List fleets",
+        operation_id="listFleets",
+        parameters=[
+            OpenApiParameter(
+                "limit",
+                int,
+                OpenApiParameter.QUERY,
+                description=f"How many fleets in this page: 1 to {MAX_FLEETS_PAGE} (larger is "
+                f"clamped). Follow `next` for the rest.",
+                default=DEFAULT_FLEETS_PAGE,
+            ),
+            OpenApiParameter(
+                "offset", int, OpenApiParameter.QUERY, description="Fleets to skip.", default=0
+            ),
+            OpenApiParameter(
+                "q",
+                str,
+                OpenApiParameter.QUERY,
+                description="Only fleets whose slug or display name contains this (any case).",
+            ),
+            OpenApiParameter(
+                "status",
+                str,
+                OpenApiParameter.QUERY,
+                enum=[st.value for st in FleetStatus],
+                description="Only fleets that are `unhealthy` (health amber or red, as on the "
+                "overview), `not_ready` (failover readiness verdict not_ready) or "
+                "`in_operation` (an operation pending or running).",
+            ),
+        ],
+        responses={200: s.FleetListOut, **_errors(400, 401)},
+    )
     def get(self, request):
-        """Every fleet the caller may view, with its active domain and route revision."""
-        fleets = visible_fleets(request_grant(request), Fleet.objects.all())
-        return Response({"fleets": [shapes.fleet_summary_json(f) for f in fleets]})
+        """The fleets the caller may view, by slug, a page at a time, with each one's active
+        domain and route revision; `count` is how many match, `next` the following page."""
+        try:
+            status = parse_status(request.query_params.get("status"))
+        except ValueError as exc:
+            raise ParseError(str(exc)) from None
+        limit = max(1, _page_number(request, "limit", DEFAULT_FLEETS_PAGE, MAX_FLEETS_PAGE))
+        offset = _page_number(request, "offset", 0, 10**9)
+        fleets = search(
+            visible_fleets(request_grant(request), Fleet.objects.order_by("slug")),
+            request.query_params.get("q"),
+        )
+        if status is None:
+            count = fleets.count()
+            page = list(fleets[offset : offset + limit])
+        else:
+            chosen = with_status(fleets, status, clock.now())
+            count, page = len(chosen), chosen[offset : offset + limit]
+
+        def link(at: int) -> str:
+            return replace_query_param(
+                replace_query_param(request.build_absolute_uri(), "limit", limit), "offset", at
+            )
+
+        return Response(
+            {
+                "fleets": [shapes.fleet_summary_json(f) for f in page],
+                "count": count,
+                "limit": limit,
+                "offset": offset,
+                "next": link(offset + limit) if offset + limit < count else None,
+                "previous": link(max(0, offset - limit)) if offset > 0 else None,
+            }
+        )
 
 
 class FleetDetailView(HaruAPIView):

@@ -8,21 +8,19 @@ fragments the browser re-fetches after each broadcast.
 from __future__ import annotations
 
 import uuid
-from collections import defaultdict
 from datetime import datetime
 from typing import Any
 
+from django.core.paginator import Paginator
 from django.db.models import Max
 
 from fleets.base.clock import iso
 from fleets.core.allocation import gpu_allocations, plan_mismatches
 from fleets.core.backoff import Backoff
 from fleets.core.decisions import decide_demotion, decide_promotion
-from fleets.core.failover import escalation_held, is_stale, is_viable_standby
-from fleets.core.flapping import Damping
+from fleets.core.failover import is_stale
 from fleets.core.memory_bars import gpu_bars, report_error
 from fleets.core.outage import during_outage, outage_start, span_ms
-from fleets.core.policy import Policy
 from fleets.core.read_model import FleetView
 from fleets.core.report import DomainReport, read_report
 from fleets.core.states import (
@@ -41,6 +39,21 @@ from fleets.dashboard.drift import drift_status, expected_fingerprint
 from fleets.dashboard.progress import RETRY_EVENT, operation_progress, step_events
 from fleets.dashboard.proof import proof_context
 from fleets.models import Domain, Event, Fleet, ModelBinding, Operation, Slot
+from fleets.reads.fleet_health import (
+    age_s,
+    fleet_health,
+    fmt_age,
+    heartbeat_error,
+    heartbeat_errors,
+)
+from fleets.reads.fleet_list import (
+    FleetStatus,
+    fleet_rows,
+    healths,
+    in_flight_operations,
+    search,
+    with_status,
+)
 from fleets.reads.recovery import operation_failover_ms
 from fleets.reads.selectors import failover_backoff_state, failover_damping_state, fleet_view
 from fleets.reads.snapshot import consistent_read
@@ -64,26 +77,6 @@ _WARN = (
 )
 
 
-def _age_s(then: datetime | None, now: datetime) -> float | None:
-    return None if then is None else max(0.0, (now - then).total_seconds())
-
-
-def fmt_age(seconds: float | None) -> str:
-    """Render an age compactly: 4.2s, 3m 10s, 2h 05m, 3d 4h."""
-    if seconds is None:
-        return "never"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, secs = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes}m {secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 48:
-        return f"{hours}h {minutes:02d}m"
-    days, hours = divmod(hours, 24)
-    return f"{days}d {hours}h"
-
-
 def _placement_text(placement: Any) -> str:
     if not isinstance(placement, dict) or not placement:
         return ""
@@ -100,58 +93,6 @@ def _placement_text(placement: Any) -> str:
 # ---------------------------------------------------------------------------------------------
 # Health
 # ---------------------------------------------------------------------------------------------
-
-
-def fleet_health(
-    view: FleetView,
-    now: datetime,
-    heartbeat_errors: dict[str, str] | None = None,
-    damping: Damping | None = None,
-) -> tuple[str, list[str]]:
-    """Return ("ok" | "warn" | "bad", reasons) for the fleet at a glance.
-
-    `heartbeat_errors` maps domain id to the error of its failing heartbeat, if any; `damping`
-    is the fleet's flap damping (fleets.core.flapping), if it is damped.
-    """
-    reasons: list[str] = []
-    active = view.active
-    level = "ok"
-    if active is None:
-        return "bad", ["no active domain: nothing serves traffic"]
-    failing = (heartbeat_errors or {}).get(active.id)
-    if damping is not None:
-        level = "warn"
-        reasons.append(_damping_text(damping, view.policy, now))
-    if active.state in (DomainState.FAILED, DomainState.STOPPING, DomainState.STOPPED):
-        level = "bad"
-        reasons.append(f"active {active.slug} is {active.state}")
-    elif escalation_held(view, now):
-        # Traffic is served: a warning, not an outage; but nothing moves through that host.
-        level = "warn" if level == "ok" else level
-        why = f" ({failing})" if failing else ""
-        reasons.append(
-            f"active {active.slug} degraded: supervisor unreachable, data path serving{why}; "
-            "not failed over while its model servers serve"
-        )
-    elif failing:
-        level = "bad"
-        reasons.append(f"active {active.slug}: heartbeat failing ({failing})")
-    elif is_stale(active, view.policy, now):
-        level = "bad"
-        reasons.append(f"active {active.slug}: heartbeat stale")
-    elif active.last_seen_at is None:
-        level = "warn"
-        reasons.append(f"active {active.slug}: no heartbeat yet")
-    elif active.state == DomainState.DEGRADED:
-        level = "warn"
-        reasons.append(f"active {active.slug} is degraded")
-    if not view.standbys:
-        reasons.append("no standby domain")
-        level = "warn" if level == "ok" else level
-    elif not any(is_viable_standby(d, view.policy, now) for d in view.standbys):
-        reasons.append("no viable standby for failover")
-        level = "warn" if level == "ok" else level
-    return level, reasons
 
 
 def failover_chart(fleet: Fleet, slugs: dict) -> chart_mod.Chart:
@@ -372,23 +313,11 @@ def _serving_note(d: Domain, stale: bool, failing: str | None, inference: list) 
     return ""
 
 
-def _damping_text(damping: Damping, policy: Policy, now: datetime) -> str:
-    """One line for a fleet whose failovers are damped (fleets.core.flapping)."""
-    window = fmt_age(policy.flap_window_ms / 1000)
-    hold = fmt_age(damping.confirm_ms / 1000)
-    until = fmt_age(_age_s(now, damping.until))
-    return (
-        f"failovers damped: {damping.failovers} automatic failovers in the last {window}; "
-        f"a failover waits for the active to stay lost {hold}; backing off until "
-        f"{damping.until:%H:%M:%S} UTC (in {until})"
-    )
-
-
 def _backoff_text(backoff: Backoff | None, now: datetime) -> str:
     """One line for a standby auto-failover is holding back after failed attempts."""
     if backoff is None or backoff.next_attempt_at <= now:
         return ""
-    wait = fmt_age(_age_s(now, backoff.next_attempt_at))
+    wait = fmt_age(age_s(now, backoff.next_attempt_at))
     failures = f"{backoff.failures} failed automatic promotion{'s' if backoff.failures > 1 else ''}"
     return f"{failures} in a row; auto-failover tries it again in {wait}"
 
@@ -445,7 +374,7 @@ def _training_rows(slots: list[Slot], report: DomainReport, now: datetime) -> li
                 "reported_state": seen.state if seen else None,
                 "pids": pids,
                 "checkpoint_at": iso(checkpoint),
-                "checkpoint_age": fmt_age(_age_s(checkpoint, now)) if checkpoint else "",
+                "checkpoint_age": fmt_age(age_s(checkpoint, now)) if checkpoint else "",
                 "last_error": seen.last_error if seen else None,
             }
         )
@@ -509,7 +438,7 @@ def _domain_card(
     role = DomainRole.ACTIVE if str(d.id) == view.active_domain_id else DomainRole.STANDBY
     inference = _inference_rows(d, slots, bindings, report)
     stale = bool(dview and is_stale(dview, view.policy, now))
-    failing = _heartbeat_error(report)
+    failing = heartbeat_error(report)
     serving_note = _serving_note(d, stale, failing, inference) if role == DomainRole.ACTIVE else ""
     # Everything drawn from the report (memory bars, model postures, trainer pids, the slot
     # list) is what the host said at its last good heartbeat: once it stops answering, that
@@ -530,7 +459,7 @@ def _domain_card(
         "supervisor_url": without_userinfo(d.supervisor_url),
         "serving_base_url": without_userinfo(d.serving_base_url),
         "last_seen_at": iso(d.last_seen_at),
-        "heartbeat_age": fmt_age(_age_s(d.last_seen_at, now)),
+        "heartbeat_age": fmt_age(age_s(d.last_seen_at, now)),
         "stale": stale,
         "report_stale": report_stale,
         "report_clock": d.last_seen_at.strftime("%H:%M:%S") if d.last_seen_at else "",
@@ -599,7 +528,7 @@ def _fleet_page(fleet: Fleet, *, now: datetime) -> dict[str, Any]:
         operation = operation_progress(last, step_events([last.id]).get(last.id, []), now, slugs)
     events = recent_events(fleet, slugs)
     damping = failover_damping_state(fleet.id, view.policy, now)
-    health, reasons = fleet_health(view, now, _heartbeat_errors(domains), damping)
+    health, reasons = fleet_health(view, now, heartbeat_errors(domains), damping)
     return {
         "fleet": {
             "id": str(fleet.id),
@@ -624,57 +553,65 @@ def _fleet_page(fleet: Fleet, *, now: datetime) -> dict[str, Any]:
     }
 
 
-def _heartbeat_error(report: DomainReport) -> str | None:
-    """The message of the domain's failing heartbeat; None when its last one answered."""
-    note = report.heartbeat
-    if note is None or note.ok:
-        return None
-    message = note.error.message if note.error is not None else ""
-    return (message or "unreachable")[:120]
+# Fleets on one overview page: a page of 1,000 rows took seconds to render and to read.
+OVERVIEW_PAGE_SIZE = 50
 
 
-def _heartbeat_errors(domains) -> dict[str, str]:
-    """Map domain id to the message of its failing heartbeat (domains whose last one failed)."""
-    errors = {str(d.id): _heartbeat_error(read_report(d.last_report)) for d in domains}
-    return {domain_id: message for domain_id, message in errors.items() if message is not None}
-
-
-def overview_rows(*, now: datetime) -> list[dict[str, Any]]:
-    """Return one row per fleet: active domain, revision, health, the in-flight operation
-    (every row read from one snapshot of the database)."""
+def overview_page(
+    *,
+    now: datetime,
+    visible: frozenset[str] | None,
+    text: str | None = None,
+    status: FleetStatus | None = None,
+    page: object = 1,
+    per_page: int = OVERVIEW_PAGE_SIZE,
+) -> dict[str, Any]:
+    """Return one page of the overview: the fleets `visible` (None: every fleet) whose slug or
+    name contains `text`, in `status`, by slug; with the page's numbers for its links. The
+    selection and the rows are read from one snapshot of the database."""
     with consistent_read():
-        return _overview_rows(now=now)
+        fleets = search(Fleet.objects.order_by("slug"), text)
+        if visible is not None:
+            fleets = fleets.filter(pk__in=list(visible))
+        chosen: Any = with_status(fleets, status, now) if status is not None else fleets
+        current = Paginator(chosen, per_page).get_page(page)
+        return {
+            "rows": _overview_rows(now=now, fleets=list(current.object_list)),
+            "page": current,
+        }
 
 
-def _overview_rows(*, now: datetime) -> list[dict[str, Any]]:
+def overview_rows(*, now: datetime, fleets: list[Fleet] | None = None) -> list[dict[str, Any]]:
+    """Return one row per fleet (default: every fleet, by slug): active domain, revision,
+    health, the in-flight operation (every row read from one snapshot of the database)."""
+    with consistent_read():
+        if fleets is None:
+            fleets = list(Fleet.objects.order_by("slug"))
+        return _overview_rows(now=now, fleets=fleets)
+
+
+def _overview_rows(*, now: datetime, fleets: list[Fleet]) -> list[dict[str, Any]]:
+    """The rows of `fleets`, in a number of queries that does not grow with them."""
     rows = []
-    in_flight = {
-        op.fleet_id: op
-        for op in Operation.objects.filter(state__in=IN_FLIGHT_OPERATION_STATES).select_related(
-            "target_domain"
-        )
-    }
+    ids = [f.pk for f in fleets]
+    read = fleet_rows(fleets)
+    in_flight = in_flight_operations(ids)
     # When clients were last served by a newly promoted domain (served_at, the routing commit),
     # not when the last promotion finished: a promotion is still running its best-effort steps
     # on the old active for up to sleepTimeoutMs after the switch. A round-trip drill's switches
     # are rehearsals, not failovers.
     last_failover = dict(
-        Operation.objects.filter(kind=OperationKind.PROMOTE, served_at__isnull=False)
+        Operation.objects.filter(
+            fleet_id__in=ids, kind=OperationKind.PROMOTE, served_at__isnull=False
+        )
         .values("fleet_id")
         .annotate(at=Max("served_at"))
         .values_list("fleet_id", "at")
     )
-    domains_by_fleet: dict[Any, list[Domain]] = defaultdict(list)
-    for d in Domain.objects.only("id", "fleet_id", "last_report"):
-        domains_by_fleet[d.fleet_id].append(d)
-    for fleet in Fleet.objects.all().order_by("slug"):
-        view = fleet_view(fleet)
-        health, reasons = fleet_health(
-            view,
-            now,
-            _heartbeat_errors(domains_by_fleet[fleet.id]),
-            failover_damping_state(fleet.id, view.policy, now),
-        )
+    judged = healths(read, now)
+    for fleet in fleets:
+        view = read.view(fleet)
+        health, reasons = judged[fleet.pk]
         op = in_flight.get(fleet.id)
         lf = last_failover.get(fleet.id)
         rows.append(
@@ -697,7 +634,7 @@ def _overview_rows(*, now: datetime) -> list[dict[str, Any]]:
                         else DomainRole.STANDBY,
                         "state": d.state,
                         "stale": is_stale(d, view.policy, now),
-                        "heartbeat_age": fmt_age(_age_s(d.last_seen_at, now)),
+                        "heartbeat_age": fmt_age(age_s(d.last_seen_at, now)),
                         "last_seen_at": iso(d.last_seen_at),
                     }
                     for d in sorted(
@@ -717,7 +654,7 @@ def _overview_rows(*, now: datetime) -> list[dict[str, Any]]:
                     else None
                 ),
                 "last_failover_at": iso(lf) if lf else None,
-                "last_failover_age": fmt_age(_age_s(lf, now)) if lf else "",
+                "last_failover_age": fmt_age(age_s(lf, now)) if lf else "",
             }
         )
     return rows
@@ -737,8 +674,9 @@ def heartbeats(
     else:
         fleets = list(Fleet.objects.all())
     domains: dict[str, Any] = {}
+    read = fleet_rows(fleets)
     for f in fleets:
-        view = fleet_view(f)
+        view = read.view(f)
         for d in view.domains:
             domains[d.id] = {
                 "lastSeenAt": iso(d.last_seen_at),

@@ -13,6 +13,7 @@ script re-fetches after every broadcast (and on reconnect, to resynchronise).
 from __future__ import annotations
 
 from functools import wraps
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.auth.views import redirect_to_login
@@ -29,10 +30,14 @@ from fleets.core.access import DASHBOARD_ACTION_ROLES, Role
 from fleets.core.states import DrillMode, OperationKind
 from fleets.dashboard import actions
 from fleets.dashboard.forms import ACTIONS, ActionForm
-from fleets.dashboard.selectors import fleet_page, heartbeats, overview_rows
+from fleets.dashboard.selectors import OVERVIEW_PAGE_SIZE, fleet_page, heartbeats, overview_page
 from fleets.models import Fleet
 from fleets.reads.access import principal_label, user_grant
+from fleets.reads.fleet_list import MAX_SEARCH, FleetStatus, parse_status
 from fleets.services.access import access_denied_record
+
+# At most this many fleets in one heartbeat poll (an overview page holds fewer).
+MAX_POLLED_FLEETS = 4 * OVERVIEW_PAGE_SIZE
 
 
 def member_required(view):
@@ -91,12 +96,37 @@ def _fleet_for(request, slug: str, *, action: str, needed: Role):
 
 
 def _overview_context(request) -> dict:
+    """One page of the overview: `?q=` searches slug and name, `?status=` filters
+    (unhealthy, not_ready, in_operation), `?page=` pages; only the fleets the user may view."""
     now = clock.now()
+    text = request.GET.get("q", "").strip()[:MAX_SEARCH]
+    try:
+        status = parse_status(request.GET.get("status"))
+        problem = ""
+    except ValueError as exc:
+        # Nothing hidden on a typo: the whole list, and the reason the filter was not applied.
+        status, problem = None, str(exc)
     visible = user_grant(request.user).visible_ids()
-    rows = overview_rows(now=now)
-    if visible is not None:
-        rows = [row for row in rows if str(row["id"]) in visible]
-    return {"rows": rows, "generated_at": iso(now)}
+    found = overview_page(
+        now=now, visible=visible, text=text, status=status, page=request.GET.get("page", 1)
+    )
+    page = found["page"]
+    return {
+        "rows": found["rows"],
+        "page": page,
+        "q": text,
+        "status": status.value if status else "",
+        "statuses": [(s.value, s.value.replace("_", " ")) for s in FleetStatus],
+        "filter_problem": problem,
+        # The links keep the search and the filter; the live fragment re-fetches this same page.
+        "query": urlencode({k: v for k, v in (("q", text), ("status", status or "")) if v}),
+        "page_query": urlencode(
+            {k: v for k, v in (("q", text), ("status", status or ""), ("page", page.number)) if v}
+        ),
+        # The heartbeat poll covers the fleets on this page only, not every fleet.
+        "page_slugs": ",".join(row["slug"] for row in found["rows"]),
+        "generated_at": iso(now),
+    }
 
 
 def _wants_json(request) -> bool:
@@ -125,6 +155,13 @@ def heartbeats_live(request):
     slug = request.GET.get("fleet")
     if slug is None:
         visible = user_grant(request.user).visible_ids()
+        # The overview asks for the fleets on its page (`?fleets=a,b`): its poll, once a
+        # second, must not read every fleet of a large deployment.
+        named = [n for n in request.GET.get("fleets", "").split(",") if n][:MAX_POLLED_FLEETS]
+        if named or "fleets" in request.GET:
+            ids = Fleet.objects.filter(slug__in=named).values_list("pk", flat=True)
+            wanted = frozenset(str(pk) for pk in ids)
+            visible = wanted if visible is None else wanted & visible
         return JsonResponse(heartbeats(now=clock.now(), fleet_ids=visible))
     fleet, refused = _fleet_for(request, slug, action="view", needed=Role.VIEW)
     if fleet is None:

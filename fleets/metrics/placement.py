@@ -8,6 +8,8 @@ refusals (`haru_placement_refusals_total`) are counted where the layout was plan
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 from prometheus_client.core import GaugeMetricFamily
 
 from fleets.core.allocation import gpu_allocations
@@ -48,10 +50,17 @@ class GpuPlanCollector:
 
     def _collect(self) -> dict[str, GaugeMetricFamily]:
         families = self._families()
-        domains = Domain.objects.exclude(gpu_layout={}).select_related("fleet")
+        domains = list(Domain.objects.exclude(gpu_layout={}).select_related("fleet"))
+        # Every planned domain's slots and bindings in one query each, not two per domain.
+        planned = Domain.objects.exclude(gpu_layout={}).values("pk")
+        slots_of: dict[object, list[Slot]] = defaultdict(list)
+        for s in Slot.objects.filter(domain_id__in=planned):
+            slots_of[s.domain_id].append(s)
+        bindings_of: dict[object, list[ModelBinding]] = defaultdict(list)
+        for b in ModelBinding.objects.filter(domain_id__in=planned):
+            bindings_of[b.domain_id].append(b)
         for d in domains:
-            slots = list(Slot.objects.filter(domain=d))
-            bindings = list(ModelBinding.objects.filter(domain=d))
+            slots, bindings = slots_of[d.pk], bindings_of[d.pk]
             for a in gpu_allocations(slots, bindings, read_report(d.last_report)):
                 labels = [d.fleet.slug, d.slug, str(a.index)]
                 families["shared"].add_metric(labels, a.sharing)

@@ -8,7 +8,8 @@ requests, supervisor call errors, reconcile ticks, placement refusals) use prome
 multiprocess mode: every process on this host that loaded Haru's settings writes them to files
 in `settings.PROMETHEUS_MULTIPROC_DIR`, and this view sums the files. A process on another
 machine (a Celery worker elsewhere) writes to its own host's directory, which this view cannot
-see (KNOWN_ISSUES.md).
+see: there, `manage.py metrics_host` serves that host's directory alone, a scrape target of its
+own (`host_registry`; deploy/prometheus/prometheus.yml).
 
 Open like /healthz: scrapers rarely carry tokens, and it holds no secrets.
 """
@@ -75,6 +76,17 @@ def scrape_registry(multiproc_dir: Path) -> CollectorRegistry:
     registry.register(_HostFamilies(multiproc_dir))
     for collector in _database_collectors.values():
         registry.register(collector)
+    return registry
+
+
+def host_registry(multiproc_dir: Path) -> CollectorRegistry:
+    """What a worker host's own endpoint renders: its processes' series, none of the database's.
+
+    The database-derived series are every server replica's already; a second copy from each
+    worker host would be counted twice by any `sum` over them.
+    """
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_HostFamilies(multiproc_dir))
     return registry
 
 

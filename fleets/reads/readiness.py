@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from datetime import datetime
 
+from django.db.models import QuerySet
+
 from common.strict_json import is_number
 from common.wire.shape import FEATURE_PROBE_GOLDEN
 from fleets.base import clock
@@ -66,20 +68,41 @@ def _wake_mib(slots: list[Slot], bound_slot_ids: Collection[object]) -> dict[int
     return need
 
 
-def _baselines(domain: Domain, policy: Policy) -> tuple[tuple[str, ...], datetime | None]:
+# The columns of a baseline the verdict reads, in the order `_baselines` unpacks them.
+BASELINE_COLUMNS = (
+    "model_name",
+    "adapter",
+    "profile_fingerprint",
+    "engine_version",
+    "recorded_at",
+)
+
+
+def _baselines(
+    domain: Domain,
+    policy: Policy,
+    baselines: list[tuple] | None = None,
+    bindings: list[ModelBinding] | None = None,
+) -> tuple[tuple[str, ...], datetime | None]:
     """The standby's targets with no baseline to be judged against (at the engine version its
-    servers last reported), and when the oldest baseline its targets do have was recorded."""
+    servers last reported), and when the oldest baseline its targets do have was recorded.
+
+    `baselines` (the fleet's rows: request fingerprint first, then `BASELINE_COLUMNS`) and
+    `bindings` (the domain's) when already read for many fleets at once."""
     request = request_fingerprint(policy.probe_prompt, policy.probe_max_tokens)
-    rows = list(
-        GoldenBaseline.objects.filter(
-            fleet_id=domain.fleet_id, request_fingerprint=request
-        ).values_list(
-            "model_name", "adapter", "profile_fingerprint", "engine_version", "recorded_at"
+    if baselines is None:
+        rows = list(
+            GoldenBaseline.objects.filter(
+                fleet_id=domain.fleet_id, request_fingerprint=request
+            ).values_list(*BASELINE_COLUMNS)
         )
-    )
+    else:
+        rows = [row[1:] for row in baselines if row[0] == request]
+    if bindings is None:
+        bindings = list(ModelBinding.objects.filter(domain=domain))
     recorded = {row[:4] for row in rows}
     missing, used = [], []
-    for b in ModelBinding.objects.filter(domain=domain).order_by("name"):
+    for b in sorted(bindings, key=lambda b: b.name):
         if b.golden.get("deterministic", True) is False:
             continue
         profile = profile_fingerprint(b.profile)
@@ -106,10 +129,22 @@ def _baselines(domain: Domain, policy: Policy) -> tuple[tuple[str, ...], datetim
     return tuple(missing), min(used, default=None)
 
 
-def standby_facts(domain: Domain, policy: Policy) -> StandbyFacts:
-    missing, baselines_at = _baselines(domain, policy)
-    slots = list(Slot.objects.filter(domain=domain))
-    bound = set(ModelBinding.objects.filter(domain=domain).values_list("slot_id", flat=True))
+def standby_facts(
+    domain: Domain,
+    policy: Policy,
+    *,
+    slots: list[Slot] | None = None,
+    bindings: list[ModelBinding] | None = None,
+    baselines: list[tuple] | None = None,
+) -> StandbyFacts:
+    """What the verdict needs of the standby; `slots`, `bindings` (the domain's) and
+    `baselines` (see `_baselines`) when already read for many fleets at once."""
+    if bindings is None:
+        bindings = list(ModelBinding.objects.filter(domain=domain))
+    missing, baselines_at = _baselines(domain, policy, baselines, bindings)
+    if slots is None:
+        slots = list(Slot.objects.filter(domain=domain))
+    bound = {b.slot_id for b in bindings}
     report = read_report(domain.last_report)
     reported = report.trainings()
     trainers = []
@@ -140,17 +175,21 @@ def standby_facts(domain: Domain, policy: Policy) -> StandbyFacts:
     )
 
 
+def finished_drills() -> QuerySet[Operation]:
+    """Every finished drill, newest first (the last one is what the verdict judges)."""
+    return Operation.objects.filter(
+        kind=OperationKind.DRILL,
+        state__in=[OperationState.SUCCEEDED, OperationState.FAILED],
+        finished_at__isnull=False,
+    ).order_by("-finished_at")
+
+
 def last_drill(fleet_id: Id) -> DrillFacts | None:
-    op = (
-        Operation.objects.filter(
-            fleet_id=fleet_id,
-            kind=OperationKind.DRILL,
-            state__in=[OperationState.SUCCEEDED, OperationState.FAILED],
-            finished_at__isnull=False,
-        )
-        .order_by("-finished_at")
-        .first()
-    )
+    return drill_facts(finished_drills().filter(fleet_id=fleet_id).first())
+
+
+def drill_facts(op: Operation | None) -> DrillFacts | None:
+    """The verdict's facts of a finished drill (None: no drill yet)."""
     if op is None or op.finished_at is None:
         return None
     error = op.error or {}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Q
+from django.db.models import F, Q, Window
+from django.db.models.functions import RowNumber
 
 from fleets.core.outage import failover_ms
 from fleets.core.policy import Policy
@@ -47,22 +48,36 @@ def recovery_samples(fleet: Fleet, window: int = RECOVERY_WINDOW) -> list[Recove
     its total is its figure (fleets/core/outage.py: outage start to routing commit), its
     detection measured from the outage's start to the promotion's start.
     """
-    bound = Policy.resolve(fleet.policy).heartbeat_stale_ms
-    out: list[RecoverySample] = []
+    return recovery_samples_of([fleet], window).get(fleet.pk, [])
+
+
+def recovery_samples_of(
+    fleets: list[Fleet], window: int = RECOVERY_WINDOW
+) -> dict[Any, list[RecoverySample]]:
+    """`recovery_samples` of each of `fleets`, in four queries whatever their number: the
+    newest `window` per fleet are picked by the database (a window function), not by reading
+    every operation a long history holds."""
+    bounds = {f.pk: Policy.resolve(f.policy).heartbeat_stale_ms for f in fleets}
+    out: dict[Any, list[RecoverySample]] = {f.pk: [] for f in fleets}
+    if not fleets:
+        return out
     for kind, name, which in (
         (OperationKind.DRILL, RecoveryKind.DRILL, Q()),
         (OperationKind.PROMOTE, RecoveryKind.FAILOVER, _REAL_FAILOVER),
     ):
+        newest = Window(RowNumber(), partition_by=[F("fleet_id")], order_by=F("finished_at").desc())
         ops = list(
             Operation.objects.filter(
                 which,
-                fleet=fleet,
+                fleet_id__in=list(bounds),
                 kind=kind,
                 state=OperationState.SUCCEEDED,
                 finished_at__isnull=False,
             )
-            .order_by("-finished_at")
-            .only(*_FIGURE_FIELDS, "finished_at", "started_at")[:window]
+            .annotate(rank=newest)
+            .filter(rank__lte=window)
+            .order_by("fleet_id", "-finished_at")
+            .only(*_FIGURE_FIELDS, "fleet_id", "finished_at", "started_at")
         )
         steps: dict[object, dict[str, int]] = {op.id: {} for op in ops}
         rows = Event.objects.filter(
@@ -79,17 +94,21 @@ def recovery_samples(fleet: Fleet, window: int = RECOVERY_WINDOW) -> list[Recove
                 started_at=op.started_at,
                 detected_at=op.detected_at,
                 source_seen_at=op.source_seen_at,
-                bound_ms=bound,
+                bound_ms=bounds[op.fleet_id],
             )
             figure = operation_failover_ms(op)
             s = sample(name, op.finished_at, steps[op.id], detection_ms, how, figure)
             if s is not None:
-                out.append(s)
+                out[op.fleet_id].append(s)
     return out
 
 
 def recovery_summaries(fleet: Fleet) -> dict[str, RecoverySummary]:
-    samples = recovery_samples(fleet)
+    return summaries(recovery_samples(fleet))
+
+
+def summaries(samples: list[RecoverySample]) -> dict[str, RecoverySummary]:
+    """p50/p95 of a fleet's samples, per kind."""
     return {kind.value: summarize(kind, samples) for kind in RecoveryKind}
 
 

@@ -68,12 +68,23 @@ def fleet_view(fleet: Fleet | str) -> FleetView:
     domains = list(Domain.objects.filter(fleet=fleet))
     slots = list(Slot.objects.filter(domain__fleet=fleet))
     bindings = list(ModelBinding.objects.filter(domain__fleet=fleet))
-    slot_by_id = {s.id: s for s in slots}
+    return view_of(fleet, domains, slots, bindings)
+
+
+def view_of(
+    fleet: Fleet, domains: list[Domain], slots: list[Slot], bindings: list[ModelBinding]
+) -> FleetView:
+    """Build the core's view of `fleet` from its rows, already read (one fleet's, or more:
+    the rows of other fleets' domains are ignored), so a list of fleets reads each table once
+    (fleets/reads/fleet_list.py)."""
+    domains = [d for d in domains if d.fleet_id == fleet.pk]
+    own = {d.id for d in domains}
+    slot_by_id = {s.id: s for s in slots if s.domain_id in own}
     views = []
     for d in domains:
         d_slots = tuple(
             SlotView(id=str(s.id), gpu_index=s.gpu_index, kind=s.kind, state=s.state)
-            for s in slots
+            for s in slot_by_id.values()
             if s.domain_id == d.id
         )
         d_models = tuple(

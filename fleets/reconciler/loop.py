@@ -4,7 +4,9 @@ Ticks every fleet (or those in `HARU_RECONCILE_FLEETS`) every interval, fleets s
 a small thread pool, never one fleet twice at once, and an error in one fleet's tick never
 stops the others. A tick that hands back with a nudge (a step waiting on the outside world) is
 scheduled again that soon instead of a whole interval later; `request` does the same for a
-kick (a new operation).
+kick (a new operation). Once per interval the loop reads every fleet's tick lease at once
+(`fleets.reconciler.dispatch`): a fleet another process holds, or ticked a moment ago (several
+servers' loops sharing the fleets), waits until then instead of costing a skipped tick.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 from django.db import close_old_connections
 
 from fleets.base import stopping
+from fleets.reconciler.dispatch import dispatch_plan
 from fleets.reconciler.provision import fleet_provision_tick
-from fleets.reconciler.tick import fleets_to_reconcile, tick_run
+from fleets.reconciler.tick import tick_run
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,9 @@ class ReconcileLoop:
         self._cond = threading.Condition()
         self._due: dict[str, float] = {}
         self._running: set[str] = set()
+        # Fleets whose next tick was asked for (a kick, a waiting step's nudge): never deferred
+        # by the periodic plan, which only spaces out the periodic ticks.
+        self._asked: set[str] = set()
         self._stopping = False
         self._next_refresh = 0.0
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="haru-tick")
@@ -90,23 +96,32 @@ class ReconcileLoop:
         when = time.monotonic() + delay_ms / 1000
         with self._cond:
             self._due[fleet_id] = min(self._due.get(fleet_id, when), when)
+            self._asked.add(fleet_id)
             self._cond.notify_all()
 
     def _refresh(self) -> None:
         try:
-            ids = fleets_to_reconcile(self.selection)
+            plan = dispatch_plan(self.selection, interval_s=self.interval_s)
         except Exception:  # noqa: BLE001 - the state store may be down; try again next round
             log.warning("reconcile loop: cannot list fleets", exc_info=True)
             return
         finally:
             close_old_connections()
         now = time.monotonic()
+        ids = set(plan.ids())
         with self._cond:
-            for fid in ids:
+            for fid in plan.now:
                 self._due.setdefault(fid, now)
+            for fid, wait_s in (plan.held | plan.recent).items():
+                if fid in self._running or fid in self._asked:
+                    continue
+                # Held: look again when the lease runs out (a dead holder is taken over then).
+                # Ticked a moment ago by another process: one interval after that tick.
+                self._due[fid] = max(self._due.get(fid, now), now + wait_s)
             for fid in list(self._due):
                 if fid not in ids and fid not in self._running:
                     del self._due[fid]
+                    self._asked.discard(fid)
 
     def _run(self) -> None:
         while True:
@@ -127,6 +142,7 @@ class ReconcileLoop:
                 for fid, due in list(self._due.items()):
                     if due <= now and fid not in self._running:
                         del self._due[fid]
+                        self._asked.discard(fid)
                         self._running.add(fid)
                         self._pool.submit(self._tick, fid)
                 waits = [d for f, d in self._due.items() if f not in self._running]
@@ -152,6 +168,8 @@ class ReconcileLoop:
                 if delay is not None:
                     when = time.monotonic() + delay
                     self._due[fleet_id] = min(self._due.get(fleet_id, when), when)
+                    if delay < self.interval_s:
+                        self._asked.add(fleet_id)  # a nudge, not the periodic beat
                 self._cond.notify_all()
 
     def _provision_start(self, fleet_id: str) -> None:

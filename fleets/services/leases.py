@@ -2,8 +2,10 @@
 
 Every statement is a single autocommit UPDATE (or the INSERT that creates the row once), so no
 session state is involved: a transaction-mode pooler may hand each statement to another server
-connection. Times come from the control plane's clock (`fleets.base.clock`), as every other deadline
-Haru writes; the hosts taking leases must keep their clocks within a small fraction of the
+connection. A take is one UPDATE ... RETURNING (the row's previous holder and times come back
+from the same statement), a give-back one more: a tick costs two statements and two row writes.
+Times come from the control plane's clock (`fleets.base.clock`), as every other deadline Haru
+writes; the hosts taking leases must keep their clocks within a small fraction of the
 lease's length of each other (NTP does far better).
 """
 
@@ -11,11 +13,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db import IntegrityError, connection, transaction
+from django.utils.dateparse import parse_datetime
 
 from fleets.models import Lease
 
@@ -53,54 +55,91 @@ def _last_held(row: dict[str, Any] | None, ttl: timedelta) -> datetime | None:
     return max((t for t in seen if t is not None), default=None)
 
 
+def _take_sql() -> str:
+    table = connection.ops.quote_name(Lease._meta.db_table)
+    # One statement: the row's previous values are copied aside by the same UPDATE (SET reads
+    # the row as it was) and returned, so a take needs no read first. Guarded by "free, run out,
+    # or held by the holder the caller knows is dead": two takers racing, one matches.
+    return (
+        f"UPDATE {table} SET previous_holder = holder, previous_expires_at = expires_at, "  # noqa: S608 - names from the model, values bound
+        "previous_acquired_at = acquired_at, holder = %s, expires_at = %s, acquired_at = %s "
+        "WHERE name = %s AND (holder = '' OR expires_at IS NULL OR expires_at < %s OR holder = %s) "
+        "RETURNING previous_holder, previous_expires_at, previous_acquired_at"
+    )
+
+
+def _as_datetime(value: Any) -> datetime | None:
+    """A timestamp read by a raw statement: SQLite hands back naive UTC (text or datetime),
+    PostgreSQL an aware datetime."""
+    if value is None:
+        return None
+    parsed = value if isinstance(value, datetime) else parse_datetime(str(value))
+    if parsed is not None and parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed
+
+
+def _take(name: str, holder: str, now: datetime, until: datetime, dead_holder: str) -> Any:
+    """Run the take; return the row as it was before (holder, expires, acquired), or None."""
+    adapt = connection.ops.adapt_datetimefield_value
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _take_sql(),
+            [holder, adapt(until), adapt(now), name, adapt(now), dead_holder],
+        )
+        return cursor.fetchone()
+
+
 def lease_acquire(
     *, name: str, holder: str, now: datetime, ttl: timedelta, dead_holder: str = ""
 ) -> Taken:
     """Take the lease `name` for `holder` until `now + ttl` if it is free or has expired.
+
+    One conditional UPDATE when the row exists and is free (every tick after the first); a
+    read (and the INSERT that creates the row once) only when it is not taken.
 
     `dead_holder`: a holder the caller knows is gone (a process of this host that no longer
     exists); its lease is taken at once, still guarded by that exact holder being the one on
     the row.
     """
     until = now + ttl
-    fields = ("holder", "expires_at", "acquired_at")
-    previous = Lease.objects.filter(name=name).values(*fields).first()
-    if previous is None:
+    row = _take(name, holder, now, until, dead_holder)
+    if row is None:
+        current = Lease.objects.filter(name=name).values("holder", "expires_at").first()
+        if current is not None:
+            return Taken(False, current["expires_at"], holder=current["holder"])
         try:
             with transaction.atomic():
                 Lease.objects.create(name=name, holder=holder, expires_at=until, acquired_at=now)
             return Taken(True, until)
         except IntegrityError:
-            # Created by another taker between our read and our insert: fall through to the
-            # conditional UPDATE, which decides against the row as it is now.
-            previous = Lease.objects.filter(name=name).values(*fields).first()
-    free = Q(holder="") | Q(expires_at__isnull=True) | Q(expires_at__lt=now)
-    if dead_holder:
-        free |= Q(holder=dead_holder)
-    taken = (
-        Lease.objects.filter(name=name)
-        .filter(free)
-        .update(holder=holder, expires_at=until, acquired_at=now)
-    )
-    if taken:
-        stale_holder = ""
-        if previous is not None and previous["holder"]:
-            expired = previous["expires_at"] is not None and previous["expires_at"] < now
-            if expired or previous["holder"] == dead_holder:
-                stale_holder = previous["holder"]
-        if stale_holder:
-            log.warning(
-                "lease %s: taken over from %s (%s)",
-                name,
-                stale_holder,
-                "gone" if stale_holder == dead_holder else "expired",
-            )
-        held = _last_held(previous, ttl)
-        return Taken(True, until, stale_holder, last_held_at=held and min(held, now))
-    current = Lease.objects.filter(name=name).values("holder", "expires_at").first()
-    if current is None:
-        return Taken(False, None)
-    return Taken(False, current["expires_at"], holder=current["holder"])
+            # Created by another taker between our UPDATE and our INSERT: the conditional
+            # UPDATE decides against the row as it is now.
+            row = _take(name, holder, now, until, dead_holder)
+            if row is None:
+                current = Lease.objects.filter(name=name).values("holder", "expires_at").first()
+                if current is None:
+                    return Taken(False, None)
+                return Taken(False, current["expires_at"], holder=current["holder"])
+    previous = {
+        "holder": row[0] or "",
+        "expires_at": _as_datetime(row[1]),
+        "acquired_at": _as_datetime(row[2]),
+    }
+    stale_holder = ""
+    if previous["holder"]:
+        expired = previous["expires_at"] is not None and previous["expires_at"] < now
+        if expired or previous["holder"] == dead_holder:
+            stale_holder = previous["holder"]
+    if stale_holder:
+        log.warning(
+            "lease %s: taken over from %s (%s)",
+            name,
+            stale_holder,
+            "gone" if stale_holder == dead_holder else "expired",
+        )
+    held = _last_held(previous, ttl)
+    return Taken(True, until, stale_holder, last_held_at=held and min(held, now))
 
 
 def lease_renew(*, name: str, holder: str, now: datetime, ttl: timedelta) -> datetime | None:

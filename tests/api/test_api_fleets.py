@@ -28,12 +28,18 @@ def test_fleet_list_shows_each_fleet_briefly(seeded_fleet, client_with_token):
                 "activeDomainId": str(east.id),
                 "routeRevision": 1,
             }
-        ]
+        ],
+        "count": 1,
+        "limit": 100,
+        "offset": 0,
+        "next": None,
+        "previous": None,
     }
 
 
 def test_fleet_list_is_empty_without_fleets(db, client_with_token):
-    assert client_with_token.get("/v1/fleets").json() == {"fleets": []}
+    body = client_with_token.get("/v1/fleets").json()
+    assert body["fleets"] == [] and body["count"] == 0 and body["next"] is None
 
 
 def test_snapshot_has_resolved_policy_roles_slots_models_and_operation(

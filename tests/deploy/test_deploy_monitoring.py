@@ -18,6 +18,7 @@ from tests.deploy.real_tools import require
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "haru-alerts.yml"
+SCRAPE = ROOT / "deploy" / "prometheus" / "prometheus.yml"
 NAME = re.compile(r"\bharu_[a-z_]+\b")
 # `haru_x{a="1", b=~"2|3"}`: the series and the labels a selector matches on.
 SELECTOR = re.compile(r"\b(haru_[a-z_]+)\{([^}]*)\}")
@@ -197,3 +198,58 @@ def test_promtool_fires_the_damping_and_data_path_alerts_on_their_series(tmp_pat
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
+
+
+def test_promtool_checks_the_scrape_config_with_a_target_per_worker_host():
+    promtool = require("promtool")
+    result = subprocess.run(
+        [promtool, "check", "config", str(SCRAPE)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    jobs = {job["job_name"]: job for job in yaml.safe_load(SCRAPE.read_text())["scrape_configs"]}
+    assert set(jobs) == {"haru", "haru-worker-hosts"}
+    # The port `manage.py metrics_host` serves on, as haru-metrics.service starts it.
+    unit = (ROOT / "deploy" / "systemd" / "haru-metrics.service").read_text()
+    port = re.search(r"metrics_host .*--port (\d+)", unit).group(1)
+    targets = [t for c in jobs["haru-worker-hosts"]["static_configs"] for t in c["targets"]]
+    assert targets and all(t.endswith(f":{port}") for t in targets)
+
+
+def test_the_supervisor_errors_alert_sums_a_server_host_and_a_worker_host(tmp_path):
+    # Each host alone fails 0.3 calls a second (under the 0.5 threshold); the two targets'
+    # series together fire it, as one deployment of many machines must.
+    promtool = require("promtool")
+    alert = _expected("HaruSupervisorCallsFailing", call="status")
+    series = (
+        'haru_supervisor_call_errors_total{{call="status",kind="timeout",job="{job}",'
+        'instance="{host}"}}'
+    )
+    spec = {
+        "rule_files": [str(RULES)],
+        "evaluation_interval": "15s",
+        "tests": [
+            {
+                "interval": "15s",
+                "input_series": [
+                    {"series": series.format(job="haru", host="cp"), "values": "0+4.5x60"},
+                    {
+                        "series": series.format(job="haru-worker-hosts", host="worker-1:9708"),
+                        "values": "0+4.5x60",
+                    },
+                ],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "12m",
+                        "alertname": "HaruSupervisorCallsFailing",
+                        "exp_alerts": [alert],
+                    }
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "hosts.test.yml"
+    path.write_text(yaml.safe_dump(spec))
+    result = subprocess.run(
+        [promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -33,6 +33,7 @@ def _unit(path: Path) -> configparser.ConfigParser:
 def test_there_is_a_unit_for_each_process():
     assert [u.name for u in UNITS] == [
         "haru-beat.service",
+        "haru-metrics.service",
         "haru-server.service",
         "haru-supervisor.service",
         "haru-worker.service",

@@ -426,6 +426,12 @@
   function pollHeartbeats() {
     var url = live.getAttribute("data-heartbeats-url");
     if (!url || polling || document.hidden) return;
+    // The overview polls the fleets on its page only (the fragment lists them).
+    var root = live.querySelector(".live-root");
+    var onPage = root ? root.getAttribute("data-page-fleets") : null;
+    if (!fleetId && onPage !== null) {
+      url += (url.indexOf("?") < 0 ? "?" : "&") + "fleets=" + encodeURIComponent(onPage);
+    }
     polling = true;
     var sentAt = Date.now();
     fetch(url, { credentials: "same-origin", cache: "no-store", headers: { Accept: "application/json" } })

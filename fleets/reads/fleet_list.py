@@ -1,0 +1,218 @@
+"""Many fleets read at once: each table once for the whole list, whatever its length.
+
+The overview, the API's fleet list, the admin and the scrape-time metrics show every fleet or
+a page of them. Read one fleet at a time (`fleet_view`: four queries, its readiness five more,
+its damping one) a page of 1,000 fleets cost about ten thousand queries and seconds of time.
+Here each read covers the whole list, so the number of queries is the same for 1 fleet or
+1,000 (tests/dashboard/test_fleet_list_scale.py counts them); the verdicts themselves are the
+core's, exactly as the one-fleet reads get them.
+
+A status filter (`FleetStatus`) is derived from those verdicts (health, readiness, the
+operation in flight), so a filtered list reads every fleet the search matched, then pages.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from django.db.models import OuterRef, Q, QuerySet, Subquery
+
+from fleets.core.flapping import Damping, flap_damping
+from fleets.core.read_model import FleetView
+from fleets.core.readiness import Readiness, ReadinessVerdict, failover_readiness, pick_standby
+from fleets.core.states import IN_FLIGHT_OPERATION_STATES, OperationKind
+from fleets.models import Domain, Fleet, GoldenBaseline, ModelBinding, Operation, Slot
+from fleets.reads.fleet_health import fleet_health, heartbeat_errors
+from fleets.reads.readiness import BASELINE_COLUMNS, drill_facts, finished_drills, standby_facts
+from fleets.reads.selectors import AUTO_FAILOVER, view_of
+
+# The longest search string taken (a slug is at most 63 characters, a name 200).
+MAX_SEARCH = 200
+
+
+class FleetStatus(StrEnum):
+    """The list filters an operator of many fleets asks for first."""
+
+    UNHEALTHY = "unhealthy"  # health amber or red (fleets.reads.fleet_health)
+    NOT_READY = "not_ready"  # readiness verdict not_ready: a failover now would fail
+    IN_OPERATION = "in_operation"  # an operation pending or running
+
+
+def search(fleets: QuerySet[Fleet], text: str | None) -> QuerySet[Fleet]:
+    """`fleets` whose slug or display name contains `text` (any case); all for no text."""
+    text = (text or "").strip()[:MAX_SEARCH]
+    if not text:
+        return fleets
+    return fleets.filter(Q(slug__icontains=text) | Q(display_name__icontains=text))
+
+
+def in_operation(fleets: QuerySet[Fleet]) -> QuerySet[Fleet]:
+    """`fleets` with an operation in flight (one subquery, served by the partial index)."""
+    busy = Operation.objects.filter(state__in=IN_FLIGHT_OPERATION_STATES).values("fleet_id")
+    return fleets.filter(pk__in=busy)
+
+
+@dataclass
+class FleetRows:
+    """The rows of a set of fleets, read once, grouped by fleet and by domain."""
+
+    fleets: list[Fleet]
+    domains: dict[uuid.UUID, list[Domain]]
+    slots: dict[uuid.UUID, list[Slot]]  # by domain id
+    bindings: dict[uuid.UUID, list[ModelBinding]]  # by domain id
+    views: dict[uuid.UUID, FleetView]
+
+    def view(self, fleet: Fleet) -> FleetView:
+        return self.views[fleet.pk]
+
+
+def fleet_rows(fleets: Iterable[Fleet]) -> FleetRows:
+    """Read the domains, slots and bindings of `fleets` (three queries) and build their views."""
+    fleets = list(fleets)
+    ids = [f.pk for f in fleets]
+    domains: dict[uuid.UUID, list[Domain]] = defaultdict(list)
+    slots: dict[uuid.UUID, list[Slot]] = defaultdict(list)
+    bindings: dict[uuid.UUID, list[ModelBinding]] = defaultdict(list)
+    if ids:
+        for d in Domain.objects.filter(fleet_id__in=ids):
+            domains[d.fleet_id].append(d)
+        for s in Slot.objects.filter(domain__fleet_id__in=ids):
+            slots[s.domain_id].append(s)
+        for b in ModelBinding.objects.filter(domain__fleet_id__in=ids):
+            bindings[b.domain_id].append(b)
+    views = {}
+    for f in fleets:
+        own = domains[f.pk]
+        views[f.pk] = view_of(
+            f,
+            own,
+            [s for d in own for s in slots[d.id]],
+            [b for d in own for b in bindings[d.id]],
+        )
+    return FleetRows(fleets, domains, slots, bindings, views)
+
+
+def in_flight_operations(fleet_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, Operation]:
+    """The operation in flight of each of the fleets that has one (one query)."""
+    ops = Operation.objects.filter(
+        fleet_id__in=list(fleet_ids), state__in=IN_FLIGHT_OPERATION_STATES
+    ).select_related("target_domain")
+    return {op.fleet_id: op for op in ops}
+
+
+def dampings(rows: FleetRows, now: datetime) -> dict[uuid.UUID, Damping | None]:
+    """Each fleet's flap damping (`failover_damping_state`, one query for all of them)."""
+    commits = failover_commits_by_fleet(rows, now)
+    return {
+        f.pk: flap_damping(commits.get(f.pk, []), rows.view(f).policy, now) for f in rows.fleets
+    }
+
+
+def failover_commits_by_fleet(rows: FleetRows, now: datetime) -> dict[uuid.UUID, list[datetime]]:
+    """Each fleet's automatic failovers that committed within its own `flapWindowMs`
+    (`failover_commits`, read once for every fleet over the longest of their windows)."""
+    if not rows.fleets:
+        return {}
+    windows = {f.pk: rows.view(f).policy.flap_window_ms for f in rows.fleets}
+    since = now - timedelta(milliseconds=max(windows.values()))
+    found = Operation.objects.filter(
+        fleet_id__in=list(windows),
+        kind=OperationKind.PROMOTE,
+        reason=AUTO_FAILOVER,
+        routing_committed=True,
+        served_at__gte=since,
+    ).values_list("fleet_id", "served_at")
+    out: dict[uuid.UUID, list[datetime]] = defaultdict(list)
+    for fleet_id, at in found:
+        if at is not None and at >= now - timedelta(milliseconds=windows[fleet_id]):
+            out[fleet_id].append(at)
+    return out
+
+
+def healths(
+    rows: FleetRows, now: datetime, damping: dict[uuid.UUID, Damping | None] | None = None
+) -> dict[uuid.UUID, tuple[str, list[str]]]:
+    """Each fleet's health at a glance (`fleet_health`), from rows already read."""
+    damping = dampings(rows, now) if damping is None else damping
+    return {
+        f.pk: fleet_health(
+            rows.view(f), now, heartbeat_errors(rows.domains[f.pk]), damping.get(f.pk)
+        )
+        for f in rows.fleets
+    }
+
+
+def last_drills(fleet_ids: list[uuid.UUID]) -> dict[uuid.UUID, Operation]:
+    """Each fleet's last finished drill (two queries: the newest per fleet, then the rows)."""
+    if not fleet_ids:
+        return {}
+    newest = finished_drills().filter(fleet_id=OuterRef("pk")).values("pk")[:1]
+    picked = (
+        Fleet.objects.filter(pk__in=fleet_ids)
+        .annotate(drill=Subquery(newest))
+        .exclude(drill=None)
+        .values_list("drill", flat=True)
+    )
+    return {op.fleet_id: op for op in Operation.objects.filter(pk__in=list(picked))}
+
+
+def readinesses(rows: FleetRows, now: datetime) -> dict[uuid.UUID, Readiness]:
+    """Each fleet's failover readiness (`fleet_readiness`), four queries for all of them."""
+    ids = [f.pk for f in rows.fleets]
+    drills = last_drills(ids)
+    baselines: dict[uuid.UUID, list[tuple]] = defaultdict(list)
+    if ids:
+        for fleet_id, *row in GoldenBaseline.objects.filter(fleet_id__in=ids).values_list(
+            "fleet_id", "request_fingerprint", *BASELINE_COLUMNS
+        ):
+            baselines[fleet_id].append(tuple(row))
+    out = {}
+    for f in rows.fleets:
+        view = rows.view(f)
+        standby = pick_standby(view, now)
+        facts = {}
+        if standby is not None:
+            domain = next(d for d in rows.domains[f.pk] if str(d.id) == standby.id)
+            facts[standby.id] = standby_facts(
+                domain,
+                view.policy,
+                slots=rows.slots[domain.id],
+                bindings=rows.bindings[domain.id],
+                baselines=baselines[f.pk],
+            )
+        out[f.pk] = failover_readiness(view, facts, drill_facts(drills.get(f.pk)), now)
+    return out
+
+
+def with_status(fleets: QuerySet[Fleet], status: FleetStatus | None, now: datetime) -> list[Fleet]:
+    """The fleets of `fleets` (in its order) that are in `status` (all for None).
+
+    Health and readiness are the core's verdicts, not columns: every fleet the query matched
+    is read (a constant number of queries) and judged; the operation in flight is a subquery.
+    """
+    if status is None:
+        return list(fleets)
+    if status == FleetStatus.IN_OPERATION:
+        return list(in_operation(fleets))
+    rows = fleet_rows(fleets)
+    if status == FleetStatus.UNHEALTHY:
+        judged = healths(rows, now)
+        return [f for f in rows.fleets if judged[f.pk][0] != "ok"]
+    verdicts = readinesses(rows, now)
+    return [f for f in rows.fleets if verdicts[f.pk].verdict == ReadinessVerdict.NOT_READY]
+
+
+def parse_status(value: str | None) -> FleetStatus | None:
+    """The filter a query string names ("" or absent: none); ValueError for an unknown one."""
+    if not value:
+        return None
+    try:
+        return FleetStatus(value)
+    except ValueError:
+        choices = ", ".join(s.value for s in FleetStatus)
+        raise ValueError(f"unknown status filter {value[:40]!r}: one of {choices}") from None
