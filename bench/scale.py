@@ -40,7 +40,6 @@ import contextlib
 import importlib
 import json
 import os
-import statistics
 import sys
 import tempfile
 import threading
@@ -64,7 +63,9 @@ from bench.scale_measure import (  # noqa: E402
     tick_lateness,
 )
 from common.farm_manifest import write_manifest  # noqa: E402
+from haru.local import PYTHON  # noqa: E402
 from haru.local.farm_fleets import fleet_slug, plan_farm, seed_farm_fleets  # noqa: E402
+from haru.local.processes import spawn, stop  # noqa: E402
 from haru.local.server import Server, manage, server_env  # noqa: E402
 from supervisor.farm.hosts import ENGINE  # noqa: E402
 
@@ -133,76 +134,111 @@ def setup_django(database_url: str, redis_url: str, workdir: Path) -> None:
 
 
 class Workers:
-    """The control plane's workers for one run: started, measured by process group, stopped."""
+    """The control plane of one run: one `serve` for HTTP (the proxy, /metrics, the pages; it
+    runs no loop) and `count` reconcile workers, from interface 2 (`bench/scale_workers.py`:
+    each a host of its own, its ticks recorded) where it has landed, else `manage.py reconcile
+    --loop` processes. Measured by process group, stopped at the end."""
 
-    def __init__(self, count: int, env: dict[str, str], workdir: Path) -> None:
+    def __init__(self, count: int, args: argparse.Namespace, env: dict[str, str], workdir: Path):
         self.count = count
+        self.args = args
         self.env = env
         self.workdir = workdir
-        self.servers: list[Server] = []
-        self.group: Any = None  # interface 2's handle, when it drives the workers
-        self.module = optional("scale_workers") if count > 1 else None
+        self.server = Server(env, workdir / "server.log")
+        self.module = optional("scale_workers")
+        self.ticking: list[Any] = []  # interface 2's workers
+        self.loops: list[Any] = []  # else plain `reconcile --loop` processes
 
     def start(self) -> None:
-        # One server answers HTTP (proxy, /metrics, pages); with interface 2 the extra
-        # workers are its; otherwise more `serve` processes, each running the loop.
-        server = Server(self.env, self.workdir / "server-0.log")
-        server.spawn()
-        self.servers.append(server)
+        self.server.spawn()
+        loop_env = {
+            **{k: v for k, v in self.env.items() if k != "REDIS_URL"},
+            "HARU_RECONCILE_INTERVAL_MS": str(int(self.args.interval_s * 1000)),
+        }
         if self.module is not None:
-            self.group = self.module.start_workers(
-                self.count - 1, env=self.env, workdir=self.workdir
+            self.ticking = self.module.start_workers(
+                self.count,
+                database_url=self.args.database_url,
+                workdir=self.workdir,
+                interval_ms=int(self.args.interval_s * 1000),
+                lease_ms=self.lease_ms,
+                env=loop_env,
             )
         else:
-            for i in range(1, self.count):
-                extra = Server(self.env, self.workdir / f"server-{i}.log")
-                extra.spawn()
-                self.servers.append(extra)
-        for s in self.servers:
-            s.wait_ready(120)
+            for i in range(self.count):
+                argv = [PYTHON, "manage.py", "reconcile", "--loop"]
+                self.loops.append(spawn(argv, env=loop_env, log=self.workdir / f"loop-{i}.log"))
+        self.server.wait_ready(120)
+
+    @property
+    def lease_ms(self) -> int:
+        from fleets.base.conf import haru_settings  # noqa: PLC0415 - needs django.setup()
+
+        return haru_settings().tick_lease_ms
 
     @property
     def url(self) -> str:
-        return self.servers[0].url
+        return self.server.url
 
     def pgids(self) -> list[int]:
-        pids = [s.proc.pid for s in self.servers if s.proc is not None]
-        if self.group is not None:
-            pids += list(self.module.worker_pids(self.group))  # type: ignore[union-attr]
-        return pids
+        procs = [self.server.proc, *self.loops, *(w.proc for w in self.ticking)]
+        return [p.pid for p in procs if p is not None]
+
+    def kill_one(self) -> dict[str, Any]:
+        """Interface 2: double ticks, and with two workers or more the handover after one is
+        killed mid-tick; nothing measured without it."""
+        if self.module is None or not self.ticking:
+            return {}
+        victim = self.ticking[0] if self.count > 1 else None
+        interval_s = self.args.interval_s
+        if victim is not None:
+            deadline = time.monotonic() + 2 * interval_s
+            while not victim.in_flight() and time.monotonic() < deadline:
+                time.sleep(0.005)
+            victim.kill()
+            time.sleep(self.lease_ms / 1000 + 2 * interval_s + self.module.HANDOVER_SLACK_S)
+        for worker in self.ticking:
+            worker.stop()
+        ticks = self.module.ticks_read(self.ticking)
+        out: dict[str, Any] = {"double_ticks": self.module.double_ticks_count(ticks)}
+        if victim is not None:
+            handover = self.module.handover_measure(ticks, victim).handover_s
+            out["handover_s"] = None if handover is None else round(handover, 3)
+        return out
 
     def stop(self) -> None:
-        if self.group is not None:
+        for worker in self.ticking:
             with contextlib.suppress(Exception):
-                self.module.stop_workers(self.group)  # type: ignore[union-attr]
-        for s in self.servers:
-            s.stop()
+                worker.stop()
+        for proc in self.loops:
+            stop(proc, 10)
+        self.server.stop()
 
 
-def timed_ms(call: Callable[[], httpx.Response], repeat: int = 3) -> float | None:
-    """The median of `repeat` timed calls in ms; None if any fails."""
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        response = call()
-        if response.status_code != 200:
-            return None
-        times.append((time.perf_counter() - started) * 1000)
-    return round(statistics.median(times), 1)
+_TEST_CLIENT_READY: list[bool] = []
 
 
-def reads(url: str) -> dict[str, float | None]:
-    """/metrics, the overview and the fleet list: interface 3, else what can be timed here."""
+def reads() -> dict[str, Any]:
+    """Interface 3 (bench/scale_reads.py): the overview, the fleet list and /metrics through
+    Django's test client, in this process, against the run's database while the workers tick;
+    nothing measured without it."""
     module = optional("scale_reads")
-    if module is not None:
-        found = module.time_reads(url)
-        return {k: found.get(k) for k in ("overview_ms", "fleet_list_ms", "metrics_ms")}
-    with httpx.Client(base_url=url, timeout=60, trust_env=False) as c:
-        return {
-            "overview_ms": None,
-            "fleet_list_ms": timed_ms(lambda: c.get("/v1/fleets")),
-            "metrics_ms": timed_ms(lambda: c.get("/metrics")),
-        }
+    if module is None:
+        return {}
+    from django.contrib.auth import get_user_model  # noqa: PLC0415 - needs django.setup()
+    from django.test import Client  # noqa: PLC0415 - needs django.setup()
+    from django.test.utils import setup_test_environment  # noqa: PLC0415 - needs django.setup()
+
+    if not _TEST_CLIENT_READY:
+        # The test client's host name (`testserver`) allowed, once per process.
+        setup_test_environment()
+        _TEST_CLIENT_READY.append(True)
+    admin, _ = get_user_model().objects.get_or_create(
+        username="scale-operator", defaults={"is_staff": True, "is_superuser": True}
+    )
+    client = Client()
+    client.force_login(admin)
+    return module.measure_reads(client=client, repeats=3)
 
 
 class ChatClients:
@@ -318,7 +354,6 @@ def idle_tick(fleet_id: Any, interval_s: float) -> dict[str, Any]:
 def run_one(args: argparse.Namespace, fleets: int, workers: int, pg: Postgres) -> dict[str, Any]:
     from django.db import connections  # noqa: PLC0415 - needs django.setup()
 
-    from fleets.base.conf import haru_settings  # noqa: PLC0415 - needs django.setup()
     from fleets.models import Fleet  # noqa: PLC0415 - needs django.setup()
 
     row: dict[str, Any] = dict.fromkeys(FIELDS)
@@ -334,7 +369,6 @@ def run_one(args: argparse.Namespace, fleets: int, workers: int, pg: Postgres) -
         DATABASE_URL=args.database_url,
         REDIS_URL=args.redis_url,
         HARU_SUPERVISOR_MASTER_KEY=MASTER_KEY,
-        HARU_RECONCILE_INTERVAL_MS=str(int(args.interval_s * 1000)),
     )
     manage(env, "migrate", "--noinput", "-v", "0", timeout=600)
     started = time.monotonic()
@@ -343,11 +377,11 @@ def run_one(args: argparse.Namespace, fleets: int, workers: int, pg: Postgres) -
     manifest = workdir / "farm.json"
     write_manifest(manifest, plans)
     farm = FarmProc(manifest, workdir)
-    crew = Workers(workers, env, workdir)
+    crew = Workers(workers, args, env, workdir)
     try:
         farm.start()
         row.update(idle_tick(Fleet.objects.get(slug=fleet_slug(0)).id, args.interval_s))
-        row["lease_s"] = haru_settings().tick_lease_ms / 1000
+        row["lease_s"] = crew.lease_ms / 1000
         crew.start()
         actives = [p.name for i, p in enumerate(plans) if i % 2 == 0]
         since = time.monotonic()
@@ -386,12 +420,11 @@ def run_one(args: argparse.Namespace, fleets: int, workers: int, pg: Postgres) -
             farm_rss_mib=farm1["rssMiB"],
             farm_cpu_pct=round(100 * (farm1["cpuS"] - farm0["cpuS"]) / elapsed, 1),
         )
-        row.update(reads(crew.url))
+        found = reads()
+        row.update({k: found.get(k) for k in ("overview_ms", "fleet_list_ms", "metrics_ms")})
         if not args.no_failover:
             row.update(inject_failover(farm, crew.url, fleets))
-        if crew.group is not None:
-            found = crew.module.kill_and_measure(crew.group)  # type: ignore[union-attr]
-            row.update({k: found.get(k) for k in ("double_ticks", "handover_s")})
+        row.update(crew.kill_one())
     finally:
         crew.stop()
         farm.stop()
