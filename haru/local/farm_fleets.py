@@ -79,6 +79,7 @@ def seed_farm_fleets(
     Django must be set up, with HARU_SUPERVISOR_MASTER_KEY (or the shared token) configured.
     """
     # Imported here: the farm's own side (plans, manifest) needs no Django.
+    from fleets.base.conf import haru_settings  # noqa: PLC0415
     from fleets.base.supervisor_tokens import supervisor_token_for  # noqa: PLC0415
     from fleets.layouts.loader import parse_layout  # noqa: PLC0415
     from fleets.models import Domain  # noqa: PLC0415
@@ -86,6 +87,8 @@ def seed_farm_fleets(
 
     if len(plans) % 2:
         raise ValueError(f"two hosts per fleet: {len(plans)} is odd")
+    if not (haru_settings().supervisor_master_key or haru_settings().supervisor_token):
+        raise ValueError("set HARU_SUPERVISOR_MASTER_KEY: farm hosts require a token")
     policy = {"autoFailover": True, **(policy or {})}
     pairs = [(plans[k], plans[k + 1]) for k in range(0, len(plans), 2)]
     for i, (east, west) in enumerate(pairs):
@@ -102,8 +105,7 @@ def seed_farm_fleets(
     for i, pair in enumerate(pairs):
         for dslug, host in zip(DOMAINS, pair, strict=True):
             token = supervisor_token_for(ids[(fleet_slug(i), dslug)])
-            if token is None:
-                raise ValueError("set HARU_SUPERVISOR_MASTER_KEY: farm hosts require a token")
+            assert token is not None  # a credential is configured: checked above
             out.append(replace(host, token=token))
     return out
 
