@@ -97,7 +97,7 @@ class FarmHost:
             engine = SimEngine(options, gpu_state)
             engine.crash = self._engine_crash(m.port)
             app = build_app(engine)
-            listener = Listener(app, m.port, base=base)
+            listener = Listener(app, m.port, base=base, address=plan.address)
             self.engines[m.name] = engine
             self.model_listeners.append(listener)
             self.model_apps[m.port] = (listener, app)
@@ -116,7 +116,7 @@ class FarmHost:
         edge = protocol_with(
             limits, body_setting="HARU_SUPERVISOR_HTTP_MAX_BODY_BYTES", token=plan.token
         )
-        self.supervisor = Listener(api, plan.port, base=base, protocol=edge)
+        self.supervisor = Listener(api, plan.port, base=base, protocol=edge, address=plan.address)
 
     @property
     def listeners(self) -> list[Listener]:

@@ -1,6 +1,6 @@
 """One loopback listener per app of the farm, with the faults a host or its network shows.
 
-Each listener serves one ASGI app on its own port through uvicorn's HTTP protocol (the
+Each listener serves one ASGI app on its own port (of the farm's loopback address) through uvicorn's HTTP protocol (the
 supervisor's through its HTTP edge, `common.edge`), with no `uvicorn.Server` around it: a
 server per port would cost a main loop and a signal handler each, and the farm holds thousands.
 
@@ -48,7 +48,7 @@ async def _no_app(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 class Listener:
-    """Serve `app` on 127.0.0.1:`port`; crash, slow down or partition on request."""
+    """Serve `app` on `address`:`port` (loopback); crash, slow down or partition on request."""
 
     def __init__(
         self,
@@ -57,7 +57,9 @@ class Listener:
         *,
         base: uvicorn.Config,
         protocol: type[asyncio.Protocol] | None = None,
+        address: str = "127.0.0.1",
     ) -> None:
+        self.address = address
         self.port = port
         self.fault = "none"
         self.slow_s = 0.0
@@ -84,7 +86,7 @@ class Listener:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind(("127.0.0.1", self.port))
+            sock.bind((self.address, self.port))
         except OSError:
             sock.close()
             raise

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -187,6 +188,10 @@ def test_the_manifest_round_trips_and_is_private(tmp_path: Path):
     ports = [p.port for p in plans] + [m.port for p in plans for m in p.models]
     assert len(set(ports)) == len(ports)
     assert len({p.token for p in plans}) == 4
+    # One loopback address of the farm's own, never 127.0.0.1 (where everybody else listens).
+    assert len({p.address for p in plans}) == 1
+    assert plans[0].url.startswith(f"http://{plans[0].address}:")
+    assert plans[0].address.startswith("127.") and plans[0].address != "127.0.0.1"
     path = tmp_path / "farm.json"
     write_manifest(path, plans)
     assert path.stat().st_mode & 0o077 == 0
@@ -200,3 +205,7 @@ def test_a_manifest_that_is_not_one_is_refused_by_name(tmp_path: Path):
         read_manifest(path)
     with pytest.raises(ValueError, match="hosts must be"):
         plan_hosts(0)
+    [host] = plan_hosts(1)
+    write_manifest(path, [replace(host, address="10.0.0.7")])
+    with pytest.raises(ValueError, match="not a loopback address"):
+        read_manifest(path)
