@@ -73,6 +73,7 @@ class TickCost:
     groups: Counter = field(default_factory=Counter)
     other_threads: int = 0  # statements sent from threads other than the tick's
     sites: Counter = field(default_factory=Counter)  # label and the Haru code that sent it
+    supervisor_cpu_ms: float = 0.0  # of which: the supervisor calls (their threads' CPU)
 
 
 def _call_site() -> str:
@@ -93,6 +94,7 @@ class _Recorder:
     def __init__(self, *, where: bool = False) -> None:
         self.cost = TickCost()
         self.where = where
+        self.returning: list[tuple[Any, bool]] = []
         self._thread = threading.get_ident()
 
     def __call__(self, execute, sql, params, many, context):  # noqa: ANN001 - Django's signature
@@ -110,12 +112,63 @@ class _Recorder:
         else:
             cost.statements += 1
         if label.split(" ", 1)[0] in WRITES:
-            rows = max(0, context["cursor"].rowcount or 0)
-            if lease:
-                cost.lease_rows += rows
+            if "RETURNING" in sql.upper() and context["connection"].vendor == "sqlite":
+                # SQLite counts a RETURNING statement's rows as they are fetched: read it when
+                # the tick is over.
+                self.returning.append((context["cursor"], lease))
             else:
-                cost.rows_written += rows
+                self._count(context["cursor"].rowcount, lease=lease)
         return result
+
+    def _count(self, rowcount: int | None, *, lease: bool) -> None:
+        rows = max(0, rowcount or 0)
+        if lease:
+            self.cost.lease_rows += rows
+        else:
+            self.cost.rows_written += rows
+
+    def finish(self) -> None:
+        for cursor, lease in self.returning:
+            self._count(cursor.rowcount, lease=lease)
+        self.returning.clear()
+
+
+class _CallCpu:
+    """The CPU the supervisor client's calls take, in whatever thread they run (thread time)."""
+
+    def __init__(self) -> None:
+        self.ms = 0.0
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def installed(self) -> Iterator[_CallCpu]:
+        from fleets.reconciler.supervisor.client import SupervisorClient  # noqa: PLC0415
+
+        originals = {name: getattr(SupervisorClient, name) for name in ("status", "gpu_memory")}
+
+        def timed(original: Callable) -> Callable:
+            def call(client: Any, **kwargs: Any) -> Any:
+                started = time.thread_time()
+                try:
+                    return original(client, **kwargs)
+                finally:
+                    with self._lock:
+                        self.ms += (time.thread_time() - started) * 1000
+
+            return call
+
+        for name, original in originals.items():
+            setattr(SupervisorClient, name, timed(original))
+        try:
+            yield self
+        finally:
+            for name, original in originals.items():
+                setattr(SupervisorClient, name, original)
+
+    def take(self) -> float:
+        with self._lock:
+            taken, self.ms = self.ms, 0.0
+        return taken
 
 
 @contextmanager
@@ -127,6 +180,7 @@ def _recording(*, where: bool = False) -> Iterator[_Recorder]:
         started = time.process_time()
         yield recorder
         recorder.cost.cpu_ms = (time.process_time() - started) * 1000
+    recorder.finish()
 
 
 class SkippingClock:
@@ -188,6 +242,7 @@ def measure_idle_tick(
             time.sleep(interval_s)
 
     costs: list[TickCost] = []
+    calls = _CallCpu()
     try:
         for _ in range(settle_ticks):
             tick_run(**kwargs)
@@ -196,13 +251,16 @@ def measure_idle_tick(
             fleet_id=fleet_id, state__in=IN_FLIGHT_OPERATION_STATES
         ).exists():
             raise ValueError(f"fleet {fleet_id} is not idle: an operation is in flight")
-        for _ in range(samples):
-            with _recording() as recorder:
-                result = tick_run(**kwargs)
-            if not result.ran:
-                raise ValueError(f"fleet {fleet_id}: the tick did not run (lease held elsewhere)")
-            costs.append(recorder.cost)
-            wait()
+        with calls.installed():
+            for _ in range(samples):
+                calls.take()
+                with _recording() as recorder:
+                    result = tick_run(**kwargs)
+                if not result.ran:
+                    raise ValueError(f"fleet {fleet_id}: the tick did not run (lease held)")
+                recorder.cost.supervisor_cpu_ms = calls.take()
+                costs.append(recorder.cost)
+                wait()
         # One more idle tick naming the code behind each statement (walking the stack costs
         # CPU, so it is not one of the samples).
         with _recording(where=True) as recorder:
@@ -227,12 +285,16 @@ def measure_idle_tick(
         if costs
         else 0.0,
         # Lease included: what the target counts.
+        # Of the CPU: the supervisor calls (HTTP, the wire contract's check, parsing).
+        "supervisor_calls_cpu_ms": _median([c.supervisor_cpu_ms for c in costs]),
         "idle_tick_statements": max(total_statements, default=0),
         "idle_tick_statements_median": _median([float(s) for s in total_statements]),
         "lease_statements_per_tick": max((c.lease_statements for c in costs), default=0),
         "rows_written_per_idle_heartbeat": max((c.rows_written for c in costs), default=0),
         "rows_written_per_idle_heartbeat_mean": round(sum(c.rows_written for c in costs) / n, 3),
         "lease_rows_per_tick": max((c.lease_rows for c in costs), default=0),
+        # Idle ticks that wrote no row besides the lease's (the rest record a sighting).
+        "ticks_writing_no_row": sum(1 for c in costs if c.rows_written == 0),
         "statements_from_other_threads": sum(c.other_threads for c in costs),
         # Statements per tick by verb and table, averaged over the samples.
         "statement_groups": {label: round(count / n, 2) for label, count in groups.most_common()},
@@ -339,12 +401,14 @@ def main() -> int:
     for key in (
         "idle_tick_cpu_ms",
         "idle_tick_cpu_ms_p90",
+        "supervisor_calls_cpu_ms",
         "idle_tick_statements",
         "idle_tick_statements_median",
         "lease_statements_per_tick",
         "rows_written_per_idle_heartbeat",
         "rows_written_per_idle_heartbeat_mean",
         "lease_rows_per_tick",
+        "ticks_writing_no_row",
         "statements_from_other_threads",
     ):
         print(f"  {key}: {figures[key]}")

@@ -100,6 +100,15 @@ class Policy:
     heartbeat_stale_ms: int = _key(
         30_000, TIMEOUT, "A domain not heard from for this long is stale."
     )
+    # An idle fleet's cost is mostly its standby's heartbeats (fleets.core.heartbeat_cadence).
+    standby_heartbeat_ms: int = _key(
+        10_000,
+        _ms_between(0, 3_600_000),
+        "A healthy standby (ready, answering, with a ready active and nothing in flight) is "
+        "asked for its status at most this often instead of every tick; capped at a third of "
+        "heartbeatStaleMs, so a standby that stopped answering is noticed within that plus one "
+        "reconcile interval. 0: every tick.",
+    )
     degraded_grace_ms: int = _key(
         60_000,
         TIMEOUT,

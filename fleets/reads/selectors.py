@@ -210,3 +210,7 @@ def fleet_snapshot(fleet: Fleet) -> dict[str, Any]:
         backoffs=failover_backoff_state(fleet.id, policy),
         damping=failover_damping_state(fleet.id, policy, clock.now()),
     )
+
+
+# The tick's snapshot (fleets/reads/tick_snapshot.py) calls it by this name: one function.
+fleet_view_of = view_of

@@ -9,7 +9,7 @@ from the database and the supervisor, outside any transaction.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -59,8 +59,13 @@ class Target:
 
 def targets_of(domain: Domain) -> list[Target]:
     """Every bound model of the domain and every LoRA adapter its layout names, by name."""
+    return targets_from(ModelBinding.objects.filter(domain=domain).order_by("name"))
+
+
+def targets_from(bindings: Iterable[ModelBinding]) -> list[Target]:
+    """The targets of these bindings (already read, in name order), as `targets_of`."""
     out: list[Target] = []
-    for binding in ModelBinding.objects.filter(domain=domain).order_by("name"):
+    for binding in bindings:
         out.append(Target(binding, ""))
         out.extend(Target(binding, a) for a in binding.golden.get("adapters", ()))
     return out

@@ -16,7 +16,13 @@ per domain in flight at a time, so a hung NVML cannot pile up threads). The repo
 that host) drops `gpus`; any other failure keeps the previous `gpus` and `gpusAt` and notes
 `gpusError` (`fleets.core.beat_plan.gpu_keys`). Reads are spaced by GPU_MEMORY_EVERY_MS per
 domain (from the stored answer's time, good or bad), and skipped while the domain's heartbeat
-is failing.
+is failing; with nothing in flight only a beat that records its sighting anyway reads them
+(`fleets.core.heartbeat_cadence`).
+
+An idle fleet's beats write nothing (`fleets.core.heartbeat_cadence`): a good beat that moves
+nothing and brings the report already stored records its sighting only once the stored one is
+a third of `heartbeatStaleMs` old, and a healthy standby is asked only every
+`standbyHeartbeatMs`.
 """
 
 from __future__ import annotations
@@ -24,12 +30,14 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from fleets.base import clock
+from fleets.core import heartbeat_cadence
 from fleets.core.beat_plan import (
     BindingRow,
     GpuAnswer,
@@ -72,7 +80,11 @@ def _gpu_pool() -> ThreadPoolExecutor:
 
 
 # The dashboard's memory bars need no more than this; ticks during a failover come far faster.
-GPU_MEMORY_EVERY_MS = 1000
+GPU_MEMORY_EVERY_MS = heartbeat_cadence.GPU_MEMORY_EVERY_MS
+GPU_MEMORY_IDLE_EVERY_MS = heartbeat_cadence.GPU_MEMORY_IDLE_EVERY_MS
+# With nothing in flight, how long a beat that records waits for its GPU memory answer (a hung
+# NVML costs an idle beat this much, once per record).
+GPU_IDLE_WAIT_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -152,12 +164,15 @@ def heartbeats_collect(
     policy: Policy,
     client_for: Callable[[Domain], SupervisorClient],
     serving_urls: dict[Any, dict[str, str]] | None = None,
+    operation_in_flight: bool = True,
 ) -> list[Beat]:
     """Ask every domain's supervisor for `/v1/status` (and GPU memory), concurrently.
 
     `serving_urls` (domain id -> model name -> serving URL, the active's): the model servers
     to ask directly when their supervisor cannot vouch for them (it is down, or it does not
     know their posture), so a dead supervisor never reads as dead models.
+    `operation_in_flight`: GPU memory is then read at its own pace, not only with a beat that
+    records its sighting (`fleets.core.heartbeat_cadence.gpu_read_due`).
     """
     timeout = heartbeat_timeout(policy)
     direct_timeout = serving_check_timeout(policy)
@@ -168,8 +183,20 @@ def heartbeats_collect(
         if not domain.supervisor_url:
             return Beat(domain, observed, None)
         client: SupervisorClient = client_for(domain)
-        gpu = _gpu_read_start(domain, client, timeout=timeout, now=observed)
+        recording = heartbeat_cadence.record_due(domain.last_seen_at, observed, policy)
+        gpu = _gpu_read_start(
+            domain,
+            client,
+            timeout=timeout,
+            now=observed,
+            in_flight=operation_in_flight,
+            recording=recording,
+        )
         call = client.status(timeout=timeout)
+        if gpu is not None and not operation_in_flight:
+            # Idle, the read rides on a beat that records anyway: a brief wait lets this beat
+            # store it, instead of the next beat writing the row again just for it.
+            futures.wait([gpu.future], timeout=GPU_IDLE_WAIT_S)
         unvouched = _unvouched(call.value, urls_of.get(domain.id, {}))
         direct = servers_check(unvouched, timeout=direct_timeout) if unvouched else {}
         return Beat(domain, observed, call, gpu, direct)
@@ -196,7 +223,13 @@ def beat_one(
 
 
 def _gpu_read_start(
-    domain: Domain, client: SupervisorClient, *, timeout: float, now: datetime
+    domain: Domain,
+    client: SupervisorClient,
+    *,
+    timeout: float,
+    now: datetime,
+    in_flight: bool = True,
+    recording: bool = True,
 ) -> GpuRead | None:
     """Start this domain's GPU memory read, or join the one still unstored; None if the stored
     answer is recent enough."""
@@ -204,7 +237,7 @@ def _gpu_read_start(
         held = _gpu_reads.get(domain.id)
         if held is not None:
             return held  # still running (or answered after its beat was written): use that one
-        if not _gpu_read_due(domain, now):
+        if not _gpu_read_due(domain, now, in_flight=in_flight, recording=recording):
             return None
         read = GpuRead(now, _gpu_pool().submit(client.gpu_memory, timeout=timeout))
         _gpu_reads[domain.id] = read
@@ -217,16 +250,15 @@ def pending_gpu_read(domain_id: Id) -> GpuRead | None:
         return _gpu_reads.get(domain_id)
 
 
-def _gpu_read_due(domain: Domain, now: datetime) -> bool:
+def _gpu_read_due(domain: Domain, now: datetime, *, in_flight: bool, recording: bool) -> bool:
     """Whether to ask for GPU memory now: not while the heartbeat is failing (the status call
     says whether the host is there; no second call to a dead host), and not again within
-    GPU_MEMORY_EVERY_MS of the last answer, good or bad."""
+    GPU_MEMORY_EVERY_MS of the last answer, good or bad; idle, only with a beat that records."""
     if domain.heartbeat_failing_since is not None:
         return False
-    last = domain.gpus_read_at
-    if last is None:
-        return True
-    return not timedelta(0) <= now - last < timedelta(milliseconds=GPU_MEMORY_EVERY_MS)
+    return heartbeat_cadence.gpu_read_due(
+        domain.gpus_read_at, now, in_flight=in_flight, recording=recording
+    )
 
 
 def _gpu_answer(beat: Beat) -> GpuAnswer | None:
@@ -262,29 +294,45 @@ def serving_urls_of(domain_id: Id | None) -> dict[str, str]:
     return dict(ModelBinding.objects.filter(domain_id=domain_id).values_list("name", "serving_url"))
 
 
+def slot_rows(slots: list[Slot]) -> list[SlotRow]:
+    return [SlotRow(s.id, s.kind, s.state, s.gpu_index, tuple(s.pids or ())) for s in slots]
+
+
+def binding_rows(bindings: list[ModelBinding]) -> list[BindingRow]:
+    return [BindingRow(b.id, b.slot_id, b.name, b.health, b.engine_version) for b in bindings]
+
+
 def heartbeat_apply(
     beat: Beat,
     *,
     active_domain_id: Id | None,
     operation_in_flight: bool,
     actor: str = "heartbeat",
-) -> None:
+    slots: list[SlotRow] | None = None,
+    bindings: list[BindingRow] | None = None,
+    policy: Policy | None = None,
+) -> bool:
     """Mirror one heartbeat: read the rows it may move, let the core plan every move
-    (`fleets.core.beat_plan`), and hand the plan to the one service call that writes it."""
+    (`fleets.core.beat_plan`), and hand the plan to the one service call that writes it.
+
+    `slots` and `bindings`: the domain's rows as the tick already read them (read here when
+    not given). `policy`: an unchanged good beat records its sighting only when it is due
+    (`fleets.core.heartbeat_cadence`); without one, every good beat records it. Returns whether
+    the beat was news: a move of any row, or a failure (a sighting recorded is not).
+    """
     domain = beat.domain
     if beat.call is None:
-        return  # nothing to ask: a domain without a supervisor is never heartbeat-managed
+        return False  # nothing to ask: a domain without a supervisor is never heartbeat-managed
     now = clock.now()
-    slots = [
-        SlotRow(s.id, s.kind, s.state, s.gpu_index, tuple(s.pids or ()))
-        for s in Slot.objects.filter(domain=domain)
-    ]
-    bindings = [
-        BindingRow(*row)
-        for row in ModelBinding.objects.filter(domain=domain).values_list(
-            "id", "slot_id", "name", "health", "engine_version"
-        )
-    ]
+    if slots is None:
+        slots = slot_rows(list(Slot.objects.filter(domain=domain)))
+    if bindings is None:
+        bindings = [
+            BindingRow(*row)
+            for row in ModelBinding.objects.filter(domain=domain).values_list(
+                "id", "slot_id", "name", "health", "engine_version"
+            )
+        ]
     call = beat.call
     heard = Heard(
         observed_at=beat.observed_at,
@@ -307,4 +355,44 @@ def heartbeat_apply(
         settle_serving=not operation_in_flight,
         now=now,
     )
-    heartbeat_record(plan=plan, actor=actor)
+    if policy is not None:
+        plan = heartbeat_cadence.sighting_dropped(
+            plan,
+            stored_report=domain.last_report,
+            failing=domain.heartbeat_failing_since is not None,
+            last_seen_at=domain.last_seen_at,
+            policy=policy,
+        )
+    moves = heartbeat_cadence.has_moves(plan)
+    if plan.seen is None and not moves:
+        _unrecorded_note(domain.id, plan.observed_at)
+        return False
+    heartbeat_record(
+        plan=plan,
+        actor=actor,
+        seen_before=_unrecorded_take(domain.id),
+        # The failure state read with the domain: the sighting's compare-and-swap.
+        failing_since=domain.heartbeat_failing_since,
+    )
+    return moves
+
+
+# Domain id -> this process's last good sighting that was not recorded (an unchanged beat):
+# written with the next record of that domain, so a failure records when the host was last
+# heard (the outage's honest start), not the older sighting stored. Bounded like the fleets.
+_unrecorded: dict[Any, datetime] = {}
+_unrecorded_lock = threading.Lock()
+_UNRECORDED_MAX = 20_000
+
+
+def _unrecorded_note(domain_id: Id, observed_at: datetime) -> None:
+    with _unrecorded_lock:
+        if len(_unrecorded) >= _UNRECORDED_MAX:
+            _unrecorded.clear()
+        held = _unrecorded.get(domain_id)
+        _unrecorded[domain_id] = observed_at if held is None else max(held, observed_at)
+
+
+def _unrecorded_take(domain_id: Id) -> datetime | None:
+    with _unrecorded_lock:
+        return _unrecorded.pop(domain_id, None)

@@ -1,6 +1,13 @@
 """One reconcile tick for one fleet.
 
-1. heartbeat every domain's supervisor, concurrently (HTTP, outside any transaction);
+0. read the fleet in one snapshot (`fleets.reads.tick_snapshot`: four statements); a quiet
+   fleet (nothing in flight or pending, no operation recent enough for backoff, damping or a
+   restore to look at) is heartbeated from it, a healthy standby only every
+   `standbyHeartbeatMs` (`fleets.core.heartbeat_cadence`); when no beat moved a row or failed
+   and the core's own answers on the snapshot find nothing to do below, the tick ends there,
+   having written nothing (an idle tick: six statements with the lease);
+1. heartbeat every domain's supervisor, concurrently (HTTP, outside any transaction; a quiet
+   fleet's beats of step 0 stand for this one);
 2. mirror slot health and domain states (the core plans each beat; one service call writes it);
 3. escalate an active degraded past `degradedGraceMs` (every condition inside one UPDATE);
 4. detect failover: a lost active pre-empts an in-flight operation that cannot lead to a
@@ -39,15 +46,21 @@ from fleets.core.backoff import held_targets
 from fleets.core.drills import DrillSchedule, drill_due
 from fleets.core.failover import (
     RESTORE_RETRY_AFTER_MS,
+    detect_failover,
+    should_escalate,
     standby_to_restore,
 )
+from fleets.core.heartbeat_cadence import standby_beat_due
 from fleets.core.provisioning import Phase
 from fleets.core.read_model import FleetView
 from fleets.core.states import (
     IN_FLIGHT_OPERATION_STATES,
     CleanupState,
+    DomainState,
+    InferenceState,
     OperationKind,
     OperationState,
+    SlotKind,
 )
 from fleets.metrics import reconcile as fleet_metrics
 from fleets.models import Domain, Fleet, Id, Operation
@@ -57,10 +70,23 @@ from fleets.reads.selectors import (
     fleet_get,
     fleet_view,
 )
+from fleets.reads.tick_snapshot import TickSnapshot, tick_snapshot
 from fleets.reconciler import datapath, failover, kick
 from fleets.reconciler.advance import operation_advance
-from fleets.reconciler.golden import active_baselines_fill
-from fleets.reconciler.heartbeat import heartbeat_apply, heartbeats_collect, serving_urls_of
+from fleets.reconciler.golden import (
+    BASELINE_PROBE_INTERVAL_MS,
+    active_baselines_fill,
+    missing_baselines,
+    targets_from,
+)
+from fleets.reconciler.heartbeat import (
+    Beat,
+    binding_rows,
+    heartbeat_apply,
+    heartbeats_collect,
+    serving_urls_of,
+    slot_rows,
+)
 from fleets.reconciler.locks import LeaseLost, fleet_tick_lock, tick_lease_s
 from fleets.reconciler.steps.cleanup import pending_cleanups_run
 from fleets.reconciler.supervisor.client import SupervisorClient, client_for
@@ -119,14 +145,26 @@ def fleet_tick(
         checkpoint()
 
     gate()
-    fleet = Fleet.objects.filter(pk=fleet_id).first()
-    if fleet is None:
+    snap = tick_snapshot(fleet_id)
+    if snap is None:
         return TickResult(str(fleet_id), ran=True)
-    view = fleet_view(fleet)
+    fleet = snap.fleet
+    view = snap.view
     policy = view.policy
 
+    # 0. A quiet fleet (nothing in flight, no recent operation) is heartbeated from the
+    # snapshot; when nothing it heard is news and the core finds nothing to do, the tick ends
+    # there, having written nothing.
+    quiet = _quiet_run(snap, client_factory, gate) if snap.quiet(clock.now()) else None
+    if quiet is not None and quiet.idle:
+        return TickResult(str(fleet.id), True)
+
     # 1-2b. Heartbeats, then the confirmation of a suspected dead active.
-    observed, in_flight = _heartbeats_run(fleet, view, client_factory, gate, actor)
+    if quiet is None:
+        observed, in_flight = _heartbeats_run(fleet, view, client_factory, gate, actor)
+    else:
+        observed, in_flight = quiet.observed, False
+        _confirm(fleet, view, quiet.beats, in_flight, client_factory, gate, actor)
 
     # 3. Escalation: the core says whether it is due; the UPDATE re-checks it all.
     gate()
@@ -202,21 +240,173 @@ def _heartbeats_run(
         checkpoint()  # a slow database can make these writes outlast a lease
         heartbeat_apply(beat, active_domain_id=active_id, operation_in_flight=in_flight)
 
-    # A suspected dead active (a proxy's report, or this beat's refusals) is confirmed now
-    # with targeted heartbeats instead of waiting out the stale window.
+    _confirm(fleet, view, beats, in_flight, client_factory, checkpoint, actor, active_id)
+    return observed, in_flight
+
+
+def _confirm(
+    fleet: Fleet,
+    view: FleetView,
+    beats: list[Beat],
+    in_flight: bool,
+    client_factory: Callable[[Domain], SupervisorClient],
+    checkpoint: Callable[[], None],
+    actor: str,
+    active_id: Id | None = None,
+) -> None:
+    """Confirm a suspected dead active (a proxy's report, or this beat's refusals) now with
+    targeted heartbeats instead of waiting out the stale window."""
+    if active_id is None:
+        active_id = fleet.active_domain_id
     active_beat = next((b for b in beats if b.domain.id == active_id), None)
     if active_beat is not None and not in_flight:
         datapath.confirm_active(
             fleet_id=fleet.id,
             active=active_beat.domain,
             tick_beat=active_beat,
-            policy=policy,
+            policy=view.policy,
             client_for=client_factory,
             operation_in_flight=in_flight,
             actor=actor,
             checkpoint=checkpoint,
         )
-    return observed, in_flight
+
+
+@dataclass(frozen=True)
+class QuietRound:
+    """A quiet fleet's heartbeat round: what it heard, and whether the tick can end there."""
+
+    observed: datetime
+    beats: list[Beat]
+    idle: bool
+
+
+def _quiet_run(
+    snap: TickSnapshot,
+    client_factory: Callable[[Domain], SupervisorClient],
+    checkpoint: Callable[[], None],
+) -> QuietRound:
+    """Heartbeat a quiet fleet from its snapshot (no read of its own; a healthy standby only
+    when due), write what is due, and tell whether the rest of the tick has anything to do: not
+    when a beat moved a row or failed (a sighting recorded decides nothing)."""
+    view, policy = snap.view, snap.policy
+    now = clock.now()
+    active = view.active
+    active_ready = active is not None and active.state == DomainState.READY
+    # A standby is healthy here when it is ready, answering, and in standby posture (every
+    # model server asleep, no slot failed): anything else is asked every tick.
+    unsettled = {
+        s.domain_id
+        for s in snap.slots
+        if s.state == InferenceState.FAILED
+        or (s.kind == SlotKind.INFERENCE and s.state != InferenceState.SLEEPING)
+    }
+    asked = [
+        d
+        for d in snap.domains
+        if str(d.id) == view.active_domain_id
+        or standby_beat_due(
+            last_seen_at=d.last_seen_at,
+            healthy=active_ready
+            and d.state == DomainState.READY
+            and d.heartbeat_failing_since is None
+            and d.id not in unsettled,
+            now=now,
+            policy=policy,
+        )
+    ]
+    urls = {
+        b.name: b.serving_url for b in snap.bindings if str(b.domain_id) == view.active_domain_id
+    }
+    beats = heartbeats_collect(
+        asked,
+        policy=policy,
+        client_for=client_factory,
+        serving_urls={d.id: urls for d in asked if str(d.id) == view.active_domain_id},
+        operation_in_flight=False,
+    )
+    observed = clock.now()
+    news = False
+    for beat in beats:
+        checkpoint()  # a slow database can make these writes outlast a lease
+        domain_id = beat.domain.id
+        news |= heartbeat_apply(
+            beat,
+            active_domain_id=snap.fleet.active_domain_id,
+            operation_in_flight=False,
+            slots=slot_rows([s for s in snap.slots if s.domain_id == domain_id]),
+            bindings=binding_rows([b for b in snap.bindings if b.domain_id == domain_id]),
+            policy=policy,
+        )
+    idle = not news and active_ready and _nothing_to_do(snap, observed)
+    return QuietRound(observed, beats, idle)
+
+
+def _nothing_to_do(snap: TickSnapshot, now: datetime) -> bool:
+    """Whether steps 3 to 6 would find nothing to do on a quiet fleet whose beats were no news:
+    the core's own answers on the snapshot (no escalation, no failover, no standby to restore,
+    no drill due), no data-path suspicion, no no-standby report to clear, no baseline missing."""
+    fleet, view = snap.fleet, snap.view
+    active = view.active
+    if active is None or fleet.no_standby_reported_at is not None:
+        return False
+    if datapath.first_failed_at(fleet.id, active.id) is not None:
+        return False
+    if should_escalate(view, now, active.state_since):
+        return False
+    if detect_failover(view, now, {}, None, None) is not None:
+        return False
+    unsettled = frozenset(
+        str(d.id)
+        for d in snap.domains
+        if (d.driver_status or {}).get("phase") not in ("", None, Phase.SETTLED)
+    )
+    if view.policy.restore_standby_on_return and standby_to_restore(view, now, {}, unsettled):
+        return False
+    schedule = DrillSchedule(
+        fleet.drill_interval_minutes, fleet.drill_window_start, fleet.drill_window_end
+    )
+    if schedule.enabled and drill_due(schedule, snap.last_drill_at, now):
+        return False
+    return _baselines_settled(snap, now)
+
+
+# Fleet id -> (what decides whether its active's baselines are complete, whether they were), as
+# last checked by this process. Bounded: past the bound it is emptied, and each fleet's next
+# tick checks again (one more read).
+_baseline_checks: dict[str, tuple[tuple, bool]] = {}
+_BASELINE_CHECKS_MAX = 10_000
+
+
+def _baselines_settled(snap: TickSnapshot, now: datetime) -> bool:
+    """Whether the baseline pass would do nothing: the active has every golden baseline it can
+    have, or the fleet's turn to probe for the missing ones is not due yet. Completeness is
+    checked against the database once per change of what decides it (the active's bindings,
+    the fleet's baselines, the probe request), then remembered."""
+    fleet, policy = snap.fleet, snap.policy
+    active_id = fleet.active_domain_id
+    bindings = sorted((b for b in snap.bindings if b.domain_id == active_id), key=lambda b: b.name)
+    key = (
+        str(active_id),
+        snap.baselines,
+        policy.probe_prompt,
+        policy.probe_max_tokens,
+        tuple((b.id, b.name, b.engine_version, repr(b.profile), repr(b.golden)) for b in bindings),
+    )
+    checked = _baseline_checks.get(str(fleet.id))
+    if checked is not None and checked[0] == key:
+        complete = checked[1]
+    else:
+        complete = not missing_baselines(fleet.id, targets_from(bindings), policy)
+        if len(_baseline_checks) >= _BASELINE_CHECKS_MAX:
+            _baseline_checks.clear()
+        _baseline_checks[str(fleet.id)] = (key, complete)
+    if complete:
+        return True
+    last = fleet.baseline_probe_at
+    return last is not None and timedelta(0) <= now - last < timedelta(
+        milliseconds=BASELINE_PROBE_INTERVAL_MS
+    )
 
 
 def _maybe_drill(fleet: Fleet, now: datetime, actor: str) -> None:

@@ -29,11 +29,26 @@ from fleets.services.transitions import (
     state_move,
 )
 
+# `failing_since` not read by the caller: the service reads it.
+UNREAD: Any = object()
 
-def heartbeat_record(*, plan: BeatPlan, actor: str = "heartbeat") -> None:
+
+def heartbeat_record(
+    *,
+    plan: BeatPlan,
+    actor: str = "heartbeat",
+    seen_before: datetime | None = None,
+    failing_since: Any = UNREAD,
+) -> None:
     """Write every move of one beat with its events: slots, the domain, each model server,
     then the domain row's record (seen or failed). A row whose guard fails (moved since it was
-    read, or newer than the report) is left as it is and writes no event."""
+    read, or newer than the report) is left as it is and writes no event.
+
+    `seen_before`: a good sighting of the domain that an earlier, unchanged beat did not record
+    (`fleets.core.heartbeat_cadence`); a failure records it as `last_seen_at` (never moving it
+    back), so the outage starts when the host was last heard. `failing_since`: the domain's
+    `heartbeat_failing_since` as the caller read it (the record's guard; read here if not
+    given)."""
     for move in plan.slots:
         slot_mirror(
             slot_id=move.slot_id,
@@ -78,6 +93,7 @@ def heartbeat_record(*, plan: BeatPlan, actor: str = "heartbeat") -> None:
             seen_at=plan.observed_at,
             report=plan.seen.to_json(),
             gpus_read_at=plan.gpus_read_at,
+            failing_since=failing_since,
         )
     elif plan.failed is not None:
         domain_heartbeat_failed(
@@ -85,6 +101,7 @@ def heartbeat_record(*, plan: BeatPlan, actor: str = "heartbeat") -> None:
             fleet_id=plan.fleet_id,
             checked_at=plan.observed_at,
             error=read_error_json(plan.failed),
+            seen_before=seen_before,
         )
 
 
@@ -154,6 +171,7 @@ def domain_seen(
     report: dict[str, Any],
     gpus_read_at: datetime | None = None,
     actor: str = "heartbeat",
+    failing_since: Any = UNREAD,
 ) -> bool:
     """Record a successful heartbeat: `last_seen_at`, the report, and (when this beat stored a
     GPU memory answer) `gpus_read_at`, never moving time back; return whether it was recorded.
@@ -161,12 +179,14 @@ def domain_seen(
     Writes `domain.heartbeat.recovered` when the heartbeat had been failing. Guarded by the
     failing-since value read (a concurrent failure record makes this one lose, not mix) and by
     the last recorded heartbeat, good or bad: a success observed before it writes nothing.
+    `failing_since`: that value as the caller read it (the tick's snapshot), saving the read.
     """
-    failing_since = (
-        Domain.objects.filter(pk=domain_id)
-        .values_list("heartbeat_failing_since", flat=True)
-        .first()
-    )
+    if failing_since is UNREAD:
+        failing_since = (
+            Domain.objects.filter(pk=domain_id)
+            .values_list("heartbeat_failing_since", flat=True)
+            .first()
+        )
     stamped = {
         **report,
         "heartbeat": heartbeat_json(HeartbeatNote(ok=True, checked_at=seen_at)),
@@ -201,14 +221,15 @@ def domain_seen(
     # clear the failure, move `heartbeat_checked_at` back and report a recovery that did not
     # happen. A success and a failure taken at the same instant: the success wins (the
     # failure's guard is strict on `last_seen_at`).
-    moved = guarded_update(
+    guard = (
         Domain.objects.filter(pk=domain_id, heartbeat_failing_since=failing_since)
         .filter(not_newer("heartbeat_checked_at", seen_at, tie_wins=True))
-        .filter(not_newer("last_seen_at", seen_at)),
-        values,
-        *recovered,
+        .filter(not_newer("last_seen_at", seen_at))
     )
-    return bool(moved)
+    if not recovered:
+        # No event to write with it: the one UPDATE is its own transaction.
+        return bool(guard.update(**values))
+    return bool(guarded_update(guard, values, *recovered))
 
 
 def domain_heartbeat_failed(
@@ -218,8 +239,12 @@ def domain_heartbeat_failed(
     checked_at: datetime,
     error: dict[str, Any],
     actor: str = "heartbeat",
+    seen_before: datetime | None = None,
 ) -> bool:
     """Record a failed heartbeat; return whether it started failing with this one.
+
+    `seen_before`: the last good sighting not recorded yet (earlier than `checked_at`); it
+    becomes `last_seen_at` unless that is already as late.
 
     Edge-triggered on purpose: only the first failure writes `domain.heartbeat.failed` (a dead
     host would otherwise add an event every tick). Guarded like `domain_seen`: a failure taken
@@ -249,17 +274,24 @@ def domain_heartbeat_failed(
         "actor": actor,
         "data": error,
     }
+    values: dict[str, Any] = {
+        "heartbeat_checked_at": checked_at,
+        "heartbeat_failing_since": since,
+        "last_report": report,
+    }
+    if seen_before is not None and seen_before < checked_at:
+        # Never back: another process may have recorded a later sighting meanwhile.
+        values["last_seen_at"] = Case(
+            When(not_newer("last_seen_at", seen_before), then=Value(seen_before)),
+            default=F("last_seen_at"),
+        )
     # Guarded by the failing-since value read (so the edge is decided once) and by "newer than
     # every heartbeat recorded so far".
     moved = guarded_update(
         Domain.objects.filter(pk=domain_id, heartbeat_failing_since=failing_since)
         .filter(not_newer("heartbeat_checked_at", checked_at))
         .filter(not_newer("last_seen_at", checked_at)),
-        {
-            "heartbeat_checked_at": checked_at,
-            "heartbeat_failing_since": since,
-            "last_report": report,
-        },
+        values,
         *([failed] if started else []),
     )
     return bool(moved) and started

@@ -45,6 +45,7 @@ def test_defaults_match_the_design():
         "autoFailover": False,
         "restoreStandbyOnReturn": True,
         "heartbeatStaleMs": 30000,
+        "standbyHeartbeatMs": 10000,
         "degradedGraceMs": 60000,
         "trainingStopGraceMs": 30000,
         "failoverTrainingStopGraceMs": 1,
@@ -144,9 +145,11 @@ def test_resolve_maps_every_camel_case_key_to_its_field():
         "servingCheckTimeoutMs": 750,
         "dataPathConfirmIntervalMs": 120,
         "flapMaxFailovers": 3,
+        "standbyHeartbeatMs": 20000,
     }
     policy = Policy.resolve(raw)
     assert policy.to_json() == raw
+    assert policy.standby_heartbeat_ms == 20000
     assert policy.flap_max_failovers == 3
     assert (policy.checkpoint_max_age_ms, policy.drill_max_age_ms) == (60000, 86400000)
     assert policy.rto_ms == 45000

@@ -6,7 +6,9 @@ import threading
 
 import pytest
 
+from fleets.core.heartbeat_cadence import standby_every
 from fleets.models import Domain
+from fleets.reads.selectors import fleet_view
 from fleets.reconciler.supervisor import peers, transport
 from fleets.reconciler.tick import fleet_tick
 from tests.reconciler.fakes import standby_posture_fleet
@@ -44,6 +46,17 @@ def tick(fleet):
         return fleet_tick(fleet_id=fleet.id, **kwargs)
 
     return run
+
+
+@pytest.fixture
+def standby_due(fleet, fake_clock):
+    """Move the fake clock on until a healthy standby is asked again: an idle fleet asks it
+    every `standbyHeartbeatMs`, not every tick (fleets.core.heartbeat_cadence)."""
+
+    def advance() -> None:
+        fake_clock.advance(seconds=standby_every(fleet_view(fleet).policy).total_seconds())
+
+    return advance
 
 
 @pytest.fixture

@@ -12,9 +12,11 @@ import time
 
 import pytest
 
+from fleets.core.heartbeat_cadence import standby_every
 from fleets.dashboard.selectors import fleet_page
 from fleets.metrics import reconcile as fleet_metrics
 from fleets.models import Domain, Event
+from fleets.reads.selectors import fleet_view
 from fleets.reconciler import heartbeat
 from fleets.reconciler.heartbeat import pending_gpu_read
 from tests.reconciler.fakes import CONTEXT_MIB, TOTAL_MIB, TRAINER_MIB, WEIGHTS_MIB
@@ -45,6 +47,11 @@ def settle(tick, domains, fake_clock):
         tick()
 
     return run
+
+
+def standby_due_ms(fleet) -> float:
+    """How long until a healthy standby is asked again (`fleets.core.heartbeat_cadence`)."""
+    return standby_every(fleet_view(fleet).policy).total_seconds() * 1000
 
 
 def gpu_errors(kind: str, status_label: str = "gpu_memory") -> float:
@@ -137,7 +144,7 @@ def test_a_failed_gpu_read_keeps_the_last_bars_and_says_why(
     settle()
     before = report("west")
     setattr(hosts.hosts["west"], fault, True)
-    fake_clock.advance(ms=heartbeat.GPU_MEMORY_EVERY_MS)
+    fake_clock.advance(ms=heartbeat.GPU_MEMORY_IDLE_EVERY_MS)
 
     settle()
 
@@ -153,7 +160,7 @@ def test_a_status_failure_decides_reachability_whatever_the_gpu_read_says(
 ):
     tick()
     hosts.hosts["west"].bad_body = True  # every answer off the contract, the GPU one included
-    fake_clock.advance(ms=100)
+    fake_clock.advance(ms=standby_due_ms(fleet))  # a healthy standby is asked at that pace
     tick()
     assert Domain.objects.get(slug="west").state == "degraded"
     assert report("west")["heartbeat"]["ok"] is False
@@ -166,7 +173,7 @@ def test_gpu_reads_are_spaced_per_domain(fleet, settle, tick, hosts, fake_clock,
         fake_clock.advance(ms=100)
         tick()
     assert hosts.hosts["west"].calls["GET /v1/gpu/memory"] == asked
-    fake_clock.advance(ms=heartbeat.GPU_MEMORY_EVERY_MS)
+    fake_clock.advance(ms=heartbeat.GPU_MEMORY_IDLE_EVERY_MS)
     asked_at = fake_clock.now()
     settle()
     assert hosts.hosts["west"].calls["GET /v1/gpu/memory"] == asked + 1
@@ -179,18 +186,18 @@ def test_gpu_memory_is_not_asked_of_a_host_whose_heartbeat_fails(
     settle()
     west = hosts.hosts["west"]
     west.down = True
-    fake_clock.advance(ms=heartbeat.GPU_MEMORY_EVERY_MS)
+    fake_clock.advance(ms=heartbeat.GPU_MEMORY_IDLE_EVERY_MS)
     settle()  # the first failing beat still asked (both calls leave together)
     asked = west.calls["GET /v1/gpu/memory"]
     for _ in range(3):
-        fake_clock.advance(ms=heartbeat.GPU_MEMORY_EVERY_MS)
+        fake_clock.advance(ms=heartbeat.GPU_MEMORY_IDLE_EVERY_MS)
         tick()
     assert west.calls["GET /v1/gpu/memory"] == asked  # only the status call, once a beat
     assert report("west")["heartbeat"]["ok"] is False
 
     west.down = False
-    settle()  # status good again: GPU memory from the beat after
-    fake_clock.advance(ms=100)
+    settle()  # status good again: GPU memory from the standby's next beat that records
+    fake_clock.advance(ms=standby_due_ms(fleet))
     settle()
     assert west.calls["GET /v1/gpu/memory"] == asked + 1
     assert "gpusError" not in report("west")

@@ -48,12 +48,13 @@ def test_an_active_with_a_sleeping_model_is_degraded_then_recovers(fleet, tick, 
     assert state("east") == "ready"
 
 
-def test_an_awake_standby_is_not_in_standby_posture(fleet, tick, hosts):
+def test_an_awake_standby_is_not_in_standby_posture(fleet, tick, hosts, standby_due):
     # Only the mirror here: the reconciler's own restore would put the models back to sleep.
     fleet.policy = {**fleet.policy, "restoreStandbyOnReturn": False}
     fleet.save(update_fields=["policy"])
     tick()
     hosts.hosts["west"].models["llama-small"] = False
+    standby_due()
     tick()
     assert state("west", "inference") == "failed"
     hosts.hosts["west"].models["llama-small"] = True
@@ -61,10 +62,13 @@ def test_an_awake_standby_is_not_in_standby_posture(fleet, tick, hosts):
     assert state("west", "inference") == "sleeping"
 
 
-def test_an_unreachable_domain_is_degraded_and_reported_once(fleet, tick, hosts, fake_clock):
+def test_an_unreachable_domain_is_degraded_and_reported_once(
+    fleet, tick, hosts, fake_clock, standby_due
+):
     tick()
     seen = Domain.objects.get(slug="west").last_seen_at
     hosts.hosts["west"].down = True
+    standby_due()  # a healthy standby is asked at its own pace; once failing, every tick
     for _ in range(3):
         fake_clock.advance(ms=100)
         tick()

@@ -72,10 +72,13 @@ def test_a_stopping_process_runs_no_tick(fleet, tick, hosts, domains):
 
 
 @pytest.mark.parametrize("n", [1, 2])
-def test_a_tick_the_stop_interrupts_writes_nothing_it_saw(fleet, tick, hosts, domains, n):
+def test_a_tick_the_stop_interrupts_writes_nothing_it_saw(
+    fleet, tick, hosts, domains, n, standby_due
+):
     # The stop begins inside the heartbeat round (one status call per host), and the hosts stop
     # with the control plane: every call from then on is refused.
     tick()
+    standby_due()  # both hosts are asked this round, the healthy standby too
     seen = stop_at_call(hosts, n)
 
     result = tick_run(fleet_id=fleet.id, poll_s=0)

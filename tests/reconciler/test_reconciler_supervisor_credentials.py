@@ -117,13 +117,14 @@ def test_the_shared_token_alone_still_works_and_warns(fleet, tick, hosts, seen, 
 
 
 def test_migration_sends_the_shared_token_only_to_a_supervisor_not_yet_migrated(
-    fleet, tick, hosts, seen, settings, caplog
+    fleet, tick, hosts, seen, settings, caplog, standby_due
 ):
     configure(settings, supervisor_master_key=MASTER, supervisor_token=SHARED)
     hosts.hosts["east"].token = own_token("east")  # migrated
     hosts.hosts["west"].token = SHARED  # not yet
     with caplog.at_level(logging.WARNING, logger="fleets.base.supervisor_tokens"):
         tick()
+        standby_due()  # the standby, healthy now, is asked again at its own pace
         tick()
     assert Domain.objects.get(slug="east").last_report["heartbeat"]["ok"] is True
     assert Domain.objects.get(slug="west").last_report["heartbeat"]["ok"] is True
@@ -144,7 +145,9 @@ def test_migration_sends_the_shared_token_only_to_a_supervisor_not_yet_migrated(
     # West is given its own token: the next refusal of the shared one switches back for good.
     hosts.hosts["west"].token = own_token("west")
     seen.status["west"].clear()
+    standby_due()
     tick()
+    standby_due()
     tick()
     status = seen.status["west"]
     assert status[:2] == [f"Bearer {SHARED}", f"Bearer {own_token('west')}"]
