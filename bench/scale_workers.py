@@ -21,6 +21,9 @@ while it has a tick in flight, waits, stops the others and reads the records:
   counts as running until the kill). Must be 0.
 - `handover_s`: from the kill until every fleet the killed worker ticked last was ticked again
   by another worker. Must be within one lease (`lease_s`) plus the skipped tick's retry slack.
+- `survivor_lateness_max_s`: the latest any periodic tick of the surviving workers started (its
+  start less the fleet's previous tick's end and one interval): on a loaded machine a handed-over
+  fleet waits that long too, beyond its lease.
 - `inflight_wait_s`: for the fleets it held at the kill, from that tick's start to the next
   tick: at least one lease less the time before that start, since a dead holder on another
   host is waited out, not taken over at once.
@@ -50,9 +53,10 @@ sys.path.insert(0, str(ROOT))
 
 from haru.local.processes import kill_group, log_tail, spawn, wait_for  # noqa: E402
 
-# A skipped tick looks again this long after the holder's deadline
-# (fleets/reconciler/tick.py LEASE_RETRY_SLACK_MS), plus the loop's own scheduling.
-HANDOVER_SLACK_S = 0.5
+# What a handover may take beyond one lease: the skipped tick looks again 250 ms after the
+# holder's deadline (fleets/reconciler/tick.py LEASE_RETRY_SLACK_MS), then the survivor's loop
+# must start it (measured up to 0.36 s later with eight engineers' jobs on two cores).
+HANDOVER_SLACK_S = 1.0
 # What the workers' environment must not inherit: each worker is its own host.
 _DROP = ("HARU_VAR_DIR", "PROMETHEUS_MULTIPROC_DIR", "HARU_PROMETHEUS_MULTIPROC_DIR", "REDIS_URL")
 _HOST_ID_ENV = "HARU_BENCH_HOST_ID"
@@ -105,6 +109,8 @@ class Worker:
         kill_group(self.proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(10)
+        with self.record.open("a") as out:  # the records stay readable on their own
+            out.write(f"killed {self.killed_at:.6f}\n")
         return self.killed_at
 
     def stop(self) -> None:
@@ -211,6 +217,24 @@ def double_ticks_count(ticks: Iterable[Tick]) -> int:
     return pairs
 
 
+def lateness_s(ticks: Iterable[Tick], interval_s: float, *, skip: str = "") -> list[float]:
+    """How late each periodic tick started: its start less (the fleet's previous tick's end plus
+    one interval), for consecutive ticks of one fleet both run by workers other than `skip`.
+    What every fleet waited on this machine at that load, handed over or not."""
+    by_fleet: dict[str, list[Tick]] = defaultdict(list)
+    for tick in ticks:
+        by_fleet[tick.fleet].append(tick)
+    out = []
+    for runs in by_fleet.values():
+        runs.sort(key=lambda t: t.start)
+        out.extend(
+            max(0.0, b.start - a.end - interval_s)
+            for a, b in zip(runs, runs[1:], strict=False)
+            if skip not in (a.worker, b.worker) and not a.cut
+        )
+    return out
+
+
 @dataclass
 class Handover:
     handover_s: float | None = None  # None: some fleet was not ticked again
@@ -253,9 +277,10 @@ def workers_run(
 ) -> dict:
     """Run `workers` workers over the seeded fleets, kill one mid-tick, and measure.
 
-    Returns `workers`, `namespaces`, `hosts`, `interval_s`, `lease_s`, `ticks`, `double_ticks`,
-    and with two or more workers `handover_s`, `handover_fleets`, `inflight_at_kill` and
-    `inflight_wait_s` (see the module's docstring).
+    Returns `workers`, `namespaces`, `hosts`, `interval_s`, `lease_s`, `ticks`,
+    `ticks_by_worker`, `double_ticks`,
+    and with two or more workers `handover_s`, `handover_fleets`, `inflight_at_kill`,
+    `inflight_wait_s` and `survivor_lateness_max_s` (see the module's docstring).
     """
     with contextlib.ExitStack() as stack:
         if workdir is None:
@@ -278,7 +303,13 @@ def workers_run(
                 while not victim.in_flight() and time.monotonic() < deadline:
                     time.sleep(0.005)
                 victim.kill()
-                time.sleep(lease_ms / 1000 + 2 * interval_ms / 1000 + HANDOVER_SLACK_S)
+                # Until every fleet it ticked last is ticked again, or well past one lease (a
+                # fleet still waiting then is reported as starved: handover_s None).
+                cap = time.monotonic() + lease_ms / 1000 + 4 * interval_ms / 1000
+                while time.monotonic() < cap:
+                    time.sleep(0.1)
+                    if handover_measure(ticks_read(started), victim).handover_s is not None:
+                        break
         finally:
             for worker in started:
                 worker.stop()
@@ -290,11 +321,15 @@ def workers_run(
             "interval_s": interval_ms / 1000,
             "lease_s": lease_ms / 1000,
             "ticks": len(ticks),
+            "ticks_by_worker": {w.name: sum(t.worker == w.name for t in ticks) for w in started},
             "double_ticks": double_ticks_count(ticks),
         }
         if victim is not None:
             handover = handover_measure(ticks, victim)
+            late = sorted(lateness_s(ticks, interval_ms / 1000, skip=victim.name))
             out.update(
+                # The survivors' own ticks: how late any fleet was ticked at this load.
+                survivor_lateness_max_s=round(late[-1], 3) if late else None,
                 handover_s=handover.handover_s,
                 handover_fleets=handover.fleets,
                 inflight_at_kill=handover.inflight,
@@ -321,7 +356,7 @@ def _worker_main(record: Path) -> None:
     django.setup()
     from django.core.management import call_command  # noqa: PLC0415
 
-    from fleets.reconciler import locks, tick  # noqa: PLC0415
+    from fleets.reconciler import locks, loop, tick  # noqa: PLC0415
 
     if os.environ.get(_HOST_ID_ENV):
         # No namespaces here: a distinct host identity, so a killed worker's lease is waited
@@ -344,6 +379,16 @@ def _worker_main(record: Path) -> None:
             write(f"end {fleet_id} {time.time():.6f}")
 
     tick.fleet_tick = recorded
+    run = loop.tick_run
+
+    def run_recorded(*, fleet_id, **kwargs):
+        # A skipped tick (another worker holds the lease): when, and when it will look again.
+        result = run(fleet_id=fleet_id, **kwargs)
+        if not result.ran:
+            write(f"skip {fleet_id} {time.time():.6f} {result.nudge_ms}")
+        return result
+
+    loop.tick_run = run_recorded
     call_command("reconcile", "--loop")
 
 

@@ -5,7 +5,7 @@ outcome) is read from the database at scrape time by `StateCollector`, and so ar
 failover durations (`fleets.metrics.history`), so every server replica reports the
 same numbers whichever process ran the tick. Tick counts and durations and supervisor call
 errors are observed where the tick runs (the server's loop in the embedded default; a Celery
-worker in production, see KNOWN_ISSUES.md).
+worker in production, whose host a server's /metrics or `manage.py metrics_host` sums).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from django.db import close_old_connections
 from fleets.base import stopping
 from fleets.reconciler.dispatch import dispatch_plan
 from fleets.reconciler.provision import fleet_provision_tick
-from fleets.reconciler.tick import tick_run
+from fleets.reconciler.tick import LEASE_RETRY_SLACK_MS, tick_run
 
 log = logging.getLogger(__name__)
 
@@ -109,15 +109,20 @@ class ReconcileLoop:
             close_old_connections()
         now = time.monotonic()
         ids = set(plan.ids())
+        # Held: look again when the lease runs out (a dead holder is taken over then). Ticked a
+        # moment ago by another process: one interval after that tick. Both are re-read at the
+        # next refresh, so a holder that gives the fleet back early brings it forward again.
+        later = {fid: wait_s + LEASE_RETRY_SLACK_MS / 1000 for fid, wait_s in plan.held.items()}
+        later |= plan.recent
         with self._cond:
             for fid in plan.now:
+                # Deferred at an earlier refresh for a lease since given back: due now.
+                if self._due.get(fid, now) > now + self.interval_s and fid not in self._asked:
+                    self._due[fid] = now
                 self._due.setdefault(fid, now)
-            for fid, wait_s in (plan.held | plan.recent).items():
-                if fid in self._running or fid in self._asked:
-                    continue
-                # Held: look again when the lease runs out (a dead holder is taken over then).
-                # Ticked a moment ago by another process: one interval after that tick.
-                self._due[fid] = max(self._due.get(fid, now), now + wait_s)
+            for fid, wait_s in later.items():
+                if fid not in self._running and fid not in self._asked:
+                    self._due[fid] = now + wait_s
             for fid in list(self._due):
                 if fid not in ids and fid not in self._running:
                     del self._due[fid]

@@ -14,6 +14,7 @@ from fleets.models import Fleet, Lease
 from fleets.reconciler.dispatch import dispatch_plan
 from fleets.reconciler.locks import tick_lease_name
 from fleets.reconciler.loop import ReconcileLoop
+from fleets.reconciler.tick import LEASE_RETRY_SLACK_MS
 from fleets.services.leases import lease_acquire, lease_release
 
 OTHER_HOST = "worker-b:4026532176:812:9c1f2e7a3b4d"
@@ -118,7 +119,8 @@ def test_beat_sends_a_provisioning_pass_only_to_fleets_with_a_managed_domain(
     assert provisions == [[str(fleet.id)]]
 
 
-@pytest.mark.django_db
+# Transactional: the loop closes its connection after each refresh, as between its ticks.
+@pytest.mark.django_db(transaction=True)
 def test_the_loop_defers_a_fleet_another_process_holds_or_just_ticked(fake_clock):
     held, recent, free, kicked = _fleets(4)
     _held(held, for_s=12)
@@ -132,10 +134,29 @@ def test_the_loop_defers_a_fleet_another_process_holds_or_just_ticked(fake_clock
         due = {fid: when - started for fid, when in loop._due.items()}
     finally:
         loop.stop()
-    assert due[held] == pytest.approx(12, abs=0.5)
+    assert due[held] == pytest.approx(12 + LEASE_RETRY_SLACK_MS / 1000, abs=0.5)
     assert due[recent] == pytest.approx(4, abs=0.5)
     assert due[free] == pytest.approx(0, abs=0.5)
     assert due[kicked] == pytest.approx(0, abs=0.5)
+
+
+# Transactional: the loop closes its connection after each refresh, as between its ticks.
+@pytest.mark.django_db(transaction=True)
+def test_the_loop_brings_a_deferred_fleet_forward_once_its_holder_gives_it_back(fake_clock):
+    (fleet_id,) = _fleets(1)
+    _held(fleet_id, for_s=15)
+    loop = ReconcileLoop(interval_ms=5000)
+    try:
+        loop._refresh()
+        assert loop._due[fleet_id] - time.monotonic() > 10  # waits for the lease's deadline
+        # The holder (a live worker) finishes its tick; a few seconds pass.
+        assert lease_release(name=tick_lease_name(fleet_id), holder=OTHER_HOST, now=clock.now())
+        fake_clock.advance(seconds=3)
+        loop._refresh()
+        due = loop._due[fleet_id] - time.monotonic()
+    finally:
+        loop.stop()
+    assert due == pytest.approx(0, abs=0.5)
 
 
 @pytest.mark.postgres

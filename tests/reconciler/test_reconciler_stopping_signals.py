@@ -20,6 +20,7 @@ from fleets import tasks  # noqa: F401 - connects the Celery receivers under tes
 from fleets.base import stopping
 from fleets.proxy.drain import DRAIN
 from fleets.reconciler import datapath, kick
+from fleets.reconciler.dispatch import DispatchPlan
 from fleets.reconciler.loop import ReconcileLoop
 from fleets.server.shutdown import StoppingServer
 
@@ -96,7 +97,9 @@ def test_the_loop_starts_no_tick_while_the_process_stops(monkeypatch):
         "fleets.reconciler.loop.fleet_provision_tick",
         lambda **kw: ticked.append(f"provision {kw['fleet_id']}"),
     )
-    monkeypatch.setattr("fleets.reconciler.loop.fleets_to_reconcile", lambda _sel: ["f1"])
+    monkeypatch.setattr(
+        "fleets.reconciler.loop.dispatch_plan", lambda _sel, **_kw: DispatchPlan(now=["f1"])
+    )
     stopping.begin()
     loop = ReconcileLoop(interval_ms=20).start()
     try:
