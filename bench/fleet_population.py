@@ -67,6 +67,7 @@ def populate(count: int, *, prefix: str = "scale", now: datetime | None = None) 
     """Write `count` fleets named `<prefix>-0000`... and return them, by slug."""
     from fleets.base import clock  # noqa: PLC0415 - needs Django set up
     from fleets.core.states import (  # noqa: PLC0415
+        FAILOVER_PATH,
         DomainState,
         OperationKind,
         OperationState,
@@ -131,21 +132,13 @@ def populate(count: int, *, prefix: str = "scale", now: datetime | None = None) 
         active, standby = (new_domain[d.id] for d in t_domains[:2])
         actives[fleet.id] = active.id  # set once the domains are written (a foreign key)
         ops.append(_promotion(fleet, standby, active, now - timedelta(hours=index % 48 + 1)))
-        for step, ms in (("stop_training", 120), ("wake", 900), ("probe", 300)):
-            events.append(
-                Event(
-                    fleet_id=fleet.id,
-                    operation_id=ops[-1].id,
-                    kind="operation.step.done",
-                    step=step,
-                    duration_ms=ms,
-                    created_at=ops[-1].finished_at,
-                )
-            )
+        events += _step_events(fleet, ops[-1], FAILOVER_PATH)
         if index % 3 == 0:
             drill = _promotion(fleet, standby, active, now - timedelta(hours=2))
             drill.kind, drill.drill_mode, drill.reason = OperationKind.DRILL, "check", "drill"
+            drill.routing_committed, drill.served_at = False, None
             ops.append(drill)
+            events += _step_events(fleet, drill, FAILOVER_PATH[:-1])
         if hard["in_operation"]:
             busy = _promotion(fleet, standby, active, now)
             busy.state, busy.current_step = OperationState.RUNNING, "wake"
@@ -184,6 +177,26 @@ def _promotion(fleet: Any, target: Any, source: Any, finished: datetime) -> Any:
         served_at=finished - timedelta(seconds=1),
         finished_at=finished,
     )
+
+
+# Each step's duration in a populated fleet's history (ms).
+_STEP_MS = {"stop_training": 120, "verify_gpu": 40, "wake": 900, "probe": 300, "switch_route": 15}
+
+
+def _step_events(fleet: Any, op: Any, steps: tuple[str, ...]) -> list[Any]:
+    from fleets.models import Event  # noqa: PLC0415 - needs Django set up
+
+    return [
+        Event(
+            fleet_id=fleet.id,
+            operation_id=op.id,
+            kind="operation.step.done",
+            step=step,
+            duration_ms=_STEP_MS[step],
+            created_at=op.finished_at,
+        )
+        for step in steps
+    ]
 
 
 def touch_heartbeats(prefix: str = "scale") -> int:

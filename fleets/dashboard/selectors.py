@@ -563,7 +563,7 @@ def overview_page(
     visible: frozenset[str] | None,
     text: str | None = None,
     status: FleetStatus | None = None,
-    page: object = 1,
+    page: int | str | None = 1,
     per_page: int = OVERVIEW_PAGE_SIZE,
 ) -> dict[str, Any]:
     """Return one page of the overview: the fleets `visible` (None: every fleet) whose slug or

@@ -22,9 +22,8 @@ from prometheus_client.metrics_core import Metric
 from fleets.base import clock
 from fleets.core.failover import escalation_held
 from fleets.core.flapping import flap_damping
-from fleets.metrics.scrape import read_store
-from fleets.models import Fleet
-from fleets.reads.fleet_list import failover_commits_by_fleet, fleet_rows
+from fleets.metrics.scrape import read_store, shared
+from fleets.reads.fleet_list import FLEET_ROWS, every_fleet_rows, failover_commits_by_fleet
 
 _FAMILIES: dict[str, tuple[str, list[str]]] = {
     "haru_fleet_failover_damped": (
@@ -69,7 +68,7 @@ class FailoverGuardCollector:
         f = _families()
         now = clock.now()
         # Every fleet read at once (fleets/reads/fleet_list.py), not four queries a fleet.
-        rows = fleet_rows(Fleet.objects.order_by("slug"))
+        rows = shared(FLEET_ROWS, every_fleet_rows)
         commits_of = failover_commits_by_fleet(rows, now)
         for fleet in rows.fleets:
             view = rows.view(fleet)

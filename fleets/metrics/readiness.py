@@ -19,11 +19,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from fleets.base import clock
-from fleets.core.policy import Policy
 from fleets.core.readiness import ReadinessVerdict
-from fleets.metrics.scrape import read_store
-from fleets.models import Fleet
-from fleets.reads.fleet_list import fleet_rows, last_drills, readinesses
+from fleets.metrics.scrape import read_store, shared
+from fleets.reads.fleet_list import FLEET_ROWS, every_fleet_rows, last_drills, readinesses
 from fleets.reads.readiness import drill_facts
 from fleets.reads.recovery import recovery_samples_of, summaries
 
@@ -79,10 +77,13 @@ class ReadinessCollector:
         # (fleets/reads/fleet_list.py): one set per fleet made a scrape of 1,000 take seconds.
         f = _families()
         now = clock.now()
-        fleets = list(Fleet.objects.order_by("slug"))
-        verdicts = readinesses(fleet_rows(fleets), now)
+        rows = shared(FLEET_ROWS, every_fleet_rows)
+        fleets = rows.fleets
+        verdicts = readinesses(rows, now)
         drills = last_drills([fleet.pk for fleet in fleets])
-        samples = recovery_samples_of(fleets)
+        samples = recovery_samples_of(
+            fleets, policies={fleet.pk: rows.view(fleet).policy for fleet in fleets}
+        )
         for fleet in fleets:
             verdict = verdicts[fleet.pk].verdict
             for v in ReadinessVerdict:
@@ -100,6 +101,6 @@ class ReadinessCollector:
                 for q, ms in (("0.5", summary.p50_ms), ("0.95", summary.p95_ms)):
                     if ms is not None:
                         f["haru_recovery_seconds"].add_metric([fleet.slug, kind, q], ms / 1000)
-            rto = Policy.resolve(fleet.policy).rto_ms
+            rto = rows.view(fleet).policy.rto_ms
             f["haru_recovery_objective_seconds"].add_metric([fleet.slug], rto / 1000)
         return f

@@ -25,10 +25,11 @@ T = TypeVar("T")
 class Scrape:
     """A scrape under way: whether its reads already found the database away."""
 
-    __slots__ = ("store_down",)
+    __slots__ = ("shared", "store_down")
 
     def __init__(self) -> None:
         self.store_down = False
+        self.shared: dict[str, object] = {}
 
 
 _current: ContextVar[Scrape | None] = ContextVar("haru_metrics_scrape", default=None)
@@ -67,3 +68,15 @@ def read_store(what: str, read: Callable[[], T]) -> T | None:
         else:
             log.warning("metrics: %s unreadable", what, exc_info=True)
         return None
+
+
+def shared(key: str, read: Callable[[], T]) -> T:
+    """What `read` returns, read once per scrape for every collector that asks by `key` (the
+    rows of every fleet: several collectors judge them, one read is enough); read afresh
+    outside a scrape."""
+    current = _current.get()
+    if current is None:
+        return read()
+    if key not in current.shared:
+        current.shared[key] = read()
+    return current.shared[key]  # type: ignore[return-value]

@@ -6,7 +6,9 @@ filter, so it lives below all of them (the dashboard renders it, the API filters
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
+from typing import Any
 
 from fleets.core.failover import escalation_held, is_stale, is_viable_standby
 from fleets.core.flapping import Damping
@@ -109,7 +111,19 @@ def heartbeat_error(report: DomainReport) -> str | None:
     return (message or "unreachable")[:120]
 
 
-def heartbeat_errors(domains) -> dict[str, str]:
-    """Map domain id to the message of its failing heartbeat (domains whose last one failed)."""
-    errors = {str(d.id): heartbeat_error(read_report(d.last_report)) for d in domains}
+# The last report's heartbeat note, as a list reads it (`values_list` of the key, not the report).
+HEARTBEAT_NOTE = "last_report__heartbeat"
+
+
+def _stored_report(domain: Any) -> Any:
+    """The domain's stored report, or as much of it as was read (the heartbeat's note)."""
+    if hasattr(domain, HEARTBEAT_NOTE):
+        return {"heartbeat": getattr(domain, HEARTBEAT_NOTE)}
+    return domain.last_report
+
+
+def heartbeat_errors(domains: Iterable[Any]) -> dict[str, str]:
+    """Map domain id to the message of its failing heartbeat (domains whose last one failed).
+    Domains are model instances or rows that read only the report's heartbeat note."""
+    errors = {str(d.id): heartbeat_error(read_report(_stored_report(d))) for d in domains}
     return {domain_id: message for domain_id, message in errors.items() if message is not None}

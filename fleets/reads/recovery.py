@@ -52,12 +52,17 @@ def recovery_samples(fleet: Fleet, window: int = RECOVERY_WINDOW) -> list[Recove
 
 
 def recovery_samples_of(
-    fleets: list[Fleet], window: int = RECOVERY_WINDOW
+    fleets: list[Fleet],
+    window: int = RECOVERY_WINDOW,
+    policies: dict[Any, Policy] | None = None,
 ) -> dict[Any, list[RecoverySample]]:
     """`recovery_samples` of each of `fleets`, in four queries whatever their number: the
     newest `window` per fleet are picked by the database (a window function), not by reading
-    every operation a long history holds."""
-    bounds = {f.pk: Policy.resolve(f.policy).heartbeat_stale_ms for f in fleets}
+    every operation a long history holds. `policies`: each fleet's, already resolved."""
+    bounds = {
+        f.pk: (policies[f.pk] if policies else Policy.resolve(f.policy)).heartbeat_stale_ms
+        for f in fleets
+    }
     out: dict[Any, list[RecoverySample]] = {f.pk: [] for f in fleets}
     if not fleets:
         return out

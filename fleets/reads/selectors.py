@@ -5,6 +5,7 @@ The JSON shapes themselves are rendered by `fleets/reads/shapes.py`."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -72,11 +73,12 @@ def fleet_view(fleet: Fleet | str) -> FleetView:
 
 
 def view_of(
-    fleet: Fleet, domains: list[Domain], slots: list[Slot], bindings: list[ModelBinding]
+    fleet: Fleet, domains: Sequence[Any], slots: Sequence[Any], bindings: Sequence[Any]
 ) -> FleetView:
     """Build the core's view of `fleet` from its rows, already read (one fleet's, or more:
     the rows of other fleets' domains are ignored), so a list of fleets reads each table once
-    (fleets/reads/fleet_list.py)."""
+    (fleets/reads/fleet_list.py). Rows are model instances or anything with their attributes
+    (the list's named tuples)."""
     domains = [d for d in domains if d.fleet_id == fleet.pk]
     own = {d.id for d in domains}
     slot_by_id = {s.id: s for s in slots if s.domain_id in own}
