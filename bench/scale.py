@@ -198,7 +198,14 @@ class Workers:
             while not victim.in_flight() and time.monotonic() < deadline:
                 time.sleep(0.005)
             victim.kill()
-            time.sleep(self.lease_ms / 1000 + 2 * interval_s + self.module.HANDOVER_SLACK_S)
+            # As bench/scale_workers.py's own run: until every fleet it ticked last is ticked
+            # again, or well past one lease (then handover_s is None: starved).
+            cap = time.monotonic() + self.lease_ms / 1000 + 4 * interval_s
+            while time.monotonic() < cap:
+                time.sleep(0.1)
+                ticks = self.module.ticks_read(self.ticking)
+                if self.module.handover_measure(ticks, victim).handover_s is not None:
+                    break
         for worker in self.ticking:
             worker.stop()
         ticks = self.module.ticks_read(self.ticking)
