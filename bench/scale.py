@@ -467,10 +467,10 @@ def _ratio(part: int, whole: int) -> float | None:
 def print_table(runs: list[dict[str, Any]]) -> None:
     head = ["", *(f"{r['fleets']}x{r['workers']}w" for r in runs)]
     width = max(len(f) for f in FIELDS) + 2
-    print("".join([head[0].ljust(width), *(h.rjust(12) for h in head[1:])]))
+    print("".join([head[0].ljust(width), *(h.rjust(14) for h in head[1:])]))
     for field in FIELDS[:-1]:  # all but the notes, printed below
         cells = ["not measured" if r.get(field) is None else str(r[field]) for r in runs]
-        print("".join([field.ljust(width), *(c.rjust(12) for c in cells)]))
+        print("".join([field.ljust(width), *(c.rjust(14) for c in cells)]))
     for run, name in zip(runs, head[1:], strict=True):
         if run.get("notes"):
             print(f"note ({name}): {run['notes']}")
