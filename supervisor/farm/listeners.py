@@ -1,8 +1,9 @@
 """One loopback listener per app of the farm, with the faults a host or its network shows.
 
-Each listener serves one ASGI app on its own port (of the farm's loopback address) through uvicorn's HTTP protocol (the
-supervisor's through its HTTP edge, `common.edge`), with no `uvicorn.Server` around it: a
-server per port would cost a main loop and a signal handler each, and the farm holds thousands.
+Each listener serves one ASGI app on its own port (of the farm's loopback address) through
+uvicorn's HTTP protocol (the supervisor's through its HTTP edge, `common.edge`), with no
+`uvicorn.Server` around it: a server per port would cost a main loop and a signal handler
+each, and the farm holds thousands.
 
 Faults, per listener:
 - `crash`: stop listening and drop every open connection; a new connection is refused.
