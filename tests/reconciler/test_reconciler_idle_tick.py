@@ -10,10 +10,12 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from fleets.core.heartbeat_cadence import record_every, standby_every
-from fleets.models import Domain, Lease
+from fleets.models import Domain, Lease, Operation
 from fleets.reads.selectors import fleet_view
+from fleets.reads.tick_snapshot import lookback
 from fleets.reconciler.locks import TickLease, tick_lease_name, tick_lease_s
 from fleets.reconciler.tick import tick_run
+from fleets.services.operations import operation_request
 
 pytestmark = pytest.mark.django_db
 
@@ -121,3 +123,24 @@ def test_taking_a_free_lease_is_one_statement_that_names_whom_it_took_over_from(
     assert second.last_held_at == fake_clock.now() - timedelta(seconds=tick_lease_s() + 1)
     row = Lease.objects.get(name=name)
     assert (row.holder, row.previous_holder) == (second.holder, first.holder)
+
+
+def test_a_fleet_with_a_recent_operation_takes_the_full_path_until_it_is_quiet_again(
+    fleet, fake_clock, domains
+):
+    settled(fleet, fake_clock)
+    op = operation_request(fleet=fleet, kind="demote", target_domain_id=domains()["west"].id)
+    Operation.objects.filter(pk=op.operation.id).update(
+        state="succeeded", finished_at=fake_clock.now()
+    )
+    fake_clock.advance(ms=100)
+    with CaptureQueriesContext(connection) as queries:
+        ticked(fleet)
+    assert len(queries) > 6  # backoff, damping and restore read what the operation left
+
+    fake_clock.advance(seconds=lookback(fleet_view(fleet).policy).total_seconds())
+    settled(fleet, fake_clock)
+    fake_clock.advance(ms=100)
+    with CaptureQueriesContext(connection) as queries:
+        ticked(fleet)
+    assert len([q for q in queries if not q["sql"].startswith(("BEGIN", "SAVEPOINT"))]) <= 6
