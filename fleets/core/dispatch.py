@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-# A fleet given back less than this share of an interval ago was ticked by another worker (or a
-# kick) a moment ago: its next periodic tick is one interval after that one. Half an interval:
-# a tick that ended late in the previous beat is never mistaken for this beat's.
+# A fleet whose last tick started less than this share of an interval ago was ticked by another
+# worker (or a kick) a moment ago: its next periodic tick is one interval after that start.
+# Counted from the start, not the release: a tick that takes longer than half an interval
+# (a loaded machine) must not make every other beat skip the fleet.
 RECENT_SHARE = 0.5
 
 
@@ -23,23 +24,28 @@ class TickLeaseRow:
 
     holder: str
     expires_at: datetime | None
+    acquired_at: datetime | None = None  # when the last (or current) holder took it
 
 
 def tick_due_in(row: TickLeaseRow | None, *, now: datetime, interval_s: float) -> float:
     """Seconds from `now` until a periodic tick of the fleet is worth sending (0: now).
 
     Held, not run out: when the holder's lease runs out (a holder that died is taken over then,
-    so a dead worker's fleets are ticked again within one lease). Given back less than half an
-    interval ago: one interval after that tick. Otherwise (never held, given back long enough
-    ago, or a holder whose lease ran out): now.
+    so a dead worker's fleets are ticked again within one lease). Given back, its tick started
+    less than half an interval ago: one interval after that start. Otherwise (never held, ticked
+    long enough ago, or a holder whose lease ran out): now.
     """
-    if row is None or row.expires_at is None:
+    if row is None:
         return 0.0
-    since = (now - row.expires_at).total_seconds()
     if row.holder:
-        return max(0.0, -since)
+        if row.expires_at is None:
+            return 0.0
+        return max(0.0, (row.expires_at - now).total_seconds())
+    if row.acquired_at is None:
+        return 0.0
+    since = (now - row.acquired_at).total_seconds()
     if since < interval_s * RECENT_SHARE:
-        # A release stamped a little ahead of our clock (skew) counts as just now: never more
+        # A start stamped a little ahead of our clock (skew) counts as just now: never more
         # than one interval away.
         return interval_s - max(since, 0.0)
     return 0.0

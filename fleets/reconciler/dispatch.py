@@ -28,7 +28,7 @@ class DispatchPlan:
     now: list[str] = field(default_factory=list)
     # Held by a running (or dead, not yet run out) tick: when its lease runs out.
     held: dict[str, float] = field(default_factory=dict)
-    # Given back a moment ago (another worker's tick, or a kick's): one interval after that.
+    # Ticked a moment ago (another worker's tick, or a kick's): one interval after its start.
     recent: dict[str, float] = field(default_factory=dict)
 
     def ids(self) -> list[str]:
@@ -39,16 +39,17 @@ def dispatch_plan(selection: list[str] | None, *, interval_s: float) -> Dispatch
     """Plan this interval's ticks of every fleet (or those in `selection`).
 
     Two queries whatever the number of fleets: their ids, and the tick leases that are held or
-    were given back within the last half interval (the only rows that defer a tick).
+    whose last tick started within the last half interval (the only rows that defer a tick).
     """
     ids = fleets_to_reconcile(selection)
     now = clock.now()
-    busy = Q(holder__gt="") | Q(expires_at__gt=now - timedelta(seconds=interval_s * RECENT_SHARE))
+    recent = now - timedelta(seconds=interval_s * RECENT_SHARE)
+    busy = Q(holder__gt="") | Q(acquired_at__gt=recent)
     rows = {
-        name.removeprefix(_PREFIX): TickLeaseRow(holder, expires_at)
-        for name, holder, expires_at in Lease.objects.filter(name__startswith=_PREFIX)
+        name.removeprefix(_PREFIX): TickLeaseRow(holder, expires_at, acquired_at)
+        for name, holder, expires_at, acquired_at in Lease.objects.filter(name__startswith=_PREFIX)
         .filter(busy)
-        .values_list("name", "holder", "expires_at")
+        .values_list("name", "holder", "expires_at", "acquired_at")
     }
     plan = DispatchPlan()
     for fleet_id in ids:

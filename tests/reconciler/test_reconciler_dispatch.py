@@ -24,19 +24,20 @@ def _fleets(count: int, start: int = 0) -> list[str]:
     return [str(Fleet.objects.create(slug=f"scale-{start + n}").id) for n in range(count)]
 
 
-def _held(fleet_id: str, *, for_s: float) -> None:
+def _held(fleet_id: str, *, for_s: float, since_s: float = 0.0) -> None:
     taken = lease_acquire(
         name=tick_lease_name(fleet_id),
         holder=OTHER_HOST,
-        now=clock.now(),
-        ttl=timedelta(seconds=for_s),
+        now=clock.now() - timedelta(seconds=since_s),
+        ttl=timedelta(seconds=for_s + since_s),
     )
     assert taken.acquired
 
 
 def _given_back(fleet_id: str, *, ago_s: float) -> None:
-    _held(fleet_id, for_s=15)
-    when = clock.now() - timedelta(seconds=ago_s)
+    """Another worker's tick of the fleet started `ago_s` ago and took 50 ms."""
+    _held(fleet_id, for_s=15, since_s=ago_s)
+    when = clock.now() - timedelta(seconds=ago_s - 0.05)
     assert lease_release(name=tick_lease_name(fleet_id), holder=OTHER_HOST, now=when)
 
 
@@ -149,7 +150,7 @@ def test_the_loop_brings_a_deferred_fleet_forward_once_its_holder_gives_it_back(
     try:
         loop._refresh()
         assert loop._due[fleet_id] - time.monotonic() > 10  # waits for the lease's deadline
-        # The holder (a live worker) finishes its tick; a few seconds pass.
+        # The holder (a live worker) finishes its tick at once; a few seconds pass.
         assert lease_release(name=tick_lease_name(fleet_id), holder=OTHER_HOST, now=clock.now())
         fake_clock.advance(seconds=3)
         loop._refresh()
