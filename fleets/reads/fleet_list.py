@@ -210,8 +210,9 @@ def healths(
     }
 
 
-def last_drills(fleet_ids: list[uuid.UUID]) -> dict[uuid.UUID, Operation]:
-    """Each fleet's last finished drill (one query: the newest per fleet, by window function)."""
+def last_drills(fleet_ids: list[uuid.UUID]) -> dict[uuid.UUID, Any]:
+    """Each fleet's last finished drill (one query: the newest per fleet, by window function),
+    as a row of what `drill_facts` reads."""
     if not fleet_ids:
         return {}
     newest = Window(RowNumber(), partition_by=[F("fleet_id")], order_by=F("finished_at").desc())
@@ -221,6 +222,7 @@ def last_drills(fleet_ids: list[uuid.UUID]) -> dict[uuid.UUID, Operation]:
         .annotate(rank=newest)
         .filter(rank=1)
         .order_by()
+        .values_list("fleet_id", "state", "finished_at", "error", named=True)
     )
     return {op.fleet_id: op for op in drills}
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from datetime import datetime
+from typing import Any
 
 from django.db.models import QuerySet
 
@@ -188,8 +189,9 @@ def last_drill(fleet_id: Id) -> DrillFacts | None:
     return drill_facts(finished_drills().filter(fleet_id=fleet_id).first())
 
 
-def drill_facts(op: Operation | None) -> DrillFacts | None:
-    """The verdict's facts of a finished drill (None: no drill yet)."""
+def drill_facts(op: Any) -> DrillFacts | None:
+    """The verdict's facts of a finished drill (an Operation, or a row with its `state`,
+    `finished_at` and `error`; None: no drill yet)."""
     if op is None or op.finished_at is None:
         return None
     error = op.error or {}
