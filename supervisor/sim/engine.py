@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import ipaddress
 import itertools
 import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,6 +91,9 @@ class SimEngine:
         self.drifted = False
         self.adapters_lost = False
         self.tokenizer = tokens.Tokenizer(self._scripted_words())
+        # What the `crash` fault does: end this process without cleanup, as a real crash
+        # would; the farm (supervisor/farm), many engines in one process, stops only this one.
+        self.crash: Callable[[], None] = functools.partial(os._exit, 70)
 
     # -- memory ---------------------------------------------------------------------------------
 
@@ -469,7 +473,7 @@ class SimRoutes:
             if self.engine.faults.crash:
                 log.warning("%s: simulated crash", self.engine.options.model)
                 # Answer first, then die without cleanup, as a real crash would.
-                asyncio.get_running_loop().call_later(0.05, os._exit, 70)
+                asyncio.get_running_loop().call_later(0.05, self.engine.crash)
         return JSONResponse(self.engine.faults.to_json())
 
     async def stats(self, request: Request) -> Response:
