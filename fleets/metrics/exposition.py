@@ -13,15 +13,17 @@ prometheus_client itself. `bench/scale_reads.py` times the whole answer (`metric
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 
 from prometheus_client import generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
-from prometheus_client.validation import (
-    _is_valid_legacy_labelname,
-    _is_valid_legacy_metric_name,
-)
+
+# The Prometheus data model's classic names (its documentation, "Metric names and labels"),
+# which the text format writes unquoted; a name outside them goes to prometheus_client.
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 # The types written here: what Haru's database collectors build (GaugeMetricFamily and
 # CounterMetricFamily without `created`).
@@ -56,7 +58,8 @@ class _Writer:
     def _labels_valid(self, names: tuple[str, ...]) -> bool:
         ok = self._names_ok.get(names)
         if ok is None:
-            ok = all(_is_valid_legacy_labelname(n) for n in names)
+            # Names starting with "__" are reserved for Prometheus' own use.
+            ok = all(_LABEL_NAME.fullmatch(n) and not n.startswith("__") for n in names)
             self._names_ok[names] = ok
         return ok
 
@@ -66,7 +69,7 @@ class _Writer:
         if suffix is None:
             return None
         name = metric.name + suffix
-        if not _is_valid_legacy_metric_name(name):
+        if not _METRIC_NAME.fullmatch(name):
             return None
         doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
         out = [f"# HELP {name} {doc}\n# TYPE {name} {metric.type}\n"]

@@ -45,7 +45,9 @@ def _awkward_families():
     hist.add_metric(["wake"], [("0.5", 1), ("+Inf", 3)], 4.5)
     dotted = GaugeMetricFamily("haru.dotted", "utf-8 name", labels=["le.x"])
     dotted.add_metric(["v"], 1)
-    return [gauge, counter, created, plain, stamped, hist, dotted]
+    reserved = GaugeMetricFamily("haru_reserved", "a reserved label", labels=["__x"])
+    reserved.add_metric(["v"], 1)
+    return [gauge, counter, created, plain, stamped, hist, dotted, reserved]
 
 
 def test_render_writes_the_bytes_prometheus_client_writes():
