@@ -85,11 +85,10 @@ class ReadinessCollector:
             fleets, policies={fleet.pk: rows.view(fleet).policy for fleet in fleets}
         )
         for fleet in fleets:
-            verdict = verdicts[fleet.pk].verdict
-            for v in ReadinessVerdict:
-                f["haru_failover_readiness"].add_metric(
-                    [fleet.slug, v.value], 1 if v == verdict else 0
-                )
+            # The verdict the fleet is in, 1; the others are absent rather than 0 (alerts and
+            # panels select `== 1`): two zeros a fleet cost a scrape of 1,000 fleets 2,000 lines.
+            verdict = ReadinessVerdict(verdicts[fleet.pk].verdict)
+            f["haru_failover_readiness"].add_metric([fleet.slug, verdict.value], 1)
             drill = drill_facts(drills.get(fleet.pk))
             if drill is not None:
                 f["haru_drill_last_passed"].add_metric([fleet.slug], 1 if drill.passed else 0)

@@ -19,7 +19,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from fleets.base import clock
-from fleets.core.states import DomainState, OperationKind, OperationState
 from fleets.metrics.scrape import read_store
 from fleets.models import Domain, Fleet, Operation
 
@@ -129,24 +128,24 @@ class StateCollector:
             fleet = fleets.get(d.fleet_id)
             if fleet is None:
                 continue
-            for s in DomainState:
-                state.add_metric([fleet.slug, d.slug, s.value], 1 if d.state == s else 0)
+            # Only the member that holds: the zeros carried no information and were most of a
+            # scrape at 1,000 fleets (rules and panels select `== 1`, `absent` or `unless`).
+            state.add_metric([fleet.slug, d.slug, str(d.state)], 1)
             is_active = d.id == fleet.active_domain_id
-            role.add_metric([fleet.slug, d.slug, "active"], 1 if is_active else 0)
-            role.add_metric([fleet.slug, d.slug, "standby"], 0 if is_active else 1)
+            role.add_metric([fleet.slug, d.slug, "active" if is_active else "standby"], 1)
             if d.last_seen_at is not None:
                 age.add_metric(
                     [fleet.slug, d.slug], max(0.0, (now - d.last_seen_at).total_seconds())
                 )
-        counts = {
-            (row["fleet_id"], row["kind"], row["state"]): row["n"]
-            for row in Operation.objects.values("fleet_id", "kind", "state").annotate(n=Count("id"))
-        }
-        for fid, fleet in fleets.items():
-            for kind in OperationKind:
-                for st in OperationState:
-                    ops.add_metric(
-                        [fleet.slug, kind.value, st.value],
-                        counts.get((fid, kind.value, st.value), 0),
-                    )
+        # Only the (kind, outcome) pairs a fleet has operations in: a pair without any is
+        # absent, not 0 (fifteen zeros a fleet were a quarter of a scrape at 1,000 fleets).
+        counts = (
+            Operation.objects.values("fleet_id", "kind", "state")
+            .annotate(n=Count("id"))
+            .order_by("fleet_id", "kind", "state")
+        )
+        for row in counts:
+            fleet = fleets.get(row["fleet_id"])
+            if fleet is not None:
+                ops.add_metric([fleet.slug, row["kind"], row["state"]], row["n"])
         return [state, role, age, revision, ops]

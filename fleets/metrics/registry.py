@@ -25,12 +25,13 @@ from pathlib import Path
 from django.conf import settings
 from django.dispatch import Signal
 from django.http import HttpResponse
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 
 from fleets.metrics import scrape
+from fleets.metrics.exposition import render
 
 # Keyed by class: a module reloaded in a test run replaces its collector instead of adding one.
 _database_collectors: dict[str, Collector] = {}
@@ -128,5 +129,6 @@ def metrics_view(request):
     before_scrape.send(sender=None)
     registry = scrape_registry(settings.PROMETHEUS_MULTIPROC_DIR)
     with scrape.scope():  # one outage check for every collector of this answer
-        body = generate_latest(registry)
+        # The same bytes as prometheus_client's generate_latest, written faster (exposition.py).
+        body = render(registry.collect())
     return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)

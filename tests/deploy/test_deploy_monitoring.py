@@ -253,3 +253,57 @@ def test_the_supervisor_errors_alert_sums_a_server_host_and_a_worker_host(tmp_pa
         [promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_promtool_fires_the_state_set_alerts_on_the_members_that_hold(tmp_path):
+    # Series as /metrics exports them since issue 27 (fleets/metrics/reconcile.py, readiness.py):
+    # a state set carries only the member that holds (1); the others are absent, not 0.
+    # West is degraded for six minutes, then ready; the readiness verdict turns not_ready at 2m
+    # (promtool: `_xN` is N missing samples, `1xN` is N+1 samples).
+    promtool = require("promtool")
+    no_standby = _expected("HaruNoViableStandby", fleet="prod")
+    not_ready = _expected("HaruFailoverNotReady", fleet="prod", verdict="not_ready")
+    started = _expected("HaruFailoverStarted", fleet="prod")
+    cases = [
+        ("HaruNoViableStandby", "4m", []),  # for: 5m
+        ("HaruNoViableStandby", "5m30s", [no_standby]),
+        ("HaruNoViableStandby", "8m", []),  # west ready since 6m
+        ("HaruFailoverNotReady", "6m45s", []),  # for: 5m
+        ("HaruFailoverNotReady", "7m15s", [not_ready]),
+        ("HaruFailoverStarted", "1m", [started]),
+        ("HaruFailoverStarted", "8m", []),  # the pending pair went stale (absent, not 0)
+    ]
+    role = 'haru_domain_role{fleet="prod",domain="%s",role="%s"}'
+    state = 'haru_domain_state{fleet="prod",domain="%s",state="%s"}'
+    verdict = 'haru_failover_readiness{fleet="prod",verdict="%s"}'
+    series = [
+        (role % ("east", "active"), "1x40"),
+        (role % ("west", "standby"), "1x40"),
+        (state % ("east", "ready"), "1x40"),
+        (state % ("west", "degraded"), "1x24 stale"),
+        (state % ("west", "ready"), "_x24 1x16"),
+        (verdict % "ready", "1x8 stale"),
+        (verdict % "not_ready", "_x8 1x32"),
+        ('haru_operations_total{fleet="prod",kind="promote",outcome="pending"}', "1x8 stale"),
+    ]
+    spec = {
+        "rule_files": [str(RULES)],
+        "evaluation_interval": "15s",
+        "tests": [
+            {
+                "interval": "15s",
+                "input_series": [{"series": s, "values": v} for s, v in series],
+                "alert_rule_test": [
+                    {"eval_time": at, "alertname": name, "exp_alerts": alerts}
+                    for name, at, alerts in cases
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "state-sets.test.yml"
+    path.write_text(yaml.safe_dump(spec))
+    result = subprocess.run(
+        [promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout

@@ -122,7 +122,19 @@ def test_metrics_expose_domain_state_role_revision_and_operations(fleet, tick, c
     assert 'haru_domain_role{domain="west",fleet="demo",role="standby"} 1.0' in text
     assert 'haru_fleet_route_revision{fleet="demo"} 1.0' in text
     assert 'haru_domain_heartbeat_age_seconds{domain="east",fleet="demo"} 0.0' in text
-    assert 'haru_operations_total{fleet="demo",kind="promote",outcome="succeeded"} 0.0' in text
+    # Only the member a domain is in, and only the (kind, outcome) pairs with operations: the
+    # zeros are absent (fleets/metrics/reconcile.py).
+    assert 'haru_domain_state{domain="east",fleet="demo",state="degraded"}' not in text
+    assert 'haru_domain_role{domain="west",fleet="demo",role="active"}' not in text
+    assert 'haru_operations_total{fleet="demo",kind="promote",outcome="succeeded"}' not in text
+    op = operation_request(
+        fleet=fleet, kind="promote", target_domain_id=fleet.domains.get(slug="west").id
+    )
+    text = client.get("/metrics").content.decode()
+    assert (
+        f'haru_operations_total{{fleet="demo",kind="promote",outcome="{op.operation.state}"}} 1.0'
+        in text
+    )
     assert "haru_state_store_up 1.0" in text
     assert "haru_operation_step_duration_seconds" in text
     assert "haru_supervisor_call_errors_total" in text
