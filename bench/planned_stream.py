@@ -1,7 +1,7 @@
 """A planned promotion with a long stream in flight: how long it takes, and what the stream saw.
 
     .venv/bin/python bench/planned_stream.py [--tokens 600] [--token-delay-ms 100]
-                                             [--after-ms 5000] [--json]
+                                             [--after-ms 1000] [--json]
 
 The stack of bench/failover_load.py (two simulated hosts whose engines generate the answer from
 the prompt's token ids, `manage.py serve` with its reconcile loop). Three planned promotions,
@@ -10,7 +10,7 @@ each asked of the API as an operator does, each to the current standby:
 1. with no stream in flight;
 2. with one streamed chat answer in flight through the proxy (`--tokens` tokens
    `--token-delay-ms` apart: 60 s by default) and stream migration on (the policy's
-   `streamMigrationAfterMs`, `--after-ms`, 5000 by default): the old active's drain ends at the
+   `streamMigrationAfterMs`, `--after-ms`, 1000 by default): the old active's drain ends at the
    bound, its sleep aborts the stream and the proxy continues it on the new active;
 3. the same with migration off (`streamMigrationAfterMs` 0): the drain waits for the answer.
 
@@ -248,7 +248,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=600, help="the long answer's tokens")
     parser.add_argument("--token-delay-ms", type=int, default=100, help="between two tokens")
     parser.add_argument(
-        "--after-ms", type=int, default=5000, help="streamMigrationAfterMs (the policy default)"
+        "--after-ms", type=int, default=1000, help="streamMigrationAfterMs (the policy default)"
     )
     parser.add_argument("--json", action="store_true", help="the last line is the figures")
     args = parser.parse_args()

@@ -153,10 +153,12 @@ class Policy:
     )
     # Stream migration (fleets.core.stream_migration): a planned promotion ends the old
     # active's drain this long after it starts, and the sleep aborts what still runs; the proxy
-    # continues each aborted stream on the new active. A few seconds lets short answers finish
-    # where they are; 0 or null keeps the full drain.
+    # continues each aborted stream on the new active. One second lets short answers finish
+    # where they are while a promotion stays within about a second of one with nothing in
+    # flight (the bound is added to it whole when a long stream runs); 0 or null keeps the full
+    # drain.
     stream_migration_after_ms: int | None = _key(
-        5_000,
+        1_000,
         _bounded(
             ["integer", "null"],
             {"minimum": 0, "maximum": "$limits.MAX_MS"},

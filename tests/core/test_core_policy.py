@@ -56,7 +56,7 @@ def test_defaults_match_the_design():
         "switchActiveTimeoutMs": 10000,
         "sleepTimeoutMs": 60000,
         "startTrainingTimeoutMs": 30000,
-        "streamMigrationAfterMs": 5000,
+        "streamMigrationAfterMs": 1000,
         "verifyGpuMaxUsedRatio": 0.25,
         "probe": {"prompt": "ping", "maxTokens": 4},
         "replaceFailedStandby": True,

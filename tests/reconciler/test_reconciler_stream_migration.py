@@ -56,9 +56,9 @@ def test_a_planned_promotion_bounds_the_old_actives_drain_by_the_policy(
     assert sleep_queries(hosts.hosts["west"]) == []  # the new active is never slept
 
 
-def test_the_default_policy_migrates_after_a_few_seconds(fleet, tick, hosts, domains, fake_clock):
+def test_the_default_policy_migrates_after_a_second(fleet, tick, hosts, domains, fake_clock):
     promote_west(fleet, tick, domains, fake_clock)
-    assert {q["drainMs"][0] for q in sleep_queries(hosts.hosts["east"])} == {"5000"}
+    assert {q["drainMs"][0] for q in sleep_queries(hosts.hosts["east"])} == {"1000"}
 
 
 @pytest.mark.parametrize("value", [0, None])
