@@ -20,9 +20,10 @@ stream; half chat, half completions, the two models in turn, every stream its ow
 `temperature` 0 and `stream_options.include_usage`. Printed: streams, in flight at the kill,
 cut (ended without their one finish_reason), failed (an error), byte-identical share, the
 added stall p50/p99 (per stream, the last chunk before the cut to the first after it: the
-longest wait between two chunks across the kill), the share of it after the routing commit,
-and, for comparison, detection + wake + probe of the promotion; with `--json` the last line is
-one JSON object with those figures.
+wait between two chunks that spans the routing commit), where it goes (the wait already open
+at the kill, the kill to the commit with the promotion's steps, the commit to the first
+chunk), and, for comparison, detection + wake + probe of the promotion; with `--json` the last
+line is one JSON object with those figures.
 """
 
 from __future__ import annotations
@@ -155,14 +156,20 @@ def check(
     problems: dict[int, list[str]] = {}
     stalls: list[float] = []
     after_commit: list[float] = []
+    before_kill: list[float] = []  # the stall's start: the last chunk before the kill began
+    windowed: list[float] = []  # the longest wait across the kill (the first figure published)
     for o in cut:
         b = by_index[o.spec.index]
         found = faults(o.seen, b.seen, chat=o.spec.chat, asked_ids=o.spec.asks_ids)
         if found:
             problems[o.spec.index] = found
-        sides = seam(o.times, marks["kill_at"], marks["killed_at"])
+        window = seam(o.times, marks["kill_at"], marks["killed_at"])
+        if o.seen.finished and window is not None:
+            windowed.append((window[1] - window[0]) * 1000)
+        sides = seam_across(o.times, commit) if commit is not None else window
         if o.seen.finished and sides is not None:
             stalls.append((sides[1] - sides[0]) * 1000)
+            before_kill.append((marks["kill_at"] - sides[0]) * 1000)
             if commit is not None:
                 after_commit.append((sides[1] - commit) * 1000)
     identical = sum(
@@ -176,8 +183,26 @@ def check(
         "with_faults": len(problems),
         "problems": problems,
         "stalls_ms": stalls,
+        "windowed_ms": windowed,
         "after_commit_ms": after_commit,
+        "before_kill_ms": before_kill,
+        "kill_to_commit_ms": (commit - marks["kill_at"]) * 1000 if commit is not None else None,
     }
+
+
+def seam_across(times: list[float], commit: float) -> tuple[float, float] | None:
+    """Return the wait of a cut stream that spans the routing commit, as (last chunk before,
+    first after), or None when the stream had no chunk on either side of it.
+
+    No chunk after a cut can come before the commit (the continuation is sent once routing
+    moved), so this wait is the seam. The longest wait across the kill (`seam`) is not, on a
+    loaded machine: a client that lags reads the dead engine's last chunks after the kill, and
+    an ordinary gap between two of them was then taken for the seam (its first chunk came
+    before the commit)."""
+    for before, after in zip(times, times[1:], strict=False):
+        if before <= commit < after:
+            return before, after
+    return None
 
 
 def baseline_faults(base: list[Outcome]) -> dict[int, list[str]]:
@@ -234,6 +259,7 @@ def stream_round(stack: Stack, args) -> tuple[dict[str, Any], str]:
         )
         op.refresh_from_db()
         figures = op_figures(op, marks["kill_at"])
+        figures.update(other_steps(op))
     # The routing commit: the operation's `served_at`, set by the pointer's compare-and-swap
     # (the switch step's event is written after it).
     commit = figures.pop("commit", None)
@@ -246,6 +272,16 @@ def stream_round(stack: Stack, args) -> tuple[dict[str, Any], str]:
     return row, active
 
 
+def other_steps(op) -> dict[str, float]:
+    """The promotion's steps before the routing commit that detection + wake + probe leaves
+    out (stopping the trainer, checking the GPU memory, the switch itself), in milliseconds."""
+    from fleets.models import Event  # noqa: PLC0415 - needs django.setup() (the app registry) first
+
+    done = Event.objects.filter(operation=op, kind="operation.step.done")
+    steps = {e.step: float(e.duration_ms or 0) for e in done}
+    return {f"{s} ms": steps[s] for s in ("stop_training", "verify_gpu") if s in steps}
+
+
 def restore(stack: Stack, crashed: str) -> None:
     """Bring the crashed host back as the standby, for the next round."""
     stack.hosts[crashed].restart()
@@ -255,6 +291,9 @@ def restore(stack: Stack, crashed: str) -> None:
 def summary(rows: list[dict[str, Any]], args) -> dict[str, Any]:
     stalls = [s for r in rows for s in r["stalls_ms"]]
     after_commit = [s for r in rows for s in r["after_commit_ms"]]
+    before_kill = [s for r in rows for s in r["before_kill_ms"]]
+    windowed = [s for r in rows for s in r["windowed_ms"]]
+    to_commit = [r["kill_to_commit_ms"] for r in rows if r["kill_to_commit_ms"] is not None]
     budget = [
         r["detection ms"] + r["wake ms"] + r["probe ms"]
         for r in rows
@@ -272,10 +311,25 @@ def summary(rows: list[dict[str, Any]], args) -> dict[str, Any]:
         "identical_share": sum(r["identical"] for r in rows) / streams if streams else 0.0,
         "stall_p50_ms": pct(stalls, 0.5),
         "stall_p99_ms": pct(stalls, 0.99),
+        "stalls_measured": len(stalls),
+        # The first published figure (4 December 2026): the longest wait across the kill.
+        "windowed_stall_p50_ms": pct(windowed, 0.5),
+        "windowed_stall_p99_ms": pct(windowed, 0.99),
         # From the routing commit to the stream's first chunk after the cut: the continuation's
         # own share of the stall (the rest is waiting for a domain, as a new request does).
         "after_commit_p50_ms": pct(after_commit, 0.5),
         "after_commit_p99_ms": pct(after_commit, 0.99),
+        # Where the stall goes: the stall is the last chunk before the kill began to the kill,
+        # plus the kill to the routing commit (detection, every promotion step, the switch),
+        # plus the commit to the first chunk after it (the continuation's share).
+        "before_kill_p50_ms": pct(before_kill, 0.5),
+        "before_kill_p99_ms": pct(before_kill, 0.99),
+        "kill_to_commit_ms": pct(to_commit, 0.5),
+        "stop_training_ms": pct(
+            [r["stop_training ms"] for r in rows if "stop_training ms" in r], 0.5
+        ),
+        "verify_gpu_ms": pct([r["verify_gpu ms"] for r in rows if "verify_gpu ms" in r], 0.5),
+        "switch_route_ms": pct([r["switch_route ms"] for r in rows if "switch_route ms" in r], 0.5),
         "kill_ms": pct([r["kill_ms"] for r in rows], 0.5),
         "detection_ms": pct([r["detection ms"] for r in rows if "detection ms" in r], 0.5),
         "wake_ms": pct([r["wake ms"] for r in rows if "wake ms" in r], 0.5),
@@ -305,8 +359,16 @@ def report(rows: list[dict[str, Any]], out: dict[str, Any]) -> None:
         f"  streams with any fault     {out['with_faults']}",
         f"  added stall ms             p50 {out['stall_p50_ms']:8.1f}   p99 "
         f"{out['stall_p99_ms']:8.1f}  (target p99 <= {out['stall_target_ms']:.0f})",
+        f"  (the longest wait across the kill, as measured before: p50 "
+        f"{out['windowed_stall_p50_ms']:.1f}, p99 {out['windowed_stall_p99_ms']:.1f}; "
+        f"stalls measured {out['stalls_measured']})",
         f"  commit to first chunk ms   p50 {out['after_commit_p50_ms']:8.1f}   p99 "
         f"{out['after_commit_p99_ms']:8.1f}  (the continuation's share of the stall)",
+        f"  last chunk to the kill ms  p50 {out['before_kill_p50_ms']:8.1f}   p99 "
+        f"{out['before_kill_p99_ms']:8.1f}  (the stall's start: the gap already open)",
+        f"  kill to routing commit     {out['kill_to_commit_ms']:8.1f} ms  (detection and every "
+        f"step: stop training {out['stop_training_ms']:.0f}, verify GPU "
+        f"{out['verify_gpu_ms']:.0f}, switch {out['switch_route_ms']:.0f})",
         f"  the kill took              {out['kill_ms']:8.1f} ms  (every process of the host gone)",
         f"  detection + wake + probe   {out['detection_wake_probe_ms']:8.1f} ms  (detection "
         f"{out['detection_ms']:.0f}, wake {out['wake_ms']:.0f}, probe {out['probe_ms']:.0f})",

@@ -7,10 +7,11 @@ in fleets/core/continuation.py). The continuation's chunks are rewritten into th
 stream's format: the same `id`, `created` and `model`, no second role chunk, one
 `finish_reason`, usage once over the whole answer, one `[DONE]`.
 
-The text after a seam is rebuilt from ids: at the first chunk that carries text the proxy asks
-the engine's /detokenize for the answer before the seam and with the continuation's ids: where
-the first engine's detokenizer had got to is where the client's text ends, and it sends the
-difference; from there on the engine's own deltas are right. (When the ids before the seam
+The text after a seam is rebuilt from ids: the proxy asks the engine's /detokenize for the
+answer before the seam as soon as the continuation's headers are in (while the engine computes
+its first token), and at the first chunk that carries text for it with the continuation's ids:
+where the first engine's detokenizer had got to is where the client's text ends, and it sends
+the difference; from there on the engine's own deltas are right. (When the ids before the seam
 end inside a multi-byte character, vLLM's first continued chunk re-emits earlier text: the
 detokenized answer is used for that chunk instead.)
 """
@@ -141,12 +142,17 @@ async def resume(
             if response.status != 200:
                 metrics.failed(fleet, f"upstream_{response.status // 100}xx")
                 return False
+            # The text before the seam is asked for now, while the engine computes its first
+            # token: at the seam only the decode with the continuation's ids is left to wait for
+            # (with 200 streams continued at once, one /detokenize round trip less each).
+            stitch.prefetch(route, task.get_loop())
             ended = await stitch.relay(io, response, route, cut_at, len(prompt), task)
         except _SeamUnknown as exc:
             metrics.failed(fleet, "seam")
             log.warning("stream for %r cut, not continued: %s", exchange.model, exc)
             return False
         finally:
+            stitch.drop_prefetch()
             await response.aclose()
         if ended:
             metrics.continued(fleet, plan.endpoint)
@@ -182,6 +188,23 @@ class Stitch:
         self._cut_at: float | None = None  # the cut, until the first chunk after it
         self._after = ""  # the text sent since the seam
         self._ids: list[int] = []  # every id of this continuation so far
+        self._before_text: asyncio.Task[str] | None = None  # the answer's text before the seam
+
+    def prefetch(self, route: Route, loop: asyncio.AbstractEventLoop) -> None:
+        """Start detokenizing the answer before the seam on `route`'s engine (its own task:
+        the header timeout of open_stream cancels the task it runs in)."""
+        if self.before and self._before_text is None:
+            self._before_text = loop.create_task(detokenize(route, self.before))
+
+    def drop_prefetch(self) -> None:
+        """Cancel a prefetch the relay never needed (cut again before any text)."""
+        pending, self._before_text = self._before_text, None
+        if pending is not None:
+            if pending.done():
+                if not pending.cancelled():
+                    pending.exception()  # read, so asyncio never logs it as unretrieved
+            else:
+                pending.cancel()
 
     # Rendering, in the engine's field order (vLLM: pydantic's model_dump_json, exclude_unset).
     def _chunk(self, text: str, finish: str | None, stop: object, ids: list[int]) -> bytes:
@@ -324,7 +347,11 @@ class Stitch:
         Both ends are read off the detokenized answer: before the seam, where the first
         engine's detokenizer had got to (`settled_end`); now, where the continuing one has.
         """
-        before = await detokenize(route, self.before, task) if self.before else ""
+        before = ""
+        if self._before_text is not None:
+            before = await self._before_text
+        elif self.before:
+            before = await detokenize(route, self.before, task)
         self.at = rules.settled_end(before, False, self.held)
         self.client = before[: self.at]
         ids = self.before + self._ids
@@ -349,8 +376,9 @@ async def _chunks(response: upstream.Response):
         yield chunk
 
 
-async def detokenize(route: Route, ids: list[int], task: asyncio.Task) -> str:
-    """The text of `ids`, from the engine of `route` (its /detokenize)."""
+async def detokenize(route: Route, ids: list[int], task: asyncio.Task | None = None) -> str:
+    """The text of `ids`, from the engine of `route` (its /detokenize); `task` is the running
+    task, if the caller has it."""
     target = route.targets["detokenize"]
     body = json.dumps({"model": route.model, "tokens": ids}).encode()
     head = upstream.request_head(target, {}, len(body))

@@ -149,6 +149,23 @@ async def test_a_seam_inside_a_character_neither_drops_nor_repeats_text(
     assert [r["path"] for r in doubles["west"].requests].count("/detokenize") == 2
 
 
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+async def test_the_text_before_the_seam_is_asked_for_while_the_engine_starts(
+    haru, doubles, fleet, hold_settings, endpoint
+):
+    request = body(endpoint, stream=True, max_tokens=60)
+    expected = await baseline(doubles["west"], endpoint, request)
+    doubles["east"].cut_after = INSIDE
+    west = doubles["west"]
+    west.first_delay = 0.3  # the continuing engine's prefill
+    assert await cut_then_promote(haru, fleet, endpoint, request) == expected
+    reads = [r for r in west.requests if r["path"] == "/detokenize"]
+    # The answer before the seam was read before the continuation's first event, not after it:
+    # at the seam only the read with the continuation's ids is left to wait for.
+    assert [r["body"]["tokens"] for r in reads[:1]] == [ANSWER_IDS[:INSIDE]]
+    assert reads[0]["events_sent"] == 0 and reads[1]["events_sent"] >= 1
+
+
 async def test_the_same_domain_coming_back_takes_the_continuation(
     haru, doubles, fleet, hold_settings
 ):

@@ -50,6 +50,8 @@ class VllmDouble:
         self.rewind = False
         self.token_ids = True  # False: an engine that ignores return_token_ids
         self.delay = 0.0
+        self.first_delay = 0.0  # before a stream's first event, as an engine's prefill
+        self.events_sent = 0  # events of the latest stream so far, noted with each /detokenize
         self.refuse = False  # answer 503 (not handled)
         self.cuts = 0
         # How a stream without ids is written: "vllm" as vLLM 0.32 (id fields as null,
@@ -66,7 +68,14 @@ class VllmDouble:
             if not message.get("more_body", False):
                 break
         doc = json.loads(body) if body else {}
-        self.requests.append({"path": scope["path"], "body": doc, "refused": self.refuse})
+        self.requests.append(
+            {
+                "path": scope["path"],
+                "body": doc,
+                "refused": self.refuse,
+                "events_sent": self.events_sent,
+            }
+        )
         if self.refuse:
             await _answer(send, 503, b"{}")
             return
@@ -94,6 +103,9 @@ class VllmDouble:
                 "headers": [(b"content-type", b"text/event-stream")],
             }
         )
+        self.events_sent = 0
+        if self.first_delay:
+            await asyncio.sleep(self.first_delay)
         for event in self._events(doc, chat, prompt, ids, finish, done):
             if event is None:  # the scripted cut; the engine is gone until told otherwise
                 self.refuse = True
@@ -105,6 +117,7 @@ class VllmDouble:
                 await send({"type": "http.response.body", "body": b""})
                 return
             await send({"type": "http.response.body", "body": event, "more_body": True})
+            self.events_sent += 1
             if self.delay:
                 await asyncio.sleep(self.delay)
         await send({"type": "http.response.body", "body": b""})
