@@ -32,6 +32,7 @@ from django.db.models import (
     QuerySet,
     Subquery,
 )
+from django.db.models.sql import Query
 from django.utils.dateparse import parse_datetime
 
 from fleets.core.failover import RESTORE_RETRY_AFTER_MS
@@ -149,13 +150,16 @@ def _reader(db: BaseDatabaseWrapper, model: type[Model], columns: tuple[str, ...
     converter = db.introspection.identifier_converter
     by_column = {converter(f.column): f for f in model._meta.fields}
     fields = [f for f in model._meta.fields if converter(f.column) in columns]
-    cols = [by_column[c].get_col(model._meta.db_table) if c in by_column else None for c in columns]
-    compiler = db.ops.compiler("SQLCompiler")(None, db, db.alias)
+    # The model's columns by position (annotations are set as they come, unconverted).
+    at = [i for i, c in enumerate(columns) if c in by_column]
+    cols = [by_column[columns[i]].get_col(model._meta.db_table) for i in at]
+    compiler = db.ops.compiler("SQLCompiler")(Query(model), db, db.alias)
+    found = compiler.get_converters(list(cols))
     reader = cached[(model, columns)] = _Reader(
         names=[f.attname for f in fields],
         positions=[columns.index(converter(f.column)) for f in fields],
         annotations=[(c, i) for i, c in enumerate(columns) if c not in by_column],
-        converters=[(i, convs, col) for i, (convs, col) in compiler.get_converters(cols).items()],
+        converters=[(at[j], convs, col) for j, (convs, col) in found.items()],
     )
     return reader
 
