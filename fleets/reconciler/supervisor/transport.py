@@ -93,6 +93,31 @@ class BadBody(ValueError):
 # -- the process-wide HTTP client ---------------------------------------------------------------
 
 
+class _NoCookies(httpx.Cookies):
+    """A jar that keeps nothing: a supervisor has no session, and a cookie one set must never
+    ride along to another supervisor on the same host (httpx keys cookies by host, not port).
+    Also the cheapest: httpx wraps every response for `http.cookiejar` just to look."""
+
+    def extract_cookies(self, response: httpx.Response) -> None:
+        return None
+
+
+class _SupervisorHttp(httpx.Client):
+    """httpx's client, without its cookie jar."""
+
+    _no_cookies = _NoCookies()
+
+    @property
+    def cookies(self) -> httpx.Cookies:
+        return self._no_cookies
+
+    @cookies.setter
+    def cookies(self, cookies: Any) -> None:
+        # httpx's own constructor sets its (empty) jar; anything else has no business here.
+        if cookies:
+            raise ValueError("supervisor calls carry no cookies")
+
+
 class _SharedHttp:
     """The process-wide HTTP client, the CA bundle it verifies with, and a test's transport."""
 
@@ -122,7 +147,7 @@ def _shared_http() -> httpx.Client:
             # to supervisors on private addresses.
             # The default transport bounds every socket operation by the call's overall
             # deadline (a trickling supervisor never resets it); tests inject their own.
-            _shared.client = httpx.Client(
+            _shared.client = _SupervisorHttp(
                 transport=_shared.transport or DeadlineTransport(ca_bundle=ca_bundle),
                 trust_env=False,
                 follow_redirects=False,
@@ -146,7 +171,7 @@ def _pinned_http(pin: str) -> httpx.Client:
                 for old in _shared.pinned.values():
                     old.close()
                 _shared.pinned.clear()
-            client = _shared.pinned[pin] = httpx.Client(
+            client = _shared.pinned[pin] = _SupervisorHttp(
                 transport=_shared.transport or DeadlineTransport(pin=pin),
                 trust_env=False,
                 follow_redirects=False,
