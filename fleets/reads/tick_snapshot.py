@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import functools
 import uuid
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import (
     Count,
     Exists,
@@ -30,6 +32,7 @@ from django.db.models import (
     QuerySet,
     Subquery,
 )
+from django.db.models.sql import Query
 from django.utils.dateparse import parse_datetime
 
 from fleets.core.failover import RESTORE_RETRY_AFTER_MS
@@ -119,12 +122,75 @@ def _compiled(model: type[Model], vendor: str) -> tuple[str, tuple[Any, ...]]:
     return _QUERIES[model](_STAND_IN).query.sql_with_params()
 
 
+@dataclass(frozen=True)
+class _Reader:
+    """How one query's rows become instances, as Django's raw queryset works it out on every
+    run (which model field each column fills, the rest annotations, the converters of each):
+    the same for every run of the same SQL on the same connection, so worked out once."""
+
+    names: list[str]  # the attnames `Model.from_db` is given, in order
+    positions: list[int]  # where each of them is in a row
+    annotations: list[tuple[str, int]]  # the other columns: set as attributes
+    converters: list[tuple[int, list[Any], Any]]  # position, converters, expression
+
+
+# Per connection (the converters are the connection's own), per model and row shape; a
+# connection gone (its thread ended) takes its readers with it.
+_readers: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], _Reader]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _reader(db: BaseDatabaseWrapper, model: type[Model], columns: tuple[str, ...]) -> _Reader:
+    cached = _readers.setdefault(db, {})
+    reader = cached.get((model, columns))
+    if reader is not None:
+        return reader
+    # As `RawQuerySet.resolve_model_init_order` and `RawModelIterable` do it.
+    converter = db.introspection.identifier_converter
+    by_column = {converter(f.column): f for f in model._meta.fields}
+    fields = [f for f in model._meta.fields if converter(f.column) in columns]
+    # The model's columns by position (annotations are set as they come, unconverted).
+    at = [i for i, c in enumerate(columns) if c in by_column]
+    cols = [by_column[columns[i]].get_col(model._meta.db_table) for i in at]
+    compiler = db.ops.compiler("SQLCompiler")(Query(model), db, db.alias)
+    found = compiler.get_converters(list(cols))
+    reader = cached[(model, columns)] = _Reader(
+        names=[f.attname for f in fields],
+        positions=[columns.index(converter(f.column)) for f in fields],
+        annotations=[(c, i) for i, c in enumerate(columns) if c not in by_column],
+        converters=[(at[j], convs, col) for j, (convs, col) in found.items()],
+    )
+    return reader
+
+
 def _rows(model: type[Model], fleet_id: Any) -> list[Any]:
-    sql, params = _compiled(model, connection.vendor)
+    """Run the model's compiled query for `fleet_id`; its rows as instances (annotations set),
+    as `Model.objects.raw` would return them."""
+    db = connections[DEFAULT_DB_ALIAS]
+    sql, params = _compiled(model, db.vendor)
     real = uuid.UUID(str(fleet_id))
     # The stand-in appears as the backend stores a UUID: a UUID, or its hex (SQLite).
     bound = [real if p == _STAND_IN else real.hex if p == _STAND_IN.hex else p for p in params]
-    return list(model._default_manager.raw(sql, bound))
+    with db.cursor() as cursor:
+        cursor.execute(sql, bound)
+        converter = db.introspection.identifier_converter
+        columns = tuple(converter(d[0]) for d in cursor.description)
+        rows = cursor.fetchall()
+    reader = _reader(db, model, columns)
+    out = []
+    for row in rows:
+        values = list(row)
+        for position, convs, expression in reader.converters:
+            value = values[position]
+            for convert in convs:
+                value = convert(value, expression, db)
+            values[position] = value
+        instance = model.from_db(db.alias, reader.names, [values[p] for p in reader.positions])
+        for column, position in reader.annotations:
+            setattr(instance, column, values[position])
+        out.append(instance)
+    return out
 
 
 def _as_datetime(value: Any) -> datetime | None:

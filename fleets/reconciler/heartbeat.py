@@ -201,6 +201,10 @@ def heartbeats_collect(
         direct = servers_check(unvouched, timeout=direct_timeout) if unvouched else {}
         return Beat(domain, observed, call, gpu, direct)
 
+    if len(domains) == 1:
+        # Nothing to run beside it (an idle tick that asks only the active): handing it to a
+        # pool thread and waiting would cost two thread switches and buy nothing.
+        return [one(domains[0])]
     return list(_status_pool().map(one, domains))
 
 

@@ -10,6 +10,7 @@ import pytest
 from common.wire.shape import compact
 from fleets.metrics import reconcile as fleet_metrics
 from fleets.reconciler.supervisor.client import SupervisorClient, gpu_facts_unavailable
+from fleets.reconciler.supervisor.transport import use_transport
 
 TOKEN = "s3cret-supervisor-token-xyz"
 
@@ -302,3 +303,22 @@ def test_a_drain_bound_goes_only_to_a_supervisor_that_lists_it(features, expecte
     assert client.sleep(timeout=5, drain_bound_ms=3000).ok
     assert seen[1].endswith(expected)
     assert client.takes_drain_bound() is ("drain-bound" in (features or []))
+
+
+def test_a_cookie_one_supervisor_sets_never_reaches_another():
+    # httpx keys cookies by host, not port: a jar would carry one supervisor's cookie to every
+    # other supervisor on that host. The shared client keeps none.
+    sent = []
+
+    def handler(request):
+        sent.append(request.headers.get("cookie"))
+        return httpx.Response(200, headers={"set-cookie": "session=abc123"}, json=ok_status())
+
+    previous = use_transport(httpx.MockTransport(handler))
+    try:
+        first = SupervisorClient("https://sup.example:8701", token=TOKEN).status(timeout=1)
+        second = SupervisorClient("https://sup.example:8702", token=TOKEN).status(timeout=1)
+    finally:
+        use_transport(previous)
+    assert first.ok and second.ok
+    assert sent == [None, None]

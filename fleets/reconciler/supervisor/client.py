@@ -86,13 +86,15 @@ class SupervisorClient(Door):
         self._on_error = on_error
 
     def status(self, *, timeout: float) -> Call[StatusReport]:
-        result = self._call("status", "GET", "/v1/status", timeout, parse_status)
+        result = self._call("status", "GET", "/v1/status", timeout, parse_status, reuse=True)
         if result.value is not None:
             learn_features(self.base_url, result.value.features)
         return result
 
     def gpu_memory(self, *, timeout: float) -> Call[GpuMemory]:
-        return self._call("gpu_memory", "GET", "/v1/gpu/memory", timeout, parse_gpu_memory)
+        return self._call(
+            "gpu_memory", "GET", "/v1/gpu/memory", timeout, parse_gpu_memory, reuse=True
+        )
 
     def wake(self, *, timeout: float, gpu_index: int | None = None) -> Call[dict[str, Any]]:
         body = {"gpuIndex": gpu_index} if gpu_index is not None else {}
@@ -216,8 +218,10 @@ class SupervisorClient(Door):
         parse: Callable[[Any], T],
         body: dict[str, Any] | None = None,
         params: list[tuple[str, str]] | None = None,
+        *,
+        reuse: bool = False,
     ) -> Call[T]:
-        result = self.send(method, path, timeout, parse, body, params)
+        result = self.send(method, path, timeout, parse, body, params, reuse=reuse)
         if result.error is not None and self._on_error is not None:
             self._on_error(name, result.error)
         return result

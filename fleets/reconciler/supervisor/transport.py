@@ -30,7 +30,7 @@ from fleets.base.supervisor_tokens import LEGACY_TOKEN_ENV, warn_once
 from fleets.core.model_health import Reach
 from fleets.core.supervisor_tls import TLS, transport_problem
 from fleets.core.urls import host_allowed, scrub_urls, without_userinfo
-from fleets.reconciler.supervisor import peers
+from fleets.reconciler.supervisor import answers, peers
 from fleets.reconciler.supervisor.deadline import DeadlineTransport, PinMismatch, deadline
 
 # httpx logs every request at INFO: one line per heartbeat per domain per second would bury
@@ -93,6 +93,31 @@ class BadBody(ValueError):
 # -- the process-wide HTTP client ---------------------------------------------------------------
 
 
+class _NoCookies(httpx.Cookies):
+    """A jar that keeps nothing: a supervisor has no session, and a cookie one set must never
+    ride along to another supervisor on the same host (httpx keys cookies by host, not port).
+    Also the cheapest: httpx wraps every response for `http.cookiejar` just to look."""
+
+    def extract_cookies(self, response: httpx.Response) -> None:
+        return None
+
+
+class _SupervisorHttp(httpx.Client):
+    """httpx's client, without its cookie jar."""
+
+    _no_cookies = _NoCookies()
+
+    @property
+    def cookies(self) -> httpx.Cookies:
+        return self._no_cookies
+
+    @cookies.setter
+    def cookies(self, cookies: Any) -> None:
+        # httpx's own constructor sets its (empty) jar; anything else has no business here.
+        if cookies:
+            raise ValueError("supervisor calls carry no cookies")
+
+
 class _SharedHttp:
     """The process-wide HTTP client, the CA bundle it verifies with, and a test's transport."""
 
@@ -122,7 +147,7 @@ def _shared_http() -> httpx.Client:
             # to supervisors on private addresses.
             # The default transport bounds every socket operation by the call's overall
             # deadline (a trickling supervisor never resets it); tests inject their own.
-            _shared.client = httpx.Client(
+            _shared.client = _SupervisorHttp(
                 transport=_shared.transport or DeadlineTransport(ca_bundle=ca_bundle),
                 trust_env=False,
                 follow_redirects=False,
@@ -146,7 +171,7 @@ def _pinned_http(pin: str) -> httpx.Client:
                 for old in _shared.pinned.values():
                     old.close()
                 _shared.pinned.clear()
-            client = _shared.pinned[pin] = httpx.Client(
+            client = _shared.pinned[pin] = _SupervisorHttp(
                 transport=_shared.transport or DeadlineTransport(pin=pin),
                 trust_env=False,
                 follow_redirects=False,
@@ -158,6 +183,7 @@ def _pinned_http(pin: str) -> httpx.Client:
 def use_transport(transport: httpx.BaseTransport | None) -> httpx.BaseTransport | None:
     """Route every supervisor call through `transport` (tests); return the previous one."""
     peers.forget()  # other peers behind another transport
+    answers.forget()
     with _shared.lock:
         previous, _shared.transport = _shared.transport, transport
         old, _shared.client = _shared.client, None
@@ -216,8 +242,13 @@ class Door:
         parse: Callable[[Any], T],
         body: Any = None,
         params: list[tuple[str, str]] | None = None,
+        *,
+        reuse: bool = False,
     ) -> Call[T]:
-        """Send one request and parse its answer with `parse`, within `timeout` in all."""
+        """Send one request and parse its answer with `parse`, within `timeout` in all.
+
+        `reuse`: `parse` returns frozen values, so a body identical to the last one read on
+        this route is answered with the value read then (`answers.py`), not read again."""
         where = f"{method} {self.where}{path}"
         if not self._allowed:
             return Call(
@@ -232,7 +263,7 @@ class Door:
         read = self._read(method, path, timeout, body, params, where)
         if isinstance(read, CallError):
             return Call(error=read)
-        return self._answer(read, parse, where)
+        return self._answer(read, parse, where, reuse=reuse)
 
     def _read(
         self,
@@ -282,10 +313,16 @@ class Door:
             return CallError(NETWORK, f"{where}: {type(exc).__name__}")
         return read
 
-    def _answer(self, read: tuple[int, bytes], parse: Callable[[Any], T], where: str) -> Call[T]:
+    def _answer(
+        self, read: tuple[int, bytes], parse: Callable[[Any], T], where: str, *, reuse: bool
+    ) -> Call[T]:
         """Turn a status and a body into the call's result: refused, an HTTP error, or the
         parsed value (a body off the contract is `bad_body`)."""
         status, raw = read
+        if reuse and 200 <= status < 300:
+            known = answers.recall(where, parse, self._max_depth, raw)
+            if not answers.missing(known):
+                return Call(value=known)
         if status in (401, 403):
             return Call(
                 error=CallError(
@@ -309,9 +346,12 @@ class Door:
             why = f"body is not JSON ({refused})" if refused else "body is not JSON"
             return Call(error=CallError(BAD_BODY, f"{where}: {why}"[:500], status))
         try:
-            return Call(value=parse(payload))
+            value = parse(payload)
         except BadBody as exc:
             return Call(error=CallError(BAD_BODY, f"{where}: {exc}"[:500], status))
+        if reuse:
+            answers.keep(where, parse, self._max_depth, raw, value)
+        return Call(value=value)
 
     def _tokens(self) -> list[str | None]:
         """The tokens to present, in order: the domain's own first, unless this supervisor was
