@@ -86,16 +86,18 @@ async def run_all(server, kill=None):
             for b, p in zip(bodies, progress, strict=True)
         ]
         killed_at = None
+        kill_started = None
         if kill is not None:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and not all(t.done() for t in tasks):
                 if all(len(p) >= 15 or t.done() for p, t in zip(progress, tasks, strict=True)):
                     break
                 await asyncio.sleep(0.01)
-            killed_at = time.time()
+            kill_started = time.time()
             await asyncio.to_thread(kill)
+            killed_at = time.time()  # the host's processes are gone
         results = await asyncio.gather(*tasks)
-    return bodies, results, killed_at
+    return bodies, results, (kill_started, killed_at)
 
 
 def continued_total(server) -> float:
@@ -112,10 +114,15 @@ def test_streams_cut_by_a_crash_continue_whole_and_equal_to_their_uninterrupted_
         west={"engine_args": ENGINE_ARGS},
     )
     bodies, baseline, _ = asyncio.run(run_all(server))
-    cut_bodies, cut, killed_at = asyncio.run(run_all(server, kill=east.crash))
-    assert killed_at is not None and cut_bodies == bodies
+    cut_bodies, cut, (kill_started, killed_at) = asyncio.run(run_all(server, kill=east.crash))
+    assert kill_started is not None and killed_at is not None and cut_bodies == bodies
 
-    in_flight = 0
+    # Which streams were continued, seen from the client: one that ended before the kill began
+    # was not; one that ended well after the host was gone was (no engine was left to end it,
+    # and a continuation waits for detection, wake and probe). Between the two (the kill
+    # landing, the old engine's last bytes still in the relay on a loaded machine) it can be
+    # either, so the proxy's count is checked against both bounds.
+    in_flight = surely = 0
     problems = {}
     for i, (body, (base_raw, _, base_error), (raw, times, error)) in enumerate(
         zip(bodies, baseline, cut, strict=True)
@@ -127,11 +134,14 @@ def test_streams_cut_by_a_crash_continue_whole_and_equal_to_their_uninterrupted_
         if found := faults(seen, base, chat=chat, asked_ids=asked):
             problems[i] = found
         assert seen.done in (0, 1) and len(seen.usages) <= 1  # faults() says which is missing
-        in_flight += bool(times) and times[-1] > killed_at  # ended after the kill: continued
+        in_flight += bool(times) and times[-1] > kill_started
+        surely += bool(times) and times[-1] > killed_at + 0.5
     assert problems == {}, "\n".join(f"stream {i}: {p}" for i, p in problems.items())
-    assert in_flight >= 6  # the crash did cut streams mid-answer (the stop-string ones may end)
+    # The crash did cut streams mid-answer (the stop-string ones may end before it).
+    assert in_flight >= 6 and surely >= 1
     fleet = server.api("GET", "/fleets/e2e").json()
     active = next(d["slug"] for d in fleet["domains"] if d["id"] == fleet["activeDomainId"])
     assert active == "west"
     # Every continued stream is counted once, by endpoint, on the same process's /metrics.
-    wait_for(lambda: continued_total(server) == in_flight, 10, "the continuations counted")
+    wait_for(lambda: continued_total(server) >= surely, 10, "the continuations counted")
+    assert surely <= continued_total(server) <= in_flight
