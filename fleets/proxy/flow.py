@@ -99,27 +99,7 @@ async def _forward(
     response: upstream.Response | None = None
     ledger: Ledger | None = None
     try:
-        response = await handler.forward(
-            headers=headers,
-            body=body,
-            endpoint=endpoint,
-            exchange=exchange,
-            task=this_task,
-            plan=plan,
-        )
-        while exchange.route is not None and plan.reruns_on(exchange.route) and _aborted(response):
-            # A sleep aborted a non-streamed answer: nothing was sent, so ask again.
-            plan.reruns += 1
-            await response.aclose()
-            response = None
-            response = await handler.forward(
-                headers=headers,
-                body=body,
-                endpoint=endpoint,
-                exchange=exchange,
-                task=this_task,
-                plan=plan,
-            )
+        response = await _open(headers, body, endpoint, exchange, this_task, plan)
         headers_at = handler.perf()
         if plan.kept and response.status == 200 and exchange.route is not None:
             ledger = plan.ledger(exchange.route)
@@ -167,6 +147,26 @@ async def _forward(
         if response is not None:
             # Unread, this closes the upstream connection: the model server sees the cancel.
             await response.aclose()
+
+
+async def _open(
+    headers: dict[bytes, bytes],
+    body: bytes,
+    endpoint: str,
+    exchange: handler.Exchange,
+    task: asyncio.Task,
+    plan: Plan,
+) -> upstream.Response:
+    """Forward the request; return the response once its headers are in. A non-streamed answer
+    that a sleep aborted is asked again (nothing of it was sent), up to the plan's re-runs."""
+    while True:
+        response = await handler.forward(
+            headers=headers, body=body, endpoint=endpoint, exchange=exchange, task=task, plan=plan
+        )
+        if exchange.route is None or not plan.reruns_on(exchange.route) or not _aborted(response):
+            return response
+        plan.reruns += 1
+        await response.aclose()
 
 
 async def _relay(io: ClientIO, response: upstream.Response, exchange: handler.Exchange) -> None:
