@@ -171,12 +171,13 @@ class Deployment:
     def tasks_done(self, name: str) -> int:
         """How many reconcile tasks worker `name` has finished (its log, one child each).
 
-        Both kinds count: which worker's consumer takes each per-fleet `reconcile_fleet` is up
+        Every kind counts: which worker's consumer takes each per-fleet `reconcile_fleet` (a
+        kick) or `reconcile_batch` (the beat's ticks, sent by `reconcile_all` in batches) is up
         to the broker (one worker can take all of them for a while under load), while the
-        beat's `reconcile_all` reaches each worker in turn; either one finished proves the
-        worker consumes and ticks again.
+        beat's `reconcile_all` reaches each worker in turn; any one finished proves the worker
+        consumes and ticks again.
         """
-        pattern = r"Task fleets\.reconcile_(?:fleet|all)\[[^\]]+\] succeeded"
+        pattern = r"Task fleets\.reconcile_(?:fleet|all|batch)\[[^\]]+\] succeeded"
         return len(re.findall(pattern, self.log(name)))
 
     def hold_eta_ticks(self, count: int = 2) -> list[str]:
