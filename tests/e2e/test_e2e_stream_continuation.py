@@ -10,12 +10,14 @@ as raw SSE, so the `[DONE]` lines are counted too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 
 import httpx
 import pytest
 
+from haru.local.processes import NotReady
 from haru.local.streams import faults, parse_sse, read_events
 from tests.e2e.harness import wait_for
 
@@ -143,5 +145,7 @@ def test_streams_cut_by_a_crash_continue_whole_and_equal_to_their_uninterrupted_
     active = next(d["slug"] for d in fleet["domains"] if d["id"] == fleet["activeDomainId"])
     assert active == "west"
     # Every continued stream is counted once, by endpoint, on the same process's /metrics.
-    wait_for(lambda: continued_total(server) >= surely, 10, "the continuations counted")
-    assert surely <= continued_total(server) <= in_flight
+    with contextlib.suppress(NotReady):  # the assertion below says by how much, if it is short
+        wait_for(lambda: continued_total(server) >= surely, 10, "the continuations counted")
+    total = continued_total(server)
+    assert surely <= total <= in_flight, {"surely": surely, "counted": total, "maybe": in_flight}
