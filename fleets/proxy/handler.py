@@ -202,6 +202,7 @@ async def forward(
                     exchange,
                     task,
                     plan if plan is not None and plan.reruns_on(route) else None,
+                    retry_lost=continuing,
                 )
                 if not isinstance(sent, errors.ProxyError):
                     if held is not None:
@@ -230,10 +231,13 @@ async def _attempt(
     exchange: Exchange,
     task: asyncio.Task,
     rerun: Plan | None = None,
+    *,
+    retry_lost: bool = False,
 ) -> upstream.Response | errors.ProxyError:
     """Send once; return the response, or why the upstream provably did not start it (or, for
-    a non-streamed request to an engine that can continue, `rerun`, that it was cut before
-    anything was sent to the client: it is sent again)."""
+    a non-streamed request to an engine that can continue, `rerun`, or a stream's continuation,
+    `retry_lost`, that it was lost before anything of it was sent to the client: it is sent
+    again, held like the rest)."""
     target = route.targets[endpoint]
     head = upstream.request_head(target, headers, len(body))
     if exchange.overhead is None:
@@ -256,11 +260,14 @@ async def _attempt(
             f"model server for {route.model!r} refused the connection ({exc})"
         )
     except errors.ProxyError as err:
-        if rerun is None or not err.lost:
+        if (rerun is None and not retry_lost) or not err.lost:
             raise  # a TLS or DNS fault too: answered at once, never held
         # Accepted, then lost with its engine before any byte came back: the client has seen
-        # nothing, so the answer is asked again, of whichever domain routing commits to.
-        rerun.reruns += 1
+        # nothing of it, so it is asked again, of whichever domain routing commits to. (A
+        # continuation meets this on the dead engine's pooled connection: the request went out
+        # on it before the pool could know the engine was gone.)
+        if rerun is not None:
+            rerun.reruns += 1
         datapath.report_unreachable(
             snapshot.fleet_id, snapshot.active_domain_id or "", route.model, time.time()
         )
