@@ -23,8 +23,9 @@ TORCH_KEY := $(shell sha256sum constraints-torch.txt | cut -c1-16)
 TORCH_STAMP := $(TORCH_VENV)/.installed-$(TORCH_KEY)
 TORCH_WHEEL_DIR ?= /opt/wheels
 TORCH_WHEEL := $(wildcard $(TORCH_WHEEL_DIR)/torch-2.13.0+cpu-cp311-*.whl)
-TORCH_PACKAGES := torch transformers peft safetensors starlette uvicorn httptools httpx sniffio \
-	nvidia-ml-py jsonschema
+# The supervisor's own base install (pyproject's dependencies) plus the training stack.
+TORCH_PACKAGES := torch transformers peft safetensors starlette uvicorn httptools websockets httpx \
+	sniffio nvidia-ml-py jsonschema cryptography
 
 # Always consulted: tools/ensure-venv returns at once when the stamp in the venv matches its
 # interpreter and the dependency files.

@@ -68,6 +68,7 @@ from fleets.core.policy import DEFAULTS  # noqa: E402
 from supervisor.clock import SystemClock  # noqa: E402
 from supervisor.config import TrainingSlotConfig  # noqa: E402
 from supervisor.gpu.nvml import NvmlBackend  # noqa: E402
+from supervisor.gpu.sim_state import ENV_VAR as SIM_STATE_ENV  # noqa: E402
 from supervisor.gpu.sim_state import SimGpuState  # noqa: E402
 from supervisor.processes import AsyncioSpawner  # noqa: E402
 from supervisor.training import TrainingSlot  # noqa: E402
@@ -316,7 +317,12 @@ async def trainer_stop(plan: Plan, reader: MemoryReader, path: str) -> dict[str,
     )
     environ = child_env(plan)
     environ.pop("CUDA_VISIBLE_DEVICES")  # the slot sets it, as the supervisor does
-    slot = TrainingSlot(config, spawner=AsyncioSpawner(), clock=SystemClock(), environ=environ)
+    # The slot passes its trainer only the allowed part of `environ` (supervisor/child_env.py);
+    # the simulated GPU's state file goes as the supervisor's host does give it (host_env).
+    sim = {k: environ[k] for k in (SIM_STATE_ENV,) if k in environ}
+    slot = TrainingSlot(
+        config, spawner=AsyncioSpawner(), clock=SystemClock(), environ=environ, host_env=sim
+    )
     baseline = reader.used_bytes()
     began = time.monotonic()
     await slot.start()

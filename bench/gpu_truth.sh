@@ -4,8 +4,9 @@
 #     bench/gpu_truth.sh [--wheels DIR] [bench/gpu_truth.py flags, e.g. --out DIR --sizes-gib 8,32]
 #
 # The host's python3 (or $PYTHON) must have torch with CUDA, transformers, peft, safetensors,
-# httpx and nvidia-ml-py: the lent H200 image does. What it lacks (starlette, uvicorn, sniffio, jsonschema and its deps)
-# comes as wheels from `make gpu-wheels` (var/gpu-wheels, well under 1 MiB), installed offline
+# httpx and nvidia-ml-py: the lent H200 image does. What it lacks of the supervisor's base install
+# (starlette, uvicorn, httptools, websockets, sniffio, jsonschema, cryptography and their deps)
+# comes as wheels from `make gpu-wheels` (var/gpu-wheels, about 6 MiB), installed offline
 # into a private folder that only this run puts on PYTHONPATH. Nothing is installed system-wide.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,7 +39,8 @@ export PYTHONUNBUFFERED=1
 # Say what is missing before anything starts, not halfway through the GPU's time.
 "$PY" - <<'PY'
 import importlib.util, sys
-need = ["torch", "transformers", "peft", "safetensors", "starlette", "uvicorn", "httpx", "jsonschema", "pynvml"]
+need = ["torch", "transformers", "peft", "safetensors", "starlette", "uvicorn", "httpx", "jsonschema", "pynvml",
+        "websockets", "cryptography"]
 missing = [m for m in need if importlib.util.find_spec(m) is None]
 if missing:
     sys.exit(f"gpu_truth.sh: missing {', '.join(missing)}: carry them with --wheels DIR")
