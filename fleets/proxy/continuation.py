@@ -19,6 +19,7 @@ detokenized answer is used for that chunk instead.)
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -123,6 +124,7 @@ async def resume(
             metrics.continued(fleet, plan.endpoint)
             metrics.stalled(fleet, time.monotonic() - cut_at)
             return True
+        loop = task.get_loop()
         try:
             response = await handler.forward(
                 headers=headers,
@@ -131,8 +133,14 @@ async def resume(
                 exchange=exchange,
                 task=task,
                 continuing=True,
+                # The text before the seam is asked of the engine the continuation goes to, as
+                # it goes: its answer then comes with the first token instead of a round trip
+                # after the headers (with 200 streams continued at once, that wait is the
+                # engine's queue).
+                on_route=functools.partial(stitch.prefetch, loop=loop),
             )
         except ProxyError as err:
+            stitch.drop_prefetch()
             metrics.failed(fleet, _reason_of(err))
             log.warning("stream for %r cut, not continued: %s", exchange.model, err.code)
             return False
@@ -142,10 +150,7 @@ async def resume(
             if response.status != 200:
                 metrics.failed(fleet, f"upstream_{response.status // 100}xx")
                 return False
-            # The text before the seam is asked for now, while the engine computes its first
-            # token: at the seam only the decode with the continuation's ids is left to wait for
-            # (with 200 streams continued at once, one /detokenize round trip less each).
-            stitch.prefetch(route, task.get_loop())
+            stitch.prefetch(route, loop)  # already asked of this route: kept
             ended = await stitch.relay(io, response, route, cut_at, len(prompt), task)
         except _SeamUnknown as exc:
             metrics.failed(fleet, "seam")
@@ -189,12 +194,20 @@ class Stitch:
         self._after = ""  # the text sent since the seam
         self._ids: list[int] = []  # every id of this continuation so far
         self._before_text: asyncio.Task[str] | None = None  # the answer's text before the seam
+        self._prefetched_on: Route | None = None  # the route it was asked of
 
     def prefetch(self, route: Route, loop: asyncio.AbstractEventLoop) -> None:
         """Start detokenizing the answer before the seam on `route`'s engine (its own task:
-        the header timeout of open_stream cancels the task it runs in)."""
-        if self.before and self._before_text is None:
-            self._before_text = loop.create_task(detokenize(route, self.before))
+        the header timeout of open_stream cancels the task it runs in). One asked of another
+        route (the dead engine, tried before the hold), or that failed, is asked again."""
+        if not self.before:
+            return
+        pending = self._before_text
+        if pending is not None and self._prefetched_on is route and not _failed(pending):
+            return
+        self.drop_prefetch()
+        self._prefetched_on = route
+        self._before_text = loop.create_task(detokenize(route, self.before))
 
     def drop_prefetch(self) -> None:
         """Cancel a prefetch the relay never needed (cut again before any text)."""
@@ -365,6 +378,10 @@ class Stitch:
 
 
 _ABORTED = object()
+
+
+def _failed(task: asyncio.Task[str]) -> bool:
+    return task.done() and (task.cancelled() or task.exception() is not None)
 
 
 async def _chunks(response: upstream.Response):

@@ -23,6 +23,8 @@ from fleets.proxy.snapshots import ROUTES, Route, Snapshot, clip
 from fleets.reconciler import datapath
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from fleets.proxy.plan import Plan
 
 ENDPOINTS = {
@@ -157,6 +159,7 @@ async def forward(
     task: asyncio.Task | None = None,
     plan: Plan | None = None,
     continuing: bool = False,
+    on_route: Callable[[Route], None] | None = None,
 ) -> upstream.Response:
     """Route the request and send it upstream; return the response once its headers are in.
 
@@ -168,6 +171,8 @@ async def forward(
     `plan` (fleets/proxy/plan.py) asks for token ids on a route whose engine can
     continue, and sends a non-streamed request cut before its headers again; `continuing`
     marks a stream's continuation, which only an engine that can continue may take.
+    `on_route` is told each route the request is about to be sent on (a continuation starts
+    reading the text before its seam there while the engine computes its first token).
     """
     if task is None:
         task = asyncio.current_task()
@@ -193,6 +198,8 @@ async def forward(
                 if continuing and not route.continues:
                     # Never answered to a client: the continuation counts it (reason "engine").
                     raise CannotContinue(f"{route.model!r}'s engine cannot continue a stream")
+                if on_route is not None:
+                    on_route(route)
                 sent = await _attempt(
                     route,
                     snapshot,

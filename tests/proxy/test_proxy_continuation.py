@@ -166,6 +166,22 @@ async def test_the_text_before_the_seam_is_asked_for_while_the_engine_starts(
     assert reads[0]["events_sent"] == 0 and reads[1]["events_sent"] >= 1
 
 
+async def test_the_text_before_the_seam_is_asked_for_with_the_continuation(
+    haru, doubles, fleet, hold_settings
+):
+    # An engine slow to answer at all (its queue, after a failover): the read of the text
+    # before the seam goes with the continuation, not after the continuation's headers.
+    request = body("chat", stream=True, max_tokens=60)
+    expected = await baseline(doubles["west"], "chat", request)
+    doubles["east"].cut_after = INSIDE
+    west = doubles["west"]
+    west.headers_delay = 0.3
+    assert await cut_then_promote(haru, fleet, "chat", request) == expected
+    reads = [r for r in west.requests if r["path"] == "/detokenize"]
+    assert [r["body"]["tokens"] for r in reads[:1]] == [ANSWER_IDS[:INSIDE]]
+    assert reads[0]["headers_sent"] is False
+
+
 async def test_the_same_domain_coming_back_takes_the_continuation(
     haru, doubles, fleet, hold_settings
 ):

@@ -51,6 +51,8 @@ class VllmDouble:
         self.token_ids = True  # False: an engine that ignores return_token_ids
         self.delay = 0.0
         self.first_delay = 0.0  # before a stream's first event, as an engine's prefill
+        self.headers_delay = 0.0  # before a stream's headers, as an engine's queue
+        self.headers_sent = True  # whether the latest stream's headers went out (per /detokenize)
         self.events_sent = 0  # events of the latest stream so far, noted with each /detokenize
         self.refuse = False  # answer 503 (not handled)
         self.cuts = 0
@@ -74,6 +76,7 @@ class VllmDouble:
                 "body": doc,
                 "refused": self.refuse,
                 "events_sent": self.events_sent,
+                "headers_sent": self.headers_sent,
             }
         )
         if self.refuse:
@@ -96,6 +99,10 @@ class VllmDouble:
         if not doc.get("stream"):
             await self._whole(send, doc, chat, prompt, ids, finish)
             return
+        self.headers_sent = False
+        if self.headers_delay:
+            await asyncio.sleep(self.headers_delay)
+        self.headers_sent = True
         await send(
             {
                 "type": "http.response.start",
