@@ -118,13 +118,14 @@ async def _gpu_target(request: Request) -> int | None:
     return gpu_index
 
 
-def _query_seconds(request: Request, name: str) -> float | None:
-    """A query parameter of milliseconds (1 to MAX_MS) in seconds; None when absent."""
+def _query_seconds(request: Request, name: str, least: int = 1) -> float | None:
+    """A query parameter of milliseconds (`least` to MAX_MS) in seconds; None when absent."""
     raw = request.query_params.get(name)
     if raw is None:
         return None
-    if not raw.isdigit() or not 0 < int(raw) <= MAX_MS:
-        raise ApiError(400, "invalid_request", f"{name} must be a positive integer")
+    if not raw.isdigit() or not least <= int(raw) <= MAX_MS:
+        kind = "a positive integer" if least > 0 else "a non-negative integer"
+        raise ApiError(400, "invalid_request", f"{name} must be {kind}")
     return int(raw) / 1000
 
 
@@ -135,10 +136,11 @@ async def vllm_sleep(request: Request) -> JSONResponse:
     # how long this call is held; `?budgetMs=` how long the caller waits for the sleep all
     # told, which ends the drain early enough for the sleep to finish within it.
     # `?drainMs=` (feature drain-bound) bounds the drain itself: past it the sleep aborts what
-    # still runs, for a caller that moves those requests elsewhere (a planned promotion).
+    # still runs, for a caller that moves those requests elsewhere (a planned promotion); 0
+    # aborts at once, what a caller that moves every stream at the switch asks.
     wait_s = _query_seconds(request, "waitMs")
     budget_s = _query_seconds(request, "budgetMs")
-    drain_s = _query_seconds(request, "drainMs")
+    drain_s = _query_seconds(request, "drainMs", least=0)
     result = await host_of(request).sleep(gpu_index, wait_s, budget_s, drain_s)
     return wire(result, 202 if result["status"] == "draining" else 200)
 

@@ -153,23 +153,23 @@ class Policy:
     )
     # Stream migration (fleets.core.stream_migration): a planned promotion ends the old
     # active's drain this long after it starts, and the sleep aborts what still runs; the proxy
-    # continues each aborted stream on the new active. One second lets short answers finish
-    # where they are while a promotion stays within about a second of one with nothing in
-    # flight (the bound is added to it whole when a long stream runs); 0 or null keeps the full
-    # drain.
+    # continues each aborted stream on the new active (and re-runs an aborted non-streamed
+    # answer). 0, the default, moves them at the switch, so a promotion with answers in flight
+    # lasts as long as one without; a grace lets short answers finish where they are, and is
+    # added to the promotion whole when a long one runs. null keeps the full drain.
     stream_migration_after_ms: int | None = _key(
-        1_000,
+        0,
         _bounded(
             ["integer", "null"],
             {"minimum": 0, "maximum": "$limits.MAX_MS"},
             type_rule="must be an integer number of milliseconds, or null",
             range_rule="must be between 0 and {MAX_MS}",
         ),
-        "A planned promotion lets the old active's requests finish for this long, then moves "
-        "the streams still running to the new active (continued token for token by the proxy) "
-        "instead of waiting for them; only when every model on both domains can continue "
-        "(engine vllm or sim) and the old active's supervisor lists drain-bound. 0 or null "
-        "keeps the full drain.",
+        "A planned promotion lets the old active's requests finish for this long (0: not at "
+        "all), then moves the streams still running to the new active (continued token for "
+        "token by the proxy) instead of waiting for them; only when every model on both domains "
+        "can continue (engine vllm or sim) and the old active's supervisor lists drain-bound. "
+        "null keeps the full drain.",
     )
     # A sleeping vLLM keeps its CUDA context and allocator pools, so "released" means under a
     # ratio of the card, not zero.

@@ -39,7 +39,7 @@ def drain_bound(
 ) -> DrainBound:
     """Decide the drain bound a planned promotion gives the old active's sleep.
 
-    `after_ms`: the policy's streamMigrationAfterMs (0 or None: migration off).
+    `after_ms`: the policy's streamMigrationAfterMs (None: migration off; 0: at once).
     `routed_to_target`: routing already committed to the probed new active, so a stream the
     sleep aborts is continued there (never sleep the old active before that).
     `source_engines`, `target_engines`: the engines of the bindings on each side (every stream
@@ -47,8 +47,8 @@ def drain_bound(
     supervisor lists `drain-bound` (an older one would ignore the bound and drain in full,
     which is safe, but the step then says what really happens).
     """
-    if not after_ms:
-        return DrainBound(None, "stream migration is off (streamMigrationAfterMs)")
+    if after_ms is None:
+        return DrainBound(None, "stream migration is off (streamMigrationAfterMs null)")
     if not routed_to_target:
         return DrainBound(None, "routing does not point at the new active")
     for side, engines in (("old active", source_engines), ("new active", target_engines)):
@@ -59,4 +59,6 @@ def drain_bound(
             )
     if not source_takes_bound:
         return DrainBound(None, "the old active's supervisor does not take a drain bound")
+    if after_ms == 0:
+        return DrainBound(0, "streams still running move to the new active at once")
     return DrainBound(after_ms, f"streams still running after {after_ms} ms move to the new active")

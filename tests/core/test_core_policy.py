@@ -56,7 +56,7 @@ def test_defaults_match_the_design():
         "switchActiveTimeoutMs": 10000,
         "sleepTimeoutMs": 60000,
         "startTrainingTimeoutMs": 30000,
-        "streamMigrationAfterMs": 1000,
+        "streamMigrationAfterMs": 0,
         "verifyGpuMaxUsedRatio": 0.25,
         "probe": {"prompt": "ping", "maxTokens": 4},
         "replaceFailedStandby": True,
@@ -344,7 +344,7 @@ def test_readiness_accepts_only_the_checks_whose_proof_may_never_come():
 
 
 @pytest.mark.parametrize("value", [0, None, 1, 60_000])
-def test_stream_migration_takes_milliseconds_and_zero_or_null_switch_it_off(value):
+def test_stream_migration_takes_milliseconds_and_null_switches_it_off(value):
     assert validate_policy({"streamMigrationAfterMs": value}) == {"streamMigrationAfterMs": value}
     assert Policy.resolve({"streamMigrationAfterMs": value}).stream_migration_after_ms == value
 

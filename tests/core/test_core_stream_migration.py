@@ -21,10 +21,20 @@ def test_every_condition_met_gives_the_policy_bound():
     assert "4000 ms" in decision.reason
 
 
+def test_a_bound_of_zero_moves_the_streams_at_once():
+    decision = drain_bound(**{**ALLOWED, "after_ms": 0})
+    assert decision.ms == 0
+    assert "at once" in decision.reason
+
+
+def test_a_bound_of_zero_still_needs_every_condition():
+    decision = drain_bound(**{**ALLOWED, "after_ms": 0, "target_engines": ["sglang"]})
+    assert decision.ms is None
+
+
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
-        ({"after_ms": 0}, "stream migration is off"),
         ({"after_ms": None}, "stream migration is off"),
         ({"routed_to_target": False}, "routing does not point at the new active"),
         ({"source_engines": ["vllm", "sglang"]}, "old active runs engines that cannot continue"),

@@ -305,6 +305,21 @@ def test_a_drain_bound_goes_only_to_a_supervisor_that_lists_it(features, expecte
     assert client.takes_drain_bound() is ("drain-bound" in (features or []))
 
 
+def test_a_drain_bound_of_zero_is_sent_as_zero():
+    seen: list[str] = []
+
+    def handler(request):
+        seen.append(str(request.url))
+        if request.url.path == "/v1/status":
+            return httpx.Response(200, json={**ok_status(), "features": ["drain-bound"]})
+        return httpx.Response(200, json={"status": "ok"})
+
+    client = client_answering(handler)
+    assert client.status(timeout=1).ok
+    assert client.sleep(timeout=5, drain_bound_ms=0).ok
+    assert seen[1].endswith("/v1/vllm/sleep?drainMs=0")
+
+
 def test_a_cookie_one_supervisor_sets_never_reaches_another():
     # httpx keys cookies by host, not port: a jar would carry one supervisor's cookie to every
     # other supervisor on that host. The shared client keeps none.

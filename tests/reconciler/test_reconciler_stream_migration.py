@@ -56,16 +56,14 @@ def test_a_planned_promotion_bounds_the_old_actives_drain_by_the_policy(
     assert sleep_queries(hosts.hosts["west"]) == []  # the new active is never slept
 
 
-def test_the_default_policy_migrates_after_a_second(fleet, tick, hosts, domains, fake_clock):
-    promote_west(fleet, tick, domains, fake_clock)
-    assert {q["drainMs"][0] for q in sleep_queries(hosts.hosts["east"])} == {"1000"}
+def test_the_default_policy_migrates_at_the_switch(fleet, tick, hosts, domains, fake_clock):
+    op = promote_west(fleet, tick, domains, fake_clock)
+    assert {q["drainMs"][0] for q in sleep_queries(hosts.hosts["east"])} == {"0"}
+    assert sleep_step(op)["drainBoundMs"] == 0
 
 
-@pytest.mark.parametrize("value", [0, None])
-def test_migration_switched_off_keeps_the_full_drain(
-    fleet, tick, hosts, domains, fake_clock, value
-):
-    set_policy(fleet, streamMigrationAfterMs=value)
+def test_migration_switched_off_keeps_the_full_drain(fleet, tick, hosts, domains, fake_clock):
+    set_policy(fleet, streamMigrationAfterMs=None)
     op = promote_west(fleet, tick, domains, fake_clock)
     sleeps = sleep_queries(hosts.hosts["east"])
     assert sleeps and all("drainMs" not in q for q in sleeps)

@@ -23,6 +23,17 @@ def test_a_drain_bound_ends_the_drain_and_the_sleep_aborts_what_still_runs(api):
     assert server.calls.count("GET /metrics") >= 2  # it did drain until then
 
 
+def test_a_drain_bound_of_zero_sleeps_at_once_and_aborts_what_runs(api):
+    # What a planned promotion sends to move every stream at the switch: no drain at all.
+    server = FakeServerState("m", running=[1])
+    under_test = api(config(30_000), servers={18001: server})
+    with checked(under_test.app) as client:
+        answer = client.post("/v1/vllm/sleep?drainMs=0")
+    assert answer.status_code == 200
+    assert server.sleeping is True and server.sleep_queries == ["level=1"]
+    assert answer.json()["models"][0]["drainedMs"] < 1_000
+
+
 def test_a_drain_that_empties_before_its_bound_sleeps_then(api):
     server = FakeServerState("m", running=[1, 0])
     under_test = api(config(30_000), servers={18001: server})
@@ -60,7 +71,7 @@ def test_the_supervisor_lists_the_drain_bound_among_its_features(api):
         assert "drain-bound" in client.get("/v1/status").json()["features"]
 
 
-@pytest.mark.parametrize("value", ["soon", "0", "-5", "1.5", "", "2147483648"])
+@pytest.mark.parametrize("value", ["soon", "-5", "1.5", "", "2147483648"])
 def test_a_bad_drain_bound_is_refused_and_nothing_sleeps(api, value):
     server = FakeServerState("m", running=[1])
     under_test = api(config(30_000), servers={18001: server})
@@ -69,6 +80,6 @@ def test_a_bad_drain_bound_is_refused_and_nothing_sleeps(api, value):
     assert answer.status_code == 400
     assert answer.json()["error"] == {
         "code": "invalid_request",
-        "message": "drainMs must be a positive integer",
+        "message": "drainMs must be a non-negative integer",
     }
     assert server.sleeping is False and server.calls == []

@@ -114,7 +114,7 @@ class SupervisorClient(Door):
         `budget` (seconds the caller still waits for the sleep: what is left of its step) it
         is told that too (`?budgetMs=`), and ends its drain in time for the sleep to fit.
         With `drain_bound_ms`, one that lists `drain-bound` ends its drain that long after the
-        call and aborts what still runs (`?drainMs=`); any other is not sent it."""
+        call (0: at once) and aborts what still runs (`?drainMs=`); any other is not sent it."""
         body = {"gpuIndex": gpu_index} if gpu_index is not None else {}
         params: list[tuple[str, str]] = []
         known = learned_features(self.base_url) or frozenset()
@@ -122,7 +122,7 @@ class SupervisorClient(Door):
             params.append(("waitMs", str(max(1, int(timeout * 1000 * WAIT_SHARE)))))
             if budget is not None:
                 params.append(("budgetMs", str(max(1, int(budget * 1000)))))
-        if drain_bound_ms is not None and drain_bound_ms > 0 and FEATURE_DRAIN_BOUND in known:
+        if drain_bound_ms is not None and FEATURE_DRAIN_BOUND in known:
             params.append(("drainMs", str(drain_bound_ms)))
         return self._call(
             "sleep", "POST", "/v1/vllm/sleep", timeout, parse_ack, body, params or None
