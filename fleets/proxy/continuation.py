@@ -198,12 +198,10 @@ class Stitch:
 
     def prefetch(self, route: Route, loop: asyncio.AbstractEventLoop) -> None:
         """Start detokenizing the answer before the seam on `route`'s engine (its own task:
-        the header timeout of open_stream cancels the task it runs in). One asked of another
-        route (the dead engine, tried before the hold), or that failed, is asked again."""
-        if not self.before:
-            return
-        pending = self._before_text
-        if pending is not None and self._prefetched_on is route and not _failed(pending):
+        the header timeout of open_stream cancels the task it runs in). Asked once per route:
+        a held continuation is tried again on the same (dead) route every poll, and a read
+        that failed there is read again at the seam if the route ever answers."""
+        if not self.before or self._prefetched_on is route:
             return
         self.drop_prefetch()
         self._prefetched_on = route
@@ -211,7 +209,7 @@ class Stitch:
 
     def drop_prefetch(self) -> None:
         """Cancel a prefetch the relay never needed (cut again before any text)."""
-        pending, self._before_text = self._before_text, None
+        pending, self._before_text, self._prefetched_on = self._before_text, None, None
         if pending is not None:
             if pending.done():
                 if not pending.cancelled():
@@ -361,9 +359,10 @@ class Stitch:
         engine's detokenizer had got to (`settled_end`); now, where the continuing one has.
         """
         before = ""
-        if self._before_text is not None:
-            before = await self._before_text
-        elif self.before:
+        pending = self._before_text
+        if pending is not None and self._prefetched_on is route and not _failed(pending):
+            before = await pending
+        elif self.before:  # never asked of this route, or the read failed: once more, now
             before = await detokenize(route, self.before, task)
         self.at = rules.settled_end(before, False, self.held)
         self.client = before[: self.at]

@@ -182,6 +182,26 @@ async def test_the_text_before_the_seam_is_asked_for_with_the_continuation(
     assert reads[0]["headers_sent"] is False
 
 
+async def test_a_held_continuation_asks_the_dead_engine_for_its_text_once(
+    haru, doubles, fleet, hold_settings
+):
+    # Held, the continuation is tried on the dead route every poll; the text before the seam is
+    # asked there once (a request per held stream per poll would load a failover's proxy).
+    hold_settings(chat_hold_poll_ms=20)
+    request = body("chat", stream=True, max_tokens=60)
+    expected = await baseline(doubles["west"], "chat", request)
+    east = doubles["east"]
+    east.cut_after = INSIDE
+    reading = asyncio.create_task(read_all(haru, "chat", request))
+    await until_held(1)
+    tried = len(east.requests)
+    await asyncio.sleep(0.3)  # about fifteen polls
+    assert len(east.requests) > tried + 3  # it did keep trying the route
+    await sync_to_async(promote)(fleet, "west")
+    assert await asyncio.wait_for(reading, 10) == expected
+    assert [r["path"] for r in east.requests].count("/detokenize") <= 1
+
+
 async def test_the_same_domain_coming_back_takes_the_continuation(
     haru, doubles, fleet, hold_settings
 ):
