@@ -113,8 +113,8 @@ async def one_stream(client: AsyncOpenAI, spec: Spec, progress: dict[int, int]) 
         else:
             stream = await client.completions.create(prompt=spec.prompt, **common)
         async for chunk in stream:
+            times.append(time.time())  # as it came out of the SDK, before this run's own work
             events.append(chunk.model_dump(exclude_none=True))
-            times.append(time.time())
             progress[spec.index] = len(events)
     except APIStatusError as exc:
         error = f"{exc.status_code} {type(exc).__name__}"
