@@ -8,8 +8,8 @@ stream's format: the same `id`, `created` and `model`, no second role chunk, one
 `finish_reason`, usage once over the whole answer, one `[DONE]`.
 
 The text after a seam is rebuilt from ids: the proxy asks the engine's /detokenize for the
-answer before the seam as soon as the continuation's headers are in (while the engine computes
-its first token), and at the first chunk that carries text for it with the continuation's ids:
+answer before the seam as it sends the continuation there (while the engine computes its first
+token), and at the first chunk that carries text for it with the continuation's ids:
 where the first engine's detokenizer had got to is where the client's text ends, and it sends
 the difference; from there on the engine's own deltas are right. (When the ids before the seam
 end inside a multi-byte character, vLLM's first continued chunk re-emits earlier text: the
