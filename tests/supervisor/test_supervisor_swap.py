@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import logging
 import signal
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from jsonschema import Draft202012Validator
 from starlette.testclient import TestClient
 
 from common.strict_json import ConfigError
@@ -419,3 +421,25 @@ def test_the_swap_port_range_is_checked(ports, says):
     with pytest.raises(ConfigError) as refused:
         parse_config({**config(), "swapPorts": ports}, cwd=REPO_ROOT)
     assert any(says in e for e in refused.value.errors), refused.value.errors
+
+
+# -- the original control plane's view ----------------------------------------------------------
+
+
+def test_the_originals_status_schema_accepts_a_status_with_a_swap(api):
+    original = json.loads((REPO_ROOT / "tests/wire/original/status.response.json").read_text())
+    spawner = FakeSpawner()
+    fakes = servers(reachable=False)
+    under_test = api(config(), servers=fakes, spawner=spawner)
+    with checked(under_test.app) as client:
+        started(client, spawner)
+        body = {"model": "qwen-small", "mode": "new-port", "profile": NEW_PROFILE}
+        assert client.post("/v1/models/swap", json=body).status_code == 202
+        until(lambda: swap_state(client) == "starting")
+        in_flight = client.get("/v1/status").json()
+        fakes[NEW].reachable = True
+        until(lambda: swap_state(client) == "switched")
+        switched = client.get("/v1/status").json()
+    for status in (in_flight, switched):
+        assert "swap" in status["slots"][0]["models"][0]
+        assert list(Draft202012Validator(original).iter_errors(status)) == []
