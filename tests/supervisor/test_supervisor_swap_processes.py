@@ -88,3 +88,28 @@ def test_a_swapped_server_serves_the_new_profile_and_survives_a_supervisor_crash
     assert not pid_alive(new_pid)
     # The swap outlives the processes: the next start runs the swapped profile again.
     assert len(list((tmp_path / f"supervisor-{first.port}").glob("swap-*.json"))) == 1
+
+
+def test_an_in_place_swap_reuses_the_port_of_the_stopped_server(processes, tools, tmp_path: Path):
+    port = tools.free_port()
+    config = {
+        "gpu": {"backend": "sim", "simStateFile": str(tmp_path / "gpu.json")},
+        "slots": [
+            {
+                "kind": "inference",
+                "gpuIndex": 0,
+                "models": [{"name": "qwen-small", "port": port, "profile": sim_profile("v1")}],
+            }
+        ],
+    }
+    sup = tools.start_supervisor(processes, config)
+    with sup.client() as client:
+        old_pid = model_of(client)["process"]["pid"]
+        body = {"model": "qwen-small", "mode": "in-place", "profile": sim_profile("v2")}
+        assert client.post("/v1/models/swap", json=body).json()["port"] == port
+        tools.wait_for(lambda: model_of(client).get("swap", {}).get("state") == "switched")
+        swapped = model_of(client)
+        processes.adopt(swapped["process"]["pid"])
+        assert not pid_alive(old_pid)
+        assert swapped["port"] == port and answer(port) == "v2"
+        assert client.get("/v1/ready").json()["ready"] is True
