@@ -43,6 +43,7 @@ from supervisor.swaps import (
     DEFAULT_START_TIMEOUT_S,
     FAILED,
     IN_PLACE,
+    MODES,
     PROBE_MAX_TOKENS,
     PROBE_PROMPT,
     PROBE_TIMEOUT_S,
@@ -505,6 +506,8 @@ class Host:
         """
         if self.shutting_down:
             raise ShuttingDown("the supervisor is shutting down")
+        if mode not in MODES:  # the route's schema says so too; a direct caller may not
+            raise SwapRefused(400, "invalid_request", f"mode: must be one of {', '.join(MODES)}")
         old = self._model_named(model)
         if old.managed is None or old.config.profile is None:
             raise SwapRefused(
