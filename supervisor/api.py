@@ -22,6 +22,7 @@ from supervisor.auth import BearerAuth
 from supervisor.errors import ApiError, error_body
 from supervisor.gpu.facts import GpuQueryFailed, GpuUnavailable
 from supervisor.host import Host, InsufficientGpuMemory, InvalidTarget, ModelFailures, ShuttingDown
+from supervisor.swaps import SwapRefused
 from supervisor.training import SpawnFailed, TrainingBusy
 
 log = logging.getLogger(__name__)
@@ -185,6 +186,21 @@ async def probe(request: Request) -> JSONResponse:
     return wire(result)
 
 
+async def model_swap(request: Request) -> JSONResponse:
+    # Ours only (feature model.swap): answered once the swap is checked and started; its
+    # progress is the model's `swap` in the status report (supervisor/swaps.py).
+    body = await read_body(request)
+    timeout_ms = body.get("startTimeoutMs")
+    result = await host_of(request).begin_swap(
+        model=body["model"],
+        profile=body["profile"],
+        mode=body["mode"],
+        api_key=body.get("apiKey"),
+        start_timeout_s=timeout_ms / 1000 if timeout_ms is not None else None,
+    )
+    return wire(result, 202)
+
+
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
     return JSONResponse(exc.body(), status_code=exc.status)
@@ -214,6 +230,8 @@ async def _domain_error(request: Request, exc: Exception) -> JSONResponse:
         err = ApiError(502, f"{exc.action}_failed", str(exc), details={"failures": exc.failures})
     elif isinstance(exc, ShuttingDown):
         err = ApiError(503, "shutting_down", str(exc))
+    elif isinstance(exc, SwapRefused):
+        err = ApiError(exc.status, exc.code, str(exc))
     elif isinstance(exc, TrainingBusy):
         err = ApiError(409, "training_stopping", str(exc))
     elif isinstance(exc, SpawnFailed):
@@ -239,6 +257,7 @@ ROUTES = [
     Route("/v1/training/status", training_status, methods=["GET"]),
     Route("/v1/gpu/memory", gpu_memory, methods=["GET"]),
     Route("/v1/probe", probe, methods=["POST"]),
+    Route("/v1/models/swap", model_swap, methods=["POST"]),
 ]
 
 
@@ -262,6 +281,7 @@ def create_app(host: Host, *, token: str | None, manage_host: bool = True) -> St
         ModelFailures: _domain_error,
         InsufficientGpuMemory: _domain_error,
         ShuttingDown: _domain_error,
+        SwapRefused: _domain_error,
         TrainingBusy: _domain_error,
         SpawnFailed: _domain_error,
         GpuUnavailable: _domain_error,

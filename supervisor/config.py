@@ -25,6 +25,8 @@ from supervisor.secrets import SecretRef
 DEFAULT_GRACE_MS = 30_000
 DEFAULT_DRAIN_BUDGET_MS = 30_000
 DEFAULT_SIM_GPU = {"index": 0, "totalMiB": 81920, "name": "SIM-H100", "computeCapability": "9.0"}
+# A swap's port range is scanned port by port for a free one; a range wider than this is a slip.
+MAX_SWAP_PORTS = 1024
 # Engines an unmanaged server may be: each has an HTTP sleep protocol. llama.cpp has none, so
 # the supervisor can only put it on standby by stopping a process it started itself.
 UNMANAGED_ENGINES = ("vllm", "sglang", "sim")
@@ -127,6 +129,9 @@ class SupervisorConfig:
     drain_budget_ms: int = 30_000
     # What `manage.py supervisor_config` planned; empty for a hand-written config.
     plan: PlanConfig = PlanConfig()
+    # Where a swap in mode new-port may start a server: (first, last), both included; None: no
+    # such swap on this host (supervisor/swaps.py).
+    swap_ports: tuple[int, int] | None = None
 
     @property
     def models(self) -> tuple[ModelConfig, ...]:
@@ -203,6 +208,7 @@ def parse_config(
     slots = _parse_slots(data["slots"], errors, cwd, registry)
     if not errors:
         _check_cross_slot_rules(slots, gpu, errors, registry)
+    swap_ports = _parse_swap_ports(data.get("swapPorts"), slots, errors)
     if errors:
         raise ConfigError(errors)
     state_dir = data.get("stateDir")
@@ -213,7 +219,33 @@ def parse_config(
         state_dir=_resolve(cwd, state_dir) if state_dir else None,
         drain_budget_ms=data.get("drainBudgetMs", DEFAULT_DRAIN_BUDGET_MS),
         plan=_parse_plan(data.get("plan")),
+        swap_ports=swap_ports,
     )
+
+
+def _parse_swap_ports(
+    raw: dict[str, Any] | None, slots: list[SlotConfig], errors: list[str]
+) -> tuple[int, int] | None:
+    if raw is None:
+        return None
+    first, last = raw["first"], raw["last"]
+    if first > last:
+        errors.append(f"swapPorts.last: must be at least first ({first}), got {last}")
+        return None
+    if last - first + 1 > MAX_SWAP_PORTS:
+        errors.append(f"swapPorts: spans {last - first + 1} ports; at most {MAX_SWAP_PORTS}")
+        return None
+    for slot in slots:
+        if isinstance(slot, InferenceSlotConfig):
+            for model in slot.models:
+                if first <= model.port <= last:
+                    # A configured port in the range would be skipped anyway, but an operator
+                    # who wrote it there most likely meant another range.
+                    errors.append(
+                        f"swapPorts: {model.path}.port {model.port} is inside the range; keep "
+                        "the configured ports out of it"
+                    )
+    return first, last
 
 
 def _parse_plan(raw: dict[str, Any] | None) -> PlanConfig:
@@ -337,7 +369,7 @@ def _parse_model(
     elif any(c.isspace() for c in name):
         errors.append(f"{path}.name: must not contain whitespace")
     engine = raw.get("engine")
-    api_key = _parse_secret_ref(raw.get("apiKey"), f"{path}.apiKey", errors, cwd)
+    api_key = parse_secret_ref(raw.get("apiKey"), f"{path}.apiKey", errors, cwd)
     profile = None
     if raw.get("profile") is not None:
         profile = parse_profile(
@@ -385,7 +417,7 @@ def _parse_model(
     )
 
 
-def _parse_secret_ref(
+def parse_secret_ref(
     raw: dict[str, Any] | None, path: str, errors: list[str], cwd: Path
 ) -> SecretRef | None:
     """`{"env": NAME}` or `{"file": PATH}`: a key by reference, never the key itself."""

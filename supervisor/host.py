@@ -12,6 +12,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -36,8 +37,25 @@ from supervisor.managed import ManagedProcess, tcp_port_in_use
 from supervisor.model_servers import ModelServer, SleepReading
 from supervisor.probe import engine_version, probe_model
 from supervisor.processes import AsyncioSpawner, Spawner
-from supervisor.records import StateDir
+from supervisor.records import StateDir, SwapRecord
 from supervisor.secrets import SecretUnavailable
+from supervisor.swaps import (
+    DEFAULT_START_TIMEOUT_S,
+    FAILED,
+    IN_PLACE,
+    MODES,
+    PROBE_MAX_TOKENS,
+    PROBE_PROMPT,
+    PROBE_TIMEOUT_S,
+    PROBING,
+    STARTING,
+    STOPPING_OLD,
+    SWITCHED,
+    SWITCHING,
+    SwapRefused,
+    SwapState,
+    swapped_config,
+)
 from supervisor.training import TrainingBusy, TrainingSlot
 
 log = logging.getLogger(__name__)
@@ -117,7 +135,17 @@ class Host:
         self._http: httpx.AsyncClient | None = None
         self._shutdown_task: asyncio.Task[None] | None = None
         self.host_env = self._host_env()
+        # The config's own port and launch fingerprint per managed model: a recorded swap holds
+        # only while the config's entry is still the one it replaced.
+        self._base: dict[str, tuple[int, str | None]] = {}
         self.models = self._build_models()
+        # Swaps (supervisor/swaps.py): the last one's progress per model, the task of each in
+        # flight, the new servers not switched to yet, and old servers still being stopped.
+        self._swaps: dict[str, SwapState] = {}
+        self._swap_tasks: dict[str, asyncio.Task[None]] = {}
+        self._candidates: dict[str, ModelServer] = {}
+        self._retiring: set[ModelServer] = set()
+        self._swap_lock = asyncio.Lock()
         # Differences between the plan this config came from and the real GPUs (start-up).
         self.plan_mismatches: list[dict[str, Any]] = []
         self.training = [
@@ -145,6 +173,8 @@ class Host:
         """Adopt what a previous supervisor left running, then start every managed server."""
         await self.verify_plan()
         if self.deps.state is not None:
+            # Before adoption: a swapped model's process runs the recorded profile on its port.
+            self._apply_recorded_swaps(self.deps.state)
             # Before spawning anything: an adopted server's port must not read as a conflict.
             self._orphans.update(adopt_children(self, self.deps.state))
         for model in self.models:
@@ -175,20 +205,27 @@ class Host:
         """SIGKILL every child group at once; the hard-exit path when a graceful stop overran."""
         for slot in self.training:
             slot.kill_now()
-        for model in self.models:
+        for model in self._every_server():
             if model.managed is not None:
                 model.managed.kill_now()
 
+    def _every_server(self) -> list[ModelServer]:
+        """The served models, the new servers of swaps in flight and old ones being stopped."""
+        return [*self.models, *self._candidates.values(), *self._retiring]
+
     async def _stop_children(self) -> None:
+        # A swap in flight stops where it is; its new server is stopped below with the rest.
+        for task in self._swap_tasks.values():
+            task.cancel()
+        await asyncio.gather(*self._swap_tasks.values(), return_exceptions=True)
         for slot in self.training:
             slot.stop(min(slot.config.grace_ms, SHUTDOWN_TRAINING_GRACE_MS))
         waits: list[Awaitable[Any]] = [
             slot.wait_idle(SHUTDOWN_TRAINING_GRACE_MS / 1000 + 5) for slot in self.training
         ]
-        waits += [
-            m.managed.stop(SHUTDOWN_SERVER_GRACE_S) for m in self.models if m.managed is not None
-        ]
-        waits += [m.close() for m in self.models]
+        servers = self._every_server()
+        waits += [m.managed.stop(SHUTDOWN_SERVER_GRACE_S) for m in servers if m.managed is not None]
+        waits += [m.close() for m in servers]
         waits += list(self._orphans)
         results = await asyncio.gather(*waits, return_exceptions=True)
         for result in results:
@@ -232,10 +269,7 @@ class Host:
         for slot in self.config.slots:
             if isinstance(slot, InferenceSlotConfig):
                 described = [
-                    m.describe(
-                        readings[m.name],
-                        m.engine_version(self.http, answered=readings[m.name].sleeping is not None),
-                    )
+                    self._describe_model(m, readings[m.name])
                     for m in self.models
                     if m.gpu_index == slot.gpu_index and (selected is None or m.name in selected)
                 ]
@@ -260,6 +294,15 @@ class Host:
             # Additive and omitted when empty: readers that do not know it see no change.
             body["planMismatches"] = list(self.plan_mismatches)
         return body
+
+    def _describe_model(self, model: ModelServer, reading: SleepReading) -> dict[str, Any]:
+        version = model.engine_version(self.http, answered=reading.sleeping is not None)
+        entry = model.describe(reading, version)
+        swap = self._swaps.get(model.name)
+        if swap is not None:
+            # Additive: readers that do not know it (the original) see no change.
+            entry["swap"] = swap.describe()
+        return entry
 
     async def readiness(self) -> tuple[bool, bool, list[str]]:
         """Return (every model awake, every sleep state known, the reasons for not ready)."""
@@ -444,6 +487,290 @@ class Host:
             raise InvalidTarget(f"no inference slot on GPU {gpu_index}")
         return [m for m in served if m.gpu_index == gpu_index]
 
+    # -- swapping a model server to a new profile (supervisor/swaps.py) ------------------------
+
+    async def begin_swap(
+        self,
+        *,
+        model: str,
+        profile: Any,
+        mode: str,
+        api_key: Any = None,
+        start_timeout_s: float | None = None,
+    ) -> dict[str, Any]:
+        """Check a swap, start it in a task of its own and say where the new server will listen.
+
+        Everything that can be refused is refused here, before anything is touched: an unknown
+        model (InvalidTarget), a bad profile or a server this host does not start (SwapRefused
+        400), another swap or a sleep or wake on one of its GPUs, or no free port (409).
+        """
+        if self.shutting_down:
+            raise ShuttingDown("the supervisor is shutting down")
+        if mode not in MODES:  # the route's schema says so too; a direct caller may not
+            raise SwapRefused(400, "invalid_request", f"mode: must be one of {', '.join(MODES)}")
+        old = self._model_named(model)
+        if old.managed is None or old.config.profile is None:
+            raise SwapRefused(
+                400,
+                "invalid_request",
+                f"model: {model} is a server this supervisor does not start (no profile in its "
+                "config); only a managed server can be swapped",
+            )
+        if not old.serves_http or old.config.profile.nodes > 1:
+            raise SwapRefused(
+                400,
+                "invalid_request",
+                f"model: {model} is a multi-node server; it cannot be swapped",
+            )
+        new_config = swapped_config(
+            old.config, profile, api_key, registry=self.deps.registry, cwd=Path.cwd()
+        )
+        # One check-and-claim at a time: two calls must not both find the GPU free, or both
+        # pick the same port.
+        async with self._swap_lock:
+            gpus = set(old.config.gpu_indices) | set(new_config.gpu_indices)
+            self._refuse_if_busy(gpus)
+            port = old.port if mode == IN_PLACE else await self._free_swap_port()
+            self._refuse_if_busy(gpus)  # the port scan awaited: look again
+            try:
+                new = self._managed_server(
+                    replace(new_config, port=port), servers_per_gpu(self.config)
+                )
+            except ConfigError as exc:
+                raise SwapRefused(400, "invalid_request", "; ".join(exc.errors)) from exc
+            state = SwapState(
+                mode=mode,
+                port=port,
+                previous_port=old.port,
+                started_at=self.clock.wall(),
+                profile=profile,
+            )
+            self._swaps[model] = state
+            self._candidates[model] = new
+            timeout_s = start_timeout_s if start_timeout_s is not None else DEFAULT_START_TIMEOUT_S
+            self._swap_tasks[model] = asyncio.get_running_loop().create_task(
+                self._swap(old, new, state, timeout_s), name=f"swap-{model}"
+            )
+        assert new.launch is not None
+        log.info(
+            "%s: swapping (%s) from port %d to port %d: %s",
+            model,
+            mode,
+            old.port,
+            port,
+            new.launch.describe(),
+        )
+        return {
+            "status": "swapping",
+            "model": model,
+            "mode": mode,
+            "port": port,
+            "previousPort": old.port,
+        }
+
+    def _model_named(self, name: str) -> ModelServer:
+        found = next((m for m in self.models if m.name == name), None)
+        if found is None:
+            raise InvalidTarget(f"no model {name} on this host")
+        return found
+
+    def _refuse_if_busy(self, gpus: set[int]) -> None:
+        for name, state in self._swaps.items():
+            if state.in_flight and gpus & set(self._model_named(name).config.gpu_indices):
+                raise SwapRefused(
+                    409, "swap_busy", f"a swap of {name} is in flight on GPU(s) {sorted(gpus)}"
+                )
+        for m in self.models:
+            if m.busy and gpus & set(m.config.gpu_indices):
+                raise SwapRefused(
+                    409,
+                    "swap_busy",
+                    f"a sleep or wake of {m.name} is in flight on GPU(s) {sorted(gpus)}",
+                )
+
+    async def _free_swap_port(self) -> int:
+        span = self.config.swap_ports
+        if span is None:
+            raise SwapRefused(
+                400,
+                "invalid_request",
+                "mode: new-port needs swapPorts (a port range) in the supervisor config; "
+                "configure one or swap in-place",
+            )
+        taken = {m.port for m in self._every_server()}
+        for port in range(span[0], span[1] + 1):
+            if port not in taken and not await self.deps.port_in_use(port):
+                return port
+        raise SwapRefused(
+            409, "no_free_port", f"no free port in swapPorts {span[0]}-{span[1]} on this host"
+        )
+
+    async def _swap(
+        self, old: ModelServer, new: ModelServer, state: SwapState, timeout_s: float
+    ) -> None:
+        try:
+            await self._swap_steps(old, new, state, timeout_s)
+        except Exception as exc:
+            # A swap left "in flight" would refuse every later swap on its GPUs: end it.
+            log.exception("%s: swap ended by an unexpected error", new.name)
+            state.finish(FAILED, self.clock.wall(), f"{state.state}: internal error: {exc!r}")
+            self._candidates.pop(new.name, None)
+            if new.managed is not None and new not in self.models:
+                await new.managed.stop(SHUTDOWN_SERVER_GRACE_S)
+                if state.mode == IN_PLACE and old.managed is not None:
+                    old.managed.start()  # its port is free again (a no-op if it runs)
+
+    async def _swap_steps(
+        self, old: ModelServer, new: ModelServer, state: SwapState, timeout_s: float
+    ) -> None:
+        """Start and probe the new server, then switch the model's name to it; see swaps.py."""
+        assert old.managed is not None and new.managed is not None
+        http = self.http
+        try:
+            if state.mode == IN_PLACE:
+                state.state = STOPPING_OLD
+                await old.managed.stop(SHUTDOWN_SERVER_GRACE_S)
+            state.state = STARTING
+            new.managed.start()
+            await new.wait_healthy(http, timeout_s)
+            state.state = PROBING
+            result = await probe_model(
+                http,
+                name=new.name,
+                port=new.port,
+                prompt=PROBE_PROMPT,
+                max_tokens=PROBE_MAX_TOKENS,
+                timeout_s=PROBE_TIMEOUT_S,
+                clock=self.clock,
+                headers=new.auth_headers(),
+            )
+            if not result["ok"]:
+                raise ControlError(f"probe failed: {result.get('error') or 'no answer'}")
+        except (ControlError, SecretUnavailable) as exc:
+            await self._fail_swap(old, new, state, f"{state.state}: {exc}", timeout_s)
+            return
+        state.state = SWITCHING
+        async with old.lock:  # never in the middle of a sleep or wake of the old server
+            self.models[self.models.index(old)] = new
+            self._candidates.pop(new.name, None)
+            self._record_swap(new, state)
+            self._retiring.add(old)
+        log.info("%s: now served on port %d; stopping the old server", new.name, new.port)
+        await old.managed.stop(SHUTDOWN_SERVER_GRACE_S)
+        await old.close()
+        # Only once stopped: a shutdown that cancels this swap midway stops it from `_retiring`.
+        self._retiring.discard(old)
+        state.finish(SWITCHED, self.clock.wall())
+        log.info("%s: swap done (%s, port %d)", new.name, state.mode, new.port)
+
+    async def _fail_swap(
+        self, old: ModelServer, new: ModelServer, state: SwapState, reason: str, timeout_s: float
+    ) -> None:
+        assert old.managed is not None and new.managed is not None
+        await new.managed.stop(SHUTDOWN_SERVER_GRACE_S)
+        await new.close()
+        self._candidates.pop(new.name, None)
+        if state.mode == IN_PLACE:
+            # Its port is free again: the old profile goes back (a sleep asked before is redone
+            # by the usual restart path, `on_process_started`).
+            old.managed.start()
+            try:
+                await old.wait_healthy(self.http, timeout_s)
+                reason += "; the old server was started again from its old profile"
+            except ControlError as exc:
+                reason += f"; starting the old server again failed too: {exc}"
+        else:
+            reason += "; the old server kept serving"
+        state.finish(FAILED, self.clock.wall(), reason)
+        log.error("%s: swap failed: %s", new.name, reason)
+
+    def _record_swap(self, new: ModelServer, state: SwapState) -> None:
+        """Write (or, back on the config's own profile and port, delete) the swap's record."""
+        records = self.deps.state
+        if records is None:
+            return
+        assert new.launch is not None and new.config.profile is not None
+        if self._base.get(new.name) == (new.port, new.launch.fingerprint):
+            records.forget_swap(new.name)
+            return
+        key = new.config.api_key
+        base_port, base_fingerprint = self._base[new.name]
+        records.save(
+            SwapRecord(
+                name=new.name,
+                port=new.port,
+                mode=state.mode,
+                profile=state.profile,
+                api_key_env=key.env if key is not None else None,
+                api_key_file=str(key.file) if key is not None and key.file else None,
+                base_port=base_port,
+                base_fingerprint=base_fingerprint,
+                previous_port=state.previous_port,
+                swapped_at=self.clock.wall(),
+            )
+        )
+
+    def _apply_recorded_swaps(self, records: StateDir) -> None:
+        """Build each model a previous supervisor swapped from its recorded profile and port.
+
+        A record holds while the config's entry is the one it replaced; otherwise (the entry
+        was edited, removed or no longer managed, or its port is now another model's) the
+        config wins and the record is deleted.
+        """
+        for record in records.load().swaps:
+            model = next((m for m in self.models if m.name == record.name), None)
+            others = {m.port for m in self.models if m.name != record.name}
+            if (
+                model is None
+                or model.managed is None
+                or self._base.get(record.name) != (record.base_port, record.base_fingerprint)
+                or record.port in others
+            ):
+                log.warning(
+                    "%s: the config's entry changed since its swap; serving the config's profile",
+                    record.name,
+                )
+                records.forget_swap(record.name)
+                continue
+            api_key = None
+            if record.api_key_env is not None:
+                api_key = {"env": record.api_key_env}
+            elif record.api_key_file is not None:
+                api_key = {"file": record.api_key_file}
+            try:
+                config = swapped_config(
+                    model.config,
+                    dict(record.profile),
+                    api_key,
+                    registry=self.deps.registry,
+                    cwd=Path.cwd(),
+                )
+                server = self._managed_server(
+                    replace(config, port=record.port), servers_per_gpu(self.config)
+                )
+            except (SwapRefused, ConfigError) as exc:
+                log.error(
+                    "%s: its swap record cannot be used (%s); serving the config's", model.name, exc
+                )
+                records.forget_swap(record.name)
+                continue
+            self.models[self.models.index(model)] = server
+            self._swaps[model.name] = SwapState(
+                mode=record.mode,
+                port=record.port,
+                previous_port=record.previous_port,
+                started_at=record.swapped_at,
+                state=SWITCHED,
+                ended_at=record.swapped_at,
+                recorded=True,
+                profile=record.profile,
+            )
+            log.warning(
+                "%s: serving the profile it was swapped to (port %d), not the config's",
+                model.name,
+                record.port,
+            )
+
     # -- training ----------------------------------------------------------------------------
 
     async def training_start(self) -> list[dict[str, Any]]:
@@ -573,25 +900,35 @@ class Host:
             if model.profile is None:
                 out.append(ModelServer(model, adapter, clock=self.clock, environ=self.deps.environ))
                 continue
-            ctx = LaunchContext(
-                port=model.port,
-                environ=self.deps.environ,
-                servers_sharing_gpu=max(sharing.get(i, 1) for i in model.profile.gpu_indices),
-                host_env=self.host_env,
-            )
-            launch = self._with_api_key(model, adapter.build(model.profile, ctx))
-            server = ModelServer(
-                model, adapter, clock=self.clock, launch=launch, environ=self.deps.environ
-            )
-            server.managed = ManagedProcess(
-                model.name,
-                launch,
-                model.port,
-                spawner=self.deps.spawner,
-                clock=self.clock,
-                port_in_use=self.deps.port_in_use,
-                on_running=functools.partial(server.on_process_started, lambda: self.http),
-                records=self.deps.state,
-            )
+            server = self._managed_server(model, sharing)
+            assert server.launch is not None
+            self._base[model.name] = (model.port, server.launch.fingerprint)
             out.append(server)
         return out
+
+    def _managed_server(self, model: ModelConfig, sharing: Mapping[int, int]) -> ModelServer:
+        """A managed server for `model` (which has a profile), not started; raise ConfigError
+        when its API key cannot be read."""
+        assert model.profile is not None
+        adapter = self.deps.registry.get(model.engine)
+        ctx = LaunchContext(
+            port=model.port,
+            environ=self.deps.environ,
+            servers_sharing_gpu=max(sharing.get(i, 1) for i in model.profile.gpu_indices),
+            host_env=self.host_env,
+        )
+        launch = self._with_api_key(model, adapter.build(model.profile, ctx))
+        server = ModelServer(
+            model, adapter, clock=self.clock, launch=launch, environ=self.deps.environ
+        )
+        server.managed = ManagedProcess(
+            model.name,
+            launch,
+            model.port,
+            spawner=self.deps.spawner,
+            clock=self.clock,
+            port_in_use=self.deps.port_in_use,
+            on_running=functools.partial(server.on_process_started, lambda: self.http),
+            records=self.deps.state,
+        )
+        return server

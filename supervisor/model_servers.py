@@ -22,7 +22,7 @@ from supervisor.engines.control import (
     drain,
 )
 from supervisor.engines.launch import LaunchCommand
-from supervisor.managed import ManagedProcess
+from supervisor.managed import STARTING, ManagedProcess
 from supervisor.probe import engine_version
 from supervisor.processes import AdoptedProcess
 from supervisor.records import ServerRecord
@@ -122,6 +122,12 @@ class ModelServer:
     @property
     def mode(self) -> str:
         return self.control.capability.mode
+
+    @property
+    def busy(self) -> bool:
+        """Whether a sleep or wake of this server is in flight (a swap must wait for it)."""
+        sleeping = self._sleep_task is not None and not self._sleep_task.done()
+        return self.lock.locked() or sleeping
 
     async def read_sleeping(self, http: httpx.AsyncClient) -> SleepReading:
         """Read the sleep flag; unknown (None) whenever the answer is not certain."""
@@ -364,6 +370,17 @@ class ModelServer:
         if response.status_code != 200:
             return False, f"health returned HTTP {response.status_code}"
         return True, None
+
+    async def wait_healthy(self, http: httpx.AsyncClient, timeout_s: float) -> None:
+        """Wait until the process started here runs and answers its health check; raise
+        ControlError when it cannot. Before the spawn, whatever answers on the port is not it
+        (a swap's old server still stopping), so health counts only once it runs."""
+        deadline = self._clock.monotonic() + timeout_s
+        while self.managed is not None and self.managed.state == STARTING:
+            if self._clock.monotonic() >= deadline:
+                raise ControlError(f"the server did not start within {timeout_s:.0f}s")
+            await self._clock.sleep(0.05)
+        await self._wait_healthy(http, max(0.0, deadline - self._clock.monotonic()))
 
     async def _wait_healthy(self, http: httpx.AsyncClient, timeout_s: float) -> None:
         deadline = self._clock.monotonic() + timeout_s

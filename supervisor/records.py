@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import logging
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -120,14 +121,58 @@ class TrainerRecord(_Record):
         return f"trainer-gpu{self.gpu_index}.json"
 
 
+def _object(value: Any) -> Mapping[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"not an object: {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class SwapRecord(_Record):
+    """A model whose server was swapped to a profile other than the config's (supervisor/swaps.py).
+
+    It outlives the processes: a restarted supervisor builds that model from this profile and
+    port instead of the config's, so it adopts the swapped server. It holds only while the
+    config's entry is still the one the swap replaced (`base_port`, `base_fingerprint`): an
+    operator who edits the config's entry has said what to run, and the record is dropped.
+    The API key is kept by reference (`env` or `file`), never the key.
+    """
+
+    KIND: ClassVar[str] = "swap"
+
+    name: str
+    port: int
+    mode: str
+    profile: Annotated[Mapping[str, Any], Wire(decode=_object)]
+    api_key_env: str | None
+    api_key_file: str | None
+    base_port: int
+    base_fingerprint: str | None
+    previous_port: int
+    swapped_at: StartedAt
+
+    @property
+    def filename(self) -> str:
+        return swap_filename(self.name)
+
+
+def swap_filename(name: str) -> str:
+    # Model names may hold "/" and other characters a file name must not: a digest of it.
+    return f"swap-{hashlib.sha256(name.encode()).hexdigest()[:16]}.json"
+
+
 Record = ServerRecord | TrainerRecord
-RECORD_KINDS: dict[Any, type[Record]] = {k.KIND: k for k in (ServerRecord, TrainerRecord)}
+AnyRecord = Record | SwapRecord
+RECORD_KINDS: dict[Any, type[AnyRecord]] = {
+    k.KIND: k for k in (ServerRecord, TrainerRecord, SwapRecord)
+}
 
 
 @dataclass(frozen=True)
 class Loaded:
     servers: Sequence[ServerRecord]
     trainers: Sequence[TrainerRecord]
+    swaps: Sequence[SwapRecord] = ()
 
 
 class StateDir:
@@ -158,7 +203,7 @@ class StateDir:
             self._lock.close()
             self._lock = None
 
-    def save(self, record: Record) -> None:
+    def save(self, record: AnyRecord) -> None:
         """Write a record atomically; log (never raise) on failure.
 
         The process is already running when this is called: failing its start over a record
@@ -186,8 +231,18 @@ class StateDir:
         """
         target = self.path / record.filename
         current = self._read(target)
+        if isinstance(current, SwapRecord):
+            return
         if current is not None and current.stamp.pid != record.stamp.pid:
             return
+        self._unlink(target)
+
+    def forget_swap(self, name: str) -> None:
+        """Delete the swap record of model `name` (its server runs the config's profile again)."""
+        self._unlink(self.path / swap_filename(name))
+
+    @staticmethod
+    def _unlink(target: Path) -> None:
         with contextlib.suppress(FileNotFoundError):
             try:
                 target.unlink()
@@ -198,6 +253,7 @@ class StateDir:
         """Return every readable record; unreadable files are logged and deleted."""
         servers: list[ServerRecord] = []
         trainers: list[TrainerRecord] = []
+        swaps: list[SwapRecord] = []
         try:
             entries = sorted(self.path.iterdir())
         except FileNotFoundError:
@@ -217,12 +273,14 @@ class StateDir:
                     entry.unlink()
             elif isinstance(record, ServerRecord):
                 servers.append(record)
+            elif isinstance(record, SwapRecord):
+                swaps.append(record)
             else:
                 trainers.append(record)
-        return Loaded(servers, trainers)
+        return Loaded(servers, trainers, swaps)
 
     @staticmethod
-    def _read(path: Path) -> Record | None:
+    def _read(path: Path) -> AnyRecord | None:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             if not isinstance(data, dict) or data.get("version") != VERSION:

@@ -43,6 +43,8 @@ ROUTES: tuple[WireRoute, ...] = (
     WireRoute("GET", "/v1/training/status", None, {200: "training.response"}),
     WireRoute("GET", "/v1/gpu/memory", None, {200: "gpu-memory.response"}),
     WireRoute("POST", "/v1/probe", "probe.request", {200: "probe.response"}),
+    # Ours only (feature model.swap): the original has no such route.
+    WireRoute("POST", "/v1/models/swap", "swap.request", {202: "swap.response"}),
 )
 ERROR = "error"
 

@@ -22,7 +22,16 @@ FEATURE_PROBE_GOLDEN = "probe.golden"
 # still runs (a planned promotion moving long streams to the new active: the proxy continues
 # each aborted stream there). The original ignores the parameter and drains in full.
 FEATURE_DRAIN_BOUND = "drain-bound"
-FEATURES = (FEATURE_PROBE_MODELS, FEATURE_DRAIN, FEATURE_PROBE_GOLDEN, FEATURE_DRAIN_BOUND)
+# `POST /v1/models/swap`: start a model's server from a new profile, probe it, switch its name
+# to it (supervisor/swaps.py); progress in the status report's per-model `swap`.
+FEATURE_MODEL_SWAP = "model.swap"
+FEATURES = (
+    FEATURE_PROBE_MODELS,
+    FEATURE_DRAIN,
+    FEATURE_PROBE_GOLDEN,
+    FEATURE_DRAIN_BOUND,
+    FEATURE_MODEL_SWAP,
+)
 
 
 def compact(value: Any) -> Any:

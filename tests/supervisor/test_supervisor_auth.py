@@ -27,6 +27,7 @@ V1_ROUTES = [
     ("GET", "/v1/training/status"),
     ("GET", "/v1/gpu/memory"),
     ("POST", "/v1/probe"),
+    ("POST", "/v1/models/swap"),
     ("GET", "/v1/no-such-route"),
 ]
 
