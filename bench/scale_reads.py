@@ -18,7 +18,9 @@ Reads timed (the target, issue 27: each at most 500 ms at 1,000 fleets):
   `overview_filtered_ms`: `/?status=unhealthy&q=scale`, which judges every matching fleet;
 - `fleet_list_ms`: `GET /v1/fleets` (first page); `fleet_list_search_ms`:
   `GET /v1/fleets?q=scale-09&status=not_ready`;
-- `metrics_ms`: `GET /metrics`, every database collector over every fleet.
+- `metrics_ms`: `GET /metrics`: at 100 fleets or more (`HARU_METRICS_SNAPSHOT_MIN_FLEETS`) the
+  database's series come from the snapshot the warm-up request computed
+  (fleets/metrics/snapshot.py; `bench/metrics_scrape.py` times the computation itself).
 
 Interface (issue 27, for bench/scale.py): `measure_reads(client=..., repeats=...)` times the
 same reads through any client with Django's test-client `get(path, **headers)` shape, against
@@ -161,6 +163,11 @@ def run(fleets: int, repeats: int) -> dict[str, Any]:
             **figures,
         }
     finally:
+        # /metrics at many fleets started its snapshot's refresh thread: its connection to
+        # the scratch database must go before the database does (fleets/metrics/snapshot.py).
+        from fleets.metrics import snapshot  # noqa: PLC0415
+
+        snapshot.stop_refresher()
         drop()
 
 
