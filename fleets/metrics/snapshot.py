@@ -126,7 +126,7 @@ def database_series(collectors: Sequence[Collector]) -> bytes:
         # (exact), with no file or lock in the way while that stays so.
         computed = compute(collectors)
         if computed.fleets < min_fleets:
-            return render(computed.families)
+            return _computed_text(computed.families)
         _state.below_min = False
         return _store_and_serve(computed)
     snap = read()
@@ -146,11 +146,11 @@ def database_series(collectors: Sequence[Collector]) -> bytes:
         if computed.fleets < min_fleets and not computed.failed:
             _state.below_min = True
             remove(settings.PROMETHEUS_MULTIPROC_DIR)
-            return render(computed.families)
+            return _computed_text(computed.families)
         served = _store(computed, snap)
     if served is None or computed.failed:
         # Nothing good to serve within the bound: what the store gave, as without snapshots.
-        return render(computed.families)
+        return _computed_text(computed.families)
     _state.last_served = time.monotonic()
     start_refresher(collectors)
     return served.body + live(served, clock.now().timestamp())
@@ -160,13 +160,20 @@ def _store_and_serve(computed: Computed) -> bytes:
     with _host_lock(LOCK_WAIT_S):
         served = _store(computed, read())
     if served is None or computed.failed:
-        return render(computed.families)
+        return _computed_text(computed.families)
     return served.body + live(served, clock.now().timestamp())
 
 
 def _exact(collectors: Sequence[Collector]) -> bytes:
     with scrape.scope():
-        return render(family for collector in collectors for family in collector.collect())
+        return _computed_text(
+            [family for collector in collectors for family in collector.collect()]
+        )
+
+
+def _computed_text(families: list[Metric]) -> bytes:
+    """The text of series computed in this scrape, the snapshot's own families declared."""
+    return render(families) + live(None, 0.0)
 
 
 def _servable(snap: Snapshot | None, now: float, period: int, min_fleets: int) -> bool:
@@ -204,25 +211,33 @@ def _store(computed: Computed, previous: Snapshot | None) -> Snapshot | None:
     return fresh
 
 
-def live(snap: Snapshot, now: float) -> bytes:
-    """The series said about the snapshot at each scrape."""
-    up = GaugeMetricFamily(STORE_UP, STORE_UP_DOC, value=1 if snap.store_up else 0)
-    age = GaugeMetricFamily(
-        AGE,
-        "How old the database's series of this answer are (served from the host's snapshot).",
-        value=max(0.0, now - snap.at),
+def live(snap: Snapshot | None, now: float) -> bytes:
+    """The series said about the snapshot at each scrape; only declared (no sample) when the
+    series were computed in the scrape, so that rules and panels name families that exist."""
+    families: list[Metric] = []
+    if snap is not None:
+        families.append(GaugeMetricFamily(STORE_UP, STORE_UP_DOC, value=1 if snap.store_up else 0))
+    about = (
+        (
+            AGE,
+            "How old the database's series of this answer are (served from the host's snapshot).",
+            None if snap is None else max(0.0, now - snap.at),
+        ),
+        (
+            "haru_metrics_snapshot_duration_seconds",
+            "How long computing the snapshot of the database's series took.",
+            None if snap is None else snap.duration_s,
+        ),
     )
-    took = GaugeMetricFamily(
-        "haru_metrics_snapshot_duration_seconds",
-        "How long computing the snapshot of the database's series took.",
-        value=snap.duration_s,
-    )
+    for name, doc, value in about:
+        families.append(GaugeMetricFamily(name, doc, value=value))
     errors = CounterMetricFamily(
         "haru_metrics_snapshot_errors",
         "Refreshes of the database's series that failed (the last snapshot was kept).",
-        value=snap.errors,
+        value=None if snap is None else snap.errors,
     )
-    return render([up, age, took, errors])
+    families.append(errors)
+    return render(families)
 
 
 # The host's files.
