@@ -380,7 +380,11 @@ def _refresh_loop(collectors: list[Collector]) -> None:
             if period <= 0 or time.monotonic() - _state.last_served > idle_s:
                 return
             close_old_connections()  # this thread's, past its age or broken by an outage
-            wait = refresh_if_due(collectors, period, conf.metrics_snapshot_min_fleets)
+            try:
+                wait = refresh_if_due(collectors, period, conf.metrics_snapshot_min_fleets)
+            finally:
+                # Not held idle between refreshes (a pooled connection goes back to the pool).
+                connections.close_all()  # this thread's only: they are per thread
             if wait is None:
                 return  # too few fleets now: scrapes compute the series themselves
             _state.stop.wait(wait)

@@ -7,6 +7,8 @@ counted, one computation at a time on a host, and below the threshold every scra
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -86,6 +88,18 @@ def test_a_snapshot_serves_the_series_a_computing_scrape_serves(snapshots, setti
     assert _value(served, snapshot.AGE) == 0
     assert _value(served, "haru_metrics_snapshot_errors_total") == 0
     assert snapshots, "the scrape served from the snapshot starts the refresh"
+
+
+def test_another_process_of_the_host_serves_the_snapshot_one_computed(
+    snapshots, client, monkeypatch
+):
+    populate(6, prefix="snap")
+    computed = _scrape(client)
+    monkeypatch.setattr(snapshot, "_state", snapshot._State())  # a process knowing nothing yet
+    with CaptureQueriesContext(connection) as queries:
+        other = _scrape(client)
+    assert len(queries) == 0
+    assert _series(other) == _series(computed)
 
 
 def test_a_fresh_snapshot_is_served_without_a_statement_and_says_how_old(
@@ -202,3 +216,38 @@ def test_the_refresh_thread_stops_when_nobody_scrapes(snapshots, monkeypatch):
     snapshot.start_refresher([])
     assert stopped.wait(5)
     assert calls == []
+
+
+HOLD_LOCK = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_another_process_computing_holds_this_one_back(snapshots, client, fake_clock, monkeypatch):
+    """The lock is the host's (flock on a file of the shared directory), not this process's:
+    a worker of `serve --workers N` computing the snapshot keeps the others from doing it too."""
+    populate(6, prefix="snap")
+    _scrape(client)
+    fake_clock.advance(seconds=PERIOD)
+    lock = snapshot._name(snapshot.settings.PROMETHEUS_MULTIPROC_DIR).with_suffix(".lock")
+    computed: list[int] = []
+    real = snapshot.compute
+    monkeypatch.setattr(snapshot, "compute", lambda c: computed.append(1) or real(c))
+    child = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(lock)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "held"
+        assert _refresh() == 1.0
+        assert computed == []
+    finally:
+        child.communicate("", timeout=30)  # the child ends, and its lock with it
+    assert _refresh() == PERIOD
+    assert computed == [1]
