@@ -181,9 +181,14 @@ def run(fleets: int, repeats: int) -> dict[str, Any]:
     finally:
         # /metrics at many fleets started its snapshot's refresh thread: its connection to
         # the scratch database must go before the database does (fleets/metrics/snapshot.py).
+        from django.conf import settings  # noqa: PLC0415
+
         from fleets.metrics import snapshot  # noqa: PLC0415
 
         snapshot.stop_refresher()
+        # Nor may its snapshot outlive it: a scratch database of the same name made within
+        # three periods would be served this one's figures.
+        snapshot.remove(settings.PROMETHEUS_MULTIPROC_DIR)
         drop()
 
 
