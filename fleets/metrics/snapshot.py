@@ -128,7 +128,7 @@ def database_series(collectors: Sequence[Collector]) -> bytes:
         if computed.fleets < min_fleets:
             return _computed_text(computed.families)
         _state.below_min = False
-        return _store_and_serve(computed)
+        return _store_and_serve(computed, collectors)
     snap = read()
     now = clock.now().timestamp()
     if _servable(snap, now, period, min_fleets):
@@ -156,11 +156,13 @@ def database_series(collectors: Sequence[Collector]) -> bytes:
     return served.body + live(served, clock.now().timestamp())
 
 
-def _store_and_serve(computed: Computed) -> bytes:
+def _store_and_serve(computed: Computed, collectors: Sequence[Collector]) -> bytes:
     with _host_lock(LOCK_WAIT_S):
         served = _store(computed, read())
     if served is None or computed.failed:
         return _computed_text(computed.families)
+    _state.last_served = time.monotonic()
+    start_refresher(collectors)
     return served.body + live(served, clock.now().timestamp())
 
 

@@ -251,3 +251,20 @@ def test_another_process_computing_holds_this_one_back(snapshots, client, fake_c
         child.communicate("", timeout=30)  # the child ends, and its lock with it
     assert _refresh() == PERIOD
     assert computed == [1]
+
+
+def test_fleets_growing_past_the_threshold_move_the_scrapes_to_the_snapshot(
+    snapshots, client, tmp_path
+):
+    populate(3, prefix="few")
+    assert _value(_scrape(client), snapshot.AGE) is None  # computed: too few fleets
+    assert not list(tmp_path.glob("*.snapshot"))
+    populate(3, prefix="more")
+    grown = _scrape(client)
+    assert _value(grown, snapshot.AGE) == 0
+    assert _value(grown, "haru_failover_readiness", fleet="more-0002") == 1
+    assert list(tmp_path.glob("*.snapshot"))
+    assert snapshots, "the refresh starts"
+    with CaptureQueriesContext(connection) as queries:
+        _scrape(client)
+    assert len(queries) == 0
