@@ -9,7 +9,7 @@ default) on, a scrape serves them from a snapshot instead, and reads nothing fro
 - the snapshot is the rendered text of those series, kept in one file per host and database in
   `PROMETHEUS_MULTIPROC_DIR` (the directory every Haru process of the host already shares), so
   `serve --workers N` computes it once per host, not N times; a process keeps the one text it
-  read last (about 1.5 MB at 1,000 fleets): nothing accumulates;
+  read last (about 2.5 MB at 1,000 fleets): nothing accumulates;
 - a thread in each server process that served a snapshot refreshes it every
   `HARU_METRICS_SNAPSHOT_S` seconds (15 by default) under an exclusive lock on the host, so two
   computations never run at once on a host, and a process that finds the snapshot fresh, or the
