@@ -18,7 +18,11 @@ Reads timed (the target, issue 27: each at most 500 ms at 1,000 fleets):
   `overview_filtered_ms`: `/?status=unhealthy&q=scale`, which judges every matching fleet;
 - `fleet_list_ms`: `GET /v1/fleets` (first page); `fleet_list_search_ms`:
   `GET /v1/fleets?q=scale-09&status=not_ready`;
-- `metrics_ms`: `GET /metrics`, every database collector over every fleet.
+- `metrics_ms`: `GET /metrics`: at 100 fleets or more (`HARU_METRICS_SNAPSHOT_MIN_FLEETS`) the
+  database's series come from the snapshot the warm-up request computed
+  (fleets/metrics/snapshot.py; `bench/metrics_scrape.py` times the computation itself);
+  `metrics_computed_ms` (the CLI only): the same with every scrape computing them
+  (`HARU_METRICS_SNAPSHOT_S=0`, what every scrape did before the snapshot).
 
 Interface (issue 27, for bench/scale.py): `measure_reads(client=..., repeats=...)` times the
 same reads through any client with Django's test-client `get(path, **headers)` shape, against
@@ -112,6 +116,19 @@ def measure_reads_http(
     return out
 
 
+def _metrics_computed(client: Any, repeats: int) -> dict[str, float]:
+    """`GET /metrics` with every scrape computing the database's series (no snapshot,
+    `HARU_METRICS_SNAPSHOT_S=0`: what every scrape did before fleets/metrics/snapshot.py)."""
+    from django.conf import settings  # noqa: PLC0415
+    from django.test.utils import override_settings  # noqa: PLC0415
+
+    with override_settings(HARU={**settings.HARU, "metrics_snapshot_s": 0}):
+        ms, cpu_ms, response = _timed(lambda: client.get("/metrics"), repeats)
+    if response.status_code != 200:
+        raise RuntimeError(f"GET /metrics answered {response.status_code}")
+    return {"metrics_computed_ms": round(ms, 1), "metrics_computed_cpu_ms": round(cpu_ms, 1)}
+
+
 def _scratch_database() -> Callable[[], None]:
     """Point Django at a new, migrated scratch database; return what drops it."""
     from django.db import connection  # noqa: PLC0415
@@ -153,6 +170,7 @@ def run(fleets: int, repeats: int) -> dict[str, Any]:
         client = Client()
         client.force_login(admin)
         figures = measure_reads(client=client, repeats=repeats, touch=touch_heartbeats)
+        figures.update(_metrics_computed(client, repeats))
         return {
             "fleets": fleets,
             "database": connection.vendor,
@@ -161,6 +179,16 @@ def run(fleets: int, repeats: int) -> dict[str, Any]:
             **figures,
         }
     finally:
+        # /metrics at many fleets started its snapshot's refresh thread: its connection to
+        # the scratch database must go before the database does (fleets/metrics/snapshot.py).
+        from django.conf import settings  # noqa: PLC0415
+
+        from fleets.metrics import snapshot  # noqa: PLC0415
+
+        snapshot.stop_refresher()
+        # Nor may its snapshot outlive it: a scratch database of the same name made within
+        # three periods would be served this one's figures.
+        snapshot.remove(settings.PROMETHEUS_MULTIPROC_DIR)
         drop()
 
 
@@ -183,6 +211,10 @@ def main(argv: list[str] | None = None) -> int:
             f"  {name:<22} {result[name]:>9.1f} ms wall {result[stem + '_cpu_ms']:>9.1f} ms CPU"
             f"  {result[stem + '_statements']:>4} statements  GET {path}"
         )
+    print(
+        f"  {'metrics_computed_ms':<22} {result['metrics_computed_ms']:>9.1f} ms wall "
+        f"{result['metrics_computed_cpu_ms']:>9.1f} ms CPU  GET /metrics, no snapshot"
+    )
     if args.json:
         print(json.dumps(result))
     return 0

@@ -30,7 +30,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 
-from fleets.metrics import scrape
+from fleets.metrics import snapshot
 from fleets.metrics.exposition import render
 
 # Keyed by class: a module reloaded in a test run replaces its collector instead of adding one.
@@ -127,8 +127,9 @@ def _is_running(pid: int) -> bool:
 
 def metrics_view(request):
     before_scrape.send(sender=None)
-    registry = scrape_registry(settings.PROMETHEUS_MULTIPROC_DIR)
-    with scrape.scope():  # one outage check for every collector of this answer
-        # The same bytes as prometheus_client's generate_latest, written faster (exposition.py).
-        body = render(registry.collect())
+    # The same bytes as prometheus_client's generate_latest, written faster (exposition.py):
+    # this host's per-process series, then the database's, computed in this scrape (one outage
+    # check for all of them) or, at many fleets, the host's snapshot of them (snapshot.py).
+    body = render(_HostFamilies(settings.PROMETHEUS_MULTIPROC_DIR).collect())
+    body += snapshot.database_series(list(_database_collectors.values()))
     return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)

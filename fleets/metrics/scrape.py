@@ -25,10 +25,12 @@ T = TypeVar("T")
 class Scrape:
     """A scrape under way: whether its reads already found the database away."""
 
-    __slots__ = ("shared", "store_down")
+    __slots__ = ("failed", "shared", "store_down")
 
     def __init__(self) -> None:
         self.store_down = False
+        # The reads that failed otherwise (a bug): a snapshot is not replaced by a partial one.
+        self.failed: list[str] = []
         self.shared: dict[str, object] = {}
 
 
@@ -67,6 +69,8 @@ def read_store(what: str, read: Callable[[], T]) -> T | None:
             outage.note(exc)
         else:
             log.warning("metrics: %s unreadable", what, exc_info=True)
+            if current is not None:
+                current.failed.append(what)
         return None
 
 

@@ -238,25 +238,32 @@ def readinesses(rows: FleetRows, now: datetime) -> dict[uuid.UUID, Readiness]:
         if picked is not None:
             standbys[f.pk] = uuid.UUID(picked.id)
     judged = list(standbys.values())
-    # What `standby_facts` reads of them, and no more (the layout's other JSON stays unread).
-    full = {
-        d.pk: d
+    # What `standby_facts` reads of them, and no more (the layout's other JSON stays unread),
+    # as named tuples with the models' attribute names: building a thousand Domain, Slot and
+    # ModelBinding instances cost more than reading their rows (`standby_facts` reads
+    # attributes only).
+    full: dict[uuid.UUID, Any] = {
+        d.id: d
         for d in Domain.objects.filter(pk__in=judged)
-        .only("id", "fleet_id", "last_report", "gpus_read_at")
         .order_by()
+        .values_list("id", "fleet_id", "last_report", "gpus_read_at", named=True)
     }
-    slots: dict[uuid.UUID, list[Slot]] = defaultdict(list)
+    slots: dict[uuid.UUID, list[Any]] = defaultdict(list)
     for s in (
         Slot.objects.filter(domain_id__in=judged)
-        .only("id", "domain_id", "gpu_index", "gpu_indices", "kind", "allocation")
         .order_by("gpu_index", "kind")
+        .values_list(
+            "id", "domain_id", "gpu_index", "gpu_indices", "kind", "allocation", named=True
+        )
     ):
         slots[s.domain_id].append(s)
-    bindings: dict[uuid.UUID, list[ModelBinding]] = defaultdict(list)
+    bindings: dict[uuid.UUID, list[Any]] = defaultdict(list)
     for b in (
         ModelBinding.objects.filter(domain_id__in=judged)
-        .only("id", "domain_id", "slot_id", "name", "golden", "profile", "engine_version")
         .order_by("name")
+        .values_list(
+            "id", "domain_id", "slot_id", "name", "golden", "profile", "engine_version", named=True
+        )
     ):
         bindings[b.domain_id].append(b)
     baselines: dict[uuid.UUID, list[tuple]] = defaultdict(list)
@@ -271,11 +278,11 @@ def readinesses(rows: FleetRows, now: datetime) -> dict[uuid.UUID, Readiness]:
         facts = {}
         if f.pk in standbys:
             domain = full[standbys[f.pk]]
-            facts[str(domain.pk)] = standby_facts(
+            facts[str(domain.id)] = standby_facts(
                 domain,
                 view.policy,
-                slots=slots[domain.pk],
-                bindings=bindings[domain.pk],
+                slots=slots[domain.id],
+                bindings=bindings[domain.id],
                 baselines=baselines[f.pk],
             )
         out[f.pk] = failover_readiness(view, facts, drill_facts(drills.get(f.pk)), now)

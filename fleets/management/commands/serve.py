@@ -19,6 +19,7 @@ from common.private_apis import serve_workers_with
 from fleets.base import stopping
 from fleets.base.conf import haru_settings
 from fleets.base.setting_table import HaruSettings
+from fleets.metrics import snapshot
 from fleets.metrics.registry import remove_dead_process_files
 from fleets.proxy.drain import graceful_config
 from fleets.server.driver import SERVE_WORKER_ENV, start_for_server
@@ -69,6 +70,9 @@ class Command(BaseCommand):
         if opts["no_reconcile_loop"]:
             os.environ[HaruSettings.reconcile_interval_ms.env] = ""  # workers re-read settings
         removed = remove_dead_process_files(settings.PROMETHEUS_MULTIPROC_DIR)
+        # A snapshot of the database's series left by an earlier server is not this one's to
+        # serve (its first scrape computes them: fleets/metrics/snapshot.py).
+        snapshot.remove(settings.PROMETHEUS_MULTIPROC_DIR)
         log.info(
             "metrics: %s (removed %d files of exited processes)",
             settings.PROMETHEUS_MULTIPROC_DIR,
