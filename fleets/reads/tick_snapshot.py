@@ -40,6 +40,7 @@ from fleets.core.policy import Policy
 from fleets.core.read_model import FleetView
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES, CleanupState, OperationKind
 from fleets.models import Domain, Fleet, GoldenBaseline, Id, ModelBinding, Operation, Slot
+from fleets.reads import sightings as sightings_mod
 from fleets.reads.selectors import view_of
 
 
@@ -203,13 +204,27 @@ def _as_datetime(value: Any) -> datetime | None:
     return parsed
 
 
-def tick_snapshot(fleet_id: Id) -> TickSnapshot | None:
-    """Read the fleet and everything an idle tick decides on; None if it does not exist."""
+def tick_snapshot(
+    fleet_id: Id, sightings: sightings_mod.Sightings | None = None
+) -> TickSnapshot | None:
+    """Read the fleet and everything an idle tick decides on; None if it does not exist.
+
+    `sightings`: the heartbeat sightings on the fleet's tick lease, as its take returned them
+    (`fleets.reads.sightings`): each domain's `last_seen_at` is the later of its row's and its
+    sighting, and sightings of domains the fleet no longer has are dropped from it. None: read
+    from the lease (one more statement: a tick without a lease)."""
     fleets = _rows(Fleet, fleet_id)
     if not fleets:
         return None
     fleet = fleets[0]
     domains = _rows(Domain, fleet.id)
+    if sightings is None:
+        sightings_mod.overlay(domains, sightings_mod.sightings_of([fleet.id]))
+    else:
+        own = {str(d.id) for d in domains}
+        for gone in [key for key in sightings if key not in own]:
+            del sightings[gone]
+        sightings_mod.overlay(domains, sightings)
     slots = _rows(Slot, fleet.id)
     bindings = _rows(ModelBinding, fleet.id)
     times = [
