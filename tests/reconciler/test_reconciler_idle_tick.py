@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from fleets.core.heartbeat_cadence import record_every, standby_every
+from fleets.core.heartbeat_cadence import GPU_MEMORY_IDLE_EVERY_MS, record_every, standby_every
 from fleets.models import Domain, Fleet, Lease, ModelBinding, Operation, Slot
 from fleets.reads import sightings
 from fleets.reads.fleet_list import every_fleet_rows
@@ -264,3 +264,60 @@ def test_the_snapshot_reads_each_row_as_the_orm_does(fleet, fake_clock):
             assert all(not g._state.adding for g in got)  # saved rows, as from_db marks them
     assert snapshot.fleet.open_operation in (False, 0)  # annotations ride along
     assert snapshot.view.active is not None
+
+
+def _gpu_reads_answered(fleet) -> None:
+    for d in Domain.objects.filter(fleet=fleet):
+        read = heartbeat.pending_gpu_read(d.id)
+        if read is not None:
+            read.future.result(timeout=10)
+
+
+def _a_minute_since_gpus_were_read(fleet, fake_clock) -> None:
+    """As if the last GPU memory reading were a minute old (the clock itself is not moved, so
+    the heartbeats' own pace is not disturbed): the row's time and this process's."""
+    Domain.objects.filter(fleet=fleet).update(
+        gpus_read_at=fake_clock.now() - timedelta(milliseconds=GPU_MEMORY_IDLE_EVERY_MS + 1)
+    )
+    heartbeat._gpu_asked.clear()
+
+
+def test_idle_gpu_memory_is_read_once_a_minute_and_written_only_when_it_differs(
+    fleet, fake_clock, hosts
+):
+    settled(fleet, fake_clock)
+    _gpu_reads_answered(fleet)
+    fake_clock.advance(ms=100)
+    ticked(fleet)  # stores any reading that came in late
+    east = hosts.hosts["east"]
+
+    # Due, and the memory is as stored: read, not written.
+    _a_minute_since_gpus_were_read(fleet, fake_clock)
+    asked = east.calls["GET /v1/gpu/memory"]
+    for _ in range(2):
+        fake_clock.advance(ms=100)
+        with CaptureQueriesContext(connection) as queries:
+            ticked(fleet)
+        _gpu_reads_answered(fleet)
+        assert all("fleets_lease" in sql for sql in writes_of(queries))
+    assert east.calls["GET /v1/gpu/memory"] == asked + 1  # the second tick did not ask again
+
+    # Due, and the memory moved: written.
+    east.leak_mib = 1234
+    _a_minute_since_gpus_were_read(fleet, fake_clock)
+    stored = Domain.objects.get(slug="east").last_report["gpus"][0]["usedMiB"]
+    for _ in range(2):
+        fake_clock.advance(ms=100)
+        ticked(fleet)
+        _gpu_reads_answered(fleet)
+    assert Domain.objects.get(slug="east").last_report["gpus"][0]["usedMiB"] == stored + 1234
+
+
+def test_an_operation_keeps_its_sources_last_sighting_from_the_lease(fleet, fake_clock, domains):
+    settled(fleet, fake_clock)
+    fake_clock.advance(ms=100)
+    heard = fake_clock.now()
+    ticked(fleet)  # east heard, its row not written
+    assert Domain.objects.get(slug="east").last_seen_at < heard
+    op = operation_request(fleet=fleet, kind="promote", target_domain_id=domains()["west"].id)
+    assert Operation.objects.get(pk=op.operation.id).source_seen_at == heard
