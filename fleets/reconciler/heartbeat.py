@@ -49,7 +49,7 @@ from fleets.core.beat_plan import (
 )
 from fleets.core.model_health import Reach, Verdict, needs_direct_check, unreachable_verdict
 from fleets.core.policy import Policy
-from fleets.core.report import GpuMemory, ReadError, StatusReport, read_report
+from fleets.core.report import DomainReport, GpuMemory, ReadError, StatusReport, read_report
 from fleets.models import Domain, Id, ModelBinding, Slot
 from fleets.reads import sightings as sightings_mod
 from fleets.reconciler.supervisor.client import SupervisorClient, gpu_facts_unavailable
@@ -359,7 +359,7 @@ def heartbeat_apply(
         domain_state=domain.state,
         # The previous GPU memory is display data carried over from the row read at tick
         # start; the read's schedule is the gpus_read_at column.
-        stored=read_report(domain.last_report),
+        stored=_stored_report(domain),
         slots=slots,
         bindings=bindings,
         heard=heard,
@@ -393,6 +393,25 @@ def heartbeat_apply(
         failing_since=domain.heartbeat_failing_since,
     )
     return moves
+
+
+# Domain id -> (the stored report as the snapshot read it, read into the model): the tick
+# snapshot hands back the same JSON object while the row is unchanged
+# (`fleets.reads.tick_snapshot`), so an idle domain's report is read once, not every beat.
+_stored: dict[Any, tuple[Any, DomainReport]] = {}
+_STORED_MAX = 20_000
+
+
+def _stored_report(domain: Domain) -> DomainReport:
+    raw = domain.last_report
+    held = _stored.get(domain.id)
+    if held is not None and held[0] is raw:
+        return held[1]
+    report = read_report(raw)
+    if len(_stored) >= _STORED_MAX:
+        _stored.clear()
+    _stored[domain.id] = (raw, report)
+    return report
 
 
 # Domain id -> this process's last good sighting that was not recorded (an unchanged beat):

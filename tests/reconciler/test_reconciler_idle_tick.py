@@ -321,3 +321,18 @@ def test_an_operation_keeps_its_sources_last_sighting_from_the_lease(fleet, fake
     assert Domain.objects.get(slug="east").last_seen_at < heard
     op = operation_request(fleet=fleet, kind="promote", target_domain_id=domains()["west"].id)
     assert Operation.objects.get(pk=op.operation.id).source_seen_at == heard
+
+
+def test_the_snapshot_reads_a_changed_row_anew(fleet, fake_clock):
+    # Conversions are remembered per row while it comes back unchanged: a row written
+    # meanwhile (a JSON column, a state) must read as written.
+    settled(fleet, fake_clock)
+    assert tick_snapshot(fleet.id) is not None
+    east = Domain.objects.get(slug="east")
+    Domain.objects.filter(pk=east.pk).update(last_report={"changed": True}, state="degraded")
+    Slot.objects.filter(domain=east).update(pids=[4242])
+    snapshot = tick_snapshot(fleet.id)
+    assert snapshot is not None
+    got = next(d for d in snapshot.domains if d.pk == east.pk)
+    assert (got.last_report, got.state) == ({"changed": True}, "degraded")
+    assert all(s.pids == [4242] for s in snapshot.slots if s.domain_id == east.pk)
