@@ -12,6 +12,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from fleets.core.heartbeat_cadence import GPU_MEMORY_IDLE_EVERY_MS, record_every, standby_every
+from fleets.dashboard.selectors import fleet_page
 from fleets.models import Domain, Fleet, Lease, ModelBinding, Operation, Slot
 from fleets.reads import sightings
 from fleets.reads.fleet_list import every_fleet_rows
@@ -106,6 +107,17 @@ def test_an_unchanged_heartbeat_writes_no_row_and_every_reader_sees_it_fresh(fle
     snapshot = tick_snapshot(fleet.id)
     assert snapshot is not None
     assert next(d for d in snapshot.domains if d.slug == "east").last_seen_at == heard
+    page = fleet_page(Fleet.objects.get(pk=fleet.pk), now=heard)
+    card = next(d for d in page["domains"] if d["slug"] == "east")
+    assert (card["heartbeat_age"], card["stale"]) == ("0.0s", False)
+
+
+def test_the_metrics_read_the_heartbeat_age_from_the_lease_sighting(fleet, fake_clock, client):
+    settled(fleet, fake_clock)
+    fake_clock.advance(seconds=fleet_view(fleet).policy.heartbeat_stale_ms / 1000 + 5)
+    ticked(fleet)  # east heard, its row not written
+    text = client.get("/metrics").content.decode()
+    assert 'haru_domain_heartbeat_age_seconds{domain="east",fleet="demo"} 0.0' in text
 
 
 def test_a_tick_without_a_lease_records_an_unchanged_sighting_when_due(fleet, fake_clock):
