@@ -84,11 +84,11 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="haru-bench-failover-"))
     setup_django(workdir)
     # After django.setup(): these import models, which need the app registry.
-    from django.db.models import Q  # noqa: PLC0415 - needs django.setup() (the app registry) first
 
     from fleets.base import clock  # noqa: PLC0415 - needs django.setup() (the app registry) first
     from fleets.layouts.loader import parse_layout  # noqa: PLC0415 - needs django.setup() (the app registry) first
     from fleets.models import Domain, Event, Fleet, Operation  # noqa: PLC0415 - needs django.setup() (the app registry) first
+    from fleets.reads.sightings import overlaid  # noqa: PLC0415 - needs django.setup() (the app registry) first
     from fleets.reconciler import kick  # noqa: PLC0415 - needs django.setup() (the app registry) first
     from fleets.reconciler.loop import ReconcileLoop  # noqa: PLC0415 - needs django.setup() (the app registry) first
     from fleets.services.layouts import layout_apply  # noqa: PLC0415 - needs django.setup() (the app registry) first
@@ -127,7 +127,10 @@ def main() -> int:
             fleet.refresh_from_db()
             if Operation.objects.filter(fleet=fleet, state__in=["pending", "running"]).exists():
                 return None
-            domains = {d.slug: d for d in Domain.objects.filter(fleet=fleet)}
+            # Last seen as Haru reads it: a healthy host's sighting may be on the tick lease only.
+            domains = {
+                d.slug: d for d in overlaid(list(Domain.objects.filter(fleet=fleet)), [fleet.id])
+            }
             standby = next(d for d in domains.values() if d.id != fleet.active_domain_id)
             # Recently seen by a heartbeat: a never-seen active is never stale, by design.
             fresh = clock.now() - _ms(3 * args.interval_ms + 200)
@@ -193,9 +196,12 @@ def main() -> int:
             )
             hosts[active.slug].restart()
             wait(
-                lambda a=active: Domain.objects.filter(
-                    Q(pk=a.pk), Q(last_seen_at__gt=clock.now() - _ms(500)), state="ready"
-                ).exists(),
+                lambda a=active: any(
+                    d.state == "ready"
+                    and d.last_seen_at is not None
+                    and d.last_seen_at > clock.now() - _ms(500)
+                    for d in overlaid(list(Domain.objects.filter(pk=a.pk)), [fleet.id])
+                ),
                 30,
                 "the crashed host back",
             )

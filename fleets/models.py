@@ -529,6 +529,11 @@ class Lease(models.Model):
     previous_holder = models.CharField(max_length=100, blank=True, default="")
     previous_expires_at = models.DateTimeField(null=True, blank=True)
     previous_acquired_at = models.DateTimeField(null=True, blank=True)
+    # A tick lease's give-back keeps the good heartbeats its round heard that changed nothing
+    # (domain id -> when, ISO 8601): such a beat writes no domain row, and every freshness
+    # reader takes the later of this and the domain's `last_seen_at` (`fleets.reads.sightings`).
+    # Written by the statement that gives the lease back, so it costs no statement or row.
+    sightings = models.JSONField(default=dict, blank=True)
 
     def __str__(self) -> str:
         return f"{self.name} held by {self.holder or 'nobody'} until {self.expires_at}"

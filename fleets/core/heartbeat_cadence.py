@@ -4,14 +4,17 @@ An idle fleet (its active ready, nothing in flight) changes nothing from one tic
 most of what a tick used to write was the same row again. Three rules, each bounded by
 `heartbeatStaleMs` so that a host that stops answering still reads as stale in time:
 
-- A good heartbeat that changed nothing (same report, no move) is recorded (`last_seen_at`, the
-  report) only once the stored sighting is a third of `heartbeatStaleMs` old: a live host's
-  stored `last_seen_at` is then never older than a third of the stale window plus one reconcile
-  interval, far from stale, and between two such records its heartbeats write no row.
+- A good heartbeat that changed nothing (same report, no move) writes no row. Under the fleet's
+  tick lease its sighting is kept on the lease's give-back (`fleets.reads.sightings`: every
+  freshness reader takes the later of that and the row's `last_seen_at`), so a live host reads
+  as seen at the last tick. A tick without a lease (tests, the race suite) records it on the
+  row once the stored one is a third of `heartbeatStaleMs` old, as before.
 - A healthy standby (ready, answering, with a ready active and nothing in flight) is asked for
   its status every `standbyHeartbeatMs` (capped at the same third), not every tick.
 - GPU memory (display data) is read every GPU_MEMORY_EVERY_MS while an operation is in flight,
-  otherwise every GPU_MEMORY_IDLE_EVERY_MS, and then only by a beat that records anyway.
+  otherwise every GPU_MEMORY_IDLE_EVERY_MS; a reading that differs from the stored one is
+  written, one that does not is not (its time, `gpusAt`, then stays that of the last reading
+  stored: when the memory was last seen as it is).
 
 A failed heartbeat, a move of any row, or a report that differs is written at once, as before.
 """
@@ -68,26 +71,26 @@ def standby_beat_due(
     return not timedelta(0) <= age < every
 
 
+# Report keys that say only when something was checked: a report that differs in them alone
+# is no news (the heartbeat note; the GPU memory reading's time, its values compared).
+_TIMES_ONLY = ("heartbeat", "gpusAt")
+
+
 def report_changed(stored: Any, seen: dict[str, Any]) -> bool:
-    """Whether the report a beat would store differs from the stored one (the heartbeat note,
-    which only says when it was checked, aside)."""
+    """Whether the report a beat would store differs from the stored one (when the heartbeat
+    and the GPU memory were checked aside: a reading of the same memory is no news)."""
     if not isinstance(stored, dict):
         return True
-    return {k: v for k, v in stored.items() if k != "heartbeat"} != seen
+
+    def news(report: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in report.items() if k not in _TIMES_ONLY}
+
+    return news(stored) != news(seen)
 
 
-def gpu_read_due(
-    gpus_read_at: datetime | None,
-    now: datetime,
-    *,
-    in_flight: bool,
-    recording: bool,
-) -> bool:
+def gpu_read_due(gpus_read_at: datetime | None, now: datetime, *, in_flight: bool) -> bool:
     """Whether to ask for GPU memory now: every GPU_MEMORY_EVERY_MS while an operation is in
-    flight; otherwise every GPU_MEMORY_IDLE_EVERY_MS, only with a beat that records anyway
-    (`recording`)."""
-    if not in_flight and not recording:
-        return False
+    flight, otherwise every GPU_MEMORY_IDLE_EVERY_MS (`gpus_read_at`: the last time asked)."""
     if gpus_read_at is None:
         return True
     every = GPU_MEMORY_EVERY_MS if in_flight else GPU_MEMORY_IDLE_EVERY_MS
@@ -108,14 +111,16 @@ def sighting_dropped(
     failing: bool,
     last_seen_at: datetime | None,
     policy: Policy,
+    kept_elsewhere: bool = False,
 ) -> BeatPlan:
     """The plan without its sighting record when that record would be no news: a good beat
-    that moves nothing, on a heartbeat that was not failing, with the same report as stored and
-    a stored sighting younger than `record_every`."""
+    that moves nothing, on a heartbeat that was not failing, with the same report as stored
+    and (unless the sighting is `kept_elsewhere`: on the tick lease's give-back) a stored
+    sighting younger than `record_every`."""
     if plan.seen is None or failing or has_moves(plan):
         return plan
     if report_changed(stored_report, plan.seen.to_json()):
         return plan
-    if record_due(last_seen_at, plan.observed_at, policy):
+    if not kept_elsewhere and record_due(last_seen_at, plan.observed_at, policy):
         return plan
     return replace(plan, seen=None, gpus_read_at=None)

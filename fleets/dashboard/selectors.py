@@ -56,6 +56,7 @@ from fleets.reads.fleet_list import (
 )
 from fleets.reads.recovery import operation_failover_ms
 from fleets.reads.selectors import failover_backoff_state, failover_damping_state, fleet_view
+from fleets.reads.sightings import overlaid
 from fleets.reads.snapshot import consistent_read
 
 EVENT_LIMIT = 60
@@ -502,7 +503,9 @@ def fleet_page(fleet: Fleet, *, now: datetime) -> dict[str, Any]:
 
 def _fleet_page(fleet: Fleet, *, now: datetime) -> dict[str, Any]:
     view = fleet_view(fleet)  # refreshes the pointer, revision and policy
-    domains = list(Domain.objects.filter(fleet=fleet).order_by("priority", "slug"))
+    domains = overlaid(
+        list(Domain.objects.filter(fleet=fleet).order_by("priority", "slug")), [fleet.pk]
+    )
     slots = list(Slot.objects.filter(domain__fleet=fleet))
     bindings = list(ModelBinding.objects.filter(domain__fleet=fleet))
     slugs = {d.id: d.slug for d in domains}

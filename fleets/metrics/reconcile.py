@@ -21,6 +21,7 @@ from prometheus_client.metrics_core import Metric
 from fleets.base import clock
 from fleets.metrics.scrape import read_store
 from fleets.models import Domain, Fleet, Operation
+from fleets.reads.sightings import overlay, sightings_of
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,11 @@ class StateCollector:
         }
         for f in fleets.values():
             revision.add_metric([f.slug], f.route_revision)
-        for d in Domain.objects.only("id", "slug", "fleet_id", "state", "last_seen_at"):
+        # A healthy host's last heartbeat may be kept on its fleet's tick lease (one query).
+        for d in overlay(
+            list(Domain.objects.only("id", "slug", "fleet_id", "state", "last_seen_at")),
+            sightings_of(fleets),
+        ):
             fleet = fleets.get(d.fleet_id)
             if fleet is None:
                 continue

@@ -32,6 +32,7 @@ from fleets.models import Domain, Fleet, GoldenBaseline, ModelBinding, Operation
 from fleets.reads.fleet_health import HEARTBEAT_NOTE, fleet_health, heartbeat_errors
 from fleets.reads.readiness import BASELINE_COLUMNS, drill_facts, finished_drills, standby_facts
 from fleets.reads.selectors import AUTO_FAILOVER, view_of
+from fleets.reads.sightings import overlay, sightings_of
 
 # The longest search string taken (a slug is at most 63 characters, a name 200).
 MAX_SEARCH = 200
@@ -133,6 +134,11 @@ def fleet_rows(fleets: Iterable[Fleet]) -> FleetRows:
             .values_list(*_BINDING_COLUMNS, named=True)
         ):
             bindings[b.domain_id].append(b)
+        # A healthy host's last heartbeat may be kept on its fleet's tick lease (one query).
+        seen = sightings_of(ids)
+        if seen:
+            for fleet_id, rows in domains.items():
+                domains[fleet_id] = overlay(rows, seen)
     # The orders of the models' Meta, kept in Python: the database sorts faster without them.
     for domain_slots in slots.values():
         domain_slots.sort(key=lambda s: (s.gpu_index, s.kind))

@@ -15,7 +15,7 @@ import functools
 import uuid
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -40,6 +40,7 @@ from fleets.core.policy import Policy
 from fleets.core.read_model import FleetView
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES, CleanupState, OperationKind
 from fleets.models import Domain, Fleet, GoldenBaseline, Id, ModelBinding, Operation, Slot
+from fleets.reads import sightings as sightings_mod
 from fleets.reads.selectors import view_of
 
 
@@ -132,6 +133,16 @@ class _Reader:
     positions: list[int]  # where each of them is in a row
     annotations: list[tuple[str, int]]  # the other columns: set as attributes
     converters: list[tuple[int, list[Any], Any]]  # position, converters, expression
+    pk_at: int  # where the primary key is in a row
+    # Row id -> (the row as the database sent it, its values converted): an idle fleet's rows
+    # come back the same tick after tick, and decoding their JSON columns (a domain's report,
+    # layout, placement; a slot's spec) was a good part of the snapshot's CPU. At most one
+    # entry per row of the table (a changed row replaces its entry); bounded besides.
+    converted: dict[Any, tuple[tuple[Any, ...], list[Any]]] = field(default_factory=dict)
+
+
+# Past this many rows a reader's conversions are forgotten (and remembered again as read).
+_CONVERTED_MAX = 20_000
 
 
 # Per connection (the converters are the connection's own), per model and row shape; a
@@ -160,6 +171,7 @@ def _reader(db: BaseDatabaseWrapper, model: type[Model], columns: tuple[str, ...
         positions=[columns.index(converter(f.column)) for f in fields],
         annotations=[(c, i) for i, c in enumerate(columns) if c not in by_column],
         converters=[(at[j], convs, col) for j, (convs, col) in found.items()],
+        pk_at=columns.index(converter(model._meta.pk.column)),
     )
     return reader
 
@@ -180,17 +192,35 @@ def _rows(model: type[Model], fleet_id: Any) -> list[Any]:
     reader = _reader(db, model, columns)
     out = []
     for row in rows:
-        values = list(row)
-        for position, convs, expression in reader.converters:
-            value = values[position]
-            for convert in convs:
-                value = convert(value, expression, db)
-            values[position] = value
+        values = _converted(reader, db, row)
         instance = model.from_db(db.alias, reader.names, [values[p] for p in reader.positions])
         for column, position in reader.annotations:
             setattr(instance, column, values[position])
         out.append(instance)
     return out
+
+
+def _converted(reader: _Reader, db: BaseDatabaseWrapper, row: tuple[Any, ...]) -> list[Any]:
+    """The row's values through the columns' converters: as converted the last time the same
+    row came back unchanged, else converted now (and remembered).
+
+    The converted values (the JSON columns' dicts and lists included) are shared by the
+    instances built from them: a tick reads them and never changes them in place (a write
+    builds a new value)."""
+    key = row[reader.pk_at]
+    held = reader.converted.get(key)
+    if held is not None and held[0] == row:
+        return held[1]
+    values = list(row)
+    for position, convs, expression in reader.converters:
+        value = values[position]
+        for convert in convs:
+            value = convert(value, expression, db)
+        values[position] = value
+    if len(reader.converted) >= _CONVERTED_MAX:
+        reader.converted.clear()
+    reader.converted[key] = (row, values)
+    return values
 
 
 def _as_datetime(value: Any) -> datetime | None:
@@ -203,13 +233,27 @@ def _as_datetime(value: Any) -> datetime | None:
     return parsed
 
 
-def tick_snapshot(fleet_id: Id) -> TickSnapshot | None:
-    """Read the fleet and everything an idle tick decides on; None if it does not exist."""
+def tick_snapshot(
+    fleet_id: Id, sightings: sightings_mod.Sightings | None = None
+) -> TickSnapshot | None:
+    """Read the fleet and everything an idle tick decides on; None if it does not exist.
+
+    `sightings`: the heartbeat sightings on the fleet's tick lease, as its take returned them
+    (`fleets.reads.sightings`): each domain's `last_seen_at` is the later of its row's and its
+    sighting, and sightings of domains the fleet no longer has are dropped from it. None: read
+    from the lease (one more statement: a tick without a lease)."""
     fleets = _rows(Fleet, fleet_id)
     if not fleets:
         return None
     fleet = fleets[0]
     domains = _rows(Domain, fleet.id)
+    if sightings is None:
+        sightings_mod.overlay(domains, sightings_mod.sightings_of([fleet.id]))
+    else:
+        own = {str(d.id) for d in domains}
+        for gone in [key for key in sightings if key not in own]:
+            del sightings[gone]
+        sightings_mod.overlay(domains, sightings)
     slots = _rows(Slot, fleet.id)
     bindings = _rows(ModelBinding, fleet.id)
     times = [

@@ -26,6 +26,7 @@ from fleets.core.failover import (
     FailoverDecision,
     detect_failover,
     escalation_held,
+    is_stale,
     should_escalate,
 )
 from fleets.core.flapping import Damping
@@ -77,6 +78,13 @@ def maybe_escalate(
         degraded_grace_ms=policy.degraded_grace_ms,
         heartbeat_stale_ms=policy.heartbeat_stale_ms,
         actor=actor,
+        # The view's freshness takes the tick lease's sightings in; the UPDATE's own check
+        # reads only the rows (`fleets.reads.sightings`).
+        seen_fresh=[
+            d.id
+            for d in view.standbys
+            if d.last_seen_at is not None and not is_stale(d, policy, now)
+        ],
     ):
         return fleet_view(fleet)
     _note_escalation_held(fleet, view, policy, now, degraded_since, actor)

@@ -15,13 +15,14 @@ per domain in flight at a time, so a hung NVML cannot pile up threads). The repo
 `gpus` (read into the report model) and `gpusAt` (when it was asked); a 501 (no GPU facts on
 that host) drops `gpus`; any other failure keeps the previous `gpus` and `gpusAt` and notes
 `gpusError` (`fleets.core.beat_plan.gpu_keys`). Reads are spaced by GPU_MEMORY_EVERY_MS per
-domain (from the stored answer's time, good or bad), and skipped while the domain's heartbeat
-is failing; with nothing in flight only a beat that records its sighting anyway reads them
+domain (GPU_MEMORY_IDLE_EVERY_MS with nothing in flight; from the later of the stored answer's
+time and when this process last asked), and skipped while the domain's heartbeat is failing
 (`fleets.core.heartbeat_cadence`).
 
 An idle fleet's beats write nothing (`fleets.core.heartbeat_cadence`): a good beat that moves
-nothing and brings the report already stored records its sighting only once the stored one is
-a third of `heartbeatStaleMs` old, and a healthy standby is asked only every
+nothing and brings the report already stored writes no row; under the tick lease its sighting
+is kept on the lease's give-back (`fleets.reads.sightings`), without one it is recorded once the
+stored one is a third of `heartbeatStaleMs` old. A healthy standby is asked only every
 `standbyHeartbeatMs`.
 """
 
@@ -48,8 +49,9 @@ from fleets.core.beat_plan import (
 )
 from fleets.core.model_health import Reach, Verdict, needs_direct_check, unreachable_verdict
 from fleets.core.policy import Policy
-from fleets.core.report import GpuMemory, ReadError, StatusReport, read_report
+from fleets.core.report import DomainReport, GpuMemory, ReadError, StatusReport, read_report
 from fleets.models import Domain, Id, ModelBinding, Slot
+from fleets.reads import sightings as sightings_mod
 from fleets.reconciler.supervisor.client import SupervisorClient, gpu_facts_unavailable
 from fleets.reconciler.supervisor.transport import (
     CALL_CAP_S,
@@ -98,6 +100,11 @@ class GpuRead:
 # Domain id -> its read not yet stored: at most one per domain in this process.
 _gpu_reads: dict[Any, GpuRead] = {}
 _gpu_reads_lock = threading.Lock()
+# Domain id -> when this process last asked for its GPU memory: an idle reading that matches
+# the stored one is not written (`gpus_read_at` stays), so the pace is kept here too. Bounded
+# like the fleets; a worker that takes a fleet over reads once more.
+_gpu_asked: dict[Any, datetime] = {}
+_GPU_ASKED_MAX = 20_000
 
 
 @dataclass(frozen=True)
@@ -183,19 +190,13 @@ def heartbeats_collect(
         if not domain.supervisor_url:
             return Beat(domain, observed, None)
         client: SupervisorClient = client_for(domain)
-        recording = heartbeat_cadence.record_due(domain.last_seen_at, observed, policy)
         gpu = _gpu_read_start(
-            domain,
-            client,
-            timeout=timeout,
-            now=observed,
-            in_flight=operation_in_flight,
-            recording=recording,
+            domain, client, timeout=timeout, now=observed, in_flight=operation_in_flight
         )
         call = client.status(timeout=timeout)
         if gpu is not None and not operation_in_flight:
-            # Idle, the read rides on a beat that records anyway: a brief wait lets this beat
-            # store it, instead of the next beat writing the row again just for it.
+            # Idle, a brief wait lets this beat store a reading that changed, instead of the
+            # next beat (a tick later) writing the row for it.
             futures.wait([gpu.future], timeout=GPU_IDLE_WAIT_S)
         unvouched = _unvouched(call.value, urls_of.get(domain.id, {}))
         direct = servers_check(unvouched, timeout=direct_timeout) if unvouched else {}
@@ -233,7 +234,6 @@ def _gpu_read_start(
     timeout: float,
     now: datetime,
     in_flight: bool = True,
-    recording: bool = True,
 ) -> GpuRead | None:
     """Start this domain's GPU memory read, or join the one still unstored; None if the stored
     answer is recent enough."""
@@ -241,10 +241,13 @@ def _gpu_read_start(
         held = _gpu_reads.get(domain.id)
         if held is not None:
             return held  # still running (or answered after its beat was written): use that one
-        if not _gpu_read_due(domain, now, in_flight=in_flight, recording=recording):
+        if not _gpu_read_due(domain, now, in_flight=in_flight):
             return None
         read = GpuRead(now, _gpu_pool().submit(client.gpu_memory, timeout=timeout))
         _gpu_reads[domain.id] = read
+        if len(_gpu_asked) >= _GPU_ASKED_MAX:
+            _gpu_asked.clear()
+        _gpu_asked[domain.id] = now
         return read
 
 
@@ -254,15 +257,17 @@ def pending_gpu_read(domain_id: Id) -> GpuRead | None:
         return _gpu_reads.get(domain_id)
 
 
-def _gpu_read_due(domain: Domain, now: datetime, *, in_flight: bool, recording: bool) -> bool:
+def _gpu_read_due(domain: Domain, now: datetime, *, in_flight: bool) -> bool:
     """Whether to ask for GPU memory now: not while the heartbeat is failing (the status call
     says whether the host is there; no second call to a dead host), and not again within
-    GPU_MEMORY_EVERY_MS of the last answer, good or bad; idle, only with a beat that records."""
+    GPU_MEMORY_EVERY_MS (idle: GPU_MEMORY_IDLE_EVERY_MS) of the last answer stored, good or
+    bad, or of this process's last read. Called with `_gpu_reads_lock` held."""
     if domain.heartbeat_failing_since is not None:
         return False
-    return heartbeat_cadence.gpu_read_due(
-        domain.gpus_read_at, now, in_flight=in_flight, recording=recording
-    )
+    asked = sightings_mod.later(domain.gpus_read_at, _gpu_asked.get(domain.id))
+    if asked is not None and asked > now:
+        asked = domain.gpus_read_at  # this process's clock moved back (a test's): the row rules
+    return heartbeat_cadence.gpu_read_due(asked, now, in_flight=in_flight)
 
 
 def _gpu_answer(beat: Beat) -> GpuAnswer | None:
@@ -315,14 +320,17 @@ def heartbeat_apply(
     slots: list[SlotRow] | None = None,
     bindings: list[BindingRow] | None = None,
     policy: Policy | None = None,
+    sightings: sightings_mod.Sightings | None = None,
 ) -> bool:
     """Mirror one heartbeat: read the rows it may move, let the core plan every move
     (`fleets.core.beat_plan`), and hand the plan to the one service call that writes it.
 
     `slots` and `bindings`: the domain's rows as the tick already read them (read here when
-    not given). `policy`: an unchanged good beat records its sighting only when it is due
-    (`fleets.core.heartbeat_cadence`); without one, every good beat records it. Returns whether
-    the beat was news: a move of any row, or a failure (a sighting recorded is not).
+    not given). `policy`: an unchanged good beat writes no row (`fleets.core.heartbeat_cadence`):
+    its sighting goes to `sightings` (the tick lease's, written with its give-back) when given,
+    else it is recorded on the row only when due; without a policy every good beat records it.
+    Returns whether the beat was news: a move of any row, or a failure (a sighting recorded is
+    not).
     """
     domain = beat.domain
     if beat.call is None:
@@ -351,7 +359,7 @@ def heartbeat_apply(
         domain_state=domain.state,
         # The previous GPU memory is display data carried over from the row read at tick
         # start; the read's schedule is the gpus_read_at column.
-        stored=read_report(domain.last_report),
+        stored=_stored_report(domain),
         slots=slots,
         bindings=bindings,
         heard=heard,
@@ -366,19 +374,44 @@ def heartbeat_apply(
             failing=domain.heartbeat_failing_since is not None,
             last_seen_at=domain.last_seen_at,
             policy=policy,
+            kept_elsewhere=sightings is not None,
         )
     moves = heartbeat_cadence.has_moves(plan)
     if plan.seen is None and not moves:
         _unrecorded_note(domain.id, plan.observed_at)
+        if sightings is not None:
+            sightings_mod.note(sightings, domain.id, plan.observed_at)
         return False
     heartbeat_record(
         plan=plan,
         actor=actor,
-        seen_before=_unrecorded_take(domain.id),
+        # The domain's `last_seen_at` as the tick read it takes the lease's sighting in
+        # (`fleets.reads.sightings.overlay`): a failure dates the outage from the last good
+        # beat any process heard, not from the last one written on the row.
+        seen_before=sightings_mod.later(_unrecorded_take(domain.id), domain.last_seen_at),
         # The failure state read with the domain: the sighting's compare-and-swap.
         failing_since=domain.heartbeat_failing_since,
     )
     return moves
+
+
+# Domain id -> (the stored report as the snapshot read it, read into the model): the tick
+# snapshot hands back the same JSON object while the row is unchanged
+# (`fleets.reads.tick_snapshot`), so an idle domain's report is read once, not every beat.
+_stored: dict[Any, tuple[Any, DomainReport]] = {}
+_STORED_MAX = 20_000
+
+
+def _stored_report(domain: Domain) -> DomainReport:
+    raw = domain.last_report
+    held = _stored.get(domain.id)
+    if held is not None and held[0] is raw:
+        return held[1]
+    report = read_report(raw)
+    if len(_stored) >= _STORED_MAX:
+        _stored.clear()
+    _stored[domain.id] = (raw, report)
+    return report
 
 
 # Domain id -> this process's last good sighting that was not recorded (an unchanged beat):

@@ -34,6 +34,7 @@ from django.db import DatabaseError, connection
 from fleets.base import clock
 from fleets.base.conf import haru_settings
 from fleets.models import Id
+from fleets.reads import sightings as sightings_mod
 from fleets.services.leases import lease_acquire, lease_release, lease_renew
 
 _POLL_S = 0.05
@@ -109,6 +110,10 @@ class TickLease:
         # test's fake clock moving past the lease is a frozen holder).
         self._confirmed_mono = 0.0
         self._lost = False
+        # Acquired: the heartbeat sightings on the row (`fleets.reads.sightings`); written back
+        # with the give-back once handed to a tick (`sightings_for_tick`).
+        self._sightings: sightings_mod.Sightings = {}
+        self._keep_sightings = False
 
     def __bool__(self) -> bool:
         return self.acquired
@@ -134,6 +139,7 @@ class TickLease:
             self.taken_over_from = taken.taken_over_from
             self.retry_in_s = None
             self.last_held_at = taken.last_held_at
+            self._sightings = sightings_mod.decode(taken.sightings)
         elif taken.expires_at is not None:
             self.retry_in_s = max(0.0, (taken.expires_at - now).total_seconds())
         return self.acquired
@@ -164,10 +170,17 @@ class TickLease:
             raise LeaseLost(f"{self.name}: taken over by another holder")
         self._confirmed_mono = sent
 
+    def sightings_for_tick(self) -> sightings_mod.Sightings:
+        """The sightings the row held when taken, for the tick to read and add to: what it
+        holds when the lease is given back is written with the give-back."""
+        self._keep_sightings = True
+        return self._sightings
+
     def release(self) -> None:
         if self.acquired and not self._lost:
+            kept = sightings_mod.encode(self._sightings) if self._keep_sightings else None
             try:
-                lease_release(name=self.name, holder=self.holder, now=clock.now())
+                lease_release(name=self.name, holder=self.holder, now=clock.now(), sightings=kept)
             except DatabaseError:
                 # The tick most likely failed on the same broken connection (a database restart):
                 # one retry on a fresh connection gives the fleet back now instead of one lease
@@ -175,7 +188,9 @@ class TickLease:
                 if not connection.in_atomic_block:
                     with contextlib.suppress(Exception):
                         connection.close()
-                        lease_release(name=self.name, holder=self.holder, now=clock.now())
+                        lease_release(
+                            name=self.name, holder=self.holder, now=clock.now(), sightings=kept
+                        )
         self.acquired = False
 
 
@@ -195,7 +210,8 @@ def lease_held(
 
 
 def tick_lease_name(fleet_id: Id) -> str:
-    return f"tick:{fleet_id}"
+    # The sightings' readers find the lease by this name (`fleets.reads.sightings`).
+    return sightings_mod.tick_lease_name(fleet_id)
 
 
 def fleet_tick_lock(

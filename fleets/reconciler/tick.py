@@ -5,7 +5,9 @@
    restore to look at) is heartbeated from it, a healthy standby only every
    `standbyHeartbeatMs` (`fleets.core.heartbeat_cadence`); when no beat moved a row or failed
    and the core's own answers on the snapshot find nothing to do below, the tick ends there,
-   having written nothing (an idle tick: six statements with the lease);
+   having written nothing but the lease (an idle tick: six statements with the lease; the
+   good heartbeats that changed nothing are kept on the lease's give-back,
+   `fleets.reads.sightings`);
 1. heartbeat every domain's supervisor, concurrently (HTTP, outside any transaction; a quiet
    fleet's beats of step 0 stand for this one);
 2. mirror slot health and domain states (the core plans each beat; one service call writes it);
@@ -64,6 +66,7 @@ from fleets.core.states import (
 )
 from fleets.metrics import reconcile as fleet_metrics
 from fleets.models import Domain, Fleet, Id, Operation
+from fleets.reads import sightings as sightings_mod
 from fleets.reads.selectors import (
     failover_backoff_state,
     failover_damping_state,
@@ -132,12 +135,17 @@ def fleet_tick(
     poll_s: float = TICK_POLL_S,
     actor: str = "reconciler",
     checkpoint: Callable[[], None] = _no_checkpoint,
+    sightings: sightings_mod.Sightings | None = None,
 ) -> TickResult:
     """Run one tick for one fleet without taking its lease (see `tick_run`).
 
     `checkpoint` is called between phases and steps; the lease's raises `LeaseLost` once this
     tick may no longer write (see `fleets.reconciler.locks`). Every checkpoint also raises
     `Stopping` once this process is stopping, before anything observed is written.
+    `sightings`: the heartbeat sightings of the lease this tick holds (`tick_run`): read for
+    every domain's freshness, and added to by the good beats that changed nothing, which then
+    write no row. None (no lease): they are read, and such beats record their sighting on the
+    row when it is due (`fleets.core.heartbeat_cadence`).
     """
 
     def gate() -> None:
@@ -145,7 +153,7 @@ def fleet_tick(
         checkpoint()
 
     gate()
-    snap = tick_snapshot(fleet_id)
+    snap = tick_snapshot(fleet_id, sightings)
     if snap is None:
         return TickResult(str(fleet_id), ran=True)
     fleet = snap.fleet
@@ -155,13 +163,13 @@ def fleet_tick(
     # 0. A quiet fleet (nothing in flight, no recent operation) is heartbeated from the
     # snapshot; when nothing it heard is news and the core finds nothing to do, the tick ends
     # there, having written nothing.
-    quiet = _quiet_run(snap, client_factory, gate) if snap.quiet(clock.now()) else None
+    quiet = _quiet_run(snap, client_factory, gate, sightings) if snap.quiet(clock.now()) else None
     if quiet is not None and quiet.idle:
         return TickResult(str(fleet.id), True)
 
     # 1-2b. Heartbeats, then the confirmation of a suspected dead active.
     if quiet is None:
-        observed, in_flight = _heartbeats_run(fleet, view, client_factory, gate, actor)
+        observed, in_flight = _heartbeats_run(fleet, view, client_factory, gate, actor, sightings)
     else:
         observed, in_flight = quiet.observed, False
         _confirm(fleet, view, quiet.beats, in_flight, client_factory, gate, actor)
@@ -169,7 +177,7 @@ def fleet_tick(
     # 3. Escalation: the core says whether it is due; the UPDATE re-checks it all.
     gate()
     now = observed
-    view = failover.maybe_escalate(fleet, fleet_view(fleet), policy, now, actor)
+    view = failover.maybe_escalate(fleet, fleet_view(fleet, sightings), policy, now, actor)
 
     # 4. Failover: pre-empt what blocks it, detect, then (nothing else started) a returned
     # standby's posture. Standbys still backing off after failed attempts are passed over; a
@@ -214,12 +222,19 @@ def _heartbeats_run(
     client_factory: Callable[[Domain], SupervisorClient],
     checkpoint: Callable[[], None],
     actor: str,
+    sightings: sightings_mod.Sightings | None = None,
 ) -> tuple[datetime, bool]:
     """Heartbeat every domain (read all, then apply each), then confirm a suspected dead
     active; return the round's observation time and whether an operation is in flight."""
     policy = view.policy
     # The active's model servers are asked directly when its supervisor cannot vouch for them.
+    # Each domain's last good heartbeat takes the lease's sighting in: a failure is dated from
+    # it (`heartbeat_apply`).
     domains = list(Domain.objects.filter(fleet=fleet))
+    if sightings is None:
+        sightings_mod.overlaid(domains, [fleet.id])
+    else:
+        sightings_mod.overlay(domains, sightings)
     routed_id = view.active_domain_id
     beats = heartbeats_collect(
         domains,
@@ -285,10 +300,12 @@ def _quiet_run(
     snap: TickSnapshot,
     client_factory: Callable[[Domain], SupervisorClient],
     checkpoint: Callable[[], None],
+    sightings: sightings_mod.Sightings | None = None,
 ) -> QuietRound:
     """Heartbeat a quiet fleet from its snapshot (no read of its own; a healthy standby only
     when due), write what is due, and tell whether the rest of the tick has anything to do: not
-    when a beat moved a row or failed (a sighting recorded decides nothing)."""
+    when a beat moved a row or failed (a sighting kept or recorded decides nothing).
+    `sightings`: the tick lease's, where a beat that changed nothing keeps its sighting."""
     view, policy = snap.view, snap.policy
     now = clock.now()
     active = view.active
@@ -337,6 +354,7 @@ def _quiet_run(
             slots=slot_rows([s for s in snap.slots if s.domain_id == domain_id]),
             bindings=binding_rows([b for b in snap.bindings if b.domain_id == domain_id]),
             policy=policy,
+            sightings=sightings,
         )
     idle = not news and active_ready and _nothing_to_do(snap, observed)
     return QuietRound(observed, beats, idle)
@@ -526,6 +544,7 @@ def tick_run(
                 poll_s=poll_s,
                 actor=actor,
                 checkpoint=lease.check,
+                sightings=lease.sightings_for_tick(),
             )
         except LeaseLost as exc:
             # Another worker took the fleet over while this one was frozen or slow: it owns

@@ -8,6 +8,7 @@ standby can go stale, the operator can switch autoFailover off.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -31,13 +32,21 @@ from fleets.services.events import event_record, guarded_update
 ESCALATION_HELD = "domain.degraded.held"
 
 
-def _viable_standby_exists(now: datetime, stale_ms: int) -> Exists:
-    """Build the `Exists` twin of `fleets.core.failover.is_viable_standby` (outer: the active)."""
+def _viable_standby_exists(now: datetime, stale_ms: int, seen_fresh: Iterable[Id] = ()) -> Exists:
+    """Build the `Exists` twin of `fleets.core.failover.is_viable_standby` (outer: the active).
+
+    `seen_fresh`: domains the caller saw fresh through their fleet's tick lease sightings
+    (`fleets.reads.sightings`: a healthy host's unchanged heartbeats write no row); they count
+    as fresh while their heartbeat is not failing."""
+    fresh = Q(last_seen_at__gte=now - timedelta(milliseconds=stale_ms))
+    vouched = [str(pk) for pk in seen_fresh]
+    if vouched:
+        fresh |= Q(pk__in=vouched, heartbeat_failing_since__isnull=True)
     standby = (
-        Domain.objects.filter(
+        Domain.objects.filter(fresh)
+        .filter(
             fleet_id=OuterRef("fleet_id"),
             state=DomainState.READY,
-            last_seen_at__gte=now - timedelta(milliseconds=stale_ms),
         )
         .exclude(pk=OuterRef("pk"))
         .exclude(supervisor_url="")
@@ -76,6 +85,7 @@ def domain_escalate(
     degraded_grace_ms: int,
     heartbeat_stale_ms: int,
     actor: str = "reconciler",
+    seen_fresh: Iterable[Id] = (),
 ) -> bool:
     """Move the degraded active `domain_id` to failed when every escalation condition holds.
 
@@ -107,7 +117,7 @@ def domain_escalate(
         is_active,
         auto_failover,
         idle,
-        _viable_standby_exists(now, heartbeat_stale_ms),
+        _viable_standby_exists(now, heartbeat_stale_ms, seen_fresh),
         _data_path_failing(now, heartbeat_stale_ms),
     )
     row = Domain.objects.filter(pk=domain_id).values("fleet_id", "state_updated_at").first()

@@ -35,6 +35,9 @@ class Taken:
     # Acquired: the last moment a previous holder is known to have held it (None: never held,
     # or given back before release times were kept). See `_last_held`.
     last_held_at: datetime | None = None
+    # Acquired: the row's `sightings` as the take found them (raw, as the database returns
+    # them: `fleets.reads.sightings.decode` reads them).
+    sightings: Any = None
 
 
 def _last_held(row: dict[str, Any] | None, ttl: timedelta) -> datetime | None:
@@ -64,7 +67,7 @@ def _take_sql() -> str:
         f"UPDATE {table} SET previous_holder = holder, previous_expires_at = expires_at, "  # noqa: S608 - names from the model, values bound
         "previous_acquired_at = acquired_at, holder = %s, expires_at = %s, acquired_at = %s "
         "WHERE name = %s AND (holder = '' OR expires_at IS NULL OR expires_at < %s OR holder = %s) "
-        "RETURNING previous_holder, previous_expires_at, previous_acquired_at"
+        "RETURNING previous_holder, previous_expires_at, previous_acquired_at, sightings"
     )
 
 
@@ -80,7 +83,8 @@ def _as_datetime(value: Any) -> datetime | None:
 
 
 def _take(name: str, holder: str, now: datetime, until: datetime, dead_holder: str) -> Any:
-    """Run the take; return the row as it was before (holder, expires, acquired), or None."""
+    """Run the take; return the row as it was before (holder, expires, acquired) with its
+    sightings, or None."""
     adapt = connection.ops.adapt_datetimefield_value
     with connection.cursor() as cursor:
         cursor.execute(
@@ -141,7 +145,7 @@ def lease_acquire(
             "gone" if stale_holder == dead_holder else "expired",
         )
     held = _last_held(previous, ttl)
-    return Taken(True, until, stale_holder, last_held_at=held and min(held, now))
+    return Taken(True, until, stale_holder, last_held_at=held and min(held, now), sightings=row[3])
 
 
 def lease_renew(*, name: str, holder: str, now: datetime, ttl: timedelta) -> datetime | None:
@@ -155,17 +159,33 @@ def lease_renew(*, name: str, holder: str, now: datetime, ttl: timedelta) -> dat
     return until if moved else None
 
 
-def lease_release(*, name: str, holder: str, now: datetime | None = None) -> bool:
+def lease_release(
+    *,
+    name: str,
+    holder: str,
+    now: datetime | None = None,
+    sightings: dict[str, Any] | None = None,
+) -> bool:
     """Give the lease back at once (only if `holder` still has it).
 
     `now`: the moment it is given back, kept as its expiry (a free lease either way) so the
-    next taker knows when it was last held (`Taken.last_held_at`).
+    next taker knows when it was last held (`Taken.last_held_at`). `sightings`: the JSON to
+    keep as the row's sightings (`fleets.reads.sightings`), in the same statement; None keeps
+    them as they are.
     """
     table = connection.ops.quote_name(Lease._meta.db_table)
+    adapt = connection.ops.adapt_datetimefield_value
     # Every tick ends here: a plain statement, not a queryset compiled each time.
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {table} SET holder = '', expires_at = %s WHERE name = %s AND holder = %s",  # noqa: S608 - the name from the model, values bound
-            [connection.ops.adapt_datetimefield_value(now), name, holder],
+    if sightings is None:
+        sql = f"UPDATE {table} SET holder = '', expires_at = %s WHERE name = %s AND holder = %s"  # noqa: S608 - the name from the model, values bound
+        params: list[Any] = [adapt(now), name, holder]
+    else:
+        sql = (
+            f"UPDATE {table} SET holder = '', expires_at = %s, sightings = %s "  # noqa: S608 - the name from the model, values bound
+            "WHERE name = %s AND holder = %s"
         )
+        field = Lease._meta.get_field("sightings")
+        params = [adapt(now), field.get_db_prep_value(sightings, connection), name, holder]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
         return bool(cursor.rowcount > 0)

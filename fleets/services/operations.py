@@ -48,6 +48,7 @@ from fleets.core.states import (
 )
 from fleets.models import Domain, Fleet, Id, Operation, Slot
 from fleets.reads.selectors import fleet_view
+from fleets.reads.sightings import sightings_of
 from fleets.services.events import EventFields, event_record, guarded_update
 from fleets.services.transitions import slot_transition
 
@@ -207,6 +208,12 @@ def _create(
             source_state=Coalesce(Subquery(source.values("state")[:1]), Value("")),
         )
         op.refresh_from_db()
+        # A healthy source's last good heartbeat may be kept on its fleet's tick lease, not on
+        # its row (`fleets.reads.sightings`): the later of the two.
+        kept = sightings_of([fleet_id]).get(str(op.source_domain_id))
+        if kept is not None and (op.source_seen_at is None or kept > op.source_seen_at):
+            Operation.objects.filter(pk=op.pk).update(source_seen_at=kept)
+            op.source_seen_at = kept
         event_record(
             fleet_id=fleet_id,
             operation_id=op.id,

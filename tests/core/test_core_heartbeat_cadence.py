@@ -13,6 +13,7 @@ from fleets.core.heartbeat_cadence import (
     gpu_read_due,
     record_due,
     record_every,
+    report_changed,
     sighting_dropped,
     standby_beat_due,
     standby_every,
@@ -54,12 +55,12 @@ def test_standby_heartbeat_zero_asks_every_tick():
     assert standby_beat_due(last_seen_at=T0, now=T0 + ms(1), healthy=True, policy=every_tick)
 
 
-def test_gpu_memory_is_read_every_second_in_flight_and_once_a_minute_idle_with_a_record():
-    assert gpu_read_due(T0, T0 + ms(GPU_MEMORY_EVERY_MS), in_flight=True, recording=False)
-    assert not gpu_read_due(T0, T0 + ms(GPU_MEMORY_EVERY_MS), in_flight=False, recording=True)
-    idle_due = T0 + ms(GPU_MEMORY_IDLE_EVERY_MS)
-    assert gpu_read_due(T0, idle_due, in_flight=False, recording=True)
-    assert not gpu_read_due(T0, idle_due, in_flight=False, recording=False)
+def test_gpu_memory_is_read_every_second_in_flight_and_once_a_minute_idle():
+    assert gpu_read_due(T0, T0 + ms(GPU_MEMORY_EVERY_MS), in_flight=True)
+    assert not gpu_read_due(T0, T0 + ms(GPU_MEMORY_EVERY_MS), in_flight=False)
+    assert not gpu_read_due(T0, T0 + ms(GPU_MEMORY_IDLE_EVERY_MS - 1), in_flight=False)
+    assert gpu_read_due(T0, T0 + ms(GPU_MEMORY_IDLE_EVERY_MS), in_flight=False)
+    assert gpu_read_due(None, T0, in_flight=False)  # never read
 
 
 STATUS = StatusReport(slots=(SlotReport(0, "inference", (ModelReport("a", False),)),), ready=True)
@@ -97,3 +98,36 @@ def test_a_sighting_is_kept_when_it_is_news():
     # The beat moves a row.
     moving = replace(plan, domain=DomainMove("degraded", "ready", "heartbeat healthy"))
     assert sighting_dropped(moving, **base).seen is not None
+
+
+def test_a_sighting_kept_on_the_lease_is_never_recorded_for_its_age_alone():
+    plan = seen_plan(T0 + ms(60_000))
+    stored = stored_as(plan)
+    base = {"stored_report": stored, "failing": False, "policy": POLICY, "kept_elsewhere": True}
+    # However old the row's sighting: the lease's give-back keeps it, the row is not written.
+    assert sighting_dropped(plan, **base, last_seen_at=T0).seen is None
+    assert sighting_dropped(plan, **base, last_seen_at=None).seen is None
+    # News is still written.
+    assert sighting_dropped(plan, **{**base, "failing": True}, last_seen_at=T0).seen is not None
+    assert (
+        sighting_dropped(plan, **{**base, "stored_report": {"slots": []}}, last_seen_at=T0).seen
+        is not None
+    )
+
+
+def _with_gpus(plan: BeatPlan, used_mib: float, at: str) -> dict:
+    assert plan.seen is not None
+    return {
+        **plan.seen.to_json(),
+        "gpus": [{"index": 0, "usedMib": used_mib, "totalMib": 80_000}],
+        "gpusAt": at,
+    }
+
+
+def test_a_gpu_memory_reading_is_news_only_when_the_memory_differs():
+    stored = _with_gpus(seen_plan(T0), 1_000, "2026-01-01T00:00:00Z")
+    same_later = _with_gpus(seen_plan(T0), 1_000, "2026-01-01T00:01:00Z")
+    changed = _with_gpus(seen_plan(T0), 2_000, "2026-01-01T00:01:00Z")
+    assert not report_changed({**stored, "heartbeat": {"ok": True}}, same_later)
+    assert report_changed(stored, changed)
+    assert report_changed({k: v for k, v in stored.items() if k != "gpus"}, same_later)

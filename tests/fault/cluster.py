@@ -78,6 +78,14 @@ def require_tools() -> None:
     pytest.skip(missing)
 
 
+# A domain's last good heartbeat as Haru reads it (`fleets/reads/sightings.py`): the later of
+# the row's and the sighting kept on its fleet's tick lease (GREATEST skips a NULL).
+LAST_SEEN_SQL = (
+    "SELECT d.slug, GREATEST(d.last_seen_at, (l.sightings ->> d.id::text)::timestamptz) "
+    "FROM fleets_domain d LEFT JOIN fleets_lease l ON l.name = 'tick:' || d.fleet_id::text"
+)
+
+
 class Deployment:
     """One fleet over two simulated hosts, driven by the server, two Celery workers and beat."""
 
@@ -263,14 +271,20 @@ class Deployment:
     def q(self, query: str, params: tuple = ()) -> list[tuple]:
         return self.pg.sql(query, params, db=self.db)
 
+    def last_seen(self) -> dict[str, datetime | None]:
+        """Each domain's last good heartbeat by slug: the later of its row's `last_seen_at` and
+        the sighting on its fleet's tick lease (a heartbeat that changed nothing writes no
+        domain row, `fleets/reads/sightings.py`), as Haru itself reads it."""
+        return dict(self.q(LAST_SEEN_SQL))
+
     def heartbeats_in(self) -> bool:
-        rows = self.q("SELECT last_seen_at FROM fleets_domain")
-        return len(rows) == 2 and all(r[0] is not None for r in rows)
+        seen = self.last_seen()
+        return len(seen) == 2 and all(at is not None for at in seen.values())
 
     def heartbeats_after(self, moment: datetime) -> bool:
         """Whether both domains were heartbeated (observed) after `moment` (aware, UTC)."""
-        rows = self.q("SELECT last_seen_at FROM fleets_domain")
-        return len(rows) == 2 and all(r[0] is not None and r[0] > moment for r in rows)
+        seen = self.last_seen()
+        return len(seen) == 2 and all(at is not None and at > moment for at in seen.values())
 
     def app_url(self, process: str) -> str:
         """The database URL for one process, its connections named `fault-<process>`."""

@@ -471,7 +471,7 @@ def _active_heartbeats(d: Deployment, seconds: float) -> list[float]:
     seen: list = []
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        at = d.q("SELECT last_seen_at FROM fleets_domain WHERE slug = 'east'")[0][0]
+        at = d.last_seen()["east"]
         if not seen or at != seen[-1]:
             seen.append(at)
         time.sleep(0.1)
@@ -563,7 +563,8 @@ def test_a_trickling_then_an_oversized_supervisor_stall_nothing_else(deploy, tmp
 
 
 def _standby_ready_since(d: Deployment, moment: datetime) -> bool:
-    state, seen, failing = d.q(
-        "SELECT state, last_seen_at, heartbeat_failing_since FROM fleets_domain WHERE slug = 'west'"
+    state, failing = d.q(
+        "SELECT state, heartbeat_failing_since FROM fleets_domain WHERE slug = 'west'"
     )[0]
+    seen = d.last_seen()["west"]
     return state == "ready" and seen is not None and seen > moment and failing is None

@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 
 from fleets.models import Domain, Event, ModelBinding, Operation, Slot
+from fleets.reconciler.tick import tick_run
 from fleets.services.escalation import domain_escalate
 from fleets.services.heartbeats import slot_mirror
 from fleets.services.operations import operation_request
@@ -124,6 +125,44 @@ def test_degraded_active_escalates_after_grace_and_fails_over(fleet, tick, hosts
     assert op.target_domain.slug == "west"
 
 
+def test_a_degraded_active_escalates_under_the_lease_its_standby_fresh_by_sightings_alone(
+    fleet, hosts, fake_clock
+):
+    # Under the tick lease the standby's unchanged beats write no row: past the stale window
+    # (3 s) its row reads stale, and only the lease's sightings say it is fresh. The escalation
+    # (its UPDATE re-checks a viable standby) must still happen after the grace.
+    def ticked():
+        assert tick_run(fleet_id=fleet.id, poll_s=0).ran
+
+    ticked()
+    hosts.hosts["east"].models["qwen-small"] = True  # reachable, but not serving everything
+    ticked()
+    assert state("east") == "degraded"
+    west_row = Domain.objects.get(slug="west").last_seen_at
+    for _ in range(11):  # 5.5 s in ticks of 0.5 s, past the 5 s grace
+        fake_clock.advance(ms=500)
+        ticked()
+        if Operation.objects.exists():
+            break
+    assert Domain.objects.get(slug="west").last_seen_at == west_row  # never written
+    assert Event.objects.filter(kind="domain.degraded.escalated").count() == 1
+    op = Operation.objects.get()
+    assert op.reason == "auto_failover" and op.target_domain.slug == "west"
+
+
+def test_a_standby_fresh_by_sightings_no_longer_counts_once_its_heartbeat_fails(
+    fleet, tick, fake_clock
+):
+    tick()
+    _degrade_east_long_ago(fake_clock)
+    fake_clock.advance(ms=3001)  # the standby's row is stale
+    west = Domain.objects.get(slug="west")
+    Domain.objects.filter(pk=west.pk).update(heartbeat_failing_since=fake_clock.now())
+    assert escalate(fake_clock, seen_fresh=[west.id]) is False
+    Domain.objects.filter(pk=west.pk).update(heartbeat_failing_since=None)
+    assert escalate(fake_clock, seen_fresh=[west.id]) is True
+
+
 def _degrade_east_long_ago(fake_clock):
     Domain.objects.filter(slug="east").update(
         state="degraded", state_updated_at=fake_clock.now() - timedelta(seconds=60)
@@ -139,6 +178,7 @@ def escalate(fake_clock, **kwargs) -> bool:
         now=fake_clock.now(),
         degraded_grace_ms=kwargs.get("grace", 5000),
         heartbeat_stale_ms=3000,
+        seen_fresh=kwargs.get("seen_fresh", ()),
     )
 
 

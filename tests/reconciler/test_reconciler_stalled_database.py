@@ -12,9 +12,7 @@ import time
 import pytest
 from django.db import connection, connections
 
-from fleets.core.heartbeat_cadence import record_every
 from fleets.models import Domain, Fleet, Operation
-from fleets.reads.selectors import fleet_view
 from fleets.reconciler.tick import fleet_tick, tick_run
 
 # The demo policy's heartbeatStaleMs is 3000: every stall below is longer.
@@ -69,9 +67,10 @@ def test_a_row_lock_longer_than_the_staleness_window_moves_no_routing(seeded_fle
     assert tick_run(fleet_id=fleet.id, poll_s=0).ran
     before = _routing(fleet.id)
     active_id = before[0]
-    # An unchanged heartbeat records its sighting only every third of heartbeatStaleMs: wait
-    # until the next one is due, so the tick below writes the locked row.
-    time.sleep(record_every(fleet_view(fleet).policy).total_seconds())
+    # A heartbeat that changed nothing writes no row (its sighting goes with the lease): the
+    # active reports something new (its trainer's first checkpoint), so the tick below writes
+    # the locked row.
+    hosts.hosts["east"].checkpoint_at = "2026-01-01T00:00:00Z"
     locked, done = threading.Event(), threading.Event()
 
     def hold() -> None:
