@@ -14,7 +14,7 @@ from django.db.models import Q
 from fleets.base import clock
 from fleets.core.dispatch import RECENT_SHARE, TickLeaseRow, tick_due_in
 from fleets.models import Domain, Lease
-from fleets.reconciler.locks import tick_lease_name
+from fleets.reconciler.locks import local_and_dead, tick_lease_name
 from fleets.reconciler.tick import fleets_to_reconcile
 from fleets.services.provisioning import is_managed
 
@@ -55,6 +55,12 @@ def dispatch_plan(selection: list[str] | None, *, interval_s: float) -> Dispatch
     for fleet_id in ids:
         row = rows.get(fleet_id)
         wait = tick_due_in(row, now=now, interval_s=interval_s)
+        if wait > 0 and row is not None and row.holder and local_and_dead(row.holder):
+            # A holder of this host whose process is gone (a worker killed mid-tick): the tick
+            # sent now takes the lease over at once (`TickLease.try_take`) instead of one lease
+            # later. Only the task the dead process was running could do that before, and it
+            # is dropped once it has expired (three intervals), as after a long step.
+            wait = 0.0
         if wait <= 0:
             plan.now.append(fleet_id)
         elif row is not None and row.holder:

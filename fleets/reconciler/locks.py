@@ -64,11 +64,11 @@ _HOST = f"{socket.gethostname()[:48]}:{_pid_namespace()[:16]}"
 def _holder_id() -> str:
     # Unique per acquisition (two threads of one process exclude each other as two processes
     # do); host, PID namespace and PID make the row readable and let a process on the same host
-    # see that the holder is gone (`_local_and_dead`).
+    # see that the holder is gone (`local_and_dead`).
     return f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
 
-def _local_and_dead(holder: str) -> bool:
+def local_and_dead(holder: str) -> bool:
     """Whether `holder` was a process of this host (and PID namespace) that no longer exists.
 
     A worker killed with SIGKILL (or by Celery's hard time limit) is then taken over at once
@@ -125,7 +125,7 @@ class TickLease:
         sent = clock.get_clock().monotonic()
         now = clock.now()
         taken = lease_acquire(name=self.name, holder=self.holder, now=now, ttl=self._ttl())
-        if not taken.acquired and taken.holder and _local_and_dead(taken.holder):
+        if not taken.acquired and taken.holder and local_and_dead(taken.holder):
             taken = lease_acquire(
                 name=self.name,
                 holder=self.holder,

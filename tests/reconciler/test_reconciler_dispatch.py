@@ -3,6 +3,8 @@ in-process loop deferring fleets another process holds or has just ticked."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from datetime import timedelta
 
@@ -11,6 +13,7 @@ import pytest
 from fleets import tasks
 from fleets.base import clock
 from fleets.models import Fleet, Lease
+from fleets.reconciler import locks
 from fleets.reconciler.dispatch import dispatch_plan
 from fleets.reconciler.locks import tick_lease_name
 from fleets.reconciler.loop import ReconcileLoop
@@ -53,6 +56,27 @@ def test_the_plan_puts_each_fleet_by_its_lease(fake_clock):
     assert sorted(plan.now) == sorted([long_ago, never])
     assert plan.held == {held: 12.0}
     assert plan.recent == {recent: 4.0}
+
+
+@pytest.mark.django_db
+def test_the_plan_ticks_at_once_a_fleet_whose_holder_on_this_host_is_gone(fake_clock):
+    # A worker of this host killed mid-tick: its fleet is sent now, and the tick takes the
+    # lease over as gone, instead of waiting out the lease (or the dead task's redelivery).
+    gone, alive = _fleets(2)
+    child = subprocess.Popen(["true"])
+    child.wait()  # exited and reaped: its PID is free
+    for fleet_id, holder in ((gone, f"{locks._HOST}:{child.pid}:feed00000000"),
+                             (alive, f"{locks._HOST}:{os.getpid()}:feed00000001")):  # fmt: skip
+        taken = lease_acquire(
+            name=tick_lease_name(fleet_id), holder=holder, now=clock.now(),
+            ttl=timedelta(seconds=15),
+        )  # fmt: skip
+        assert taken.acquired
+
+    plan = dispatch_plan(None, interval_s=5)
+
+    assert plan.now == [gone]
+    assert plan.held == {alive: 15.0}
 
 
 @pytest.mark.django_db

@@ -155,7 +155,7 @@ def test_a_killed_holder_not_yet_reaped_counts_as_gone(fleet, fake_clock):
             if Path(f"/proc/{child.pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z":
                 break
             time.sleep(0.01)
-        assert locks._local_and_dead(f"{locks._HOST}:{child.pid}:feed00000000")
+        assert locks.local_and_dead(f"{locks._HOST}:{child.pid}:feed00000000")
     finally:
         child.wait()
 
