@@ -24,8 +24,8 @@ from django.utils.dateparse import parse_datetime
 
 from fleets.models import Id, Lease
 
-# The tick lease's name (`fleets.reconciler.locks.tick_lease_name`): reads may not import the
-# reconciler, so the prefix is repeated here and tested against it.
+# The tick lease's name, defined here for its readers and for the reconciler that takes it
+# (`fleets.reconciler.locks` imports it: reads may not import the reconciler).
 TICK_LEASE_PREFIX = "tick:"
 
 # Domain id (str) -> when it was last heard good without its row being written.

@@ -35,6 +35,7 @@ from fleets.base import clock
 from fleets.base.conf import haru_settings
 from fleets.models import Id
 from fleets.reads import sightings as sightings_mod
+from fleets.reads.sightings import tick_lease_name  # one name for the writer and the readers
 from fleets.services.leases import lease_acquire, lease_release, lease_renew
 
 _POLL_S = 0.05
@@ -207,11 +208,6 @@ def lease_held(
         yield lease
     finally:
         lease.release()
-
-
-def tick_lease_name(fleet_id: Id) -> str:
-    # The sightings' readers find the lease by this name (`fleets.reads.sightings`).
-    return sightings_mod.tick_lease_name(fleet_id)
 
 
 def fleet_tick_lock(

@@ -159,10 +159,6 @@ def test_sightings_of_domains_gone_are_dropped_from_the_lease(fleet, fake_clock)
     assert set(kept) <= {str(d.pk) for d in Domain.objects.filter(fleet=fleet)}
 
 
-def test_the_reads_find_the_lease_the_tick_writes(fleet):
-    assert sightings.tick_lease_name(fleet.id) == tick_lease_name(fleet.id)
-
-
 def test_a_healthy_standby_is_asked_at_its_own_pace_the_active_every_tick(fleet, fake_clock, hosts):
     settled(fleet, fake_clock)
     policy = fleet_view(fleet).policy
