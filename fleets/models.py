@@ -69,6 +69,10 @@ class Fleet(models.Model):
         editable=False,
     )
     route_revision = models.BigIntegerField(default=1, editable=False)
+    # Per served model, a weighted split of its traffic between the active (stable) and a
+    # candidate domain (fleets/core/route_split.py): moved only with route_revision, by
+    # services.route_splits, and cleared by every pointer move.
+    route_splits = models.JSONField(default=dict, blank=True, editable=False)
     # When the reconciler last reported "the active is lost and no standby can take over"
     # (null while the fleet is fine): the report is rate-limited across every process ticking
     # this fleet by a guarded update of this column (services/escalation.py).

@@ -25,7 +25,8 @@ from fleets.services.route_publish import revision_publish
 # the caller read, and sets routing_committed and served_at (clients are served by the target
 # from this commit on: the failover figure's end) in the same statement. A round-trip drill moves
 # the pointer to its standby and back to its source; it never commits routing, because its
-# failure clean-up must be free to route back (fleets/reconciler/steps/cleanup.py).
+# failure clean-up must be free to route back (fleets/reconciler/steps/cleanup.py). Every move
+# clears the fleet's weighted splits (fleets/core/route_split.py): one domain serves it all.
 _SWITCH_SQL = """
 WITH op AS (
     SELECT id, kind FROM fleets_operation
@@ -37,7 +38,7 @@ WITH op AS (
 ), moved AS (
     UPDATE fleets_fleet f
     SET active_domain_id = %(target)s, route_revision = f.route_revision + 1,
-        updated_at = %(now)s
+        route_splits = '{}', updated_at = %(now)s
     WHERE f.id = %(fleet)s AND f.route_revision = %(revision)s
       AND f.active_domain_id IS NOT DISTINCT FROM %(expected)s
       AND EXISTS (SELECT 1 FROM op)
@@ -157,7 +158,10 @@ def _switch_serialized(p: dict[str, Any]) -> int | None:
         route_revision=p["revision"],
         active_domain_id=p["expected"],
     ).update(
-        active_domain_id=p["target"], route_revision=F("route_revision") + 1, updated_at=p["now"]
+        active_domain_id=p["target"],
+        route_revision=F("route_revision") + 1,
+        route_splits={},
+        updated_at=p["now"],
     )
     if not moved:
         return None
@@ -212,6 +216,7 @@ def route_switch_back(
         {
             "active_domain_id": to_domain_id,
             "route_revision": F("route_revision") + 1,
+            "route_splits": {},
             "updated_at": clock.now(),
         },
         then=lambda: _switched(
