@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from django.db import close_old_connections
 
 from fleets.base import stopping
-from fleets.reconciler.dispatch import dispatch_plan
+from fleets.reconciler.dispatch import dispatch_plan, fleets_provisioned
 from fleets.reconciler.provision import fleet_provision_tick
 from fleets.reconciler.tick import LEASE_RETRY_SLACK_MS, tick_run
 
@@ -63,6 +63,10 @@ class ReconcileLoop:
             max_workers=2, thread_name_prefix="haru-provision"
         )
         self._provisioning: set[str] = set()
+        # The fleets with a domain Haru provisions itself, re-read with every periodic plan:
+        # only those get a provisioning pass after their tick (the others' pass finds nothing
+        # to do, at the cost of a lease and two queries per tick; as Celery's beat does).
+        self._managed: set[str] = set()
         self._thread = threading.Thread(target=self._run, name="haru-reconcile-loop", daemon=True)
 
     def start(self) -> ReconcileLoop:
@@ -102,6 +106,7 @@ class ReconcileLoop:
     def _refresh(self) -> None:
         try:
             plan = dispatch_plan(self.selection, interval_s=self.interval_s)
+            managed = set(fleets_provisioned(plan.ids()))
         except Exception:  # noqa: BLE001 - the state store may be down; try again next round
             log.warning("reconcile loop: cannot list fleets", exc_info=True)
             return
@@ -109,6 +114,7 @@ class ReconcileLoop:
             close_old_connections()
         now = time.monotonic()
         ids = set(plan.ids())
+        self._managed = managed
         # Held: look again when the lease runs out (a dead holder is taken over then). Ticked a
         # moment ago by another process: one interval after that tick. Both are re-read at the
         # next refresh, so a holder that gives the fleet back early brings it forward again.
@@ -166,7 +172,8 @@ class ReconcileLoop:
             log.exception("reconcile tick of fleet %s failed", fleet_id)
         finally:
             close_old_connections()
-            if self._periodic():  # provisioning follows the beat, not a kick
+            # Provisioning follows the beat, not a kick, and only where a domain is managed.
+            if fleet_id in self._managed and self._periodic():
                 self._provision_start(fleet_id)
             with self._cond:
                 self._running.discard(fleet_id)

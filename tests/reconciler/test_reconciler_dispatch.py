@@ -14,10 +14,11 @@ from fleets import tasks
 from fleets.base import clock
 from fleets.models import Fleet, Lease
 from fleets.reconciler import locks
+from fleets.reconciler import loop as loop_module
 from fleets.reconciler.dispatch import dispatch_plan
 from fleets.reconciler.locks import tick_lease_name
 from fleets.reconciler.loop import ReconcileLoop
-from fleets.reconciler.tick import LEASE_RETRY_SLACK_MS
+from fleets.reconciler.tick import LEASE_RETRY_SLACK_MS, TickResult
 from fleets.services.leases import lease_acquire, lease_release
 
 OTHER_HOST = "worker-b:4026532176:812:9c1f2e7a3b4d"
@@ -142,6 +143,33 @@ def test_beat_sends_a_provisioning_pass_only_to_fleets_with_a_managed_domain(
     tasks.reconcile_all()
 
     assert provisions == [[str(fleet.id)]]
+
+
+# Transactional: the loop closes its connection after each refresh, as between its ticks.
+@pytest.mark.django_db(transaction=True)
+def test_the_loop_runs_a_provisioning_pass_only_after_ticks_of_fleets_with_a_managed_domain(
+    fleet, domains, monkeypatch
+):
+    others = _fleets(3)
+    west = domains()["west"]
+    west.provider = "skypilot"
+    west.driver = {"cloud": "aws", "accelerators": "L4:1"}
+    west.save(update_fields=["provider", "driver"])
+    passes: list[str] = []
+    monkeypatch.setattr(loop_module, "tick_run", lambda *, fleet_id: TickResult(fleet_id, True))
+    monkeypatch.setattr(
+        loop_module, "fleet_provision_tick", lambda *, fleet_id: passes.append(str(fleet_id))
+    )
+    loop = ReconcileLoop(interval_ms=5000)
+    try:
+        loop._refresh()
+        for fleet_id in [*others, str(fleet.id)]:
+            loop._running.add(fleet_id)
+            loop._tick(fleet_id)
+        loop._provision_pool.shutdown(wait=True)
+    finally:
+        loop.stop()
+    assert passes == [str(fleet.id)]
 
 
 # Transactional: the loop closes its connection after each refresh, as between its ticks.
