@@ -17,8 +17,8 @@ own list in fleets/base/private_apis.py: a GPU host installs none of them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-import httpcore
 import httpx
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import (
@@ -190,7 +190,11 @@ RELIED_ON: list[Reliance] = [
         "httpx",
         "httpx:HTTPTransport",
         "fleets/reconciler/supervisor/deadline.py (the pool on the deadline-bounded backend)",
-        source=("self._pool = httpcore.ConnectionPool(", "self._pool.handle_request("),
+        source=(
+            "self._pool = httpcore.ConnectionPool(",
+            "self._pool.handle_request(",
+            "self._pool.close()",
+        ),
     ),
     Reliance(
         "httpcore",
@@ -210,9 +214,10 @@ RELIED_ON: list[Reliance] = [
 ]
 
 
-def set_transport_pool(transport: httpx.HTTPTransport, pool: httpcore.ConnectionPool) -> None:
+def set_transport_pool(transport: httpx.HTTPTransport, pool: Any) -> None:
     """Serve `transport`'s requests from `pool` (httpx builds its own, with no way to give it a
-    network backend)."""
+    network backend): an object with httpcore's pool methods (`handle_request`, `close`, and
+    the context manager's)."""
     transport._pool = pool
 
 

@@ -149,19 +149,61 @@ def pinned_ssl_context() -> ssl.SSLContext:
     return context
 
 
+# httpcore's pool keeps its connections in one list, and every request walks it, polls each
+# idle socket for an early close and, per connection, counts the idle ones again: quadratic in
+# the connections kept. One control plane heartbeats every supervisor of every fleet (2,000 at
+# 1,000 fleets), so one pool keeping them all would cost more per call than a new connection,
+# and httpx's default of 20 kept makes every call at that size a new connection. A pool per
+# shard of origins keeps each walk to a few dozen, and every supervisor's connection alive from
+# one heartbeat to the next.
+POOL_SHARDS = 128
+KEEPALIVE_PER_SHARD = 32
+# Longer than any heartbeat cadence (the reconcile interval, a healthy standby's longer one):
+# the supervisor's own keep-alive (HARU_SUPERVISOR_HTTP_KEEPALIVE_TIMEOUT_MS) decides first.
+KEEPALIVE_EXPIRY_S = 60.0
+
+
+class ShardedPool:
+    """httpcore connection pools, one per shard of origins (host and port)."""
+
+    def __init__(self, context: ssl.SSLContext, backend: httpcore.NetworkBackend, shards: int):
+        self._shards = [
+            httpcore.ConnectionPool(
+                ssl_context=context,
+                max_connections=100,
+                max_keepalive_connections=KEEPALIVE_PER_SHARD,
+                keepalive_expiry=KEEPALIVE_EXPIRY_S,
+                network_backend=backend,
+            )
+            for _ in range(max(1, shards))
+        ]
+
+    def shard_of(self, request: httpcore.Request) -> httpcore.ConnectionPool:
+        url = request.url
+        return self._shards[hash((url.host, url.port)) % len(self._shards)]
+
+    def handle_request(self, request: httpcore.Request) -> httpcore.Response:
+        return self.shard_of(request).handle_request(request)
+
+    def close(self) -> None:
+        for shard in self._shards:
+            shard.close()
+
+    def __enter__(self) -> ShardedPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class DeadlineTransport(httpx.HTTPTransport):
     """httpx's own transport, its connection pool built on the deadline-bounded backend; with a
     `pin`, a pool of its own whose every connection presented that certificate."""
 
-    def __init__(self, *, ca_bundle: str | None = None, pin: str | None = None) -> None:
+    def __init__(
+        self, *, ca_bundle: str | None = None, pin: str | None = None, shards: int = POOL_SHARDS
+    ) -> None:
         super().__init__()
-        # Same pool httpx builds by default (TLS verified, keep-alive), plus our backend.
+        # httpx's pool (TLS verified, keep-alive) on our backend, sharded by origin.
         context = pinned_ssl_context() if pin else supervisor_ssl_context(ca_bundle)
-        pool = httpcore.ConnectionPool(
-            ssl_context=context,
-            max_connections=100,
-            max_keepalive_connections=20,
-            keepalive_expiry=5.0,
-            network_backend=_Backend(pin or None),
-        )
-        set_transport_pool(self, pool)
+        set_transport_pool(self, ShardedPool(context, _Backend(pin or None), shards))
