@@ -107,6 +107,7 @@ FIELDS = (
     "farm_rss_mib",
     "farm_cpu_pct",
     "seed_s",
+    "settle_s",
     "notes",
 )
 
@@ -302,14 +303,35 @@ class ChatClients:
             t.join(130)
 
 
-def wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+def wait(predicate: Callable[[], Any], timeout: float, what: str, every_s: float = 0.05) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
-        time.sleep(0.05)
+        time.sleep(every_s)
     raise TimeoutError(f"timed out waiting for {what}")
+
+
+def settle(farm: FarmProc, actives: list[str], args: argparse.Namespace, since: float) -> Any:
+    """Wait until every active host is heartbeated on time (its last two arrivals within 1.5
+    intervals of each other and of now); return the seconds since the workers started, or
+    None when that did not happen within `--settle-s` (then the run is measured anyway)."""
+    pace = 1.5 * args.interval_s
+
+    def on_time() -> bool:
+        heard, now = farm.heartbeats(), time.monotonic()
+        for name in actives:
+            arrivals = [t for t in heard.get(name, ()) if t >= since][-2:]
+            if len(arrivals) < 2 or arrivals[1] - arrivals[0] > pace or now - arrivals[1] > pace:
+                return False
+        return True
+
+    try:
+        wait(on_time, args.settle_s, "every fleet heartbeated on time", every_s=args.interval_s)
+    except TimeoutError:
+        return None
+    return round(time.monotonic() - since, 1)
 
 
 def inject_failover(farm: FarmProc, url: str, fleets: int) -> dict[str, Any]:
@@ -423,6 +445,11 @@ def run_one(args: argparse.Namespace, fleets: int, workers: int, pg: Postgres) -
         # (`fleets_never_heard` says so) rather than lose the run.
         with contextlib.suppress(TimeoutError):
             wait(all_heard, 3 * args.interval_s + 120, "every fleet heartbeated once")
+        # A fleet's first ticks are not idle (its engines' versions, its models' first health,
+        # its golden baselines are recorded once): at 1,000 fleets that first pass takes minutes.
+        # Measured after it, as a control plane restarted over existing fleets runs; how long it
+        # took is `settle_s`.
+        row["settle_s"] = settle(farm, actives, args, since)
         window = max(args.seconds, 3 * args.interval_s)
         cpu0, pg0, farm0 = group_cpu_s(crew.pgids()), pg.counters(), farm.stats()
         t0 = time.monotonic()
@@ -537,6 +564,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", default="1,2", help="worker counts, comma-separated")
     p.add_argument("--interval-s", type=float, default=5.0, help="reconcile interval")
     p.add_argument("--seconds", type=float, default=60.0, help="measurement window")
+    p.add_argument(
+        "--settle-s",
+        type=float,
+        default=300.0,
+        help="longest wait for every fleet to be heartbeated on time before measuring",
+    )
     p.add_argument("--database-url", default=os.environ.get("SCALE_DATABASE_URL", DEFAULT_DB))
     p.add_argument("--redis-url", default=os.environ.get("SCALE_REDIS_URL", DEFAULT_REDIS))
     p.add_argument("--no-failover", action="store_true", help="skip the injected failover")
