@@ -17,6 +17,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.db.models import F
 
+from common.wire.shape import FEATURE_MODEL_SWAP
 from fleets.base import clock
 from fleets.base.errors import InvalidRequest, InvalidTarget, RolloutConflict, RolloutNotFound
 from fleets.core.readiness import pick_standby
@@ -31,12 +32,13 @@ from fleets.core.rollout import (
     check_rollout_transition,
     plan_parse,
 )
-from fleets.core.states import IN_FLIGHT_OPERATION_STATES
+from fleets.core.states import IN_FLIGHT_OPERATION_STATES, DomainState
 from fleets.models import Domain, Fleet, Id, ModelBinding, Operation, Rollout
 from fleets.reads.selectors import fleet_view
 from fleets.services.events import EventFields, event_record, guarded_update
 
-FEATURE_MODEL_SWAP = "model.swap"
+# A standby in one of these states cannot hold a candidate (a failing one the reconciler finds).
+_GONE = frozenset({DomainState.FAILED, DomainState.STOPPING, DomainState.STOPPED})
 
 
 def rollout_in_flight(fleet_id: Id) -> Rollout | None:
@@ -90,7 +92,7 @@ def rollout_create(*, fleet: Fleet, body: Any, actor: str) -> Rollout:
     if active is None:
         raise InvalidTarget("the fleet has no active domain to roll out from")
     standby = pick_standby(view, clock.now())
-    if standby is None or standby.id == active.id:
+    if standby is None or standby.id == active.id or standby.state in _GONE:
         raise InvalidTarget(
             "the fleet has no standby a failover would take: a rollout runs its candidate there"
         )
