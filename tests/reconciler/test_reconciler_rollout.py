@@ -10,7 +10,13 @@ from fleets.core.readiness import ReadinessVerdict
 from fleets.models import Event, Fleet, ModelBinding, Operation, Rollout
 from fleets.reads.readiness import fleet_readiness
 from fleets.services.operations import operation_request
-from fleets.services.rollouts import rollout_create, rollout_resume
+from fleets.services.rollouts import (
+    rollout_abort,
+    rollout_create,
+    rollout_pause,
+    rollout_promote_early,
+    rollout_resume,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -252,3 +258,61 @@ def test_an_operator_promotion_waits_for_the_rollout_but_a_failover_does_not(
         fleet=fleet, kind="promote", target_domain_id=str(west.id), reason="auto_failover"
     )
     assert result.created
+
+
+def test_a_pinned_rollout_is_never_rolled_back_automatically(fleet, tick, golden, fake_clock):
+    tick()
+    tick()
+    rollout_create(fleet=fleet, body=body(), actor="test")
+    stepping = drive(tick, Reader(), fake_clock, until={"stepping"})
+    rollout_pause(fleet_id=fleet.id, rollout_id=str(stepping.id), actor="ops")
+    slow = Reader(windows(stable_ttft=100, candidate_ttft=500))
+
+    for _ in range(10):
+        tick(arm_reader=slow)
+        fake_clock.advance(seconds=5)
+
+    held = Rollout.objects.get(pk=stepping.id)
+    assert (held.state, held.pinned, held.weight_permille) == ("paused", True, 100)
+    fleet.refresh_from_db()
+    assert fleet.route_splits[MODEL]["weightPermille"] == 100
+    # Resumed, the gate reads again: the breach rolls it back.
+    rollout_resume(fleet_id=fleet.id, rollout_id=str(held.id), actor="ops")
+    done = drive(tick, slow, fake_clock)
+    assert done.state == "rolled_back"
+
+
+def test_an_abort_restores_the_standby_and_ends_aborted(fleet, tick, golden, domains, fake_clock):
+    tick()
+    tick()
+    rollout_create(fleet=fleet, body=body(), actor="test")
+    stepping = drive(tick, Reader(), fake_clock, until={"stepping"})
+    rollout_abort(fleet_id=fleet.id, rollout_id=str(stepping.id), actor="ops")
+
+    done = drive(tick, Reader(), fake_clock)
+
+    assert done.state == "aborted"
+    fleet.refresh_from_db()
+    assert fleet.route_splits == {}
+    old = ModelBinding.objects.get(domain=domains()["east"], name=MODEL).profile
+    assert golden.hosts["west"].profiles[MODEL] == old
+    assert all(golden.hosts["west"].models.values())
+    assert golden.hosts["west"].trainer == "running"
+
+
+def test_promote_early_skips_the_remaining_steps(fleet, tick, golden, domains, fake_clock):
+    tick()
+    tick()
+    plan = body(
+        steps=[{"weight": 1, "dwellS": 3600}, {"weight": 5, "dwellS": 3600}, {"weight": 100}]
+    )
+    rollout_create(fleet=fleet, body=plan, actor="test")
+    stepping = drive(tick, Reader(), fake_clock, until={"stepping"})
+    rollout_promote_early(fleet_id=fleet.id, rollout_id=str(stepping.id), actor="ops")
+
+    done = drive(tick, Reader(), fake_clock)
+
+    assert done.state == "succeeded", done.why
+    assert split_weights(fleet) == [10]
+    fleet.refresh_from_db()
+    assert fleet.active_domain_id == domains()["west"].id
