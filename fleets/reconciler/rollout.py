@@ -36,6 +36,7 @@ from fleets.base import clock
 from fleets.base.errors import InvalidTarget, OperationConflict
 from fleets.core.arm_stats import Arm, ArmWindow
 from fleets.core.golden import GOLDEN_SEED
+from fleets.core.model_health import ServerHealth
 from fleets.core.policy import Policy
 from fleets.core.report import StatusReport, TrainerReportState
 from fleets.core.rollout import (
@@ -65,6 +66,7 @@ from fleets.reconciler.steps import posture
 from fleets.reconciler.steps.base import SlotMover, training_slots
 from fleets.reconciler.supervisor.client import SupervisorClient
 from fleets.reconciler.supervisor.transport import Call
+from fleets.services.model_health import model_health_record
 from fleets.services.operations import operation_request
 from fleets.services.rollouts import binding_serving_move, rollout_in_flight, rollout_move
 from fleets.services.route_pointer import pointer_movers
@@ -187,10 +189,8 @@ def _failover_beside(ctx: _Ctx) -> bool:
         RolloutState.PROMOTING,
     ):
         return False
-    movers = pointer_movers(rollout.fleet_id)
-    ours = ctx.progress("promotionId")
-    if ours:
-        movers = movers.exclude(pk=ours)
+    # Its own planned promotion is not a failover (asked with reason "rollout").
+    movers = pointer_movers(rollout.fleet_id).exclude(reason="rollout")
     mover = movers.first()
     if mover is None:
         return False
@@ -602,6 +602,19 @@ def _checking(ctx: _Ctx) -> int | None:
         # The split was never set: no user request reached the candidate.
         return _roll_back(ctx, "answer check failed: " + outcome.message())
     ctx.move(event="checked", progress={"checkedStep": -1}, data={"step": -1})
+    # The checks just proved the candidate's server answers: say so before the split routes to
+    # it, or the proxies would read the health it had asleep until the next heartbeat.
+    candidate = ModelBinding.objects.filter(
+        domain=_domain(ctx.rollout.candidate_domain_id), name=ctx.rollout.model
+    )
+    for binding_id in candidate.values_list("id", flat=True):
+        model_health_record(
+            binding_id=binding_id,
+            health=ServerHealth.UP,
+            observed_at=clock.now(),
+            source="probe",
+            actor=ctx.actor,
+        )
     return _first_step(ctx)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from common.wire.shape import FEATURE_MODEL_SWAP
 from fleets.base.errors import OperationConflict
 from fleets.core.arm_stats import Arm, ArmWindow
 from fleets.core.readiness import ReadinessVerdict
@@ -316,3 +317,20 @@ def test_promote_early_skips_the_remaining_steps(fleet, tick, golden, domains, f
     assert split_weights(fleet) == [10]
     fleet.refresh_from_db()
     assert fleet.active_domain_id == domains()["west"].id
+
+
+def test_a_standby_that_cannot_swap_is_found_before_anything_changes(
+    fleet, tick, golden, fake_clock
+):
+    west = golden.hosts["west"]
+    west.features = tuple(f for f in west.features if f != FEATURE_MODEL_SWAP)
+    # Created before any heartbeat: the standby's features are not known yet.
+    rollout_create(fleet=fleet, body=body(), actor="test")
+
+    done = drive(tick, Reader(), fake_clock)
+
+    assert done.state == "rolled_back"
+    assert "model.swap" in done.why
+    assert west.effects["swap_requested"] == 0
+    assert split_weights(fleet) == []
+    assert west.trainer == "running"
