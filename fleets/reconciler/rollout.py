@@ -60,6 +60,7 @@ from fleets.core.states import (
     OperationState,
     TrainingState,
 )
+from fleets.core.urls import without_userinfo
 from fleets.models import Domain, Fleet, Id, ModelBinding, Operation, Rollout, Slot
 from fleets.reads.selectors import fleet_view
 from fleets.reconciler.steps import posture
@@ -297,14 +298,12 @@ def _model_entry(report: StatusReport, model: str) -> Mapping[str, Any] | None:
 
 
 def _with_port(url: str, port: int) -> str:
-    parts = urlsplit(url)
+    """`url` on another port (credentials never ride in a serving URL: any are dropped)."""
+    parts = urlsplit(without_userinfo(url))
     host = parts.hostname or ""
     if ":" in host:
         host = f"[{host}]"
-    auth = ""
-    if parts.username:
-        auth = parts.username + (f":{parts.password}" if parts.password else "") + "@"
-    return urlunsplit((parts.scheme, f"{auth}{host}:{port}", parts.path, parts.query, ""))
+    return urlunsplit((parts.scheme, f"{host}:{port}", parts.path, "", ""))
 
 
 def _why(call: Call[Any]) -> str:
@@ -335,20 +334,38 @@ def _swap(
         )
         if answer.value is None:
             error = answer.error
-            if error is not None and error.status in (400, 404):
+            final = error is not None and (
+                error.status in (400, 404) or (error.status == 409 and error.code == "no_free_port")
+            )
+            if error is not None and final:
                 return _Swap(failed=f"swap refused by {domain.slug}: {error.message}")
             return _Swap(waiting=f"swap on {domain.slug}: {_why(answer)}")
         port = answer.value.get("port")
+        before = (_model_entry(report, rollout.model) or {}).get("swap")
+        # An earlier swap of the same model on the same port (in place) must not read as ours.
+        seen = before.get("startedAt") if isinstance(before, dict) else None
         ctx.move(
             event="swap_requested",
-            progress={key: {"at": ctx.now.isoformat(), "port": port, "domain": domain.slug}},
+            progress={
+                key: {
+                    "at": ctx.now.isoformat(),
+                    "port": port,
+                    "domain": domain.slug,
+                    "before": seen,
+                }
+            },
             data={"domainId": str(domain.id), "port": port, "mode": rollout.swap_mode},
         )
         return _Swap(waiting="swap requested")
     entry = _model_entry(report, rollout.model) or {}
     swap = entry.get("swap") if isinstance(entry.get("swap"), dict) else None
     started = datetime.fromisoformat(asked["at"])
-    if swap is not None and swap.get("port") == asked.get("port"):
+    ours = (
+        swap is not None
+        and swap.get("port") == asked.get("port")
+        and (asked.get("before") is None or swap.get("startedAt") != asked.get("before"))
+    )
+    if swap is not None and ours:
         if swap.get("state") == "switched":
             return _Swap(done=True)
         if swap.get("state") == "failed":

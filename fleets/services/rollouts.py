@@ -33,6 +33,7 @@ from fleets.core.rollout import (
     plan_parse,
 )
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES, DomainState
+from fleets.core.urls import scrub_urls, without_userinfo
 from fleets.models import Domain, Fleet, Id, ModelBinding, Operation, Rollout
 from fleets.reads.selectors import fleet_view
 from fleets.services.events import EventFields, event_record, guarded_update
@@ -233,13 +234,14 @@ def rollout_move(
         if to_state in FINAL_ROLLOUT_STATES:
             update["finished_at"] = now
     if why is not None:
-        update["why"] = why[:2000]
+        why = scrub_urls(why)[:2000]  # a supervisor's words may quote a URL
+        update["why"] = why
     if progress:
         update["progress"] = {**(rollout.progress or {}), **progress}
     guard = Rollout.objects.filter(pk=rollout.id, version=rollout.version, state=rollout.state)
     payload = {"from": rollout.state, "to": to_state or rollout.state, **(data or {})}
     if why:
-        payload["why"] = why[:2000]
+        payload["why"] = why
     moved = guarded_update(guard, update, _event(rollout, event, actor, payload))
     if moved:
         rollout.refresh_from_db()
@@ -401,8 +403,8 @@ def binding_serving_move(
             "data": {
                 "rolloutId": str(rollout.id),
                 "model": rollout.model,
-                "from": expected_url,
-                "to": serving_url,
+                "from": without_userinfo(expected_url),
+                "to": without_userinfo(serving_url),
             },
         },
     )

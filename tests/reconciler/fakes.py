@@ -333,7 +333,7 @@ def _swap_of(host: FakeHost, body: dict) -> httpx.Response:
         "mode": mode,
         "port": port,
         "previousPort": previous,
-        "startedAt": "2026-01-01T00:00:00Z",
+        "startedAt": f"2026-01-01T00:00:{len(host.requests):02d}Z",
         **({"error": "probing: HTTP 500"} if host.swap_fails else {}),
     }
     host.effects["swap_requested"] += 1

@@ -334,3 +334,24 @@ def test_a_standby_that_cannot_swap_is_found_before_anything_changes(
     assert west.effects["swap_requested"] == 0
     assert split_weights(fleet) == []
     assert west.trainer == "running"
+
+
+def test_an_in_place_rollout_and_its_rollback_keep_the_port(
+    fleet, tick, golden, domains, fake_clock
+):
+    tick()
+    tick()
+    west = golden.hosts["west"]
+    rollout_create(fleet=fleet, body=body(swapMode="in-place"), actor="test")
+    reader = Reader()
+    drive(tick, reader, fake_clock, until={"stepping"})
+    port = west.ports[MODEL]
+    reader.value = windows(stable_ttft=100, candidate_ttft=300)
+
+    done = drive(tick, reader, fake_clock)
+
+    assert done.state == "rolled_back"
+    assert west.effects["swapped"] == 2  # there and back, each awaited as its own swap
+    assert west.ports[MODEL] == port
+    binding = ModelBinding.objects.get(domain=domains()["west"], name=MODEL)
+    assert binding.serving_url.endswith(f":{port}")
