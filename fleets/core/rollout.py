@@ -21,6 +21,7 @@ Pure: no ORM, no clock of its own; the services and the reconciler supply the fa
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -121,6 +122,8 @@ MAX_PROMPT_CHARS = 4096
 MAX_EXPECT_CHARS = 1024
 MAX_CHECK_TOKENS = 1024
 MAX_PROFILE_KEYS = 64
+# The supervisor's swap refuses a profile larger than this (docs/supervisor.md).
+MAX_PROFILE_BYTES = 16 * 1024
 MAX_WINDOW_S = 3600
 MIN_WINDOW_S = 5
 MAX_MIN_SAMPLES = 1_000_000
@@ -344,6 +347,8 @@ def candidate_parse(raw: Any) -> Candidate:
         raise RolloutInvalid("candidate.profile", "must be a non-empty object (an engine profile)")
     if len(profile) > MAX_PROFILE_KEYS:
         raise RolloutInvalid("candidate.profile", f"at most {MAX_PROFILE_KEYS} keys")
+    if len(json.dumps(profile, default=str)) > MAX_PROFILE_BYTES:
+        raise RolloutInvalid("candidate.profile", f"at most {MAX_PROFILE_BYTES} bytes of JSON")
     return Candidate(
         CandidateKind(kind), dict(profile), checks_parse(body.get("checks"), CandidateKind(kind))
     )

@@ -657,8 +657,14 @@ def _stepping(ctx: _Ctx) -> int | None:
             ctx.move(event="checked", progress={"checkedStep": index}, data={"step": index})
     dwelt = (ctx.now - started).total_seconds()
     if dwelt < steps[index].dwell_s or decision.verdict != GateVerdict.PASS:
-        if decision.verdict == GateVerdict.WAIT and decision.reason != rollout.why:
-            ctx.move(event="waiting", why=decision.reason, progress={"gate": decision.figures})
+        # Recorded when the verdict changes, not on every look (the counts move every tick).
+        if ctx.progress("gateVerdict") != [index, decision.verdict.value]:
+            ctx.move(
+                event="gate",
+                why=decision.reason if decision.verdict == GateVerdict.WAIT else None,
+                progress={"gateVerdict": [index, decision.verdict.value], "gate": decision.figures},
+                data={"step": index, "verdict": decision.verdict.value},
+            )
         return NUDGE_MS
     if ctx.progress("checkedStep") != index:
         return NUDGE_MS

@@ -251,6 +251,12 @@ def rollout_move(
 # Operator actions: each refuses (RolloutConflict) what the state does not allow.
 
 
+def _promotion_asked(rollout: Rollout) -> bool:
+    """Whether the rollout's planned promotion was requested: routing is then moving (or has
+    moved) to the candidate, and neither a pause nor an abort can hold it back."""
+    return bool((rollout.progress or {}).get("promotionId"))
+
+
 def _current(fleet_id: Id, rollout_id: str) -> Rollout:
     rollout = rollout_get(fleet_id, rollout_id)
     if rollout.state in FINAL_ROLLOUT_STATES:
@@ -270,6 +276,11 @@ def rollout_pause(*, fleet_id: Id, rollout_id: str, actor: str, why: str = "") -
         return rollout
     if rollout.state not in PAUSABLE:
         raise RolloutConflict(f"a rollout that is {rollout.state} cannot be paused")
+    if _promotion_asked(rollout):
+        raise RolloutConflict(
+            "the planned promotion is under way: it cannot be paused (cancel the operation to "
+            "stop it; the rollout then rolls back)"
+        )
     moved = rollout_move(
         rollout,
         to_state=RolloutState.PAUSED,
@@ -344,7 +355,9 @@ def rollout_abort(*, fleet_id: Id, rollout_id: str, actor: str, why: str = "") -
     (one compare-and-swap), then the standby's old version and posture are restored; ends
     `aborted`. Refused once the promotion at 100 % has started: it cannot be unmoved."""
     rollout = _current(fleet_id, rollout_id)
-    if rollout.state in (RolloutState.PROMOTING, RolloutState.FINISHING):
+    if rollout.state in (RolloutState.PROMOTING, RolloutState.FINISHING) or _promotion_asked(
+        rollout
+    ):
         raise RolloutConflict(
             f"a rollout that is {rollout.state} cannot be aborted: the promotion moves routing "
             "to the candidate; start a new rollout back to the old version afterwards"

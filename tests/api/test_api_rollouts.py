@@ -167,3 +167,16 @@ def test_a_read_token_reads_rollouts_but_cannot_start_one(seeded_fleet, api_clie
     assert api_client.get(URL).status_code == 200
     assert post(api_client, URL, body()).status_code == 403
     assert not Rollout.objects.exists()
+
+
+def test_once_the_promotion_is_asked_neither_pause_nor_abort_holds_it_back(
+    seeded_fleet, client_with_token, envelope
+):
+    rollout_id = post(client_with_token, URL, body()).json()["id"]
+    base = f"{URL}/{rollout_id}"
+    Rollout.objects.filter(pk=rollout_id).update(
+        state="promoting", progress={"promotionId": "3f1c2a6e-0000-4000-8000-000000000001"}
+    )
+    envelope(post(client_with_token, f"{base}/pause"), 409, "rollout_conflict")
+    envelope(post(client_with_token, f"{base}/abort"), 409, "rollout_conflict")
+    assert Rollout.objects.get(pk=rollout_id).state == "promoting"

@@ -113,6 +113,10 @@ def test_a_bad_step_plan_is_refused_naming_the_field(steps, field):
             },
             "candidate.checks",
         ),
+        (
+            {"candidate": {"kind": "same-weights", "profile": {"engine": "x" * 20_000}}},
+            "candidate.profile",
+        ),
         ({"gates": {"ttftP95Ratio": 0.5}}, "gates.ttftP95Ratio"),
         ({"gates": {"minSamples": 0}}, "gates.minSamples"),
         ({"gates": {"windowS": True}}, "gates.windowS"),
