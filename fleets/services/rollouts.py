@@ -64,15 +64,10 @@ def rollout_get(fleet_id: Id, rollout_id: str) -> Rollout:
 
 
 def _lacks_swap(domain: Domain) -> bool:
-    """Whether the domain's last report says its supervisor cannot swap (unknown: False; the
-    reconciler checks again before its first call)."""
-    report = read_report(domain.last_report)
-    features = report.status.features if report.status is not None else frozenset()
-    return (
-        bool(domain.last_report)
-        and report.status is not None
-        and (FEATURE_MODEL_SWAP not in features)
-    )
+    """Whether the domain's last report says its supervisor cannot swap (no report yet: False;
+    the reconciler checks again before its first call)."""
+    status = read_report(domain.last_report).status
+    return status is not None and FEATURE_MODEL_SWAP not in status.features
 
 
 def rollout_create(*, fleet: Fleet, body: Any, actor: str) -> Rollout:
