@@ -16,6 +16,7 @@ from django.db.models import Q
 
 from fleets.core.access import TokenScope
 from fleets.core.model_health import ServerHealth
+from fleets.core.rollout import IN_FLIGHT_ROLLOUT_STATES, RolloutState
 from fleets.core.states import (
     CleanupState,
     DomainState,
@@ -581,3 +582,81 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+
+class Rollout(models.Model):
+    """One model's move to a new version through the standby (fleets/core/rollout.py).
+
+    Created by `services.rollouts.rollout_create`; from then on every field is moved only by
+    the guarded services in `services.rollouts`, each a compare-and-swap on the `version` it
+    read (and the state), and the admin shows it read-only. The database holds: at most one
+    rollout in flight per fleet, a known state, a current weight within 0..1000 per mille.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    fleet = models.ForeignKey(Fleet, on_delete=models.CASCADE, related_name="rollouts")
+    # The served name it changes (a binding on both domains).
+    model = models.CharField(max_length=200)
+    # {kind: same-weights | new-weights, profile: {...} (the supervisor's swap body),
+    #  checks: [{prompt, expect?, match?, maxTokens}]}
+    candidate = models.JSONField(default=dict)
+    swap_mode = models.CharField(max_length=16, default="new-port")
+    # [{weight: percent, dwellS}], strictly increasing, the last 100.
+    steps = models.JSONField(default=list)
+    # {maxErrorRateDelta, ttftP95Ratio, itlP95Ratio, minSamples, windowS}
+    gates = models.JSONField(default=dict)
+    sticky_header = models.CharField(max_length=64, blank=True, default="")
+    started_by = models.CharField(max_length=150, blank=True, default="")
+    state = models.CharField(max_length=16, default=RolloutState.PENDING.value)
+    # Where a pause came from: a resume goes back there.
+    paused_from = models.CharField(max_length=16, blank=True, default="")
+    # An operator's hold (set by pause, cleared by resume): no automatic rollback overrides it.
+    pinned = models.BooleanField(default=False)
+    # Set by an abort: the restore ends `aborted`, not `rolled_back`.
+    abort_requested = models.BooleanField(default=False)
+    step_index = models.IntegerField(default=-1)  # -1: no step yet
+    weight_permille = models.IntegerField(default=0)
+    # SET_NULL: a pruned domain keeps the rollout's record (its slug in `progress`).
+    stable_domain = models.ForeignKey(
+        Domain, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    candidate_domain = models.ForeignKey(
+        Domain, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # What the model served before, on each domain: {domainId: {profile, servingUrl}}; the
+    # rollback swaps back to it.
+    previous = models.JSONField(default=dict, blank=True)
+    # Where each phase stands (swap requested, checks run at which step, the promotion's id,
+    # the breach's time, ...): written with the state it belongs to.
+    progress = models.JSONField(default=dict, blank=True)
+    # The last reason the rollout moved (a gate's breach, an operator's word, a failure).
+    why = models.TextField(blank=True, default="")
+    # The compare-and-swap token: bumped by every write.
+    version = models.PositiveIntegerField(default=1)
+    created_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    step_started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["fleet"],
+                condition=Q(state__in=sorted(s.value for s in IN_FLIGHT_ROLLOUT_STATES)),
+                name="uq_rollout_one_inflight_per_fleet",
+            ),
+            models.CheckConstraint(
+                condition=Q(state__in=[s.value for s in RolloutState]),
+                name="rollout_state_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(weight_permille__gte=0, weight_permille__lte=1000),
+                name="rollout_weight_permille_range",
+            ),
+        ]
+        indexes = [models.Index(fields=["fleet", "-created_at"], name="rollout_fleet_recent")]
+
+    def __str__(self) -> str:
+        return f"rollout {self.model} {self.id} ({self.state})"

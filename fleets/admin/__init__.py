@@ -1,9 +1,10 @@
-"""The Django admin: layouts (fleets, domains, slots, bindings) and the read-only history.
+"""The Django admin: layouts (fleets, domains, slots, bindings), the read-only history and
+rollouts.
 Importing the package registers the model admins (Django's admin autodiscovery imports it)."""
 
 from django.contrib import admin
 
-from fleets.admin import history, layouts, tokens  # noqa: F401 - registers the ModelAdmins
+from fleets.admin import history, layouts, rollouts, tokens  # noqa: F401 - registers the ModelAdmins
 
 admin.site.site_header = "Haru administration"
 admin.site.site_title = "Haru admin"

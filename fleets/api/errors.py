@@ -61,6 +61,10 @@ def envelope_exception_handler(exc, context):
         return outage.json_response()
     if isinstance(exc, ServiceError):
         response = envelope(exc.code, exc.message, exc.status)
+        field = getattr(exc, "field", "")
+        if field:
+            # The part of the body at fault, as a client can point at it.
+            response.data["error"]["field"] = field
         operation = getattr(exc, "operation", None)
         if operation is not None:
             response.data["error"]["operation"] = operation_json(operation)

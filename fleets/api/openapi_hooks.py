@@ -24,6 +24,8 @@ PATH_PARAMETERS = {
     "ref": "The fleet: its id (UUID) or its slug (`demo`); an id is tried first.",
     "domain": "A domain of the fleet: its id (UUID) or its slug (`east`).",
     "operation_id": "The operation's id (UUID), as the promote, demote or drill answer gave it.",
+    "rollout_id": "The rollout's id (UUID), as the answer that started it gave it.",
+    "action": "What to do to the rollout: pause, resume, promote (early) or abort.",
 }
 
 

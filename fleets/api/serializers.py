@@ -425,3 +425,62 @@ class RecoveryOut(serializers.Serializer):
     drill = RecoverySummaryOut()
     failover = RecoverySummaryOut()
     samples = RecoverySampleOut(many=True)
+
+
+class RolloutRequest(serializers.Serializer):
+    """A rollout to start (docs/rollouts.md); checked by fleets/core/rollout.py, which names
+    the field at fault (400 `invalid_request`, `error.field`)."""
+
+    model = serializers.CharField(help_text="The served model to move (bound on both arms).")
+    candidate = serializers.JSONField(
+        help_text='{"kind": "same-weights" | "new-weights", "profile": {...the new engine '
+        'profile, as the supervisor swap takes it}, "checks": [{"prompt", "expect"?, "match"?: '
+        '"substring" | "regex", "maxTokens"?}]}'
+    )
+    swapMode = serializers.ChoiceField(["new-port", "in-place"], required=False)  # noqa: N815
+    steps = serializers.JSONField(
+        required=False,
+        help_text='[{"weight": percent, "dwellS": seconds}], strictly increasing, the last 100.',
+    )
+    gates = serializers.JSONField(
+        required=False,
+        help_text='{"maxErrorRateDelta", "ttftP95Ratio", "itlP95Ratio", "minSamples", "windowS"}',
+    )
+    stickyHeader = serializers.CharField(required=False, allow_blank=True)  # noqa: N815
+    reason = serializers.CharField(required=False, allow_blank=True)
+
+
+class RolloutOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    fleetId = serializers.UUIDField()  # noqa: N815
+    model = serializers.CharField()
+    state = serializers.CharField()
+    pausedFrom = serializers.CharField(allow_null=True)  # noqa: N815
+    pinned = serializers.BooleanField(
+        help_text="Held by an operator: never rolled back on its own."
+    )
+    abortRequested = serializers.BooleanField()  # noqa: N815
+    candidate = serializers.JSONField()
+    swapMode = serializers.CharField()  # noqa: N815
+    steps = serializers.JSONField()
+    gates = serializers.JSONField()
+    stickyHeader = serializers.CharField()  # noqa: N815
+    stepIndex = serializers.IntegerField()  # noqa: N815
+    weightPermille = serializers.IntegerField()  # noqa: N815
+    stableDomainId = serializers.UUIDField(allow_null=True)  # noqa: N815
+    candidateDomainId = serializers.UUIDField(allow_null=True)  # noqa: N815
+    startedBy = serializers.CharField()  # noqa: N815
+    why = serializers.CharField()
+    promotionId = serializers.UUIDField(allow_null=True)  # noqa: N815
+    breachToWeightChangeMs = serializers.IntegerField(allow_null=True)  # noqa: N815
+    progress = serializers.JSONField()
+    version = serializers.IntegerField()
+    createdAt = serializers.DateTimeField()  # noqa: N815
+    startedAt = serializers.DateTimeField(allow_null=True)  # noqa: N815
+    stepStartedAt = serializers.DateTimeField(allow_null=True)  # noqa: N815
+    finishedAt = serializers.DateTimeField(allow_null=True)  # noqa: N815
+    updatedAt = serializers.DateTimeField()  # noqa: N815
+
+
+class RolloutListOut(serializers.Serializer):
+    rollouts = RolloutOut(many=True)

@@ -26,6 +26,13 @@ _ENDPOINTS = (
         "operation-cancel",
     ),
     ("operations/<str:operation_id>", views.OperationDetailView, "operation-detail"),
+    ("fleets/<str:ref>/rollouts", views.FleetRolloutsView, "fleet-rollouts"),
+    ("fleets/<str:ref>/rollouts/<str:rollout_id>", views.RolloutDetailView, "rollout-detail"),
+    (
+        "fleets/<str:ref>/rollouts/<str:rollout_id>/<str:action>",
+        views.RolloutActionView,
+        "rollout-action",
+    ),
     ("openapi.json", views.SchemaView, "openapi-schema"),
 )
 

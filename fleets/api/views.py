@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from drf_spectacular.utils import (
     OpenApiParameter,
     OpenApiResponse,
@@ -11,7 +13,7 @@ from drf_spectacular.utils import (
 )
 from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 from rest_framework import serializers as drf_serializers
-from rest_framework.exceptions import ParseError
+from rest_framework.exceptions import NotFound, ParseError
 from rest_framework.permissions import SAFE_METHODS
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
@@ -29,17 +31,26 @@ from fleets.core.decisions import RequestStatus
 from fleets.core.policy import Policy
 from fleets.core.route_intent import build_route_intent
 from fleets.core.states import OperationKind
-from fleets.models import Domain, Fleet, Operation
+from fleets.models import Domain, Fleet, Operation, Rollout
 from fleets.reads import selectors, shapes
 from fleets.reads.access import visible_fleets
 from fleets.reads.fleet_list import FleetStatus, parse_status, search, with_status
 from fleets.reads.readiness import fleet_readiness
 from fleets.reads.recovery import recovery_report
+from fleets.reads.rollouts import DEFAULT_ROLLOUTS, MAX_ROLLOUTS, fleet_rollouts, rollout_json
 from fleets.reconciler.golden import record_baselines
 from fleets.reconciler.supervisor.client import client_for
 from fleets.reconciler.tick import fleet_reconcile
 from fleets.services.operations import operation_cancel_request, operation_request
 from fleets.services.provisioning import domain_provision_begin, domain_stop_request
+from fleets.services.rollouts import (
+    rollout_abort,
+    rollout_create,
+    rollout_get,
+    rollout_pause,
+    rollout_promote_early,
+    rollout_resume,
+)
 
 # Control bodies are a few bytes; refuse anything large before parsing it.
 MAX_CONTROL_BODY = 64 * 1024
@@ -60,9 +71,10 @@ ERRORS = {
         401: ErrorCode.UNAUTHORIZED.value,
         403: f"{ErrorCode.FORBIDDEN.value} (no role on this fleet for the caller, or a read "
         f"token on a write) or {ErrorCode.TOKEN_SCOPE.value} (a chat token)",
-        404: ErrorCode.FLEET_NOT_FOUND.value,
+        404: f"{ErrorCode.FLEET_NOT_FOUND.value} (or {ErrorCode.ROLLOUT_NOT_FOUND.value})",
         409: f"{ErrorCode.OPERATION_CONFLICT.value}, {ErrorCode.PROVISION_REFUSED.value}, "
-        f"{ErrorCode.OPERATION_FINISHED.value} or {ErrorCode.ROUTING_COMMITTED.value}",
+        f"{ErrorCode.OPERATION_FINISHED.value}, {ErrorCode.ROUTING_COMMITTED.value} or "
+        f"{ErrorCode.ROLLOUT_CONFLICT.value}",
         413: ErrorCode.PAYLOAD_TOO_LARGE.value,
         422: ErrorCode.INVALID_TARGET.value,
         502: ErrorCode.SUPERVISOR_UNAVAILABLE.value,
@@ -527,6 +539,88 @@ class OperationDetailView(HaruAPIView):
     def get(self, request, operation_id: str):
         """One operation of any fleet: its kind, state, steps with their durations, and error."""
         return Response(shapes.operation_json(selectors.operation_get(operation_id)))
+
+
+class FleetRolloutsView(HaruAPIView):
+    @extend_schema(
+        summary="List a fleet's rollouts",
+        parameters=[
+            OpenApiParameter(
+                "limit",
+                int,
+                OpenApiParameter.QUERY,
+                description=f"How many of the newest: 1 to {MAX_ROLLOUTS}.",
+                default=DEFAULT_ROLLOUTS,
+            )
+        ],
+        responses={200: s.RolloutListOut, **_errors(401, 404)},
+        operation_id="listFleetRollouts",
+    )
+    def get(self, request, ref: str):
+        """The fleet's rollouts, newest first: state, weight, step, why, and progress."""
+        fleet = selectors.fleet_get(ref)
+        limit = _page_number(request, "limit", DEFAULT_ROLLOUTS, MAX_ROLLOUTS)
+        return Response({"rollouts": [rollout_json(r) for r in fleet_rollouts(fleet.id, limit)]})
+
+    @_write(
+        "startRollout",
+        "Start a rollout through the standby",
+        s.RolloutRequest,
+        {202: s.RolloutOut},
+        *(400, 401, 404, 409, 413, 422),
+    )
+    def post(self, request, ref: str):
+        """Start moving one model to a new version by way of the standby (docs/rollouts.md):
+        the standby is swapped to the candidate profile and checked, then a growing share of
+        the model's traffic goes to it, gated on errors, latency and answers; at 100 % it is
+        promoted and the old active moved too. 400 `invalid_request` names the field at fault
+        (`error.field`); 409 `rollout_conflict` while a rollout or an operation is in flight;
+        422 `invalid_target` without a standby, or with a supervisor that cannot swap."""
+        fleet = selectors.fleet_get(ref)
+        rollout = rollout_create(fleet=fleet, body=request.data, actor=self.actor(request))
+        return Response(rollout_json(rollout), status=202)
+
+
+class RolloutDetailView(HaruAPIView):
+    @_read("getRollout", "Get a rollout", s.RolloutOut, 401, 404)
+    def get(self, request, ref: str, rollout_id: str):
+        """One rollout of this fleet."""
+        fleet = selectors.fleet_get(ref)
+        return Response(rollout_json(rollout_get(fleet.id, rollout_id)))
+
+
+# The operator's actions on a rollout: each answers the rollout as it now stands.
+ROLLOUT_ACTIONS: dict[str, Callable[..., Rollout]] = {
+    "pause": rollout_pause,
+    "resume": rollout_resume,
+    "promote": rollout_promote_early,
+    "abort": rollout_abort,
+}
+
+
+class RolloutActionView(HaruAPIView):
+    @_write(
+        "actOnRollout",
+        "Pause, resume, promote early or abort a rollout",
+        None,
+        {200: s.RolloutOut},
+        *(400, 401, 404, 409, 413),
+        parameters=[
+            OpenApiParameter("action", str, OpenApiParameter.PATH, enum=sorted(ROLLOUT_ACTIONS))
+        ],
+    )
+    def post(self, request, ref: str, rollout_id: str, action: str):
+        """`pause` holds the weight where it is and pins the rollout (no automatic rollback
+        overrides a pin); `resume` takes the pause off; `promote` skips the remaining steps (the
+        planned promotion starts); `abort` rolls back (the weight to 0 in one compare-and-swap,
+        then the standby's old version and posture restored). 409 `rollout_conflict` when the
+        rollout's state refuses the action."""
+        fleet = selectors.fleet_get(ref)
+        act = ROLLOUT_ACTIONS.get(action)
+        if act is None:
+            raise NotFound(f"no rollout action {action[:32]!r}; one of {sorted(ROLLOUT_ACTIONS)}")
+        rollout = act(fleet_id=fleet.id, rollout_id=rollout_id, actor=self.actor(request))
+        return Response(rollout_json(rollout))
 
 
 class _ApiDocsMixin(APIView):

@@ -41,6 +41,9 @@ class ErrorCode(StrEnum):
     ROUTING_COMMITTED = "routing_committed"
     SUPERVISOR_UNAVAILABLE = "supervisor_unavailable"
     PROVISION_REFUSED = "provision_refused"
+    # Rollouts (fleets/services/rollouts.py).
+    ROLLOUT_NOT_FOUND = "rollout_not_found"
+    ROLLOUT_CONFLICT = "rollout_conflict"
     # The chat proxy (fleets/proxy/errors.py); it also answers unauthorized, invalid_request,
     # payload_too_large, fleet_not_found and method_not_allowed.
     MODEL_NOT_FOUND = "model_not_found"
@@ -144,3 +147,27 @@ class SupervisorUnavailable(ServiceError):
 
     code = ErrorCode.SUPERVISOR_UNAVAILABLE
     status = 502
+
+
+class InvalidRequest(ServiceError):
+    """A request body a service refuses, nothing changed; `field` names the part at fault."""
+
+    code = ErrorCode.INVALID_REQUEST
+    status = 400
+
+    def __init__(self, message: str, *, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class RolloutNotFound(ServiceError):
+    code = ErrorCode.ROLLOUT_NOT_FOUND
+    status = 404
+
+
+class RolloutConflict(ServiceError):
+    """A rollout request or action the rollout's state (or the fleet's) does not allow now:
+    another rollout or an operation in flight, an action its state refuses."""
+
+    code = ErrorCode.ROLLOUT_CONFLICT
+    status = 409

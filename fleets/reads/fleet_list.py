@@ -259,7 +259,14 @@ def readinesses(rows: FleetRows, now: datetime) -> dict[uuid.UUID, Readiness]:
         Slot.objects.filter(domain_id__in=judged)
         .order_by("gpu_index", "kind")
         .values_list(
-            "id", "domain_id", "gpu_index", "gpu_indices", "kind", "allocation", named=True
+            "id",
+            "domain_id",
+            "gpu_index",
+            "gpu_indices",
+            "kind",
+            "state",
+            "allocation",
+            named=True,
         )
     ):
         slots[s.domain_id].append(s)

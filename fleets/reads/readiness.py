@@ -33,7 +33,7 @@ from fleets.core.readiness import (
     pick_standby,
 )
 from fleets.core.report import DomainReport, read_report
-from fleets.core.states import OperationKind, OperationState, SlotKind
+from fleets.core.states import InferenceState, OperationKind, OperationState, SlotKind
 from fleets.models import Domain, Fleet, GoldenBaseline, Id, ModelBinding, Operation, Slot
 from fleets.reads.selectors import fleet_view
 
@@ -55,6 +55,10 @@ def _wake_mib(slots: list[Slot], bound_slot_ids: Collection[object]) -> dict[int
     need: dict[int, float] = {}
     for slot in slots:
         if slot.kind != SlotKind.INFERENCE or slot.id not in bound_slot_ids:
+            continue
+        if slot.state == InferenceState.SERVING:
+            # Already awake (a rollout's candidate on the standby): its wake restores nothing,
+            # and the memory it holds is not memory a failover still has to find.
             continue
         servers = (slot.allocation or {}).get("servers")
         if not isinstance(servers, dict) or not servers:

@@ -38,8 +38,18 @@ from django.utils.dateparse import parse_datetime
 from fleets.core.failover import RESTORE_RETRY_AFTER_MS
 from fleets.core.policy import Policy
 from fleets.core.read_model import FleetView
+from fleets.core.rollout import IN_FLIGHT_ROLLOUT_STATES
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES, CleanupState, OperationKind
-from fleets.models import Domain, Fleet, GoldenBaseline, Id, ModelBinding, Operation, Slot
+from fleets.models import (
+    Domain,
+    Fleet,
+    GoldenBaseline,
+    Id,
+    ModelBinding,
+    Operation,
+    Rollout,
+    Slot,
+)
 from fleets.reads import sightings as sightings_mod
 from fleets.reads.selectors import view_of
 
@@ -55,6 +65,7 @@ class TickSnapshot:
     newest_operation_at: datetime | None  # the newest operation's creation or end, the later
     last_drill_at: datetime | None
     baselines: tuple[int, int | None]  # how many, the newest id: changes whenever they do
+    open_rollout: bool = False  # a rollout in flight (fleets/core/rollout.py): never quiet
 
     @property
     def policy(self) -> Policy:
@@ -63,7 +74,7 @@ class TickSnapshot:
     def quiet(self, now: datetime) -> bool:
         """Nothing in flight or pending, and no operation recent enough for backoff, damping
         or a restore's retry to look at (`lookback`)."""
-        if self.open_operation:
+        if self.open_operation or self.open_rollout:
             return False
         newest = self.newest_operation_at
         return newest is None or newest < now - lookback(self.policy)
@@ -96,6 +107,9 @@ def _fleet_query(fleet_id: Any) -> QuerySet[Fleet]:
             operations.filter(
                 Q(state__in=IN_FLIGHT_OPERATION_STATES) | Q(cleanup=CleanupState.PENDING)
             )
+        ),
+        open_rollout=Exists(
+            Rollout.objects.filter(fleet_id=OuterRef("pk"), state__in=IN_FLIGHT_ROLLOUT_STATES)
         ),
         newest_created=Subquery(newest.values("created_at")[:1]),
         newest_finished=Subquery(newest.values("finished_at")[:1]),
@@ -271,4 +285,5 @@ def tick_snapshot(
         newest_operation_at=max(times, default=None),
         last_drill_at=_as_datetime(fleet.last_drill),
         baselines=(int(fleet.baseline_count or 0), fleet.baseline_newest),
+        open_rollout=bool(fleet.open_rollout),
     )

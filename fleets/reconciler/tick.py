@@ -21,7 +21,10 @@
    baselines it has none of (rate-limited), then request a drill that is due;
 5. advance the in-flight operation through every step that completes at once;
 6. finish the clean-ups of failed or cancelled promotions and drills still pending (a cancel
-   from the API, a pre-emption, or a worker that died right after a failure).
+   from the API, a pre-emption, or a worker that died right after a failure);
+7. look at the rollout in flight, if any (fleets/reconciler/rollout.py): a fleet with one is
+   never quiet, its standby is neither restored nor drilled, and its serving candidate is not
+   settled back to sleep by the heartbeat.
 
 Steps 3 and 4 live in `fleets.reconciler.failover`. `tick_run` wraps it in the fleet's tick
 lease; `fleet_tick` is the bare tick (safe to run concurrently: every write is a conditional
@@ -91,6 +94,7 @@ from fleets.reconciler.heartbeat import (
     slot_rows,
 )
 from fleets.reconciler.locks import LeaseLost, fleet_tick_lock, tick_lease_s
+from fleets.reconciler.rollout import ArmReader, rollout_advance
 from fleets.reconciler.steps.cleanup import pending_cleanups_run
 from fleets.reconciler.supervisor.client import SupervisorClient, client_for
 from fleets.services.operations import (
@@ -136,6 +140,7 @@ def fleet_tick(
     actor: str = "reconciler",
     checkpoint: Callable[[], None] = _no_checkpoint,
     sightings: sightings_mod.Sightings | None = None,
+    arm_reader: ArmReader | None = None,
 ) -> TickResult:
     """Run one tick for one fleet without taking its lease (see `tick_run`).
 
@@ -145,7 +150,8 @@ def fleet_tick(
     `sightings`: the heartbeat sightings of the lease this tick holds (`tick_run`): read for
     every domain's freshness, and added to by the good beats that changed nothing, which then
     write no row. None (no lease): they are read, and such beats record their sighting on the
-    row when it is due (`fleets.core.heartbeat_cadence`).
+    row when it is due (`fleets.core.heartbeat_cadence`). `arm_reader`: what the rollout's
+    gates read (fleets/reconciler/rollout.py; default: the proxies' per-arm records).
     """
 
     def gate() -> None:
@@ -169,7 +175,9 @@ def fleet_tick(
 
     # 1-2b. Heartbeats, then the confirmation of a suspected dead active.
     if quiet is None:
-        observed, in_flight = _heartbeats_run(fleet, view, client_factory, gate, actor, sightings)
+        observed, in_flight = _heartbeats_run(
+            fleet, view, client_factory, gate, actor, sightings, rollout=snap.open_rollout
+        )
     else:
         observed, in_flight = quiet.observed, False
         _confirm(fleet, view, quiet.beats, in_flight, client_factory, gate, actor)
@@ -191,14 +199,16 @@ def fleet_tick(
         # None of this could start beside a failover, and the outage waits for its first step:
         # a failover requested just now goes straight to the advance below.
         gate()
-        if damping is None:
+        if damping is None and not snap.open_rollout:
             # Damped, a host that keeps coming back is left as it returned: restoring its
             # posture each time would restart its training each time.
             _maybe_restore_standby(fleet, now, actor)
         # Before a drill: its standby's wake is then judged against what the active serves.
         active_baselines_fill(fleet=fleet, policy=policy, client_for=client_factory, now=now)
         gate()
-        _maybe_drill(fleet, now, actor)
+        if not snap.open_rollout:
+            # The standby is the rollout's candidate: no drill beside it.
+            _maybe_drill(fleet, now, actor)
 
     # 5. Advance whatever is in flight now (including a promotion created just above).
     advance = operation_advance(
@@ -213,7 +223,17 @@ def fleet_tick(
     # 6. Clean-ups left pending; after the advance, so a failover never waits behind them.
     gate()
     pending_cleanups_run(fleet_id=fleet.id, policy=policy, client_for=client_factory, actor=actor)
-    return TickResult(str(fleet.id), True, advance.operation_id, advance.nudge_ms)
+
+    # 7. The rollout in flight, one look further (after the failover and its operation).
+    nudge = advance.nudge_ms
+    if snap.open_rollout:
+        gate()
+        look = rollout_advance(
+            fleet_id=fleet.id, client_for=client_factory, actor=actor, arm_reader=arm_reader
+        )
+        if look is not None and look.nudge_ms is not None:
+            nudge = look.nudge_ms if nudge is None else min(nudge, look.nudge_ms)
+    return TickResult(str(fleet.id), True, advance.operation_id, nudge)
 
 
 def _heartbeats_run(
@@ -223,9 +243,13 @@ def _heartbeats_run(
     checkpoint: Callable[[], None],
     actor: str,
     sightings: sightings_mod.Sightings | None = None,
+    *,
+    rollout: bool = False,
 ) -> tuple[datetime, bool]:
     """Heartbeat every domain (read all, then apply each), then confirm a suspected dead
-    active; return the round's observation time and whether an operation is in flight."""
+    active; return the round's observation time and whether an operation is in flight.
+    `rollout`: a rollout is in flight, and its candidate standby serves: its serving slot is
+    not settled to sleeping (or failed) as a standby left awake would be."""
     policy = view.policy
     # The active's model servers are asked directly when its supervisor cannot vouch for them.
     # Each domain's last good heartbeat takes the lease's sighting in: a failure is dated from
@@ -253,7 +277,7 @@ def _heartbeats_run(
     active_id = Fleet.objects.filter(pk=fleet.id).values_list("active_domain_id", flat=True).get()
     for beat in beats:
         checkpoint()  # a slow database can make these writes outlast a lease
-        heartbeat_apply(beat, active_domain_id=active_id, operation_in_flight=in_flight)
+        heartbeat_apply(beat, active_domain_id=active_id, operation_in_flight=in_flight or rollout)
 
     _confirm(fleet, view, beats, in_flight, client_factory, checkpoint, actor, active_id)
     return observed, in_flight

@@ -36,6 +36,7 @@ from fleets.base import clock
 from fleets.base.conf import haru_settings
 from fleets.base.errors import LayoutError
 from fleets.core.policy import validate_policy
+from fleets.core.rollout import IN_FLIGHT_ROLLOUT_STATES
 from fleets.core.states import (
     IN_FLIGHT_OPERATION_STATES,
     Provider,
@@ -47,7 +48,7 @@ from fleets.drivers.cloud_placement import PLACEMENT_FIELDS
 from fleets.drivers.registry import builtin, provider_names
 from fleets.layouts.loader import DomainSpec, Layout, SlotSpec, plan_slots, rows_problem
 from fleets.layouts.planning import PLANNED_PROFILE_KEYS
-from fleets.models import Domain, Fleet, Id, ModelBinding, Operation, Slot
+from fleets.models import Domain, Fleet, Id, ModelBinding, Operation, Rollout, Slot
 from fleets.services.events import event_record
 from fleets.services.inventory import domain_add, slot_add
 from fleets.services.leases import lease_acquire, lease_release, lease_renew
@@ -629,7 +630,8 @@ def _plan_extras(
 
 
 def _refuse_prune(fleet: Fleet, domain_ids: set[Id]) -> None:
-    """Refuse pruning the active domain, or anything while an operation is in flight."""
+    """Refuse pruning the active domain, or anything while an operation or a rollout is in
+    flight."""
     active_id = Fleet.objects.filter(pk=fleet.pk).values_list("active_domain_id", flat=True).get()
     blocked = Domain.objects.filter(pk=active_id, id__in=domain_ids).values_list("slug", flat=True)
     if blocked:
@@ -641,6 +643,8 @@ def _refuse_prune(fleet: Fleet, domain_ids: set[Id]) -> None:
         )
     if Operation.objects.filter(fleet=fleet, state__in=IN_FLIGHT_OPERATION_STATES).exists():
         raise LayoutError(["domains: cannot prune while an operation is in flight"])
+    if Rollout.objects.filter(fleet=fleet, state__in=IN_FLIGHT_ROLLOUT_STATES).exists():
+        raise LayoutError(["domains: cannot prune while a rollout is in flight"])
 
 
 def _delete(model: type[Model], pk: Id) -> Callable[[_Ids], None]:

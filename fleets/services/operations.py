@@ -33,6 +33,7 @@ from fleets.core.drills import decide_drill
 from fleets.core.outage import during_outage
 from fleets.core.preemption import Ending, InFlight, ending, steps_left
 from fleets.core.read_model import DomainView, FleetView
+from fleets.core.rollout import IN_FLIGHT_ROLLOUT_STATES
 from fleets.core.states import (
     IN_FLIGHT_OPERATION_STATES,
     CleanupState,
@@ -46,7 +47,7 @@ from fleets.core.states import (
     check_transition,
     steps_for,
 )
-from fleets.models import Domain, Fleet, Id, Operation, Slot
+from fleets.models import Domain, Fleet, Id, Operation, Rollout, Slot
 from fleets.reads.selectors import fleet_view
 from fleets.reads.sightings import sightings_of
 from fleets.services.events import EventFields, event_record, guarded_update
@@ -107,6 +108,7 @@ def operation_request(
         # when that outage began, by the rule an automatic failover uses, so its figure counts
         # the time it took to notice and act (fleets/core/outage.py).
         detected_at = active.outage_started_at()
+    _refuse_beside_rollout(fleet, kind, reason, active)
     if decision.outcome == "noop":
         # "Already there" is only true if nothing is moving the fleet away from there: while
         # another operation is in flight the answer is that operation, as for any request.
@@ -142,6 +144,34 @@ def operation_request(
                 )
             raise _in_flight(existing) from None
     raise OperationConflict("operation state kept changing; retry the request")
+
+
+# Reasons an operation may run beside a rollout: the rollout's own promotion, and a failover
+# (the active lost: failover comes first; the rollout pauses when it sees it).
+_BESIDE_ROLLOUT = frozenset({"rollout", "auto_failover"})
+
+
+def _refuse_beside_rollout(fleet: Fleet, kind: str, reason: str, active: DomainView | None) -> None:
+    """A promotion, demotion or drill never runs beside a rollout, except its own promotion
+    and a failover: an automatic one, or an operator's promotion away from a failed active."""
+    if reason in _BESIDE_ROLLOUT:
+        return
+    if (
+        kind == OperationKind.PROMOTE
+        and active is not None
+        and during_outage(kind=kind, detected_at=None, source_state=active.state)
+    ):
+        return
+    rollout = (
+        Rollout.objects.filter(fleet_id=fleet.id, state__in=IN_FLIGHT_ROLLOUT_STATES)
+        .values("id", "model", "state")
+        .first()
+    )
+    if rollout is not None:
+        raise OperationConflict(
+            f"no {kind} while rollout {rollout['id']} of {rollout['model']} is in flight "
+            f"({rollout['state']}): pause or abort it first (a failover still runs)"
+        )
 
 
 def _in_flight_of(fleet_id: Id) -> Operation | None:

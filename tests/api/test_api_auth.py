@@ -17,6 +17,7 @@ from tests.conftest import API_TOKEN
 pytestmark = pytest.mark.django_db
 
 OP_ID = "3f1c2a6e-0000-4000-8000-000000000000"
+ROLLOUT_ID = "5b2d3c7f-0000-4000-8000-000000000000"
 
 # Every route of fleets.api.urls, with a request that would otherwise succeed (or 404).
 ROUTES = [
@@ -34,6 +35,10 @@ ROUTES = [
     ("post", "/v1/fleets/demo/domains/west/stop"),
     ("get", f"/v1/operations/{OP_ID}"),
     ("post", f"/v1/fleets/demo/operations/{OP_ID}/cancel"),
+    ("get", "/v1/fleets/demo/rollouts"),
+    ("post", "/v1/fleets/demo/rollouts"),
+    ("get", f"/v1/fleets/demo/rollouts/{ROLLOUT_ID}"),
+    ("post", f"/v1/fleets/demo/rollouts/{ROLLOUT_ID}/pause"),
     ("get", "/v1/openapi.json"),
     ("get", "/v1/docs"),
 ]
@@ -65,6 +70,8 @@ def test_route_list_covers_every_api_route():
         url.removeprefix("/v1/")
         .replace("fleets/demo", "fleets/<str:ref>", 1)
         .replace(OP_ID, "<str:operation_id>")
+        .replace(f"{ROLLOUT_ID}/pause", f"{ROLLOUT_ID}/<str:action>")
+        .replace(ROLLOUT_ID, "<str:rollout_id>")
         .replace("domains/west", "domains/<str:domain>")
         for _m, url in ROUTES
     }
@@ -91,18 +98,22 @@ def test_route_with_a_wrong_token_is_401(
 
 # Provision and stop refuse the demo's static domains (409); tests/api/test_api_provisioning.py.
 # A drill needs a standby with a fresh heartbeat (422 here); tests/api/test_api_drills.py.
+# A rollout's body is not a target's (400 here); tests/api/test_api_rollouts.py.
 @pytest.mark.parametrize(
     ("method", "url"),
     [
         r
         for r in ROUTES
-        if "reconcile" not in r[1] and "/domains/" not in r[1] and "/drill" not in r[1]
+        if "reconcile" not in r[1]
+        and "/domains/" not in r[1]
+        and "/drill" not in r[1]
+        and r != ("post", "/v1/fleets/demo/rollouts")
     ],
 )
 def test_route_with_the_token_is_served(seeded_fleet, client_with_token, method, url):
     response = call(client_with_token, method, url)
     assert response.status_code in {200, 202, 404}, response.content[:300]
-    if "no-such" in url or OP_ID in url:
+    if "no-such" in url or OP_ID in url or ROLLOUT_ID in url:
         assert response.status_code == 404
 
 

@@ -12,12 +12,13 @@ from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
+from django.utils import timezone
 from prometheus_client import REGISTRY
 
 from fleets.api import urls as api_urls
 from fleets.api.auth import FleetRole
 from fleets.core.access import TokenScope
-from fleets.models import ApiToken, Domain, Event, Fleet, Operation
+from fleets.models import ApiToken, Domain, Event, Fleet, Operation, Rollout
 from fleets.services.access import api_token_create
 from fleets.services.operations import operation_request
 from tests.access_fixtures import denials
@@ -46,9 +47,16 @@ ROUTES = fleet_routes()
 IDS = [f"{method} {route}" for method, route, _name in ROUTES]
 
 
-def concrete(route: str, *, fleet: str, operation_id: str) -> str:
-    """The URL of `route` on `fleet` (an operation of that fleet, its domain `west`)."""
-    values = {"ref": fleet, "operation_id": operation_id, "domain": "west"}
+def concrete(route: str, *, fleet: str, operation_id: str, rollout_id: str = MISSING_OP) -> str:
+    """The URL of `route` on `fleet` (an operation and a rollout of that fleet, its domain
+    `west`; a rollout's action: pause)."""
+    values = {
+        "ref": fleet,
+        "operation_id": operation_id,
+        "domain": "west",
+        "rollout_id": rollout_id,
+        "action": "pause",
+    }
     return "/v1/" + re.sub(r"<str:(\w+)>", lambda m: values[m.group(1)], route)
 
 
@@ -124,8 +132,14 @@ def test_a_read_token_reads_its_fleet_and_gets_403_on_every_write(
     token = token_for(TokenScope.READ, seeded_fleet)
     west = Domain.objects.get(fleet=seeded_fleet, slug="west")
     own = operation_request(fleet=seeded_fleet, kind="promote", target_domain_id=west.id).operation
+    now = timezone.now()
+    rollout = Rollout.objects.create(
+        fleet=seeded_fleet, model="qwen-small", state="rolled_back", created_at=now, updated_at=now
+    )
     for method, route, _name in ROUTES:
-        url = concrete(route, fleet=seeded_fleet.slug, operation_id=str(own.id))
+        url = concrete(
+            route, fleet=seeded_fleet.slug, operation_id=str(own.id), rollout_id=str(rollout.id)
+        )
         response = call(api_client, method, url, token)
         if method == "get":
             assert response.status_code == 200, (url, response.content[:200])

@@ -15,9 +15,10 @@ from jsonschema import Draft202012Validator
 
 from fleets.base.errors import LayoutError
 from fleets.layouts.loader import SCHEMA_PATH, load_layout, parse_layout, read_layout_file
-from fleets.models import Domain, Event, Fleet, ModelBinding, Operation, Slot
+from fleets.models import Domain, Event, Fleet, ModelBinding, Operation, Rollout, Slot
 from fleets.services.layouts import layout_apply, layout_export
 from fleets.services.operations import operation_request
+from fleets.services.rollouts import rollout_create
 
 ROOT = Path(__file__).resolve().parents[2]
 TWO_DOMAIN = ROOT / "examples" / "fleet.two-domain.json"
@@ -587,3 +588,21 @@ def test_bad_golden_probe_settings_are_refused(layout_data, field, value):
     with pytest.raises(LayoutError) as caught:
         parse_layout(data)
     assert any(f".models[1].{field}" in e for e in caught.value.errors), caught.value.errors
+
+
+@pytest.mark.django_db
+def test_prune_refuses_while_a_rollout_is_in_flight(seeded_fleet, layout_data):
+    rollout_create(
+        fleet=seeded_fleet,
+        body={
+            "model": "qwen-small",
+            "candidate": {"kind": "same-weights", "profile": {"engine": "sim"}},
+            "steps": [{"weight": 5, "dwellS": 30}, {"weight": 100}],
+        },
+        actor="test",
+    )
+    layout_data["domains"] = layout_data["domains"][:1]
+    with pytest.raises(LayoutError, match="rollout is in flight"):
+        layout_apply(layout=parse_layout(layout_data), prune=True)
+    assert Domain.objects.filter(slug="west").exists()
+    assert Rollout.objects.get().candidate_domain.slug == "west"

@@ -76,6 +76,14 @@ class FakeHost:
     # its answers, its model selector in the query, no features.
     original: bool = False
     requests: list[tuple[str, str, dict]] = field(default_factory=list)
+    # Model swaps (`POST /v1/models/swap`, feature model.swap): each switches at once (or
+    # fails, with `swap_fails`); `ports` and `profiles` are what each model serves from then.
+    swap_fails: bool = False
+    swap_refused: bool = False  # 400: the profile is refused
+    swaps: dict[str, dict] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)
+    profiles: dict[str, dict] = field(default_factory=dict)
+    next_swap_port: int = 18100
     # accounting
     calls: Counter = field(default_factory=Counter)
     effects: Counter = field(default_factory=Counter)
@@ -108,7 +116,8 @@ class FakeHost:
                     "models": [
                         {
                             "name": n,
-                            "port": 18000 + i,
+                            "port": self.ports.get(n, 18000 + i),
+                            **({"swap": self.swaps[n]} if n in self.swaps else {}),
                             # A server that refuses: its supervisor cannot read it.
                             "sleeping": None if self.servers_down and n in self.servers_down else s,
                             "process": {"pid": self.model_pids[n]},
@@ -283,6 +292,8 @@ class FakeHost:
                 self.pid = None if self.start_without_pid else next(_pids)
                 self.effects["trainer_started"] += 1
             return httpx.Response(202, json={"slots": []})
+        if (method, path) == ("POST", "/v1/models/swap"):
+            return self._swap(body)
         if (method, path) == ("POST", "/v1/probe"):
             names = body.get("models") or list(self.models)
             unknown = [n for n in names if n not in self.models]
@@ -303,6 +314,39 @@ class FakeHost:
                 200, json={"ok": all(r["ok"] for r in results), "results": results}
             )
         return _error(404, "not_found", f"no route {path}")
+
+
+def _swap_of(host: FakeHost, body: dict) -> httpx.Response:
+    name, mode = body.get("model"), body.get("mode")
+    if name not in host.models:
+        return _error(404, "invalid_target", f"unknown model {name!r}")
+    if host.swap_refused:
+        return _error(400, "invalid_request", "profile.engine: unknown engine")
+    index = sorted(host.models).index(name)
+    previous = host.ports.get(name, 18000 + index)
+    port = previous if mode == "in-place" else host.next_swap_port
+    if mode != "in-place":
+        host.next_swap_port += 1
+    state = "failed" if host.swap_fails else "switched"
+    host.swaps[name] = {
+        "state": state,
+        "mode": mode,
+        "port": port,
+        "previousPort": previous,
+        "startedAt": f"2026-01-01T00:00:{len(host.requests):02d}Z",
+        **({"error": "probing: HTTP 500"} if host.swap_fails else {}),
+    }
+    host.effects["swap_requested"] += 1
+    if not host.swap_fails:
+        host.ports[name] = port
+        host.profiles[name] = body.get("profile") or {}
+        host.models[name] = False  # a swapped server starts awake
+        host.effects["swapped"] += 1
+    answer = {"status": "swapping", "model": name, "mode": mode, "port": port}
+    return httpx.Response(202, json={**answer, "previousPort": previous})
+
+
+FakeHost._swap = _swap_of  # type: ignore[attr-defined]
 
 
 ORIGINAL_SCHEMAS = Path(__file__).resolve().parents[1] / "wire" / "original"

@@ -87,7 +87,7 @@ class SlotMover:
     """Moves slots for an operation: each move guarded by the states it may come from, and
     recorded under the operation and the actor."""
 
-    operation_id: Id
+    operation_id: Id | None  # None: a rollout (fleets/reconciler/rollout.py) moves it
     actor: str
 
     def __call__(

@@ -17,6 +17,7 @@ from common.loopback import is_loopback_url
 from common.wire.shape import (
     FEATURE_DRAIN,
     FEATURE_DRAIN_BOUND,
+    FEATURE_MODEL_SWAP,
     FEATURE_PROBE_GOLDEN,
     FEATURE_PROBE_MODELS,
 )
@@ -144,6 +145,29 @@ class SupervisorClient(Door):
             parse_ack,
             {"graceMs": grace_ms},
         )
+
+    def takes_swap(self) -> bool | None:
+        """Whether this supervisor listed `model.swap` in its last status read here (None:
+        nothing learned yet; read the status first)."""
+        known = learned_features(self.base_url)
+        return None if known is None else FEATURE_MODEL_SWAP in known
+
+    def model_swap(
+        self,
+        *,
+        model: str,
+        profile: Mapping[str, Any],
+        mode: str,
+        timeout: float,
+        start_timeout_ms: int | None = None,
+    ) -> Call[dict[str, Any]]:
+        """Ask the supervisor to start `model` from `profile` and switch its name to it
+        (`POST /v1/models/swap`, ours only: feature `model.swap`). Answers 202 at once; the
+        progress is the model's `swap` in the status report (`swap_progress`)."""
+        body: dict[str, Any] = {"model": model, "profile": dict(profile), "mode": mode}
+        if start_timeout_ms is not None:
+            body["startTimeoutMs"] = start_timeout_ms
+        return self._call("model_swap", "POST", "/v1/models/swap", timeout, parse_ack, body)
 
     def probe(
         self,
