@@ -77,17 +77,18 @@ class Exchange:
     def first_byte(self) -> None:
         if self.ttfb is None:
             self.ttfb = perf() - self.arrived
+            if self.arm is not None:  # a split model's stream: its gaps are counted from here
+                self.gaps, self.last_chunk = [], perf()
 
     def chunk(self) -> None:
         """A chunk of the body went to the client (`first_byte`, and a split model's gap)."""
-        if self.ttfb is None:
-            self.ttfb = perf() - self.arrived
-            if self.arm is not None:
-                self.gaps, self.last_chunk = [], perf()
-        elif self.gaps is not None and len(self.gaps) < arm_stats.MAX_GAPS:
-            now = perf()
-            self.gaps.append(now - self.last_chunk)
-            self.last_chunk = now
+        if self.gaps is not None:
+            if len(self.gaps) < arm_stats.MAX_GAPS:
+                now = perf()
+                self.gaps.append(now - self.last_chunk)
+                self.last_chunk = now
+        elif self.ttfb is None:
+            self.first_byte()
 
     def record(self) -> None:
         request_metrics.record(

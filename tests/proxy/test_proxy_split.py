@@ -262,6 +262,23 @@ async def test_split_requests_are_recorded_per_arm(haru, engines, proxy_fleet, r
     assert await sync_to_async(ArmSample.objects.filter(model="llama-small").count)() == 0
 
 
+async def test_a_split_stream_records_its_inter_token_gaps(haru, engines, proxy_fleet, recorder):
+    await sync_to_async(split_set)(proxy_fleet, 1000)
+    west = engines["west"]
+    west.mode = "stream"
+    async with haru.stream("POST", CHAT, content=chat_body(MODEL, stream=True)) as response:
+        chunks = []
+        async for chunk in response.aiter_raw():
+            chunks.append(chunk)
+            west.release.set()  # the rest only once the first chunk reached the client
+    assert response.status_code == 200 and b"data: two" in b"".join(chunks)
+    await sync_to_async(recorder.flush)()
+    windows = await sync_to_async(arm_windows)(rollout_id=ROLLOUT, model=MODEL, since=_epoch())
+    candidate = windows[Arm.CANDIDATE]
+    assert (candidate.requests, candidate.errors, candidate.ttft_samples) == (1, 0, 1)
+    assert candidate.itl_samples >= 1 and candidate.itl_p50_ms is not None
+
+
 def _epoch():
     from datetime import UTC, datetime  # noqa: PLC0415
 
