@@ -16,6 +16,7 @@ counted, reason "full"), at most MAX_GAPS gaps per request.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
@@ -171,7 +172,8 @@ class ArmRecorder:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop the thread (after one last flush); a later record starts it again."""
+        """Stop the thread after one last flush (waiting at most 5 s for it); a later record
+        starts it again."""
         thread = self._thread
         if thread is None:
             return
@@ -192,3 +194,5 @@ class ArmRecorder:
 
 
 RECORDER = ArmRecorder()
+# At exit, the last second's samples are stored too (bounded: `stop` waits at most 5 s).
+atexit.register(RECORDER.stop)
