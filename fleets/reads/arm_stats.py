@@ -24,7 +24,8 @@ def arm_windows(
     *, rollout_id: str, model: str, since: datetime, until: datetime | None = None
 ) -> dict[Arm, ArmWindow]:
     """Both arms' windows of `model` in rollout `rollout_id` over [since, until) (until: now);
-    an arm with no sample reads as an empty `ArmWindow()`."""
+    an arm with no sample reads as an empty `ArmWindow()`. A `rollout_id` that is not a UUID
+    raises ValueError."""
     rows = ArmSample.objects.filter(
         rollout_id=uuid.UUID(str(rollout_id)), model=model, window_start__gte=since
     )
