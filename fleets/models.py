@@ -15,6 +15,7 @@ from django.db import models
 from django.db.models import Q
 
 from fleets.core.access import TokenScope
+from fleets.core.arm_stats import Arm
 from fleets.core.model_health import ServerHealth
 from fleets.core.rollout import IN_FLIGHT_ROLLOUT_STATES, RolloutState
 from fleets.core.states import (
@@ -511,6 +512,39 @@ class Event(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} @ {self.created_at:%Y-%m-%d %H:%M:%S}"
+
+
+class ArmSample(models.Model):
+    """One proxy process's figures for one arm of a split over one second.
+
+    Written in the background by every proxy process (fleets/proxy/arm_stats.py: at most one
+    row per rollout, model, arm and second per process, old rows deleted in the same flush)
+    and summed over a window by fleets/reads/arm_stats.py for a rollout's gates. Tied to the
+    rollout by its UUID alone: the samples outlive nothing and block no delete.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    rollout_id = models.UUIDField()
+    model = models.CharField(max_length=200)
+    arm = models.CharField(max_length=16, choices=_choices(Arm))
+    # The second the samples were taken in (UTC, truncated to the second).
+    window_start = models.DateTimeField()
+    requests = models.PositiveIntegerField(default=0)
+    errors = models.PositiveIntegerField(default=0)
+    # Sparse log-bucket histograms in milliseconds (fleets/core/latency_histogram.py):
+    # [[bucket, count], ...] of time to first token and of inter-token latency.
+    ttft = models.JSONField(default=list)
+    itl = models.JSONField(default=list)
+
+    class Meta:
+        indexes = [
+            # The reader's window of one rollout's model; retention's oldest-first delete.
+            models.Index(fields=["rollout_id", "model", "window_start"], name="armsample_window"),
+            models.Index(fields=["window_start"], name="armsample_age"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model} {self.arm} @ {self.window_start:%H:%M:%S}"
 
 
 class Lease(models.Model):

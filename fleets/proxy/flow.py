@@ -173,7 +173,7 @@ async def _relay(io: ClientIO, response: upstream.Response, exchange: handler.Ex
     """Stream the body through as it comes (a stream that cannot be continued)."""
     try:
         async for chunk in response.aiter_raw():
-            exchange.first_byte()
+            exchange.chunk()
             # One write per upstream read, at once: each SSE event reaches the client as
             # soon as the model server emits it.
             await io.write(chunk)
@@ -202,7 +202,7 @@ async def _relay_kept(
     watchdog.watch(response)
     try:
         async for chunk in response.aiter_raw():
-            exchange.first_byte()
+            exchange.chunk()
             out = ledger.feed(chunk)
             if out:
                 await io.write(out)

@@ -17,8 +17,9 @@ from common.wire import bounded_json
 from fleets.base.conf import haru_settings
 from fleets.base.errors import ErrorCode
 from fleets.base.tokens import chat_allowed
+from fleets.core.arm_stats import Arm
 from fleets.metrics import requests as request_metrics
-from fleets.proxy import errors, hold, upstream
+from fleets.proxy import arm_stats, errors, hold, split, upstream
 from fleets.proxy.snapshots import ROUTES, Route, Snapshot, clip
 from fleets.reconciler import datapath
 
@@ -35,6 +36,9 @@ ENDPOINTS = {
 # GET /v1/models/{model} (the SDKs' models.retrieve); a model name may itself hold "/".
 MODEL_PREFIX = "/v1/models/"
 STALE_HEADER = (b"x-haru-routing", b"stale")
+# Outcomes that are no fault of the arm (a client's own 4xx, a client leaving): the rest of a
+# split request's outcomes count as the arm's errors.
+ARM_OK = frozenset({"ok", "upstream_4xx", "client_disconnected"})
 perf = time.perf_counter
 
 
@@ -49,7 +53,8 @@ class CannotContinue(errors.ProxyError):
 class Exchange:
     """One request's accounting, recorded in metrics once its response is done."""
 
-    __slots__ = ("arrived", "fleet", "model", "outcome", "overhead", "ttfb", "stale", "route")
+    __slots__ = ("arrived", "fleet", "model", "outcome", "overhead", "ttfb", "stale", "route",
+                 "arm", "rollout", "avoid_candidate", "gaps", "last_chunk")  # fmt: skip
 
     def __init__(self) -> None:
         self.arrived = perf()
@@ -60,10 +65,30 @@ class Exchange:
         self.ttfb: float | None = None
         self.stale = False
         self.route: Route | None = None  # the route the request was last sent on
+        # A split model's request (fleets/proxy/split.py): the arm it was last sent to (None:
+        # not a split model), its rollout, whether the candidate failed it already (it then
+        # goes to the stable arm), and the gaps between its stream's chunks.
+        self.arm: str | None = None
+        self.rollout = ""
+        self.avoid_candidate = False
+        self.gaps: list[float] | None = None
+        self.last_chunk = 0.0
 
     def first_byte(self) -> None:
         if self.ttfb is None:
             self.ttfb = perf() - self.arrived
+            if self.arm is not None:  # a split model's stream: its gaps are counted from here
+                self.gaps, self.last_chunk = [], perf()
+
+    def chunk(self) -> None:
+        """A chunk of the body went to the client (`first_byte`, and a split model's gap)."""
+        if self.gaps is not None:
+            if len(self.gaps) < arm_stats.MAX_GAPS:
+                now = perf()
+                self.gaps.append(now - self.last_chunk)
+                self.last_chunk = now
+        elif self.ttfb is None:
+            self.first_byte()
 
     def record(self) -> None:
         request_metrics.record(
@@ -74,6 +99,26 @@ class Exchange:
             ttfb_s=self.ttfb,
             stale=self.stale,
         )
+        if self.arm is not None:
+            ok = self.outcome in ARM_OK
+            arm_stats.RECORDER.record(
+                fleet=self.fleet,
+                rollout_id=self.rollout,
+                model=self.model,
+                arm=self.arm,
+                ok=ok,
+                ttft_s=self.ttfb if ok else None,
+                gaps_s=(self.gaps or ()) if ok else (),
+            )
+
+    def candidate_failed(self) -> None:
+        """The candidate failed this request before anything was sent to the client: count
+        the error on the candidate arm; the request goes to the stable arm once."""
+        arm_stats.RECORDER.record(
+            fleet=self.fleet, rollout_id=self.rollout, model=self.model, arm=Arm.CANDIDATE, ok=False
+        )
+        self.avoid_candidate = True
+        self.arm = Arm.STABLE
 
 
 def text(value: bytes | None) -> str | None:
@@ -188,7 +233,16 @@ async def forward(
             snapshot = resolved.snapshot
             exchange.fleet, exchange.stale = snapshot.fleet_slug, resolved.stale
             try:
-                route = pick(snapshot, model)
+                # A fleet with no split pays one falsy check here.
+                splitting = snapshot.splits.get(model) if snapshot.splits else None
+                if splitting is None:
+                    exchange.arm = None  # (a split cleared while this request was held)
+                    route = pick(snapshot, model)
+                else:
+                    stable = snapshot.routes.get(model)
+                    route = split.choose(splitting, stable, headers, exchange) or pick(
+                        snapshot, model
+                    )
             except errors.ProxyError as err:
                 if err.code != ErrorCode.MODEL_UNAVAILABLE:
                     raise
@@ -200,17 +254,27 @@ async def forward(
                     raise CannotContinue(f"{route.model!r}'s engine cannot continue a stream")
                 if on_route is not None:
                     on_route(route)
-                sent = await _attempt(
-                    route,
-                    snapshot,
-                    headers,
-                    plan.body_for(route) if plan is not None else body,
-                    endpoint,
-                    exchange,
-                    task,
-                    plan if plan is not None and plan.reruns_on(route) else None,
-                    retry_lost=continuing,
-                )
+                candidate = exchange.arm == Arm.CANDIDATE
+                try:
+                    sent = await _attempt(
+                        route,
+                        snapshot,
+                        headers,
+                        plan.body_for(route) if plan is not None else body,
+                        endpoint,
+                        exchange,
+                        task,
+                        plan if plan is not None and plan.reruns_on(route) else None,
+                        retry_lost=continuing,
+                    )
+                except errors.ProxyError as err:
+                    if not candidate:
+                        raise
+                    sent = err  # a timeout, a TLS fault: the stable arm is asked instead
+                if candidate and await _candidate_failed(sent):
+                    # Nothing of it reached the client: straight to the stable arm, once.
+                    exchange.candidate_failed()
+                    continue
                 if not isinstance(sent, errors.ProxyError):
                     if held is not None:
                         held.close("forwarded")
@@ -219,6 +283,7 @@ async def forward(
             if held is None:
                 held = hold.HOLDS.admit(why, len(body))
             await held.wait(snapshot.fleet_id, why)
+            exchange.avoid_candidate = False  # routing changed: either arm may serve again
     except asyncio.CancelledError:
         if held is not None:
             held.close("disconnected")  # the watcher cancels this task when the client leaves
@@ -227,6 +292,17 @@ async def forward(
         if held is not None:
             held.close("failed")  # a refusal met while held (expired/drained closed already)
         raise
+
+
+async def _candidate_failed(sent: upstream.Response | errors.ProxyError) -> bool:
+    """Whether the candidate failed a request before any byte of it reached the client (not
+    started, lost, 5xx): then the response, if any, is closed."""
+    if isinstance(sent, errors.ProxyError):
+        return True
+    if sent.status < 500:
+        return False
+    await sent.aclose()
+    return True
 
 
 async def _attempt(
@@ -261,7 +337,10 @@ async def _attempt(
     except upstream.NotStarted as exc:
         # Seen by the data path first: the reconciler confirms it with a targeted heartbeat.
         datapath.report_unreachable(
-            snapshot.fleet_id, snapshot.active_domain_id or "", route.model, time.time()
+            snapshot.fleet_id,
+            route.domain_id or snapshot.active_domain_id or "",
+            route.model,
+            time.time(),
         )
         return errors.upstream_unreachable(
             f"model server for {route.model!r} refused the connection ({exc})"
@@ -276,7 +355,10 @@ async def _attempt(
         if rerun is not None:
             rerun.reruns += 1
         datapath.report_unreachable(
-            snapshot.fleet_id, snapshot.active_domain_id or "", route.model, time.time()
+            snapshot.fleet_id,
+            route.domain_id or snapshot.active_domain_id or "",
+            route.model,
+            time.time(),
         )
         return err
     if response.status == 503:

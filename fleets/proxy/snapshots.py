@@ -35,6 +35,7 @@ from fleets.base.conf import HaruSettings, haru_settings
 from fleets.core.continuation import engine_continues
 from fleets.core.read_model import DomainView, ModelView
 from fleets.core.route_intent import is_model_routable
+from fleets.core.route_split import MAX_SPLITS, Split, SplitInvalid, split_parse
 from fleets.core.states import SlotKind
 from fleets.core.urls import without_userinfo
 from fleets.models import SLUG_REGEX
@@ -73,6 +74,22 @@ class Route:
     # can be continued (fleets/core/continuation.py).
     continues: bool = False
     engine: str = ""  # the binding's engine as its profile names it ("" when none does)
+    # The domain serving it when that is not the active (a split's candidate arm); "": the
+    # active's.
+    domain_id: str = ""
+
+
+@dataclass(frozen=True)
+class SplitRoute:
+    """A split model's candidate arm as this snapshot saw it (fleets/proxy/split.py routes).
+
+    `candidate` is None when the candidate cannot take traffic now (its server down, its slot
+    not serving, its domain not ready, no binding): the stable arm then takes the whole share.
+    """
+
+    split: Split
+    candidate: Route | None
+    why: str = ""  # why the candidate gets nothing, when it does not
 
 
 @dataclass(frozen=True)
@@ -88,6 +105,10 @@ class Snapshot:
     # ready/degraded): name -> why.
     unavailable: dict[str, str]
     loaded_at: float = field(compare=False)
+    # Weighted splits by model name (empty on a fleet with none: the healthy path's one check),
+    # and the stored splits the router ignored as malformed, model -> why.
+    splits: dict[str, SplitRoute] = field(default_factory=dict)
+    split_faults: dict[str, str] = field(default_factory=dict)
 
     @property
     def available(self) -> list[str]:
@@ -178,6 +199,7 @@ def snapshot_build(rows: store.SnapshotRows, loaded_at: float) -> Snapshot:
                 unavailable[b.name] = (
                     f"domain {domain.state}, slot {b.slot_state}, server {b.health}"
                 )
+    splits, faults = splits_build(rows) if rows.splits else ({}, {})
     return Snapshot(
         fleet_id=pointer.fleet_id,
         fleet_slug=pointer.slug,
@@ -188,7 +210,79 @@ def snapshot_build(rows: store.SnapshotRows, loaded_at: float) -> Snapshot:
         routes=routes,
         unavailable=unavailable,
         loaded_at=loaded_at,
+        splits=splits,
+        split_faults=faults,
     )
+
+
+def splits_build(rows: store.SnapshotRows) -> tuple[dict[str, SplitRoute], dict[str, str]]:
+    """The fleet's splits as the router uses them, and the malformed ones it ignores.
+
+    Fails open, model by model: a split the router cannot read (bad shape, a candidate outside
+    the fleet or the active itself, a candidate binding whose URL will not do) is ignored, so
+    the stable arm serves all of that model, and noted (a log line per snapshot load, and
+    `Snapshot.split_faults`); it never fails the snapshot, so never a 5xx.
+    """
+    raw = rows.splits
+    if not isinstance(raw, dict):
+        why = "route splits are not an object"
+        log.warning("fleet %s: %s; ignored", rows.pointer.slug, why)
+        return {}, {"*": why}
+    candidates = {(c.domain_id, c.binding.name): c for c in rows.candidates}
+    splits: dict[str, SplitRoute] = {}
+    faults: dict[str, str] = {}
+    for model, value in list(raw.items())[:MAX_SPLITS]:
+        try:
+            split = split_parse(value, model=str(model))
+            splits[str(model)] = _split_route(
+                rows, split, candidates.get((split.candidate_domain_id, str(model)))
+            )
+        except (SplitInvalid, Malformed) as exc:
+            faults[str(model)] = str(exc)
+    if len(raw) > MAX_SPLITS:
+        faults["*"] = f"more than {MAX_SPLITS} route splits; the rest ignored"
+    if faults:
+        log.warning(
+            "fleet %s: malformed route splits ignored (stable arm serves): %s",
+            rows.pointer.slug,
+            "; ".join(f"{m}: {why}" for m, why in sorted(faults.items())),
+        )
+    return splits, faults
+
+
+def _split_route(
+    rows: store.SnapshotRows, split: Split, row: store.CandidateRow | None
+) -> SplitRoute:
+    if split.candidate_domain_id == rows.pointer.active_domain_id:
+        raise SplitInvalid("candidateDomain is the active domain")
+    if row is None:
+        return SplitRoute(split, None, "no binding on the candidate domain")
+    if row.domain_fleet_id != rows.pointer.fleet_id:
+        raise SplitInvalid("candidateDomain belongs to another fleet")
+    b = row.binding
+    if b.slot_kind != SlotKind.INFERENCE or b.slot_domain_id != row.domain_id:
+        raise SplitInvalid("the candidate binding is on a slot that cannot serve it")
+    targets = upstream_targets(b.serving_url)
+    domain = DomainView(id=row.domain_id, slug="", state=row.domain_state)
+    model = ModelView(
+        name=b.name,
+        serving_url=b.serving_url,
+        slot_id=b.slot_id,
+        gpu_index=b.gpu_index,
+        slot_state=b.slot_state,
+        health=b.health,
+    )
+    if not is_model_routable(domain, model):
+        why = f"domain {row.domain_state}, slot {b.slot_state}, server {b.health}"
+        return SplitRoute(split, None, why)
+    route = Route(
+        model=b.name,
+        targets=targets,
+        continues=engine_continues(b.engine),
+        engine=b.engine,
+        domain_id=row.domain_id,
+    )
+    return SplitRoute(split, route)
 
 
 def parse_ref(ref: str) -> tuple[str, uuid.UUID | None]:

@@ -27,12 +27,13 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from fleets.base.private_apis import unpooled
 from fleets.core.continuation import engine_of
 from fleets.core.model_health import ServerHealth
+from fleets.core.route_split import MAX_SPLITS
 from fleets.models import Domain, Fleet, ModelBinding
 
 T = TypeVar("T")
 
 
-def _own_connection() -> None:
+def own_connection() -> None:
     """Give the database thread a connection of its own, outside the server's pool.
 
     On PostgreSQL the server's requests borrow from a bounded pool (haru/settings.py); the data
@@ -47,7 +48,7 @@ def _own_connection() -> None:
 
 
 _EXECUTOR = ThreadPoolExecutor(
-    max_workers=1, thread_name_prefix="haru-proxy-db", initializer=_own_connection
+    max_workers=1, thread_name_prefix="haru-proxy-db", initializer=own_connection
 )
 
 
@@ -91,6 +92,20 @@ class SnapshotRows:
     domain_slug: str | None
     domain_state: str | None
     bindings: tuple[BindingRow, ...]
+    # The fleet's `route_splits` as stored ({} on the healthy path: no split, no more reads),
+    # and, only when there are splits, the candidate domains' bindings of the split models.
+    splits: Any = None
+    candidates: tuple[CandidateRow, ...] = ()
+
+
+@dataclass(frozen=True)
+class CandidateRow:
+    """A split model's binding on its candidate domain, with that domain's own state."""
+
+    domain_id: str
+    domain_fleet_id: str
+    domain_state: str
+    binding: BindingRow
 
 
 class _DatabaseThread:
@@ -221,47 +236,98 @@ def snapshot_rows_read(fleet_id: str) -> SnapshotRows | None:
     """Read what the routing snapshot of `fleet_id` needs; None when the fleet is gone."""
 
     def read(conn) -> SnapshotRows | None:
-        fleet = Fleet.objects.filter(pk=fleet_id).values_list(*_POINTER_FIELDS).first()
+        fleet = (
+            Fleet.objects.filter(pk=fleet_id).values_list(*_POINTER_FIELDS, "route_splits").first()
+        )
         if fleet is None:
             return None
         pointer = _pointer(fleet)
+        splits = fleet[len(_POINTER_FIELDS)]
+        # Only a fleet with splits pays the one more (indexed) read of its candidates.
+        candidates = _candidates_read(splits) if splits else ()
         if pointer.active_domain_id is None:
-            return SnapshotRows(pointer, None, None, None, ())
+            return SnapshotRows(pointer, None, None, None, (), splits, candidates)
         domain = (
             Domain.objects.filter(pk=pointer.active_domain_id)
             .values_list("fleet_id", "slug", "state")
             .first()
         )
         rows = ModelBinding.objects.filter(domain_id=pointer.active_domain_id).values_list(
-            "name",
-            "serving_url",
-            "slot__kind",
-            "slot__state",
-            "slot__domain_id",
-            "slot_id",
-            "slot__gpu_index",
-            "health",
-            "profile",
+            *_BINDING_FIELDS
         )
-        bindings = tuple(
-            BindingRow(
-                name=name,
-                serving_url=url,
-                slot_kind=kind,
-                slot_state=state,
-                slot_domain_id=_uuid_str(slot_domain),
-                slot_id=_uuid_str(slot_id),
-                gpu_index=gpu_index,
-                health=health,
-                engine=_engine(profile),
-            )
-            for name, url, kind, state, slot_domain, slot_id, gpu_index, health, profile in rows
-        )
+        bindings = tuple(_binding(row) for row in rows)
         if domain is None:
-            return SnapshotRows(pointer, None, None, None, bindings)
-        return SnapshotRows(pointer, _uuid_text(domain[0]), domain[1], domain[2], bindings)
+            return SnapshotRows(pointer, None, None, None, bindings, splits, candidates)
+        return SnapshotRows(
+            pointer, _uuid_text(domain[0]), domain[1], domain[2], bindings, splits, candidates
+        )
 
     return _with_connection(read)
+
+
+# The ModelBinding columns a BindingRow is read from, in the order `_binding` takes them.
+_BINDING_FIELDS = (
+    "name",
+    "serving_url",
+    "slot__kind",
+    "slot__state",
+    "slot__domain_id",
+    "slot_id",
+    "slot__gpu_index",
+    "health",
+    "profile",
+)
+
+
+def _binding(row: tuple[Any, ...]) -> BindingRow:
+    name, url, kind, state, slot_domain, slot_id, gpu_index, health, profile = row[:9]
+    return BindingRow(
+        name=name,
+        serving_url=url,
+        slot_kind=kind,
+        slot_state=state,
+        slot_domain_id=_uuid_str(slot_domain),
+        slot_id=_uuid_str(slot_id),
+        gpu_index=gpu_index,
+        health=health,
+        engine=_engine(profile),
+    )
+
+
+def _candidates_read(splits: Any) -> tuple[CandidateRow, ...]:
+    """The bindings of the split models on their candidate domains, in one indexed read.
+
+    Whatever of the stored splits cannot be read as (model, candidate domain UUID) is skipped
+    here: the snapshot (snapshots.py) judges the splits and ignores a malformed one.
+    """
+    if not isinstance(splits, dict):
+        return ()
+    wanted: dict[str, set[str]] = {}
+    for model, raw in list(splits.items())[:MAX_SPLITS]:
+        domain = raw.get("candidateDomain") if isinstance(raw, dict) else None
+        try:
+            domain_id = str(uuid.UUID(str(domain)))
+        except ValueError:
+            continue
+        wanted.setdefault(domain_id, set()).add(str(model))
+    if not wanted:
+        return ()
+    rows = ModelBinding.objects.filter(
+        domain_id__in=list(wanted), name__in=sorted(set().union(*wanted.values()))
+    ).values_list(*_BINDING_FIELDS, "domain_id", "domain__fleet_id", "domain__state")
+    out = []
+    for row in rows:
+        domain_id = _uuid_str(row[9])
+        if row[0] in wanted.get(domain_id, ()):
+            out.append(
+                CandidateRow(
+                    domain_id=domain_id,
+                    domain_fleet_id=_uuid_str(row[10]),
+                    domain_state=row[11],
+                    binding=_binding(row),
+                )
+            )
+    return tuple(out)
 
 
 def _engine(profile: Any) -> str:
