@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('fleets', '0007_fleet_route_splits'),
+        ('fleets', '0008_rollout'),
     ]
 
     operations = [
