@@ -62,6 +62,7 @@ from fleets.core.states import (
 )
 from fleets.core.urls import without_userinfo
 from fleets.models import Domain, Fleet, Id, ModelBinding, Operation, Rollout, Slot
+from fleets.reads.arm_stats import arm_windows
 from fleets.reads.selectors import fleet_view
 from fleets.reconciler.steps import posture
 from fleets.reconciler.steps.base import SlotMover, training_slots
@@ -92,20 +93,6 @@ NUDGE_MS = 500
 SPLIT_ATTEMPTS = 3
 
 ArmReader = Callable[..., Mapping[Arm, ArmWindow]]
-
-
-def _default_reader(
-    *, rollout_id: str, model: str, since: datetime, until: datetime | None = None
-) -> Mapping[Arm, ArmWindow]:
-    # Lazy: the per-arm records are the proxy's, read by fleets/reads/arm_stats.py.
-    from fleets.reads.arm_stats import (  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
-        arm_windows,
-    )
-
-    windows: Mapping[Arm, ArmWindow] = arm_windows(
-        rollout_id=rollout_id, model=model, since=since, until=until
-    )
-    return windows
 
 
 @dataclass(frozen=True)
@@ -152,7 +139,7 @@ def rollout_advance(
     ctx = _Ctx(
         rollout=rollout,
         client_for=client_for,
-        reader=arm_reader or _default_reader,
+        reader=arm_reader or arm_windows,
         actor=actor,
         now=clock.now(),
         policy=fleet_view(Fleet.objects.get(pk=fleet_id)).policy,
