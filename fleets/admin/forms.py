@@ -35,6 +35,7 @@ from fleets.drivers.base import DriverSettingsError
 from fleets.drivers.registry import builtin, provider_names
 from fleets.layouts.loader import layout_schema, parse_layout, schema_problems
 from fleets.models import Domain, Fleet, ModelBinding, Slot
+from fleets.services.layouts import layout_refused_by_rollout, rollout_holding_layout
 
 
 def _marked_for_deletion(form: forms.BaseForm) -> bool:
@@ -65,6 +66,23 @@ def validate_url(value: str) -> None:
         problem = url_problem(value)
         if problem:
             raise ValidationError(problem)
+
+
+def refuse_during_rollout(form: forms.BaseForm, fleet_id: Any) -> None:
+    """The layout apply's rule in the admin: no domain, slot or model of a fleet with a rollout
+    in flight is added, changed or deleted (the rollout holds the standby and moves its
+    binding); the form says why and nothing is saved."""
+    if fleet_id is None or not form.has_changed():
+        return
+    rollout = rollout_holding_layout(fleet_id)
+    if rollout is not None:
+        form.add_error(None, layout_refused_by_rollout(rollout))
+
+
+def _fleet_of_domain(domain_id: Any) -> Any:
+    if domain_id is None:
+        return None
+    return Domain.objects.filter(pk=domain_id).values_list("fleet_id", flat=True).first()
 
 
 class ShownWithoutCredentials(forms.ModelForm):
@@ -321,6 +339,8 @@ class DomainForm(ShownWithoutCredentials):
                 field = "placement" if exc.path.startswith("placement") else "driver"
                 self.add_error(field, str(exc))
         self._check_supervisor_tls(data)
+        fleet = data.get("fleet")  # the admin's add form names it; an edit or inline has it set
+        refuse_during_rollout(self, fleet.pk if fleet is not None else self.instance.fleet_id)
         return data
 
     def _check_supervisor_tls(self, data: dict[str, Any]) -> None:
@@ -444,6 +464,7 @@ class SlotForm(forms.ModelForm):
             }
         elif data.get("kind") == SlotKind.INFERENCE:
             data["spec"] = {"sleepLevel": 1}  # level-1 sleep is the only supported level
+        refuse_during_rollout(self, _fleet_of_domain(self.instance.domain_id))
         return data
 
     def save(self, commit=True):
@@ -499,6 +520,11 @@ class ModelBindingForm(ShownWithoutCredentials):
     class Meta:
         model = ModelBinding
         fields = ["name", "slot", "serving_url", "profile", "memory"]
+
+    def clean(self):
+        data = super().clean()
+        refuse_during_rollout(self, _fleet_of_domain(self.instance.domain_id))
+        return data
 
     def clean_memory(self):
         value = self.cleaned_data.get("memory") or {}

@@ -306,6 +306,32 @@ class RouteTargetOut(serializers.Serializer):
     models = RouteModelOut(many=True)
 
 
+class RouteSplitArmOut(serializers.Serializer):
+    arm = serializers.ChoiceField(["stable", "candidate"])
+    domainId = serializers.UUIDField(allow_null=True)  # noqa: N815
+    domainSlug = serializers.CharField(allow_null=True)  # noqa: N815
+    servingUrl = serializers.URLField(allow_null=True)  # noqa: N815
+    eligible = serializers.BooleanField()
+    weight = serializers.IntegerField(
+        help_text="relative weight, as the targets' weight; the two arms sum to 1000"
+    )
+    weightPermille = serializers.IntegerField(min_value=0, max_value=1000)  # noqa: N815
+
+
+class RouteSplitOut(serializers.Serializer):
+    model = serializers.CharField()
+    rolloutId = serializers.UUIDField()  # noqa: N815
+    stickyHeader = serializers.CharField(  # noqa: N815
+        allow_null=True, help_text="null: the caller's API key is the stickiness key"
+    )
+    arms = RouteSplitArmOut(many=True)
+
+
+class RouteSplitFaultOut(serializers.Serializer):
+    model = serializers.CharField(allow_blank=True)
+    problem = serializers.CharField()
+
+
 class RouteIntentOut(serializers.Serializer):
     fleetId = serializers.UUIDField()  # noqa: N815
     fleetSlug = serializers.CharField()  # noqa: N815
@@ -313,6 +339,14 @@ class RouteIntentOut(serializers.Serializer):
     generatedAt = serializers.DateTimeField()  # noqa: N815
     active = RouteTargetOut(allow_null=True)
     standbys = RouteTargetOut(many=True)
+    splits = RouteSplitOut(
+        many=True,
+        required=False,
+        help_text="only while a model's traffic is split (a rollout): absent otherwise",
+    )
+    splitFaults = RouteSplitFaultOut(  # noqa: N815
+        many=True, required=False, help_text="stored splits that cannot be read (ignored)"
+    )
     failoverReadiness = ReadinessOut()  # noqa: N815
 
 

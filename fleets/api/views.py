@@ -231,7 +231,7 @@ class RouteIntentView(HaruAPIView):
         fleet = selectors.fleet_get(ref)
         view = selectors.fleet_view(fleet)
         now = clock.now()
-        intent = build_route_intent(view, now)
+        intent = build_route_intent(view, now, fleet.route_splits)
         # Routers can hold traffic policy on it (alert, or refuse a planned maintenance).
         intent["failoverReadiness"] = fleet_readiness(fleet, view, now).to_json()
         return Response(intent)

@@ -44,6 +44,8 @@ class ErrorCode(StrEnum):
     # Rollouts (fleets/services/rollouts.py).
     ROLLOUT_NOT_FOUND = "rollout_not_found"
     ROLLOUT_CONFLICT = "rollout_conflict"
+    # A layout that would write back the version a finished rollout moved a model away from.
+    LAYOUT_BEHIND_ROLLOUT = "layout_behind_rollout"
     # The chat proxy (fleets/proxy/errors.py); it also answers unauthorized, invalid_request,
     # payload_too_large, fleet_not_found and method_not_allowed.
     MODEL_NOT_FOUND = "model_not_found"
@@ -125,6 +127,23 @@ class LayoutError(ServiceError):
         self.errors = errors
         # Batches an apply had committed before it stopped (a partial apply; re-apply completes).
         self.batches_written = batches_written
+
+
+class LayoutRolloutConflict(LayoutError):
+    """A layout apply that would change a domain, slot or model of a fleet with a rollout in
+    flight: the rollout holds the standby and moves its binding; nothing is written."""
+
+    code = ErrorCode.ROLLOUT_CONFLICT
+    status = 409
+
+
+class LayoutBehindRollout(LayoutError):
+    """A layout apply that would put back, in the database, the profile or serving URL a
+    finished rollout moved a model away from (the hosts serve the new one); nothing is written
+    unless the apply says `revert_rollout` (docs/rollouts.md, "Layouts and rollouts")."""
+
+    code = ErrorCode.LAYOUT_BEHIND_ROLLOUT
+    status = 409
 
 
 class OperationNotCancellable(ServiceError):

@@ -29,7 +29,8 @@ from typing import Any
 
 PERMILLE = 1000
 # A header name as RFC 9110 allows it (a token), lower case as the proxy sees it, bounded.
-_HEADER = re.compile(r"^[!#$%&'*+.^_`|~0-9a-z-]{1,64}$")
+# `\Z`, not `$`: `$` also matches before a trailing newline, which no header name holds.
+_HEADER = re.compile(r"^[!#$%&'*+.^_`|~0-9a-z-]{1,64}\Z")
 _KEYS = {"rollout", "candidateDomain", "weightPermille", "stickyHeader"}
 # A fleet serves few models; a split per model, so this bounds what one row may hold.
 MAX_SPLITS = 64

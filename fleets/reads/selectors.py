@@ -70,7 +70,8 @@ def fleet_view(fleet: Fleet | str, sightings: Mapping[str, datetime] | None = No
     if not isinstance(fleet, Fleet):
         fleet = fleet_get(fleet)
     else:
-        fleet.refresh_from_db(fields=["active_domain", "route_revision", "policy"])
+        # The splits with the revision they were moved with (the route intent shows both).
+        fleet.refresh_from_db(fields=["active_domain", "route_revision", "policy", "route_splits"])
     domains = list(Domain.objects.filter(fleet=fleet))
     if sightings is None:
         sightings = sightings_of([fleet.pk])

@@ -15,6 +15,12 @@ fleet routes nothing and has no active domain to fail over), then the `layout.ap
 then prune deletes (models, slots, domains). A failed apply leaves a prefix of that order;
 re-applying the same file completes it. One apply per fleet at a time, held by the lease
 `layout:<slug>`.
+
+Rollouts (docs/rollouts.md, "Layouts and rollouts"): while one is in flight, an apply that would
+change a domain, slot or model of its fleet is refused (it holds the standby and moves its
+binding), checked at planning and again in every batch's transaction. After one moved a model to
+a new version, an apply whose file still names the old profile or serving URL of that model is
+refused, unless `revert_rollout` says to put the file's values back in the database record.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from django.db.models import Model
 
 from fleets.base import clock
 from fleets.base.conf import haru_settings
-from fleets.base.errors import LayoutError
+from fleets.base.errors import LayoutBehindRollout, LayoutError, LayoutRolloutConflict
 from fleets.core.policy import validate_policy
 from fleets.core.rollout import IN_FLIGHT_ROLLOUT_STATES
 from fleets.core.states import (
@@ -100,6 +106,8 @@ class _Plan:
     tail: list[Callable[[_Ids], None]] = field(default_factory=list)  # a new fleet's pointer
     prune: list[Callable[[_Ids], None]] = field(default_factory=list)
     prune_check: Callable[[], None] | None = None
+    # Set when the plan changes a domain, slot or model: no rollout may be in flight meanwhile.
+    rollout_check: Callable[[], None] | None = None
     final: list[Callable[[_Ids], None]] = field(default_factory=list)  # the applied event
 
 
@@ -140,11 +148,14 @@ def layout_apply(
     dry_run: bool = False,
     actor: str = "seed_layout",
     on_batch: Callable[[int, int], None] | None = None,
+    revert_rollout: bool = False,
 ) -> LayoutReport:
     """Create or update the fleet described by `layout`; return what changed.
 
     `on_batch(done, total)` is called after each committed batch, outside any transaction
-    (`seed_layout` prints progress with it).
+    (`seed_layout` prints progress with it). `revert_rollout`: write the file's profile and
+    serving URL over a model a finished rollout moved, which is otherwise refused
+    (LayoutBehindRollout); the hosts are not changed.
     """
     _refuse_supervisor_hosts(layout)
     # `seed_layout` refused such a file before planning it; a Layout built otherwise is
@@ -154,7 +165,7 @@ def layout_apply(
         raise LayoutError([too_many])
     report = LayoutReport(dry_run=dry_run)
     if dry_run:
-        _plan(layout, prune, report, actor)
+        _plan(layout, prune, report, actor, revert_rollout)
         return report
     lease = f"layout:{layout.slug}"
     holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -164,7 +175,7 @@ def layout_apply(
             [f"slug: fleet {layout.slug!r} is being applied by {taken.holder}; try again later"]
         )
     try:
-        plan = _plan(layout, prune, report, actor)
+        plan = _plan(layout, prune, report, actor, revert_rollout)
         _write(plan, lease, holder, report, on_batch)
     finally:
         lease_release(name=lease, holder=holder)
@@ -211,7 +222,7 @@ def _write(
         try:
             _write_batch(batch, ids, plan, prune=done > first_prune)
         except LayoutError as exc:
-            raise LayoutError(exc.errors, batches_written=done - 1) from None
+            raise type(exc)(exc.errors, batches_written=done - 1) from None
         report.batches = done
         if on_batch is not None:
             on_batch(done, total)
@@ -225,6 +236,8 @@ def _write_batch(
     batch: list[tuple[str, Callable[[_Ids], Any]]], ids: _Ids, plan: _Plan, *, prune: bool
 ) -> None:
     with transaction.atomic():
+        if plan.rollout_check is not None:
+            plan.rollout_check()
         if prune and plan.prune_check is not None:
             plan.prune_check()
         new: list[ModelBinding] = []
@@ -256,7 +269,9 @@ def _refuse_supervisor_hosts(layout: Layout) -> None:
         raise LayoutError(errors)
 
 
-def _plan(layout: Layout, prune: bool, report: LayoutReport, actor: str) -> _Plan:
+def _plan(
+    layout: Layout, prune: bool, report: LayoutReport, actor: str, revert_rollout: bool = False
+) -> _Plan:
     """Read what exists (a few queries, no transaction) and plan every write; fill `report`."""
     now = clock.now()
     plan = _Plan()
@@ -270,6 +285,7 @@ def _plan(layout: Layout, prune: bool, report: LayoutReport, actor: str) -> _Pla
     if existing is None and layout.active_domain_slug:
         plan.tail.append(_point_new_fleet(("domain", layout.active_domain_slug)))
     if existing is not None:
+        _plan_rollouts(existing, current, report, plan, revert_rollout)
         _plan_extras(
             existing,
             current.kept_domains,
@@ -295,6 +311,8 @@ class _Current:
     kept_bindings: set[Id] = field(default_factory=set)
     slot_rows: list[Callable[[_Ids], None]] = field(default_factory=list)
     binding_rows: list[Callable[[_Ids], None]] = field(default_factory=list)
+    # Existing models whose profile or serving URL the file changes: (label, row, new values).
+    moved: list[tuple[str, ModelBinding, dict[str, Any]]] = field(default_factory=list)
 
 
 def _plan_fleet(
@@ -448,8 +466,118 @@ def _plan_models(
             plan.bindings.append(_binding_create(dkey, skey, m.name, bvalues))
         else:
             changed = _sync(binding, bvalues, mlabel, report)
+            if {"profile", "serving_url"} & set(changed):
+                current.moved.append((mlabel, binding, bvalues))
             current.binding_rows.append(_binding_sync(binding, bvalues, changed, skey))
             current.kept_bindings.add(binding.id)
+
+
+def rollout_holding_layout(fleet_id: Id) -> Rollout | None:
+    """The fleet's rollout in flight, which a layout change must wait for (None: none)."""
+    return (
+        Rollout.objects.filter(fleet_id=fleet_id, state__in=IN_FLIGHT_ROLLOUT_STATES)
+        .only("id", "model", "state")
+        .first()
+    )
+
+
+def layout_refused_by_rollout(rollout: Rollout) -> str:
+    """Why a layout change is refused while `rollout` is in flight, and what to do."""
+    return (
+        f"rollout {rollout.id} of model {rollout.model!r} is in flight ({rollout.state}): "
+        "a layout change to a domain, slot or model waits until it ends; pause does not "
+        "release it, abort it or let it finish, then apply again"
+    )
+
+
+def _refuse_rollout_in_flight(fleet_id: Id) -> None:
+    rollout = rollout_holding_layout(fleet_id)
+    if rollout is not None:
+        raise LayoutRolloutConflict([f"domains: {layout_refused_by_rollout(rollout)}"])
+
+
+# Finished rollouts looked at for a model's origin, newest first: enough for years of weekly
+# rollouts of every model of a fleet, and a bound on one apply's reads.
+_ROLLOUTS_READ = 500
+
+
+def _plan_rollouts(
+    fleet: Fleet, current: _Current, report: LayoutReport, plan: _Plan, revert_rollout: bool
+) -> None:
+    """Refuse a change while a rollout is in flight, and a file behind a finished one."""
+    changes = [
+        e for e in report.created + report.updated if not e.startswith(f"fleet {fleet.slug}")
+    ]
+    if changes:
+        _refuse_rollout_in_flight(fleet.id)
+        # Checked again in every batch: a rollout may start between the plan and a write.
+        plan.rollout_check = lambda: _refuse_rollout_in_flight(fleet.id)
+    if not current.moved:
+        return
+    rollouts = list(
+        Rollout.objects.filter(fleet=fleet, model__in={b.name for _, b, _ in current.moved})
+        .exclude(state__in=IN_FLIGHT_ROLLOUT_STATES)
+        .order_by("-created_at")[:_ROLLOUTS_READ]
+    )
+    errors: list[str] = []
+    for label, binding, values in current.moved:
+        found = _moved_by(binding, rollouts)
+        if found is None:
+            continue
+        rollout, previous = found
+        behind = [
+            key
+            for key, field_name in (("profile", "profile"), ("servingUrl", "serving_url"))
+            if field_name in values
+            and values[field_name] != getattr(binding, field_name)
+            and values[field_name] == previous.get(key)
+        ]
+        if not behind:
+            continue  # the file names a third version on purpose: an ordinary edit
+        if revert_rollout:
+            report.notes.append(
+                f"{label}: rollout {rollout.id} moved it; its database record is reverted to the "
+                f"file's {' and '.join(behind)} (revert_rollout); the hosts are not changed and "
+                "still serve the rollout's version until a new rollout or an operator swaps it"
+            )
+            continue
+        errors.append(_behind_message(label, binding, rollout, behind))
+    if errors:
+        raise LayoutBehindRollout(errors)
+
+
+def _moved_by(
+    binding: ModelBinding, rollouts: list[Rollout]
+) -> tuple[Rollout, dict[str, Any]] | None:
+    """The newest finished rollout that put this model's current profile on this domain, with
+    what the model had there before it; None when its current profile came from elsewhere."""
+    for rollout in rollouts:
+        if rollout.model != binding.name:
+            continue
+        previous = (rollout.previous or {}).get(str(binding.domain_id))
+        profile = (rollout.candidate or {}).get("profile")
+        if (
+            isinstance(previous, dict)
+            and profile == binding.profile
+            and previous.get("profile") != binding.profile
+        ):
+            return rollout, previous
+    return None
+
+
+def _behind_message(label: str, binding: ModelBinding, rollout: Rollout, behind: list[str]) -> str:
+    # Names the fields and the profile's keys, never its values: a profile may hold an engine's
+    # settings an operator would not want in an error (the admin's export has them in full).
+    old = (rollout.previous or {}).get(str(binding.domain_id), {}).get("profile") or {}
+    now = binding.profile or {}
+    keys = sorted(k for k in set(now) | set(old) if now.get(k) != old.get(k))[:8]
+    return (
+        f"{label}: the layout file is behind rollout {rollout.id} ({rollout.state}), which moved "
+        f"it to the version its host serves; the file names the old {' and '.join(behind)}. "
+        f'Set its "profile" to the rollout\'s (differing keys: {", ".join(keys) or "none"}) '
+        f'and "servingUrl" to {without_userinfo(binding.serving_url)!r} (the admin\'s '
+        "export has both), or apply with --revert-rollout to revert only the database record"
+    )
 
 
 def _point_new_fleet(active_key: _Key) -> Callable[[_Ids], None]:

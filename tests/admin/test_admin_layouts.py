@@ -370,3 +370,73 @@ def test_operations_and_events_are_read_only_and_filterable(superuser_client, se
     assert b'name="state"' not in view.content
     event = Event.objects.first()
     assert superuser_client.post(f"/admin/fleets/event/{event.pk}/delete/").status_code == 403
+
+
+# ----------------------------------------------------------------------------------------------
+# A rollout in flight holds the layout (docs/rollouts.md, "Layouts and rollouts")
+# ----------------------------------------------------------------------------------------------
+
+
+def _start_rollout(fleet):
+    from fleets.services.rollouts import rollout_create  # noqa: PLC0415
+
+    return rollout_create(
+        fleet=fleet,
+        body={
+            "model": "qwen-small",
+            "candidate": {"kind": "same-weights", "profile": {"engine": "sim"}},
+            "steps": [{"weight": 5, "dwellS": 30}, {"weight": 100}],
+        },
+        actor="test",
+    )
+
+
+def _all_errors(response) -> list[str]:
+    found = [str(e) for e in response.context["adminform"].form.non_field_errors()]
+    for inline in response.context["inline_admin_formsets"]:
+        for form in inline.formset.forms:
+            found += [str(e) for e in form.non_field_errors()]
+    return found
+
+
+def test_a_model_edit_is_refused_while_a_rollout_is_in_flight(
+    superuser_client, admin_form, seeded_fleet
+):
+    west = _domain(seeded_fleet, "west")
+    binding = ModelBinding.objects.get(domain=west, name="qwen-small")
+    data = _get_form(superuser_client, admin_form, west)
+    rollout = _start_rollout(seeded_fleet)
+    i = _binding_index(data, binding)
+    data[f"bindings-{i}-serving_url"] = "http://127.0.0.1:18099"
+    response = superuser_client.post(_change_url(west), data)
+    assert response.status_code == 200
+    assert any(f"rollout {rollout.id}" in e and "in flight" in e for e in _all_errors(response))
+    binding.refresh_from_db()
+    assert binding.serving_url == "http://127.0.0.1:18011"
+
+
+@pytest.mark.parametrize("what", ["domain", "slot"])
+def test_domain_and_slot_edits_are_refused_while_a_rollout_is_in_flight(
+    superuser_client, admin_form, seeded_fleet, what
+):
+    west = _domain(seeded_fleet, "west")
+    data = _get_form(superuser_client, admin_form, west)
+    _start_rollout(seeded_fleet)
+    if what == "domain":
+        data["priority"] = "5"
+    else:
+        n = int(data["slots-TOTAL_FORMS"])
+        data["slots-TOTAL_FORMS"] = str(n + 1)
+        data.update({f"slots-{n}-gpu_index": "1", f"slots-{n}-kind": "inference"})
+    response = superuser_client.post(_change_url(west), data)
+    assert response.status_code == 200
+    assert any("is in flight" in e for e in _all_errors(response))
+    west.refresh_from_db()
+    assert west.priority == 20 and not Slot.objects.filter(domain=west, gpu_index=1).exists()
+
+
+def test_an_unchanged_save_passes_during_a_rollout(superuser_client, admin_form, seeded_fleet):
+    west = _domain(seeded_fleet, "west")
+    data = _get_form(superuser_client, admin_form, west)
+    _start_rollout(seeded_fleet)
+    assert superuser_client.post(_change_url(west), data).status_code == 302

@@ -165,6 +165,54 @@ def test_route_intent_names_the_active_and_ranked_standbys(seeded_fleet, client_
     assert not any(m["eligible"] for m in standby["models"])
 
 
+def test_route_intent_shows_a_split_and_reports_a_malformed_one(
+    seeded_fleet, client_with_token, fake_clock
+):
+    east, west = Domain.objects.get(slug="east"), Domain.objects.get(slug="west")
+    before = client_with_token.get("/v1/fleets/demo/route-intent").json()
+    rollout = "8c1e0000-0000-4000-8000-000000000001"
+    Fleet.objects.filter(pk=seeded_fleet.pk).update(
+        route_splits={
+            "qwen-small": {
+                "rollout": rollout,
+                "candidateDomain": str(west.id),
+                "weightPermille": 250,
+                "stickyHeader": "x-session-id",
+            },
+            "llama-small": {"rollout": rollout, "candidateDomain": 7, "weightPermille": 5},
+        }
+    )
+    response = client_with_token.get("/v1/fleets/demo/route-intent")
+    assert response.status_code == 200
+    body = response.json()
+    # Everything the unsplit document said, it still says.
+    assert {k: body[k] for k in before} == before
+    [split] = body["splits"]
+    assert (split["model"], split["rolloutId"], split["stickyHeader"]) == (
+        "qwen-small",
+        rollout,
+        "x-session-id",
+    )
+    stable, candidate = split["arms"]
+    assert (stable["arm"], stable["domainId"], stable["weightPermille"], stable["weight"]) == (
+        "stable",
+        str(east.id),
+        750,
+        750,
+    )
+    assert (candidate["arm"], candidate["domainSlug"], candidate["weightPermille"]) == (
+        "candidate",
+        "west",
+        250,
+    )
+    assert body["splitFaults"] == [
+        {
+            "model": "llama-small",
+            "problem": "split of 'llama-small': candidateDomain must be a UUID",
+        }
+    ]
+
+
 def test_route_intent_uses_the_injected_clock(seeded_fleet, client_with_token, fake_clock):
     body = client_with_token.get("/v1/fleets/demo/route-intent").json()
     assert body["generatedAt"] == "2026-01-01T00:00:00Z"

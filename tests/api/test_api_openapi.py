@@ -80,7 +80,10 @@ def test_route_intent_and_operation_shapes_match_the_live_answers(
         schema, schema["paths"]["/v1/fleets/{ref}/route-intent"]["get"]["responses"]["200"]
     )
     live = client_with_token.get("/v1/fleets/demo/route-intent").json()
-    assert set(live) == set(intent["properties"])
+    # Without a split the answer is what it always was: every key it carries is required, and
+    # the only optional ones are the splits'.
+    assert set(live) == set(intent["required"])
+    assert set(intent["properties"]) - set(live) == {"splits", "splitFaults"}
     created = client_with_token.post(
         "/v1/fleets/demo/promote", {"targetDomainId": "west"}, format="json"
     ).json()
@@ -194,3 +197,31 @@ def test_the_models_list_matches_what_the_proxy_answers(schema):
     live = handler._model_object("qwen-small")
     model = schema["components"]["schemas"]["OpenAIModel"]
     assert set(live) == set(model["properties"]) == set(model["required"])
+
+
+def test_route_intent_splits_match_the_schema(schema, seeded_fleet, client_with_token):
+    from fleets.models import Domain, Fleet  # noqa: PLC0415
+
+    west = Domain.objects.get(fleet=seeded_fleet, slug="west")
+    Fleet.objects.filter(pk=seeded_fleet.pk).update(
+        route_splits={
+            "qwen-small": {
+                "rollout": "8c1e0000-0000-4000-8000-000000000001",
+                "candidateDomain": str(west.id),
+                "weightPermille": 50,
+                "stickyHeader": "",
+            },
+            "llama-small": {"weightPermille": "lots"},
+        }
+    )
+    intent = json_body(
+        schema, schema["paths"]["/v1/fleets/{ref}/route-intent"]["get"]["responses"]["200"]
+    )
+    live = client_with_token.get("/v1/fleets/demo/route-intent").json()
+    assert set(live) == set(intent["properties"])
+    split = resolve(schema, intent["properties"]["splits"]["items"])
+    assert set(live["splits"][0]) == set(split["properties"])
+    arm = resolve(schema, split["properties"]["arms"]["items"])
+    assert set(live["splits"][0]["arms"][0]) == set(arm["properties"])
+    fault = resolve(schema, intent["properties"]["splitFaults"]["items"])
+    assert set(live["splitFaults"][0]) == set(fault["properties"])

@@ -62,6 +62,13 @@ def test_starting_a_rollout_is_202_and_names_both_arms(seeded_fleet, client_with
         ({"candidate": {"kind": "new-weights", "profile": PROFILE}}, "candidate.checks"),
         ({"gates": {"ttftP95Ratio": "fast"}}, "gates.ttftP95Ratio"),
         ({"surprise": True}, "surprise"),
+        # The split's own rule (fleets/core/route_split.py): a lower-case token, 1 to 64.
+        ({"stickyHeader": "X-Session-Id"}, "stickyHeader"),
+        ({"stickyHeader": "x session"}, "stickyHeader"),
+        ({"stickyHeader": "x-session\n"}, "stickyHeader"),
+        ({"stickyHeader": "x" * 65}, "stickyHeader"),
+        ({"stickyHeader": 7}, "stickyHeader"),
+        ({"stickyHeader": None}, "stickyHeader"),
     ],
 )
 def test_a_bad_request_is_400_naming_the_field_and_changes_nothing(
@@ -75,6 +82,31 @@ def test_a_bad_request_is_400_naming_the_field_and_changes_nothing(
     assert field in error["message"]
     assert not Rollout.objects.exists()
     assert not Event.objects.filter(kind__startswith="rollout.").exists()
+
+
+@pytest.mark.parametrize("header", ["x-session-id", "x" * 64, "x_tenant.v2"])
+def test_a_sticky_header_the_split_accepts_is_accepted_and_stored(
+    seeded_fleet, client_with_token, header
+):
+    from fleets.core.route_split import split_parse  # noqa: PLC0415
+
+    response = post(client_with_token, URL, body(stickyHeader=header))
+    assert response.status_code == 202, response.json()
+    rollout = Rollout.objects.get()
+    assert rollout.sticky_header == header
+    # What the rollout stores is what its split will carry: the split's parser accepts it.
+    split = {
+        "rollout": str(rollout.id),
+        "candidateDomain": str(rollout.candidate_domain_id),
+        "weightPermille": 10,
+        "stickyHeader": rollout.sticky_header,
+    }
+    assert split_parse(split).sticky_header == header
+
+
+def test_without_a_sticky_header_the_rollout_sticks_by_api_key(seeded_fleet, client_with_token):
+    out = post(client_with_token, URL, body()).json()
+    assert out["stickyHeader"] == ""
 
 
 def test_one_rollout_at_a_time_and_none_beside_an_operation(

@@ -138,3 +138,148 @@ def test_pointer_to_a_missing_domain_yields_no_active():
     doc = intent(domain("beta"), active="id-ghost")
     assert doc["active"] is None
     assert [s["domainSlug"] for s in doc["standbys"]] == ["beta"]
+
+
+# --- splits (a rollout's weighted split of one model, fleets/core/route_split.py) ----------
+
+ROLLOUT = "8c1e0000-0000-4000-8000-000000000001"
+BETA = "00000000-0000-4000-8000-0000000000be"
+
+
+def split_fleet(splits, *, beta_state: str = "ready", beta_slot: str = "serving") -> dict:
+    alpha = DomainView(
+        id="00000000-0000-4000-8000-0000000000a1",
+        slug="alpha",
+        state="ready",
+        models=(model("qwen"),),
+        serving_base_url="http://alpha:8000",
+        last_seen_at=NOW,
+    )
+    beta = DomainView(
+        id=BETA,
+        slug="beta",
+        state=beta_state,
+        models=(model("qwen", beta_slot, slug="beta"),),
+        serving_base_url="http://beta:8000",
+        last_seen_at=NOW,
+    )
+    fleet = FleetView("f1", "prod", alpha.id, 4, Policy(), (alpha, beta))
+    return build_route_intent(fleet, NOW, splits)
+
+
+def stored(weight: int = 50, header: str = "") -> dict:
+    return {
+        "qwen": {
+            "rollout": ROLLOUT,
+            "candidateDomain": BETA,
+            "weightPermille": weight,
+            "stickyHeader": header,
+        }
+    }
+
+
+@pytest.mark.parametrize("splits", [None, {}])
+def test_without_a_split_the_document_has_no_split_keys(splits):
+    doc = split_fleet(splits)
+    assert "splits" not in doc and "splitFaults" not in doc
+    assert doc["active"]["weight"] == 1 and doc["standbys"][0]["weight"] == 0
+
+
+def test_a_split_names_both_arms_with_their_weights_the_rollout_and_the_sticky_header():
+    doc = split_fleet(stored(50, "x-session-id"))
+    assert doc["splits"] == [
+        {
+            "model": "qwen",
+            "rolloutId": ROLLOUT,
+            "stickyHeader": "x-session-id",
+            "arms": [
+                {
+                    "arm": "stable",
+                    "domainId": "00000000-0000-4000-8000-0000000000a1",
+                    "domainSlug": "alpha",
+                    "servingUrl": "http://alpha:9000/qwen",
+                    "eligible": True,
+                    "weight": 950,
+                    "weightPermille": 950,
+                },
+                {
+                    "arm": "candidate",
+                    "domainId": BETA,
+                    "domainSlug": "beta",
+                    "servingUrl": "http://beta:9000/qwen",
+                    "eligible": True,
+                    "weight": 50,
+                    "weightPermille": 50,
+                },
+            ],
+        }
+    ]
+    assert "splitFaults" not in doc
+    # The per-domain targets keep their meaning: the active serves every unsplit model.
+    assert doc["active"]["weight"] == 1
+
+
+def test_no_sticky_header_means_the_api_key_and_reads_null():
+    assert split_fleet(stored(10))["splits"][0]["stickyHeader"] is None
+
+
+def test_a_candidate_that_cannot_serve_is_shown_not_eligible():
+    arms = split_fleet(stored(500), beta_slot="sleeping")["splits"][0]["arms"]
+    assert [a["eligible"] for a in arms] == [True, False]
+
+
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        ("garbage", "route splits must be an object"),
+        ({f"m{i}": {} for i in range(65)}, "at most 64 route splits"),
+        (
+            {"qwen": {"rollout": ROLLOUT, "candidateDomain": BETA, "weightPermille": 2000}},
+            "weightPermille",
+        ),
+        (
+            {"qwen": {"rollout": "nope", "candidateDomain": BETA, "weightPermille": 5}},
+            "rollout must be a UUID",
+        ),
+        (
+            {"qwen": {"rollout": ROLLOUT, "candidateDomain": BETA, "weightPermille": 5, "x": 1}},
+            "unknown keys",
+        ),
+        (
+            {
+                "qwen": {
+                    "rollout": ROLLOUT,
+                    "candidateDomain": BETA,
+                    "weightPermille": 5,
+                    "stickyHeader": "Bad Header",
+                }
+            },
+            "stickyHeader",
+        ),
+        (
+            {"qwen": {"rollout": ROLLOUT, "candidateDomain": ROLLOUT, "weightPermille": 5}},
+            "not a domain of the fleet",
+        ),
+        (
+            {
+                "qwen": {
+                    "rollout": ROLLOUT,
+                    "candidateDomain": "00000000-0000-4000-8000-0000000000a1",
+                    "weightPermille": 5,
+                }
+            },
+            "is the active domain",
+        ),
+    ],
+)
+def test_a_malformed_stored_split_is_reported_never_raised(raw, problem):
+    doc = split_fleet(raw)
+    assert doc["splits"] == []
+    assert len(doc["splitFaults"]) == 1 and problem in doc["splitFaults"][0]["problem"]
+
+
+def test_one_malformed_split_does_not_hide_the_good_ones():
+    raw = {**stored(5), "other": {"rollout": ROLLOUT}}
+    doc = split_fleet(raw)
+    assert [s["model"] for s in doc["splits"]] == ["qwen"]
+    assert [f["model"] for f in doc["splitFaults"]] == ["other"]

@@ -36,6 +36,13 @@ class Command(BaseCommand):
             action="store_true",
             help="delete domains, slots and models that the file no longer names",
         )
+        parser.add_argument(
+            "--revert-rollout",
+            action="store_true",
+            help="put the file's profile and servingUrl back in the database over a model a "
+            "finished rollout moved (refused otherwise); the hosts are not changed: they keep "
+            "serving the rollout's version (docs/rollouts.md, 'Layouts and rollouts')",
+        )
         parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
     def handle(self, *args, **opts):
@@ -52,6 +59,7 @@ class Command(BaseCommand):
                 prune=opts["prune"],
                 dry_run=opts["dry_run"],
                 on_batch=self._progress,
+                revert_rollout=opts["revert_rollout"],
             )
         except LayoutError as exc:
             if exc.batches_written:
