@@ -652,7 +652,11 @@ def _stepping(ctx: _Ctx) -> int | None:
     if ctx.progress("checkedStep") != index:
         outcome = _run_checks(ctx)
         if outcome is not None and not outcome.passed:
-            return _roll_back(ctx, "answer check failed: " + outcome.message(), breach_at=ctx.now)
+            # The breach is the answer that failed, known once the checks are back (they take a
+            # probe of each arm), not the start of this look.
+            return _roll_back(
+                ctx, "answer check failed: " + outcome.message(), breach_at=clock.now()
+            )
         if outcome is not None:
             ctx.move(event="checked", progress={"checkedStep": index}, data={"step": index})
     dwelt = (ctx.now - started).total_seconds()
