@@ -674,6 +674,14 @@ def _stepping(ctx: _Ctx) -> int | None:
         return NUDGE_MS
     if index + 1 >= len(steps) or steps[index + 1].weight >= 100:
         return _to_promoting(ctx, f"every step passed its gates ({decision.reason})")
+    # The next step's answer checks run before its weight is set, not after: a candidate gone
+    # bad during this step is caught at this step's weight, never given the larger share.
+    outcome = _run_checks(ctx)
+    if outcome is None:
+        return NUDGE_MS
+    if not outcome.passed:
+        return _roll_back(ctx, "answer check failed: " + outcome.message(), breach_at=clock.now())
+    ctx.move(event="checked", progress={"checkedStep": index + 1}, data={"step": index + 1})
     return _step_to(ctx, index + 1)
 
 
