@@ -19,7 +19,11 @@ BODY = {
 }
 
 
-def test_a_rollouts_moves_are_broadcast_to_the_fleets_group(seeded_fleet, channel_layer):
+def test_a_rollouts_moves_are_broadcast_to_the_fleets_group(
+    channel_layer, seeded_fleet, monkeypatch
+):
+    # As a Celery worker or the reconcile loop's thread: no ASGI server loop to hand sends to.
+    monkeypatch.setattr(broadcast.publisher(), "server_loop", None)
     assert broadcast.flush(10)
     channel = _listen(channel_layer, seeded_fleet.id)
     rollout = rollout_create(fleet=seeded_fleet, body=BODY, actor="ops")
