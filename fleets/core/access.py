@@ -133,6 +133,9 @@ DASHBOARD_ACTION_ROLES: Mapping[str, Role] = {
     "cancel": Role.OPERATE,
     "drill": Role.OPERATE,
     "baseline": Role.OPERATE,
+    "rollout-pause": Role.OPERATE,
+    "rollout-resume": Role.OPERATE,
+    "rollout-abort": Role.OPERATE,
 }
 
 # Reads answer to `view`; every write of the REST API moves a fleet (none edits a layout), so

@@ -7,6 +7,7 @@ page's script); service errors (conflict, invalid target) carry the API's code a
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fleets.base.errors import ErrorCode, ServiceError
@@ -18,13 +19,14 @@ from fleets.core.states import (
     OperationKind,
     OperationState,
 )
-from fleets.models import Fleet
+from fleets.models import Fleet, Rollout
 from fleets.reads.selectors import domain_get, domain_or_active
 from fleets.reconciler.golden import record_baselines
 from fleets.reconciler.supervisor.client import client_for
 from fleets.reconciler.tick import fleet_reconcile
 from fleets.services.operations import operation_cancel_request, operation_request
 from fleets.services.provisioning import domain_provision_begin, domain_stop_request
+from fleets.services.rollouts import rollout_abort, rollout_pause, rollout_resume
 
 log = logging.getLogger(__name__)
 
@@ -179,3 +181,25 @@ def record_baseline(*, fleet: Fleet, target: str | None, actor: str) -> ActionRe
         return ActionResult(False, exc.status, exc.code, exc.message)
     recorded = ", ".join(done.recorded) or "nothing new"
     return ActionResult(True, 200, "recorded", f"baselines from {domain.slug}: {recorded}")
+
+
+_ROLLOUT_MOVES: dict[str, tuple[Callable[..., Rollout], str]] = {
+    "rollout-pause": (rollout_pause, "paused and pinned: no step and no automatic rollback"),
+    "rollout-resume": (rollout_resume, "resumed"),
+    "rollout-abort": (rollout_abort, "aborted: its weight goes to 0 and the standby is restored"),
+}
+
+
+def rollout_move(*, fleet: Fleet, action: str, rollout_id: str, actor: str) -> ActionResult:
+    """Pause, resume or abort the fleet's rollout `rollout_id`, exactly as the API does."""
+    move, done = _ROLLOUT_MOVES[action]
+    try:
+        rollout = move(fleet_id=fleet.id, rollout_id=rollout_id, actor=actor)
+    except ServiceError as exc:
+        return ActionResult(False, exc.status, exc.code, exc.message)
+    return ActionResult(
+        True,
+        200,
+        "rollout_" + action.removeprefix("rollout-"),
+        f"rollout {str(rollout.id)[:8]} of {rollout.model} {done}",
+    )

@@ -4,7 +4,20 @@ from __future__ import annotations
 
 from django import forms
 
-ACTIONS = ("promote", "demote", "reconcile", "provision", "stop", "cancel", "drill", "baseline")
+ACTIONS = (
+    "promote",
+    "demote",
+    "reconcile",
+    "provision",
+    "stop",
+    "cancel",
+    "drill",
+    "baseline",
+    "rollout-pause",
+    "rollout-resume",
+    "rollout-abort",
+)
+ROLLOUT_ACTIONS = ("rollout-pause", "rollout-resume", "rollout-abort")
 
 
 class ActionForm(forms.Form):
@@ -25,4 +38,6 @@ class ActionForm(forms.Form):
             self.add_error("target", "choose the domain to act on")
         if self.action == "cancel" and not data.get("target"):
             self.add_error("target", "name the operation to cancel")
+        if self.action in ROLLOUT_ACTIONS and not data.get("target"):
+            self.add_error("target", "name the rollout")
         return data

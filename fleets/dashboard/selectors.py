@@ -38,6 +38,7 @@ from fleets.dashboard import chart as chart_mod
 from fleets.dashboard.drift import drift_status, expected_fingerprint
 from fleets.dashboard.progress import RETRY_EVENT, operation_progress, step_events
 from fleets.dashboard.proof import proof_context
+from fleets.dashboard.rollout import rollout_panel
 from fleets.models import Domain, Event, Fleet, ModelBinding, Operation, Slot
 from fleets.reads.fleet_health import (
     age_s,
@@ -551,6 +552,7 @@ def _fleet_page(fleet: Fleet, *, now: datetime) -> dict[str, Any]:
         "events": events,
         "last_event_id": events[0]["id"] if events else 0,
         "chart": failover_chart(fleet, slugs),
+        "rollout": rollout_panel(fleet, slugs, now),
         "generated_at": iso(now),
         **proof_context(fleet, view, now),
     }

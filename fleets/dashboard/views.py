@@ -29,7 +29,7 @@ from fleets.base.errors import ErrorCode
 from fleets.core.access import DASHBOARD_ACTION_ROLES, Role
 from fleets.core.states import DrillMode, OperationKind
 from fleets.dashboard import actions
-from fleets.dashboard.forms import ACTIONS, ActionForm
+from fleets.dashboard.forms import ACTIONS, ROLLOUT_ACTIONS, ActionForm
 from fleets.dashboard.selectors import OVERVIEW_PAGE_SIZE, fleet_page, heartbeats, overview_page
 from fleets.models import Fleet
 from fleets.reads.access import principal_label, user_grant
@@ -202,8 +202,8 @@ def _fleet_page(request, slug: str, template: str):
 @require_POST
 @member_required
 def fleet_action(request, slug: str, action: str):
-    """Promote, demote, reconcile, cancel, provision or stop; unconfirmed requests get a
-    confirmation page first."""
+    """Promote, demote, reconcile, cancel, provision, stop, drill, baseline, or pause, resume or
+    abort a rollout; unconfirmed requests get a confirmation page first."""
     if action not in ACTIONS:
         return _not_found(request, slug)
     fleet, refused = _fleet_for(request, slug, action=action, needed=DASHBOARD_ACTION_ROLES[action])
@@ -236,6 +236,8 @@ def fleet_action(request, slug: str, action: str):
         result = actions.provision_move(fleet=fleet, action=action, target=target, actor=actor)
     elif action == "drill":
         result = actions.request_drill(fleet=fleet, target=target or None, actor=actor, mode=mode)
+    elif action in ROLLOUT_ACTIONS:
+        result = actions.rollout_move(fleet=fleet, action=action, rollout_id=target, actor=actor)
     elif action == "baseline":
         result = actions.record_baseline(fleet=fleet, target=target or None, actor=actor)
     else:

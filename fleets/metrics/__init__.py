@@ -17,6 +17,7 @@ def database_collectors() -> list:
         placement,
         readiness,
         reconcile,
+        rollouts,
     )
 
     return [
@@ -25,6 +26,7 @@ def database_collectors() -> list:
         failover_guard.FailoverGuardCollector(),
         reconcile.StateCollector(),
         placement.GpuPlanCollector(),
+        rollouts.RolloutCollector(),
     ]
 
 

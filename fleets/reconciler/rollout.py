@@ -639,7 +639,11 @@ def _stepping(ctx: _Ctx) -> int | None:
     if ctx.progress("checkedStep") != index:
         outcome = _run_checks(ctx)
         if outcome is not None and not outcome.passed:
-            return _roll_back(ctx, "answer check failed: " + outcome.message(), breach_at=ctx.now)
+            # The breach is the answer that failed, known once the checks are back (they take a
+            # probe of each arm), not the start of this look.
+            return _roll_back(
+                ctx, "answer check failed: " + outcome.message(), breach_at=clock.now()
+            )
         if outcome is not None:
             ctx.move(event="checked", progress={"checkedStep": index}, data={"step": index})
     dwelt = (ctx.now - started).total_seconds()
@@ -657,6 +661,14 @@ def _stepping(ctx: _Ctx) -> int | None:
         return NUDGE_MS
     if index + 1 >= len(steps) or steps[index + 1].weight >= 100:
         return _to_promoting(ctx, f"every step passed its gates ({decision.reason})")
+    # The next step's answer checks run before its weight is set, not after: a candidate gone
+    # bad during this step is caught at this step's weight, never given the larger share.
+    outcome = _run_checks(ctx)
+    if outcome is None:
+        return NUDGE_MS
+    if not outcome.passed:
+        return _roll_back(ctx, "answer check failed: " + outcome.message(), breach_at=clock.now())
+    ctx.move(event="checked", progress={"checkedStep": index + 1}, data={"step": index + 1})
     return _step_to(ctx, index + 1)
 
 

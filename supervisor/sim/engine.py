@@ -181,7 +181,7 @@ class SimEngine:
         """The answer for the model or adapter `name`: fixed, so deterministic by construction,
         unless a fault made a wake change it."""
         base = self.reply
-        if self.drifted:
+        if self.drifted or self.faults.answer_wrong:
             base = f"Drifted after wake: {base}"
         if name != self.options.model and not self.adapters_lost:
             return f"{base} Adapter {name} applied."
@@ -212,7 +212,7 @@ class SimEngine:
             return None
         if name != o.model and self.adapters_lost:
             name = o.model
-        if self.drifted:
+        if self.drifted or self.faults.answer_wrong:
             name = f"drifted:{name}"
         return GenerationSettings(
             seed=generate.seed(name),

@@ -18,6 +18,9 @@ FAULT_NAMES = {
     # Each takes effect at the next wake and lasts until the engine is reset.
     "answerDriftsAfterWake": "answer_drifts_after_wake",
     "adaptersLostAfterWake": "adapters_lost_after_wake",
+    # A model that answers wrongly from now on (no wake needed): a bad version mid-rollout, whose
+    # answer checks must fail before any more users are sent to it. Cleared with the others.
+    "answerWrong": "answer_wrong",
 }
 
 
@@ -66,6 +69,7 @@ class Faults:
     crash: bool = False
     answer_drifts_after_wake: bool = False
     adapters_lost_after_wake: bool = False
+    answer_wrong: bool = False
 
     def to_json(self) -> dict[str, bool]:
         return {wire: getattr(self, attr) for wire, attr in FAULT_NAMES.items()}

@@ -173,6 +173,29 @@ def test_a_candidate_that_fails_its_answer_check_never_gets_a_request(
     assert golden.hosts["west"].trainer == "running"
 
 
+def test_a_candidate_gone_wrong_during_a_step_is_caught_before_the_next_weight(
+    fleet, tick, golden, fake_clock
+):
+    tick()
+    tick()
+    rollout_create(fleet=fleet, body=body(), actor="test")
+    reader = Reader()
+    stepping = drive(tick, reader, fake_clock, until={"stepping"})
+    # Its first step's checks pass; then it starts answering wrongly.
+    while (stepping.progress or {}).get("checkedStep") != 0:
+        tick(arm_reader=reader)
+        stepping = Rollout.objects.get(pk=stepping.pk)
+    golden.hosts["west"].answers[MODEL] = "Goodbye"
+
+    done = drive(tick, reader, fake_clock)
+
+    assert done.state == "rolled_back"
+    assert "answer check failed" in done.why
+    # The checks of step 2 ran at step 1's weight: the 50 % share was never set.
+    assert split_weights(fleet) == [100, None]
+    assert done.progress["breachToWeightChangeMs"] >= 0
+
+
 def test_same_weights_compare_the_candidate_with_the_stable_arm(fleet, tick, golden, fake_clock):
     tick()
     tick()

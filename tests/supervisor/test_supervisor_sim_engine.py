@@ -299,3 +299,15 @@ def test_the_sim_answers_the_same_until_a_fault_makes_a_wake_change_it(with_lora
         c.post("/_sim/reset")
         assert _answer(c, "qwen-sql") == sql
         assert c.post("/v1/chat/completions", json=chat("other", "ping")).status_code == 404
+
+
+def test_the_wrong_answer_fault_changes_the_answers_at_once_and_a_reset_heals_them(with_lora):
+    with httpx.Client(base_url=with_lora.url, timeout=10, trust_env=False) as c:
+        c.post("/_sim/reset")
+        c.post("/wake_up")
+        base = _answer(c, "qwen-small")
+        assert c.post("/_sim/faults", json={"answerWrong": True}).json()["answerWrong"] is True
+        # No wake in between: a version that goes bad mid-rollout.
+        assert _answer(c, "qwen-small") == f"Drifted after wake: {base}"
+        c.post("/_sim/reset")
+        assert _answer(c, "qwen-small") == base
