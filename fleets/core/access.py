@@ -135,6 +135,7 @@ DASHBOARD_ACTION_ROLES: Mapping[str, Role] = {
     "baseline": Role.OPERATE,
     "rollout-pause": Role.OPERATE,
     "rollout-resume": Role.OPERATE,
+    "rollout-promote": Role.OPERATE,
     "rollout-abort": Role.OPERATE,
 }
 

@@ -26,7 +26,12 @@ from fleets.reconciler.supervisor.client import client_for
 from fleets.reconciler.tick import fleet_reconcile
 from fleets.services.operations import operation_cancel_request, operation_request
 from fleets.services.provisioning import domain_provision_begin, domain_stop_request
-from fleets.services.rollouts import rollout_abort, rollout_pause, rollout_resume
+from fleets.services.rollouts import (
+    rollout_abort,
+    rollout_pause,
+    rollout_promote_early,
+    rollout_resume,
+)
 
 log = logging.getLogger(__name__)
 
@@ -186,12 +191,14 @@ def record_baseline(*, fleet: Fleet, target: str | None, actor: str) -> ActionRe
 _ROLLOUT_MOVES: dict[str, tuple[Callable[..., Rollout], str]] = {
     "rollout-pause": (rollout_pause, "paused and pinned: no step and no automatic rollback"),
     "rollout-resume": (rollout_resume, "resumed"),
+    "rollout-promote": (rollout_promote_early, "promoted early: the planned promotion starts now"),
     "rollout-abort": (rollout_abort, "aborted: its weight goes to 0 and the standby is restored"),
 }
 
 
 def rollout_move(*, fleet: Fleet, action: str, rollout_id: str, actor: str) -> ActionResult:
-    """Pause, resume or abort the fleet's rollout `rollout_id`, exactly as the API does."""
+    """Pause, resume, promote early or abort the fleet's rollout `rollout_id`, exactly as the
+    API does."""
     move, done = _ROLLOUT_MOVES[action]
     try:
         rollout = move(fleet_id=fleet.id, rollout_id=rollout_id, actor=actor)

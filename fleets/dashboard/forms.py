@@ -15,9 +15,10 @@ ACTIONS = (
     "baseline",
     "rollout-pause",
     "rollout-resume",
+    "rollout-promote",
     "rollout-abort",
 )
-ROLLOUT_ACTIONS = ("rollout-pause", "rollout-resume", "rollout-abort")
+ROLLOUT_ACTIONS = ("rollout-pause", "rollout-resume", "rollout-promote", "rollout-abort")
 
 
 class ActionForm(forms.Form):

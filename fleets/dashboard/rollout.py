@@ -125,5 +125,11 @@ def rollout_panel(fleet: Fleet, slugs: dict[Any, str], now: datetime) -> dict[st
         # that could never work.
         "can_pause": rollout.state in PAUSABLE and not rollout.pinned,
         "can_resume": rollout.state == RolloutState.PAUSED.value,
+        # As the service allows it: past the answer checks (stepping, or paused while stepping).
+        "can_promote": rollout.state == RolloutState.STEPPING.value
+        or (
+            rollout.state == RolloutState.PAUSED.value
+            and rollout.paused_from == RolloutState.STEPPING.value
+        ),
         "can_abort": rollout.state in _ABORTABLE,
     }

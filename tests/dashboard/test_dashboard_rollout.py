@@ -162,3 +162,23 @@ def test_an_abort_without_a_rollout_named_is_a_400_with_nothing_changed(operator
     assert response.status_code == 400
     assert "name the rollout" in response.json()["error"]["message"]
     assert Rollout.objects.get(pk=stepping.pk).state == "stepping"
+
+
+def test_promote_early_starts_the_promotion_through_the_service(operator, stepping):
+    html = operator.get("/fleets/demo/live/").content.decode()
+    assert "/actions/rollout-promote/" in html
+    done = operator.post(
+        "/fleets/demo/actions/rollout-promote/",
+        {"target": str(stepping.id), "confirm": "on"},
+        HTTP_ACCEPT="application/json",
+    )
+    assert done.status_code == 200
+    assert Rollout.objects.get(pk=stepping.pk).state == "promoting"
+    # Past the answer checks only: a second time is the service's 409, nothing changed.
+    again = operator.post(
+        "/fleets/demo/actions/rollout-promote/",
+        {"target": str(stepping.id), "confirm": "on"},
+        HTTP_ACCEPT="application/json",
+    )
+    assert again.status_code == 409
+    assert Rollout.objects.get(pk=stepping.pk).state == "promoting"
