@@ -240,9 +240,11 @@ async def forward(
                     route = pick(snapshot, model)
                 else:
                     stable = snapshot.routes.get(model)
-                    route = split.choose(splitting, stable, headers, exchange) or pick(
-                        snapshot, model
+                    exchange.rollout = splitting.split.rollout_id
+                    exchange.arm, chosen = split.choose(
+                        splitting, stable, headers, avoid_candidate=exchange.avoid_candidate
                     )
+                    route = chosen or pick(snapshot, model)
             except errors.ProxyError as err:
                 if err.code != ErrorCode.MODEL_UNAVAILABLE:
                     raise

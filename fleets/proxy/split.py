@@ -24,7 +24,6 @@ from fleets.core.arm_stats import Arm
 from fleets.core.route_split import Split, to_candidate
 
 if TYPE_CHECKING:
-    from fleets.proxy.handler import Exchange
     from fleets.proxy.snapshots import Route, SplitRoute
 
 # A sticky header's value is client-chosen: only this much of it keys the hash.
@@ -48,22 +47,23 @@ def sticky_key(split: Split, headers: dict[bytes, bytes]) -> str | None:
 
 
 def choose(
-    split: SplitRoute, stable: Route | None, headers: dict[bytes, bytes], exchange: Exchange
-) -> Route | None:
-    """The candidate's route when this request goes to the candidate arm, else None (the
-    stable arm: the caller picks the active's route as for any model). Notes the arm and the
-    rollout on `exchange` for the per-arm stats."""
-    exchange.rollout = split.split.rollout_id
+    split: SplitRoute,
+    stable: Route | None,
+    headers: dict[bytes, bytes],
+    *,
+    avoid_candidate: bool,
+) -> tuple[Arm, Route | None]:
+    """The arm this request goes to, with the candidate's route when it is the candidate
+    (None for the stable arm: the caller picks the active's route as for any model).
+    `avoid_candidate`: the candidate already failed this request (it is retried on stable)."""
     candidate = split.candidate
     # Weight 0 is a decision (a gate's rollback, an operator's pin), not an empty share: the
     # candidate then takes nothing, even while the stable arm cannot serve.
     if (
         candidate is not None
         and split.split.weight_permille > 0
-        and not exchange.avoid_candidate
+        and not avoid_candidate
         and (stable is None or to_candidate(split.split, sticky_key(split.split, headers)))
     ):
-        exchange.arm = Arm.CANDIDATE
-        return candidate
-    exchange.arm = Arm.STABLE
-    return None
+        return Arm.CANDIDATE, candidate
+    return Arm.STABLE, None

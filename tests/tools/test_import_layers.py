@@ -98,6 +98,8 @@ PROXY_MAY_IMPORT = {
     "fleets.metrics.requests",
     "fleets.base.continuation_series",  # the stream-continuation series' names
     "fleets.metrics.continuations",  # the stream-continuation series
+    "fleets.metrics.arms",  # a split's per-arm series
+    "fleets.services.arm_samples",  # the per-arm samples' one write a second (the gates' input)
     "common.wire.bounded_json",
     "common.wire",
     "common.private_apis",  # the drain's hold on uvicorn's server and worker processes
