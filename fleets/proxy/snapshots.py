@@ -166,6 +166,18 @@ def upstream_targets(serving_url: str) -> dict[str, Target]:
     }
 
 
+def _model_view(b: store.BindingRow) -> ModelView:
+    """The binding as the routability rule reads it (the active's and a candidate's alike)."""
+    return ModelView(
+        name=b.name,
+        serving_url=b.serving_url,
+        slot_id=b.slot_id,
+        gpu_index=b.gpu_index,
+        slot_state=b.slot_state,
+        health=b.health,
+    )
+
+
 def snapshot_build(rows: store.SnapshotRows, loaded_at: float) -> Snapshot:
     """Turn store rows into a snapshot, or raise Malformed."""
     pointer = rows.pointer
@@ -180,14 +192,7 @@ def snapshot_build(rows: store.SnapshotRows, loaded_at: float) -> Snapshot:
             if b.slot_kind != SlotKind.INFERENCE or b.slot_domain_id != pointer.active_domain_id:
                 raise Malformed(f"model {b.name!r} is bound to a slot that cannot serve it")
             targets = upstream_targets(b.serving_url)
-            model = ModelView(
-                name=b.name,
-                serving_url=b.serving_url,
-                slot_id=b.slot_id,
-                gpu_index=b.gpu_index,
-                slot_state=b.slot_state,
-                health=b.health,
-            )
+            model = _model_view(b)
             if is_model_routable(domain, model):
                 routes[b.name] = Route(
                     model=b.name,
@@ -264,14 +269,7 @@ def _split_route(
         raise SplitInvalid("the candidate binding is on a slot that cannot serve it")
     targets = upstream_targets(b.serving_url)
     domain = DomainView(id=row.domain_id, slug="", state=row.domain_state)
-    model = ModelView(
-        name=b.name,
-        serving_url=b.serving_url,
-        slot_id=b.slot_id,
-        gpu_index=b.gpu_index,
-        slot_state=b.slot_state,
-        health=b.health,
-    )
+    model = _model_view(b)
     if not is_model_routable(domain, model):
         why = f"domain {row.domain_state}, slot {b.slot_state}, server {b.health}"
         return SplitRoute(split, None, why)
