@@ -15,6 +15,7 @@ from django.db import models
 from django.db.models import Q
 
 from fleets.core.access import TokenScope
+from fleets.core.adapters import AdapterVersionState, CopyState
 from fleets.core.arm_stats import Arm
 from fleets.core.model_health import ServerHealth
 from fleets.core.rollout import IN_FLIGHT_ROLLOUT_STATES, RolloutState
@@ -75,6 +76,12 @@ class Fleet(models.Model):
     # candidate domain (fleets/core/route_split.py): moved only with route_revision, by
     # services.route_splits, and cleared by every pointer move.
     route_splits = models.JSONField(default=dict, blank=True, editable=False)
+    # Per adapter name, the version its requests get and, during an adapter rollout, the
+    # candidate's share (fleets/core/adapter_route.py): moved only with route_revision, by
+    # services.adapter_routes; a pointer move keeps them (the standby holds the same versions).
+    adapter_routes = models.JSONField(
+        default=dict, blank=True, editable=False, db_default={}
+    )
     # When the reconciler last reported "the active is lost and no standby can take over"
     # (null while the fleet is fine): the report is rate-limited across every process ticking
     # this fleet by a guarded update of this column (services/escalation.py).
@@ -694,3 +701,102 @@ class Rollout(models.Model):
 
     def __str__(self) -> str:
         return f"rollout {self.model} {self.id} ({self.state})"
+
+
+class AdapterVersion(models.Model):
+    """One immutable version of a LoRA adapter a trainer produced (fleets/core/adapters.py).
+
+    Registered by `services.adapters` from the manifest a trainer wrote
+    (common/adapter_manifest.py); never edited after, except its `state` (retention, a refusal)
+    by a guarded update. `version` counts up per fleet and adapter name and is never reused:
+    the row of a retired version stays. The database holds: one (fleet, name, version), one
+    digest per fleet and name.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    fleet = models.ForeignKey(Fleet, on_delete=models.CASCADE, related_name="adapter_versions")
+    # The adapter's name: what clients send as `model` (common.adapter_manifest.name_valid).
+    name = models.CharField(max_length=100)
+    version = models.PositiveIntegerField()
+    # The served model (a binding's name) it was trained for, and that model's digest.
+    base_model = models.CharField(max_length=200)
+    base_model_digest = models.CharField(max_length=80, blank=True, default="")
+    # `sha256:<hex>` over its files (common.adapter_manifest.adapter_digest), and their size.
+    digest = models.CharField(max_length=71)
+    size_bytes = models.BigIntegerField()
+    # The manifest as the trainer wrote it (files, rank, target modules, eval answers,
+    # training facts): the golden answers of the first probe come from here.
+    manifest = models.JSONField()
+    # Where it was trained: the domain and the checkpoint directory's name there.
+    source_domain = models.ForeignKey(
+        "Domain", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    checkpoint = models.CharField(max_length=200, blank=True, default="")
+    # When the trainer completed it (from the manifest), and when Haru registered it.
+    completed_at = models.DateTimeField()
+    registered_at = models.DateTimeField()
+    # When a user first got a token from it (the freshness figure's end), null until then.
+    first_served_at = models.DateTimeField(null=True, blank=True)
+    state = models.CharField(
+        max_length=16,
+        choices=_choices(AdapterVersionState),
+        default=AdapterVersionState.REGISTERED.value,
+    )
+    why = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["fleet", "name", "-version"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["fleet", "name", "version"], name="adapter_version_unique"
+            ),
+            models.UniqueConstraint(
+                fields=["fleet", "name", "digest"], name="adapter_digest_unique"
+            ),
+            models.CheckConstraint(condition=Q(version__gte=1), name="adapter_version_positive"),
+            models.CheckConstraint(
+                condition=Q(state__in=[s.value for s in AdapterVersionState]),
+                name="adapter_version_state_valid",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name}@v{self.version}"
+
+
+class AdapterCopy(models.Model):
+    """One adapter version's copy on one domain: transferred, stored, loaded, probed.
+
+    Moved only by `services.adapters` (a compare-and-swap on `version_token`), from what the
+    reconciler saw the domain's supervisor do; the proxy routes an adapter version only to a
+    domain whose copy is `probed`.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    adapter = models.ForeignKey(AdapterVersion, on_delete=models.CASCADE, related_name="copies")
+    domain = models.ForeignKey("Domain", on_delete=models.CASCADE, related_name="adapter_copies")
+    state = models.CharField(
+        max_length=16, choices=_choices(CopyState), default=CopyState.ABSENT.value
+    )
+    # Bytes the domain's store holds of it (a transfer resumes from here).
+    bytes_stored = models.BigIntegerField(default=0)
+    # The answers its first passing probe gave (prompt -> answer): later probes compare to these.
+    baseline = models.JSONField(default=dict, blank=True)
+    loaded_at = models.DateTimeField(null=True, blank=True)
+    probed_at = models.DateTimeField(null=True, blank=True)
+    why = models.TextField(blank=True, default="")
+    version_token = models.PositiveIntegerField(default=1)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["adapter", "domain"]
+        constraints = [
+            models.UniqueConstraint(fields=["adapter", "domain"], name="adapter_copy_unique"),
+            models.CheckConstraint(
+                condition=Q(state__in=[s.value for s in CopyState]),
+                name="adapter_copy_state_valid",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.adapter} on {self.domain_id} ({self.state})"

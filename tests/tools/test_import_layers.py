@@ -72,8 +72,10 @@ SUPERVISOR_DOORS = {
 # What the pure core may import beyond itself and the standard library.
 # (common.wire.codec: the dataclass <-> camelCase JSON codec, standard library only;
 # common.tls_pin: a certificate's SHA-256 pin, common.loopback: whether an address is loopback,
-# both standard library only.)
+# both standard library only; common.adapter_manifest: the trainer's manifest and an adapter
+# version's engine name, standard library only.)
 CORE_MAY_IMPORT = {
+    "common.adapter_manifest",
     "common.limits",
     "common.documents",
     "common.strict_json",
