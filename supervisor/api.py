@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -12,12 +13,13 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from common.limits import MAX_MS
 from common.wire import bounded_json, contract
 from common.wire.shape import compact
+from supervisor.adapters import AdapterRefused, check_file_name, check_id
 from supervisor.auth import BearerAuth
 from supervisor.errors import ApiError, error_body
 from supervisor.gpu.facts import GpuQueryFailed, GpuUnavailable
@@ -201,6 +203,138 @@ async def model_swap(request: Request) -> JSONResponse:
     return wire(result, 202)
 
 
+# -- LoRA adapters (docs/adapters.md, "The supervisor's adapter API") -------------------------
+
+# How much of a chunk is gathered before one write (off the event loop), and read per file read.
+WRITE_BLOCK_BYTES = 1024 * 1024
+READ_BLOCK_BYTES = 1024 * 1024
+
+
+async def adapters_list(request: Request) -> JSONResponse:
+    return wire(await host_of(request).adapters())
+
+
+def _range_start(header: str | None, size: int) -> int | None:
+    """`bytes=N-` -> N; None without the header; ApiError 416 for any other form, or N past
+    the end (N equal to the size of an empty file is fine: nothing is left)."""
+    if header is None:
+        return None
+    unit, _, spec = header.strip().partition("=")
+    first, dash, last = spec.partition("-")
+    if unit != "bytes" or not dash or last or not first.isdigit() or int(first) > size:
+        raise ApiError(
+            416,
+            "range_not_satisfiable",
+            f"only Range: bytes=N- with N at most {size} is served",
+            details={"bytes": size},
+        )
+    return int(first)
+
+
+async def adapter_file_get(request: Request) -> StreamingResponse:
+    """A stored adapter's file, streamed; `Range: bytes=N-` answers 206 from byte N (a copy
+    that was cut off continues where it stopped)."""
+    path = host_of(request).adapter_file(request.path_params["id"], request.path_params["path"])
+    size = (await asyncio.to_thread(path.stat)).st_size
+    start = _range_start(request.headers.get("range"), size)
+
+    async def chunks() -> AsyncIterator[bytes]:
+        f = await asyncio.to_thread(open, path, "rb")
+        try:
+            await asyncio.to_thread(f.seek, start or 0)
+            while block := await asyncio.to_thread(f.read, READ_BLOCK_BYTES):
+                yield block
+        finally:
+            await asyncio.to_thread(f.close)
+
+    headers = {"content-length": str(size - (start or 0)), "accept-ranges": "bytes"}
+    if start is not None:
+        headers["content-range"] = f"bytes {start}-{max(size - 1, start)}/{size}"
+    return StreamingResponse(
+        chunks(),
+        status_code=206 if start is not None else 200,
+        media_type="application/octet-stream",
+        headers=headers,
+    )
+
+
+async def adapter_file_put(request: Request) -> JSONResponse:
+    """Append the body at `?offset=N` of the incoming copy's file, streamed to disk in blocks
+    (never the whole chunk in memory). The edge has already capped the body at
+    HARU_SUPERVISOR_ADAPTER_CHUNK_BYTES; this checks it again (a direct ASGI caller), and the
+    adapter's total before each block is written."""
+    host = host_of(request)
+    adapter_id = check_id(request.path_params["id"])
+    name = check_file_name(request.path_params["path"])
+    raw = request.query_params.get("offset", "")
+    if not raw.isdigit() or len(raw) > 15:
+        raise ApiError(400, "invalid_request", "offset: must be a non-negative integer")
+    offset = int(raw)
+    cap = host.deps.adapters.chunk_bytes
+    too_big = ApiError(
+        413,
+        "payload_too_large",
+        f"a chunk exceeds HARU_SUPERVISOR_ADAPTER_CHUNK_BYTES ({cap} bytes)",
+    )
+    declared_raw = request.headers.get("content-length", "")
+    declared = int(declared_raw) if declared_raw.isdigit() else None
+    if declared is not None and declared > cap:
+        raise too_big
+    store = host.adapter_store_required()
+    async with host.adapter_transfer(adapter_id, name):
+        target = await asyncio.to_thread(store.begin_chunk, adapter_id, name, offset, declared)
+        f = await asyncio.to_thread(open, target, "ab")
+        try:
+            received = 0
+            block: list[bytes] = []
+            held = 0
+            async for piece in request.stream():
+                received += len(piece)
+                if received > cap:
+                    raise too_big
+                block.append(piece)
+                held += len(piece)
+                if held >= WRITE_BLOCK_BYTES:
+                    await _write_block(store, f, adapter_id, name, block)
+                    block, held = [], 0
+            if block:
+                await _write_block(store, f, adapter_id, name, block)
+        finally:
+            await asyncio.to_thread(f.close)
+        size = store.incoming_size(adapter_id, name)
+    return wire({"id": adapter_id, "path": name, "bytes": size})
+
+
+async def _write_block(store: Any, f: Any, adapter_id: str, name: str, block: list[bytes]) -> None:
+    data = b"".join(block)
+    await asyncio.to_thread(f.flush)
+    await asyncio.to_thread(store.check_room, adapter_id, name, len(data))
+    await asyncio.to_thread(f.write, data)
+
+
+async def adapter_commit(request: Request) -> JSONResponse:
+    body = await read_body(request)
+    return wire(await host_of(request).adapter_commit(request.path_params["id"], body["digest"]))
+
+
+async def adapter_load(request: Request) -> JSONResponse:
+    body = await read_body(request)
+    if "id" not in body:
+        raise ApiError(400, "invalid_request", "id: is required to load an adapter")
+    return wire(await host_of(request).adapter_load(body["model"], body["name"], body["id"]))
+
+
+async def adapter_unload(request: Request) -> JSONResponse:
+    body = await read_body(request)
+    return wire(await host_of(request).adapter_unload(body["model"], body["name"]))
+
+
+async def adapter_delete(request: Request) -> JSONResponse:
+    adapter_id = request.path_params["id"]
+    await host_of(request).adapter_delete(adapter_id)
+    return wire({"id": adapter_id, "deleted": True})
+
+
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
     return JSONResponse(exc.body(), status_code=exc.status)
@@ -232,6 +366,8 @@ async def _domain_error(request: Request, exc: Exception) -> JSONResponse:
         err = ApiError(503, "shutting_down", str(exc))
     elif isinstance(exc, SwapRefused):
         err = ApiError(exc.status, exc.code, str(exc))
+    elif isinstance(exc, AdapterRefused):
+        err = ApiError(exc.status, exc.code, str(exc), details=exc.details)
     elif isinstance(exc, TrainingBusy):
         err = ApiError(409, "training_stopping", str(exc))
     elif isinstance(exc, SpawnFailed):
@@ -258,6 +394,13 @@ ROUTES = [
     Route("/v1/gpu/memory", gpu_memory, methods=["GET"]),
     Route("/v1/probe", probe, methods=["POST"]),
     Route("/v1/models/swap", model_swap, methods=["POST"]),
+    Route("/v1/adapters", adapters_list, methods=["GET"]),
+    Route("/v1/adapters/load", adapter_load, methods=["POST"]),
+    Route("/v1/adapters/unload", adapter_unload, methods=["POST"]),
+    Route("/v1/adapters/{id}/files/{path}", adapter_file_get, methods=["GET"]),
+    Route("/v1/adapters/{id}/files/{path}", adapter_file_put, methods=["PUT"]),
+    Route("/v1/adapters/{id}/commit", adapter_commit, methods=["POST"]),
+    Route("/v1/adapters/{id}", adapter_delete, methods=["DELETE"]),
 ]
 
 
@@ -282,6 +425,7 @@ def create_app(host: Host, *, token: str | None, manage_host: bool = True) -> St
         InsufficientGpuMemory: _domain_error,
         ShuttingDown: _domain_error,
         SwapRefused: _domain_error,
+        AdapterRefused: _domain_error,
         TrainingBusy: _domain_error,
         SpawnFailed: _domain_error,
         GpuUnavailable: _domain_error,

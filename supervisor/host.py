@@ -7,10 +7,11 @@ failures are raised as the domain exceptions below and mapped to HTTP in `api.py
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,9 @@ import httpx
 
 from common.strict_json import ConfigError
 from common.wire.shape import FEATURES
+from supervisor.adapters import AdapterRefused, AdapterStore, check_id
 from supervisor.adoption import adopt_children
-from supervisor.clock import Clock, SystemClock
+from supervisor.clock import Clock, SystemClock, iso_utc
 from supervisor.config import (
     InferenceSlotConfig,
     ModelConfig,
@@ -37,8 +39,9 @@ from supervisor.managed import ManagedProcess, tcp_port_in_use
 from supervisor.model_servers import ModelServer, SleepReading
 from supervisor.probe import engine_version, probe_model
 from supervisor.processes import AsyncioSpawner, Spawner
-from supervisor.records import StateDir, SwapRecord
+from supervisor.records import MAX_WANTED_ADAPTERS, AdapterLoads, StateDir, SwapRecord
 from supervisor.secrets import SecretUnavailable
+from supervisor.settings import AdapterLimits
 from supervisor.swaps import (
     DEFAULT_START_TIMEOUT_S,
     FAILED,
@@ -116,6 +119,8 @@ class HostDeps:
     port_in_use: Callable[[int], Awaitable[bool]] = tcp_port_in_use
     # Where started processes are recorded for adoption after a crash; None: not recorded.
     state: StateDir | None = None
+    # The adapter store's bounds (supervisor/adapters.py); it lives in the state dir.
+    adapters: AdapterLimits = field(default_factory=AdapterLimits)
 
 
 def default_http_client() -> httpx.AsyncClient:
@@ -160,6 +165,28 @@ class Host:
             for slot in config.training_slots
         ]
         self._orphans: set[asyncio.Task[None]] = set()
+        # LoRA adapters (docs/adapters.md): the store, the adapters each model's server should
+        # have loaded (engine name -> store id; kept in the state dir), and what each engine
+        # last said it has loaded (its /v1/models), for the status report.
+        state_path = deps.state.path if deps.state is not None else None
+        self.adapter_store = (
+            AdapterStore(
+                state_path / "adapters",
+                checkpoint_dirs=[s.checkpoint_dir for s in config.training_slots],
+                max_store_bytes=deps.adapters.store_bytes,
+                max_adapter_bytes=deps.adapters.max_bytes,
+                now=lambda: iso_utc(self.clock.wall()),
+            )
+            if state_path is not None
+            else None
+        )
+        self._adapter_loads = AdapterLoads(state_path)
+        self._wanted: dict[str, dict[str, str]] = self._adapter_loads.load()
+        self._engine_adapters: dict[str, list[str]] = {}
+        self._adapter_locks: dict[str, asyncio.Lock] = {}
+        self._transfers: set[tuple[str, str]] = set()
+        for model in self.models:
+            model.after_start = self._reload_adapters
 
     @property
     def http(self) -> httpx.AsyncClient:
@@ -179,6 +206,10 @@ class Host:
             self._orphans.update(adopt_children(self, self.deps.state))
         for model in self.models:
             if model.managed is not None:
+                if model.managed.adopted and self._wanted.get(model.name):
+                    # An adopted server kept what it had loaded; loading again is idempotent
+                    # and covers one that restarted while no supervisor watched it.
+                    model.schedule_after_start(lambda: self.http)
                 model.managed.start()
 
     def begin_shutdown(self) -> None:
@@ -302,6 +333,12 @@ class Host:
         if swap is not None:
             # Additive: readers that do not know it (the original) see no change.
             entry["swap"] = swap.describe()
+        wanted = self._wanted.get(model.name)
+        loaded = self._engine_adapters.get(model.name)
+        if wanted or loaded:
+            # Cheap: what is wanted, and what the engine said at its last load, unload, wake,
+            # restart or adapter listing; no engine call and no file read here.
+            entry["adapters"] = {"wanted": sorted(wanted or ()), "loaded": list(loaded or ())}
         return entry
 
     async def readiness(self) -> tuple[bool, bool, list[str]]:
@@ -390,8 +427,14 @@ class Host:
         return await self._fan_out("sleep", gpu_index, sleeps=tasks)
 
     async def wake(self, gpu_index: int | None) -> dict[str, Any]:
-        await self._check_room_to_wake(self._targets(gpu_index))
-        return await self._fan_out("wake", gpu_index)
+        targets = self._targets(gpu_index)
+        await self._check_room_to_wake(targets)
+        result = await self._fan_out("wake", gpu_index)
+        # Before answering: the control plane probes every adapter right after the wake.
+        await asyncio.gather(
+            *(self._reload_adapters(m) for m in targets if self._wanted.get(m.name))
+        )
+        return result
 
     async def _check_room_to_wake(self, targets: list[ModelServer]) -> None:
         """Refuse a wake whose sleeping servers would not fit in the GPUs' free memory.
@@ -921,6 +964,7 @@ class Host:
         server = ModelServer(
             model, adapter, clock=self.clock, launch=launch, environ=self.deps.environ
         )
+        server.after_start = self._reload_adapters
         server.managed = ManagedProcess(
             model.name,
             launch,
@@ -932,3 +976,158 @@ class Host:
             records=self.deps.state,
         )
         return server
+
+    # -- LoRA adapters (docs/adapters.md) ----------------------------------------------------
+
+    def _store(self) -> AdapterStore:
+        if self.adapter_store is None:
+            raise AdapterRefused(503, "adapters_unavailable", "this supervisor has no state dir")
+        return self.adapter_store
+
+    def adapter_store_required(self) -> AdapterStore:
+        return self._store()
+
+    @contextlib.asynccontextmanager
+    async def adapter_transfer(self, adapter_id: str, path: str) -> AsyncIterator[None]:
+        """One PUT at a time per incoming file: a second one, while the first still appends,
+        would check its offset against a size about to change (409 `transfer_busy`)."""
+        key = (adapter_id, path)
+        if key in self._transfers:
+            raise AdapterRefused(
+                409,
+                "transfer_busy",
+                f"{path} of adapter {adapter_id} is being written by another PUT",
+            )
+        self._transfers.add(key)
+        try:
+            yield
+        finally:
+            self._transfers.discard(key)
+
+    async def adapters(self) -> dict[str, Any]:
+        """The store (completed checkpoints imported first), and what each engine has loaded."""
+        listing = await asyncio.to_thread(self._store().listing)
+        loaded: list[dict[str, Any]] = []
+        servers = [m for m in self.models if m.serves_http and m.adapter.lora is not None]
+        truths = await asyncio.gather(*(self._read_engine_adapters(m) for m in servers))
+        for model, names in zip(servers, truths, strict=True):
+            wanted = self._wanted.get(model.name, {})
+            loaded += [{"model": model.name, "name": n, "id": wanted.get(n)} for n in names]
+        return {**listing, "loaded": loaded}
+
+    def adapter_file(self, adapter_id: str, path: str) -> Path:
+        return self._store().file_path(adapter_id, path)
+
+    async def adapter_commit(self, adapter_id: str, digest: str) -> dict[str, Any]:
+        stored = await asyncio.to_thread(self._store().commit, adapter_id, digest)
+        return {"id": stored.id, "digest": stored.manifest.digest, "bytes": stored.manifest.bytes}
+
+    async def adapter_delete(self, adapter_id: str) -> None:
+        loaded = {i for wanted in self._wanted.values() for i in wanted.values()}
+        await asyncio.to_thread(self._store().delete, adapter_id, loaded)
+
+    def _lora_server(self, model_name: str) -> ModelServer:
+        model = self._model_named(model_name)
+        if model.adapter.lora is None:
+            raise AdapterRefused(
+                400,
+                "lora_unsupported",
+                f"model {model_name} runs on {model.config.engine}, which cannot load LoRA "
+                "adapters at runtime",
+            )
+        if not model.serves_http:
+            raise AdapterRefused(400, "invalid_request", f"model {model_name} serves no HTTP here")
+        return model
+
+    def _lock_for(self, model: str) -> asyncio.Lock:
+        return self._adapter_locks.setdefault(model, asyncio.Lock())
+
+    async def adapter_load(self, model_name: str, name: str, adapter_id: str) -> dict[str, Any]:
+        """Remember `name` -> stored `id` for the model, and load it now unless its server
+        sleeps (then at the wake, before the wake answers)."""
+        if self.shutting_down:
+            raise ShuttingDown("the supervisor is shutting down")
+        model = self._lora_server(model_name)
+        check_id(adapter_id)
+        directory = await asyncio.to_thread(self._store().directory, adapter_id)
+        async with self._lock_for(model_name):
+            wanted = dict(self._wanted.get(model_name, {}))
+            if wanted.get(name, adapter_id) != adapter_id:
+                raise AdapterRefused(
+                    409,
+                    "name_taken",
+                    f"{name} is loaded on {model_name} from adapter {wanted[name]}; an engine "
+                    "name always means the same weights: unload it first",
+                )
+            if name not in wanted and len(wanted) >= MAX_WANTED_ADAPTERS:
+                raise AdapterRefused(
+                    409, "too_many_adapters", f"{model_name} has {len(wanted)} adapters loaded"
+                )
+            wanted[name] = adapter_id
+            reading = await model.read_sleeping(self.http)
+            if reading.sleeping is not False:
+                self._remember_wanted(model_name, wanted)
+                pending = "wake" if reading.sleeping else "start"
+                return {"model": model_name, "name": name, "loaded": False, "pending": pending}
+            try:
+                await model.load_adapter(self.http, name, str(directory))
+            except (ControlError, SecretUnavailable) as exc:
+                raise ModelFailures(
+                    "adapter_load", [{"model": model_name, "error": str(exc)}]
+                ) from exc
+            self._remember_wanted(model_name, wanted)
+            await self._read_engine_adapters(model)
+        return {"model": model_name, "name": name, "loaded": True}
+
+    async def adapter_unload(self, model_name: str, name: str) -> dict[str, Any]:
+        """Forget `name` for the model and unload it from its server when it runs."""
+        model = self._lora_server(model_name)
+        async with self._lock_for(model_name):
+            wanted = dict(self._wanted.get(model_name, {}))
+            wanted.pop(name, None)
+            self._remember_wanted(model_name, wanted)
+            if model.managed is None or model.managed.running:
+                try:
+                    await model.unload_adapter(self.http, name)
+                except (ControlError, SecretUnavailable) as exc:
+                    raise ModelFailures(
+                        "adapter_unload", [{"model": model_name, "error": str(exc)}]
+                    ) from exc
+                await self._read_engine_adapters(model)
+        return {"model": model_name, "name": name, "loaded": False}
+
+    def _remember_wanted(self, model: str, wanted: dict[str, str]) -> None:
+        if wanted:
+            self._wanted[model] = wanted
+        else:
+            self._wanted.pop(model, None)
+        self._adapter_loads.save(model, wanted)
+
+    async def _reload_adapters(self, model: ModelServer) -> None:
+        """Load every wanted adapter on the model's (woken or restarted) server; failures are
+        logged, and the status report's `adapters` shows what the engine really holds."""
+        wanted = dict(self._wanted.get(model.name, {}))
+        if not wanted or model.adapter.lora is None or self.adapter_store is None:
+            return
+        store = self.adapter_store
+        async with self._lock_for(model.name):
+            for name, adapter_id in wanted.items():
+                try:
+                    directory = await asyncio.to_thread(store.directory, adapter_id)
+                    await model.load_adapter(self.http, name, str(directory))
+                except (AdapterRefused, ControlError, SecretUnavailable) as exc:
+                    log.error("%s: could not load adapter %s again: %s", model.name, name, exc)
+            await self._read_engine_adapters(model)
+        log.info("%s: adapters loaded again: %s", model.name, ", ".join(sorted(wanted)))
+
+    async def _read_engine_adapters(self, model: ModelServer) -> list[str]:
+        """What the engine lists (its /v1/models); remembered for the status report. Empty
+        when it cannot say (asleep, stopped, unreachable)."""
+        names: list[str] = []
+        if model.managed is None or model.managed.running:
+            try:
+                names = await model.loaded_adapters(self.http)
+            except (ControlError, SecretUnavailable) as exc:
+                log.debug("%s: adapters unknown: %s", model.name, exc)
+        self._engine_adapters[model.name] = names
+        return names

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,6 +91,9 @@ class ModelServer:
         self._version_pid: int | None = None
         self._version_read_at: float | None = None
         self._version_task: asyncio.Task[None] | None = None
+        # Run once a (re)started process answers its health check and is meant to be awake:
+        # the host loads the model's wanted LoRA adapters again (a new process has none).
+        self.after_start: Callable[[ModelServer], Awaitable[None]] | None = None
 
     def auth_headers(self) -> dict[str, str]:
         """The server's own API key as a bearer header (none configured: no header).
@@ -242,11 +245,44 @@ class ModelServer:
         self.managed.adopt(proc, record)
 
     def on_process_started(self, http_getter: Any) -> None:
-        """Put a restarted server back to sleep if that is what was last asked for."""
+        """Put a restarted server back to sleep if that is what was last asked for; else, once
+        healthy, give it what `after_start` adds (its adapters)."""
         if self.want_asleep and self.mode != "stop":
             task = asyncio.get_running_loop().create_task(self._resleep(http_getter()))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+        else:
+            self.schedule_after_start(http_getter)
+
+    def schedule_after_start(self, http_getter: Any) -> None:
+        if self.after_start is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._after_start(http_getter()))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _after_start(self, http: httpx.AsyncClient) -> None:
+        try:
+            await self._wait_healthy(http, COLD_START_TIMEOUT_S)
+        except ControlError as exc:
+            log.error("%s: not healthy after its start, adapters not loaded: %s", self.name, exc)
+            return
+        if self.after_start is not None and not self.want_asleep:
+            await self.after_start(self)
+
+    # LoRA adapters (supervisor/engines/lora.py); ControlError when the engine refuses.
+
+    async def load_adapter(self, http: httpx.AsyncClient, name: str, path: str) -> None:
+        assert self.adapter.lora is not None
+        await self.adapter.lora.load(http, self.port, name, path, self.auth_headers())
+
+    async def unload_adapter(self, http: httpx.AsyncClient, name: str) -> None:
+        assert self.adapter.lora is not None
+        await self.adapter.lora.unload(http, self.port, name, self.auth_headers())
+
+    async def loaded_adapters(self, http: httpx.AsyncClient) -> list[str]:
+        assert self.adapter.lora is not None
+        return await self.adapter.lora.loaded(http, self.port, self.auth_headers())
 
     async def close(self) -> None:
         """Cancel background work (shutdown)."""

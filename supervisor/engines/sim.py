@@ -5,15 +5,17 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 
-from supervisor.engines.adapter import EngineAdapter
+from supervisor.engines.adapter import EngineAdapter, lora_args
 from supervisor.engines.control import VllmControl
 from supervisor.engines.launch import LaunchCommand, LaunchContext, finish, listen_args, problem
+from supervisor.engines.lora import VllmLora
 from supervisor.engines.profile import EngineProfile, GpuSpec
 
 
 class SimAdapter(EngineAdapter):
     name = "sim"
     control = VllmControl()
+    lora = VllmLora()
     needs_model_path = False
     owned_flags = ("--host", "--port", "--model", "--gpu-index")
     quantization_flags = ()
@@ -36,5 +38,8 @@ class SimAdapter(EngineAdapter):
             "--gpu-index",
             str(profile.gpu_indices[0]),
         ]
+        # The same flags and variable as vLLM's (the simulator's CLI takes them).
+        lora_argv, lora_env = lora_args(profile)
+        argv += lora_argv
         argv += profile.extra_args
-        return finish(profile, ctx, argv, {})
+        return finish(profile, ctx, argv, lora_env)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from supervisor.engines.adapter import EngineAdapter
+from supervisor.engines.adapter import EngineAdapter, lora_args
 from supervisor.engines.control import VllmControl
 from supervisor.engines.launch import LaunchCommand, LaunchContext, finish, listen_args, tuning_args
+from supervisor.engines.lora import VllmLora
 from supervisor.engines.profile import EngineProfile
 
 API_SERVER = "vllm.entrypoints.openai.api_server"
@@ -13,6 +14,7 @@ API_SERVER = "vllm.entrypoints.openai.api_server"
 class VllmAdapter(EngineAdapter):
     name = "vllm"
     control = VllmControl()
+    lora = VllmLora()
     owned_flags = (
         "--host",
         "--port",
@@ -71,6 +73,8 @@ class VllmAdapter(EngineAdapter):
             ]
             if not profile.is_leader:
                 argv.append("--headless")
+        lora_argv, lora_env = lora_args(profile)
+        argv += lora_argv
         argv += profile.extra_args
         # The sleep/wake endpoints exist only in dev mode; they stay on loopback.
-        return finish(profile, ctx, argv, {"VLLM_SERVER_DEV_MODE": "1"})
+        return finish(profile, ctx, argv, {"VLLM_SERVER_DEV_MODE": "1", **lora_env})
