@@ -26,6 +26,7 @@ PATH_PARAMETERS = {
     "operation_id": "The operation's id (UUID), as the promote, demote or drill answer gave it.",
     "rollout_id": "The rollout's id (UUID), as the answer that started it gave it.",
     "action": "What to do to the rollout: pause, resume, promote (early) or abort.",
+    "name": "An adapter's name, as clients send it as `model` (`support-bot`).",
 }
 
 

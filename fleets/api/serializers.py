@@ -518,3 +518,81 @@ class RolloutOut(serializers.Serializer):
 
 class RolloutListOut(serializers.Serializer):
     rollouts = RolloutOut(many=True)
+
+
+class AdapterRouteOut(serializers.Serializer):
+    """One adapter name's route (fleets/core/adapter_route.py)."""
+
+    base = serializers.CharField(help_text="The served model the adapter runs on.")
+    version = serializers.IntegerField(help_text="The version its requests get.")
+    candidate = serializers.IntegerField(
+        allow_null=True, help_text="A rollout's candidate version, taking weightPermille."
+    )
+    weightPermille = serializers.IntegerField()  # noqa: N815
+    rollout = serializers.UUIDField(allow_null=True)
+    stickyHeader = serializers.CharField(allow_blank=True)  # noqa: N815
+    pinned = serializers.BooleanField(help_text="Automatic adapter rollouts leave it alone.")
+
+
+class AdapterCopyOut(serializers.Serializer):
+    domainId = serializers.UUIDField()  # noqa: N815
+    domain = serializers.CharField()
+    state = serializers.ChoiceField(
+        ["absent", "transferring", "stored", "loaded", "probed", "failed", "removed"]
+    )
+    bytesStored = serializers.IntegerField()  # noqa: N815
+    loadedAt = serializers.DateTimeField(allow_null=True)  # noqa: N815
+    probedAt = serializers.DateTimeField(allow_null=True)  # noqa: N815
+    why = serializers.CharField(allow_blank=True)
+
+
+class AdapterVersionOut(serializers.Serializer):
+    version = serializers.IntegerField()
+    state = serializers.ChoiceField(["registered", "rejected", "retired"])
+    why = serializers.CharField(allow_blank=True)
+    digest = serializers.CharField()
+    sizeBytes = serializers.IntegerField()  # noqa: N815
+    baseModel = serializers.CharField()  # noqa: N815
+    checkpoint = serializers.CharField(allow_blank=True)
+    training = serializers.JSONField(help_text="The trainer's facts (steps, loss, ...), as sent.")
+    rank = serializers.IntegerField(allow_null=True)
+    completedAt = serializers.DateTimeField()  # noqa: N815
+    registeredAt = serializers.DateTimeField()  # noqa: N815
+    firstServedAt = serializers.DateTimeField(allow_null=True)  # noqa: N815
+    copies = AdapterCopyOut(many=True)
+
+
+class AdapterFreshnessOut(serializers.Serializer):
+    servedVersion = serializers.IntegerField(allow_null=True)  # noqa: N815
+    servedAgeS = serializers.FloatField(  # noqa: N815
+        allow_null=True, help_text="Now minus the completion of the version the route names."
+    )
+    firstServedVersion = serializers.IntegerField(allow_null=True)  # noqa: N815
+    checkpointToFirstTokenS = serializers.FloatField(  # noqa: N815
+        allow_null=True,
+        help_text="The newest served version's first token minus its completion.",
+    )
+
+
+class AdapterRolloutBriefOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    state = serializers.CharField()
+    version = serializers.IntegerField()
+    weightPermille = serializers.IntegerField()  # noqa: N815
+    why = serializers.CharField(allow_blank=True)
+
+
+class AdapterOut(serializers.Serializer):
+    name = serializers.CharField()
+    route = AdapterRouteOut(allow_null=True)
+    rollout = AdapterRolloutBriefOut(allow_null=True)
+    freshness = AdapterFreshnessOut(allow_null=True)
+    versions = AdapterVersionOut(many=True, help_text="The newest versions first (at most 20).")
+
+
+class AdapterListOut(serializers.Serializer):
+    adapters = AdapterOut(many=True)
+
+
+class AdapterPinRequest(serializers.Serializer):
+    version = serializers.IntegerField(min_value=1, help_text="The version the route must name.")

@@ -33,6 +33,10 @@ _ENDPOINTS = (
         views.RolloutActionView,
         "rollout-action",
     ),
+    ("fleets/<str:ref>/adapters", views.FleetAdaptersView, "fleet-adapters"),
+    ("fleets/<str:ref>/adapters/<str:name>", views.AdapterDetailView, "adapter-detail"),
+    ("fleets/<str:ref>/adapters/<str:name>/pin", views.AdapterPinView, "adapter-pin"),
+    ("fleets/<str:ref>/adapters/<str:name>/unpin", views.AdapterUnpinView, "adapter-unpin"),
     ("openapi.json", views.SchemaView, "openapi-schema"),
 )
 

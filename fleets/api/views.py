@@ -34,6 +34,7 @@ from fleets.core.states import OperationKind
 from fleets.models import Domain, Fleet, Operation, Rollout
 from fleets.reads import selectors, shapes
 from fleets.reads.access import visible_fleets
+from fleets.reads.adapters import adapter_get, fleet_adapters
 from fleets.reads.fleet_list import FleetStatus, parse_status, search, with_status
 from fleets.reads.readiness import fleet_readiness
 from fleets.reads.recovery import recovery_report
@@ -41,6 +42,7 @@ from fleets.reads.rollouts import DEFAULT_ROLLOUTS, MAX_ROLLOUTS, fleet_rollouts
 from fleets.reconciler.golden import record_baselines
 from fleets.reconciler.supervisor.client import client_for
 from fleets.reconciler.tick import fleet_reconcile
+from fleets.services.adapter_pins import adapter_pin, adapter_unpin
 from fleets.services.operations import operation_cancel_request, operation_request
 from fleets.services.provisioning import domain_provision_begin, domain_stop_request
 from fleets.services.rollouts import (
@@ -71,7 +73,8 @@ ERRORS = {
         401: ErrorCode.UNAUTHORIZED.value,
         403: f"{ErrorCode.FORBIDDEN.value} (no role on this fleet for the caller, or a read "
         f"token on a write) or {ErrorCode.TOKEN_SCOPE.value} (a chat token)",
-        404: f"{ErrorCode.FLEET_NOT_FOUND.value} (or {ErrorCode.ROLLOUT_NOT_FOUND.value})",
+        404: f"{ErrorCode.FLEET_NOT_FOUND.value} (or {ErrorCode.ROLLOUT_NOT_FOUND.value}, "
+        f"{ErrorCode.ADAPTER_NOT_FOUND.value})",
         409: f"{ErrorCode.OPERATION_CONFLICT.value}, {ErrorCode.PROVISION_REFUSED.value}, "
         f"{ErrorCode.OPERATION_FINISHED.value}, {ErrorCode.ROUTING_COMMITTED.value} or "
         f"{ErrorCode.ROLLOUT_CONFLICT.value}",
@@ -621,6 +624,58 @@ class RolloutActionView(HaruAPIView):
             raise NotFound(f"no rollout action {action[:32]!r}; one of {sorted(ROLLOUT_ACTIONS)}")
         rollout = act(fleet_id=fleet.id, rollout_id=rollout_id, actor=self.actor(request))
         return Response(rollout_json(rollout))
+
+
+class FleetAdaptersView(HaruAPIView):
+    @_read("listFleetAdapters", "List a fleet's adapters", s.AdapterListOut, 401, 404)
+    def get(self, request, ref: str):
+        """Every adapter name of the fleet (docs/adapters.md): its newest versions (state,
+        digest, size, training facts, the copy on each domain), its route, its rollout in
+        flight, and its freshness (`servedAgeS`: how old what users get is)."""
+        fleet = selectors.fleet_get(ref)
+        return Response({"adapters": fleet_adapters(fleet, clock.now())})
+
+
+class AdapterDetailView(HaruAPIView):
+    @_read("getAdapter", "Get one adapter of a fleet", s.AdapterOut, 401, 404)
+    def get(self, request, ref: str, name: str):
+        """One adapter name: as in the list. 404 `adapter_not_found` for a name neither the
+        registry nor a route knows."""
+        fleet = selectors.fleet_get(ref)
+        return Response(adapter_get(fleet, name, clock.now()))
+
+
+class AdapterPinView(HaruAPIView):
+    @_write(
+        "pinAdapter",
+        "Pin an adapter's route to one version",
+        s.AdapterPinRequest,
+        {200: s.AdapterRouteOut},
+        *(400, 401, 404, 409, 413, 422),
+    )
+    def post(self, request, ref: str, name: str):
+        """One route write: the adapter's requests all go to `version`, and automatic adapter
+        rollouts leave it alone until it is unpinned. 409 `rollout_conflict` while an adapter
+        rollout of this name is in flight (abort it first); 404 `adapter_not_found` for an
+        unknown name or version; 422 `invalid_target` for a version not probed on the
+        active."""
+        fleet = selectors.fleet_get(ref)
+        route = adapter_pin(fleet=fleet, name=name, body=request.data, actor=self.actor(request))
+        return Response(route.as_json())
+
+
+class AdapterUnpinView(HaruAPIView):
+    @_write(
+        "unpinAdapter",
+        "Take the pin off an adapter's route",
+        None,
+        {200: s.AdapterRouteOut},
+        *(400, 401, 404, 409, 413),
+    )
+    def post(self, request, ref: str, name: str):
+        """The route keeps its version; automatic adapter rollouts may move it again."""
+        fleet = selectors.fleet_get(ref)
+        return Response(adapter_unpin(fleet=fleet, name=name, actor=self.actor(request)).as_json())
 
 
 class _ApiDocsMixin(APIView):

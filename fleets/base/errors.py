@@ -44,6 +44,8 @@ class ErrorCode(StrEnum):
     # Rollouts (fleets/services/rollouts.py).
     ROLLOUT_NOT_FOUND = "rollout_not_found"
     ROLLOUT_CONFLICT = "rollout_conflict"
+    # Adapters (fleets/services/adapter_pins.py, the adapters' reads).
+    ADAPTER_NOT_FOUND = "adapter_not_found"
     # A layout that would write back the version a finished rollout moved a model away from.
     LAYOUT_BEHIND_ROLLOUT = "layout_behind_rollout"
     # The chat proxy (fleets/proxy/errors.py); it also answers unauthorized, invalid_request,
@@ -181,6 +183,13 @@ class InvalidRequest(ServiceError):
 
 class RolloutNotFound(ServiceError):
     code = ErrorCode.ROLLOUT_NOT_FOUND
+    status = 404
+
+
+class AdapterNotFound(ServiceError):
+    """An adapter name, or a version of it, the fleet's registry does not hold."""
+
+    code = ErrorCode.ADAPTER_NOT_FOUND
     status = 404
 
 

@@ -17,6 +17,8 @@ from functools import cache, lru_cache
 from typing import Any
 
 from common.documents import problems, strict_validator
+from fleets.core.adapter_rollout import DEFAULT_ADAPTER_STEPS, DEFAULT_PREPARE_TIMEOUT_MS
+from fleets.core.rollout import MAX_DWELL_S, MAX_STEPS, RolloutInvalid, steps_parse
 from fleets.core.states import Step, leg_step
 
 # Bounds of the keys: the limits are common/limits.py's (the supervisor enforces the same on its
@@ -316,6 +318,68 @@ class Policy:
         "server refuse connections on two checks this far apart.",
     )
 
+    # Adapter rollouts (fleets/core/adapter_rollout.py): the plan a new adapter version gets
+    # when it goes out on its own, or when a request names no steps or gates. Kept together in
+    # one block (the registry's adapter keys sit in their own).
+    adapter_rollout_auto: bool = _key(
+        True,
+        SWITCH,
+        "Start an adapter rollout on its own when a newer version of a routed adapter is "
+        "probed on the active (a pinned route is left alone; a version rolled back once is "
+        "never started again on its own).",
+        within="adapterRollout",
+    )
+    adapter_rollout_steps: tuple[Any, ...] = _key(
+        DEFAULT_ADAPTER_STEPS,
+        {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": MAX_STEPS,
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["weight"],
+                "properties": {
+                    "weight": {"type": "integer", "minimum": 1, "maximum": 100},
+                    "dwellS": {"type": "integer", "minimum": 0, "maximum": MAX_DWELL_S},
+                },
+                "x-rules": {"type": "must be an object {weight, dwellS}"},
+            },
+            "x-rules": {
+                "type": "must be a list of {weight, dwellS}",
+                "minItems": "must name at least one step",
+                "maxItems": f"at most {MAX_STEPS} steps",
+            },
+        },
+        "An adapter rollout's weight steps: percents of the adapter's requests to the new "
+        "version, strictly increasing, the last 100, each held dwellS seconds (gates passing).",
+        within="adapterRollout",
+    )
+    adapter_rollout_gates: Any = _key(
+        None,
+        {
+            "type": ["object", "null"],
+            "additionalProperties": False,
+            "properties": {
+                "maxErrorRateDelta": {"type": "number", "minimum": 0, "maximum": 1},
+                "ttftP95Ratio": {"type": "number", "minimum": 1, "maximum": 100},
+                "itlP95Ratio": {"type": "number", "minimum": 1, "maximum": 100},
+                "minSamples": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
+                "windowS": {"type": "integer", "minimum": 5, "maximum": 3600},
+            },
+            "x-rules": {"type": "must be an object of rollout gates, or null"},
+        },
+        "An adapter rollout's gates (the rollout gates' keys); null: the rollouts' defaults.",
+        within="adapterRollout",
+    )
+    adapter_rollout_prepare_timeout_ms: int = _key(
+        DEFAULT_PREPARE_TIMEOUT_MS,
+        _ms_between(60_000, 24 * 3_600_000),
+        "How long an adapter rollout waits for its version's copy on the active to be probed "
+        "before it gives up (rolled back, nothing routed).",
+        within="adapterRollout",
+    )
+
     @classmethod
     def resolve(cls, raw: Mapping[str, Any] | None) -> Policy:
         """Validate the stored operator keys and fill every unset key from `DEFAULTS`."""
@@ -375,6 +439,11 @@ def _camel(snake: str) -> str:
     return head + "".join(word.capitalize() for word in rest)
 
 
+def _snake(camel: str) -> str:
+    """`adapterRollout` -> `adapter_rollout`: a group's fields start with its snake name."""
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in camel)
+
+
 def _public_value(value: Any) -> Any:
     """A value as the public JSON holds it: a tuple (what a frozen Policy holds) is a list."""
     return list(value) if isinstance(value, tuple) else value
@@ -388,7 +457,7 @@ def _held(value: Any) -> Any:
 KEYS: tuple[PolicyKey, ...] = tuple(
     PolicyKey(
         field=f.name,
-        name=_camel(f.name.removeprefix(f"{f.metadata['within']}_")),
+        name=_camel(f.name.removeprefix(f"{_snake(f.metadata['within'])}_")),
         within=f.metadata["within"],
         default=_public_value(f.default),
         schema=f.metadata["schema"],
@@ -504,7 +573,19 @@ def validate_policy(raw: object, *, path: str = "policy") -> dict[str, Any]:
             _storable(value, f"{path}.{key.dotted}")
         into[key.name] = value
     _backoff_in_order(out, path)
+    _adapter_steps_in_order(out, path)
     return out
+
+
+def _adapter_steps_in_order(given: Mapping[str, Any], path: str) -> None:
+    """Refuse adapter steps a rollout would refuse (not increasing, the last not 100)."""
+    steps = given.get("adapterRollout", {}).get("steps")
+    if steps is None:
+        return
+    try:
+        steps_parse(steps)
+    except RolloutInvalid as exc:
+        raise PolicyError(f"{path}.adapterRollout.{exc.field}", exc.message) from None
 
 
 def _backoff_in_order(given: Mapping[str, Any], path: str) -> None:

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from fleets.base.clock import iso
+from fleets.core.adapter_rollout import is_adapter
 from fleets.core.arm_stats import Arm, ArmWindow
 from fleets.core.rollout import (
     IN_FLIGHT_ROLLOUT_STATES,
@@ -84,6 +85,14 @@ def rollout_panel(fleet: Fleet, slugs: dict[Any, str], now: datetime) -> dict[st
             "version": version_label(candidate.get("profile")),
         },
     }
+    if is_adapter(candidate):
+        # An adapter version's rollout: both arms are on the active, told apart by version.
+        route = (rollout.previous or {}).get("route") or {}
+        arms[Arm.STABLE.value]["version"] = f"{rollout.model}@v{route.get('version', '?')}"
+        arms[Arm.CANDIDATE.value].update(
+            domain=arms[Arm.STABLE.value]["domain"],
+            version=f"{rollout.model}@v{candidate.get('version', '?')}",
+        )
     verdict = reason = ""
     if rollout.state in _MEASURED and rollout.step_started_at is not None:
         since = max(rollout.step_started_at, now - timedelta(seconds=gates.window_s))

@@ -35,6 +35,7 @@ from fleets.core.states import (
 )
 from fleets.core.urls import without_userinfo
 from fleets.dashboard import chart as chart_mod
+from fleets.dashboard.adapters import adapters_panel
 from fleets.dashboard.drift import drift_status, expected_fingerprint
 from fleets.dashboard.progress import RETRY_EVENT, operation_progress, step_events
 from fleets.dashboard.proof import proof_context
@@ -553,6 +554,7 @@ def _fleet_page(fleet: Fleet, *, now: datetime) -> dict[str, Any]:
         "last_event_id": events[0]["id"] if events else 0,
         "chart": failover_chart(fleet, slugs),
         "rollout": rollout_panel(fleet, slugs, now),
+        "adapters": adapters_panel(fleet, now),
         "generated_at": iso(now),
         **proof_context(fleet, view, now),
     }

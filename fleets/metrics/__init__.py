@@ -12,6 +12,7 @@ def database_collectors() -> list:
     `scrape.read_store`, so that a scrape with the store down answers at once)."""
     # Imported here: the collectors read models, so they wait for the app registry.
     from fleets.metrics import (  # noqa: PLC0415
+        adapters,
         failover_guard,
         history,
         placement,
@@ -27,6 +28,7 @@ def database_collectors() -> list:
         reconcile.StateCollector(),
         placement.GpuPlanCollector(),
         rollouts.RolloutCollector(),
+        adapters.AdapterFreshnessCollector(),
     ]
 
 

@@ -21,6 +21,9 @@ rollout's version). Supervisor calls are made here, outside any transaction.
 
 A failover beside the rollout (a promotion or drill it did not ask for) pauses it first; the
 rollout then waits for the operator.
+
+An adapter version's rollout (candidate kind "adapter") is driven by
+fleets/reconciler/adapter_rollout.py instead: none of the above touches it.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from fleets.base import clock
 from fleets.base.errors import InvalidTarget, OperationConflict
+from fleets.core.adapter_rollout import is_adapter
 from fleets.core.arm_stats import Arm, ArmWindow
 from fleets.core.golden import GOLDEN_SEED
 from fleets.core.model_health import ServerHealth
@@ -64,6 +68,7 @@ from fleets.core.urls import without_userinfo
 from fleets.models import Domain, Fleet, Id, ModelBinding, Operation, Rollout, Slot
 from fleets.reads.arm_stats import arm_windows
 from fleets.reads.selectors import fleet_view
+from fleets.reconciler.adapter_rollout import adapter_rollout_advance
 from fleets.reconciler.steps import posture
 from fleets.reconciler.steps.base import SlotMover, training_slots
 from fleets.reconciler.supervisor.client import SupervisorClient
@@ -136,13 +141,25 @@ def rollout_advance(
     rollout = rollout_in_flight(fleet_id)
     if rollout is None:
         return None
+    policy = fleet_view(Fleet.objects.get(pk=fleet_id)).policy
+    if is_adapter(rollout.candidate):
+        # An adapter version's rollout (fleets/reconciler/adapter_rollout.py): no swap, no
+        # standby, no pointer; it runs beside a failover.
+        nudge = adapter_rollout_advance(
+            rollout=rollout,
+            client_for=client_for,
+            arm_reader=arm_reader or arm_windows,
+            actor=actor,
+            policy=policy,
+        )
+        return RolloutLook(str(rollout.id), rollout.state, nudge)
     ctx = _Ctx(
         rollout=rollout,
         client_for=client_for,
         reader=arm_reader or arm_windows,
         actor=actor,
         now=clock.now(),
-        policy=fleet_view(Fleet.objects.get(pk=fleet_id)).policy,
+        policy=policy,
     )
     if _failover_beside(ctx):
         return RolloutLook(str(rollout.id), rollout.state)

@@ -78,6 +78,7 @@ from fleets.reads.selectors import (
 )
 from fleets.reads.tick_snapshot import TickSnapshot, tick_snapshot
 from fleets.reconciler import datapath, failover, kick
+from fleets.reconciler.adapter_rollout import adapter_rollout_autostart
 from fleets.reconciler.advance import operation_advance
 from fleets.reconciler.golden import (
     BASELINE_PROBE_INTERVAL_MS,
@@ -171,7 +172,10 @@ def fleet_tick(
     # there, having written nothing.
     quiet = _quiet_run(snap, client_factory, gate, sightings) if snap.quiet(clock.now()) else None
     if quiet is not None and quiet.idle:
-        return TickResult(str(fleet.id), True)
+        # A new adapter version probed on the active goes out on its own (no query for a fleet
+        # without adapter routes).
+        started = adapter_rollout_autostart(fleet=fleet, policy=policy, actor=actor)
+        return TickResult(str(fleet.id), True, nudge_ms=0 if started else None)
 
     # 1-2b. Heartbeats, then the confirmation of a suspected dead active.
     if quiet is None:
@@ -233,6 +237,8 @@ def fleet_tick(
         )
         if look is not None and look.nudge_ms is not None:
             nudge = look.nudge_ms if nudge is None else min(nudge, look.nudge_ms)
+    elif adapter_rollout_autostart(fleet=fleet, policy=policy, actor=actor) is not None:
+        nudge = 0
     return TickResult(str(fleet.id), True, advance.operation_id, nudge)
 
 

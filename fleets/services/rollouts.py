@@ -19,7 +19,16 @@ from django.db.models import F
 
 from common.wire.shape import FEATURE_MODEL_SWAP
 from fleets.base import clock
-from fleets.base.errors import InvalidRequest, InvalidTarget, RolloutConflict, RolloutNotFound
+from fleets.base.errors import (
+    AdapterNotFound,
+    InvalidRequest,
+    InvalidTarget,
+    RolloutConflict,
+    RolloutNotFound,
+)
+from fleets.core.adapter_rollout import AdapterPlan, adapter_plan_parse, is_adapter
+from fleets.core.adapter_route import AdapterRouteInvalid, adapter_routes_parse
+from fleets.core.adapters import AdapterVersionState
 from fleets.core.readiness import pick_standby
 from fleets.core.report import read_report
 from fleets.core.rollout import (
@@ -34,7 +43,7 @@ from fleets.core.rollout import (
 )
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES, DomainState
 from fleets.core.urls import scrub_urls, without_userinfo
-from fleets.models import Domain, Fleet, Id, ModelBinding, Operation, Rollout
+from fleets.models import AdapterVersion, Domain, Fleet, Id, ModelBinding, Operation, Rollout
 from fleets.reads.selectors import fleet_view
 from fleets.services.events import EventFields, event_record, guarded_update
 
@@ -77,7 +86,11 @@ def rollout_create(*, fleet: Fleet, body: Any, actor: str) -> Rollout:
     model not bound on both arms; RolloutConflict (409) while a rollout, a promotion, a
     demotion or a drill is in flight; InvalidTarget (422) when the fleet has no active or no
     standby a failover would take, or a supervisor that cannot swap models.
+
+    A candidate of kind "adapter" is an adapter rollout (`adapter_rollout_create`).
     """
+    if isinstance(body, Mapping) and is_adapter(body.get("candidate")):
+        return adapter_rollout_create(fleet=fleet, body=body, actor=actor)
     try:
         plan = plan_parse(body)
     except RolloutInvalid as exc:
@@ -110,6 +123,119 @@ def rollout_create(*, fleet: Fleet, body: Any, actor: str) -> Rollout:
                 f"{FEATURE_MODEL_SWAP}: upgrade it before rolling out"
             )
     return _insert(fleet, plan, active.id, standby.id, stable_binding, cand_binding, actor)
+
+
+def adapter_rollout_create(*, fleet: Fleet, body: Any, actor: str) -> Rollout:
+    """Start the rollout of version N of an adapter already routed (fleets/core/adapter_rollout).
+
+    Steps and gates the body leaves out come from the fleet's policy (`adapterRollout`). Raises,
+    changing nothing: InvalidRequest (400) for a body at fault; AdapterNotFound (404) for a
+    version the registry does not hold; InvalidTarget (422) for a name with no route yet (the
+    registry routes a first version itself), a version of another base model, the version the
+    route already names, a fleet with no active; RolloutConflict (409) while a rollout is in
+    flight or the route is pinned or has a candidate. An operation in flight is no conflict:
+    the versions live on every domain, and the route survives a pointer move.
+    """
+    policy = fleet_view(fleet).policy
+    try:
+        plan = adapter_plan_parse(
+            body,
+            default_steps=policy.adapter_rollout_steps,
+            default_gates=policy.adapter_rollout_gates,
+        )
+    except RolloutInvalid as exc:
+        raise InvalidRequest(str(exc), field=exc.field) from None
+    name, number = plan.candidate.adapter, plan.candidate.version
+    version = AdapterVersion.objects.filter(fleet_id=fleet.id, name=name, version=number).first()
+    if version is None:
+        raise AdapterNotFound(f"adapter {name!r} has no version {number} in this fleet")
+    if version.state != AdapterVersionState.REGISTERED:
+        raise InvalidTarget(f"{name}@v{number} is {version.state}: only a registered one serves")
+    # Read now, not from the caller's row: the route moves with every step of other rollouts.
+    fresh = Fleet.objects.filter(pk=fleet.id).values("adapter_routes", "active_domain_id").first()
+    if fresh is None:
+        raise InvalidTarget("the fleet is gone")
+    try:
+        route = adapter_routes_parse(fresh["adapter_routes"]).get(name)
+    except AdapterRouteInvalid as exc:
+        raise InvalidTarget(f"the fleet's adapter routes are unreadable: {exc}") from None
+    if route is None:
+        raise InvalidTarget(
+            f"adapter {name!r} has no route yet: its first version is routed by the registry"
+        )
+    if version.base_model != route.base:
+        raise InvalidTarget(
+            f"{name}@v{number} was trained for {version.base_model!r}; the route serves "
+            f"{route.base!r}"
+        )
+    if route.version == number:
+        raise InvalidTarget(f"the route of {name!r} already names version {number}")
+    if route.pinned:
+        raise RolloutConflict(
+            f"the route of {name!r} is pinned to v{route.version}: unpin it first"
+        )
+    if route.candidate is not None:
+        raise RolloutConflict(
+            f"the route of {name!r} already has candidate v{route.candidate} (rollout "
+            f"{route.rollout_id})"
+        )
+    current = rollout_in_flight(fleet.id)
+    if current is not None:
+        raise RolloutConflict(
+            f"rollout {current.id} of {current.model} is in flight ({current.state}); one at a "
+            "time per fleet"
+        )
+    if fresh["active_domain_id"] is None:
+        raise InvalidTarget("the fleet has no active domain to roll out on")
+    return _adapter_insert(fleet, plan, route.as_json(), fresh["active_domain_id"], actor)
+
+
+def _adapter_insert(
+    fleet: Fleet, plan: AdapterPlan, route: Mapping[str, Any], active_id: Id, actor: str
+) -> Rollout:
+    now = clock.now()
+    try:
+        with transaction.atomic():
+            rollout = Rollout.objects.create(
+                fleet_id=fleet.id,
+                model=plan.model,
+                candidate=plan.candidate.as_json(),
+                steps=[s.as_json() for s in plan.steps],
+                gates=plan.gates.as_json(),
+                sticky_header=plan.sticky_header,
+                started_by=actor,
+                state=RolloutState.PENDING,
+                # The stable arm is whatever the pointer names at each look; this is where it
+                # started. No candidate domain: the candidate is a version, on every domain.
+                stable_domain_id=active_id,
+                # The route as it was: a rollback leaves its version (and pin) as it was.
+                previous={"route": dict(route)},
+                why=plan.reason,
+                created_at=now,
+                updated_at=now,
+            )
+            event_record(
+                fleet_id=fleet.id,
+                kind="rollout.requested",
+                actor=actor,
+                data={
+                    "rolloutId": str(rollout.id),
+                    "model": plan.model,
+                    "kind": "adapter",
+                    "adapter": plan.candidate.adapter,
+                    "version": plan.candidate.version,
+                    "from": route.get("version"),
+                    "steps": [s.as_json() for s in plan.steps],
+                    "gates": plan.gates.as_json(),
+                    "reason": plan.reason,
+                },
+            )
+    except IntegrityError:
+        current = rollout_in_flight(fleet.id)
+        raise RolloutConflict(
+            f"rollout {current.id if current else ''} is in flight; one at a time per fleet"
+        ) from None
+    return rollout
 
 
 def _refuse_in_flight(fleet_id: Id) -> None:

@@ -76,7 +76,34 @@ def test_defaults_match_the_design():
         "rtoMs": 300000,
         "servingCheckTimeoutMs": 500,
         "dataPathConfirmIntervalMs": 200,
+        "adapterRollout": {
+            "auto": True,
+            "steps": [
+                {"weight": 5, "dwellS": 120},
+                {"weight": 25, "dwellS": 300},
+                {"weight": 50, "dwellS": 300},
+                {"weight": 100, "dwellS": 60},
+            ],
+            "gates": None,
+            "prepareTimeoutMs": 1800000,
+        },
     }
+
+
+def test_adapter_rollout_steps_are_refused_as_a_rollout_would_refuse_them():
+    _refused(
+        {"adapterRollout": {"steps": [{"weight": 50, "dwellS": 10}, {"weight": 20}]}},
+        "policy.adapterRollout.steps[1].weight",
+        "strictly increasing",
+    )
+    _refused(
+        {"adapterRollout": {"steps": [{"weight": 50, "dwellS": 10}]}},
+        "policy.adapterRollout.steps[0].weight",
+        "the last step must be 100",
+    )
+    _refused(
+        {"adapterRollout": {"gates": {"windowS": 1}}}, "policy.adapterRollout.gates.windowS", ""
+    )
 
 
 def test_flap_max_failovers_is_a_small_count_and_zero_switches_damping_off():
@@ -148,8 +175,16 @@ def test_resolve_maps_every_camel_case_key_to_its_field():
         "flapMaxFailovers": 3,
         "streamMigrationAfterMs": 2500,
         "standbyHeartbeatMs": 20000,
+        "adapterRollout": {
+            "auto": False,
+            "steps": [{"weight": 10, "dwellS": 30}, {"weight": 100, "dwellS": 0}],
+            "gates": {"minSamples": 5},
+            "prepareTimeoutMs": 120000,
+        },
     }
     policy = Policy.resolve(raw)
+    assert policy.adapter_rollout_auto is False
+    assert policy.adapter_rollout_prepare_timeout_ms == 120000
     assert policy.to_json() == raw
     assert policy.standby_heartbeat_ms == 20000
     assert policy.flap_max_failovers == 3

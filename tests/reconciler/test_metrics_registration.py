@@ -27,6 +27,7 @@ def test_start_up_registered_every_database_collector_and_the_flush_once():
             "fleets.metrics.reconcile.StateCollector",
             "fleets.metrics.placement.GpuPlanCollector",
             "fleets.metrics.rollouts.RolloutCollector",
+            "fleets.metrics.adapters.AdapterFreshnessCollector",
         ]
     )
     assert len(registry.before_scrape.receivers) == 1
