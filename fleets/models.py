@@ -79,9 +79,7 @@ class Fleet(models.Model):
     # Per adapter name, the version its requests get and, during an adapter rollout, the
     # candidate's share (fleets/core/adapter_route.py): moved only with route_revision, by
     # services.adapter_routes; a pointer move keeps them (the standby holds the same versions).
-    adapter_routes = models.JSONField(
-        default=dict, blank=True, editable=False, db_default={}
-    )
+    adapter_routes = models.JSONField(default=dict, blank=True, editable=False, db_default={})
     # When the reconciler last reported "the active is lost and no standby can take over"
     # (null while the fleet is fine): the report is rate-limited across every process ticking
     # this fleet by a guarded update of this column (services/escalation.py).
