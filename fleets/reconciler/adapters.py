@@ -17,6 +17,7 @@ incoming copy ends.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -24,7 +25,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from common.adapter_manifest import ManifestInvalid, engine_name, manifest_parse, store_id
+from common.adapter_manifest import (
+    MANIFEST_NAME,
+    ManifestInvalid,
+    engine_name,
+    manifest_parse,
+    store_id,
+)
 from fleets.base import clock
 from fleets.core.adapter_route import AdapterRoute, AdapterRouteInvalid, adapter_routes_parse
 from fleets.core.adapters import (
@@ -298,9 +305,9 @@ def _transfer(p: _Pass, v: AdapterVersion, c: AdapterCopy, copies: list[AdapterC
     target = p.clients.get(c.domain_id)
     if listing is None or target is None:
         return
-    store_id = _store_id(v)
+    sid = _store_id(v)
     holders = [
-        d for d, lst in p.listings.items() if d != c.domain_id and lst.stored(store_id) is not None
+        d for d, lst in p.listings.items() if d != c.domain_id and lst.stored(sid) is not None
     ]
     holders.sort(key=lambda d: d != v.source_domain_id)
     if not holders:
@@ -313,26 +320,44 @@ def _transfer(p: _Pass, v: AdapterVersion, c: AdapterCopy, copies: list[AdapterC
     ):
         return
     manifest = manifest_parse(v.manifest)
-    incoming = dict(listing.incoming.get(store_id, {}))
+    incoming = dict(listing.incoming.get(sid, {}))
+    # The manifest goes first (the target bounds what follows by it), written from the
+    # registry's record the way a trainer writes it: the same bytes on every try, so a cut
+    # PUT resumes like any file.
+    text = json.dumps(manifest.as_json(), indent=1, sort_keys=True).encode()
+    held = incoming.get(MANIFEST_NAME, 0)
+    if held > len(text):
+        copy_move(copy=c, to_state=CopyState.FAILED, why="the target's manifest is longer")
+        return
+    if held < len(text):
+        put = target.adapter_put(
+            store_id=sid, path=MANIFEST_NAME, offset=held, data=text[held:], timeout=p.timeout()
+        )
+        if put.error is not None:
+            log.info("fleet %s: transfer of %s: %s", p.fleet.slug, v, put.error.message)
+            return
+        incoming[MANIFEST_NAME] = len(text)
+    files = {f.path: int(n) for f, n in ((f, incoming.get(f.path, 0)) for f in manifest.files)}
     while not p.out_of_time():
         try:
-            chunk = transfer_next(manifest, incoming)
+            chunk = transfer_next(manifest, files)
         except ValueError as exc:
             copy_move(copy=c, to_state=CopyState.FAILED, why=str(exc), actor=p.actor)
             return
         if chunk is None:
-            _commit(p, v, c, target, store_id)
+            _commit(p, v, c, target, sid)
             return
-        sent, error = _relay(p, source, target, store_id, chunk)
-        incoming[chunk.path] = chunk.offset + sent
+        sent, error = _relay(p, source, target, sid, chunk)
+        files[chunk.path] = chunk.offset + sent
         if error is not None:
             if error.code == "offset_mismatch":
                 return  # another relay moved it: the next listing says where it stands
             log.info("fleet %s: transfer of %s: %s", p.fleet.slug, v, error.message)
             return
-    held = sum(incoming.values())
-    if held != c.bytes_stored:
-        copy_move(copy=c, to_state=CopyState.TRANSFERRING, actor=p.actor, bytes_stored=held)
+    if sum(files.values()) != c.bytes_stored:
+        copy_move(
+            copy=c, to_state=CopyState.TRANSFERRING, actor=p.actor, bytes_stored=sum(files.values())
+        )
 
 
 def _relay(
