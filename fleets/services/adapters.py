@@ -21,7 +21,7 @@ from common.adapter_manifest import Manifest, manifest_parse
 from fleets.base import clock
 from fleets.core.adapters import AdapterVersionState, CopyState
 from fleets.core.timestamps import parse_iso
-from fleets.models import AdapterCopy, AdapterVersion, Event, Id, ModelBinding
+from fleets.models import AdapterCopy, AdapterVersion, Event, Fleet, Id, ModelBinding
 from fleets.services.events import EventFields, event_record, guarded_update
 
 log = logging.getLogger(__name__)
@@ -106,6 +106,10 @@ def _insert(
     now = clock.now()
     state = AdapterVersionState.REJECTED if why else AdapterVersionState.REGISTERED
     with transaction.atomic():
+        # Registrations of one fleet queue on its row for the few milliseconds of this insert
+        # (they are rare: one per trainer checkpoint): without it, N racing names retry N
+        # times. The unique constraints still decide anything this misses.
+        list(Fleet.objects.select_for_update().filter(pk=fleet_id).values_list("pk", flat=True))
         top = AdapterVersion.objects.filter(fleet_id=fleet_id, name=parsed.name).aggregate(
             top=Max("version")
         )["top"]
