@@ -46,7 +46,7 @@ from fleets.core.adapters import (
     versions_kept,
 )
 from fleets.core.policy import Policy
-from fleets.models import AdapterCopy, AdapterVersion, Domain, Fleet, Id
+from fleets.models import AdapterCopy, AdapterVersion, Domain, Fleet, Id, ModelBinding
 from fleets.reconciler.golden import adapter_answers
 from fleets.reconciler.supervisor.client import FEATURE_ADAPTERS, SupervisorClient
 from fleets.reconciler.supervisor.peers import learned_features
@@ -56,6 +56,7 @@ from fleets.services.adapter_routes import adapter_route_set
 from fleets.services.adapters import (
     adapter_register,
     adapter_retire,
+    copies_add,
     copy_attempts,
     copy_move,
 )
@@ -74,6 +75,8 @@ CALL_TIMEOUT_S = 5.0
 TRANSFER_CHUNK_BYTES = 1024 * 1024
 # Probes of one pass: each eval prompt of each copy is one call.
 MAX_PROBES_PER_PASS = 32
+# How often a probed copy on the active is asked its prompts again (against its baseline).
+REPROBE_INTERVAL_MS = 600_000
 
 
 @dataclass
@@ -197,8 +200,12 @@ def adapters_pass(
         by_name.setdefault(v.name, []).append(v.version)
     routed = {name: r.versions() for name, r in routes.items()}
     kept = versions_kept(by_name, routed, policy.adapter_keep_versions)
+    binds = _binding_domains(fleet_id)
     for v in versions:
         copies = list(v.copies.all())
+        lacking = binds.get(v.base_model, set()) - {c.domain_id for c in copies}
+        if lacking:
+            copies += copies_add(version=v, domain_ids=lacking)
         for c in copies:
             c.adapter = v  # the prefetched row: no read per copy
             _sync(p, v, c)
@@ -212,6 +219,16 @@ def adapters_pass(
     _first_routes(p, versions, routes)
     _remember(fleet_id, fleet.route_revision, checkpoints or {}, p.busy)
     return p.busy
+
+
+def _binding_domains(fleet_id: Id) -> dict[str, set[Any]]:
+    """Base model name -> the domains that bind it (where each of its versions has a copy)."""
+    out: dict[str, set[Any]] = {}
+    for domain_id, name in ModelBinding.objects.filter(domain__fleet_id=fleet_id).values_list(
+        "domain_id", "name"
+    ):
+        out.setdefault(name, set()).add(domain_id)
+    return out
 
 
 def _routes(fleet: Fleet) -> dict[str, AdapterRoute]:
@@ -438,8 +455,16 @@ def _load_and_probe(
         on_active = c.domain_id == active_id
         if c.state == CopyState.STORED.value and (routed or (on_active and newer)):
             _load(p, v, c, client, on_active)
-        if on_active and c.state == CopyState.LOADED.value:
+        if on_active and (c.state == CopyState.LOADED.value or _reprobe_due(c)):
             _probe(p, v, c, client)
+
+
+def _reprobe_due(c: AdapterCopy) -> bool:
+    """A probed copy on the active proves itself against its baseline again this often: an
+    engine can go on listing an adapter it no longer applies."""
+    if c.state != CopyState.PROBED.value or c.probed_at is None:
+        return False
+    return (clock.now() - c.probed_at).total_seconds() * 1000 >= REPROBE_INTERVAL_MS
 
 
 def _load(

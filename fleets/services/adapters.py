@@ -10,7 +10,7 @@ saw. The rules (what is kept, what a probe must answer) are fleets.core.adapters
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -218,6 +218,24 @@ def copy_move(
         for key, value in fields.items():
             setattr(copy, key, value)
     return bool(moved)
+
+
+def copies_add(*, version: AdapterVersion, domain_ids: Iterable[Id]) -> list[AdapterCopy]:
+    """Give a registered version an `absent` copy on domains that bind its base model but have
+    none (a domain added after the registration); one a concurrent pass added is kept.
+    Return the copies of those domains as they are now."""
+    ids = set(domain_ids)
+    AdapterCopy.objects.bulk_create(
+        [
+            AdapterCopy(adapter=version, domain_id=d, updated_at=clock.now())
+            for d in sorted(ids, key=str)
+        ],
+        ignore_conflicts=True,
+    )
+    copies = list(AdapterCopy.objects.filter(adapter=version, domain_id__in=ids))
+    for c in copies:
+        c.adapter = version
+    return copies
 
 
 def copy_attempts(copy: AdapterCopy) -> int:

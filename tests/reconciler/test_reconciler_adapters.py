@@ -239,3 +239,43 @@ def test_the_registry_route_refuses_nothing_the_rollout_set(fleet, stores):
     # Removed by an operator: the pass routes the probed version again (first version rule).
     _pass(fleet)
     assert _routes(fleet)["bot"].version == 1
+
+
+def test_a_probed_copy_is_probed_again_against_its_baseline_and_fails_when_it_drifts(
+    fleet, stores, fake_clock
+):
+    stores["west"].train(*make_adapter("bot"))
+    _pass(fleet)
+    assert _copy("bot", 1, "east").state == CopyState.PROBED
+    stores["east"].wrong.add("bot@v1")  # the engine still lists it, but answers otherwise
+    _pass(fleet)
+    assert _copy("bot", 1, "east").state == CopyState.PROBED  # not due yet
+    fake_clock.advance(ms=adapter_pass.REPROBE_INTERVAL_MS)
+    _pass(fleet)
+    east = _copy("bot", 1, "east")
+    assert east.state == CopyState.FAILED
+    assert "differs from this copy's baseline" in east.why
+
+
+def test_an_engine_that_lost_its_adapters_loads_them_again_and_reproves_them(fleet, stores):
+    stores["west"].train(*make_adapter("bot"))
+    _pass(fleet)
+    stores["east"].loads.clear()  # an engine restart that forgot the load
+    _pass(fleet)  # no longer listed as loaded: back to stored, loaded again, probed
+    assert stores["east"].loads.get(("llama-small", "bot@v1"))
+    assert _copy("bot", 1, "east").state == CopyState.PROBED
+    kinds = list(
+        Event.objects.filter(fleet=fleet, kind__startswith="adapter.copy", domain__slug="east")
+        .order_by("id")
+        .values_list("kind", flat=True)
+    )
+    assert kinds[-3:] == ["adapter.copy.stored", "adapter.copy.loaded", "adapter.copy.probed"]
+
+
+def test_a_copy_is_added_for_a_domain_that_binds_the_base_model_later(fleet, stores):
+    stores["west"].train(*make_adapter("bot"))
+    _pass(fleet)
+    east = Domain.objects.get(fleet=fleet, slug="east")
+    AdapterCopy.objects.filter(domain=east).delete()  # as if east were added afterwards
+    _pass(fleet)
+    assert _copy("bot", 1, "east").state in (CopyState.STORED, CopyState.PROBED)
