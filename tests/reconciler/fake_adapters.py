@@ -77,6 +77,8 @@ class FakeAdapterStore:
     # After this many PUTs, every further PUT fails (a cut connection); None: no cut
     cut_after_puts: int | None = None
     puts: int = 0
+    # A file GET sends this many bytes, then its connection breaks; None: no cut
+    cut_get_after: int | None = None
 
     def train(self, manifest: dict, files: dict[str, bytes], checkpoint: str = "step-40") -> str:
         sid = store_id(manifest_parse(manifest).digest)
@@ -161,10 +163,17 @@ class FakeAdapterStore:
         if data is None:
             return _error(404, "not_found", f"no file {path}")
         header = request.headers.get("range", "")
-        if header.startswith("bytes="):
-            start = int(header[6:].rstrip("-"))
-            return httpx.Response(206, content=data[start:])
-        return httpx.Response(200, content=data)
+        start = int(header[6:].rstrip("-")) if header.startswith("bytes=") else 0
+        status = 206 if header else 200
+        cut = self.cut_get_after
+        if cut is None or path == MANIFEST_NAME:
+            return httpx.Response(status, content=data[start:])
+
+        def broken():
+            yield data[start : start + cut]
+            raise httpx.ReadError("connection reset")
+
+        return httpx.Response(status, content=broken())
 
     def _put_file(self, request: httpx.Request, sid: str, path: str) -> httpx.Response:
         self.puts += 1

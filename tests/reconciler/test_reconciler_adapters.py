@@ -279,3 +279,19 @@ def test_a_copy_is_added_for_a_domain_that_binds_the_base_model_later(fleet, sto
     AdapterCopy.objects.filter(domain=east).delete()  # as if east were added afterwards
     _pass(fleet)
     assert _copy("bot", 1, "east").state in (CopyState.STORED, CopyState.PROBED)
+
+
+def test_a_source_cut_mid_file_is_a_short_read_resumed_from_what_the_target_holds(
+    fleet, stores, hosts, monkeypatch
+):
+    monkeypatch.setattr(adapter_pass, "TRANSFER_CHUNK_BYTES", 500)
+    manifest, files = make_adapter("bot", weights=bytes(range(200)) * 10)  # 2000 bytes
+    sid = stores["west"].train(manifest, files)
+    stores["west"].cut_get_after = 700  # every file read breaks after 700 bytes
+    _pass(fleet)
+    assert stores["east"].stored[sid][1] == files
+    # Read from 0, 700 and 1400 (Range), each short read sent as it came: the manifest, the
+    # config, then 500 + 200, 500 + 200, 500 + 100: nothing sent twice.
+    assert hosts.hosts["west"].calls[f"GET /v1/adapters/{sid}/files/adapter_model.safetensors"] == 3
+    assert stores["east"].puts == 8
+    assert _copy("bot", 1, "east").state == CopyState.PROBED

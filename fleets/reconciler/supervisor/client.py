@@ -84,6 +84,15 @@ def _model_selector(models: Sequence[str] | None) -> list[tuple[str, str]]:
     return params
 
 
+def _until_cut(response: httpx.Response) -> Iterator[bytes]:
+    """The body's blocks until it ends or the connection breaks: a cut stream is a short
+    read (the relay sends what came, and the next tick resumes from there), never a raise."""
+    try:
+        yield from response.iter_bytes()
+    except httpx.HTTPError:
+        return
+
+
 def gpu_facts_unavailable(error: CallError | None) -> bool:
     """Whether a `/v1/gpu/memory` error is the supervisor saying it has no GPU facts (501: no
     NVML on that host), which is an answer, not a failure."""
@@ -318,20 +327,25 @@ class SupervisorClient(Door):
         headers = self._raw_headers()
         if offset:
             headers["Range"] = f"bytes={offset}-"
+        opened = self._raw_http().stream(
+            "GET", self.where + url_path, headers=headers, timeout=max(MIN_CALL_S, timeout)
+        )
         try:
-            with self._raw_http().stream(
-                "GET", self.where + url_path, headers=headers, timeout=max(MIN_CALL_S, timeout)
-            ) as response:
-                status = response.status_code
-                if status not in (200, 206) or (offset and status != 206):
-                    response.read()
-                    yield None, CallError(HTTP, f"{where}: HTTP {status}", status)
-                    return
-                yield response.iter_bytes(), None
+            response = opened.__enter__()
         except httpx.TimeoutException:
             yield None, CallError(TIMEOUT, f"{where} timed out")
+            return
         except httpx.HTTPError as exc:
             yield None, CallError(NETWORK, f"{where}: {type(exc).__name__}")
+            return
+        try:
+            status = response.status_code
+            if status not in (200, 206) or (offset and status != 206):
+                yield None, CallError(HTTP, f"{where}: HTTP {status}", status)
+                return
+            yield _until_cut(response), None
+        finally:
+            opened.__exit__(None, None, None)
 
     def adapter_put(
         self, *, store_id: str, path: str, offset: int, data: bytes, timeout: float
