@@ -176,11 +176,12 @@ def parse_adapters(body: Any) -> AdaptersListing:
         incoming[_str(a, "id", f"incoming[{i}]")] = {
             str(p): _size(n, f"incoming[{i}].files") for p, n in files.items()
         }
+    # `id` is null for a name the engine holds that the supervisor was never asked to load.
     loaded = tuple(
         LoadedAdapter(
             _str(x, "model", f"loaded[{i}]"),
             _str(x, "name", f"loaded[{i}]"),
-            _str(x, "id", f"loaded[{i}]"),
+            x.get("id") if isinstance(x.get("id"), str) else "",
         )
         for i, x in enumerate(_list(body, "loaded"))
     )
