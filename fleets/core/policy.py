@@ -296,6 +296,17 @@ class Policy:
         "is unknown. A wake that would not fit in free memory is never accepted.",
         within="readiness",
     )
+    # Adapter retention (fleets/reconciler/adapters.py): a routed version is always kept.
+    adapter_keep_versions: int = _key(
+        5,
+        _bounded(
+            "integer",
+            {"minimum": 1, "maximum": 100},
+            type_rule="must be an integer between 1 and 100",
+        ),
+        "Adapters: the newest this many registered versions of each adapter name are kept on "
+        "every domain besides the routed ones; older ones are unloaded, deleted and retired.",
+    )
     # /metrics exports it beside the measured p95.
     rto_ms: int = _key(
         300_000,

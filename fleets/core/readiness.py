@@ -41,6 +41,8 @@ class ReadinessCheck(StrEnum):
     WAKE_MEMORY = "wakeMemory"
     TRAINER = "trainer"
     DRILL = "drill"
+    # Listed only for a fleet whose adapter routes name a version (docs/adapters.md).
+    ADAPTERS = "adapters"
 
 
 # A failed check of these means a failover now would fail; of the others, that it is unproven.
@@ -81,6 +83,10 @@ class StandbyFacts:
     # reports no checkpoint times: those proofs never come from it, and the reasons say so.
     golden_probes: bool = True
     checkpoint_times: bool = True
+    # The adapter versions the fleet's routes name (engine names, `name@vN`), and those of them
+    # the standby does not hold stored: a failover there would fail its adapter probe.
+    routed_adapters: tuple[str, ...] = ()
+    missing_adapters: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -219,6 +225,24 @@ def _baselines_reason(facts: StandbyFacts, standby: DomainView) -> Reason:
     )
 
 
+def _adapters_reason(facts: StandbyFacts, standby: DomainView) -> Reason:
+    if facts.missing_adapters:
+        return Reason(
+            ReadinessCheck.ADAPTERS,
+            False,
+            "the standby does not hold routed adapter versions "
+            + ", ".join(facts.missing_adapters[:8])
+            + ": a failover there fails its adapter probe",
+            standby.last_seen_at,
+        )
+    return Reason(
+        ReadinessCheck.ADAPTERS,
+        True,
+        f"the standby holds every routed adapter version ({len(facts.routed_adapters)})",
+        standby.last_seen_at,
+    )
+
+
 def _memory_reason(facts: StandbyFacts, standby: DomainView) -> Reason:
     at = facts.gpus_read_at or standby.last_seen_at
     if facts.wake_mib is None:
@@ -308,7 +332,7 @@ def failover_readiness(
         reason = Reason(ReadinessCheck.STANDBY, False, "the fleet has no standby domain")
         return Readiness(ReadinessVerdict.NOT_READY, None, (reason,), now)
     own = facts.get(standby.id, StandbyFacts())
-    judged = (
+    judged: tuple[Reason, ...] = (
         _standby_reason(fleet, standby, now),
         _asleep_reason(standby),
         _baselines_reason(own, standby),
@@ -316,6 +340,8 @@ def failover_readiness(
         _trainer_reason(own, standby, policy.checkpoint_max_age_ms, now),
         _drill_reason(last_drill, policy.drill_max_age_ms, now),
     )
+    if own.routed_adapters:
+        judged = (*judged, _adapters_reason(own, standby))
     reasons = tuple(_accepted(r, policy.readiness_accept_missing) for r in judged)
     if any(r.ok is False and r.check in _BLOCKING for r in reasons):
         verdict = ReadinessVerdict.NOT_READY

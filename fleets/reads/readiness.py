@@ -12,9 +12,12 @@ from typing import Any
 
 from django.db.models import QuerySet
 
+from common.adapter_manifest import engine_name
 from common.strict_json import is_number
 from common.wire.shape import FEATURE_PROBE_GOLDEN
 from fleets.base import clock
+from fleets.core.adapter_route import AdapterRouteInvalid, adapter_routes_parse
+from fleets.core.adapters import STORED_STATES
 from fleets.core.golden import (
     baseline_missing,
     profile_fingerprint,
@@ -34,7 +37,16 @@ from fleets.core.readiness import (
 )
 from fleets.core.report import DomainReport, read_report
 from fleets.core.states import InferenceState, OperationKind, OperationState, SlotKind
-from fleets.models import Domain, Fleet, GoldenBaseline, Id, ModelBinding, Operation, Slot
+from fleets.models import (
+    AdapterCopy,
+    Domain,
+    Fleet,
+    GoldenBaseline,
+    Id,
+    ModelBinding,
+    Operation,
+    Slot,
+)
 from fleets.reads.selectors import fleet_view
 
 
@@ -141,9 +153,11 @@ def standby_facts(
     slots: list[Slot] | None = None,
     bindings: list[ModelBinding] | None = None,
     baselines: list[tuple] | None = None,
+    adapter_routes: Any = None,
 ) -> StandbyFacts:
     """What the verdict needs of the standby; `slots`, `bindings` (the domain's) and
-    `baselines` (see `_baselines`) when already read for many fleets at once."""
+    `baselines` (see `_baselines`) when already read for many fleets at once; with the
+    fleet's `adapter_routes` (as stored), whether it holds every routed adapter version."""
     if bindings is None:
         bindings = list(ModelBinding.objects.filter(domain=domain))
     missing, baselines_at = _baselines(domain, policy, baselines, bindings)
@@ -177,7 +191,31 @@ def standby_facts(
         baselines_at=baselines_at,
         golden_probes=features is None or FEATURE_PROBE_GOLDEN in features,
         checkpoint_times=features is None or bool(features),
+        **_adapters(domain, adapter_routes),
     )
+
+
+def _adapters(domain: Domain, stored_routes: Any) -> dict[str, tuple[str, ...]]:
+    """The routed adapter versions, and those the domain holds no stored copy of (one read,
+    only for a fleet with adapter routes)."""
+    try:
+        routes = adapter_routes_parse(stored_routes)
+    except AdapterRouteInvalid:
+        routes = {}
+    routed = sorted((name, v) for name, r in routes.items() for v in r.versions())
+    if not routed:
+        return {}
+    held = set(
+        AdapterCopy.objects.filter(
+            domain=domain,
+            adapter__name__in={n for n, _ in routed},
+            state__in=[s.value for s in STORED_STATES],
+        ).values_list("adapter__name", "adapter__version")
+    )
+    return {
+        "routed_adapters": tuple(engine_name(n, v) for n, v in routed),
+        "missing_adapters": tuple(engine_name(n, v) for n, v in routed if (n, v) not in held),
+    }
 
 
 def finished_drills() -> QuerySet[Operation]:
@@ -213,5 +251,5 @@ def fleet_readiness(
     facts = {}
     if standby is not None:
         domain = Domain.objects.get(pk=standby.id)
-        facts[standby.id] = standby_facts(domain, view.policy)
+        facts[standby.id] = standby_facts(domain, view.policy, adapter_routes=fleet.adapter_routes)
     return failover_readiness(view, facts, last_drill(fleet.id), now)

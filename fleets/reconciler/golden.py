@@ -13,7 +13,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
+from common.adapter_manifest import EvalAnswer, engine_name, manifest_parse, store_id
+from fleets.base import clock
 from fleets.base.errors import InvalidTarget, SupervisorUnavailable
+from fleets.core.adapter_route import AdapterRouteInvalid, adapter_routes_parse
+from fleets.core.adapters import STORED_STATES, CopyState, distinguishing, probe_failure
 from fleets.core.golden import (
     GOLDEN_SEED,
     BaselineReason,
@@ -27,10 +31,21 @@ from fleets.core.golden import (
 )
 from fleets.core.policy import Policy
 from fleets.core.states import IN_FLIGHT_OPERATION_STATES, DomainState, InferenceState
-from fleets.models import Domain, Fleet, GoldenBaseline, Id, ModelBinding, Operation, Slot
+from fleets.models import (
+    AdapterCopy,
+    AdapterVersion,
+    Domain,
+    Fleet,
+    GoldenBaseline,
+    Id,
+    ModelBinding,
+    Operation,
+    Slot,
+)
 from fleets.reconciler.supervisor.client import SupervisorClient
 from fleets.reconciler.supervisor.reports import ProbeReport
 from fleets.reconciler.supervisor.transport import CALL_CAP_S, Call
+from fleets.services.adapters import copy_move
 from fleets.services.baselines import (
     NewBaseline,
     baseline_probe_claim,
@@ -317,3 +332,112 @@ def active_baselines_fill(
         actor=actor,
         replace=False,
     )
+
+
+# -- registered adapter versions (docs/adapters.md, "Load and probe", "Failover") -------------
+
+# The promotion's probe asks each routed version this many of its evaluation prompts (those
+# whose answer differs from the base model's first): enough to prove it is applied and the
+# same, few enough for the outage it is part of.
+PROMOTION_PROMPTS_PER_VERSION = 2
+
+
+def adapter_answers(
+    client: SupervisorClient,
+    version: AdapterVersion,
+    evals: Iterable[EvalAnswer],
+    *,
+    timeout: float,
+) -> tuple[dict[str, str | None], str | None]:
+    """Ask a loaded adapter version each of `evals`' prompts, golden (greedy, seeded), one call
+    per prompt (each has its own prompt and length): prompt -> answer (None: it failed), and
+    why nothing more could be asked, if so."""
+    name = engine_name(version.name, version.version)
+    answers: dict[str, str | None] = {}
+    for e in evals:
+        result = client.probe(
+            prompt=e.prompt,
+            max_tokens=e.max_tokens,
+            timeout_ms=max(50, int(timeout * 900)),
+            models=[version.base_model],
+            timeout=timeout,
+            seed=GOLDEN_SEED,
+            adapters={version.base_model: [name]},
+        )
+        report = result.value
+        if report is None:
+            return answers, result.error.message if result.error else "no answer"
+        if not report.golden:
+            return answers, "the supervisor cannot run golden probes (feature probe.golden)"
+        got = report.result(version.base_model, name)
+        answers[e.prompt] = got.answer if got is not None and got.ok else None
+    return answers, None
+
+
+def routed_adapters_check(
+    *,
+    fleet_id: Id,
+    domain: Domain,
+    client: SupervisorClient,
+    timeout: float,
+    actor: str,
+) -> list[str]:
+    """Prove `domain` serves every adapter version the fleet's routes name: its copy stored
+    there, loaded (asked again: the supervisor loads what it remembers on wake, and a load of
+    one already loaded is a no-op), and answering its evaluation prompts as its manifest says
+    the first time, as its own baseline after. Return the problems (none: each copy is
+    `probed`, its baseline kept). Outside any transaction."""
+    fleet = Fleet.objects.filter(pk=fleet_id).only("adapter_routes").first()
+    try:
+        routes = adapter_routes_parse(fleet.adapter_routes if fleet else None)
+    except AdapterRouteInvalid as exc:
+        return [f"adapter routes unreadable: {exc}"]
+    if routes and not client.takes_adapters():
+        return [f"the supervisor of {domain.slug} serves no adapters (feature adapters)"]
+    problems: list[str] = []
+    passed: list[tuple[AdapterCopy, dict[str, str | None]]] = []
+    for name, route in sorted(routes.items()):
+        for number in route.versions():
+            label = engine_name(name, number)
+            version = AdapterVersion.objects.filter(
+                fleet_id=fleet_id, name=name, version=number
+            ).first()
+            copy = (
+                AdapterCopy.objects.filter(adapter=version, domain=domain).first()
+                if version is not None
+                else None
+            )
+            if version is None or copy is None or copy.state not in STORED_STATES:
+                problems.append(f"adapter {label} is not stored on {domain.slug}")
+                continue
+            load = client.adapter_load(
+                model=version.base_model,
+                name=label,
+                store_id=store_id(version.digest),
+                timeout=timeout,
+            )
+            if load.value is None or not load.value.loaded:
+                said = load.error.message if load.error else "the server is not awake"
+                problems.append(f"adapter {label} not loaded on {domain.slug}: {said}")
+                continue
+            evals = manifest_parse(version.manifest).eval
+            asked = (distinguishing(evals) or list(evals))[:PROMOTION_PROMPTS_PER_VERSION]
+            answers, trouble = adapter_answers(client, version, asked, timeout=timeout)
+            wrong = trouble or probe_failure(asked, answers, copy.baseline or {})
+            if wrong is not None:
+                problems.append(f"adapter {label} on {domain.slug}: {wrong}")
+                continue
+            passed.append((copy, answers))
+    if problems:
+        return problems
+    for copy, answers in passed:
+        baseline = copy.baseline or {k: a for k, a in answers.items() if a is not None}
+        copy_move(
+            copy=copy,
+            to_state=CopyState.PROBED,
+            actor=actor,
+            baseline=baseline,
+            probed_at=clock.now(),
+            loaded_at=copy.loaded_at or clock.now(),
+        )
+    return []

@@ -22,6 +22,10 @@
 5. advance the in-flight operation through every step that completes at once;
 6. finish the clean-ups of failed or cancelled promotions and drills still pending (a cancel
    from the API, a pre-emption, or a worker that died right after a failure);
+6b. the adapter pass (fleets/reconciler/adapters.py), only when something may have moved:
+   a supervisor advertises `adapters` and a checkpoint or the adapter routes moved, the last
+   pass left work, or its interval passed (remembered in memory: an idle tick reads nothing
+   more for it);
 7. look at the rollout in flight, if any (fleets/reconciler/rollout.py): a fleet with one is
    never quiet, its standby is neither restored nor drilled, and its serving candidate is not
    settled back to sleep by the heartbeat.
@@ -77,7 +81,7 @@ from fleets.reads.selectors import (
     fleet_view,
 )
 from fleets.reads.tick_snapshot import TickSnapshot, tick_snapshot
-from fleets.reconciler import datapath, failover, kick
+from fleets.reconciler import adapters, datapath, failover, kick
 from fleets.reconciler.adapter_rollout import adapter_rollout_autostart
 from fleets.reconciler.advance import operation_advance
 from fleets.reconciler.golden import (
@@ -171,7 +175,9 @@ def fleet_tick(
     # snapshot; when nothing it heard is news and the core finds nothing to do, the tick ends
     # there, having written nothing.
     quiet = _quiet_run(snap, client_factory, gate, sightings) if snap.quiet(clock.now()) else None
+    checkpoints = adapters.checkpoints_of(quiet.beats) if quiet is not None else {}
     if quiet is not None and quiet.idle:
+        _adapters_maybe(snap, client_factory, checkpoints, gate, actor)
         # A new adapter version probed on the active goes out on its own (no query for a fleet
         # without adapter routes).
         started = adapter_rollout_autostart(fleet=fleet, policy=policy, actor=actor)
@@ -228,6 +234,9 @@ def fleet_tick(
     gate()
     pending_cleanups_run(fleet_id=fleet.id, policy=policy, client_for=client_factory, actor=actor)
 
+    # 6b. Adapters: registered, copied, loaded and probed (fleets/reconciler/adapters.py).
+    _adapters_maybe(snap, client_factory, checkpoints, gate, actor)
+
     # 7. The rollout in flight, one look further (after the failover and its operation).
     nudge = advance.nudge_ms
     if snap.open_rollout:
@@ -240,6 +249,32 @@ def fleet_tick(
     elif adapter_rollout_autostart(fleet=fleet, policy=policy, actor=actor) is not None:
         nudge = 0
     return TickResult(str(fleet.id), True, advance.operation_id, nudge)
+
+
+def _adapters_maybe(
+    snap: TickSnapshot,
+    client_factory: Callable[[Domain], SupervisorClient],
+    checkpoints: dict[str, str | None],
+    checkpoint: Callable[[], None],
+    actor: str,
+) -> None:
+    """The adapter pass, when something may have moved (in memory: no statement otherwise)."""
+    fleet = snap.fleet
+    if not adapters.adapters_due(
+        fleet_id=fleet.id,
+        route_revision=fleet.route_revision,
+        supervisor_urls=[d.supervisor_url for d in snap.domains],
+        checkpoints=checkpoints,
+    ):
+        return
+    checkpoint()
+    adapters.adapters_pass(
+        fleet_id=fleet.id,
+        policy=snap.policy,
+        client_for=client_factory,
+        checkpoints=checkpoints,
+        actor=actor,
+    )
 
 
 def _heartbeats_run(

@@ -73,6 +73,7 @@ def test_defaults_match_the_design():
         "checkpointMaxAgeMs": 3600000,
         "drillMaxAgeMs": 604800000,
         "readiness": {"acceptMissing": []},
+        "adapterKeepVersions": 5,
         "rtoMs": 300000,
         "servingCheckTimeoutMs": 500,
         "dataPathConfirmIntervalMs": 200,
@@ -169,6 +170,7 @@ def test_resolve_maps_every_camel_case_key_to_its_field():
         "checkpointMaxAgeMs": 60000,
         "drillMaxAgeMs": 86400000,
         "readiness": {"acceptMissing": ["baselines", "trainer"]},
+        "adapterKeepVersions": 2,
         "rtoMs": 45000,
         "servingCheckTimeoutMs": 750,
         "dataPathConfirmIntervalMs": 120,
@@ -190,6 +192,7 @@ def test_resolve_maps_every_camel_case_key_to_its_field():
     assert policy.flap_max_failovers == 3
     assert (policy.checkpoint_max_age_ms, policy.drill_max_age_ms) == (60000, 86400000)
     assert policy.rto_ms == 45000
+    assert policy.adapter_keep_versions == 2
     assert policy.readiness_accept_missing == ("baselines", "trainer")
     assert policy.heartbeat_stale_ms == 1000
     assert policy.restore_standby_on_return is False

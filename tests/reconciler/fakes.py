@@ -15,6 +15,7 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 from jsonschema import Draft202012Validator
@@ -76,6 +77,8 @@ class FakeHost:
     # its answers, its model selector in the query, no features.
     original: bool = False
     requests: list[tuple[str, str, dict]] = field(default_factory=list)
+    # The adapter API (tests/reconciler/fake_adapters.py; add "adapters" to `features` too).
+    adapter_store: Any = None
     # Model swaps (`POST /v1/models/swap`, feature model.swap): each switches at once (or
     # fails, with `swap_fails`); `ports` and `profiles` are what each model serves from then.
     swap_fails: bool = False
@@ -206,7 +209,14 @@ class FakeHost:
             self.requests.append((request.method, str(request.url), body))
             if self.original:
                 return self._original(request, path, body)
-            return self._route(request.method, path, body)
+            if self.adapter_store is not None and path.startswith("/v1/adapters"):
+                return self.adapter_store.handle(self, request, body)
+            answer = self._route(request.method, path, body)
+            if self.adapter_store is not None and path == "/v1/probe" and answer.status_code == 200:
+                adapted = answer.json()
+                adapted["results"] += self.adapter_store.probe_results(self, body)
+                return httpx.Response(200, json=adapted)
+            return answer
 
     def _original(self, request: httpx.Request, path: str, body: dict) -> httpx.Response:
         """The original supervisor's behaviour, from its published schemas and routes."""

@@ -239,6 +239,17 @@ def probe(ctx: StepContext) -> StepResult:
         return failed(
             PROBE_MISMATCH, "answer differs from its golden baseline: " + "; ".join(mismatched)
         )
+    # Every adapter version a route names must answer here too, or routing never moves: the
+    # pointer keeps the adapter routes, so the new active serves them the moment it moves.
+    missing = golden.routed_adapters_check(
+        fleet_id=ctx.operation.fleet_id,
+        domain=ctx.target,
+        client=client,
+        timeout=timeout,
+        actor=ctx.actor,
+    )
+    if missing:
+        return failed(PROBE_FAILED, "adapter probe failed: " + "; ".join(missing[:5]))
     # The first serving of this profile and engine: what it answers now is the baseline.
     baseline_record(
         fleet_id=ctx.operation.fleet_id,

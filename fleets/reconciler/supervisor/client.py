@@ -8,10 +8,13 @@ report model. Every call returns a `Call` and none raises on a bad answer.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
+
+import httpx
 
 from common.loopback import is_loopback_url
 from common.wire.shape import (
@@ -28,13 +31,29 @@ from fleets.core.supervisor_tls import PLAIN_HTTP
 from fleets.metrics import reconcile as fleet_metrics
 from fleets.reconciler.supervisor.peers import learn_features, learned_features
 from fleets.reconciler.supervisor.reports import (
+    AdaptersListing,
+    LoadAck,
     ProbeReport,
     parse_ack,
+    parse_adapters,
     parse_gpu_memory,
+    parse_load,
     parse_probe,
     parse_status,
 )
-from fleets.reconciler.supervisor.transport import HTTP, Call, CallError, Door, TlsTrust
+from fleets.reconciler.supervisor.transport import (
+    HTTP,
+    MIN_CALL_S,
+    NETWORK,
+    REFUSED,
+    TIMEOUT,
+    Call,
+    CallError,
+    Door,
+    TlsTrust,
+    _pinned_http,
+    _shared_http,
+)
 
 if TYPE_CHECKING:
     from fleets.models import Domain
@@ -49,6 +68,10 @@ MAX_SELECTOR_CHARS = 4096
 
 ErrorHook = Callable[[str, CallError], None]
 
+# The supervisor's adapter API (docs/adapters.md), listed in its `features`. Declared here until
+# common/wire/shape.py lists it with the others.
+FEATURE_ADAPTERS = "adapters"
+
 
 def _model_selector(models: Sequence[str] | None) -> list[tuple[str, str]]:
     """The original's selector: one `model` query parameter per name, a lone "" for none."""
@@ -59,6 +82,15 @@ def _model_selector(models: Sequence[str] | None) -> list[tuple[str, str]]:
     if len(urlencode(params)) > MAX_SELECTOR_CHARS:
         return []
     return params
+
+
+def _until_cut(response: httpx.Response) -> Iterator[bytes]:
+    """The body's blocks until it ends or the connection breaks: a cut stream is a short
+    read (the relay sends what came, and the next tick resumes from there), never a raise."""
+    try:
+        yield from response.iter_bytes()
+    except httpx.HTTPError:
+        return
 
 
 def gpu_facts_unavailable(error: CallError | None) -> bool:
@@ -231,6 +263,117 @@ class SupervisorClient(Door):
             return self._call("probe", "POST", "/v1/probe", timeout, parse_probe, plain, params)
         if result.error is not None and self._on_error is not None:
             self._on_error("probe", result.error)
+        return result
+
+    # -- the adapter API (docs/adapters.md, "The supervisor's adapter API") ---------------------
+
+    def takes_adapters(self) -> bool:
+        """Whether this supervisor listed `adapters` in its last status read here."""
+        return FEATURE_ADAPTERS in (learned_features(self.base_url) or ())
+
+    def adapters_list(self, *, timeout: float) -> Call[AdaptersListing]:
+        return self._call("adapters_list", "GET", "/v1/adapters", timeout, parse_adapters)
+
+    def adapter_commit(self, *, store_id: str, digest: str, timeout: float) -> Call[dict[str, Any]]:
+        path = f"/v1/adapters/{quote(store_id, safe='')}/commit"
+        return self._call("adapter_commit", "POST", path, timeout, parse_ack, {"digest": digest})
+
+    def adapter_load(
+        self, *, model: str, name: str, store_id: str, timeout: float
+    ) -> Call[LoadAck]:
+        body = {"model": model, "name": name, "id": store_id}
+        return self._call("adapter_load", "POST", "/v1/adapters/load", timeout, parse_load, body)
+
+    def adapter_unload(self, *, model: str, name: str, timeout: float) -> Call[dict[str, Any]]:
+        body = {"model": model, "name": name}
+        return self._call("adapter_unload", "POST", "/v1/adapters/unload", timeout, parse_ack, body)
+
+    def adapter_delete(self, *, store_id: str, timeout: float) -> Call[dict[str, Any]]:
+        path = f"/v1/adapters/{quote(store_id, safe='')}"
+        return self._call("adapter_delete", "DELETE", path, timeout, parse_ack)
+
+    def _raw_http(self) -> httpx.Client:
+        pin = self._tls.pin
+        return self._http or (_pinned_http(pin) if pin else _shared_http())
+
+    def _raw_refusal(self, where: str) -> CallError | None:
+        if not self._allowed:
+            return CallError(
+                REFUSED, f"{where}: not called: the host is not in HARU_SUPERVISOR_HOSTS"
+            )
+        if self._refusal is not None:
+            return CallError(REFUSED, f"{where}: not called: {self._refusal}")
+        return None
+
+    def _raw_headers(self) -> dict[str, str]:
+        # Adapter routes are ours only: the domain's own token (never the shared fallback).
+        headers = {"Accept-Encoding": "identity"}
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        return headers
+
+    @contextmanager
+    def adapter_file(
+        self, *, store_id: str, path: str, offset: int, timeout: float
+    ) -> Iterator[tuple[Iterator[bytes] | None, CallError | None]]:
+        """Stream one stored file from byte `offset` (`Range: bytes=N-`): yields the body's
+        blocks as they arrive (never the whole file in memory), or the error."""
+        url_path = f"/v1/adapters/{quote(store_id, safe='')}/files/{quote(path, safe='')}"
+        where = f"GET {self.where}{url_path}"
+        refused = self._raw_refusal(where)
+        if refused is not None:
+            yield None, refused
+            return
+        headers = self._raw_headers()
+        if offset:
+            headers["Range"] = f"bytes={offset}-"
+        opened = self._raw_http().stream(
+            "GET", self.where + url_path, headers=headers, timeout=max(MIN_CALL_S, timeout)
+        )
+        try:
+            response = opened.__enter__()
+        except httpx.TimeoutException:
+            yield None, CallError(TIMEOUT, f"{where} timed out")
+            return
+        except httpx.HTTPError as exc:
+            yield None, CallError(NETWORK, f"{where}: {type(exc).__name__}")
+            return
+        try:
+            status = response.status_code
+            if status not in (200, 206) or (offset and status != 206):
+                yield None, CallError(HTTP, f"{where}: HTTP {status}", status)
+                return
+            yield _until_cut(response), None
+        finally:
+            opened.__exit__(None, None, None)
+
+    def adapter_put(
+        self, *, store_id: str, path: str, offset: int, data: bytes, timeout: float
+    ) -> Call[dict[str, Any]]:
+        """Append `data` (one chunk, under the supervisor's cap) at byte `offset` of the
+        incoming copy; 409 `offset_mismatch` says what it holds instead."""
+        url_path = f"/v1/adapters/{quote(store_id, safe='')}/files/{quote(path, safe='')}"
+        where = f"PUT {self.where}{url_path}"
+        refused = self._raw_refusal(where)
+        if refused is not None:
+            return Call(error=refused)
+        try:
+            response = self._raw_http().request(
+                "PUT",
+                self.where + url_path,
+                params={"offset": str(offset)},
+                content=data,
+                headers={**self._raw_headers(), "Content-Type": "application/octet-stream"},
+                timeout=max(MIN_CALL_S, timeout),
+            )
+            body = response.read()[: self._max_bytes]
+        except httpx.TimeoutException:
+            return Call(error=CallError(TIMEOUT, f"{where} timed out"))
+        except httpx.HTTPError as exc:
+            return Call(error=CallError(NETWORK, f"{where}: {type(exc).__name__}"))
+        result = self._answer((response.status_code, body), parse_ack, where, reuse=False)
+        if result.error is not None and self._on_error is not None:
+            self._on_error("adapter_put", result.error)
         return result
 
     def _call(

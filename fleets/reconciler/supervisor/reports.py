@@ -84,3 +84,122 @@ def parse_ack(body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise BadBody("response: expected an object")
     return body
+
+
+# -- the adapter API (docs/adapters.md, "The supervisor's adapter API") -------------------------
+
+# Bounds of a listing read: a store holds few adapters, each manifest at most 64 KiB.
+MAX_LISTED = 256
+
+
+@dataclass(frozen=True)
+class StoredAdapter:
+    """One adapter a supervisor's store holds complete and checked."""
+
+    id: str
+    digest: str
+    bytes: int
+    origin: str  # "trained" | "received"
+    checkpoint: str
+    manifest: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class LoadedAdapter:
+    model: str
+    name: str
+    id: str
+
+
+@dataclass(frozen=True)
+class AdaptersListing:
+    """`GET /v1/adapters`: what the store holds, receives, refused, and what is loaded."""
+
+    adapters: tuple[StoredAdapter, ...]
+    incoming: dict[str, dict[str, int]]  # id -> {path: bytes held}
+    loaded: tuple[LoadedAdapter, ...]
+    rejected: tuple[tuple[str, str], ...] = ()  # (checkpoint, why)
+
+    def stored(self, store_id: str) -> StoredAdapter | None:
+        return next((a for a in self.adapters if a.id == store_id), None)
+
+    def is_loaded(self, model: str, name: str) -> bool:
+        return any(x.model == model and x.name == name for x in self.loaded)
+
+
+def _list(root: dict[str, Any], key: str) -> list[Any]:
+    value = root.get(key, [])
+    if not isinstance(value, list) or len(value) > MAX_LISTED:
+        raise BadBody(f"adapters: {key} must be a list of at most {MAX_LISTED}")
+    return value
+
+
+def _str(item: Any, key: str, where: str) -> str:
+    value = item.get(key) if isinstance(item, dict) else None
+    if not isinstance(value, str) or len(value) > 1000:
+        raise BadBody(f"adapters: {where}.{key} must be a string")
+    return value
+
+
+def _size(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise BadBody(f"adapters: {where} must be a byte count")
+    return value
+
+
+def parse_adapters(body: Any) -> AdaptersListing:
+    """Validate a `GET /v1/adapters` body; the manifests are parsed by the registry (one the
+    contract refuses is that adapter's rejection, not the listing's)."""
+    if not isinstance(body, dict):
+        raise BadBody("adapters: expected an object")
+    stored = []
+    for i, a in enumerate(_list(body, "adapters")):
+        where = f"adapters[{i}]"
+        manifest = a.get("manifest") if isinstance(a, dict) else None
+        if not isinstance(manifest, dict):
+            raise BadBody(f"adapters: {where}.manifest must be an object")
+        stored.append(
+            StoredAdapter(
+                id=_str(a, "id", where),
+                digest=_str(a, "digest", where),
+                bytes=_size(a.get("bytes"), f"{where}.bytes"),
+                origin=_str(a, "origin", where),
+                checkpoint=a.get("checkpoint") if isinstance(a.get("checkpoint"), str) else "",
+                manifest=manifest,
+            )
+        )
+    incoming: dict[str, dict[str, int]] = {}
+    for i, a in enumerate(_list(body, "incoming")):
+        files = a.get("files") if isinstance(a, dict) else None
+        if not isinstance(files, dict) or len(files) > MAX_LISTED:
+            raise BadBody(f"adapters: incoming[{i}].files must be an object")
+        incoming[_str(a, "id", f"incoming[{i}]")] = {
+            str(p): _size(n, f"incoming[{i}].files") for p, n in files.items()
+        }
+    # `id` is null for a name the engine holds that the supervisor was never asked to load.
+    loaded = tuple(
+        LoadedAdapter(
+            _str(x, "model", f"loaded[{i}]"),
+            _str(x, "name", f"loaded[{i}]"),
+            x.get("id") if isinstance(x.get("id"), str) else "",
+        )
+        for i, x in enumerate(_list(body, "loaded"))
+    )
+    rejected = tuple(
+        (_str(x, "checkpoint", f"rejected[{i}]"), _str(x, "why", f"rejected[{i}]"))
+        for i, x in enumerate(_list(body, "rejected"))
+    )
+    return AdaptersListing(tuple(stored), incoming, loaded, rejected)
+
+
+@dataclass(frozen=True)
+class LoadAck:
+    loaded: bool
+    pending: str | None  # "wake": the server sleeps; it loads on wake
+
+
+def parse_load(body: Any) -> LoadAck:
+    if not isinstance(body, dict) or not isinstance(body.get("loaded"), bool):
+        raise BadBody("adapter load: expected {loaded: true|false}")
+    pending = body.get("pending")
+    return LoadAck(body["loaded"], pending if isinstance(pending, str) else None)
