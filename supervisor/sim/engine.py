@@ -14,6 +14,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -249,9 +250,10 @@ class SimEngine:
         try:
             facts = self._read_lora(name, path)
         except adapters.AdapterNotFound:
-            return _error(404, f"Loading lora {name} failed: No adapter found for {path}")
+            message = f"Loading lora {name} failed: No adapter found for {path}"
+            return _error(404, vllm_message(message), "NotFoundError")
         except adapters.AdapterInvalid as exc:
-            return _error(500, str(exc))
+            return _error(500, vllm_message(str(exc)))
         # A load while the adapterNoop fault is on "succeeds" without applying anything.
         self.loras[name] = LoadedLora(name, facts, applied=not self.faults.adapter_noop)
         self._cache(name)
@@ -300,9 +302,10 @@ class SimEngine:
             try:
                 lora.facts = self._read_lora(name, lora.facts.path)
             except adapters.AdapterNotFound:
-                return 404, f"Loading lora {name} failed: No adapter found for {lora.facts.path}"
+                message = f"Loading lora {name} failed: No adapter found for {lora.facts.path}"
+                return 404, vllm_message(message)
             except adapters.AdapterInvalid as exc:
-                return 500, str(exc)
+                return 500, vllm_message(str(exc))
         self._cache(name)
         if not lora.applied:
             return None  # the base model answers, as it would behave
@@ -415,6 +418,22 @@ def _query_error(name: str, message: str) -> JSONResponse:
         },
         status_code=400,
     )
+
+
+# vLLM's sanitize_message (entrypoints/serve/exception_handling/utils.py): every error it
+# builds drops memory addresses, tracebacks and file paths, so a LoRA path reads "<path>".
+_VLLM_SANITIZE = (
+    (re.compile(r" at 0x[0-9a-fA-F]+>"), ">"),
+    (re.compile(r'\n?\s*File "[^"]+", line \d+, in \S+(\n\s+.*)?'), ""),
+    (re.compile(r"/(?:home|usr|opt|var|tmp|root|lib|mnt|srv)(?:/[\w.\-]+)+"), "<path>"),
+    (re.compile(r"(?:/[\w\-]+)+/[\w\-]+\.\w+"), "<path>"),
+)
+
+
+def vllm_message(message: str) -> str:
+    for pattern, replacement in _VLLM_SANITIZE:
+        message = pattern.sub(replacement, message)
+    return message.strip()
 
 
 def _error(status: int, message: str, kind: str | None = None) -> JSONResponse:
