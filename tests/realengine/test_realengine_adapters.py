@@ -86,7 +86,12 @@ def lora_vllm(vllm_python, tiny_model, tmp_path_factory):
             "--max-lora-rank",
             "8",
         ],  # fmt: skip
-        env={**base_env(), **VLLM_ENV, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"},
+        env={
+            **base_env(),
+            **VLLM_ENV,
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1",
+            "VLLM_SERVER_DEV_MODE": "1",  # /sleep and /wake_up (API-level only on CPU)
+        },
         log=log,
     )
     url = f"http://127.0.0.1:{port}"
@@ -165,3 +170,16 @@ def test_real_vllm_refuses_loads_as_the_simulator_does(trained, lora_vllm, tmp_p
     assert gone.text == "Success: LoRA adapter 'dup' removed successfully."
     again = lora_vllm.post("/v1/unload_lora_adapter", json={"lora_name": "dup"})
     assert again.status_code == 404 and "cannot be found" in again.json()["error"]["message"]
+
+
+def test_a_level_one_sleep_and_wake_keep_the_adapter_answering(trained, lora_vllm):
+    """What the simulator does without the adaptersLostAfterWake fault. On CPU vLLM's sleep
+    frees nothing (docs/vllm-on-cpu.md), so this holds the API's side of it, not a GPU's."""
+    manifest = manifest_read(trained)
+    served = engine_name(NAME, 2)
+    assert load(lora_vllm, served, trained).status_code == 200
+    assert lora_vllm.post("/sleep", params={"level": 1}).status_code == 200
+    assert lora_vllm.post("/wake_up").json()["status"] == "awake"
+    assert served in [m["id"] for m in lora_vllm.get("/v1/models").json()["data"]]
+    got = [chat(lora_vllm, served, e.prompt, e.max_tokens) for e in manifest.eval]
+    assert got == [e.answer for e in manifest.eval]
