@@ -259,3 +259,27 @@ def test_adapter_flags_are_validated(tmp_path, monkeypatch):
             trainer.parse_args(argv)
     with pytest.raises(SystemExit):
         parse_args(["--port", "1", "--model", MODEL, "--max-loras", "2", "--max-cpu-loras", "1"])
+
+
+def test_a_publish_that_dies_before_its_manifest_leaves_nothing_that_looks_complete(
+    tmp_path, monkeypatch
+):
+    plan = trainer.parse_args(["--adapter-name", NAME, "--served-model", MODEL]).adapter_plan
+
+    def crash(directory, manifest):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(trainer, "manifest_write", crash)
+    with pytest.raises(OSError):
+        trainer.publish_adapter(tmp_path, 7, plan, version=1, now=0.0)
+    assert not list(tmp_path.glob("adapter-*"))
+    (torn,) = [p for p in tmp_path.iterdir() if p.name.startswith(".adapter-")]
+    assert not (torn / "haru-adapter.json").exists()
+
+
+def test_only_the_newest_adapters_are_kept(tmp_path):
+    plan = trainer.parse_args(["--adapter-name", NAME, "--served-model", MODEL]).adapter_plan
+    for step in range(1, trainer.KEEP_ADAPTERS + 3):
+        trainer.publish_adapter(tmp_path, step, plan, version=step, now=0.0)
+    kept = sorted(p.name for p in tmp_path.glob("adapter-*"))
+    assert kept == [f"adapter-{s:06d}" for s in range(3, trainer.KEEP_ADAPTERS + 3)]
