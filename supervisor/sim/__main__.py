@@ -14,6 +14,8 @@ from supervisor.gpu.sim_state import ENV_VAR, SimGpuState
 from supervisor.sim import backends
 from supervisor.sim.engine import SimEngine, SimOptions, build_app
 
+RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+
 
 def parse_args(argv: list[str] | None = None) -> tuple[SimOptions, str]:
     p = argparse.ArgumentParser(
@@ -72,6 +74,16 @@ def parse_args(argv: list[str] | None = None) -> tuple[SimOptions, str]:
         metavar="NAME=PATH",
         help="as vLLM's: LoRA adapters served under their own names (the path is not read)",
     )
+    g = p.add_argument_group("lora", "vLLM's runtime LoRA adapters (/v1/load_lora_adapter)")
+    g.add_argument("--enable-lora", action="store_true", help="as vLLM's: adapters may load")
+    g.add_argument("--max-loras", type=int, default=1, help="as vLLM's (sizes the cache)")
+    g.add_argument("--max-lora-rank", type=int, default=16, help="as vLLM's: higher is refused")
+    g.add_argument(
+        "--max-cpu-loras",
+        type=int,
+        default=None,
+        help="as vLLM's: adapters cached (default --max-loras); evicted ones are read again",
+    )
     p.add_argument("--log-level", default="warning")
     backends.add_arguments(p)
     a = p.parse_args(argv)
@@ -79,12 +91,19 @@ def parse_args(argv: list[str] | None = None) -> tuple[SimOptions, str]:
     for name in ("weights_mib", "context_mib", "wake_latency_ms", "ttft_ms", "token_delay_ms"):
         if getattr(a, name) < 0:
             p.error(f"--{name.replace('_', '-')} must not be negative")
+    if a.max_loras < 1 or a.max_lora_rank < 1:
+        p.error("--max-loras and --max-lora-rank must be at least 1")
+    if a.max_cpu_loras is not None and a.max_cpu_loras < a.max_loras:
+        p.error(f"--max-cpu-loras ({a.max_cpu_loras}) must be >= --max-loras ({a.max_loras})")
     if not 0 <= a.eos_per_mille <= 1000:
         p.error("--eos-per-mille must be between 0 and 1000")
     # The options' names are their fields' (argparse's dests); only these are read otherwise.
     given = {f.name: getattr(a, f.name) for f in fields(SimOptions) if hasattr(a, f.name)}
     given["lora_modules"] = tuple(m.split("=", 1)[0] for m in a.lora_modules)
     given["backend_settings"] = backend_settings
+    # Read as vLLM reads it (vllm/envs.py): the routes exist only when this says so.
+    flag = os.environ.get(RUNTIME_LORA_ENV, "0").strip().lower()
+    given["runtime_lora_updating"] = flag in ("1", "true")
     return SimOptions(**given), a.log_level
 
 

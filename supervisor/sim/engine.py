@@ -14,6 +14,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -26,7 +27,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from supervisor.gpu.sim_state import SimGpuState
-from supervisor.sim import generate, tokens
+from supervisor.sim import adapters, generate, tokens
 from supervisor.sim.backends import WAKE_TAGS, SimBackend
 from supervisor.sim.inference import InferenceEndpoint
 from supervisor.sim.options import FAULT_NAMES, Faults, SimOptions, Stats
@@ -36,6 +37,23 @@ log = logging.getLogger("supervisor.sim")
 
 # What `GET /version` answers, as vLLM's does: golden fingerprints are kept per engine version.
 SIM_ENGINE_VERSION = "sim-1"
+
+
+@dataclass
+class LoadedLora:
+    """A LoRA adapter loaded at runtime (`/v1/load_lora_adapter`)."""
+
+    name: str
+    facts: adapters.AdapterFacts
+    # False when a fault left it "loaded but serving nothing": it answers as the base model.
+    applied: bool = True
+    # Requests served for it: a bad version's errors are a share of these.
+    served: int = 0
+
+
+# The most runtime adapters an engine lists, whatever --max-cpu-loras says: a bound on memory
+# and on the /v1/models answer (vLLM keeps no bound; nothing Haru runs loads this many).
+MAX_RUNTIME_LORAS = 256
 
 
 @dataclass
@@ -86,10 +104,14 @@ class SimEngine:
         self._ids = itertools.count(1)
         self._transition = asyncio.Lock()
         self._faults_changed = asyncio.Event()
-        self.reply = options.reply or f"Hello from {options.model}, a simulated model server."
+        self.reply = options.reply or adapters.base_reply(options.model)
         # Set by a wake while the matching fault is on (see FAULT_NAMES); cleared by a reset.
         self.drifted = False
         self.adapters_lost = False
+        # Runtime-loaded adapters by name, in load order; `lora_cache` holds those whose
+        # weights are in the (simulated) CPU cache, least recently used first.
+        self.loras: dict[str, LoadedLora] = {}
+        self.lora_cache: list[str] = []
         self.tokenizer = tokens.Tokenizer(self._scripted_words())
         # What the `crash` fault does: end this process without cleanup, as a real crash
         # would; the farm (supervisor/farm), many engines in one process, stops only this one.
@@ -159,6 +181,11 @@ class SimEngine:
                     self.stats.wakes += 1
                     self.drifted |= self.faults.answer_drifts_after_wake
                     self.adapters_lost |= self.faults.adapters_lost_after_wake
+                    if self.faults.adapters_lost_after_wake:
+                        # vLLM #53888: still listed, answering as the base model; an adapter
+                        # loaded again after this wake applies again.
+                        for lora in self.loras.values():
+                            lora.applied = False
                     self.register_memory()
                     self.resumed.set()
                     log.info("%s: awake", self.options.model)
@@ -175,17 +202,120 @@ class SimEngine:
 
     def serves(self, name: object) -> bool:
         """Whether `name` is the served model or one of its LoRA adapters."""
-        return name == self.options.model or name in self.options.lora_modules
+        return name == self.options.model or name in self.options.lora_modules or name in self.loras
 
-    def reply_for(self, name: str) -> str:
+    def reply_for(self, name: str, prompt: str = "") -> str:
         """The answer for the model or adapter `name`: fixed, so deterministic by construction,
-        unless a fault made a wake change it."""
+        unless a fault made a wake change it. A runtime adapter answers `prompt` in its own
+        words (adapters.adapter_reply), the ones its trainer recorded."""
         base = self.reply
-        if self.drifted or self.faults.answer_wrong:
-            base = f"Drifted after wake: {base}"
+        drift = "Drifted after wake: " if self.drifted or self.faults.answer_wrong else ""
+        lora = self.loras.get(name)
+        if lora is not None:
+            if not lora.applied:
+                return drift + base
+            return drift + adapters.adapter_reply(lora.facts.weights_sha256, prompt)
         if name != self.options.model and not self.adapters_lost:
-            return f"{base} Adapter {name} applied."
-        return base
+            return f"{drift}{base} Adapter {name} applied."
+        return drift + base
+
+    # -- runtime LoRA adapters (vLLM's /v1/load_lora_adapter) -------------------------------------
+
+    def load_lora(self, name: Any, path: Any, *, inplace: bool = False) -> Response:
+        """vLLM 0.32's load, check for check (entrypoints/openai/models/serving.py): both names
+        given, not the base model's, not loaded already unless in place; then the engine reads
+        the adapter (missing: 404; rank over --max-lora-rank or unreadable: 500, as vLLM
+        answers an engine-side failure); 200 with vLLM's plain-text sentence."""
+        if not isinstance(name, str) or not isinstance(path, str) or not name or not path:
+            return _error(
+                400, "Both 'lora_name' and 'lora_path' must be provided.", "InvalidUserInput"
+            )
+        if name == self.options.model:
+            return _error(
+                400,
+                f"The lora adapter '{name}' conflicts with a served base model.",
+                "InvalidUserInput",
+            )
+        if not inplace and name in self.loras:
+            return _error(
+                400,
+                f"The lora adapter '{name}' has already been loaded. If you want to load the "
+                "adapter in place, set 'load_inplace' to True.",
+                "InvalidUserInput",
+            )
+        if not self.options.enable_lora:
+            return _error(500, "LoRA is not enabled. Use --enable-lora to enable LoRA.")
+        if name not in self.loras and len(self.loras) >= MAX_RUNTIME_LORAS:
+            return _error(500, f"the simulator holds at most {MAX_RUNTIME_LORAS} adapters")
+        try:
+            facts = self._read_lora(name, path)
+        except adapters.AdapterNotFound:
+            message = f"Loading lora {name} failed: No adapter found for {path}"
+            return _error(404, vllm_message(message), "NotFoundError")
+        except adapters.AdapterInvalid as exc:
+            return _error(500, vllm_message(str(exc)))
+        # A load while the adapterNoop fault is on "succeeds" without applying anything.
+        self.loras[name] = LoadedLora(name, facts, applied=not self.faults.adapter_noop)
+        self._cache(name)
+        log.info("%s: loaded LoRA adapter %s from %s", self.options.model, name, path)
+        return Response(f"Success: LoRA adapter '{name}' added successfully.", status_code=200)
+
+    def unload_lora(self, name: Any) -> Response:
+        if not isinstance(name, str) or not name:
+            return _error(
+                400,
+                "'lora_name' needs to be provided to unload a LoRA adapter.",
+                "InvalidUserInput",
+            )
+        if name not in self.loras:
+            return _error(404, f"The lora adapter '{name}' cannot be found.", "NotFoundError")
+        del self.loras[name]
+        if name in self.lora_cache:
+            self.lora_cache.remove(name)
+        return Response(f"Success: LoRA adapter '{name}' removed successfully.", status_code=200)
+
+    def _read_lora(self, name: str, path: str) -> adapters.AdapterFacts:
+        facts = adapters.read_adapter(path)
+        limit = self.options.max_lora_rank
+        if facts.rank > limit:
+            raise adapters.AdapterInvalid(
+                f"LoRA rank {facts.rank} is greater than max_lora_rank {limit}."
+            )
+        return facts
+
+    def _cache(self, name: str) -> None:
+        """Mark `name` most recently used in the CPU cache; evict beyond --max-cpu-loras."""
+        if name in self.lora_cache:
+            self.lora_cache.remove(name)
+        self.lora_cache.append(name)
+        capacity = self.options.max_cpu_loras or self.options.max_loras
+        del self.lora_cache[: max(0, len(self.lora_cache) - capacity)]
+
+    async def lora_admit(self, name: str) -> tuple[int, str] | None:
+        """Before a request for runtime adapter `name` generates: read it again when it was
+        evicted from the cache (vLLM reloads from the path it was loaded from), then apply a
+        bad version's behaviour. (status, message) when the request fails, else None."""
+        lora = self.loras.get(name)
+        if lora is None:
+            return None
+        if name not in self.lora_cache:
+            try:
+                lora.facts = self._read_lora(name, lora.facts.path)
+            except adapters.AdapterNotFound:
+                message = f"Loading lora {name} failed: No adapter found for {lora.facts.path}"
+                return 404, vllm_message(message)
+            except adapters.AdapterInvalid as exc:
+                return 500, vllm_message(str(exc))
+        self._cache(name)
+        if not lora.applied:
+            return None  # the base model answers, as it would behave
+        served, lora.served = lora.served, lora.served + 1
+        behaviour = lora.facts.behaviour
+        if behaviour.latency_ms:
+            await asyncio.sleep(behaviour.latency_ms / 1000)
+        if behaviour.fails(served):
+            return 500, f"simulated failure of LoRA adapter {name} (haru_sim.errorRate)"
+        return None
 
     def _scripted_words(self) -> tuple[str, ...]:
         """Every step of every scripted reply this engine can give, each to be one token."""
@@ -210,7 +340,12 @@ class SimEngine:
         o = self.options
         if not o.generate:
             return None
-        if name != o.model and self.adapters_lost:
+        lora = self.loras.get(name)
+        if lora is not None:
+            if lora.applied:
+                return None  # an applied runtime adapter answers in its own words
+            name = o.model
+        elif name != o.model and self.adapters_lost:
             name = o.model
         if self.drifted or self.faults.answer_wrong:
             name = f"drifted:{name}"
@@ -285,6 +420,22 @@ def _query_error(name: str, message: str) -> JSONResponse:
     )
 
 
+# vLLM's sanitize_message (entrypoints/serve/exception_handling/utils.py): every error it
+# builds drops memory addresses, tracebacks and file paths, so a LoRA path reads "<path>".
+_VLLM_SANITIZE = (
+    (re.compile(r" at 0x[0-9a-fA-F]+>"), ">"),
+    (re.compile(r'\n?\s*File "[^"]+", line \d+, in \S+(\n\s+.*)?'), ""),
+    (re.compile(r"/(?:home|usr|opt|var|tmp|root|lib|mnt|srv)(?:/[\w.\-]+)+"), "<path>"),
+    (re.compile(r"(?:/[\w\-]+)+/[\w\-]+\.\w+"), "<path>"),
+)
+
+
+def vllm_message(message: str) -> str:
+    for pattern, replacement in _VLLM_SANITIZE:
+        message = pattern.sub(replacement, message)
+    return message.strip()
+
+
 def _error(status: int, message: str, kind: str | None = None) -> JSONResponse:
     """An error in vLLM's envelope: message, type, param, code."""
     kind = kind or {400: "BadRequestError", 404: "NotFoundError"}.get(status, "InternalServerError")
@@ -321,38 +472,29 @@ class SimRoutes:
             return JSONResponse({"error": "Unauthorized"}, status_code=401)
         created = int(time.time())
         name = self.engine.options.model
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": name,
-                        "object": "model",
-                        "created": created,
-                        "owned_by": "vllm",
-                        "root": name,
-                        "parent": None,
-                        "max_model_len": self.engine.options.max_model_len,
-                        "permission": [
-                            {
-                                "id": f"modelperm-sim-{created}",
-                                "object": "model_permission",
-                                "created": created,
-                                "allow_create_engine": False,
-                                "allow_sampling": True,
-                                "allow_logprobs": True,
-                                "allow_search_indices": False,
-                                "allow_view": True,
-                                "allow_fine_tuning": False,
-                                "organization": "*",
-                                "group": None,
-                                "is_blocking": False,
-                            }
-                        ],
-                    }
-                ],
-            }
+        cards = [_model_card(name, name, None, self.engine.options.max_model_len, created)]
+        # As vLLM: every runtime adapter, its root the path it was loaded from, its parent
+        # the base model, no max_model_len of its own.
+        cards.extend(
+            _model_card(lora.name, lora.facts.path, name, None, created)
+            for lora in self.engine.loras.values()
         )
+        return JSONResponse({"object": "list", "data": cards})
+
+    async def load_lora_adapter(self, request: Request) -> Response:
+        payload = await _json_object(request)
+        if isinstance(payload, Response):
+            return payload
+        inplace = payload.get("load_inplace") is True
+        return self.engine.load_lora(
+            payload.get("lora_name"), payload.get("lora_path"), inplace=inplace
+        )
+
+    async def unload_lora_adapter(self, request: Request) -> Response:
+        payload = await _json_object(request)
+        if isinstance(payload, Response):
+            return payload
+        return self.engine.unload_lora(payload.get("lora_name"))
 
     async def tokenize(self, request: Request) -> Response:
         """vLLM's POST /tokenize: a prompt string, or chat messages through the template."""
@@ -527,6 +669,8 @@ class SimRoutes:
         self.engine.last_request = None
         self.engine.set_faults({k: False for k in FAULT_NAMES})
         self.engine.drifted = self.engine.adapters_lost = False
+        for lora in self.engine.loras.values():
+            lora.applied = True
         return JSONResponse({"ok": True})
 
     @asynccontextmanager
@@ -549,8 +693,16 @@ class SimRoutes:
 def build_app(engine: SimEngine) -> Starlette:
     """Build the simulated server's ASGI app around one engine."""
     r = SimRoutes(engine)
+    lora_routes = []
+    if engine.options.runtime_lora_updating:
+        # As vLLM: without VLLM_ALLOW_RUNTIME_LORA_UPDATING these routes do not exist (404).
+        lora_routes = [
+            Route("/v1/load_lora_adapter", r.load_lora_adapter, methods=["POST"]),
+            Route("/v1/unload_lora_adapter", r.unload_lora_adapter, methods=["POST"]),
+        ]
     return Starlette(
         routes=[
+            *lora_routes,
             Route("/health", r.health, methods=["GET"]),
             Route("/v1/models", r.models, methods=["GET"]),
             Route("/v1/chat/completions", InferenceEndpoint(engine, chat=True)),
@@ -571,6 +723,36 @@ def build_app(engine: SimEngine) -> Starlette:
         ],
         lifespan=r.lifespan,
     )
+
+
+def _model_card(
+    name: str, root: str, parent: str | None, max_model_len: int | None, created: int
+) -> dict[str, Any]:
+    return {
+        "id": name,
+        "object": "model",
+        "created": created,
+        "owned_by": "vllm",
+        "root": root,
+        "parent": parent,
+        "max_model_len": max_model_len,
+        "permission": [
+            {
+                "id": f"modelperm-sim-{created}",
+                "object": "model_permission",
+                "created": created,
+                "allow_create_engine": False,
+                "allow_sampling": True,
+                "allow_logprobs": True,
+                "allow_search_indices": False,
+                "allow_view": True,
+                "allow_fine_tuning": False,
+                "organization": "*",
+                "group": None,
+                "is_blocking": False,
+            }
+        ],
+    }
 
 
 async def _json_object(request: Request) -> dict[str, Any] | Response:

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from starlette.types import Receive, Scope, Send
 
-from supervisor.sim import replies, tokens
+from supervisor.sim import adapters, replies, tokens
 from supervisor.sim.options import Faults, SimOptions, Stats
 
 
@@ -34,7 +34,8 @@ class Engine(Protocol):
 
     tokenizer: tokens.Tokenizer
 
-    def reply_for(self, name: str) -> str: ...
+    def reply_for(self, name: str, prompt: str = "") -> str: ...
+    async def lora_admit(self, name: str) -> tuple[int, str] | None: ...
     def generation_for(self, name: str) -> replies.GenerationSettings | None: ...
     def generation_started(self) -> asyncio.Event: ...
     def generation_ended(self) -> None: ...
@@ -103,6 +104,15 @@ class InferenceEndpoint:
             return
         engine.stats.inflight += 1
         try:
+            # A runtime LoRA adapter evicted from the cache is read again first, and a bad
+            # version fails or lags here, as its own engine-side error would.
+            failed = await engine.lora_admit(admitted["model"])
+            if failed is not None:
+                engine.stats.rejected += 1
+                status, message = failed
+                kind = "NotFoundError" if status == 404 else "InternalServerError"
+                await _send(send, status, replies.openai_error(message, kind, status))
+                return
             await self._generate(body, admitted, receive, send)
         finally:
             engine.stats.inflight -= 1
@@ -133,7 +143,9 @@ class InferenceEndpoint:
                 body=body,
                 payload=admitted,
                 chat=self.chat,
-                reply=engine.reply_for(admitted["model"]),
+                reply=engine.reply_for(
+                    admitted["model"], adapters.request_prompt(admitted, self.chat)
+                ),
                 echo=engine.options.echo,
                 tokenizer=engine.tokenizer,
                 generation=engine.generation_for(admitted["model"]),

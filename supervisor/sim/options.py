@@ -21,6 +21,11 @@ FAULT_NAMES = {
     # A model that answers wrongly from now on (no wake needed): a bad version mid-rollout, whose
     # answer checks must fail before any more users are sent to it. Cleared with the others.
     "answerWrong": "answer_wrong",
+    # A runtime LoRA load (`/v1/load_lora_adapter`) made while this is on reports success and is
+    # listed by /v1/models, but requests for it answer as the base model: "loaded but serving
+    # nothing". It marks the adapters loaded meanwhile; clearing it does not heal them (a
+    # reload does, as does a reset).
+    "adapterNoop": "adapter_noop",
 }
 
 
@@ -49,6 +54,16 @@ class SimOptions:
     reemit_split_prompt: bool = False
     # As vLLM's --lora-modules NAME=PATH: extra served names, each answering in its own way.
     lora_modules: tuple[str, ...] = ()
+    # vLLM's runtime LoRA options: /v1/load_lora_adapter exists only with
+    # VLLM_ALLOW_RUNTIME_LORA_UPDATING (`runtime_lora_updating`), and loads only with
+    # --enable-lora; a rank over --max-lora-rank is refused; --max-cpu-loras (default
+    # --max-loras) adapters stay cached, the least recently used beyond that evicted and read
+    # again from their path when next asked for.
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
+    runtime_lora_updating: bool = False
     start_asleep: bool = False
     max_model_len: int = 4096
     server_load_tracking: bool = False
@@ -70,6 +85,7 @@ class Faults:
     answer_drifts_after_wake: bool = False
     adapters_lost_after_wake: bool = False
     answer_wrong: bool = False
+    adapter_noop: bool = False
 
     def to_json(self) -> dict[str, bool]:
         return {wire: getattr(self, attr) for wire, attr in FAULT_NAMES.items()}

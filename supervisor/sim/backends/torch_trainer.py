@@ -2,7 +2,10 @@
 
 It trains a LoRA adapter (peft) on a small, randomly initialised Llama built from a local config
 (no downloads), on synthetic token sequences, so it needs nothing but torch, transformers and
-peft. It honours what the supervisor promises and asks of a trainer:
+peft. With `--base-model-dir` it trains on a real Hugging Face model instead, on a small fixed
+chat corpus, and with `--adapter-name` publishes servable adapters (`torch_adapters.py`:
+peft's files plus the manifest of docs/adapters.md, eval answers as vLLM gives them). It
+honours what the supervisor promises and asks of a trainer:
 - runs on `HARU_GPU_INDEX` (device 0 when `CUDA_VISIBLE_DEVICES` pins it), or on the CPU;
 - stays within `HARU_GPU_MEMORY_LIMIT_MIB` when given: on a GPU through torch's per-process
   memory fraction (the allocator refuses beyond it), and on both by refusing to start when its
@@ -36,7 +39,7 @@ from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from supervisor.gpu.sim_state import SimGpuState
-from supervisor.sim.backends import cuda_ordinal, stop_on_sigterm
+from supervisor.sim.backends import cuda_ordinal, stop_on_sigterm, torch_adapters
 
 MIB = 1024 * 1024
 KEEP_CHECKPOINTS = 3
@@ -65,7 +68,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, default=32)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--lora-r", type=int, default=8)
-    p.add_argument("--lr", type=float, default=5e-3)
+    p.add_argument("--lr", type=float, default=None, help="5e-3; 2e-2 with --base-model-dir")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint-every-s", type=float, default=2.0)
     p.add_argument("--max-steps", type=int, default=0, help="exit 0 after this many (0 = never)")
@@ -76,7 +79,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--report", default=None, help="keep a JSON of step and memory facts here")
+    g = p.add_argument_group("adapters", "a real base model, and servable adapters")
+    g.add_argument("--base-model-dir", default=None, help="a Hugging Face model directory")
+    g.add_argument("--adapter-name", default=None, help="publish adapters under this name")
+    g.add_argument("--served-model", default=None, help="the base model's served name")
+    g.add_argument("--eval-prompt", action="append", default=None, help="repeatable")
+    g.add_argument("--eval-max-tokens", type=int, default=16)
+    g.add_argument(
+        "--publish-every-steps", type=int, default=0, help="0: only when --max-steps ends it"
+    )
     a = p.parse_args(argv)
+    torch_adapters.check_arguments(p, a)
     for name in ("hidden", "layers", "heads", "vocab", "seq_len", "batch", "lora_r"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -109,8 +122,11 @@ def pick_device(choice: str, environ: dict[str, str]) -> tuple[torch.device, int
 
 
 def build_model(a: argparse.Namespace, device: torch.device) -> torch.nn.Module:
-    """A small Llama with random weights, from a local config; the same for the same seed."""
+    """A small Llama with random weights, from a local config; the same for the same seed.
+    With --base-model-dir, that model (float32) instead, with the same LoRA."""
     torch.manual_seed(a.seed)
+    if a.base_model_dir:
+        return torch_adapters.lora_model(a.base_model_dir, a.lora_r).to(device)
     config = LlamaConfig(
         vocab_size=a.vocab,
         hidden_size=a.hidden,
@@ -336,15 +352,30 @@ def _train(
     model.train()
     last_save = time.monotonic()
     loss_value = None
+    publisher = torch_adapters.Publisher.maybe(a, checkpoint_dir, device)
     while not stop.is_set():
         began = time.monotonic()
-        tokens = batch_for(step, a, device)
-        loss = model(input_ids=tokens, labels=tokens).loss
+        if publisher is not None:
+            loss = model(**publisher.batch).loss
+        else:
+            tokens = batch_for(step, a, device)
+            loss = model(input_ids=tokens, labels=tokens).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
         loss_value = float(loss.detach())
+        if (
+            publisher is not None
+            and a.adapter_name
+            and (
+                (a.publish_every_steps and step % a.publish_every_steps == 0)
+                or (a.max_steps and step >= a.max_steps)
+            )
+        ):
+            path = publisher.publish(model, step, loss_value)
+            model.train()
+            log(f"published adapter {a.adapter_name} at step {step}: {path.name}")
         if a.max_steps and step >= a.max_steps:
             save_checkpoint(checkpoint_dir, step, "finished", model, optimizer, extra)
             report.write(phase="finished", step=step, loss=loss_value)
