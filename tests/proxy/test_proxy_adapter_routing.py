@@ -24,6 +24,8 @@ from fleets.proxy.split import sticky_key
 from fleets.reads.arm_stats import arm_windows
 from fleets.services.adapter_routes import adapter_route_set
 from tests.proxy.conftest import CHAT, chat_body, error_of, serving
+from tests.proxy.test_proxy_hold import east_refuses, until_held
+from tests.proxy.test_proxy_routing import promote
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -135,14 +137,20 @@ def _version(fleet: Fleet, version: int) -> AdapterVersion:
     )
 
 
-def adapters_set(fleet: Fleet, states: dict[int, str], route: AdapterRoute) -> None:
-    """Register the versions with their copy on east (the active) in `states`; route them."""
-    east = Domain.objects.get(fleet=fleet, slug="east")
+def adapters_set(
+    fleet: Fleet, states: dict[int, str], route: AdapterRoute, domains: tuple[str, ...] = ("east",)
+) -> None:
+    """Register the versions with their copies on `domains` (east: the active) in `states`;
+    route them."""
     for version, state in states.items():
         row = _version(fleet, version)
-        AdapterCopy.objects.create(
-            adapter=row, domain=east, state=state, updated_at=datetime.now(UTC)
-        )
+        for slug in domains:
+            AdapterCopy.objects.create(
+                adapter=row,
+                domain=Domain.objects.get(fleet=fleet, slug=slug),
+                state=state,
+                updated_at=datetime.now(UTC),
+            )
     revision = Fleet.objects.get(pk=fleet.pk).route_revision
     assert adapter_route_set(
         fleet_id=fleet.id, name=NAME, route=route, expected_revision=revision, actor="test"
@@ -338,6 +346,21 @@ async def test_a_bad_adapter_routes_row_leaves_model_routing_alone(
     assert error_of(await ask(haru)) == (404, "model_not_found")
     snapshot = snapshots.ROUTES._snapshots[str(proxy_fleet.id)]
     assert snapshot.adapters == {} and "version" in snapshot.adapter_fault
+
+
+async def test_a_held_adapter_request_follows_the_failover_to_the_new_active(
+    haru, engines, proxy_fleet, recorder, hold_settings
+):
+    route = AdapterRoute(BASE, 7)
+    await sync_to_async(adapters_set)(proxy_fleet, {7: "probed"}, route, ("east", "west"))
+    await east_refuses(proxy_fleet)
+    request = asyncio.create_task(ask(haru, stream=True))
+    await until_held(1)
+    await sync_to_async(promote)(proxy_fleet, "west")
+    response = await asyncio.wait_for(request, 5)
+    assert response.status_code == 200 and response.headers[HEADER] == "support-bot@v7"
+    assert "@v7" not in response.text and f'"model":"{NAME}"' in response.text
+    assert [s["model"] for s in engines["west"].chats()] == ["support-bot@v7"]
 
 
 def _epoch() -> datetime:
