@@ -6,9 +6,10 @@ HARU_CHAT_HOLD_POLL_MS ago and no newer revision was pushed since (`push.FEED`: 
 Redis, or the CAS in this process). A pointer move therefore takes effect at once when pushed,
 and within the poll bound when not (0 reads it on every request); the planned promotion puts
 the old active to sleep only after a grace longer than that bound. The TTL
-(HARU_SNAPSHOT_CACHE_TTL_MS) bounds only how stale non-routing state (domain and slot health)
-may be. Profiled in bench/proxy.py: the per-request read was the largest single cost of the
-healthy path.
+(HARU_SNAPSHOT_CACHE_TTL_MS) bounds only how stale non-routing state (domain and slot health,
+which adapter copies are probed: their moves bump no revision, docs/adapter-routing.md) may
+be. Profiled in bench/proxy.py: the per-request read was the largest single cost of the healthy
+path.
 
 Failure rules (docs/design.md, "Failure rules"):
 - the pointer read itself fails (store unreachable): serve the last snapshot this process saw
