@@ -58,6 +58,8 @@ class ErrorCode(StrEnum):
     UPSTREAM_UNREACHABLE = "upstream_unreachable"
     HOLD_CAPACITY_EXCEEDED = "hold_capacity_exceeded"
     SERVER_DRAINING = "server_draining"
+    # An adapter's name with no version loaded and probed where it would be served.
+    ADAPTER_NOT_READY = "adapter_not_ready"
 
 
 class ServiceError(Exception):

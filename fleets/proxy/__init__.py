@@ -10,6 +10,8 @@
 - `plan`: one request's stance on continuation (kept or not, the body it is sent with).
 - `continuation`: a stream cut after its headers, held and continued on the domain routing
   commits to (the rules are in `fleets/core/continuation.py`).
+- `split`, `adapters`: which arm of a weighted split, which version of an adapter route takes a
+  request (docs/splits.md, docs/adapter-routing.md); `arm_stats`: their per-arm samples.
 - `snapshots`: the per-process routing snapshot cache (revision re-checked on every request,
   fail-open on a store outage).
 - `store`: the two reads the proxy makes, on one dedicated database thread.
@@ -18,5 +20,6 @@
 - `metrics`: the proxy's Prometheus series.
 
 Only the proxy serves these paths: Django itself answers them with a 404. The proxy reads
-the state store and never writes it; it holds no session, no CSRF, no DRF.
+the state store and never writes routing state (its one background thread stores per-arm
+samples and adapters' first-served marks); it holds no session, no CSRF, no DRF.
 """

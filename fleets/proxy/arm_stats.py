@@ -8,6 +8,9 @@ and writes it (fleets/services/arm_samples.py) on a connection of its own, so ne
 requests nor the routing reads on the proxy's database thread ever wait for it. The same flush
 writes the per-arm Prometheus series (fleets/metrics/arms.py).
 
+The same thread stores when an adapter version first served a user token
+(`first_served`, AdapterVersion.first_served_at: the freshness figure's end), once per version.
+
 Fails open: a write that fails (the store down, refused, slow past its timeout) drops those
 samples and counts them (`haru_proxy_arm_samples_dropped{reason="store"}`); traffic never
 notices. Bounded: at most MAX_WINDOWS windows pending (past them a sample is dropped and
@@ -27,6 +30,7 @@ from django.db import connections
 
 from fleets.core import latency_histogram as hist
 from fleets.metrics import arms as arm_metrics
+from fleets.proxy.adapters import first_served_write
 from fleets.services.arm_samples import MAX_ROWS, ArmSampleRow, arm_samples_write
 
 log = logging.getLogger("haru.proxy")
@@ -51,6 +55,18 @@ class _Window:
 
 
 Writer = Callable[[Sequence[ArmSampleRow], datetime], object]
+Served = tuple[str, str, int]  # fleet id, adapter name, version
+# Versions known to be marked (in this process), and marks pending: bounded, since every
+# version ever served passes through them (a full set forgets; the write is idempotent).
+MAX_SERVED = 4096
+
+
+def _served_write(marks: Sequence[tuple[Served, datetime]]) -> object:
+    try:
+        return first_served_write(marks)
+    except Exception:
+        connections["default"].close()
+        raise
 
 
 def _store_write(rows: Sequence[ArmSampleRow], now: datetime) -> object:
@@ -71,8 +87,12 @@ class ArmRecorder:
         write: Writer = _store_write,
         now: Callable[[], float] = time.time,
         autostart: bool = True,
+        mark: Callable[[Sequence[tuple[Served, datetime]]], object] = _served_write,
     ) -> None:
         self._write = write
+        self._mark = mark
+        self._served: dict[Served, float] = {}  # pending: version -> when it first served
+        self._marked: set[Served] = set()
         self._now = now
         self._autostart = autostart
         self._lock = threading.Lock()
@@ -114,6 +134,42 @@ class ArmRecorder:
         if self._autostart and self._thread is None:
             self.start()
 
+    def first_served(self, version: Served) -> None:
+        """An adapter version served a user token: stored by the next flush unless this
+        process stored it already (one dict lookup when it did)."""
+        if version in self._marked or version in self._served:
+            return
+        with self._lock:
+            if len(self._served) < MAX_SERVED:
+                self._served.setdefault(version, self._now())
+        if self._autostart and self._thread is None:
+            self.start()
+
+    def _flush_served(self) -> None:
+        with self._lock:
+            served, self._served = self._served, {}
+        if not served:
+            return
+        marks = [(version, datetime.fromtimestamp(at, UTC)) for version, at in served.items()]
+        try:
+            self._mark(marks)
+        except Exception as exc:  # noqa: BLE001 - fail open: kept for the next flush
+            with self._lock:
+                for version, at in served.items():
+                    if len(self._served) < MAX_SERVED:
+                        self._served.setdefault(version, at)
+            now = time.monotonic()
+            if now - self._logged >= LOG_EVERY_S:  # an outage fails every flush: rate-limited
+                self._logged = now
+                log.warning(
+                    "adapter first-served marks not stored yet (%s); kept for the next flush",
+                    type(exc).__name__,
+                )
+            return
+        if len(self._marked) + len(served) > MAX_SERVED:
+            self._marked.clear()
+        self._marked.update(served)
+
     def take(self) -> dict[Key, _Window]:
         with self._lock:
             pending, self._pending = self._pending, {}
@@ -122,6 +178,7 @@ class ArmRecorder:
     def flush(self) -> int:
         """Store what was summed since the last flush; return the rows written (0 when the
         write failed: those samples are dropped and counted)."""
+        self._flush_served()
         pending = self.take()
         if not pending:
             return 0

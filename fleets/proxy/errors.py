@@ -76,6 +76,9 @@ upstream_timeout = _answer(504, ErrorCode.UPSTREAM_TIMEOUT)
 upstream_unreachable = _answer(502, ErrorCode.UPSTREAM_UNREACHABLE, retry=True)
 hold_expired = _answer(503, ErrorCode.MODEL_UNAVAILABLE, retry=True)
 draining = _answer(503, ErrorCode.SERVER_DRAINING, retry=True)
+# An adapter's name whose routed versions are not loaded and probed on the serving domain:
+# refused before anything is sent (never answered by the base model), worth a retry.
+adapter_not_ready = _answer(503, ErrorCode.ADAPTER_NOT_READY, retry=True)
 
 
 def hold_capacity(limit: int) -> ProxyError:

@@ -14,7 +14,7 @@ import logging
 from typing import Protocol
 
 from fleets.base.conf import haru_settings
-from fleets.proxy import continuation, handler, upstream
+from fleets.proxy import adapters, continuation, handler, upstream
 from fleets.proxy.errors import ProxyError
 from fleets.proxy.plan import Plan
 from fleets.proxy.stream_ledger import Ledger
@@ -117,6 +117,10 @@ async def _forward(
         out = handler.response_headers(response, exchange)
         if ledger is not None or plan.client_ids:
             out = [(n, v) for n, v in out if n != b"content-length"]  # the body changes
+        if exchange.adapter is not None:
+            # Answered under the adapter's name, with the version that answered first: what
+            # follows (a continuation's too) goes through this connection.
+            io, out = adapters.answering(io, out, exchange.adapter)
         await io.respond(response.status, out, first, more=not complete)
         if exchange.overhead is not None:  # set by forward() before it returns
             exchange.overhead += handler.perf() - headers_at

@@ -19,7 +19,7 @@ from fleets.base.errors import ErrorCode
 from fleets.base.tokens import chat_allowed
 from fleets.core.arm_stats import Arm
 from fleets.metrics import requests as request_metrics
-from fleets.proxy import arm_stats, errors, hold, split, upstream
+from fleets.proxy import adapters, arm_stats, errors, hold, split, upstream
 from fleets.proxy.snapshots import ROUTES, Route, Snapshot, clip
 from fleets.reconciler import datapath
 
@@ -54,7 +54,7 @@ class Exchange:
     """One request's accounting, recorded in metrics once its response is done."""
 
     __slots__ = ("arrived", "fleet", "model", "outcome", "overhead", "ttfb", "stale", "route",
-                 "arm", "rollout", "avoid_candidate", "gaps", "last_chunk")  # fmt: skip
+                 "arm", "rollout", "avoid_candidate", "gaps", "last_chunk", "adapter")  # fmt: skip
 
     def __init__(self) -> None:
         self.arrived = perf()
@@ -73,6 +73,8 @@ class Exchange:
         self.avoid_candidate = False
         self.gaps: list[float] | None = None
         self.last_chunk = 0.0
+        # A request for an adapter's name (fleets/proxy/adapters.py): its version; None else.
+        self.adapter: adapters.AdapterPick | None = None
 
     def first_byte(self) -> None:
         if self.ttfb is None:
@@ -99,6 +101,11 @@ class Exchange:
             ttfb_s=self.ttfb,
             stale=self.stale,
         )
+        if self.adapter is not None and self.ttfb is not None and self.outcome == "ok":
+            # Its version served a user token: the freshness figure's end, stored once per
+            # version by the background writer (never on this path).
+            pick = self.adapter
+            arm_stats.RECORDER.first_served((pick.fleet_id, pick.name, pick.version))
         if self.arm is not None:
             ok = self.outcome in ARM_OK
             arm_stats.RECORDER.record(
@@ -235,9 +242,19 @@ async def forward(
             try:
                 # A fleet with no split pays one falsy check here.
                 splitting = snapshot.splits.get(model) if snapshot.splits else None
+                renamed: bytes | None = None  # the body naming an adapter's version
                 if splitting is None:
                     exchange.arm = None  # (a split cleared while this request was held)
-                    route = pick(snapshot, model)
+                    route = snapshot.routes.get(model)
+                    if route is None:
+                        # Only a name no binding serves is looked up as an adapter's.
+                        adapter = snapshot.adapters.get(model) if snapshot.adapters else None
+                        if adapter is None:
+                            route = pick(snapshot, model)
+                        else:
+                            route, renamed = adapters.route(
+                                snapshot, model, adapter, headers, exchange, plan, body
+                            )
                 else:
                     stable = snapshot.routes.get(model)
                     exchange.rollout = splitting.split.rollout_id
@@ -251,18 +268,22 @@ async def forward(
                 why = err
             else:
                 exchange.model, exchange.route = route.model, route
+                if renamed is not None:
+                    exchange.model = model  # an adapter's requests are labelled by its name
                 if continuing and not route.continues:
                     # Never answered to a client: the continuation counts it (reason "engine").
                     raise CannotContinue(f"{route.model!r}'s engine cannot continue a stream")
                 if on_route is not None:
                     on_route(route)
-                candidate = exchange.arm == Arm.CANDIDATE
+                # (An adapter's candidate already failed this request when it is sent there
+                # again: only its version was probed. It is not retried twice.)
+                candidate = exchange.arm == Arm.CANDIDATE and not exchange.avoid_candidate
                 try:
                     sent = await _attempt(
                         route,
                         snapshot,
                         headers,
-                        plan.body_for(route) if plan is not None else body,
+                        plan.body_for(route, renamed) if plan is not None else renamed or body,
                         endpoint,
                         exchange,
                         task,

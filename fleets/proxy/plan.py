@@ -58,15 +58,17 @@ class Plan:
             and self.reruns < haru_settings().chat_continue_max
         )
 
-    def body_for(self, route: Route) -> bytes:
-        """The body to send on `route`: with `return_token_ids` when the stream is kept."""
+    def body_for(self, route: Route, body: bytes | None = None) -> bytes:
+        """The body to send on `route`: with `return_token_ids` when the stream is kept.
+        `body`: the request's body as rewritten for the route (an adapter's version), if it is."""
+        body = body or self.body
         self.kept = self.continues(route)
         self.injected = False
         if not self.kept or self.client_ids:
-            return self.body
+            return body
         self.injected = True
-        at = self.body.index(b"{") + 1
-        return self.body[:at] + b'"return_token_ids":true,' + self.body[at:]
+        at = body.index(b"{") + 1
+        return body[:at] + b'"return_token_ids":true,' + body[at:]
 
     def ledger(self, route: Route) -> Ledger:
         config = haru_settings()

@@ -6,9 +6,10 @@ HARU_CHAT_HOLD_POLL_MS ago and no newer revision was pushed since (`push.FEED`: 
 Redis, or the CAS in this process). A pointer move therefore takes effect at once when pushed,
 and within the poll bound when not (0 reads it on every request); the planned promotion puts
 the old active to sleep only after a grace longer than that bound. The TTL
-(HARU_SNAPSHOT_CACHE_TTL_MS) bounds only how stale non-routing state (domain and slot health)
-may be. Profiled in bench/proxy.py: the per-request read was the largest single cost of the
-healthy path.
+(HARU_SNAPSHOT_CACHE_TTL_MS) bounds only how stale non-routing state (domain and slot health,
+which adapter copies are probed: their moves bump no revision, docs/adapter-routing.md) may
+be. Profiled in bench/proxy.py: the per-request read was the largest single cost of the healthy
+path.
 
 Failure rules (docs/design.md, "Failure rules"):
 - the pointer read itself fails (store unreachable): serve the last snapshot this process saw
@@ -32,6 +33,12 @@ from urllib.parse import urlsplit
 
 from fleets.base import clock
 from fleets.base.conf import HaruSettings, haru_settings
+from fleets.core.adapter_route import (
+    AdapterRoute,
+    AdapterRouteInvalid,
+    adapter_routes_parse,
+    concrete_name,
+)
 from fleets.core.continuation import engine_continues
 from fleets.core.read_model import DomainView, ModelView
 from fleets.core.route_intent import is_model_routable
@@ -109,6 +116,12 @@ class Snapshot:
     # and the stored splits the router ignored as malformed, model -> why.
     splits: dict[str, SplitRoute] = field(default_factory=dict)
     split_faults: dict[str, str] = field(default_factory=dict)
+    # Adapter routes by adapter name (empty on a fleet with none: the healthy path never looks:
+    # only a name no binding serves is looked up here), the engine names (`name@vN`) whose
+    # copy is probed, per domain id, and why the stored routes were refused ("" when not).
+    adapters: dict[str, AdapterRoute] = field(default_factory=dict)
+    probed: dict[str, frozenset[str]] = field(default_factory=dict)
+    adapter_fault: str = ""
 
     @property
     def available(self) -> list[str]:
@@ -205,6 +218,7 @@ def snapshot_build(rows: store.SnapshotRows, loaded_at: float) -> Snapshot:
                     f"domain {domain.state}, slot {b.slot_state}, server {b.health}"
                 )
     splits, faults = splits_build(rows) if rows.splits else ({}, {})
+    adapters, probed, adapter_fault = adapters_build(rows) if rows.adapter_routes else ({}, {}, "")
     return Snapshot(
         fleet_id=pointer.fleet_id,
         fleet_slug=pointer.slug,
@@ -217,7 +231,47 @@ def snapshot_build(rows: store.SnapshotRows, loaded_at: float) -> Snapshot:
         loaded_at=loaded_at,
         splits=splits,
         split_faults=faults,
+        adapters=adapters,
+        probed=probed,
+        adapter_fault=adapter_fault,
     )
+
+
+# Adapter-route faults already logged, (fleet id, why): a bad row is logged once per process,
+# not on every snapshot load (every TTL). Bounded: a fault text is ours, fleets are few.
+_ADAPTER_FAULTS_LOGGED: set[tuple[str, str]] = set()
+
+
+def adapters_build(
+    rows: store.SnapshotRows,
+) -> tuple[dict[str, AdapterRoute], dict[str, frozenset[str]], str]:
+    """The fleet's adapter routes, the probed engine names per domain, and the fault.
+
+    Fails open for the models: routes the router cannot read (fleets/core/adapter_route.py
+    refuses them) route no adapter of this fleet (a request for one is answered 404 as an
+    unknown model), and are logged once; the snapshot, so every model's routing, stands.
+    """
+    try:
+        routes = adapter_routes_parse(rows.adapter_routes)
+    except AdapterRouteInvalid as exc:
+        why = str(exc)
+        key = (rows.pointer.fleet_id, why)
+        if key not in _ADAPTER_FAULTS_LOGGED:
+            if len(_ADAPTER_FAULTS_LOGGED) >= 1024:
+                _ADAPTER_FAULTS_LOGGED.clear()
+            _ADAPTER_FAULTS_LOGGED.add(key)
+            log.warning(
+                "fleet %s: adapter routes refused, no adapter is routed: %s",
+                rows.pointer.slug,
+                why,
+            )
+        return {}, {}, why
+    probed: dict[str, set[str]] = {}
+    for domain_id, name, version in rows.probed:
+        route = routes.get(name)
+        if route is not None and version in route.versions():
+            probed.setdefault(domain_id, set()).add(concrete_name(name, version))
+    return routes, {d: frozenset(names) for d, names in probed.items()}, ""
 
 
 def splits_build(rows: store.SnapshotRows) -> tuple[dict[str, SplitRoute], dict[str, str]]:

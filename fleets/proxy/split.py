@@ -24,14 +24,16 @@ from fleets.core.arm_stats import Arm
 from fleets.core.route_split import Split, to_candidate
 
 if TYPE_CHECKING:
+    from fleets.core.adapter_route import AdapterRoute
     from fleets.proxy.snapshots import Route, SplitRoute
 
 # A sticky header's value is client-chosen: only this much of it keys the hash.
 MAX_KEY_CHARS = 256
 
 
-def sticky_key(split: Split, headers: dict[bytes, bytes]) -> str | None:
-    """The request's stickiness key for `split`, or None (a draw per request)."""
+def sticky_key(split: Split | AdapterRoute, headers: dict[bytes, bytes]) -> str | None:
+    """The request's stickiness key for `split` (or an adapter route, which keys its versions
+    the same way), or None (a draw per request)."""
     if split.sticky_header:
         value = headers.get(split.sticky_header.encode())
         if value:

@@ -25,10 +25,12 @@ from typing import Any, TypeVar
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
 from fleets.base.private_apis import unpooled
+from fleets.core.adapter_route import MAX_ADAPTER_ROUTES
+from fleets.core.adapters import AdapterVersionState, CopyState
 from fleets.core.continuation import engine_of
 from fleets.core.model_health import ServerHealth
 from fleets.core.route_split import MAX_SPLITS
-from fleets.models import Domain, Fleet, ModelBinding
+from fleets.models import AdapterCopy, Domain, Fleet, ModelBinding
 
 T = TypeVar("T")
 
@@ -96,6 +98,11 @@ class SnapshotRows:
     # and, only when there are splits, the candidate domains' bindings of the split models.
     splits: Any = None
     candidates: tuple[CandidateRow, ...] = ()
+    # The fleet's `adapter_routes` as stored ({} on a fleet without adapters: no more reads),
+    # and, only when there are routes, the probed copies of the routed names as
+    # (domain id, adapter name, version): fleets/proxy/adapters.py routes on them.
+    adapter_routes: Any = None
+    probed: tuple[tuple[str, str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -237,16 +244,21 @@ def snapshot_rows_read(fleet_id: str) -> SnapshotRows | None:
 
     def read(conn) -> SnapshotRows | None:
         fleet = (
-            Fleet.objects.filter(pk=fleet_id).values_list(*_POINTER_FIELDS, "route_splits").first()
+            Fleet.objects.filter(pk=fleet_id)
+            .values_list(*_POINTER_FIELDS, "route_splits", "adapter_routes")
+            .first()
         )
         if fleet is None:
             return None
         pointer = _pointer(fleet)
-        splits = fleet[len(_POINTER_FIELDS)]
-        # Only a fleet with splits pays the one more (indexed) read of its candidates.
+        splits, adapter_routes = fleet[len(_POINTER_FIELDS) :]
+        # Only a fleet with splits pays the one more (indexed) read of its candidates, and
+        # only one with adapter routes the one more read of its probed copies.
         candidates = _candidates_read(splits) if splits else ()
+        probed = _probed_read(pointer.fleet_id, adapter_routes) if adapter_routes else ()
+        extra = {"adapter_routes": adapter_routes, "probed": probed}
         if pointer.active_domain_id is None:
-            return SnapshotRows(pointer, None, None, None, (), splits, candidates)
+            return SnapshotRows(pointer, None, None, None, (), splits, candidates, **extra)
         domain = (
             Domain.objects.filter(pk=pointer.active_domain_id)
             .values_list("fleet_id", "slug", "state")
@@ -257,9 +269,16 @@ def snapshot_rows_read(fleet_id: str) -> SnapshotRows | None:
         )
         bindings = tuple(_binding(row) for row in rows)
         if domain is None:
-            return SnapshotRows(pointer, None, None, None, bindings, splits, candidates)
+            return SnapshotRows(pointer, None, None, None, bindings, splits, candidates, **extra)
         return SnapshotRows(
-            pointer, _uuid_text(domain[0]), domain[1], domain[2], bindings, splits, candidates
+            pointer,
+            _uuid_text(domain[0]),
+            domain[1],
+            domain[2],
+            bindings,
+            splits,
+            candidates,
+            **extra,
         )
 
     return _with_connection(read)
@@ -328,6 +347,34 @@ def _candidates_read(splits: Any) -> tuple[CandidateRow, ...]:
                 )
             )
     return tuple(out)
+
+
+# A fleet routes at most MAX_ADAPTER_ROUTES names, two versions each, on a few domains; the
+# read keeps the newest versions first and never more than this many rows.
+MAX_PROBED_ROWS = MAX_ADAPTER_ROUTES * 2 * 8
+
+
+def _probed_read(fleet_id: str, routes: Any) -> tuple[tuple[str, str, int], ...]:
+    """The probed copies of the routed adapter names on every domain of the fleet, in one
+    indexed read: (domain id, name, version).
+
+    Whatever of the stored routes is not an object of names is skipped here: the snapshot
+    (snapshots.py) judges the routes and routes no adapter of a fleet whose routes it refuses.
+    """
+    if not isinstance(routes, dict):
+        return ()
+    names = sorted(str(name) for name in list(routes)[:MAX_ADAPTER_ROUTES])
+    rows = (
+        AdapterCopy.objects.filter(
+            adapter__fleet_id=fleet_id,
+            adapter__name__in=names,
+            adapter__state=AdapterVersionState.REGISTERED.value,
+            state=CopyState.PROBED.value,
+        )
+        .order_by("-adapter__version")
+        .values_list("domain_id", "adapter__name", "adapter__version")[:MAX_PROBED_ROWS]
+    )
+    return tuple((_uuid_str(domain), name, int(version)) for domain, name, version in rows)
 
 
 def _engine(profile: Any) -> str:
