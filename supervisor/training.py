@@ -10,7 +10,10 @@ must resume from what they saved.
 
 A running trainer is recorded in the state directory, so a supervisor restarted after a crash
 adopts it (see `adoption.py`) instead of losing sight of a process that holds the GPU.
-`lastCheckpointAt` is the newest mtime in HARU_CHECKPOINT_DIR, read on every status call.
+`lastCheckpointAt` is the newest mtime in HARU_CHECKPOINT_DIR, read on every status call, and
+`lastAdapterAt` the newest mtime of a completed adapter's marker there (`haru-adapter.json`,
+docs/adapters.md): the control plane lists the adapters only when that moves, not on every
+periodic checkpoint.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from common.adapter_manifest import MANIFEST_NAME
 from supervisor.child_env import inherited_env
 from supervisor.clock import Clock, iso_utc
 from supervisor.config import TrainingSlotConfig
@@ -66,6 +70,27 @@ def trainer_env(
     # servers get the same from their launch environment.
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     return env
+
+
+def newest_adapter_mtime(directory: Path) -> float | None:
+    """The mtime of the newest completed adapter's marker (`<entry>/haru-adapter.json`) in a
+    checkpoint dir, or None. One `scandir` and a stat per directory entry (a trainer keeps a
+    handful); unreadable entries are skipped: status must never fail over this."""
+    newest: float | None = None
+    try:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                if entry.name.startswith("."):
+                    continue
+                try:
+                    mtime = os.stat(os.path.join(entry.path, MANIFEST_NAME)).st_mtime
+                except OSError:
+                    continue  # not an adapter (or pruned between the listing and the stat)
+                if newest is None or mtime > newest:
+                    newest = mtime
+    except OSError:
+        return None
+    return newest
 
 
 def newest_checkpoint_mtime(directory: Path) -> float | None:
@@ -246,6 +271,7 @@ class TrainingSlot:
             "graceMs": self.config.grace_ms,
             "checkpointDir": str(self.config.checkpoint_dir),
             "lastCheckpointAt": iso_utc(newest_checkpoint_mtime(self.config.checkpoint_dir)),
+            "lastAdapterAt": iso_utc(newest_adapter_mtime(self.config.checkpoint_dir)),
             "adopted": self.adopted and self.state != IDLE,
         }
 

@@ -58,6 +58,9 @@ class TrainingReport:
     pids: tuple[int, ...] = ()
     checkpoint_at: datetime | None = None
     last_error: str | None = None
+    # The newest completed adapter's marker (our supervisor's `lastAdapterAt`): what the
+    # adapter pass watches, read live from each beat and never stored.
+    adapter_at: datetime | None = None
 
     @property
     def running_with_pid(self) -> bool:
@@ -427,6 +430,7 @@ def read_training(t: Mapping[str, Any]) -> TrainingReport:
         else (),
         checkpoint_at=_time(checkpoint),
         last_error=_text(t.get("lastError")),
+        adapter_at=_time(t.get("lastAdapterAt")),
     )
 
 

@@ -9,8 +9,11 @@ calls happen first, outside any transaction; every write after is a compare-and-
 
 Cheap when nothing moves (issue 27 counts an idle tick's statements): a fleet is looked at only
 when one of its supervisors advertises `adapters` and either a training slot's
-`lastCheckpointAt` moved, its adapter routes moved, the last pass left work (a transfer, a
-load, a probe), or LOOK_INTERVAL_S passed; that is remembered per process, in memory. One pass
+`lastAdapterAt` moved (a trainer completed an adapter; periodic resume checkpoints do not
+count), its adapter routes moved, the last pass left work (a transfer, a load, a probe), or,
+for a fleet that routes adapters, LOOK_INTERVAL_S passed (the re-probes, a standby's
+reloads); that is remembered per process, in memory. A fleet that never trained an adapter
+pays nothing. One pass
 is bounded by a deadline: a large transfer goes on at the next tick, from where the target's
 incoming copy ends.
 """
@@ -83,7 +86,7 @@ REPROBE_INTERVAL_MS = 600_000
 class _Look:
     at: float  # time.monotonic() of the last pass
     revision: int  # the fleet's route revision then
-    checkpoints: dict[str, str | None]  # domain id -> lastCheckpointAt seen then
+    checkpoints: dict[str, str | None]  # domain id -> lastAdapterAt seen then
     busy: bool  # the last pass left work for the next tick
 
 
@@ -117,12 +120,14 @@ def adapters_due(
     route_revision: int,
     supervisor_urls: Iterable[str],
     checkpoints: Mapping[str, str | None],
+    routes: bool = True,
 ) -> bool:
     """Whether the pass has anything to look at: no read of the database, no call (what
     each supervisor advertises was learned from its status, in memory).
 
-    `checkpoints`: domain id -> its training slots' `lastCheckpointAt`, from this tick's beats
-    (a domain not beaten this tick keeps what was seen last)."""
+    `checkpoints`: domain id -> its training slots' `lastAdapterAt`, from this tick's beats
+    (a domain not beaten this tick keeps what was seen last); `routes`: whether the fleet
+    routes any adapter (only then is it looked at every LOOK_INTERVAL_S)."""
     if not _adapter_capable(supervisor_urls):
         return False
     with _lock:
@@ -131,7 +136,7 @@ def adapters_due(
         return True
     if any(look.checkpoints.get(d) != at for d, at in checkpoints.items()):
         return True
-    return time.monotonic() - look.at >= LOOK_INTERVAL_S
+    return routes and time.monotonic() - look.at >= LOOK_INTERVAL_S
 
 
 def _remember(
@@ -186,8 +191,10 @@ def adapters_pass(
         listed = client.adapters_list(timeout=p.timeout())
         if listed.value is not None:
             p.listings[domain_id] = listed.value
-        else:
-            p.busy = True  # unreachable now: look again next tick
+        # Unreachable or refusing now: not "busy" on that alone, or a supervisor that
+        # advertises adapters but cannot list them (a partition, a broken store) would cost a
+        # pass on every tick; its next completed adapter, a route move or the periodic look
+        # brings the pass back, and work left on the others keeps it busy.
     _register(p)
     routes = _routes(fleet)
     versions = list(
@@ -589,8 +596,8 @@ def _retire(p: _Pass, v: AdapterVersion, copies: list[AdapterCopy]) -> None:
 
 
 def checkpoints_of(beats: Iterable[object]) -> dict[str, str | None]:
-    """Domain id -> the latest `lastCheckpointAt` of its training slots, from heartbeats that
-    answered (`fleets.reconciler.heartbeat.Beat`)."""
+    """Domain id -> the latest `lastAdapterAt` of its training slots (a completed adapter's
+    marker), from heartbeats that answered (`fleets.reconciler.heartbeat.Beat`)."""
     out: dict[str, str | None] = {}
     for beat in beats:
         call = getattr(beat, "call", None)
@@ -598,9 +605,9 @@ def checkpoints_of(beats: Iterable[object]) -> dict[str, str | None]:
         if report is None:
             continue
         times = [
-            s.training.checkpoint_at
+            s.training.adapter_at
             for s in report.slots
-            if s.training is not None and s.training.checkpoint_at is not None
+            if s.training is not None and s.training.adapter_at is not None
         ]
         out[str(beat.domain.id)] = max(times).isoformat() if times else None  # type: ignore[attr-defined]
     return out

@@ -265,6 +265,7 @@ def _adapters_maybe(
         route_revision=fleet.route_revision,
         supervisor_urls=[d.supervisor_url for d in snap.domains],
         checkpoints=checkpoints,
+        routes=bool(fleet.adapter_routes),
     ):
         return
     checkpoint()

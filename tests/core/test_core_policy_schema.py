@@ -90,7 +90,7 @@ def test_every_key_of_the_table_is_in_the_schema_the_defaults_and_the_json():
             assert key.name in schema
             assert rendered[key.name] == DEFAULTS[key.name] == key.default
     assert list(schema) == list(DEFAULTS) == list(rendered)
-    assert len(DEFAULTS) == 35
+    assert len(DEFAULTS) == 36
 
 
 def test_a_policy_problem_reads_the_same_from_the_file_and_from_the_table():

@@ -65,6 +65,7 @@ class FakeHost:
     gpu_bad_body: bool = False  # GET /v1/gpu/memory answers a body off the contract
     gpu_gate: threading.Event | None = None  # GET /v1/gpu/memory hangs until this is set
     checkpoint_at: str | None = None  # the trainer's lastCheckpointAt, when it has one
+    adapter_at: str | None = None  # its lastAdapterAt (a completed adapter), when it has one
     # Golden probes: with `golden`, a seeded probe answers `answers[model]` (default "Hello from
     # <model>") with `engine_version`; the status reports `engine_version` when set.
     golden: bool = False
@@ -140,6 +141,7 @@ class FakeHost:
                         "state": self.trainer,
                         "pids": [self.pid] if self.pid is not None else [],
                         "lastCheckpointAt": self.checkpoint_at,
+                        **({"lastAdapterAt": self.adapter_at} if self.adapter_at else {}),
                     },
                 },
             ],

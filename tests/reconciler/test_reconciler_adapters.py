@@ -6,6 +6,8 @@ among the newest kept."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from common.adapter_manifest import manifest_parse, store_id
@@ -205,7 +207,7 @@ def test_retention_keeps_routed_and_newest_versions_and_retires_the_rest(fleet, 
     assert AdapterVersion.objects.filter(fleet=fleet, name="bot").latest("version").version == 4
 
 
-def test_the_pass_is_due_only_when_something_may_have_moved(fleet, stores):
+def test_the_pass_is_due_only_when_something_may_have_moved(fleet, stores, monkeypatch):
     urls = [d.supervisor_url for d in Domain.objects.filter(fleet=fleet)]
     due = {"fleet_id": fleet.id, "supervisor_urls": urls}
     assert adapter_pass.adapters_due(route_revision=0, checkpoints={}, **due)  # never looked
@@ -218,6 +220,12 @@ def test_the_pass_is_due_only_when_something_may_have_moved(fleet, stores):
     assert adapter_pass.adapters_due(
         route_revision=rev, checkpoints={west: "2026-12-05T09:00:00+00:00"}, **due
     )
+    # Time alone brings a look only to a fleet that routes adapters (re-probes, reloads): one
+    # that never trained an adapter pays nothing on its idle ticks.
+    later = time.monotonic() + adapter_pass.LOOK_INTERVAL_S + 1
+    monkeypatch.setattr(adapter_pass.time, "monotonic", lambda: later)
+    assert not adapter_pass.adapters_due(route_revision=rev, checkpoints={}, routes=False, **due)
+    assert adapter_pass.adapters_due(route_revision=rev, checkpoints={}, routes=True, **due)
     # A fleet none of whose supervisors advertises adapters is never looked at.
     assert not adapter_pass.adapters_due(
         fleet_id=fleet.id, supervisor_urls=["http://127.0.0.1:9"], route_revision=0, checkpoints={}

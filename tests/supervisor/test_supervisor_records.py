@@ -15,7 +15,7 @@ from supervisor.clock import SystemClock
 from supervisor.config import TrainingSlotConfig, parse_config, state_dir_for
 from supervisor.procfs import boot_id
 from supervisor.records import ProcessStamp, ServerRecord, StateDir, StateDirBusy, TrainerRecord
-from supervisor.training import TrainingSlot, newest_checkpoint_mtime
+from supervisor.training import TrainingSlot, newest_adapter_mtime, newest_checkpoint_mtime
 from tests.supervisor.fakes import FakeSpawner
 
 SLOTS = [{"kind": "inference", "gpuIndex": 0, "models": [{"name": "qwen", "port": 8001}]}]
@@ -145,6 +145,24 @@ def test_newest_checkpoint_is_the_newest_entry_but_never_a_write_in_progress(tmp
     (tmp_path / ".step-tmp").write_text("half-written")
     os.utime(tmp_path / ".step-tmp", (1_800_000_000, 1_800_000_000))
     assert newest_checkpoint_mtime(tmp_path) == 1_700_000_100
+
+
+def test_the_newest_adapter_is_the_newest_completion_marker_not_the_newest_checkpoint(tmp_path):
+    """The control plane lists adapters when this moves: a periodic resume checkpoint, a torn
+    adapter without its marker, or one still under its dot-name must not move it."""
+    assert newest_adapter_mtime(tmp_path / "missing") is None
+    (tmp_path / "step-000009").mkdir()
+    assert newest_adapter_mtime(tmp_path) is None
+    done = tmp_path / "adapter-000001"
+    done.mkdir()
+    (done / "haru-adapter.json").write_text("{}")
+    os.utime(done / "haru-adapter.json", (1_700_000_000, 1_700_000_000))
+    (tmp_path / "adapter-000002").mkdir()  # torn: no marker
+    hidden = tmp_path / ".adapter-000003.tmp"
+    hidden.mkdir()
+    (hidden / "haru-adapter.json").write_text("{}")
+    os.utime(tmp_path / "step-000009", (1_800_000_000, 1_800_000_000))
+    assert newest_adapter_mtime(tmp_path) == 1_700_000_000
 
 
 def test_training_status_reports_the_last_checkpoint_in_iso_utc(tmp_path):
