@@ -90,6 +90,26 @@ def sim_trainer(
     return [*argv, *args]
 
 
+def adapter_trainer_args(
+    name: str,
+    model: str,
+    *,
+    publish_every_s: float,
+    bad_versions: tuple[int, ...] = (),
+    bad_error_rate: float = 0.5,
+) -> tuple[str, ...]:
+    """Return the simulated trainer's flags that make it publish a servable LoRA adapter of
+    `model` named `name` every `publish_every_s` seconds (docs/adapters.md); the versions it
+    publishes in `bad_versions` (counted from 1 by this run of the trainer) fail a share
+    `bad_error_rate` of their requests on the simulated engine, which a rollout's gates catch."""
+    args = ["--adapter-name", name, "--served-model", model]
+    args += ["--publish-every-s", str(publish_every_s)]
+    if bad_versions:
+        args += ["--bad-versions", ",".join(str(v) for v in bad_versions)]
+        args += ["--bad-error-rate", str(bad_error_rate)]
+    return tuple(args)
+
+
 def _engine_args(wake_latency_ms: int, sleep_latency_ms: int, weights_mib: int, asleep: bool):
     args = [
         "--weights-mib", str(weights_mib), "--context-mib", "768",
@@ -116,6 +136,7 @@ class SimHost:
         planned_memory: bool = False,
         adapters: dict[str, list[str]] | None = None,
         engine_args: tuple[str, ...] = (),
+        lora: dict[str, int] | None = None,
     ) -> None:
         self.name = name
         self.dir = workdir / name
@@ -124,6 +145,10 @@ class SimHost:
         self.model_ports = {m: free_port() for m in MODELS}
         # LoRA adapters each model serves (the sim answers them by name, as vLLM does).
         self.adapters = adapters or {}
+        # Runtime LoRA loading (the profile's `lora`, e.g. {"maxLoras": 2, "maxLoraRank": 8}):
+        # the supervisor starts each engine with vLLM's flags for it, and the registry loads
+        # the trainer's adapters through it (docs/adapters.md).
+        self.lora = lora
         self.checkpoints = self.dir / "checkpoints"
         self.log_path = self.dir / "supervisor.log"
         self.proc: subprocess.Popen | None = None
@@ -156,6 +181,7 @@ class SimHost:
                             "profile": {
                                 "engine": "sim",
                                 "extraArgs": [*engine_args, *self._lora_args(m)],
+                                **({"lora": lora} if lora else {}),
                             },
                             **memory,
                         }
@@ -195,7 +221,10 @@ class SimHost:
     def layout_domain(self, priority: int, engine: str | None = None) -> dict:
         """Return this host as a domain of a fleet layout; `engine`, when given, is named in
         each binding's profile."""
-        profile = {"profile": {"engine": engine}} if engine else {}
+        profile: dict[str, Any] = {"profile": {"engine": engine}} if engine else {}
+        if self.lora:
+            # The binding says what its server runs: runtime LoRA on the simulated engine.
+            profile = {"profile": {"engine": engine or "sim", "lora": self.lora}}
         return {
             "slug": self.name,
             "provider": "static",
