@@ -9,7 +9,9 @@ Ctrl-C stops every process it started.
 Subcommands, for a second terminal: `crash active|standby|east|west` (the whole host dies),
 `restore active|standby|east|west` (bring it back and demote it to standby posture), `drill
 [check|round_trip]` (run a failover drill now and follow it to its end; `--every N` schedules
-one every N minutes instead), `stop` (kill whatever a previous demo left behind).
+one every N minutes instead), `traffic [--rate N]` (ask for the `support-bot` adapter the
+standby's trainer publishes, printing which version answers), `stop` (kill whatever a previous
+demo left behind).
 
 Only processes this demo started are ever signalled: the demo records each process it starts
 in var/demo/pids/ (pid, kernel start time, boot id, so a reused pid is never touched), and a
@@ -25,6 +27,7 @@ var/demo/state.json (mode 0600); neither is ever printed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import secrets
@@ -67,6 +70,12 @@ HOSTS: dict[str, DemoHost] = {
 }
 LAYOUT = "examples/fleet.two-domain.json"
 FLEET = "demo"
+# The adapter the standby's sim trainer publishes (examples/supervisor-*.json) every few minutes.
+ADAPTER = "support-bot"
+PUBLISH_MINUTES = 3
+# `traffic`: requests per second, at most, and how long one may take.
+TRAFFIC_MAX_RPS = 50
+TRAFFIC_TIMEOUT_S = 30
 
 
 def var_dir() -> Path:
@@ -296,6 +305,9 @@ def print_instructions(fleet: dict | None) -> None:
         else f"(the {active} supervisor is not running)"
     )
     faults = f"http://127.0.0.1:{MODEL_PORTS[standby][0]}/_sim/faults"
+    ask = json.dumps(
+        {"model": ADAPTER, "messages": [{"role": "user", "content": "What is 2 + 2?"}]}
+    )
     say(
         f"""
 Haru demo is running (fleet "{FLEET}": east and west, simulated H100s).
@@ -325,6 +337,17 @@ Break it (active and standby always mean the current ones, whichever host that i
                                    -H 'content-type: application/json' \\
                                    -d '{{"targetDomainId": "{standby}"}}'
 
+Train, then serve (the standby's trainer publishes a {ADAPTER} adapter of qwen-small every
+{PUBLISH_MINUTES} minutes; its 3rd, 6th and 9th are deliberately bad: they fail 20 % of requests)
+  ask for it:     curl -si {base}/v1/chat/completions -H 'X-Haru-Fleet: {FLEET}' \
+                    -H 'content-type: application/json' -d '{ask}'
+      (x-haru-adapter-version names the version that answered; 503 adapter_not_ready
+      until the first one is registered, transferred, loaded and probed on the active)
+  send users:     .venv/bin/python -m haru.demo traffic   (the canary's gates need requests)
+  watch it:       curl -s {base}/v1/fleets/{FLEET}/adapters   (and the dashboard's adapters panel)
+      (each new version: adapter.registered, copies stored, loaded and probed on every
+      domain, a rollout at 20 % then 100 %; a bad one's gate breaches and it is rolled back)
+
 Prove it before the outage
   run a drill now:               .venv/bin/python -m haru.demo drill   (or: drill round_trip)
       (the standby wakes, must answer its golden probe, and goes back to sleep and training)
@@ -348,9 +371,14 @@ def event_line(event: Any) -> str:
     where = f" {event.domain.slug}" if event.domain else ""
     step = f" {event.step}" if event.step else ""
     took = f" ({event.duration_ms} ms)" if event.duration_ms is not None else ""
-    detail = event.data.get("reason") or event.data.get("message") or event.data.get("code")
+    data = event.data
+    detail = data.get("reason") or data.get("message") or data.get("code") or data.get("why")
     extra = f": {' '.join(str(detail).split())[:120]}" if detail else ""
-    return f"{event.created_at:%H:%M:%S.%f}"[:12] + f" {event.kind}{where}{step}{took}{extra}"
+    # An adapter's events (registered, copy stored/loaded/probed, rolled back...) name the
+    # version they are about: the train-then-serve loop reads as one story.
+    adapter = f" {data['adapter']}@v{data.get('version', '?')}" if data.get("adapter") else ""
+    line = f"{event.kind}{adapter}{where}{step}{took}{extra}"
+    return f"{event.created_at:%H:%M:%S.%f}"[:12] + f" {line}"
 
 
 class RetryFold:
@@ -414,6 +442,42 @@ def follow_events(procs: dict[str, subprocess.Popen]) -> None:
                 reported.add(name)
                 say(f"--- {name} exited (status {proc.returncode}); see {demo_dir()}/{name}.log")
         time.sleep(0.3)
+
+
+def traffic(rate: float, seconds: float | None = None) -> int:
+    """Ask for the adapter, one request after another, at most `rate` a second, and print once
+    a second which versions answered (and any failure): what users get. No API key: the open
+    local API, so each request draws its version on its own during a canary."""
+    prompts = ("What is 2 + 2?", "Write one sentence about the sea.", "Who are you?")
+    url = f"http://127.0.0.1:{SERVER_PORT}/v1/chat/completions"
+    period = 1 / rate
+    end = None if seconds is None else time.monotonic() + seconds
+    n = 0
+    with httpx.Client(timeout=TRAFFIC_TIMEOUT_S, trust_env=False) as client:
+        while end is None or time.monotonic() < end:
+            second_end = time.monotonic() + 1
+            seen: dict[str, int] = {}
+            while time.monotonic() < second_end:
+                body = {
+                    "model": ADAPTER,
+                    "messages": [{"role": "user", "content": prompts[n % len(prompts)]}],
+                    "max_tokens": 16,
+                }
+                n += 1
+                try:
+                    r = client.post(url, json=body, headers={"X-Haru-Fleet": FLEET})
+                    key = (
+                        r.headers.get("x-haru-adapter-version", "?")
+                        if r.status_code == 200
+                        else f"HTTP {r.status_code} {_error_message(r)[:60]}"
+                    )
+                except httpx.HTTPError as exc:
+                    key = type(exc).__name__
+                seen[key] = seen.get(key, 0) + 1
+                time.sleep(max(0.0, period - 0.001))
+            summary = ", ".join(f"{k} x{v}" for k, v in sorted(seen.items()))
+            say(f"{time.strftime('%H:%M:%S')} {ADAPTER}: {summary}")
+    return 0
 
 
 def _interrupt(signum, frame) -> None:
@@ -647,6 +711,8 @@ def main(argv: list[str] | None = None) -> int:
         help="instead, schedule a drill every MINUTES minutes (0: no schedule)",
     )
     sub.add_parser("stop", help="kill every process this demo started that is still running")
+    users = sub.add_parser("traffic", help=f"ask for the {ADAPTER} adapter, printing who answers")
+    users.add_argument("--rate", type=float, default=4.0, help="requests per second")
     args = parser.parse_args(argv)
     os.chdir(REPO)
     if args.command == "crash":
@@ -659,6 +725,11 @@ def main(argv: list[str] | None = None) -> int:
         drill_schedule(args.every, args.mode)
     elif args.command == "drill":
         return drill(args.mode)
+    elif args.command == "traffic":
+        if not 0 < args.rate <= TRAFFIC_MAX_RPS:
+            parser.error(f"--rate must be above 0 and at most {TRAFFIC_MAX_RPS}")
+        with contextlib.suppress(KeyboardInterrupt):
+            return traffic(args.rate)
     elif args.command == "stop":
         killed = kill_stamps(demo_processes())
         say(f"demo: killed {killed} leftover process(es)")
