@@ -36,3 +36,23 @@ def test_repeated_retries_print_once_and_then_their_count():
         "12:00:00.000 operation.step.retry west wake: wake: refused",
         "12:00:00.000 domain.failed west",
     ]
+
+
+def test_an_adapter_event_names_its_version_and_why():
+    """The train-then-serve loop reads as one story: which version, and why it moved."""
+    copy = SimpleNamespace(
+        kind="adapter.copy.failed",
+        operation_id=None,
+        step="",
+        data={"adapter": "support-bot", "version": 3, "copy": 6, "why": "probe: no answer"},
+        domain=None,
+        duration_ms=None,
+        created_at=datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC),
+    )
+    rolled = SimpleNamespace(
+        **{**vars(copy), "kind": "rollout.rolled_back", "data": {"why": "gate failed"}}
+    )
+    assert RetryFold().line(copy) == (
+        "12:00:00.000 adapter.copy.failed support-bot@v3: probe: no answer"
+    )
+    assert RetryFold().line(rolled) == "12:00:00.000 rollout.rolled_back: gate failed"
