@@ -37,7 +37,8 @@ send all or none of its requests to the candidate.
 
 With `--json` the last line is one JSON object: engine, checkpoint_to_first_token_s,
 stale_answers, rollback_s, requests, failed_requests (anything but a 200) and the rest.
-Exit 0 when the targets hold, 1 when not, 3 when the engine's environment is missing.
+Exit 0 when the targets hold, 1 when not, 3 when the engine's environment is missing, 4 for
+`--engine vllm` where its environment is there: its loop is not built yet (the simulator's is).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import contextlib
+import hashlib
 import itertools
 import json
 import logging
@@ -744,14 +746,16 @@ def report(out: dict[str, Any]) -> None:
 
 
 def vllm_ready() -> str | None:
-    """Why the real-engine tier cannot run here (None: it can)."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "haru"
-    venvs = sorted(cache.glob("vllm-*/.complete")) if cache.exists() else []
-    if not venvs:
-        return "no vLLM venv (run .ci/vllm-venv: it needs the local CPU torch wheel)"
+    """Why the real-engine tier cannot run here (None: it can): the vLLM venv `.ci/vllm-venv`
+    builds (keyed by constraints-vllm.txt's hash) and the torch trainer's env."""
+    digest = hashlib.sha256((ROOT / "constraints-vllm.txt").read_bytes()).hexdigest()[:12]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    venv = Path(os.environ.get("HARU_VLLM_VENV") or cache / "haru" / f"vllm-{digest}")
+    if not (venv / ".complete").exists():
+        return f"no vLLM venv at {venv} (.ci/vllm-venv builds it from the local CPU torch wheel)"
     torch = ROOT / "var" / "venvs" / "torch" / "bin" / "python"
     if not torch.exists():
-        return "no torch env for the torch trainer (make torch-env)"
+        return f"no torch env at {torch} for the torch trainer (make torch-env)"
     return None
 
 
@@ -780,10 +784,10 @@ def main() -> int:
             return 3
         print(
             "--engine vllm: the real-engine loop is not built into this bench yet "
-            "(see bench/results/train-then-serve.md)",
+            "(bench/results/train-then-serve.md says what is measured)",
             file=sys.stderr,
         )
-        return 3
+        return 4
     for key in ("DATABASE_URL", "REDIS_URL"):
         os.environ.pop(key, None)
     logging.getLogger("httpx").setLevel(logging.WARNING)
