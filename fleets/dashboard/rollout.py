@@ -107,6 +107,9 @@ def rollout_panel(fleet: Fleet, slugs: dict[Any, str], now: datetime) -> dict[st
         "id": str(rollout.id),
         "short_id": str(rollout.id)[:8],
         "model": rollout.model,
+        # An adapter version's rollout promotes and aborts by a route write, not a swap: the
+        # confirmations say so.
+        "adapter": is_adapter(candidate),
         "state": rollout.state,
         "in_flight": in_flight,
         "pinned": rollout.pinned,

@@ -39,6 +39,10 @@ ROUTES = [
     ("post", "/v1/fleets/demo/rollouts"),
     ("get", f"/v1/fleets/demo/rollouts/{ROLLOUT_ID}"),
     ("post", f"/v1/fleets/demo/rollouts/{ROLLOUT_ID}/pause"),
+    ("get", "/v1/fleets/demo/adapters"),
+    ("get", "/v1/fleets/demo/adapters/support-bot"),
+    ("post", "/v1/fleets/demo/adapters/support-bot/pin"),
+    ("post", "/v1/fleets/demo/adapters/support-bot/unpin"),
     ("get", "/v1/openapi.json"),
     ("get", "/v1/docs"),
 ]
@@ -73,6 +77,7 @@ def test_route_list_covers_every_api_route():
         .replace(f"{ROLLOUT_ID}/pause", f"{ROLLOUT_ID}/<str:action>")
         .replace(ROLLOUT_ID, "<str:rollout_id>")
         .replace("domains/west", "domains/<str:domain>")
+        .replace("adapters/support-bot", "adapters/<str:name>")
         for _m, url in ROUTES
     }
     assert patterns <= covered
@@ -99,6 +104,7 @@ def test_route_with_a_wrong_token_is_401(
 # Provision and stop refuse the demo's static domains (409); tests/api/test_api_provisioning.py.
 # A drill needs a standby with a fresh heartbeat (422 here); tests/api/test_api_drills.py.
 # A rollout's body is not a target's (400 here); tests/api/test_api_rollouts.py.
+# Neither is a pin's (400 here); tests/api/test_api_adapters.py.
 @pytest.mark.parametrize(
     ("method", "url"),
     [
@@ -108,6 +114,7 @@ def test_route_with_a_wrong_token_is_401(
         and "/domains/" not in r[1]
         and "/drill" not in r[1]
         and r != ("post", "/v1/fleets/demo/rollouts")
+        and not r[1].endswith("/pin")
     ],
 )
 def test_route_with_the_token_is_served(seeded_fleet, client_with_token, method, url):

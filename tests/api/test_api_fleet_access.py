@@ -18,7 +18,7 @@ from prometheus_client import REGISTRY
 from fleets.api import urls as api_urls
 from fleets.api.auth import FleetRole
 from fleets.core.access import TokenScope
-from fleets.models import ApiToken, Domain, Event, Fleet, Operation, Rollout
+from fleets.models import AdapterVersion, ApiToken, Domain, Event, Fleet, Operation, Rollout
 from fleets.services.access import api_token_create
 from fleets.services.operations import operation_request
 from tests.access_fixtures import denials
@@ -56,6 +56,7 @@ def concrete(route: str, *, fleet: str, operation_id: str, rollout_id: str = MIS
         "domain": "west",
         "rollout_id": rollout_id,
         "action": "pause",
+        "name": "support-bot",
     }
     return "/v1/" + re.sub(r"<str:(\w+)>", lambda m: values[m.group(1)], route)
 
@@ -135,6 +136,17 @@ def test_a_read_token_reads_its_fleet_and_gets_403_on_every_write(
     now = timezone.now()
     rollout = Rollout.objects.create(
         fleet=seeded_fleet, model="qwen-small", state="rolled_back", created_at=now, updated_at=now
+    )
+    AdapterVersion.objects.create(
+        fleet=seeded_fleet,
+        name="support-bot",
+        version=1,
+        base_model="qwen-small",
+        digest="sha256:" + "0" * 64,
+        size_bytes=1,
+        manifest={},
+        completed_at=now,
+        registered_at=now,
     )
     for method, route, _name in ROUTES:
         url = concrete(

@@ -99,6 +99,10 @@ def test_the_panel_shows_route_versions_copies_freshness_and_the_rollouts_arms(
     assert ">40<" in stable and ">7<" in candidate
     # The rollout panel names the versions, both on the active.
     assert f"{NAME}@v1" in page and f"{NAME}@v2" in page
+    # Its confirmations describe route writes, never a swap of a domain.
+    abort = page.split("Abort the rollout of")[1].split('"')[0]
+    assert f"{NAME}@v2" in abort and f"back to {NAME}@v1" in abort and "swapped" not in abort
+    assert "one route write makes it answer every request" in page
     assert Rollout.objects.get().state == "stepping"
 
 
