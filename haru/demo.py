@@ -339,7 +339,7 @@ Break it (active and standby always mean the current ones, whichever host that i
 
 Train, then serve (the standby's trainer publishes a {ADAPTER} adapter of qwen-small every
 {PUBLISH_MINUTES} minutes; its 3rd, 6th and 9th are deliberately bad: they fail 20 % of requests)
-  ask for it:     curl -si {base}/v1/chat/completions -H 'X-Haru-Fleet: {FLEET}' \
+  ask for it:     curl -si {base}/v1/chat/completions -H 'X-Haru-Fleet: {FLEET}' \\
                     -H 'content-type: application/json' -d '{ask}'
       (x-haru-adapter-version names the version that answered; 503 adapter_not_ready
       until the first one is registered, transferred, loaded and probed on the active)
