@@ -390,6 +390,22 @@ class Policy:
         "before it gives up (rolled back, nothing routed).",
         within="adapterRollout",
     )
+    adapter_rollout_sticky_header: str = _key(
+        "",
+        {
+            "type": "string",
+            "maxLength": 64,
+            "pattern": "^([!#$%&'*+.^_`|~0-9a-z-]{1,64})?$",
+            "x-rules": {
+                "type": "must be a string",
+                "maxLength": "must be at most 64 characters",
+                "pattern": "must be a lower-case header name or empty",
+            },
+        },
+        "The request header an automatic adapter rollout keeps each caller on one version by "
+        "(a session or user id your clients send); empty: the caller's API key.",
+        within="adapterRollout",
+    )
 
     @classmethod
     def resolve(cls, raw: Mapping[str, Any] | None) -> Policy:

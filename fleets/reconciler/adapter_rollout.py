@@ -554,6 +554,7 @@ def adapter_rollout_autostart(*, fleet: Fleet, policy: Policy, actor: str) -> Ro
             body={
                 "candidate": {"kind": ADAPTER_KIND, "adapter": name, "version": number},
                 "reason": f"automatic: {name}@v{number} is probed on the active",
+                "stickyHeader": policy.adapter_rollout_sticky_header,
             },
             actor=actor,
         )

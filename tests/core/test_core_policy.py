@@ -87,6 +87,7 @@ def test_defaults_match_the_design():
             ],
             "gates": None,
             "prepareTimeoutMs": 1800000,
+            "stickyHeader": "",
         },
     }
 
@@ -182,11 +183,13 @@ def test_resolve_maps_every_camel_case_key_to_its_field():
             "steps": [{"weight": 10, "dwellS": 30}, {"weight": 100, "dwellS": 0}],
             "gates": {"minSamples": 5},
             "prepareTimeoutMs": 120000,
+            "stickyHeader": "x-session-id",
         },
     }
     policy = Policy.resolve(raw)
     assert policy.adapter_rollout_auto is False
     assert policy.adapter_rollout_prepare_timeout_ms == 120000
+    assert policy.adapter_rollout_sticky_header == "x-session-id"
     assert policy.to_json() == raw
     assert policy.standby_heartbeat_ms == 20000
     assert policy.flap_max_failovers == 3

@@ -361,3 +361,16 @@ def test_automatic_rollouts_off_in_policy(fleet, tick, fake_clock):
     route_to(fleet, AdapterRoute(base=BASE, version=1))
     tick()
     assert not Rollout.objects.exists()
+
+
+def test_an_automatic_rollout_sticks_callers_by_the_policys_header(fleet, tick, fake_clock):
+    """Clients that share one API key (a backend serving many users) stay one version per user
+    when the policy names the header that carries the user."""
+    Fleet.objects.filter(pk=fleet.id).update(
+        policy={"adapterRollout": {"stickyHeader": "x-session-id"}}
+    )
+    version(fleet, 1)
+    version(fleet, 2)
+    route_to(fleet, AdapterRoute(base=BASE, version=1))
+    tick()
+    assert Rollout.objects.get().sticky_header == "x-session-id"
