@@ -67,6 +67,10 @@ def test_the_quick_json_run_names_the_issue_figures_and_proves_the_failover():
     out = figures(bench("--engine", "sim", "--quick", "--json"))
     assert set(ISSUE_FIELDS) <= set(out)
     assert out["engine"] == "sim" and out["targets_met"] is True
+    # The rollouts and the rollback failed nothing; the crash may cut a request in flight to
+    # the host it kills (counted in failed_requests, not in this).
+    assert out["failed_before_failover"] == 0
+    assert out["failed_requests"] <= 2, out["errors"]
     failover = out["failover"]
     assert failover["state"] == "succeeded"
     # The new active's copies of the routed versions were probed by the promotion, before the
