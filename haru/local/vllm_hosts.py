@@ -168,6 +168,7 @@ class VllmHost:
         model: str = MODEL,
         start_asleep: bool = False,
         lora: dict[str, int] | None = None,
+        trainer_args: tuple[str, ...] = (),
         trainer_command: list[str] | None = None,
         grace_ms: int = 5000,
     ) -> None:
@@ -185,7 +186,11 @@ class VllmHost:
         self.proc: subprocess.Popen | None = None
         self.token = TOKEN
         self.model_dir = model_dir
-        command = trainer_command or torch_trainer(torch_python, model_dir, model=model)
+        # `trainer_args` follow the default flags, so one given again wins (argparse keeps the
+        # last): `("--publish-every-steps", "100")`; `trainer_command` replaces the whole line.
+        command = trainer_command or torch_trainer(
+            torch_python, model_dir, *trainer_args, model=model
+        )
         profile = {
             "engine": "vllm",
             "executable": str(vllm_python),

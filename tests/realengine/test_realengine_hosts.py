@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from common.adapter_manifest import engine_name, manifest_read
+from fleets.layouts.loader import parse_layout
+from haru.local.layouts import fleet_layout
 from haru.local.processes import wait_for
 from haru.local.vllm_hosts import (
     LORA,
@@ -49,6 +51,23 @@ def test_a_vllm_host_config_is_one_the_supervisor_accepts(tmp_path):
     domain = host.layout_domain(10, "vllm")
     assert domain["slots"][0]["models"][0]["profile"] == profile
     assert domain["servingBaseUrl"] == host.engine_url
+    west = VllmHost(
+        "west",
+        tmp_path,
+        vllm_python=Path("/venv/bin/python"),
+        torch_python=Path("/torch/bin/python"),
+        model_dir=tmp_path / "model",
+        start_asleep=True,
+        trainer_args=("--publish-every-steps", "50"),
+    )
+    # Given again after the defaults: the trainer's argparse keeps the last.
+    west_command = west.config["slots"][1]["command"]
+    assert west_command[-2:] == ["--publish-every-steps", "50"]
+    assert west_command.count("--publish-every-steps") == 2
+    # The control plane takes the hosts' profiles as the bindings' own (nothing drifted).
+    layout = parse_layout(fleet_layout(host, west))  # type: ignore[arg-type]
+    bound = {d.slug: d.slots[0].models[0].profile for d in layout.domains}
+    assert bound == {"east": profile, "west": profile}
     with pytest.raises(ValueError, match="runs vLLM"):
         host.layout_domain(10, "sim")
 
