@@ -528,8 +528,8 @@ def _probe(p: _Pass, v: AdapterVersion, c: AdapterCopy, client: SupervisorClient
             if len(_no_answers) > _MAX_ENTRIES:
                 _no_answers.clear()
         if tries >= PROBE_NO_ANSWER_TRIES:
-            why = f"probe: no answer in {tries} tries: {trouble}"
-            copy_move(copy=c, to_state=CopyState.FAILED, why=why, actor=p.actor)
+            silent = f"probe: no answer in {tries} tries: {trouble}"
+            copy_move(copy=c, to_state=CopyState.FAILED, why=silent, actor=p.actor)
             with _lock:
                 _no_answers.pop(c.id, None)
             return
