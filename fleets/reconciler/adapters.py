@@ -73,6 +73,11 @@ LOOK_INTERVAL_S = 60.0
 PASS_BUDGET_S = 3.0
 # One supervisor call of the pass never waits longer than this.
 CALL_TIMEOUT_S = 5.0
+# A probe's call gets at least this, whatever is left of the pass: a CPU engine busy with users
+# takes seconds for a few greedy tokens, and a probe cut short by the pass's budget is no
+# evidence against the adapter. A copy whose engine answers none of these tries is failed.
+PROBE_CALL_TIMEOUT_S = 5.0
+PROBE_NO_ANSWER_TRIES = 5
 # Bytes per PUT: at most what the supervisor takes (HARU_SUPERVISOR_ADAPTER_CHUNK_BYTES, 4 MiB
 # by default there), and all a transfer ever holds in memory.
 TRANSFER_CHUNK_BYTES = 1024 * 1024
@@ -94,6 +99,9 @@ _looks: dict[str, _Look] = {}
 # Loads a sleeping standby answered `pending: wake` to: remembered by the supervisor, so not
 # asked again each tick ((domain id, model, engine name)).
 _pending_loads: set[tuple[str, str, str]] = set()
+# Probes a copy's engine did not answer (copy id -> how many in a row): retried, up to
+# PROBE_NO_ANSWER_TRIES, before the copy is failed.
+_no_answers: dict[int, int] = {}
 # Digests already registered by this process (fleet id, digest): the listing repeats them on
 # every look, the database need not be asked again.
 _known: set[tuple[str, str]] = set()
@@ -107,6 +115,7 @@ def forget() -> None:
     with _lock:
         _looks.clear()
         _pending_loads.clear()
+        _no_answers.clear()
         _known.clear()
 
 
@@ -511,11 +520,24 @@ def _probe(p: _Pass, v: AdapterVersion, c: AdapterCopy, client: SupervisorClient
         p.busy = True
         return
     p.probes_left -= len(manifest.eval)
-    answers, trouble = adapter_answers(client, v, manifest.eval, timeout=p.timeout())
+    timeout = max(p.timeout(), PROBE_CALL_TIMEOUT_S)
+    answers, trouble = adapter_answers(client, v, manifest.eval, timeout=timeout)
     if trouble is not None:
-        log.info("fleet %s: probe of %s: %s", p.fleet.slug, v, trouble)
+        with _lock:
+            tries = _no_answers[c.id] = _no_answers.get(c.id, 0) + 1
+            if len(_no_answers) > _MAX_ENTRIES:
+                _no_answers.clear()
+        if tries >= PROBE_NO_ANSWER_TRIES:
+            silent = f"probe: no answer in {tries} tries: {trouble}"
+            copy_move(copy=c, to_state=CopyState.FAILED, why=silent, actor=p.actor)
+            with _lock:
+                _no_answers.pop(c.id, None)
+            return
+        log.info("fleet %s: probe of %s (try %s): %s", p.fleet.slug, v, tries, trouble)
         p.busy = True
         return
+    with _lock:
+        _no_answers.pop(c.id, None)
     why = probe_failure(manifest.eval, answers, c.baseline or {})
     if why is not None:
         copy_move(copy=c, to_state=CopyState.FAILED, why=f"probe: {why}", actor=p.actor)

@@ -350,8 +350,10 @@ def adapter_answers(
     timeout: float,
 ) -> tuple[dict[str, str | None], str | None]:
     """Ask a loaded adapter version each of `evals`' prompts, golden (greedy, seeded), one call
-    per prompt (each has its own prompt and length): prompt -> answer (None: it failed), and
-    why nothing more could be asked, if so."""
+    per prompt (each has its own prompt and length): prompt -> answer, and why nothing more
+    could be asked, if so. A prompt the engine did not answer (a timeout, an error status) ends
+    the asking with that why: no answer is not a wrong answer, and the caller decides whether
+    to ask again (the registry) or to fail closed (a promotion)."""
     name = engine_name(version.name, version.version)
     answers: dict[str, str | None] = {}
     for e in evals:
@@ -370,7 +372,10 @@ def adapter_answers(
         if not report.golden:
             return answers, "the supervisor cannot run golden probes (feature probe.golden)"
         got = report.result(version.base_model, name)
-        answers[e.prompt] = got.answer if got is not None and got.ok else None
+        if got is None or not got.ok:
+            said = (got.error if got is not None else None) or "not in the probe's report"
+            return answers, f"no answer to eval prompt {e.prompt[:40]!r}: {said}"
+        answers[e.prompt] = got.answer
     return answers, None
 
 

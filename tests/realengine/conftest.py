@@ -27,28 +27,15 @@ from haru.local import REPO, processes
 from haru.local.processes import exited, spawn, wait_for
 from haru.local.supervisors import sim_trainer
 from haru.local.supervisors import start_supervisor as local_supervisor
+from haru.local.vllm_hosts import VLLM_ARGS, VLLM_ENV, build_tiny_model
 
 MODEL = "tiny"
 SUPERVISOR_TOKEN = "realengine-supervisor-token-0123"
 EAST_KEY_ENV = "HARU_REALENGINE_EAST_KEY"
 EAST_KEY = "sk-realengine-east-4f1c9a7d"
 START_TIMEOUT_S = 300
-# Fast start on CPU (see docs/vllm-on-cpu.md): eager mode, one process, a tiny KV cache.
-VLLM_ENV = {
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-}
-VLLM_ARGS = [
-    "--dtype", "float32",
-    "--max-model-len", "512",
-    "--max-num-seqs", "8",
-    "--enforce-eager",
-    "--distributed-executor-backend", "uni",
-]  # fmt: skip
+# VLLM_ENV and VLLM_ARGS (the fast start on CPU, docs/vllm-on-cpu.md) live with the bench's
+# real-engine hosts (haru/local/vllm_hosts.py), which start the same servers.
 
 
 def base_env() -> dict[str, str]:
@@ -92,15 +79,7 @@ def vllm_python() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model(vllm_python, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("tiny-model")
-    subprocess.run(
-        [str(vllm_python), str(Path(__file__).with_name("build_tiny_model.py")), str(out)],
-        env={**base_env(), **VLLM_ENV},
-        check=True,
-        capture_output=True,
-        timeout=600,
-    )
-    return out
+    return build_tiny_model(vllm_python, tmp_path_factory.mktemp("tiny-model"))
 
 
 @dataclass

@@ -72,6 +72,8 @@ class FakeAdapterStore:
     # faults: engine names answering like the base model / answering something else
     serves_base: set[str] = field(default_factory=set)
     wrong: set[str] = field(default_factory=set)
+    # engine names whose probes time out (a busy CPU engine): no answer, not a wrong one
+    silent: set[str] = field(default_factory=set)
     # A PUT body this many bytes long at most (HARU_SUPERVISOR_ADAPTER_CHUNK_BYTES)
     chunk_cap: int = 1024 * 1024
     # After this many PUTs, every further PUT fails (a cut connection); None: no cut
@@ -227,6 +229,17 @@ class FakeAdapterStore:
             for name in names:
                 sid = self.loads.get((model, name))
                 awake = host.models.get(model) is False
+                if name in self.silent and sid is not None:
+                    out.append(
+                        {
+                            "model": model,
+                            "adapter": name,
+                            "ok": False,
+                            "latencyMs": 4500,
+                            "error": "timed out after 4500ms",
+                        }
+                    )
+                    continue
                 if sid is None or sid not in self.stored or not awake:
                     out.append(
                         {

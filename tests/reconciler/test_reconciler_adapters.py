@@ -184,6 +184,30 @@ def test_a_copy_that_answers_wrong_on_its_first_probe_fails_and_is_never_routed(
     assert _routes(fleet) == {}
 
 
+def test_a_probe_the_engine_does_not_answer_is_asked_again_and_fails_only_after_its_tries(
+    fleet, stores
+):
+    """A busy engine that times out a probe says nothing about the adapter: the copy stays
+    loaded and is asked again; it fails only when the engine answers none of the tries."""
+    stores["west"].train(*make_adapter("bot"))
+    stores["east"].silent.add("bot@v1")
+    for _ in range(adapter_pass.PROBE_NO_ANSWER_TRIES - 1):
+        assert _pass(fleet)  # busy: asked again next tick
+        assert _copy("bot", 1, "east").state == CopyState.LOADED
+    stores["east"].silent.clear()
+    _pass(fleet)
+    assert _copy("bot", 1, "east").state == CopyState.PROBED
+    assert _routes(fleet)["bot"].version == 1
+    # Another version whose engine never answers fails, naming why.
+    stores["west"].train(*make_adapter("bot", weights=b"two" * 10))
+    stores["east"].silent.add("bot@v2")
+    for _ in range(adapter_pass.PROBE_NO_ANSWER_TRIES + 1):
+        _pass(fleet)
+    east = _copy("bot", 2, "east")
+    assert east.state == CopyState.FAILED
+    assert "no answer in" in east.why and "timed out" in east.why
+
+
 def test_retention_keeps_routed_and_newest_versions_and_retires_the_rest(fleet, stores):
     for i in range(3):
         stores["west"].train(*make_adapter("bot", weights=bytes([i]) * 100))

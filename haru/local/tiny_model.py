@@ -1,9 +1,13 @@
 """Build a tiny random-weight Llama and a byte-level BPE tokenizer in a directory (no downloads).
 
 Run with the real-engine venv's Python (it has torch, transformers and tokenizers):
-`python build_tiny_model.py OUT_DIR`. The model answers with random bytes; it exists so a real
-vLLM can load something in seconds. Hidden size 128 with 4 heads gives head size 32, the
-smallest the CPU attention backend accepts.
+`python haru/local/tiny_model.py OUT_DIR`, or through `haru.local.vllm_hosts.build_tiny_model`,
+which keeps one built copy per version of this file. The model answers with random bytes; it
+exists so a real vLLM can load something in seconds, and so the torch trainer can train a LoRA
+for it on a CPU. Hidden size 128 with 4 heads gives head size 32, the smallest the CPU attention
+backend accepts.
+
+Never imported by the main venv (it has no torch): only run as a script.
 """
 
 from __future__ import annotations
