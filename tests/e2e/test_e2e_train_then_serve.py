@@ -84,6 +84,9 @@ def test_the_quick_json_run_names_the_issue_figures_and_proves_the_failover():
 
 
 def test_the_real_engine_tier_without_its_environment_exits_3_saying_why(tmp_path):
-    done = bench("--engine", "vllm", "--json", env={"XDG_CACHE_HOME": str(tmp_path)}, timeout=60)
-    assert done.returncode == 3
-    assert "no vLLM venv" in done.stderr
+    # No venv where .ci/vllm-venv looks, and no CPU torch wheel to build one from.
+    env = {"HARU_VLLM_VENV": str(tmp_path / "venv"), "HARU_TORCH_WHEELS": str(tmp_path)}
+    done = bench("--engine", "vllm", "--json", env=env, timeout=60)
+    assert done.returncode == 3, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "no local CPU torch wheel" in done.stderr
+    assert not (tmp_path / "venv").exists()
