@@ -272,7 +272,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     g.add_argument(
         "--bad-versions", default=None, help="only these published versions are bad: 2,4"
     )
-    g.add_argument("--bad-error-rate", type=float, default=0.5)
+    # 0.2: the 5th request it serves fails first, after the registry's first probe (three
+    # prompts) has passed, so the version reaches a rollout and its gates catch it.
+    g.add_argument("--bad-error-rate", type=float, default=0.2)
     g.add_argument("--bad-latency-ms", type=int, default=0)
     a = p.parse_args(argv)
     a.adapter_plan = adapter_plan(a, p)
