@@ -29,13 +29,14 @@ rollout steps).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import Q
 
+from common.adapter_manifest import engine_name
 from fleets.base import clock
 from fleets.base.errors import ServiceError
 from fleets.core.adapter_rollout import (
@@ -49,7 +50,6 @@ from fleets.core.adapter_rollout import (
 )
 from fleets.core.adapter_route import AdapterRoute, AdapterRouteInvalid, adapter_routes_parse
 from fleets.core.adapters import AdapterVersionState, CopyState
-from fleets.core.arm_stats import Arm, ArmWindow
 from fleets.core.golden import GOLDEN_SEED
 from fleets.core.policy import Policy
 from fleets.core.rollout import (
@@ -65,9 +65,10 @@ from fleets.core.rollout import (
     weight_permille,
 )
 from fleets.models import AdapterCopy, AdapterVersion, Domain, Fleet, Rollout
+from fleets.reconciler.rollout_look import ArmReader, LookContext
 from fleets.reconciler.supervisor.client import SupervisorClient
 from fleets.services.adapter_routes import adapter_route_set
-from fleets.services.rollouts import rollout_create, rollout_in_flight, rollout_move
+from fleets.services.rollouts import rollout_create, rollout_in_flight
 
 log = logging.getLogger(__name__)
 
@@ -83,34 +84,14 @@ ROUTE_ATTEMPTS = 3
 # At most this many (name, version) rows are read to find what an automatic rollout may start.
 MAX_READY_ROWS = 1000
 
-ArmReader = Callable[..., Mapping[Arm, ArmWindow]]
-
 
 @dataclass
-class _Ctx:
-    rollout: Rollout
+class _Ctx(LookContext):
     candidate: AdapterCandidate
-    client_for: Callable[[Domain], SupervisorClient]
-    reader: ArmReader
-    actor: str
-    now: datetime
-    policy: Policy
-
-    def move(self, **kwargs: Any) -> bool:
-        return rollout_move(self.rollout, actor=self.actor, **kwargs)
-
-    def progress(self, key: str, default: Any = None) -> Any:
-        return (self.rollout.progress or {}).get(key, default)
-
-    def since(self, key: str) -> float | None:
-        raw = self.progress(key)
-        if not raw:
-            return None
-        return (self.now - datetime.fromisoformat(raw)).total_seconds()
 
     @property
     def engine_name(self) -> str:
-        return f"{self.candidate.adapter}@v{self.candidate.version}"
+        return engine_name(self.candidate.adapter, self.candidate.version)
 
 
 def adapter_rollout_advance(

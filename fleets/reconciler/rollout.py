@@ -38,10 +38,8 @@ from urllib.parse import urlsplit, urlunsplit
 from fleets.base import clock
 from fleets.base.errors import InvalidTarget, OperationConflict
 from fleets.core.adapter_rollout import is_adapter
-from fleets.core.arm_stats import Arm, ArmWindow
 from fleets.core.golden import GOLDEN_SEED
 from fleets.core.model_health import ServerHealth
-from fleets.core.policy import Policy
 from fleets.core.report import StatusReport, TrainerReportState
 from fleets.core.rollout import (
     AnswerCheck,
@@ -65,17 +63,18 @@ from fleets.core.states import (
     TrainingState,
 )
 from fleets.core.urls import without_userinfo
-from fleets.models import Domain, Fleet, Id, ModelBinding, Operation, Rollout, Slot
+from fleets.models import Domain, Fleet, Id, ModelBinding, Operation, Slot
 from fleets.reads.arm_stats import arm_windows
 from fleets.reads.selectors import fleet_view
 from fleets.reconciler.adapter_rollout import adapter_rollout_advance
+from fleets.reconciler.rollout_look import ArmReader, LookContext
 from fleets.reconciler.steps import posture
 from fleets.reconciler.steps.base import SlotMover, training_slots
 from fleets.reconciler.supervisor.client import SupervisorClient
 from fleets.reconciler.supervisor.transport import Call
 from fleets.services.model_health import model_health_record
 from fleets.services.operations import operation_request
-from fleets.services.rollouts import binding_serving_move, rollout_in_flight, rollout_move
+from fleets.services.rollouts import binding_serving_move, rollout_in_flight
 from fleets.services.route_pointer import pointer_movers
 from fleets.services.route_splits import route_split_set
 
@@ -97,8 +96,6 @@ NUDGE_MS = 500
 # How many times a lost route CAS (the revision moved under it) is retried in one look.
 SPLIT_ATTEMPTS = 3
 
-ArmReader = Callable[..., Mapping[Arm, ArmWindow]]
-
 
 @dataclass(frozen=True)
 class RolloutLook:
@@ -107,27 +104,7 @@ class RolloutLook:
     nudge_ms: int | None = None
 
 
-@dataclass
-class _Ctx:
-    rollout: Rollout
-    client_for: Callable[[Domain], SupervisorClient]
-    reader: ArmReader
-    actor: str
-    now: datetime
-    policy: Policy
-
-    def move(self, **kwargs: Any) -> bool:
-        return rollout_move(self.rollout, actor=self.actor, **kwargs)
-
-    def progress(self, key: str, default: Any = None) -> Any:
-        return (self.rollout.progress or {}).get(key, default)
-
-    def since(self, key: str) -> float | None:
-        """Seconds since the ISO time stored at `progress[key]` (None: not stored)."""
-        raw = self.progress(key)
-        if not raw:
-            return None
-        return (self.now - datetime.fromisoformat(raw)).total_seconds()
+_Ctx = LookContext
 
 
 def rollout_advance(

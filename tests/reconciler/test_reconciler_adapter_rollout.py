@@ -323,6 +323,8 @@ def test_one_rollout_in_flight_per_fleet_model_or_adapter(adapter):
 
 
 def test_the_reconciler_starts_the_newest_probed_version_on_its_own(fleet, tick, fake_clock):
+    steps = [{"weight": 7, "dwellS": 11}, {"weight": 100, "dwellS": 13}]
+    Fleet.objects.filter(pk=fleet.id).update(policy={"adapterRollout": {"steps": steps}})
     version(fleet, 1)
     route_to(fleet, AdapterRoute(base=BASE, version=1))
     version(fleet, 2)
@@ -331,8 +333,8 @@ def test_the_reconciler_starts_the_newest_probed_version_on_its_own(fleet, tick,
     rollout = Rollout.objects.get()
     assert rollout.candidate["version"] == 2 and rollout.model == NAME
     assert rollout.started_by == "reconciler"
-    # The fleet's adapter plan (policy defaults) is what it runs.
-    assert rollout.steps[0] == {"weight": 5, "dwellS": 120}
+    # The fleet's adapter plan (its policy) is what it runs.
+    assert rollout.steps == steps
 
 
 def test_automatic_rollouts_skip_a_pinned_route_and_a_version_once_rolled_back(
