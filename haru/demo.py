@@ -33,6 +33,7 @@ import os
 import secrets
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -76,6 +77,11 @@ PUBLISH_MINUTES = 3
 # `traffic`: requests per second, at most, and how long one may take.
 TRAFFIC_MAX_RPS = 50
 TRAFFIC_TIMEOUT_S = 30
+# The demo's own users of the adapter, in the background while it runs: enough requests for a
+# canary's gates (10 samples a side within a minute at 20 %), so the train-then-serve loop goes
+# on with nobody at the keyboard. `traffic` in a second terminal shows who answers.
+BACKGROUND_RPS = 2.0
+TRAFFIC_PROMPTS = ("What is 2 + 2?", "Write one sentence about the sea.", "Who are you?")
 
 
 def var_dir() -> Path:
@@ -343,7 +349,9 @@ Train, then serve (the standby's trainer publishes a {ADAPTER} adapter of qwen-s
                     -H 'content-type: application/json' -d '{ask}'
       (x-haru-adapter-version names the version that answered; 503 adapter_not_ready
       until the first one is registered, transferred, loaded and probed on the active)
-  send users:     .venv/bin/python -m haru.demo traffic   (the canary's gates need requests)
+  see users:      .venv/bin/python -m haru.demo traffic   (the demo itself sends {BACKGROUND_RPS:g}
+                    requests a second for it, so each canary's gates get samples; this
+                    sends more and prints which versions answer, once a second)
   watch it:       curl -s {base}/v1/fleets/{FLEET}/adapters   (and the dashboard's adapters panel)
       (each new version: adapter.registered, copies stored, loaded and probed on every
       domain, a rollout at 20 % then 100 %; a bad one's gate breaches and it is rolled back)
@@ -444,12 +452,43 @@ def follow_events(procs: dict[str, subprocess.Popen]) -> None:
         time.sleep(0.3)
 
 
+def _ask_adapter(client: httpx.Client, n: int) -> str:
+    """Ask the adapter once (the n-th prompt); what answered: its version, or the failure."""
+    body = {
+        "model": ADAPTER,
+        "messages": [{"role": "user", "content": TRAFFIC_PROMPTS[n % len(TRAFFIC_PROMPTS)]}],
+        "max_tokens": 16,
+    }
+    url = f"http://127.0.0.1:{SERVER_PORT}/v1/chat/completions"
+    try:
+        r = client.post(url, json=body, headers={"X-Haru-Fleet": FLEET})
+    except httpx.HTTPError as exc:
+        return type(exc).__name__
+    if r.status_code == 200:
+        return r.headers.get("x-haru-adapter-version", "?")
+    return f"HTTP {r.status_code} {_error_message(r)[:60]}"
+
+
+def background_users(stop: threading.Event, rate: float = BACKGROUND_RPS) -> threading.Thread:
+    """Send the demo's own requests for the adapter until `stop` is set, printing nothing
+    (the event stream says what the loop does with them)."""
+
+    def run() -> None:
+        n = 0
+        with httpx.Client(timeout=TRAFFIC_TIMEOUT_S, trust_env=False) as client:
+            while not stop.wait(1 / rate):
+                _ask_adapter(client, n)
+                n += 1
+
+    thread = threading.Thread(target=run, name="demo-users", daemon=True)
+    thread.start()
+    return thread
+
+
 def traffic(rate: float, seconds: float | None = None) -> int:
     """Ask for the adapter, one request after another, at most `rate` a second, and print once
     a second which versions answered (and any failure): what users get. No API key: the open
     local API, so each request draws its version on its own during a canary."""
-    prompts = ("What is 2 + 2?", "Write one sentence about the sea.", "Who are you?")
-    url = f"http://127.0.0.1:{SERVER_PORT}/v1/chat/completions"
     period = 1 / rate
     end = None if seconds is None else time.monotonic() + seconds
     n = 0
@@ -458,21 +497,8 @@ def traffic(rate: float, seconds: float | None = None) -> int:
             second_end = time.monotonic() + 1
             seen: dict[str, int] = {}
             while time.monotonic() < second_end:
-                body = {
-                    "model": ADAPTER,
-                    "messages": [{"role": "user", "content": prompts[n % len(prompts)]}],
-                    "max_tokens": 16,
-                }
+                key = _ask_adapter(client, n)
                 n += 1
-                try:
-                    r = client.post(url, json=body, headers={"X-Haru-Fleet": FLEET})
-                    key = (
-                        r.headers.get("x-haru-adapter-version", "?")
-                        if r.status_code == 200
-                        else f"HTTP {r.status_code} {_error_message(r)[:60]}"
-                    )
-                except httpx.HTTPError as exc:
-                    key = type(exc).__name__
                 seen[key] = seen.get(key, 0) + 1
                 time.sleep(max(0.0, period - 0.001))
             summary = ", ".join(f"{k} x{v}" for k, v in sorted(seen.items()))
@@ -509,6 +535,7 @@ def run(fresh: bool) -> None:
     ensure_operator(env)
 
     procs: dict[str, subprocess.Popen] = {}
+    users_stop = threading.Event()
     try:
         for name in HOSTS:
             procs[name] = start_supervisor(name, state)
@@ -523,10 +550,12 @@ def run(fresh: bool) -> None:
         prepare_standbys(state)
         print_instructions(current_fleet())
         os.environ.update(env)
+        background_users(users_stop)
         follow_events(procs)
     except KeyboardInterrupt:
         say("\ndemo: stopping")
     finally:
+        users_stop.set()
         shutdown(procs)
 
 

@@ -3,6 +3,9 @@ which version answered (or what failed)."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import httpx
 import pytest
 
@@ -59,3 +62,22 @@ def test_traffic_refuses_a_rate_out_of_bounds(rate):
     with pytest.raises(SystemExit) as exc:
         demo.main(["traffic", "--rate", rate])
     assert exc.value.code == 2
+
+
+def test_the_demos_own_users_ask_for_the_adapter_quietly_until_stopped(monkeypatch, capsys):
+    """`make demo` sends its own requests for the adapter (a canary's gates need samples),
+    printing nothing, and stops when the demo does."""
+    ok = httpx.Response(200, headers={"x-haru-adapter-version": "support-bot@v1"}, json={})
+    client = FakeClient([httpx.ConnectError("not up yet")] + [ok] * 10_000)
+    monkeypatch.setattr(demo.httpx, "Client", lambda **kw: client)
+    stop = threading.Event()
+    thread = demo.background_users(stop, rate=500)
+    deadline = time.monotonic() + 10
+    while len(client.bodies) < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stop.set()
+    thread.join(timeout=5)
+    assert not thread.is_alive()
+    assert len(client.bodies) >= 5  # a refused connection does not end it
+    assert all(b["model"] == "support-bot" for b in client.bodies)
+    assert capsys.readouterr().out == ""
