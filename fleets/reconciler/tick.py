@@ -185,7 +185,9 @@ def fleet_tick(
 
     # 1-2b. Heartbeats, then the confirmation of a suspected dead active.
     if quiet is None:
-        observed, in_flight = _heartbeats_run(
+        # The full path's own beats say what the trainers completed: a fleet that is never
+        # quiet (an operation lately, a rollout) must see a new adapter too.
+        observed, in_flight, checkpoints = _heartbeats_run(
             fleet, view, client_factory, gate, actor, sightings, rollout=snap.open_rollout
         )
     else:
@@ -287,9 +289,10 @@ def _heartbeats_run(
     sightings: sightings_mod.Sightings | None = None,
     *,
     rollout: bool = False,
-) -> tuple[datetime, bool]:
+) -> tuple[datetime, bool, dict[str, str | None]]:
     """Heartbeat every domain (read all, then apply each), then confirm a suspected dead
-    active; return the round's observation time and whether an operation is in flight.
+    active; return the round's observation time, whether an operation is in flight, and what
+    each domain's trainer last completed (`lastAdapterAt`, for the adapter pass).
     `rollout`: a rollout is in flight, and its candidate standby serves: its serving slot is
     not settled to sleeping (or failed) as a standby left awake would be."""
     policy = view.policy
@@ -322,7 +325,7 @@ def _heartbeats_run(
         heartbeat_apply(beat, active_domain_id=active_id, operation_in_flight=in_flight or rollout)
 
     _confirm(fleet, view, beats, in_flight, client_factory, checkpoint, actor, active_id)
-    return observed, in_flight
+    return observed, in_flight, adapters.checkpoints_of(beats)
 
 
 def _confirm(

@@ -119,3 +119,27 @@ def test_readiness_calls_a_standby_without_a_routed_version_at_risk(fleet, route
 def test_readiness_of_a_fleet_without_adapter_routes_lists_no_adapter_check(fleet):
     readiness = fleet_readiness(fleet)
     assert ReadinessCheck.ADAPTERS not in {r.check for r in readiness.reasons}
+
+
+@pytest.mark.parametrize("quiet", [True, False], ids=["quiet path", "full path"])
+def test_a_completed_adapter_is_registered_whichever_path_the_tick_takes(
+    fleet, routed, tick, hosts, monkeypatch, fake_clock, quiet
+):
+    """The standby's heartbeat carries `lastAdapterAt`; a tick that sees it move lists the
+    store and registers the new version, on the quiet path and on the full one (a fleet with a
+    recent operation is not quiet for a while: it must not miss what its trainer completed)."""
+    from fleets.models import AdapterVersion  # noqa: PLC0415 - beside the fixture's models
+    from fleets.reads.tick_snapshot import TickSnapshot  # noqa: PLC0415
+
+    if not quiet:
+        monkeypatch.setattr(TickSnapshot, "quiet", lambda self, now: False)
+    stores, _sid = routed
+    tick()
+    tick()  # nothing moved: the pass has looked and rests
+    stores["west"].train(*make_adapter("bot", weights=b"second" * 10))
+    assert not AdapterVersion.objects.filter(fleet=fleet, name="bot", version=2).exists()
+    hosts.hosts["west"].adapter_at = "2026-12-05T09:00:00Z"
+    for _ in range(4):  # a healthy standby is asked for its status every 10 s
+        fake_clock.advance(seconds=5)
+        tick()
+    assert AdapterVersion.objects.filter(fleet=fleet, name="bot", version=2).exists()
