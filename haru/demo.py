@@ -385,6 +385,13 @@ def event_line(event: Any) -> str:
     # An adapter's events (registered, copy stored/loaded/probed, rolled back...) name the
     # version they are about: the train-then-serve loop reads as one story.
     adapter = f" {data['adapter']}@v{data.get('version', '?')}" if data.get("adapter") else ""
+    route = data.get("route") if event.kind == "fleet.adapter.route" else None
+    if isinstance(route, dict):
+        # A route write names what it routes: the version, and the candidate at its weight.
+        adapter = f" {data.get('adapter')} -> v{route.get('version')}"
+        if route.get("candidate"):
+            share = route.get("weightPermille", 0) / 10
+            adapter += f" (v{route['candidate']} at {share:g} %)"
     line = f"{event.kind}{adapter}{where}{step}{took}{extra}"
     return f"{event.created_at:%H:%M:%S.%f}"[:12] + f" {line}"
 

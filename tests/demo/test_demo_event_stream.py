@@ -56,3 +56,26 @@ def test_an_adapter_event_names_its_version_and_why():
         "12:00:00.000 adapter.copy.failed support-bot@v3: probe: no answer"
     )
     assert RetryFold().line(rolled) == "12:00:00.000 rollout.rolled_back: gate failed"
+
+
+def test_a_route_write_names_the_version_and_the_canarys_share():
+    def route(data):
+        return SimpleNamespace(
+            kind="fleet.adapter.route",
+            operation_id=None,
+            step="",
+            data=data,
+            domain=None,
+            duration_ms=None,
+            created_at=datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC),
+        )
+
+    step = {"version": 1, "candidate": 2, "weightPermille": 200, "rollout": "r"}
+    canary = route({"adapter": "support-bot", "route": step, "reason": "step 0: 20 %"})
+    back = route({"adapter": "support-bot", "route": {"version": 1}, "reason": "gate failed"})
+    assert RetryFold().line(canary) == (
+        "12:00:00.000 fleet.adapter.route support-bot -> v1 (v2 at 20 %): step 0: 20 %"
+    )
+    assert RetryFold().line(back) == (
+        "12:00:00.000 fleet.adapter.route support-bot -> v1: gate failed"
+    )
