@@ -353,8 +353,9 @@ Train, then serve (the standby's trainer publishes a {ADAPTER} adapter of qwen-s
                     requests a second for it, so each canary's gates get samples; this
                     sends more and prints which versions answer, once a second)
   watch it:       curl -s {base}/v1/fleets/{FLEET}/adapters   (and the dashboard's adapters panel)
-      (each new version: adapter.registered, copies stored, loaded and probed on every
-      domain, a rollout at 20 % then 100 %; a bad one's gate breaches and it is rolled back)
+      (each new version: adapter.registered, its copy stored, loaded and probed on the
+      active (the standby's loads wait for its wake), a rollout at 20 % then 100 %; a bad
+      one's gate breaches and it is rolled back)
 
 Prove it before the outage
   run a drill now:               .venv/bin/python -m haru.demo drill   (or: drill round_trip)
