@@ -14,7 +14,7 @@ import signal
 import subprocess
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 
@@ -119,7 +119,106 @@ def _engine_args(wake_latency_ms: int, sleep_latency_ms: int, weights_mib: int, 
     return [*args, "--start-asleep"] if asleep else args
 
 
-class SimHost:
+class SupervisedHost:
+    """What every local stand-in for a GPU host shares (SimHost here, VllmHost in
+    vllm_hosts.py): a supervisor in managed mode in a directory of its own, its lifecycle
+    (stop, crash, restart) and the calls tests and benchmarks make to it. A subclass sets
+    `name`, `dir`, `port`, `model_ports`, `log_path`, `token`, `proc` and `url`, and the
+    timeouts its engines need."""
+
+    name: str
+    dir: Path
+    port: int
+    model_ports: dict[str, int]
+    log_path: Path
+    token: str
+    proc: subprocess.Popen | None
+    # How long a stop may take, how long its processes may take to go after a SIGKILL (and how
+    # often to look), and how long one call to the supervisor may take.
+    STOP_GRACE_S = 10.0
+    GONE_TIMEOUT_S = 10.0
+    GONE_EVERY_S = 0.002
+    CALL_TIMEOUT_S = 10.0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, *, token: str | None = None, wait: bool = True) -> Any:
+        """Start the supervisor (each host its own way); `token` overrides the default."""
+        raise NotImplementedError
+
+    def ready(self) -> bool:
+        return supervisor_ready(self.url, self.token)
+
+    def stop(self) -> None:
+        """SIGTERM the supervisor (it stops its children), then kill anything left."""
+        if self.proc is not None:
+            stop(self.proc, grace_s=self.STOP_GRACE_S)
+        self.crash()
+
+    def crash(self) -> None:
+        """SIGKILL the supervisor and every child it started: the host went down."""
+        if self.proc is not None:
+            stop(self.proc, grace_s=0, sig=signal.SIGKILL)
+        for pid in pids_with_env(str(self.dir)):
+            kill_group(pid)
+            kill_group_of(pid)
+        # SIGKILL is asynchronous: the host is down once its processes are (a zombie has no
+        # environment left, and its sockets are closed), so what follows starts after that.
+        gone = f"{self.name}'s processes gone"
+        alive = partial(pids_with_env, str(self.dir))
+        wait_for(lambda: not alive(), self.GONE_TIMEOUT_S, gone, every=self.GONE_EVERY_S)
+
+    def restart(self, **kwargs: Any) -> Self:
+        self.crash()
+        for port in (self.port, *self.model_ports.values()):
+            wait_for(partial(port_free, port), self.GONE_TIMEOUT_S, f"port {port} free")
+        return self.start(**kwargs)
+
+    # -- calls -----------------------------------------------------------------------------
+
+    def get(self, path: str, *, token: str | None = "default", raw: bool = False) -> Any:
+        return self._call("GET", path, None, token, raw)
+
+    def post(self, path: str, body: dict | None = None, *, raw: bool = False) -> Any:
+        return self._call("POST", path, body, "default", raw)
+
+    def _call(self, method: str, path: str, body: dict | None, token: str | None, raw: bool) -> Any:
+        token = self.token if token == "default" else token
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        response = httpx.request(
+            method,
+            self.url + path,
+            json=body,
+            headers=headers,
+            timeout=self.CALL_TIMEOUT_S,
+            trust_env=False,
+        )
+        if raw:
+            return response
+        response.raise_for_status()
+        return response.json()
+
+    def status(self) -> dict:
+        return self.get("/v1/status")
+
+    def asleep(self) -> dict[str, bool | None]:
+        return {
+            m["name"]: m["sleeping"]
+            for s in self.status()["slots"]
+            if s["kind"] == "inference"
+            for m in s["models"]
+        }
+
+    def trainer(self) -> dict:
+        return next(s["training"] for s in self.status()["slots"] if s["kind"] == "training")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+class SimHost(SupervisedHost):
     """One simulated GPU host: a supervisor in managed mode with two sim engines and a trainer."""
 
     def __init__(
@@ -214,10 +313,6 @@ class SimHost:
         names = self.adapters.get(model)
         return ["--lora-modules", *(f"{a}=/dev/null" for a in names)] if names else []
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
     def layout_domain(self, priority: int, engine: str | None = None) -> dict:
         """Return this host as a domain of a fleet layout; `engine`, when given, is named in
         each binding's profile."""
@@ -278,75 +373,12 @@ class SimHost:
             )
         return self
 
-    def ready(self) -> bool:
-        return supervisor_ready(self.url, self.token)
-
-    def stop(self) -> None:
-        """SIGTERM the supervisor (it stops its children), then kill anything left."""
-        if self.proc is not None:
-            stop(self.proc, grace_s=10)
-        self.crash()
-
-    def crash(self) -> None:
-        """SIGKILL the supervisor and every child it started: the host went down."""
-        if self.proc is not None:
-            stop(self.proc, grace_s=0, sig=signal.SIGKILL)
-        for pid in pids_with_env(str(self.dir)):
-            kill_group(pid)
-            kill_group_of(pid)
-        # SIGKILL is asynchronous: the host is down once its processes are (a zombie has no
-        # environment left, and its sockets are closed), so what follows starts after that.
-        gone = f"{self.name}'s processes gone"
-        wait_for(lambda: not pids_with_env(str(self.dir)), 10, gone, every=0.002)
-
-    def restart(self, **kwargs: Any) -> SimHost:
-        self.crash()
-        for port in (self.port, *self.model_ports.values()):
-            wait_for(partial(port_free, port), 10, f"port {port} free")
-        return self.start(**kwargs)
-
-    # -- calls -----------------------------------------------------------------------------
-
-    def get(self, path: str, *, token: str | None = "default", raw: bool = False) -> Any:
-        return self._call("GET", path, None, token, raw)
-
-    def post(self, path: str, body: dict | None = None, *, raw: bool = False) -> Any:
-        return self._call("POST", path, body, "default", raw)
-
-    def _call(self, method: str, path: str, body: dict | None, token: str | None, raw: bool) -> Any:
-        token = self.token if token == "default" else token
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        response = httpx.request(
-            method, self.url + path, json=body, headers=headers, timeout=10, trust_env=False
-        )
-        if raw:
-            return response
-        response.raise_for_status()
-        return response.json()
-
-    def status(self) -> dict:
-        return self.get("/v1/status")
-
-    def asleep(self) -> dict[str, bool | None]:
-        return {
-            m["name"]: m["sleeping"]
-            for s in self.status()["slots"]
-            if s["kind"] == "inference"
-            for m in s["models"]
-        }
-
-    def trainer(self) -> dict:
-        return next(s["training"] for s in self.status()["slots"] if s["kind"] == "training")
-
     def fault(self, model: str, **faults: bool) -> dict:
         """Inject faults (wakeFails, wakeHangs, inference5xx, ...) into one sim engine."""
         url = f"http://127.0.0.1:{self.model_ports[model]}/_sim/faults"
         response = httpx.post(url, json=dict(faults), timeout=5, trust_env=False)
         response.raise_for_status()
         return response.json()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
 def put_in_standby_posture(host: SimHost) -> None:

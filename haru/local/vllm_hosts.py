@@ -17,19 +17,17 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from common.ports import free_port, port_free
+from common.ports import free_port
 
 from . import REPO
-from .processes import exited, kill_group, kill_group_of, pids_with_env, stop, wait_for
-from .supervisors import HOST_DIR_ENV, TOKEN, start_supervisor, supervisor_ready
+from .processes import exited, wait_for
+from .supervisors import HOST_DIR_ENV, TOKEN, SupervisedHost, start_supervisor
 
 MODEL = "tiny"
 # Runtime LoRA on the engine: two loaded at once, so a rollout holds its version and candidate.
@@ -149,13 +147,19 @@ def torch_trainer(
     ]  # fmt: skip
 
 
-class VllmHost:
+class VllmHost(SupervisedHost):
     """One real-engine host: a supervisor in managed mode, one real vLLM with runtime LoRA, and
     the torch trainer. The same interface as SimHost, for one model (`model`).
 
     The engine always boots awake (a real vLLM has no start-asleep flag): a standby
     (`start_asleep`) is put to sleep by `put_in_standby_posture`, as a SimHost is, and
     `boot_awake` has nothing to change."""
+
+    # A real vLLM's stop, sleep, wake or LoRA load takes seconds on this CPU, not milliseconds.
+    STOP_GRACE_S = 30.0
+    GONE_TIMEOUT_S = 30.0
+    GONE_EVERY_S = 0.05
+    CALL_TIMEOUT_S = 120.0
 
     def __init__(
         self,
@@ -235,10 +239,6 @@ class VllmHost:
         self.start_asleep = False
 
     @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
     def engine_url(self) -> str:
         return f"http://127.0.0.1:{self.model_ports[self.model]}"
 
@@ -313,66 +313,6 @@ class VllmHost:
             gave_up=exited(self.proc, self.log_path),
         )
 
-    def ready(self) -> bool:
-        """Whether the supervisor knows its vLLM's sleep state: the server answers."""
-        return supervisor_ready(self.url, self.token)
-
-    def stop(self) -> None:
-        """SIGTERM the supervisor (it stops its vLLM and trainer), then kill anything left."""
-        if self.proc is not None:
-            stop(self.proc, grace_s=30)
-        self.crash()
-
-    def crash(self) -> None:
-        """SIGKILL the supervisor and every child it started: the host went down."""
-        if self.proc is not None:
-            stop(self.proc, grace_s=0, sig=signal.SIGKILL)
-        for pid in pids_with_env(str(self.dir)):
-            kill_group(pid)
-            kill_group_of(pid)
-        gone = f"{self.name}'s processes gone"
-        wait_for(lambda: not pids_with_env(str(self.dir)), 30, gone, every=0.05)
-
-    def restart(self, **kwargs: Any) -> VllmHost:
-        self.crash()
-        for port in (self.port, *self.model_ports.values()):
-            wait_for(partial(port_free, port), 30, f"port {port} free")
-        return self.start(**kwargs)
-
-    # -- calls -----------------------------------------------------------------------------
-
-    def get(self, path: str, *, token: str | None = "default", raw: bool = False) -> Any:
-        return self._call("GET", path, None, token, raw)
-
-    def post(self, path: str, body: dict | None = None, *, raw: bool = False) -> Any:
-        return self._call("POST", path, body, "default", raw)
-
-    def _call(self, method: str, path: str, body: dict | None, token: str | None, raw: bool) -> Any:
-        token = self.token if token == "default" else token
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        # A real engine's sleep, wake or LoRA load takes seconds on this CPU, not milliseconds.
-        response = httpx.request(
-            method, self.url + path, json=body, headers=headers, timeout=120, trust_env=False
-        )
-        if raw:
-            return response
-        response.raise_for_status()
-        return response.json()
-
-    def status(self) -> dict:
-        return self.get("/v1/status")
-
-    def asleep(self) -> dict[str, bool | None]:
-        return {
-            m["name"]: m["sleeping"]
-            for s in self.status()["slots"]
-            if s["kind"] == "inference"
-            for m in s["models"]
-        }
-
-    def trainer(self) -> dict:
-        return next(s["training"] for s in self.status()["slots"] if s["kind"] == "training")
-
     def chat(self, model: str, prompt: str, max_tokens: int) -> str:
         """Ask the engine directly with the golden probe's request (greedy, seeded)."""
         body = {
@@ -386,6 +326,3 @@ class VllmHost:
         r = httpx.post(url, json=body, timeout=120, trust_env=False)
         r.raise_for_status()
         return r.json()["choices"][0]["message"]["content"]
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
