@@ -11,6 +11,7 @@ servers' loops sharing the fleets), waits until then instead of costing a skippe
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 import time
@@ -50,6 +51,11 @@ class ReconcileLoop:
         self._periodic = periodic or _always
         self._cond = threading.Condition()
         self._due: dict[str, float] = {}
+        # (due, fleet) for every due time set, the earliest first: the loop pops what is due
+        # instead of walking every fleet at each wake-up (at 1,000 fleets, 200 wake-ups a
+        # second, that walk was a sixth of the loop's process CPU). An entry whose time is no
+        # longer the fleet's `_due` is stale and dropped when it comes up.
+        self._heap: list[tuple[float, str]] = []
         self._running: set[str] = set()
         # Fleets whose next tick was asked for (a kick, a waiting step's nudge): never deferred
         # by the periodic plan, which only spaces out the periodic ticks.
@@ -99,7 +105,7 @@ class ReconcileLoop:
         """Tick `fleet_id` within `delay_ms` (sooner if it was due sooner anyway)."""
         when = time.monotonic() + delay_ms / 1000
         with self._cond:
-            self._due[fleet_id] = min(self._due.get(fleet_id, when), when)
+            self._set_due(fleet_id, min(self._due.get(fleet_id, when), when))
             self._asked.add(fleet_id)
             self._cond.notify_all()
 
@@ -124,15 +130,25 @@ class ReconcileLoop:
             for fid in plan.now:
                 # Deferred at an earlier refresh for a lease since given back: due now.
                 if self._due.get(fid, now) > now + self.interval_s and fid not in self._asked:
-                    self._due[fid] = now
-                self._due.setdefault(fid, now)
+                    self._set_due(fid, now)
+                if fid not in self._due:
+                    self._set_due(fid, now)
             for fid, wait_s in later.items():
                 if fid not in self._running and fid not in self._asked:
-                    self._due[fid] = now + wait_s
+                    self._set_due(fid, now + wait_s)
             for fid in list(self._due):
                 if fid not in ids and fid not in self._running:
                     del self._due[fid]
                     self._asked.discard(fid)
+            if len(self._heap) > 4 * len(self._due) + 1024:
+                # Mostly stale entries (times moved later): keep one per fleet.
+                self._heap = [(due, fid) for fid, due in self._due.items()]
+                heapq.heapify(self._heap)
+
+    def _set_due(self, fleet_id: str, when: float) -> None:
+        """Set when `fleet_id` is due next (called with `_cond` held)."""
+        self._due[fleet_id] = when
+        heapq.heappush(self._heap, (when, fleet_id))
 
     def _run(self) -> None:
         while True:
@@ -150,38 +166,56 @@ class ReconcileLoop:
                     self._cond.wait(self.interval_s)
                     continue
                 now = time.monotonic()
-                for fid, due in list(self._due.items()):
-                    if due <= now and fid not in self._running:
-                        del self._due[fid]
-                        self._asked.discard(fid)
-                        self._running.add(fid)
-                        self._pool.submit(self._tick, fid)
-                waits = [d for f, d in self._due.items() if f not in self._running]
-                until = min([self._next_refresh, *waits])
+                heap = self._heap
+                while heap and heap[0][0] <= now:
+                    due, fid = heapq.heappop(heap)
+                    if self._due.get(fid) != due:
+                        continue  # stale: moved, or the fleet is gone
+                    if fid in self._running:
+                        # Due again while its tick runs: that tick's end sets it (`_tick`).
+                        continue
+                    del self._due[fid]
+                    periodic = fid not in self._asked
+                    self._asked.discard(fid)
+                    self._running.add(fid)
+                    self._pool.submit(self._tick, fid, periodic)
+                until = min(self._next_refresh, heap[0][0]) if heap else self._next_refresh
                 self._cond.wait(max(0.0, until - time.monotonic()))
 
-    def _tick(self, fleet_id: str) -> None:
-        delay: float | None = self.interval_s if self._periodic() else None
+    def _tick(self, fleet_id: str, periodic: bool = False) -> None:
+        beat = self._periodic()
+        delay: float | None = self.interval_s if beat else None
+        nudged = False
         try:
-            result = tick_run(fleet_id=fleet_id)
-            # Ran: a step waits. Skipped: look again when the holder's lease runs out.
+            # The beat's own ticks pass over a fleet another worker ticked a moment ago; a kick
+            # or a waiting step's nudge never does.
+            result = tick_run(
+                fleet_id=fleet_id, periodic_s=self.interval_s if periodic and beat else None
+            )
+            # Ran: a step waits. Skipped: look again when the holder's lease runs out, or one
+            # interval after the other worker's tick; a periodic tick skipped stays periodic,
+            # a kick skipped stays a kick.
             if result.nudge_ms is not None:
                 nudge = result.nudge_ms / 1000
                 delay = nudge if delay is None else min(delay, nudge)
+                nudged = result.ran or not periodic
         except Exception:  # noqa: BLE001 - one fleet's failure must not stop the loop
             log.exception("reconcile tick of fleet %s failed", fleet_id)
         finally:
             close_old_connections()
             # Provisioning follows the beat, not a kick, and only where a domain is managed.
-            if fleet_id in self._managed and self._periodic():
+            if fleet_id in self._managed and beat:
                 self._provision_start(fleet_id)
             with self._cond:
                 self._running.discard(fleet_id)
                 if delay is not None:
                     when = time.monotonic() + delay
-                    self._due[fleet_id] = min(self._due.get(fleet_id, when), when)
-                    if delay < self.interval_s:
+                    self._set_due(fleet_id, min(self._due.get(fleet_id, when), when))
+                    if nudged and delay < self.interval_s:
                         self._asked.add(fleet_id)  # a nudge, not the periodic beat
+                elif fleet_id in self._due:
+                    # Asked for while it ran (its entry was passed over then): due now.
+                    heapq.heappush(self._heap, (self._due[fleet_id], fleet_id))
                 self._cond.notify_all()
 
     def _provision_start(self, fleet_id: str) -> None:
