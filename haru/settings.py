@@ -203,6 +203,12 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
             },
         }
     )
+    # Django binds on the client, which never prepares; the reconcile tick's hottest statements
+    # use a cursor that binds on the server and are prepared on their fifth run on a connection
+    # (fleets/base/prepared.py). None (HARU_DB_PREPARED_STATEMENTS=false) prepares nothing.
+    DATABASES["default"]["OPTIONS"].setdefault(
+        "prepare_threshold", 5 if _haru.db_prepared_statements else None
+    )
     # libpq waits for ever on a server that accepts TCP but never answers (a frozen postmaster).
     # 2 s, libpq's least: an attempt to a host that drops packets is what a request probing an
     # unreachable database waits (haru/postgres/reachability.py); a healthy connect takes ms.

@@ -326,6 +326,16 @@ class HaruSettings:
         600_000,
         doc="a request waiting this long for a pooled connection fails like a database outage: 503",
     )
+    # fleets/base/prepared.py: the idle tick's statements, planned once per connection.
+    db_prepared_statements = DATABASE.flag(
+        "HARU_DB_PREPARED_STATEMENTS",
+        True,
+        doc="PostgreSQL only: the reconcile tick's hottest statements (its snapshot reads and "
+        "its lease) are bound and prepared on the server, so they are not planned again on "
+        "every tick; set to false behind a pooler in transaction mode that cannot carry "
+        "prepared statements (PgBouncer before 1.21, or `max_prepared_statements = 0`)",
+        reads=CONTROL_PLANE,
+    )
     # haru/postgres/deadline.py: a frozen PostgreSQL never holds a web request.
     db_request_deadline_ms = DATABASE.integer(
         "HARU_DB_REQUEST_DEADLINE_MS",

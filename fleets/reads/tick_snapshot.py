@@ -35,6 +35,7 @@ from django.db.models import (
 from django.db.models.sql import Query
 from django.utils.dateparse import parse_datetime
 
+from fleets.base import prepared
 from fleets.core.failover import RESTORE_RETRY_AFTER_MS
 from fleets.core.policy import Policy
 from fleets.core.read_model import FleetView
@@ -198,7 +199,7 @@ def _rows(model: type[Model], fleet_id: Any) -> list[Any]:
     real = uuid.UUID(str(fleet_id))
     # The stand-in appears as the backend stores a UUID: a UUID, or its hex (SQLite).
     bound = [real if p == _STAND_IN else real.hex if p == _STAND_IN.hex else p for p in params]
-    with db.cursor() as cursor:
+    with prepared.cursor() as cursor:  # planned once per connection, not every tick
         cursor.execute(sql, bound)
         converter = db.introspection.identifier_converter
         columns = tuple(converter(d[0]) for d in cursor.description)

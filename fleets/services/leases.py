@@ -19,6 +19,7 @@ from typing import Any
 from django.db import IntegrityError, connection, transaction
 from django.utils.dateparse import parse_datetime
 
+from fleets.base import prepared
 from fleets.models import Lease
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,8 @@ class Taken:
     # Acquired: the row's `sightings` as the take found them (raw, as the database returns
     # them: `fleets.reads.sightings.decode` reads them).
     sightings: Any = None
+    # Not acquired because given back by a take since the caller's `recent`: that take's time.
+    recent_at: datetime | None = None
 
 
 def _last_held(row: dict[str, Any] | None, ttl: timedelta) -> datetime | None:
@@ -67,6 +70,9 @@ def _take_sql() -> str:
         f"UPDATE {table} SET previous_holder = holder, previous_expires_at = expires_at, "  # noqa: S608 - names from the model, values bound
         "previous_acquired_at = acquired_at, holder = %s, expires_at = %s, acquired_at = %s "
         "WHERE name = %s AND (holder = '' OR expires_at IS NULL OR expires_at < %s OR holder = %s) "
+        # A periodic take passes over a lease given back by a take since `recent` (another
+        # worker's tick a moment ago); any other take passes a `recent` no take can follow.
+        "AND NOT (holder = '' AND COALESCE(acquired_at > %s, FALSE)) "
         "RETURNING previous_holder, previous_expires_at, previous_acquired_at, sightings"
     )
 
@@ -82,20 +88,38 @@ def _as_datetime(value: Any) -> datetime | None:
     return parsed
 
 
-def _take(name: str, holder: str, now: datetime, until: datetime, dead_holder: str) -> Any:
+def _take(
+    name: str,
+    holder: str,
+    now: datetime,
+    until: datetime,
+    dead_holder: str,
+    recent: datetime | None,
+) -> Any:
     """Run the take; return the row as it was before (holder, expires, acquired) with its
     sightings, or None."""
     adapt = connection.ops.adapt_datetimefield_value
-    with connection.cursor() as cursor:
+    # No `recent`: a moment no take can have followed (the statement stays one prepared shape).
+    since = recent if recent is not None else until + _NEVER
+    with prepared.cursor() as cursor:  # every tick's take: planned once per connection
         cursor.execute(
             _take_sql(),
-            [holder, adapt(until), adapt(now), name, adapt(now), dead_holder],
+            [holder, adapt(until), adapt(now), name, adapt(now), dead_holder, adapt(since)],
         )
         return cursor.fetchone()
 
 
+_NEVER = timedelta(days=3650)
+
+
 def lease_acquire(
-    *, name: str, holder: str, now: datetime, ttl: timedelta, dead_holder: str = ""
+    *,
+    name: str,
+    holder: str,
+    now: datetime,
+    ttl: timedelta,
+    dead_holder: str = "",
+    recent: datetime | None = None,
 ) -> Taken:
     """Take the lease `name` for `holder` until `now + ttl` if it is free or has expired.
 
@@ -104,14 +128,15 @@ def lease_acquire(
 
     `dead_holder`: a holder the caller knows is gone (a process of this host that no longer
     exists); its lease is taken at once, still guarded by that exact holder being the one on
-    the row.
+    the row. `recent`: a free lease last taken after this moment is not taken (`recent_at`
+    says when it was): a periodic tick passes over a fleet another worker just ticked.
     """
     until = now + ttl
-    row = _take(name, holder, now, until, dead_holder)
+    row = _take(name, holder, now, until, dead_holder, recent)
     if row is None:
-        current = Lease.objects.filter(name=name).values("holder", "expires_at").first()
+        current = _current(name, recent)
         if current is not None:
-            return Taken(False, current["expires_at"], holder=current["holder"])
+            return current
         try:
             with transaction.atomic():
                 Lease.objects.create(name=name, holder=holder, expires_at=until, acquired_at=now)
@@ -119,12 +144,9 @@ def lease_acquire(
         except IntegrityError:
             # Created by another taker between our UPDATE and our INSERT: the conditional
             # UPDATE decides against the row as it is now.
-            row = _take(name, holder, now, until, dead_holder)
+            row = _take(name, holder, now, until, dead_holder, recent)
             if row is None:
-                current = Lease.objects.filter(name=name).values("holder", "expires_at").first()
-                if current is None:
-                    return Taken(False, None)
-                return Taken(False, current["expires_at"], holder=current["holder"])
+                return _current(name, recent) or Taken(False, None)
     previous_holder: str = row[0] or ""
     previous_expires = _as_datetime(row[1])
     previous = {
@@ -146,6 +168,17 @@ def lease_acquire(
         )
     held = _last_held(previous, ttl)
     return Taken(True, until, stale_holder, last_held_at=held and min(held, now), sightings=row[3])
+
+
+def _current(name: str, recent: datetime | None) -> Taken | None:
+    """Why a take found nothing to take: the row's holder and deadline (None: no row)."""
+    row = Lease.objects.filter(name=name).values("holder", "expires_at", "acquired_at").first()
+    if row is None:
+        return None
+    taken_at = row["acquired_at"]
+    if not row["holder"] and recent is not None and taken_at is not None and taken_at > recent:
+        return Taken(False, row["expires_at"], recent_at=taken_at)
+    return Taken(False, row["expires_at"], holder=row["holder"])
 
 
 def lease_renew(*, name: str, holder: str, now: datetime, ttl: timedelta) -> datetime | None:
@@ -186,6 +219,6 @@ def lease_release(
         )
         field = Lease._meta.get_field("sightings")
         params = [adapt(now), field.get_db_prep_value(sightings, connection), name, holder]
-    with connection.cursor() as cursor:
+    with prepared.cursor() as cursor:
         cursor.execute(sql, params)
         return bool(cursor.rowcount > 0)

@@ -52,6 +52,7 @@ def test_safe_defaults(tmp_path):
         "db_pool_max": 20,
         "db_pool_timeout_ms": 5000,
         "db_request_deadline_ms": 5000,
+        "db_prepared_statements": True,
     }
 
 
@@ -85,6 +86,15 @@ def test_postgres_runs_on_the_backend_with_the_request_deadline(tmp_path):
     assert got["middleware"] == "haru.postgres.middleware.RequestDeadlineMiddleware"
 
 
+def test_postgres_prepares_the_ticks_statements_unless_told_not_to(tmp_path):
+    # Only fleets/base/prepared.py's server-binding cursor prepares; Django's own cursors bind
+    # on the client and never do, whatever the threshold.
+    url = "postgres://u@db.invalid:5432/haru"
+    assert read(tmp_path, DATABASE_URL=url)["options"]["prepare_threshold"] == 5
+    off = read(tmp_path, DATABASE_URL=url, HARU_DB_PREPARED_STATEMENTS="false")
+    assert off["options"]["prepare_threshold"] is None
+
+
 def test_a_connect_timeout_in_the_url_wins(tmp_path):
     got = read(tmp_path, DATABASE_URL="postgres://u@db.invalid:5432/haru?connect_timeout=7")
     assert got["options"]["connect_timeout"] == 7
@@ -107,6 +117,7 @@ def test_sqlite_has_no_pool(tmp_path):
         ("HARU_HTTP_MAX_BODY_BYTES", "lots"),
         ("HARU_DB_POOL_MAX", "1"),
         ("HARU_DB_POOL_TIMEOUT_MS", "-5"),
+        ("HARU_DB_PREPARED_STATEMENTS", "sometimes"),
         ("HARU_DB_REQUEST_DEADLINE_MS", "0"),
         ("HARU_DB_REQUEST_DEADLINE_MS", "99"),
         ("HARU_DB_REQUEST_DEADLINE_MS", "5s"),
