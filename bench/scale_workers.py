@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT))
 
 from haru.local.processes import kill_group, log_tail, spawn, wait_for  # noqa: E402
 
-# What a handover may take beyond one lease: the skipped tick looks again 250 ms after the
+# What a handover may take beyond one lease: the skipped tick looks again 50 ms after the
 # holder's deadline (fleets/reconciler/tick.py LEASE_RETRY_SLACK_MS), then the survivor's loop
 # must start it (measured up to 0.36 s later with eight engineers' jobs on two cores).
 HANDOVER_SLACK_S = 1.0

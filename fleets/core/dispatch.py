@@ -16,6 +16,14 @@ from datetime import datetime
 # Counted from the start, not the release: a tick that takes longer than half an interval
 # (a loaded machine) must not make every other beat skip the fleet.
 RECENT_SHARE = 0.5
+# The lease take's own version of that rule, for the in-process loop's periodic ticks
+# (fleets/reconciler/locks.py): a fleet whose last tick, by any worker, started less than this
+# share of an interval ago is passed over, and looked at again one interval after that start.
+# Loops sharing the fleets then tick each fleet about once an interval between them, not once
+# each: their schedules drift apart between two dispatch plans, and each plan only defers what
+# was ticked in the half interval before it. Below 1, so a loop's own next beat (one interval
+# after its last tick ended) is never passed over.
+PERIODIC_SKIP_SHARE = 0.8
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from django.db import DatabaseError, connection
 
 from fleets.base import clock
 from fleets.base.conf import haru_settings
+from fleets.core.dispatch import PERIODIC_SKIP_SHARE
 from fleets.models import Id
 from fleets.reads import sightings as sightings_mod
 from fleets.reads.sightings import tick_lease_name  # one name for the writer and the readers
@@ -96,11 +97,16 @@ def local_and_dead(holder: str) -> bool:
 
 
 class TickLease:
-    """A lease this process took (or tried to take). Truthy when held."""
+    """A lease this process took (or tried to take). Truthy when held.
 
-    def __init__(self, name: str, ttl_s: float) -> None:
+    `periodic_s`: the take is a periodic tick's, at that interval: a lease another tick took
+    less than `PERIODIC_SKIP_SHARE` of it ago is not taken, and `retry_in_s` says when that
+    tick's next one is due (fleets/core/dispatch.py)."""
+
+    def __init__(self, name: str, ttl_s: float, periodic_s: float | None = None) -> None:
         self.name = name
         self.ttl_s = ttl_s
+        self.periodic_s = periodic_s
         self.holder = _holder_id()
         self.acquired = False
         self.taken_over_from = ""
@@ -125,7 +131,12 @@ class TickLease:
     def try_take(self) -> bool:
         sent = clock.get_clock().monotonic()
         now = clock.now()
-        taken = lease_acquire(name=self.name, holder=self.holder, now=now, ttl=self._ttl())
+        recent = None
+        if self.periodic_s is not None:
+            recent = now - timedelta(seconds=self.periodic_s * PERIODIC_SKIP_SHARE)
+        taken = lease_acquire(
+            name=self.name, holder=self.holder, now=now, ttl=self._ttl(), recent=recent
+        )
         if not taken.acquired and taken.holder and local_and_dead(taken.holder):
             taken = lease_acquire(
                 name=self.name,
@@ -141,6 +152,9 @@ class TickLease:
             self.retry_in_s = None
             self.last_held_at = taken.last_held_at
             self._sightings = sightings_mod.decode(taken.sightings)
+        elif taken.recent_at is not None and self.periodic_s is not None:
+            due = taken.recent_at + timedelta(seconds=self.periodic_s)
+            self.retry_in_s = max(0.0, (due - now).total_seconds())
         elif taken.expires_at is not None:
             self.retry_in_s = max(0.0, (taken.expires_at - now).total_seconds())
         return self.acquired
@@ -197,10 +211,15 @@ class TickLease:
 
 @contextlib.contextmanager
 def lease_held(
-    name: str, *, wait_s: float = 0.0, ttl_s: float | None = None
+    name: str,
+    *,
+    wait_s: float = 0.0,
+    ttl_s: float | None = None,
+    periodic_s: float | None = None,
 ) -> Iterator[TickLease]:
-    """Hold the lease `name` for the block; yields the lease, truthy if taken within `wait_s`."""
-    lease = TickLease(name, tick_lease_s() if ttl_s is None else ttl_s)
+    """Hold the lease `name` for the block; yields the lease, truthy if taken within `wait_s`
+    (`periodic_s`: see `TickLease`)."""
+    lease = TickLease(name, tick_lease_s() if ttl_s is None else ttl_s, periodic_s)
     deadline = time.monotonic() + wait_s
     while not lease.try_take() and time.monotonic() < deadline:
         time.sleep(_POLL_S)
@@ -211,7 +230,8 @@ def lease_held(
 
 
 def fleet_tick_lock(
-    fleet_id: Id, *, wait_s: float = 0.0
+    fleet_id: Id, *, wait_s: float = 0.0, periodic_s: float | None = None
 ) -> contextlib.AbstractContextManager[TickLease]:
-    """Hold the fleet's tick lease; yields the lease, truthy if it was taken within `wait_s`."""
-    return lease_held(tick_lease_name(fleet_id), wait_s=wait_s)
+    """Hold the fleet's tick lease; yields the lease, truthy if it was taken within `wait_s`
+    (`periodic_s`: see `TickLease`)."""
+    return lease_held(tick_lease_name(fleet_id), wait_s=wait_s, periodic_s=periodic_s)

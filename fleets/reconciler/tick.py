@@ -115,8 +115,11 @@ TICK_BUDGET_S = 5.0
 # How long a waiting step is re-polled inside the tick before handing back with a nudge: short
 # waits (a trainer saving its checkpoint) finish in the same tick without a new heartbeat round.
 TICK_POLL_S = 2.0
-# A skipped tick looks again this long after the holder's lease runs out (clock skew, latency).
-LEASE_RETRY_SLACK_MS = 250
+# A skipped tick looks again this long after the holder's lease runs out: the wait is worked out
+# on this host's clock from the deadline the take then compares with this host's clock, so the
+# slack only covers a timer that fires a moment early (a take a moment early is skipped again,
+# one statement). It is what a dead worker's fleets wait beyond its lease.
+LEASE_RETRY_SLACK_MS = 50
 
 
 @dataclass(frozen=True)
@@ -584,18 +587,22 @@ def tick_run(
     budget_s: float = TICK_BUDGET_S,
     poll_s: float = TICK_POLL_S,
     actor: str = "reconciler",
+    periodic_s: float | None = None,
 ) -> TickResult:
     """Run one tick under the fleet's lease; skip (ran=False) if another tick holds it.
 
     A skipped tick says when the holder's lease runs out (`nudge_ms`), so the driver looks again
     then: a holder that was killed or frozen is taken over one lease later, not one beat later.
+    `periodic_s`: this is a loop's periodic tick at that interval; a fleet another worker
+    ticked a moment ago is skipped too, with `nudge_ms` one interval after that tick
+    (fleets/core/dispatch.py `PERIODIC_SKIP_SHARE`).
     A process that is stopping runs none (ran=False), and one that it interrupts ends there.
     """
     started = time.monotonic()
     if stopping.is_stopping():
         fleet_metrics.TICKS.labels(outcome="stopping").inc()
         return TickResult(str(fleet_id), ran=False)
-    with fleet_tick_lock(fleet_id, wait_s=wait_s) as lease:
+    with fleet_tick_lock(fleet_id, wait_s=wait_s, periodic_s=periodic_s) as lease:
         if not lease:
             fleet_metrics.TICKS.labels(outcome="skipped").inc()
             retry = lease.retry_in_s

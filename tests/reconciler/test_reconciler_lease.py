@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from django.db import OperationalError, connection
 
+from fleets.core.dispatch import PERIODIC_SKIP_SHARE
 from fleets.models import Lease, Operation
 from fleets.reconciler import locks
 from fleets.reconciler.locks import (
@@ -170,3 +171,30 @@ def test_a_tick_cut_off_by_a_database_restart_gives_its_lease_back(fleet):
         with pytest.raises(OperationalError), connection.cursor() as cursor:
             cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
     assert Lease.objects.get(name=tick_lease_name(fleet.id)).holder == ""
+
+
+@pytest.mark.django_db
+def test_a_periodic_tick_passes_over_a_fleet_another_worker_just_ticked(fleet, fake_clock):
+    # Two loops share the fleets: the one whose beat comes second in an interval leaves the
+    # fleet to the one that just ticked it, and comes back one interval after that tick.
+    assert tick_run(fleet_id=fleet.id, poll_s=0).ran  # the other worker's tick
+    fake_clock.advance(seconds=1)
+    skipped = tick_run(fleet_id=fleet.id, poll_s=0, periodic_s=5.0)
+    assert skipped.ran is False
+    assert skipped.nudge_ms == 4000 + LEASE_RETRY_SLACK_MS
+    # A kick, or a waiting step's nudge, is never passed over.
+    assert tick_run(fleet_id=fleet.id, poll_s=0).ran
+    # Past the share of the interval (PERIODIC_SKIP_SHARE) after the last tick: taken.
+    fake_clock.advance(seconds=5 * PERIODIC_SKIP_SHARE + 0.01)
+    assert tick_run(fleet_id=fleet.id, poll_s=0, periodic_s=5.0).ran
+
+
+@pytest.mark.django_db
+def test_a_periodic_take_still_takes_over_a_holder_that_ran_out(fleet, fake_clock):
+    _frozen_holder(fleet.id)  # took it a moment ago, then froze
+    fake_clock.advance(seconds=1)
+    held = tick_run(fleet_id=fleet.id, poll_s=0, periodic_s=5.0)
+    assert held.ran is False
+    assert held.nudge_ms == int((tick_lease_s() - 1) * 1000) + LEASE_RETRY_SLACK_MS
+    fake_clock.advance(seconds=tick_lease_s())
+    assert tick_run(fleet_id=fleet.id, poll_s=0, periodic_s=5.0).ran
