@@ -80,8 +80,10 @@ FIELDS = (
     "interval_s",
     "window_s",
     "tick_lateness_p50_s",
+    "tick_lateness_p90_s",
     "tick_lateness_p99_s",
     "fleets_never_heard",
+    "active_beats_per_interval",
     "cpu_s_per_fleet_minute",
     "control_plane_cpu_pct",
     "rows_written_per_tick_per_fleet",
@@ -468,8 +470,12 @@ def run_one(args: argparse.Namespace, fleets: int, workers: int, pg: Postgres) -
         row.update(
             window_s=round(elapsed, 1),
             tick_lateness_p50_s=_round(percentile(late, 50)),
+            tick_lateness_p90_s=_round(percentile(late, 90)),
             tick_lateness_p99_s=_round(percentile(late, 99)),
             fleets_never_heard=silent,
+            # Heartbeats of each active per interval: 1.0 when every fleet is ticked once an
+            # interval; above when workers tick a fleet again soon after another's tick.
+            active_beats_per_interval=_ratio(ticks, fleets * elapsed / args.interval_s),
             cpu_s_per_fleet_minute=round(cpu / fleets / (elapsed / 60), 4),
             control_plane_cpu_pct=round(100 * cpu / elapsed, 1),
             rows_written_per_tick_per_fleet=_ratio(pg1["rows"] - pg0["rows"], ticks),
@@ -499,7 +505,7 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
-def _ratio(part: int, whole: int) -> float | None:
+def _ratio(part: float, whole: float) -> float | None:
     return round(part / whole, 2) if whole else None
 
 
