@@ -37,6 +37,7 @@ from fleets.core.dispatch import PERIODIC_SKIP_SHARE
 from fleets.models import Id
 from fleets.reads import sightings as sightings_mod
 from fleets.reads.sightings import tick_lease_name  # one name for the writer and the readers
+from fleets.reconciler.supervisor.transport import CALL_CAP_S
 from fleets.services.leases import lease_acquire, lease_release, lease_renew
 
 _POLL_S = 0.05
@@ -50,6 +51,26 @@ class LeaseLost(Exception):
 
 def tick_lease_s() -> float:
     return float(haru_settings().tick_lease_ms) / 1000
+
+
+# A tick takes its lease for this share of its length, and for the whole length from the moment
+# it leaves the quiet path (`TickLease.widen`): an idle tick's longest stretch between two
+# checkpoints is one heartbeat round (at most half a supervisor call's cap), so a worker that
+# dies in one hands the fleet over in half a lease; a tick that calls supervisors for longer
+# (an operation's steps, up to CALL_CAP_S a call) holds the whole lease, renewed as before.
+QUIET_LEASE_SHARE = 0.5
+# Never shorter than the quiet path's longest call (CALL_CAP_S / 2) and a second.
+QUIET_LEASE_MIN_S = CALL_CAP_S / 2 + 1
+
+
+def quiet_lease_for(whole_s: float) -> float:
+    """How long a tick's lease of `whole_s` lasts until the tick leaves the quiet path."""
+    return min(whole_s, max(whole_s * QUIET_LEASE_SHARE, QUIET_LEASE_MIN_S))
+
+
+def quiet_lease_s() -> float:
+    """`quiet_lease_for` this process's tick lease (HARU_TICK_LEASE_MS)."""
+    return quiet_lease_for(tick_lease_s())
 
 
 def _pid_namespace() -> str:
@@ -101,12 +122,21 @@ class TickLease:
 
     `periodic_s`: the take is a periodic tick's, at that interval: a lease another tick took
     less than `PERIODIC_SKIP_SHARE` of it ago is not taken, and `retry_in_s` says when that
-    tick's next one is due (fleets/core/dispatch.py)."""
+    tick's next one is due (fleets/core/dispatch.py). `first_ttl_s`: taken for that long, and
+    for `ttl_s` from the first renewal or `widen` on."""
 
-    def __init__(self, name: str, ttl_s: float, periodic_s: float | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        ttl_s: float,
+        periodic_s: float | None = None,
+        first_ttl_s: float | None = None,
+    ) -> None:
         self.name = name
         self.ttl_s = ttl_s
         self.periodic_s = periodic_s
+        # What the row's deadline was last set for: the first length until a renewal.
+        self._held_ttl_s = min(ttl_s, first_ttl_s) if first_ttl_s is not None else ttl_s
         self.holder = _holder_id()
         self.acquired = False
         self.taken_over_from = ""
@@ -128,6 +158,9 @@ class TickLease:
     def _ttl(self) -> timedelta:
         return timedelta(seconds=self.ttl_s)
 
+    def _first_ttl(self) -> timedelta:
+        return timedelta(seconds=self._held_ttl_s)
+
     def try_take(self) -> bool:
         sent = clock.get_clock().monotonic()
         now = clock.now()
@@ -135,14 +168,14 @@ class TickLease:
         if self.periodic_s is not None:
             recent = now - timedelta(seconds=self.periodic_s * PERIODIC_SKIP_SHARE)
         taken = lease_acquire(
-            name=self.name, holder=self.holder, now=now, ttl=self._ttl(), recent=recent
+            name=self.name, holder=self.holder, now=now, ttl=self._first_ttl(), recent=recent
         )
         if not taken.acquired and taken.holder and local_and_dead(taken.holder):
             taken = lease_acquire(
                 name=self.name,
                 holder=self.holder,
                 now=now,
-                ttl=self._ttl(),
+                ttl=self._first_ttl(),
                 dead_holder=taken.holder,
             )
         self.acquired = taken.acquired
@@ -164,7 +197,7 @@ class TickLease:
         return (
             self.acquired
             and not self._lost
-            and clock.get_clock().monotonic() < self._confirmed_mono + self.ttl_s
+            and clock.get_clock().monotonic() < self._confirmed_mono + self._held_ttl_s
         )
 
     def check(self) -> None:
@@ -176,14 +209,28 @@ class TickLease:
         """
         if not self.acquired or self._lost:
             raise LeaseLost(self.name)
-        if clock.get_clock().monotonic() - self._confirmed_mono < self.ttl_s * _RENEW_FRACTION:
+        elapsed = clock.get_clock().monotonic() - self._confirmed_mono
+        if elapsed < self._held_ttl_s * _RENEW_FRACTION:
             return
+        self._renew()
+
+    def widen(self) -> None:
+        """Hold the lease for its whole length from now on (the tick leaves the quiet path:
+        longer calls may follow); raise LeaseLost as `check` does. Nothing to do when it
+        already is."""
+        if not self.acquired or self._lost:
+            raise LeaseLost(self.name)
+        if self._held_ttl_s < self.ttl_s:
+            self._renew()
+
+    def _renew(self) -> None:
         sent = clock.get_clock().monotonic()
         renewed = lease_renew(name=self.name, holder=self.holder, now=clock.now(), ttl=self._ttl())
         if renewed is None:
             self._lost = True
             raise LeaseLost(f"{self.name}: taken over by another holder")
         self._confirmed_mono = sent
+        self._held_ttl_s = self.ttl_s
 
     def sightings_for_tick(self) -> sightings_mod.Sightings:
         """The sightings the row held when taken, for the tick to read and add to: what it
@@ -216,10 +263,11 @@ def lease_held(
     wait_s: float = 0.0,
     ttl_s: float | None = None,
     periodic_s: float | None = None,
+    first_ttl_s: float | None = None,
 ) -> Iterator[TickLease]:
     """Hold the lease `name` for the block; yields the lease, truthy if taken within `wait_s`
-    (`periodic_s`: see `TickLease`)."""
-    lease = TickLease(name, tick_lease_s() if ttl_s is None else ttl_s, periodic_s)
+    (`periodic_s`, `first_ttl_s`: see `TickLease`)."""
+    lease = TickLease(name, tick_lease_s() if ttl_s is None else ttl_s, periodic_s, first_ttl_s)
     deadline = time.monotonic() + wait_s
     while not lease.try_take() and time.monotonic() < deadline:
         time.sleep(_POLL_S)
@@ -233,5 +281,10 @@ def fleet_tick_lock(
     fleet_id: Id, *, wait_s: float = 0.0, periodic_s: float | None = None
 ) -> contextlib.AbstractContextManager[TickLease]:
     """Hold the fleet's tick lease; yields the lease, truthy if it was taken within `wait_s`
-    (`periodic_s`: see `TickLease`)."""
-    return lease_held(tick_lease_name(fleet_id), wait_s=wait_s, periodic_s=periodic_s)
+    (`periodic_s`: see `TickLease`). Taken for `quiet_lease_s` until the tick widens it."""
+    return lease_held(
+        tick_lease_name(fleet_id),
+        wait_s=wait_s,
+        periodic_s=periodic_s,
+        first_ttl_s=quiet_lease_s(),
+    )

@@ -149,12 +149,15 @@ def fleet_tick(
     checkpoint: Callable[[], None] = _no_checkpoint,
     sightings: sightings_mod.Sightings | None = None,
     arm_reader: ArmReader | None = None,
+    widen: Callable[[], None] = _no_checkpoint,
 ) -> TickResult:
     """Run one tick for one fleet without taking its lease (see `tick_run`).
 
     `checkpoint` is called between phases and steps; the lease's raises `LeaseLost` once this
     tick may no longer write (see `fleets.reconciler.locks`). Every checkpoint also raises
-    `Stopping` once this process is stopping, before anything observed is written.
+    `Stopping` once this process is stopping, before anything observed is written. `widen` is
+    called once the tick leaves the quiet path, before anything that may call supervisors for
+    longer than a heartbeat: the lease's holds it for its whole length from then on.
     `sightings`: the heartbeat sightings of the lease this tick holds (`tick_run`): read for
     every domain's freshness, and added to by the good beats that changed nothing, which then
     write no row. None (no lease): they are read, and such beats record their sighting on the
@@ -180,11 +183,19 @@ def fleet_tick(
     quiet = _quiet_run(snap, client_factory, gate, sightings) if snap.quiet(clock.now()) else None
     checkpoints = adapters.checkpoints_of(quiet.beats) if quiet is not None else {}
     if quiet is not None and quiet.idle:
-        _adapters_maybe(snap, client_factory, checkpoints, gate, actor)
+
+        def widened() -> None:  # the adapter pass copies and probes: longer calls
+            widen()
+            gate()
+
+        _adapters_maybe(snap, client_factory, checkpoints, widened, actor)
         # A new adapter version probed on the active goes out on its own (no query for a fleet
         # without adapter routes).
         started = adapter_rollout_autostart(fleet=fleet, policy=policy, actor=actor)
         return TickResult(str(fleet.id), True, nudge_ms=0 if started else None)
+
+    # The full path: supervisor calls up to their cap, operation steps.
+    widen()
 
     # 1-2b. Heartbeats, then the confirmation of a suspected dead active.
     if quiet is None:
@@ -621,6 +632,7 @@ def tick_run(
                 actor=actor,
                 checkpoint=lease.check,
                 sightings=lease.sightings_for_tick(),
+                widen=lease.widen,
             )
         except LeaseLost as exc:
             # Another worker took the fleet over while this one was frozen or slow: it owns

@@ -198,3 +198,62 @@ def test_a_periodic_take_still_takes_over_a_holder_that_ran_out(fleet, fake_cloc
     assert held.nudge_ms == int((tick_lease_s() - 1) * 1000) + LEASE_RETRY_SLACK_MS
     fake_clock.advance(seconds=tick_lease_s())
     assert tick_run(fleet_id=fleet.id, poll_s=0, periodic_s=5.0).ran
+
+
+@pytest.mark.django_db
+def test_an_idle_tick_holds_the_quiet_share_of_the_lease_and_a_busy_one_the_whole(
+    fleet, fake_clock
+):
+    # A worker that dies in an idle tick hands the fleet over in the quiet share of the lease.
+    name = tick_lease_name(fleet.id)
+    quiet = locks.quiet_lease_s()
+    assert quiet == tick_lease_s() / 2  # the default 15 s: 7.5 s
+    idle = TickLease(name, tick_lease_s(), first_ttl_s=quiet)
+    assert idle.try_take()
+    row = Lease.objects.get(name=name)
+    assert row.expires_at == fake_clock.now() + timedelta(seconds=quiet)
+    # Leaving the quiet path: the whole lease from now, in one statement.
+    fake_clock.advance(seconds=1)
+    idle.widen()
+    row.refresh_from_db()
+    assert row.expires_at == fake_clock.now() + timedelta(seconds=tick_lease_s())
+    idle.widen()  # already whole: nothing more
+    idle.release()
+
+    frozen = TickLease(name, tick_lease_s(), first_ttl_s=quiet)
+    assert frozen.try_take()  # took it for an idle tick, then froze
+    fake_clock.advance(seconds=quiet - 0.5)
+    assert tick_run(fleet_id=fleet.id, poll_s=0).ran is False
+    fake_clock.advance(seconds=1)
+    assert tick_run(fleet_id=fleet.id, poll_s=0).ran  # half a lease, not a whole one
+
+
+@pytest.mark.django_db
+def test_a_checkpoint_past_a_third_of_the_quiet_lease_renews_it_whole(fleet, fake_clock):
+    name = tick_lease_name(fleet.id)
+    lease = TickLease(name, tick_lease_s(), first_ttl_s=locks.quiet_lease_s())
+    assert lease.try_take()
+    fake_clock.advance(seconds=locks.quiet_lease_s() / 3 + 0.1)
+    lease.check()
+    assert Lease.objects.get(name=name).expires_at == fake_clock.now() + timedelta(
+        seconds=tick_lease_s()
+    )
+
+
+@pytest.mark.django_db
+def test_the_tick_widens_its_lease_only_when_it_leaves_the_quiet_path(fleet, domains, fake_clock):
+    widened = []
+    for _ in range(3):  # the first ticks record what the hosts report: not idle
+        fleet_tick(fleet_id=fleet.id, poll_s=0)
+        fake_clock.advance(ms=50)
+    fleet_tick(fleet_id=fleet.id, poll_s=0, widen=lambda: widened.append("idle"))
+    assert widened == []  # idle: the quiet share of the lease is enough
+    operation_request(fleet=fleet, kind="demote", target_domain_id=domains()["west"].id)
+    fleet_tick(fleet_id=fleet.id, poll_s=0, widen=lambda: widened.append("busy"))
+    assert widened == ["busy"]
+
+
+def test_the_quiet_lease_never_falls_under_one_heartbeat_round():
+    assert locks.quiet_lease_for(15) == 7.5
+    assert locks.quiet_lease_for(8) == locks.QUIET_LEASE_MIN_S  # half would be 4 s
+    assert locks.quiet_lease_for(4) == 4  # never longer than the lease itself
