@@ -158,7 +158,7 @@ class TickLease:
     def _ttl(self) -> timedelta:
         return timedelta(seconds=self.ttl_s)
 
-    def _first_ttl(self) -> timedelta:
+    def _held_ttl(self) -> timedelta:
         return timedelta(seconds=self._held_ttl_s)
 
     def try_take(self) -> bool:
@@ -168,14 +168,14 @@ class TickLease:
         if self.periodic_s is not None:
             recent = now - timedelta(seconds=self.periodic_s * PERIODIC_SKIP_SHARE)
         taken = lease_acquire(
-            name=self.name, holder=self.holder, now=now, ttl=self._first_ttl(), recent=recent
+            name=self.name, holder=self.holder, now=now, ttl=self._held_ttl(), recent=recent
         )
         if not taken.acquired and taken.holder and local_and_dead(taken.holder):
             taken = lease_acquire(
                 name=self.name,
                 holder=self.holder,
                 now=now,
-                ttl=self._first_ttl(),
+                ttl=self._held_ttl(),
                 dead_holder=taken.holder,
             )
         self.acquired = taken.acquired
