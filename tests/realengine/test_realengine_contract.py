@@ -171,6 +171,20 @@ def test_a_request_while_asleep_is_held_and_served_after_wake(engine):
     assert out["at"] - woke_at < 30
 
 
+def test_detokenize_answers_at_once_while_asleep_and_alike_awake(engine):
+    # Why a cut stream's text before the seam is read from the standby while it still sleeps
+    # (fleets/proxy/continuation.py): the tokenizer lives in the API server, not the weights.
+    ids = engine.post("/tokenize", json={"model": MODEL, "prompt": "rivers and lighthouses"})
+    tokens = ids.json()["tokens"]
+    awake = engine.post("/detokenize", json={"model": MODEL, "tokens": tokens})
+    assert engine.post("/sleep?level=1").status_code == 200
+    started = time.monotonic()
+    asleep = engine.post("/detokenize", json={"model": MODEL, "tokens": tokens}, timeout=10)
+    assert time.monotonic() - started < 5
+    assert asleep.status_code == 200 and asleep.json() == awake.json()
+    assert engine.get("/is_sleeping").json() == {"is_sleeping": True}
+
+
 def test_sleep_aborts_a_running_request(engine):
     # As long as the context allows (512 less the prompt): on a loaded machine the tiny model
     # must still be running when /metrics is polled.
