@@ -7,9 +7,11 @@ in fleets/core/continuation.py). The continuation's chunks are rewritten into th
 stream's format: the same `id`, `created` and `model`, no second role chunk, one
 `finish_reason`, usage once over the whole answer, one `[DONE]`.
 
-The text after a seam is rebuilt from ids: the proxy asks the engine's /detokenize for the
-answer before the seam as it sends the continuation there (while the engine computes its first
-token), and at the first chunk that carries text for it with the continuation's ids:
+The text after a seam is rebuilt from ids: the proxy asks an engine's /detokenize for the
+answer before the seam while the stream is held (the model's engine on another domain of the
+fleet, the standby's: a sleeping vLLM still detokenizes, its tokenizer lives in the API server),
+or as it sends the continuation, and at the first chunk that carries text for it with the
+continuation's ids:
 where the first engine's detokenizer had got to is where the client's text ends, and it sends
 the difference; from there on the engine's own deltas are right. (When the ids before the seam
 end inside a multi-byte character, vLLM's first continued chunk re-emits earlier text: the
@@ -44,6 +46,9 @@ class ClientIO(Protocol):
 
 log = logging.getLogger("haru.proxy")
 
+# Most engines one seam reads the text before it from: the standby's while held, the dead
+# active's, the one routing commits to (another domain, or the same one back).
+MAX_PREFETCHES = 4
 # Most bytes of a /detokenize answer read (the text of an answer within the per-stream bound).
 DETOKENIZE_MAX_BYTES = 8 * 1024 * 1024
 DONE = b"data: [DONE]\n\n"
@@ -116,6 +121,12 @@ async def resume(
         attempts += 1
         prompt, answer = ledger.prompt(), ledger.answer_ids()
         stitch = Stitch(plan, ledger, answer, fleet)
+        loop = task.get_loop()
+        ahead = _read_ahead_route(exchange, headers)
+        if ahead is not None:
+            # Read while held, not in the burst of a failover: with hundreds of streams
+            # continued at once, the engine's queue after the routing commit is the seam's wait.
+            stitch.prefetch(ahead, loop, ahead=True)
         request = rules.continuation_request(
             plan.document, plan.endpoint, exchange.model, prompt + answer, len(answer)
         )
@@ -124,7 +135,6 @@ async def resume(
             metrics.continued(fleet, plan.endpoint)
             metrics.stalled(fleet, time.monotonic() - cut_at)
             return True
-        loop = task.get_loop()
         try:
             response = await handler.forward(
                 headers=headers,
@@ -193,29 +203,43 @@ class Stitch:
         self._cut_at: float | None = None  # the cut, until the first chunk after it
         self._after = ""  # the text sent since the seam
         self._ids: list[int] = []  # every id of this continuation so far
-        self._before_text: asyncio.Task[str] | None = None  # the answer's text before the seam
-        self._prefetched_on: Route | None = None  # the route it was asked of
+        # The answer's text before the seam, by the /detokenize it was asked of, and the one
+        # asked while held, before any route was tried (`ahead`).
+        self._before_text: dict[upstream.Target, asyncio.Task[str]] = {}
+        self._ahead: upstream.Target | None = None
 
-    def prefetch(self, route: Route, loop: asyncio.AbstractEventLoop) -> None:
+    def prefetch(
+        self, route: Route, loop: asyncio.AbstractEventLoop, *, ahead: bool = False
+    ) -> None:
         """Start detokenizing the answer before the seam on `route`'s engine (its own task:
-        the header timeout of open_stream cancels the task it runs in). Asked once per route:
+        the header timeout of open_stream cancels the task it runs in). Asked once per engine:
         a held continuation is tried again on the same (dead) route every poll, and a read
-        that failed there is read again at the seam if the route ever answers."""
-        if not self.before or self._prefetched_on is route:
+        that failed there is read again at the seam if the route ever answers; only a read
+        made ahead (while held, on the standby) that failed is asked again when the
+        continuation goes there. At most MAX_PREFETCHES engines per seam."""
+        target = route.targets["detokenize"]
+        if not self.before:
             return
-        self.drop_prefetch()
-        self._prefetched_on = route
-        self._before_text = loop.create_task(detokenize(route, self.before))
+        known = self._before_text.get(target)
+        if known is not None:
+            if target != self._ahead or not _failed(known):
+                return
+            self._ahead = None  # once
+        elif len(self._before_text) >= MAX_PREFETCHES:
+            return
+        if ahead:
+            self._ahead = target
+        self._before_text[target] = loop.create_task(detokenize(route, self.before))
 
     def drop_prefetch(self) -> None:
-        """Cancel a prefetch the relay never needed (cut again before any text)."""
-        pending, self._before_text, self._prefetched_on = self._before_text, None, None
-        if pending is not None:
-            if pending.done():
-                if not pending.cancelled():
-                    pending.exception()  # read, so asyncio never logs it as unretrieved
+        """Cancel the prefetches the relay never needed (cut again before any text)."""
+        pending, self._before_text, self._ahead = self._before_text, {}, None
+        for read in pending.values():
+            if read.done():
+                if not read.cancelled():
+                    read.exception()  # read, so asyncio never logs it as unretrieved
             else:
-                pending.cancel()
+                read.cancel()
 
     # Rendering, in the engine's field order (vLLM: pydantic's model_dump_json, exclude_unset).
     def _chunk(self, text: str, finish: str | None, stop: object, ids: list[int]) -> bytes:
@@ -359,8 +383,8 @@ class Stitch:
         engine's detokenizer had got to (`settled_end`); now, where the continuing one has.
         """
         before = ""
-        pending = self._before_text
-        if pending is not None and self._prefetched_on is route and not _failed(pending):
+        pending = self._before_text.get(route.targets["detokenize"])
+        if pending is not None and not _failed(pending):
             before = await pending
         elif self.before:  # never asked of this route, or the read failed: once more, now
             before = await detokenize(route, self.before, task)
@@ -377,6 +401,23 @@ class Stitch:
 
 
 _ABORTED = object()
+
+
+def _read_ahead_route(exchange: handler.Exchange, headers: dict[bytes, bytes]) -> Route | None:
+    """Where the text before a seam can be read while the stream is held: the model's live
+    route when routing has already moved (a planned promotion's switch, before the old active
+    slept and cut the stream), else its binding on another domain of the fleet (the standby,
+    which a failover promotes). None for a split's candidate arm, or with no snapshot held."""
+    route = exchange.route
+    if route is None or route.domain_id:
+        return None
+    snapshot = handler.last_snapshot(headers)
+    if snapshot is None:
+        return None
+    live = snapshot.routes.get(route.model)
+    if live is not None and live.targets["detokenize"] != route.targets["detokenize"]:
+        return live
+    return snapshot.spares.get(route.model)
 
 
 def _failed(task: asyncio.Task[str]) -> bool:

@@ -163,6 +163,15 @@ def fleet_ref(header: str | None) -> str:
     return ref
 
 
+def last_snapshot(headers: dict[bytes, bytes]) -> Snapshot | None:
+    """The last routing snapshot this process loaded for the request's fleet, however old
+    (None when none, or no fleet is named): read for what no pointer move changes."""
+    try:
+        return ROUTES.last(fleet_ref(text(headers.get(b"x-haru-fleet"))))
+    except errors.ProxyError:
+        return None
+
+
 def requested_model(body: bytes) -> str:
     """Read `model` from the JSON body; the body itself is forwarded untouched."""
     return request_document(body)["model"]

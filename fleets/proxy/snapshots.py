@@ -122,6 +122,10 @@ class Snapshot:
     adapters: dict[str, AdapterRoute] = field(default_factory=dict)
     probed: dict[str, frozenset[str]] = field(default_factory=dict)
     adapter_fault: str = ""
+    # By model name, the model's binding on another domain of the fleet whose engine can
+    # continue (the standby's, asleep or not): where a stream cut on the active reads the text
+    # before its seam while it is held. Only /detokenize is ever asked of it from here.
+    spares: dict[str, Route] = field(default_factory=dict)
 
     @property
     def available(self) -> list[str]:
@@ -219,6 +223,7 @@ def snapshot_build(rows: store.SnapshotRows, loaded_at: float) -> Snapshot:
                 )
     splits, faults = splits_build(rows) if rows.splits else ({}, {})
     adapters, probed, adapter_fault = adapters_build(rows) if rows.adapter_routes else ({}, {}, "")
+    spares = spares_build(rows.spares, set(routes) | set(unavailable))
     return Snapshot(
         fleet_id=pointer.fleet_id,
         fleet_slug=pointer.slug,
@@ -234,7 +239,30 @@ def snapshot_build(rows: store.SnapshotRows, loaded_at: float) -> Snapshot:
         adapters=adapters,
         probed=probed,
         adapter_fault=adapter_fault,
+        spares=spares,
     )
+
+
+def spares_build(rows: tuple[store.BindingRow, ...], bound: set[str]) -> dict[str, Route]:
+    """The first binding on another domain of each model the active binds, whose engine can
+    continue. A malformed serving URL there is skipped: the standby's rows never stop the
+    active's traffic (the promotion's own probe judges that binding)."""
+    spares: dict[str, Route] = {}
+    for b in rows:
+        if b.name in spares or b.name not in bound or not engine_continues(b.engine):
+            continue
+        try:
+            targets = upstream_targets(b.serving_url)
+        except Malformed:
+            continue
+        spares[b.name] = Route(
+            model=b.name,
+            targets=targets,
+            continues=True,
+            engine=b.engine,
+            domain_id=b.slot_domain_id,
+        )
+    return spares
 
 
 # Adapter-route faults already logged, (fleet id, why): a bad row is logged once per process,
@@ -449,6 +477,12 @@ class RoutingCache:
         if len(self._fast) < 4096:  # references are client-chosen: keep this bounded
             self._fast[ref] = (until, fleet_id, cached.revision, resolved, config)
         return resolved
+
+    def last(self, ref: str) -> Snapshot | None:
+        """The last snapshot loaded for `ref`, however old: never routed on (a continuation
+        reads the standby's bindings from it, which no pointer move changes), no read."""
+        fleet_id = self._aliases.get(ref.strip().lower())
+        return self._snapshots.get(fleet_id) if fleet_id is not None else None
 
     def cached(self, ref: str, loop: asyncio.AbstractEventLoop | None = None) -> Resolved | None:
         """The snapshot to serve `ref` with if no read is needed (the healthy path: no await);

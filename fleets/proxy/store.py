@@ -103,6 +103,10 @@ class SnapshotRows:
     # (domain id, adapter name, version): fleets/proxy/adapters.py routes on them.
     adapter_routes: Any = None
     probed: tuple[tuple[str, str, int], ...] = ()
+    # The fleet's bindings on its other domains (the standby's, asleep or not): a stream cut
+    # on the active reads the text before its seam from one of them while it is held
+    # (fleets/proxy/continuation.py). Never routed to from here.
+    spares: tuple[BindingRow, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -268,6 +272,7 @@ def snapshot_rows_read(fleet_id: str) -> SnapshotRows | None:
             *_BINDING_FIELDS
         )
         bindings = tuple(_binding(row) for row in rows)
+        extra["spares"] = _spares_read(pointer.fleet_id, pointer.active_domain_id)
         if domain is None:
             return SnapshotRows(pointer, None, None, None, bindings, splits, candidates, **extra)
         return SnapshotRows(
@@ -311,6 +316,22 @@ def _binding(row: tuple[Any, ...]) -> BindingRow:
         health=health,
         engine=_engine(profile),
     )
+
+
+# At most this many bindings of the other domains are read (a fleet has few domains, each
+# serving a few models; a row past it only loses a prefetch, never a route).
+MAX_SPARE_ROWS = 64
+
+
+def _spares_read(fleet_id: str, active_domain_id: str) -> tuple[BindingRow, ...]:
+    """The fleet's bindings outside its active domain, in one indexed read."""
+    rows = (
+        ModelBinding.objects.filter(domain__fleet_id=fleet_id)
+        .exclude(domain_id=active_domain_id)
+        .order_by("domain_id", "name")
+        .values_list(*_BINDING_FIELDS)[:MAX_SPARE_ROWS]
+    )
+    return tuple(_binding(row) for row in rows)
 
 
 def _candidates_read(splits: Any) -> tuple[CandidateRow, ...]:

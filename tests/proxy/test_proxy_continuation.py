@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -18,7 +19,7 @@ from asgiref.sync import sync_to_async
 from fleets.layouts.loader import parse_layout
 from fleets.metrics import continuations as metrics
 from fleets.models import Fleet, ModelBinding
-from fleets.proxy import hold
+from fleets.proxy import hold, snapshots, store
 from fleets.services.layouts import layout_apply
 from tests.proxy.conftest import CHAT, serving
 from tests.proxy.test_proxy_hold import Cutter, until_held
@@ -149,17 +150,59 @@ async def test_a_seam_inside_a_character_neither_drops_nor_repeats_text(
     assert [r["path"] for r in doubles["west"].requests].count("/detokenize") == 2
 
 
+async def until_asked(double: VllmDouble, path: str) -> None:
+    async with asyncio.timeout(10):
+        while not any(r["path"] == path for r in double.requests):
+            await asyncio.sleep(0.01)
+
+
+async def cut_then_promote_standby_read_first(
+    haru, fleet, doubles, endpoint: str, request: dict, *, refused: bool = False
+) -> bytes:
+    """Cut, wait until the standby (west) was asked for the text before the seam while the
+    stream is held, then promote it. `refused`: the standby answers 503 while held."""
+    west = doubles["west"]
+    west.refuse = refused
+    reading = asyncio.create_task(read_all(haru, endpoint, request))
+    await until_held(1)
+    await until_asked(west, "/detokenize")
+    west.refuse = False
+    await sync_to_async(promote)(fleet, "west")
+    return await asyncio.wait_for(reading, 10)
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+async def test_the_text_before_the_seam_is_read_from_the_standby_while_held(
+    haru, doubles, fleet, hold_settings, endpoint
+):
+    # The read goes while the stream waits for a domain, not in the burst after a failover's
+    # routing commit: at the seam only the read with the continuation's ids is left.
+    request = body(endpoint, stream=True, max_tokens=60)
+    expected = await baseline(doubles["west"], endpoint, request)
+    doubles["east"].cut_after = INSIDE
+    west = doubles["west"]
+    got = await cut_then_promote_standby_read_first(haru, fleet, doubles, endpoint, request)
+    assert got == expected
+    paths = [r["path"] for r in west.requests]
+    assert paths[0] == "/detokenize" and west.requests[0]["body"]["tokens"] == ANSWER_IDS[:INSIDE]
+    assert paths.count(COMPLETIONS) == 1 and paths.count("/detokenize") == 2
+
+
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
 async def test_the_text_before_the_seam_is_asked_for_while_the_engine_starts(
     haru, doubles, fleet, hold_settings, endpoint
 ):
+    # The standby could not answer while held: the read is asked again with the continuation.
     request = body(endpoint, stream=True, max_tokens=60)
     expected = await baseline(doubles["west"], endpoint, request)
     doubles["east"].cut_after = INSIDE
     west = doubles["west"]
     west.first_delay = 0.3  # the continuing engine's prefill
-    assert await cut_then_promote(haru, fleet, endpoint, request) == expected
-    reads = [r for r in west.requests if r["path"] == "/detokenize"]
+    got = await cut_then_promote_standby_read_first(
+        haru, fleet, doubles, endpoint, request, refused=True
+    )
+    assert got == expected
+    reads = [r for r in west.requests if r["path"] == "/detokenize" and not r["refused"]]
     # The answer before the seam was read before the continuation's first event, not after it:
     # at the seam only the read with the continuation's ids is left to wait for.
     assert [r["body"]["tokens"] for r in reads[:1]] == [ANSWER_IDS[:INSIDE]]
@@ -169,15 +212,19 @@ async def test_the_text_before_the_seam_is_asked_for_while_the_engine_starts(
 async def test_the_text_before_the_seam_is_asked_for_with_the_continuation(
     haru, doubles, fleet, hold_settings
 ):
-    # An engine slow to answer at all (its queue, after a failover): the read of the text
-    # before the seam goes with the continuation, not after the continuation's headers.
+    # An engine slow to answer at all (its queue, after a failover), whose read while held
+    # failed: the read of the text before the seam goes with the continuation, not after the
+    # continuation's headers.
     request = body("chat", stream=True, max_tokens=60)
     expected = await baseline(doubles["west"], "chat", request)
     doubles["east"].cut_after = INSIDE
     west = doubles["west"]
     west.headers_delay = 0.3
-    assert await cut_then_promote(haru, fleet, "chat", request) == expected
-    reads = [r for r in west.requests if r["path"] == "/detokenize"]
+    got = await cut_then_promote_standby_read_first(
+        haru, fleet, doubles, "chat", request, refused=True
+    )
+    assert got == expected
+    reads = [r for r in west.requests if r["path"] == "/detokenize" and not r["refused"]]
     assert [r["body"]["tokens"] for r in reads[:1]] == [ANSWER_IDS[:INSIDE]]
     assert reads[0]["headers_sent"] is False
 
@@ -217,7 +264,10 @@ async def test_the_same_domain_coming_back_takes_the_continuation(
     await until_held(1)
     east.cut_after, east.refuse = None, False  # back in place, no routing change
     assert await asyncio.wait_for(reading, 10) == expected
-    assert doubles["west"].requests == []
+    # The standby was only read for the text before the seam while the stream was held; the
+    # continuation went to the domain that came back, which read that text again.
+    assert [r["path"] for r in doubles["west"].requests] == ["/detokenize"]
+    assert [r["path"] for r in east.requests].count("/detokenize") >= 1
 
 
 async def test_a_stream_silent_past_the_bound_is_cut_and_continued(
@@ -389,3 +439,64 @@ async def test_the_continuation_series_are_exported(haru, doubles, fleet, hold_s
         "haru_proxy_stream_seam_stall_seconds",
     ):
         assert f"# TYPE {name.removesuffix('_total')}" in text
+
+
+async def test_a_stream_cut_after_routing_moved_reads_its_text_on_the_new_active_only(
+    haru, doubles, fleet, hold_settings
+):
+    # A planned promotion switches routing before the old active sleeps and cuts the stream:
+    # the text before the seam is read where the continuation goes, never on the old active.
+    request = body("chat", stream=True, max_tokens=60)
+    expected = await baseline(doubles["west"], "chat", request)
+    east, west = doubles["east"], doubles["west"]
+    east.cut_after, east.cut, east.delay = 40, "abort", 0.025  # a second to promote in
+    reading = asyncio.create_task(read_all(haru, "chat", request))
+    async with asyncio.timeout(10):
+        while east.events_sent < 3:
+            await asyncio.sleep(0.005)
+    await sync_to_async(promote)(fleet, "west")
+    # Another request reads the moved routing before the cut: the snapshot held at the cut
+    # names west as the active and east as the other domain.
+    assert (await haru.get("/v1/models")).status_code == 200
+    assert not reading.done() and east.cuts == 0
+    assert await asyncio.wait_for(reading, 10) == expected
+    assert east.cuts == 1
+    assert [r["path"] for r in east.requests].count("/detokenize") == 0
+    assert [r["path"] for r in west.requests].count("/detokenize") == 2
+
+
+def snapshot_now(fleet) -> snapshots.Snapshot:
+    rows = store.snapshot_rows_read(str(fleet.id))
+    assert rows is not None
+    return snapshots.snapshot_build(rows, 0.0)
+
+
+async def test_the_snapshot_names_each_models_standby_binding_as_its_spare(doubles, fleet):
+    def check() -> None:
+        snapshot = snapshot_now(fleet)
+        west = ModelBinding.objects.filter(domain__fleet=fleet, domain__slug="west")
+        assert snapshot.routes and set(snapshot.spares) == set(snapshot.routes)
+        for name, spare in snapshot.spares.items():
+            binding = west.get(name=name)
+            assert spare.domain_id == str(binding.slot.domain_id) and spare.continues
+            target = spare.targets["detokenize"]
+            assert target.port == urlsplit(doubles["west"].url).port
+            assert target.path.endswith(b"/detokenize")
+            assert snapshot.routes[name].targets["detokenize"] != target  # the active's own
+
+    await sync_to_async(check)()
+
+
+async def test_a_standby_binding_that_cannot_serve_as_a_spare_never_stops_routing(doubles, fleet):
+    def check() -> None:
+        west = ModelBinding.objects.filter(domain__fleet=fleet, domain__slug="west")
+        routes = set(snapshot_now(fleet).routes)
+        name = sorted(routes)[0]
+        west.filter(name=name).update(serving_url="ftp://nowhere/v1")  # malformed: skipped
+        snapshot = snapshot_now(fleet)
+        assert set(snapshot.routes) == routes and name not in snapshot.spares
+        west.update(profile={"engine": "sglang"})  # an engine that cannot continue: none
+        snapshot = snapshot_now(fleet)
+        assert snapshot.spares == {} and set(snapshot.routes) == routes
+
+    await sync_to_async(check)()
