@@ -383,9 +383,13 @@ class Stitch:
         engine's detokenizer had got to (`settled_end`); now, where the continuing one has.
         """
         before = ""
-        pending = self._before_text.get(route.targets["detokenize"])
+        target = route.targets["detokenize"]
+        pending = self._before_text.get(target)
         if pending is not None and not _failed(pending):
-            before = await pending
+            if target == self._ahead and not pending.done():
+                before = await self._ahead_or_fresh(pending, route)
+            else:
+                before = await pending
         elif self.before:  # never asked of this route, or the read failed: once more, now
             before = await detokenize(route, self.before, task)
         self.at = rules.settled_end(before, False, self.held)
@@ -399,15 +403,33 @@ class Stitch:
         end = rules.settled_end(decoded, finish is not None, self.held)
         return decoded[self.at : max(end, self.at)]
 
+    async def _ahead_or_fresh(self, ahead: asyncio.Task[str], route: Route) -> str:
+        """The text before the seam when the read made while held (a second or so ago, on
+        this same engine) is still unanswered at the seam: raced with a fresh read, so a read
+        the engine dropped holds the seam no longer than one that it answers."""
+        fresh = asyncio.get_running_loop().create_task(detokenize(route, self.before))
+        try:
+            done, _ = await asyncio.wait((ahead, fresh), return_when=asyncio.FIRST_COMPLETED)
+            for read in (fresh, ahead):
+                if read in done and not _failed(read):
+                    return read.result()
+            return await (ahead if fresh in done else fresh)  # the first failed: the other
+        finally:
+            if not fresh.done():
+                fresh.cancel()
+            elif not fresh.cancelled():
+                fresh.exception()  # read, so asyncio never logs it as unretrieved
+
 
 _ABORTED = object()
 
 
 def _read_ahead_route(exchange: handler.Exchange, headers: dict[bytes, bytes]) -> Route | None:
-    """Where the text before a seam can be read while the stream is held: the model's live
-    route when routing has already moved (a planned promotion's switch, before the old active
-    slept and cut the stream), else its binding on another domain of the fleet (the standby,
-    which a failover promotes). None for a split's candidate arm, or with no snapshot held."""
+    """Where the text before a seam can be read while the stream is held: the model's binding
+    on another domain of the fleet (the standby, which a failover promotes). None when routing
+    has already moved (a planned promotion's switch comes before the old active sleeps and cuts
+    the stream: the continuation goes at once, and reads there as it goes), for a split's
+    candidate arm, or with no snapshot held."""
     route = exchange.route
     if route is None or route.domain_id:
         return None
@@ -416,7 +438,7 @@ def _read_ahead_route(exchange: handler.Exchange, headers: dict[bytes, bytes]) -
         return None
     live = snapshot.routes.get(route.model)
     if live is not None and live.targets["detokenize"] != route.targets["detokenize"]:
-        return live
+        return None
     return snapshot.spares.get(route.model)
 
 

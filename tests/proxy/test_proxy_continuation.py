@@ -229,6 +229,21 @@ async def test_the_text_before_the_seam_is_asked_for_with_the_continuation(
     assert reads[0]["headers_sent"] is False
 
 
+async def test_a_read_ahead_the_standby_never_answers_does_not_hold_the_seam(
+    haru, doubles, fleet, hold_settings
+):
+    # The standby dropped the read made while held, then took the continuation: the seam asks
+    # again at once instead of waiting out the header timeout (30 s) and ending the stream cut.
+    request = body("chat", stream=True, max_tokens=60)
+    expected = await baseline(doubles["west"], "chat", request)
+    doubles["east"].cut_after = INSIDE
+    west = doubles["west"]
+    west.hang_detokenize = 1
+    got = await cut_then_promote_standby_read_first(haru, fleet, doubles, "chat", request)
+    assert got == expected
+    assert [r["path"] for r in west.requests].count("/detokenize") == 3  # ahead, again, seam
+
+
 async def test_a_held_continuation_asks_the_dead_engine_for_its_text_once(
     haru, doubles, fleet, hold_settings
 ):

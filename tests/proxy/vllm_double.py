@@ -55,6 +55,7 @@ class VllmDouble:
         self.headers_sent = True  # whether the latest stream's headers went out (per /detokenize)
         self.events_sent = 0  # events of the latest stream so far, noted with each /detokenize
         self.refuse = False  # answer 503 (not handled)
+        self.hang_detokenize = 0  # the next this many /detokenize requests are never answered
         self.cuts = 0
         # How a stream without ids is written: "vllm" as vLLM 0.32 (id fields as null,
         # stop_reason always), "sim" as Haru's simulator (neither).
@@ -83,6 +84,9 @@ class VllmDouble:
             await _answer(send, 503, b"{}")
             return
         if scope["path"] == "/detokenize":
+            if self.hang_detokenize > 0:
+                self.hang_detokenize -= 1
+                await asyncio.sleep(3600)
             await _answer(send, 200, dumps({"prompt": decode(doc["tokens"])}).encode())
             return
         chat = scope["path"].endswith("/chat/completions")
