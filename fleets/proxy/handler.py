@@ -314,7 +314,7 @@ async def forward(
                 why = sent
             if held is None:
                 held = hold.HOLDS.admit(why, len(body))
-            await held.wait(snapshot.fleet_id, why)
+            await held.wait(snapshot.fleet_id, why, snapshot.revision)
             exchange.avoid_candidate = False  # routing changed: either arm may serve again
     except asyncio.CancelledError:
         if held is not None:

@@ -80,7 +80,7 @@ class Holds:
 class Hold:
     """One held request: its deadline, its retry backoff, and how it ended."""
 
-    __slots__ = ("_holds", "why", "started", "deadline", "_backoff", "_closed", "_size")
+    __slots__ = ("_holds", "why", "started", "deadline", "_backoff", "_closed", "_size", "_seen")
 
     def __init__(self, holds: Holds, why: ProxyError, hold_s: float, size: int) -> None:
         self._holds = holds
@@ -90,9 +90,11 @@ class Hold:
         self.deadline = self.started + hold_s
         self._backoff = 0.0
         self._closed = False
+        self._seen = -1  # the newest pushed revision this hold already went again for
 
-    async def wait(self, fleet_id: str, why: ProxyError) -> None:
-        """Wait for a routing change of `fleet_id` or the next retry; raise when the hold ends."""
+    async def wait(self, fleet_id: str, why: ProxyError, revision: int) -> None:
+        """Wait for a routing change of `fleet_id` past `revision` (the snapshot the last
+        attempt was routed on) or the next retry; raise when the hold ends."""
         self.why = why
         if self._holds.released:
             self._drained()
@@ -105,6 +107,13 @@ class Hold:
             raise errors.hold_expired(
                 f"held {hold_ms} ms (HARU_CHAT_HOLD_MS) and no domain could take it: {why.message}"
             )
+        # Pushed while the request was out on its attempt (or reading the pointer), before it
+        # waited: go again now, not at the next push, which may never come. Once per pushed
+        # revision, so a revision the snapshot cannot load yet does not spin.
+        pushed = FEED.revision(fleet_id)
+        if pushed > revision and pushed > self._seen:
+            self._seen = pushed
+            return
         # Pushed: back off (the change wakes us anyway); polled: never longer than the bound.
         self._backoff = min(self._backoff * 2 or poll_s, RETRY_MAX_S) if FEED.up else poll_s
         await FEED.wait(fleet_id, min(remaining, self._backoff))

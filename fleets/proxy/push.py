@@ -92,6 +92,10 @@ class RevisionFeed:
         self._up.clear()
         self.loop = None
 
+    def revision(self, fleet_id: str) -> int:
+        """The newest revision pushed for `fleet_id` (-1: none yet)."""
+        return self._revisions.get(fleet_id, -1)
+
     def newer(self, fleet_id: str, revision: int) -> bool:
         """Whether a revision past `revision` was pushed for `fleet_id`."""
         return self._revisions.get(fleet_id, -1) > revision

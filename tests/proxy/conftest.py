@@ -50,6 +50,7 @@ class FakeEngine:
         self.cancelled = 0
         self.cancelled_event = asyncio.Event()
         self.control_hits = 0  # /sleep, /wake_up, /is_sleeping
+        self.gate: asyncio.Event | None = None  # when set: answer only once it is set
 
     def paths(self) -> list[str]:
         return [r["path"] for r in self.requests]
@@ -73,6 +74,8 @@ class FakeEngine:
         )
         if scope["path"] in ("/sleep", "/wake_up", "/is_sleeping"):
             self.control_hits += 1
+        if self.gate is not None:
+            await self.gate.wait()
         if self.mode == "redirect":
             await send(
                 {

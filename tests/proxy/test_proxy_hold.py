@@ -64,6 +64,25 @@ async def test_a_refused_request_is_forwarded_once_after_the_switch(
     assert released("forwarded") == forwarded + 1
 
 
+async def test_a_switch_pushed_while_the_request_is_being_refused_is_not_missed(
+    haru, engines, proxy_fleet, hold_settings
+):
+    # Routing moves while the request is still out on the active (which then answers 503): the
+    # push came before the request began to wait for one, and must not be waited for again (the
+    # next push may never come; the poll bound is 10 s).
+    east = engines["east"]
+    east.status, east.gate = 503, asyncio.Event()
+    request = asyncio.create_task(haru.post(CHAT, content=chat_body()))
+    async with asyncio.timeout(5):
+        while not east.requests:
+            await asyncio.sleep(0.01)
+    await sync_to_async(promote)(proxy_fleet, "west")
+    east.gate.set()
+    response = await asyncio.wait_for(request, 5)
+    assert response.status_code == 200 and response.json()["engine"] == "west"
+    assert hold.HOLDS.count == 0
+
+
 async def test_a_503_from_the_engine_is_held_and_sent_to_the_new_active(
     haru, engines, proxy_fleet, hold_settings
 ):
