@@ -7,7 +7,6 @@ tests rely on that to prove a client disconnect cancels the upstream request.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from typing import Any, Protocol
@@ -51,29 +50,46 @@ class DisconnectWatch:
     def __init__(self, receive: Receive, abort: asyncio.Event | None = None) -> None:
         self.gone = asyncio.Event()
         self._abort = abort
-        self._task = asyncio.create_task(self._watch(receive))
+        # The pause in progress: one future and one timer per token, resolved early by the
+        # two watchers below (each made once per request, not per token).
+        self._waiter: asyncio.Future[None] | None = None
+        self._tasks = [asyncio.create_task(self._watch(receive))]
+        if abort is not None:
+            self._tasks.append(asyncio.create_task(self._watch_abort(abort)))
 
     async def _watch(self, receive: Receive) -> None:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
                 self.gone.set()
+                self._wake()
                 return
+
+    async def _watch_abort(self, abort: asyncio.Event) -> None:
+        await abort.wait()
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
     async def pause(self, seconds: float) -> bool:
         """Wait; return False if the client disconnected first."""
-        if seconds > 0 and not (self._abort is not None and self._abort.is_set()):
-            waits = [asyncio.ensure_future(self.gone.wait())]
-            if self._abort is not None:
-                waits.append(asyncio.ensure_future(self._abort.wait()))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-            for w in waits:
-                w.cancel()
+        aborted = self._abort is not None and self._abort.is_set()
+        if seconds > 0 and not aborted and not self.gone.is_set():
+            loop = asyncio.get_running_loop()
+            self._waiter = waiter = loop.create_future()
+            timer = loop.call_later(seconds, self._wake)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self._waiter = None
         return not self.gone.is_set()
 
     def close(self) -> None:
-        self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
 
 
 class InferenceEndpoint:
@@ -286,6 +302,43 @@ class InferenceEndpoint:
             return True
         finally:
             watch.close()
+
+
+class DetokenizeEndpoint:
+    """vLLM's POST /detokenize: the exact text of the ids (special tokens as their text).
+
+    Raw ASGI like the inference endpoints: a continued stream's seam asks it once per stream,
+    in the same burst as the continuations themselves."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = await _read_body(receive)
+        if body is not None:
+            await _send(send, *self.answer(body))
+
+    def answer(self, body: bytes) -> tuple[int, bytes]:
+        try:
+            payload = json.loads(body or b"{}")
+        except ValueError:
+            return 400, replies.openai_error("body is not valid JSON", "BadRequestError", 400)
+        if not isinstance(payload, dict):
+            return 400, replies.openai_error("body must be an object", "BadRequestError", 400)
+        name = payload.get("model")
+        if name is not None and not self.engine.serves(name):
+            message = f"The model `{name}` does not exist."
+            return 404, replies.openai_error(message, "NotFoundError", 404)
+        ids = payload.get("tokens")
+        if not isinstance(ids, list):
+            message = "`tokens` must be a list of token ids"
+            return 400, replies.openai_error(message, "BadRequestError", 400)
+        tokenizer = self.engine.tokenizer
+        bad = tokenizer.out_of_vocabulary(ids)
+        if bad is not None:
+            message = f"Token id {bad} is out of vocabulary"
+            return 400, replies.openai_error(message, "BadRequestError", 400)
+        return 200, replies.dumps({"prompt": tokenizer.decode(ids)})
 
 
 async def _read_body(receive: Receive) -> bytes | None:

@@ -64,6 +64,8 @@ class Tokenizer:
                 added.append(piece)
         self.vocab: tuple[bytes, ...] = BASE_VOCAB + tuple(added)
         self._ids = {piece: i for i, piece in enumerate(self.vocab) if i >= BYTE_BASE}
+        # The vocabulary with special tokens as no bytes: what `text_bytes` joins by default.
+        self._spoken = (b"",) * BYTE_BASE + self.vocab[BYTE_BASE:]
         self._longest = max(len(piece) for piece in self.vocab[BYTE_BASE:])
         self._segments: dict[bytes, tuple[int, ...]] = {}
 
@@ -113,7 +115,8 @@ class Tokenizer:
         return self.text_bytes(ids, skip_special=skip_special).decode("utf-8", errors="replace")
 
     def text_bytes(self, ids: list[int] | tuple[int, ...], *, skip_special: bool = True) -> bytes:
-        return b"".join(self.vocab[i] for i in ids if not (skip_special and i < BYTE_BASE))
+        # A lookup per id in C (a continuation's prompt is the whole answer so far).
+        return b"".join(map((self._spoken if skip_special else self.vocab).__getitem__, ids))
 
     def render_chat(self, messages: list[Any], *, add_generation_prompt: bool = True) -> list[int]:
         """Return the prompt ids of a chat: each message between its role marker and `<|end|>`,

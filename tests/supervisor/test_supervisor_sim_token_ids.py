@@ -86,6 +86,14 @@ def test_tokenize_and_detokenize_refuse_bad_input_in_vllms_envelope(engines):
     url = engines[0].url
     bad = post(url, "/detokenize", {"tokens": [5, 10**9]})
     assert bad.status_code == 400 and "out of vocabulary" in bad.json()["error"]["message"]
+    assert list(bad.json()["error"]) == ["message", "type", "param", "code"]
+    # /detokenize is served outside Starlette (a seam's burst asks it): the same refusals.
+    assert post(url, "/detokenize", {"model": "gpt-4", "tokens": [5]}).status_code == 404
+    assert post(url, "/detokenize", {"model": MODEL, "tokens": "5"}).status_code == 400
+    raw = httpx.post(f"{url}/detokenize", content=b"{", timeout=30, trust_env=False)
+    assert raw.status_code == 400 and raw.json()["error"]["type"] == "BadRequestError"
+    assert httpx.get(f"{url}/detokenize", timeout=30, trust_env=False).status_code == 405
+    assert httpx.get(f"{url}/v1/completions", timeout=30, trust_env=False).status_code == 405
     assert post(url, "/tokenize", {"model": "gpt-4", "prompt": "x"}).status_code == 404
     assert post(url, "/tokenize", {"prompt": 3}).status_code == 400
 
