@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import heapq
+import itertools
 import json
 import logging
 import time
+import weakref
 from typing import Protocol
 
 from fleets.base.conf import haru_settings
@@ -52,6 +55,52 @@ MAX_PREFETCHES = 4
 # Most bytes of a /detokenize answer read (the text of an answer within the per-stream bound).
 DETOKENIZE_MAX_BYTES = 8 * 1024 * 1024
 DONE = b"data: [DONE]\n\n"
+
+
+class SeamOrder:
+    """Send the continuations of one burst stalest first.
+
+    A routing commit wakes every held stream of the fleet in the same moment, and the engine
+    they go to answers them about in the order they arrive. A client's stall is the wait
+    already open at the cut (up to one token interval, different for each stream) plus its
+    place in that queue: sending the streams whose clients have waited longest first evens
+    the sums, so the longest stall any client sees shrinks and none waits longer than it
+    would in any other order. Those that are ready together (one turn of the event loop) are
+    released together, sorted by when each client's last chunk arrived; one alone passes
+    after a single turn."""
+
+    def __init__(self) -> None:
+        self._waiting: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._order = itertools.count()
+        self._release_at: asyncio.Handle | None = None
+
+    async def turn(self, last_at: float) -> None:
+        loop = asyncio.get_running_loop()
+        ready: asyncio.Future[None] = loop.create_future()
+        heapq.heappush(self._waiting, (last_at, next(self._order), ready))
+        if self._release_at is None:
+            self._release_at = loop.call_soon(self._release)
+        await ready
+
+    def _release(self) -> None:
+        self._release_at = None
+        while self._waiting:
+            ready = heapq.heappop(self._waiting)[2]
+            if not ready.done():  # (cancelled: its client left while it waited)
+                ready.set_result(None)
+
+
+# One per event loop (a server process runs one; tests run several in turn).
+_SEAM_ORDERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SeamOrder] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def seam_order(loop: asyncio.AbstractEventLoop) -> SeamOrder:
+    order = _SEAM_ORDERS.get(loop)
+    if order is None:
+        order = _SEAM_ORDERS[loop] = SeamOrder()
+    return order
 
 
 class Watchdog:
@@ -148,6 +197,7 @@ async def resume(
                 # after the headers (with 200 streams continued at once, that wait is the
                 # engine's queue).
                 on_route=functools.partial(stitch.prefetch, loop=loop),
+                turn=functools.partial(seam_order(loop).turn, cut_at),
             )
         except ProxyError as err:
             stitch.drop_prefetch()

@@ -24,7 +24,7 @@ from fleets.proxy.snapshots import ROUTES, Route, Snapshot, clip
 from fleets.reconciler import datapath
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from fleets.proxy.plan import Plan
 
@@ -221,6 +221,7 @@ async def forward(
     plan: Plan | None = None,
     continuing: bool = False,
     on_route: Callable[[Route], None] | None = None,
+    turn: Callable[[], Awaitable[None]] | None = None,
 ) -> upstream.Response:
     """Route the request and send it upstream; return the response once its headers are in.
 
@@ -233,7 +234,8 @@ async def forward(
     continue, and sends a non-streamed request cut before its headers again; `continuing`
     marks a stream's continuation, which only an engine that can continue may take.
     `on_route` is told each route the request is about to be sent on (a continuation starts
-    reading the text before its seam there while the engine computes its first token).
+    reading the text before its seam there while the engine computes its first token), and
+    `turn`, when given, is awaited before each (a continuation's place in a burst).
     """
     if task is None:
         task = asyncio.current_task()
@@ -282,6 +284,8 @@ async def forward(
                 if continuing and not route.continues:
                     # Never answered to a client: the continuation counts it (reason "engine").
                     raise CannotContinue(f"{route.model!r}'s engine cannot continue a stream")
+                if turn is not None:
+                    await turn()
                 if on_route is not None:
                     on_route(route)
                 # (An adapter's candidate already failed this request when it is sent there

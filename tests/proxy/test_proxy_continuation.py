@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from urllib.parse import urlsplit
 
 import httpx
@@ -19,7 +20,7 @@ from asgiref.sync import sync_to_async
 from fleets.layouts.loader import parse_layout
 from fleets.metrics import continuations as metrics
 from fleets.models import Fleet, ModelBinding
-from fleets.proxy import hold, snapshots, store
+from fleets.proxy import continuation, hold, snapshots, store
 from fleets.services.layouts import layout_apply
 from tests.proxy.conftest import CHAT, serving
 from tests.proxy.test_proxy_hold import Cutter, until_held
@@ -515,3 +516,50 @@ async def test_a_standby_binding_that_cannot_serve_as_a_spare_never_stops_routin
         assert snapshot.spares == {} and set(snapshot.routes) == routes
 
     await sync_to_async(check)()
+
+
+async def test_a_burst_of_continuations_is_sent_stalest_first():
+    order = continuation.SeamOrder()
+    released: list[float] = []
+
+    async def one(last_chunk_at: float) -> None:
+        await order.turn(last_chunk_at)
+        released.append(last_chunk_at)
+
+    # Ready in the same turn of the loop, in any order: the client waiting longest goes first.
+    await asyncio.gather(*(one(at) for at in (3.0, 1.0, 2.0, 0.5)))
+    assert released == [0.5, 1.0, 2.0, 3.0]
+    # One alone passes at once; one whose client left while it waited holds nobody up.
+    await asyncio.wait_for(one(9.0), 1)
+    left = asyncio.ensure_future(order.turn(0.1))
+    others = [asyncio.ensure_future(one(at)) for at in (5.0, 4.0)]
+    await asyncio.sleep(0)
+    left.cancel()
+    await asyncio.wait_for(asyncio.gather(*others), 1)
+    assert released[-2:] == [4.0, 5.0]
+
+
+async def test_a_continuation_takes_its_turn_by_its_clients_last_chunk(
+    haru, doubles, fleet, hold_settings, monkeypatch
+):
+    turns: list[float] = []
+
+    class Recorded(continuation.SeamOrder):
+        async def turn(self, last_at: float) -> None:
+            turns.append(last_at)
+            await super().turn(last_at)
+
+    recorded = Recorded()
+    monkeypatch.setattr(continuation, "seam_order", lambda loop: recorded)
+    request = body("chat", stream=True, max_tokens=80)
+    expected = await baseline(doubles["west"], "chat", request)
+    doubles["east"].cut_after = 30
+    started = time.monotonic()
+
+    got = await cut_then_promote(haru, fleet, "chat", request)
+
+    assert got == expected
+    # Each attempt (refused while east is down, then sent to west) took its turn keyed by when
+    # the client's last chunk before the cut came, not by when the attempt was made.
+    assert len(turns) >= 2 and len(set(turns)) == 1
+    assert started < turns[0] < time.monotonic()
