@@ -489,6 +489,12 @@ def main() -> int:
         help="--streams: the sim engines' delay between tokens (10 per second per stream)",
     )
     parser.add_argument(
+        "--client-processes",
+        type=int,
+        default=4,
+        help="--streams: the client processes the streams are spread over",
+    )
+    parser.add_argument(
         "--json", action="store_true", help="--streams: the last line is the figures as JSON"
     )
     args = parser.parse_args()

@@ -1,7 +1,7 @@
 """Stream continuation: long streams in flight when the active host's processes are killed.
 
     .venv/bin/python bench/failover_load.py --streams 200 [--tokens 300] [--token-delay-ms 100]
-                                            [-n 1] [--json]
+                                            [--client-processes 4] [-n 1] [--json]
 
 The stack of bench/failover_load.py (two simulated hosts, `manage.py serve` with its reconcile
 loop), whose simulated engines stream one token every `--token-delay-ms`. Per round:
@@ -16,8 +16,9 @@ loop), whose simulated engines stream one token every `--token-delay-ms`. Per ro
    asked (a quarter of the streams, `return_token_ids`) the same token ids.
 
 Clients are the official OpenAI SDK (`AsyncOpenAI`, `max_retries=0`), one connection per
-stream; half chat, half completions, the two models in turn, every stream its own prompt,
-`temperature` 0 and `stream_options.include_usage`. Printed: streams, in flight at the kill,
+stream, spread over `--client-processes` processes; half chat, half completions, the two
+models in turn, every stream its own prompt, `temperature` 0 and
+`stream_options.include_usage`. Printed: streams, in flight at the kill,
 cut (ended without their one finish_reason), failed (an error), byte-identical share, the
 added stall p50/p99 (per stream, the last chunk before the cut to the first after it: the
 wait between two chunks that spans the routing commit), where it goes (the wait already open
@@ -30,7 +31,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import multiprocessing
+import queue
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,7 +98,7 @@ def sdk(base_url: str, api_key: str, n: int) -> AsyncOpenAI:
     )
 
 
-async def one_stream(client: AsyncOpenAI, spec: Spec, progress: dict[int, int]) -> Outcome:
+async def one_stream(client: AsyncOpenAI, spec: Spec, progress: Progress) -> Outcome:
     """Run one streamed request with the SDK; record every chunk as the client received it."""
     events: list[dict[str, Any]] = []
     times: list[float] = []
@@ -115,37 +120,88 @@ async def one_stream(client: AsyncOpenAI, spec: Spec, progress: dict[int, int]) 
         async for chunk in stream:
             times.append(time.time())  # as it came out of the SDK, before this run's own work
             events.append(chunk.model_dump(exclude_none=True))
-            progress[spec.index] = len(events)
+            progress.chunks[spec.index] = len(events)
     except APIStatusError as exc:
         error = f"{exc.status_code} {type(exc).__name__}"
     except Exception as exc:  # noqa: BLE001 - every failure is a data point
         error = type(exc).__name__
+    finally:
+        progress.ended[spec.index] = 1
     seen = read_events(events)
     seen.error = error
     return Outcome(spec, seen, times)
 
 
-async def run_streams(
-    client: AsyncOpenAI, todo: list[Spec], *, kill_after: int | None = None, kill=None
-) -> tuple[list[Outcome], dict[str, float]]:
-    """Run every stream at once; with `kill_after`, call `kill()` (in a thread) once every
-    stream has received that many chunks. Return the outcomes and the kill's times."""
-    progress: dict[int, int] = {}
-    tasks = [asyncio.create_task(one_stream(client, s, progress)) for s in todo]
-    marks: dict[str, float] = {}
-    if kill_after is not None:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not all(t.done() for t in tasks):
-            if sum(progress.get(s.index, 0) >= kill_after for s in todo) == len(todo):
-                break
-            await asyncio.sleep(0.02)
-        marks["in_flight"] = sum(
-            progress.get(s.index, 0) > 0 and not t.done() for s, t in zip(todo, tasks, strict=True)
-        )
-        marks["kill_at"] = time.time()
-        await asyncio.to_thread(kill)
-        marks["killed_at"] = time.time()
-    return list(await asyncio.gather(*tasks)), marks
+@dataclass
+class Progress:
+    """Per stream (by its index), chunks received and whether it ended: shared memory, read
+    by the process that decides when to kill the host."""
+
+    chunks: Any
+    ended: Any
+
+    @classmethod
+    def shared(cls, ctx: Any, n: int) -> Progress:
+        return cls(ctx.Array("i", n, lock=False), ctx.Array("b", n, lock=False))
+
+
+async def run_streams(client: AsyncOpenAI, todo: list[Spec], progress: Progress) -> list[Outcome]:
+    """Run every stream at once."""
+    return list(await asyncio.gather(*(one_stream(client, s, progress) for s in todo)))
+
+
+def client_process(
+    base_url: str, api_key: str, todo: list[Spec], progress: Progress, go: Any, out: Any
+) -> None:
+    """One client process's share of the streams: the baseline, then (once `go` is set) the
+    same streams again for the cut run; each run's outcomes are put on `out`."""
+    for name in ("httpx", "httpx2", "openai"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+    async def both() -> None:
+        client = sdk(base_url, api_key, len(todo))
+        try:
+            out.put(("base", await run_streams(client, todo, progress)))
+            if await asyncio.to_thread(go.wait, 300):
+                out.put(("cut", await run_streams(client, todo, progress)))
+        finally:
+            await client.close()
+
+    asyncio.run(both())
+
+
+def collect(out: Any, kind: str, n: int, workers: list[Any]) -> list[Outcome]:
+    """The outcomes of `kind` from every one of the `n` client processes."""
+    got: list[Outcome] = []
+    for _ in range(n):
+        try:
+            seen, outcomes = out.get(timeout=300)
+        except queue.Empty:
+            dead = [w.exitcode for w in workers if not w.is_alive()]
+            raise SystemExit(f"a client process sent no {kind} run (exit codes {dead})") from None
+        assert seen == kind, (seen, kind)
+        got += outcomes
+    return sorted(got, key=lambda o: o.spec.index)
+
+
+def wait_and_kill(
+    todo: list[Spec], progress: Progress, kill_after: int, kill: Callable[[], None]
+) -> dict[str, float]:
+    """Once every stream has received `kill_after` chunks (or ended), call `kill()`; return
+    how many were in flight then and the kill's times."""
+    deadline = time.monotonic() + 120
+    indices = [s.index for s in todo]
+    while time.monotonic() < deadline:
+        if all(progress.chunks[i] >= kill_after or progress.ended[i] for i in indices):
+            break
+        time.sleep(0.02)
+    marks = {
+        "in_flight": sum(progress.chunks[i] > 0 and not progress.ended[i] for i in indices),
+        "kill_at": time.time(),
+    }
+    kill()
+    marks["killed_at"] = time.time()
+    return marks
 
 
 def check(
@@ -213,22 +269,42 @@ def baseline_faults(base: list[Outcome]) -> dict[int, list[str]]:
     }
 
 
-async def base_and_cut(stack: Stack, host, todo: list[Spec], args):
-    """The uninterrupted baseline, then the same streams with the host killed under them."""
-    client = sdk(f"{stack.server.url}/v1", stack.server.api_token, args.streams)
+def base_and_cut(stack: Stack, host, todo: list[Spec], args):
+    """The uninterrupted baseline, then the same streams with the host killed under them.
+
+    The streams are spread over `--client-processes` processes, as a service's users are
+    over their own machines: one process reading 200 streams through the SDK takes tens of
+    milliseconds to read the burst of first chunks after a seam, on the same two cores."""
+    ctx = multiprocessing.get_context("spawn")
+    procs = max(1, min(args.client_processes, len(todo)))
+    progress, go, out = Progress.shared(ctx, len(todo)), ctx.Event(), ctx.Queue()
+    url, token = f"{stack.server.url}/v1", stack.server.api_token
+    workers = [
+        ctx.Process(
+            target=client_process, args=(url, token, todo[k::procs], progress, go, out), daemon=True
+        )
+        for k in range(procs)
+    ]
+    started = time.time()
+    for w in workers:
+        w.start()
     try:
-        started = time.time()
-        base, _ = await run_streams(client, todo)
+        base = collect(out, "base", procs, workers)
         print(f"  baseline: {len(base)} streams in {time.time() - started:.1f} s", flush=True)
         bad = baseline_faults(base)
         if bad:
             first = dict(list(bad.items())[:3])
             raise SystemExit(f"the uninterrupted baseline is not whole: {first}")
-        cut, marks = await run_streams(
-            client, todo, kill_after=max(2, args.tokens // 10), kill=host.crash
-        )
+        for i in range(len(todo)):
+            progress.chunks[i], progress.ended[i] = 0, 0
+        go.set()
+        marks = wait_and_kill(todo, progress, max(2, args.tokens // 10), host.crash)
+        cut = collect(out, "cut", procs, workers)
     finally:
-        await client.close()
+        for w in workers:
+            w.join(timeout=10)
+            if w.is_alive():
+                w.kill()
     return base, cut, marks
 
 
@@ -240,7 +316,7 @@ def stream_round(stack: Stack, args) -> tuple[dict[str, Any], str]:
     host = stack.hosts[active]
     todo = specs(args.streams, args.tokens)
     before = set(Operation.objects.values_list("id", flat=True))
-    base, cut, marks = asyncio.run(base_and_cut(stack, host, todo, args))
+    base, cut, marks = base_and_cut(stack, host, todo, args)
     op = None
     deadline = time.time() + 30
     while op is None and time.time() < deadline:  # the streams may end before the commit

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -36,3 +37,26 @@ def test_the_load_bench_runs_briefly_and_what_this_build_guarantees_holds():
         # A planned promotion cuts no request; a dead supervisor stops no traffic.
         assert failed == 0, (kind, out[-3000:])
     assert "client-visible outage ms" in out and "wake ms" in out
+
+
+def test_the_stream_continuation_run_runs_briefly_with_its_clients_in_processes():
+    # Its stall target is a benchmark figure (never asserted here); what every run guarantees:
+    # each stream in flight at the kill continued whole and byte-identical.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HARU_")}
+    command = [sys.executable, "bench/failover_load.py", "--streams", "8", "--tokens", "40"]
+    result = subprocess.run(
+        [*command, "--client-processes", "3", "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    out = result.stdout
+    last = out.strip().splitlines()[-1:] or [""]
+    assert last[0].startswith("{"), out[-3000:] + result.stderr[-3000:]
+    figures = json.loads(last[0])
+    assert figures["streams"] == 8 and figures["in_flight_at_kill"] == 8, out[-3000:]
+    assert figures["cut"] == 0 and figures["failed"] == 0, out[-3000:]
+    assert figures["identical_share"] == 1.0 and figures["stalls_measured"] == 8, out[-3000:]
