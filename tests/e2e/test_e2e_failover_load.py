@@ -16,17 +16,21 @@ pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_load_bench_runs_briefly_and_what_this_build_guarantees_holds():
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HARU_")}
-    result = subprocess.run(
-        [sys.executable, "bench/failover_load.py", "--quick", "--kinds", "planned,supervisor-off"],
+def bench(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run bench/failover_load.py with `args`, outside any HARU_ setting of this process."""
+    return subprocess.run(
+        [sys.executable, "bench/failover_load.py", *args],
         cwd=ROOT,
-        env=env,
+        env={k: v for k, v in os.environ.items() if not k.startswith("HARU_")},
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
     )
+
+
+def test_the_load_bench_runs_briefly_and_what_this_build_guarantees_holds():
+    result = bench("--quick", "--kinds", "planned,supervisor-off")
     out = result.stdout
     assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
     sections = dict(re.findall(r"== (\S+): \d+ round\(s\)\n\s+failed/total\s+(\d+/\d+)", out))
@@ -42,17 +46,7 @@ def test_the_load_bench_runs_briefly_and_what_this_build_guarantees_holds():
 def test_the_stream_continuation_run_runs_briefly_with_its_clients_in_processes():
     # Its stall target is a benchmark figure (never asserted here); what every run guarantees:
     # each stream in flight at the kill continued whole and byte-identical.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HARU_")}
-    command = [sys.executable, "bench/failover_load.py", "--streams", "8", "--tokens", "40"]
-    result = subprocess.run(
-        [*command, "--client-processes", "3", "--json"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    result = bench("--streams", "8", "--tokens", "40", "--client-processes", "3", "--json")
     out = result.stdout
     last = out.strip().splitlines()[-1:] or [""]
     assert last[0].startswith("{"), out[-3000:] + result.stderr[-3000:]
