@@ -64,10 +64,10 @@ class SeamOrder:
     they go to answers them about in the order they arrive. A client's stall is the wait
     already open at the cut (up to one token interval, different for each stream) plus its
     place in that queue: sending the streams whose clients have waited longest first evens
-    the sums, so the longest stall any client sees shrinks and none waits longer than it
-    would in any other order. Those that are ready together (one turn of the event loop) are
-    released together, sorted by when each client's last chunk arrived; one alone passes
-    after a single turn."""
+    the sums, and for an engine that serves in arrival order makes the longest stall as short
+    as any order can (the earliest-due-date rule). Those that are ready together (one turn of
+    the event loop) are released together, sorted by when each client's last chunk arrived;
+    one alone passes after a single turn."""
 
     def __init__(self) -> None:
         self._waiting: list[tuple[float, int, asyncio.Future[None]]] = []
