@@ -190,12 +190,9 @@ class InferenceEndpoint:
             return 503, replies.openai_error("model is loading", "ServiceUnavailable", 503)
         if engine.faults.inference_5xx:
             return 500, replies.openai_error("simulated failure", "InternalServerError", 500)
-        try:
-            payload = json.loads(body)
-        except ValueError:
-            return 400, replies.openai_error("body is not valid JSON", "BadRequestError", 400)
-        if not isinstance(payload, dict):
-            return 400, replies.openai_error("body must be an object", "BadRequestError", 400)
+        payload = _json_object(body)
+        if isinstance(payload, tuple):
+            return payload
         if not engine.serves(payload.get("model")):
             # vLLM's own wording and envelope, so a proxy passing it through is tested on it.
             message = (
@@ -319,12 +316,9 @@ class DetokenizeEndpoint:
             await _send(send, *self.answer(body))
 
     def answer(self, body: bytes) -> tuple[int, bytes]:
-        try:
-            payload = json.loads(body or b"{}")
-        except ValueError:
-            return 400, replies.openai_error("body is not valid JSON", "BadRequestError", 400)
-        if not isinstance(payload, dict):
-            return 400, replies.openai_error("body must be an object", "BadRequestError", 400)
+        payload = _json_object(body or b"{}")
+        if isinstance(payload, tuple):
+            return payload
         name = payload.get("model")
         if name is not None and not self.engine.serves(name):
             message = f"The model `{name}` does not exist."
@@ -339,6 +333,17 @@ class DetokenizeEndpoint:
             message = f"Token id {bad} is out of vocabulary"
             return 400, replies.openai_error(message, "BadRequestError", 400)
         return 200, replies.dumps({"prompt": tokenizer.decode(ids)})
+
+
+def _json_object(body: bytes) -> dict[str, Any] | tuple[int, bytes]:
+    """The request's JSON object, or (status, body) refusing it in vLLM's envelope."""
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return 400, replies.openai_error("body is not valid JSON", "BadRequestError", 400)
+    if not isinstance(payload, dict):
+        return 400, replies.openai_error("body must be an object", "BadRequestError", 400)
+    return payload
 
 
 async def _read_body(receive: Receive) -> bytes | None:
