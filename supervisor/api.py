@@ -161,7 +161,7 @@ async def training_start(request: Request) -> JSONResponse:
 
 async def training_stop(request: Request) -> JSONResponse:
     grace_ms = (await read_body(request)).get("graceMs")
-    return wire({"status": "ok", "slots": host_of(request).training_stop(grace_ms)}, 202)
+    return wire({"status": "ok", "slots": await host_of(request).training_stop(grace_ms)}, 202)
 
 
 async def training_status(request: Request) -> JSONResponse:

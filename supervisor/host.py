@@ -67,6 +67,9 @@ log = logging.getLogger(__name__)
 # the host is going away, and the 40 s hard exit must still leave time to kill them.
 SHUTDOWN_TRAINING_GRACE_MS = 30_000
 SHUTDOWN_SERVER_GRACE_S = 10.0
+# A training stop whose SIGKILL is due within this answers once the trainer is gone (this
+# long after the kill at most): a killed process exits in milliseconds.
+STOP_ANSWER_WAIT_S = 0.5
 
 
 class InvalidTarget(Exception):
@@ -832,9 +835,20 @@ class Host:
                 raise result
         return self.training_status()
 
-    def training_stop(self, grace_ms: int | None) -> list[dict[str, Any]]:
+    async def training_stop(self, grace_ms: int | None) -> list[dict[str, Any]]:
+        """Stop every trainer; answer at once, except for trainers killed within
+        STOP_ANSWER_WAIT_S (a failover's stop, grace 0): the answer waits, that long at most,
+        for them to be gone, so that the caller's next status read finds them idle instead of
+        looking again later (a round trip and a retry on the failover's path)."""
         for slot in self.training:
             slot.stop(grace_ms)
+        dying = []
+        for slot in self.training:
+            kill_in = slot.kill_in()
+            if kill_in is not None and kill_in <= STOP_ANSWER_WAIT_S:
+                dying.append(slot.wait_idle(kill_in + STOP_ANSWER_WAIT_S))
+        if dying:
+            await asyncio.gather(*dying)
         return self.training_status()
 
     def training_status(self) -> list[dict[str, Any]]:

@@ -245,6 +245,13 @@ class TrainingSlot:
             self._deadline = deadline
             self._deadline_moved.set()
 
+    def kill_in(self) -> float | None:
+        """Seconds until the stopping trainer is SIGKILLed (0 when overdue), None when it is
+        not stopping."""
+        if self.state != STOPPING or self._deadline is None:
+            return None
+        return max(0.0, self._deadline - self._clock.monotonic())
+
     async def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until no trainer runs; False on timeout."""
         try:

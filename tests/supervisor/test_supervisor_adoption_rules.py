@@ -203,7 +203,7 @@ def test_an_adopted_trainer_is_stopped_by_the_normal_stop_path(tmp_path, stand_i
         assert slot["state"] == "running" and slot["pids"] == [pid] and slot["adopted"] is True
         assert (await h.host.training_start())[0]["pids"] == [pid]  # already running: no spawn
         assert not any(child.argv == ("train",) for child in h.spawner.spawned)
-        h.host.training_stop(None)
+        await h.host.training_stop(None)
         assert await h.host.training[0].wait_idle(5)
         (slot,) = h.host.training_status()
         assert slot["state"] == "idle" and slot["killed"] is False
@@ -244,7 +244,7 @@ def test_records_follow_the_processes_the_supervisor_starts(tmp_path):
         assert files["trainer-gpu0.json"]["command"] == ["train"]
         await h.host.sleep(None)
         assert h.record_files()["server-18001.json"]["sleeping"] is True
-        h.host.training_stop(100)
+        await h.host.training_stop(100)
         assert await h.host.training[0].wait_idle(5)
         assert "trainer-gpu0.json" not in h.record_files()
         await h.host.shutdown()

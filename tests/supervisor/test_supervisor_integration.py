@@ -178,6 +178,19 @@ def test_training_holds_memory_and_a_stop_releases_it(sup, tools):
     assert list((tmp / "ckpt").glob("step-*.json"))
 
 
+def test_a_stop_that_kills_at_once_answers_once_the_trainer_is_gone(sup, tools):
+    """A failover's stop (grace 0) answers with the trainer gone, so the control plane's next
+    status read finds the slot idle instead of looking again a retry later."""
+    _, client, _, _ = sup
+    client.post("/v1/vllm/sleep")
+    assert client.post("/v1/training/start").status_code == 200
+    stopped = client.post("/v1/training/stop", json={"graceMs": 0})
+    assert stopped.status_code == 202
+    (slot,) = stopped.json()["slots"]
+    assert slot["state"] == "idle" and slot["killed"] is True and slot["pids"] == []
+    assert client.get("/v1/training/status").json()["slots"][0]["state"] == "idle"
+
+
 def test_a_crashed_server_is_restarted_and_put_back_to_sleep(sup, tools, module_processes):
     _, client, config, _ = sup
     qwen_port = config["slots"][0]["models"][0]["port"]
