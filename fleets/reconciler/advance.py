@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from fleets.base import clock
 from fleets.core.policy import Policy
 from fleets.core.states import (
     BEST_EFFORT_STEPS,
@@ -22,11 +23,18 @@ from fleets.core.states import (
     OperationState,
     Step,
     leg_step,
+    on_leg_of,
 )
 from fleets.models import Domain, Event, Id, Operation
 from fleets.reads.recovery import operation_failover_ms
 from fleets.reconciler.steps import demote, drill, promote
-from fleets.reconciler.steps.base import STEP_TIMEOUT, Executor, StepContext, StepResult
+from fleets.reconciler.steps.base import (
+    STEP_TIMEOUT,
+    SWITCH_QUIET_MS,
+    Executor,
+    StepContext,
+    StepResult,
+)
 from fleets.reconciler.steps.cleanup import cleanup_run
 from fleets.reconciler.supervisor.client import SupervisorClient
 from fleets.services.events import event_record
@@ -100,6 +108,11 @@ def operation_advance(
         result = EXECUTORS[op.kind][op.current_step](ctx)
         if result.done:
             _record_done(ctx, result, actor)
+            # The burst the commit released has this host first (SWITCH_QUIET_MS), within
+            # what this call may wait at all.
+            quiet_s = min(SWITCH_QUIET_MS / 1000, poll_s - (time.monotonic() - started))
+            if quiet_s > 0 and _moved_routing(ctx, result):
+                clock.get_clock().sleep(quiet_s)
             continue
         if checkpoint is not None:
             # A wait, a failure or a timeout seen after this process began to stop may be the
@@ -119,6 +132,16 @@ def operation_advance(
             continue
         return Advance(op.id, result.retry_ms)
     return Advance(touched, 0)
+
+
+def _moved_routing(ctx: StepContext, result: StepResult) -> bool:
+    """Whether the step that just ended moved the routing pointer (a switch on either leg that
+    found the pointer elsewhere)."""
+    return (
+        ctx.step == on_leg_of(Step.SWITCH_ROUTE, ctx.step)
+        and result.outcome == "done"
+        and not result.data.get("alreadyActive")
+    )
 
 
 def _record_done(ctx: StepContext, result: StepResult, actor: str) -> None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from fleets.core.states import PROMOTE_STEPS
+from fleets.core.states import PROMOTE_STEPS, Step
 from fleets.models import Event, Fleet, Operation, Slot
+from fleets.reconciler.steps.base import SWITCH_QUIET_MS, switch_settle_ms
 from fleets.services.operations import operation_request
 
 pytestmark = pytest.mark.django_db
@@ -192,3 +193,44 @@ def test_each_retry_of_a_failing_wake_is_an_event_until_the_step_times_out(
     assert [e.data["attempt"] for e in retries] == list(range(1, len(retries) + 1))
     assert "wake failed" in retries[0].data["message"]
     assert all(e.domain_id == domains()["west"].id for e in retries)
+
+
+def _pauses(monkeypatch, fake_clock) -> list[tuple[str | None, float]]:
+    """Record each pause of the tick through the clock: the last step recorded done when it
+    began, and its length."""
+    pauses: list[tuple[str | None, float]] = []
+    moves_on = fake_clock.sleep
+
+    def sleep(seconds: float) -> None:
+        last = Event.objects.filter(kind="operation.step.done").order_by("-id").first()
+        pauses.append((last.step if last else None, seconds))
+        moves_on(seconds)
+
+    monkeypatch.setattr(fake_clock, "sleep", sleep)
+    return pauses
+
+
+def test_the_tick_that_moves_routing_leaves_the_host_to_the_burst_it_released(
+    fleet, tick, hosts, domains, fake_clock, monkeypatch
+):
+    tick()
+    west = domains()["west"]
+    operation_request(fleet=fleet, kind="promote", target_domain_id=west.id)
+    pauses = _pauses(monkeypatch, fake_clock)
+    tick(poll_s=2.0)  # a tick that may wait in the call, as the reconcile loops' do
+    fleet.refresh_from_db()
+    assert fleet.active_domain_id == west.id
+    # Once, right after the switch was recorded, before the next step was looked at.
+    assert pauses == [(Step.SWITCH_ROUTE, SWITCH_QUIET_MS / 1000)]
+    assert switch_settle_ms() > SWITCH_QUIET_MS  # the next step waits longer anyway
+
+
+def test_a_tick_that_may_not_wait_does_not_pause_after_the_switch(
+    fleet, tick, hosts, domains, fake_clock, monkeypatch
+):
+    tick()
+    operation_request(fleet=fleet, kind="promote", target_domain_id=domains()["west"].id)
+    pauses = _pauses(monkeypatch, fake_clock)
+    op = run_until_done(tick, clock=fake_clock, step_ms=1000)  # poll_s=0: hand back at once
+    assert op is not None and op.state == "succeeded", op and op.error
+    assert pauses == []

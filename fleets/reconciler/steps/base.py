@@ -202,6 +202,15 @@ def percent(ratio: float) -> str:
 SWITCH_SETTLE_MARGIN_MS = 250
 
 
+# After a routing commit, how long the tick that made it leaves this host to the data path
+# before its next work (advance.py). The commit releases at once every request and stream the
+# proxies held for the fleet; where the reconciler shares a process with a proxy (the embedded
+# server), its next queries would take the interpreter lock and the CPU from exactly that burst
+# (a third of a 200-stream burst's wall time, bench/failover_load.py --streams). Nothing is
+# lost by waiting: the step after a switch waits `switch_settle_ms` before acting anyway.
+SWITCH_QUIET_MS = 150
+
+
 def switch_settle_ms() -> int:
     """How long after the switch commits the old active may still receive new requests.
 
