@@ -417,6 +417,17 @@ def read_model(m: Mapping[str, Any]) -> ModelReport | None:
     )
 
 
+def stop_answer_trainers(body: object) -> dict[int, TrainingReport]:
+    """The trainers a `POST /v1/training/stop` answer lists, by GPU index: ours lists every
+    training slot's state after the stop (docs/wire.md), the original's lists none (empty)."""
+    out: dict[int, TrainingReport] = {}
+    for entry in _maps(body.get("slots") if isinstance(body, Mapping) else None):
+        gpu = _int(entry.get("gpuIndex"))
+        if gpu is not None and gpu >= 0:
+            out.setdefault(gpu, read_training(entry))
+    return out
+
+
 def read_training(t: Mapping[str, Any]) -> TrainingReport:
     state = t.get("state")
     checkpoint = t.get("lastCheckpointAt")

@@ -18,6 +18,7 @@ from fleets.core.report import (
     StatusReport,
     TrainingReport,
     read_report,
+    stop_answer_trainers,
 )
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -195,3 +196,21 @@ def test_a_failing_heartbeat_and_a_failed_gpu_read_round_trip():
 def test_an_empty_row_is_an_empty_report():
     assert read_report({}).empty and read_report(None).empty
     assert DomainReport().to_json() == {}
+
+
+def test_a_stop_answer_lists_its_trainers_by_gpu_and_nothing_else_counts():
+    ours = {
+        "status": "ok",
+        "slots": [
+            {"gpuIndex": 1, "state": "idle", "pids": [], "lastExitCode": -9},
+            {"gpuIndex": 0, "state": "stopping", "pids": [41, "x"]},
+            {"gpuIndex": 0, "state": "idle"},  # a second entry for a GPU is not read
+        ],
+    }
+    assert stop_answer_trainers(ours) == {
+        1: TrainingReport(state="idle"),
+        0: TrainingReport(state="stopping", pids=(41,)),
+    }
+    # The original's answer, and bodies off the contract: nothing listed.
+    for body in ({"status": "ok"}, None, [], {"slots": "all"}, {"slots": [{"gpuIndex": -1}, 3]}):
+        assert stop_answer_trainers(body) == {}

@@ -57,6 +57,9 @@ class FakeHost:
     failing: Counter = field(default_factory=Counter)
     probe_fails: set[str] = field(default_factory=set)
     stop_polls: int = 0  # status reads a stop takes before the trainer is gone
+    # The stop answers as ours does: every trainer's state after it, a trainer that stops at
+    # once (no `stop_polls`) already gone.
+    stop_lists_trainers: bool = False
     ignore_stop: bool = False  # the trainer never exits
     start_without_pid: bool = False  # "running" with no PID: must never count
     leak_mib: int = 0
@@ -293,7 +296,13 @@ class FakeHost:
                 self.trainer = "stopping"
                 self._stopping_left = self.stop_polls
                 self.effects["trainer_stopped"] += 1
-            return httpx.Response(202, json={"slots": []})
+            if not self.stop_lists_trainers:
+                return httpx.Response(202, json={"slots": []})
+            if self.trainer == "stopping" and not self.stop_polls and not self.ignore_stop:
+                self.trainer, self.pid = "idle", None
+                self.effects["trainer_exited"] += 1
+            listed = {"gpuIndex": 0, "state": self.trainer, "pids": [self.pid] if self.pid else []}
+            return httpx.Response(202, json={"status": "ok", "slots": [listed]})
         if (method, path) == ("POST", "/v1/training/start"):
             if self.start_fails:
                 return _error(502, "training_start_failed", "the trainer exited at start")

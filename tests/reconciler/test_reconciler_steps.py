@@ -75,6 +75,29 @@ def test_stop_training_claims_slots_asks_once_and_finishes_when_idle(promotion, 
     assert west.effects["trainer_stopped"] == 1
 
 
+def test_a_stop_answer_that_lists_the_trainer_gone_needs_no_status_read(promotion, hosts, domains):
+    west = hosts.hosts["west"]
+    west.stop_lists_trainers = True  # as ours answers a failover's stop
+    reads = west.calls["GET /v1/status"]
+    assert promote.stop_training(ctx_for(promotion())).done
+    assert west.calls["GET /v1/status"] == reads
+    assert slot(domains()["west"], "training").state == "idle"
+
+
+def test_a_stop_answer_that_lists_the_trainer_still_stopping_is_looked_at_again(
+    promotion, hosts, domains
+):
+    west = hosts.hosts["west"]
+    west.stop_lists_trainers, west.stop_polls = True, 1  # a planned stop's grace: it saves first
+    reads = west.calls["GET /v1/status"]
+    assert promote.stop_training(ctx_for(promotion())).status == "pending"
+    assert west.calls["GET /v1/status"] == reads  # the answer said so: no read yet
+    assert promote.stop_training(ctx_for(promotion())).status == "pending"
+    assert promote.stop_training(ctx_for(promotion())).done  # read until it is gone
+    assert west.calls["GET /v1/status"] == reads + 2
+    assert west.calls["POST /v1/training/stop"] == 1
+
+
 def stop_graces(host) -> list[int]:
     return [body["graceMs"] for _, url, body in host.requests if url.endswith("/v1/training/stop")]
 

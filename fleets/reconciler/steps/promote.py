@@ -14,7 +14,12 @@ from fleets.base.continuation_series import streams_continued_mark
 from fleets.core.golden import PROBE_MISMATCH, BaselineReason, Verdict
 from fleets.core.model_health import ServerHealth
 from fleets.core.outage import during_outage
-from fleets.core.report import StatusReport, TrainerReportState
+from fleets.core.report import (
+    StatusReport,
+    TrainerReportState,
+    TrainingReport,
+    stop_answer_trainers,
+)
 from fleets.core.states import (
     InferenceState,
     OperationState,
@@ -90,18 +95,24 @@ def stop_training(ctx: StepContext) -> StepResult:
             source_state=source.state if source is not None else None,
         )
     )
+    trainers: dict[int, TrainingReport] = {}
     if claimed:
         # First pass: ask at once, then look (saves a round trip on the failover's path).
         stop = client.training_stop(grace_ms=grace_ms, timeout=ctx.call_timeout())
         if stop.unauthorized:
             return supervisor_trouble(stop, on_target=True, what="training stop")
-    status = client.status(timeout=ctx.call_timeout())
-    reported = status.value
-    if reported is None:
-        return supervisor_trouble(status, on_target=True, what="training status")
+        # Ours answers with every trainer's state after the stop, and a failover's stop once
+        # the trainer is gone: no status read then (the original's answer lists none).
+        trainers = stop_answer_trainers(stop.value)
+    if not {slot.gpu_index for slot in slots} <= trainers.keys():
+        status = client.status(timeout=ctx.call_timeout())
+        reported = status.value
+        if reported is None:
+            return supervisor_trouble(status, on_target=True, what="training status")
+        trainers = reported.trainings()
     busy = []
     for slot in slots:
-        report = reported.training(slot.gpu_index)
+        report = trainers.get(slot.gpu_index)
         # A slot the supervisor does not know runs nothing it could stop; verify_gpu still has
         # to prove the memory is free.
         if report is not None and report.state != TrainerReportState.IDLE:
