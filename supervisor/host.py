@@ -838,8 +838,8 @@ class Host:
     async def training_stop(self, grace_ms: int | None) -> list[dict[str, Any]]:
         """Stop every trainer; answer at once, except for trainers killed within
         STOP_ANSWER_WAIT_S (a failover's stop, grace 0): the answer waits, that long at most,
-        for them to be gone, so that the caller's next status read finds them idle instead of
-        looking again later (a round trip and a retry on the failover's path)."""
+        for them to be gone, so that it lists them idle and the caller need not look again a
+        retry later (a round trip and a retry on the failover's path)."""
         for slot in self.training:
             slot.stop(grace_ms)
         dying = []
