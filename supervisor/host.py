@@ -840,10 +840,9 @@ class Host:
         STOP_ANSWER_WAIT_S (a failover's stop, grace 0): the answer waits, that long at most,
         for them to be gone, so that it lists them idle and the caller need not look again a
         retry later (a round trip and a retry on the failover's path)."""
-        for slot in self.training:
-            slot.stop(grace_ms)
         dying = []
         for slot in self.training:
+            slot.stop(grace_ms)
             kill_in = slot.kill_in()
             if kill_in is not None and kill_in <= STOP_ANSWER_WAIT_S:
                 dying.append(slot.wait_idle(kill_in + STOP_ANSWER_WAIT_S))

@@ -108,11 +108,12 @@ def operation_advance(
         result = EXECUTORS[op.kind][op.current_step](ctx)
         if result.done:
             _record_done(ctx, result, actor)
-            # The burst the commit released has this host first (SWITCH_QUIET_MS), within
-            # what this call may wait at all.
-            quiet_s = min(SWITCH_QUIET_MS / 1000, poll_s - (time.monotonic() - started))
-            if quiet_s > 0 and _moved_routing(ctx, result):
-                clock.get_clock().sleep(quiet_s)
+            if _moved_routing(ctx, result):
+                # The burst the commit released has this host first (SWITCH_QUIET_MS), within
+                # what this call may wait at all.
+                quiet_s = min(SWITCH_QUIET_MS / 1000, poll_s - (time.monotonic() - started))
+                if quiet_s > 0:
+                    clock.get_clock().sleep(quiet_s)
             continue
         if checkpoint is not None:
             # A wait, a failure or a timeout seen after this process began to stop may be the
